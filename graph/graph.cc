@@ -1,0 +1,231 @@
+#include "graph/graph.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <queue>
+
+namespace strata {
+
+std::string_view tensor_kind_name(TensorKind kind) {
+  switch (kind) {
+  case TensorKind::kInput: return "input";
+  case TensorKind::kParameter: return "parameter";
+  case TensorKind::kConstant: return "constant";
+  case TensorKind::kIntermediate: return "intermediate";
+  }
+  return "?";
+}
+
+std::string_view initializer_kind_name(Initializer::Kind kind) {
+  switch (kind) {
+  case Initializer::Kind::kNone: return "none";
+  case Initializer::Kind::kZeros: return "zeros";
+  case Initializer::Kind::kOnes: return "ones";
+  case Initializer::Kind::kConstant: return "constant";
+  case Initializer::Kind::kNormal: return "normal";
+  case Initializer::Kind::kUniform: return "uniform";
+  }
+  return "?";
+}
+
+std::string_view attr_type_name(AttrType type) {
+  switch (type) {
+  case AttrType::kInt: return "int";
+  case AttrType::kFloat: return "float";
+  case AttrType::kString: return "string";
+  case AttrType::kInts: return "ints";
+  case AttrType::kFloats: return "floats";
+  }
+  return "?";
+}
+
+std::string attr_value_to_string(const AttrValue &value) {
+  std::ostringstream out;
+  std::visit(
+      [&](const auto &v) {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::string>) {
+          out << '"' << v << '"';
+        } else if constexpr (std::is_same_v<V, int64_t> || std::is_same_v<V, double>) {
+          out << v;
+        } else {
+          out << '[';
+          for (size_t i = 0; i < v.size(); ++i)
+            out << (i ? ", " : "") << v[i];
+          out << ']';
+        }
+      },
+      value);
+  return out.str();
+}
+
+void Blob::AlignedFree::operator()(std::byte *p) const { std::free(p); }
+
+std::shared_ptr<Blob> Blob::zeroed(size_t size) {
+  auto blob = std::make_shared<Blob>();
+  size_t rounded = (std::max<size_t>(size, 1) + 63) / 64 * 64;
+  auto *raw = static_cast<std::byte *>(std::aligned_alloc(64, rounded));
+  if (raw == nullptr) throw std::bad_alloc();
+  std::memset(raw, 0, rounded);
+  blob->data_.reset(raw);
+  blob->size_ = size;
+  return blob;
+}
+
+std::shared_ptr<const Blob> Blob::copy_of(const void *data, size_t size) {
+  auto blob = zeroed(size);
+  if (size) std::memcpy(blob->mutable_data(), data, size);
+  return blob;
+}
+
+const AttrValue *Node::find_attr(std::string_view attr_name) const {
+  auto it = std::lower_bound(attrs.begin(), attrs.end(), attr_name,
+                             [](const Attribute &a, std::string_view n) { return a.name < n; });
+  if (it == attrs.end() || it->name != attr_name) return nullptr;
+  return &it->value;
+}
+
+void Node::set_attr(std::string attr_name, AttrValue value) {
+  auto it = std::lower_bound(attrs.begin(), attrs.end(), attr_name,
+                             [](const Attribute &a, const std::string &n) { return a.name < n; });
+  if (it != attrs.end() && it->name == attr_name) {
+    it->value = std::move(value);
+    return;
+  }
+  attrs.insert(it, Attribute{std::move(attr_name), std::move(value)});
+}
+
+namespace {
+template <typename T> std::optional<T> typed_attr(const Node &node, std::string_view attr_name) {
+  const AttrValue *value = node.find_attr(attr_name);
+  if (value == nullptr) return std::nullopt;
+  if (const T *typed = std::get_if<T>(value)) return *typed;
+  return std::nullopt;
+}
+} // namespace
+
+std::optional<int64_t> Node::int_attr(std::string_view n) const {
+  return typed_attr<int64_t>(*this, n);
+}
+std::optional<double> Node::float_attr(std::string_view n) const {
+  // An integer literal is accepted where a float is expected.
+  if (auto i = typed_attr<int64_t>(*this, n)) return static_cast<double>(*i);
+  return typed_attr<double>(*this, n);
+}
+std::optional<std::string> Node::string_attr(std::string_view n) const {
+  return typed_attr<std::string>(*this, n);
+}
+std::optional<std::vector<int64_t>> Node::ints_attr(std::string_view n) const {
+  return typed_attr<std::vector<int64_t>>(*this, n);
+}
+std::optional<std::vector<double>> Node::floats_attr(std::string_view n) const {
+  if (auto i = typed_attr<std::vector<int64_t>>(*this, n))
+    return std::vector<double>(i->begin(), i->end());
+  return typed_attr<std::vector<double>>(*this, n);
+}
+
+Result<TensorId> Graph::add_tensor(Tensor tensor) {
+  if (tensor.name.empty()) return invalid_argument("tensor ", tensors_.size(), " has no name");
+  TensorId id = static_cast<TensorId>(tensors_.size());
+  if (!tensor_by_name_.try_emplace(tensor.name, id).second)
+    return already_exists("tensor name '", tensor.name, "' is used twice");
+  tensor.producer = kNoNode;
+  tensors_.push_back(std::move(tensor));
+  return id;
+}
+
+Result<NodeId> Graph::add_node(Node node) {
+  if (node.name.empty()) return invalid_argument("node ", nodes_.size(), " has no name");
+  NodeId id = static_cast<NodeId>(nodes_.size());
+  for (TensorId input : node.inputs)
+    if (input >= tensors_.size())
+      return out_of_range("node '", node.name, "' reads tensor index ", input,
+                          " but the graph has ", tensors_.size(), " tensors");
+  for (TensorId output : node.outputs) {
+    if (output >= tensors_.size())
+      return out_of_range("node '", node.name, "' writes tensor index ", output,
+                          " but the graph has ", tensors_.size(), " tensors");
+    const Tensor &t = tensors_[output];
+    if (t.producer != kNoNode)
+      return invalid_argument("tensor '", t.name, "' is produced by both node '",
+                              nodes_[t.producer].name, "' and node '", node.name, "'");
+    if (t.kind != TensorKind::kIntermediate)
+      return invalid_argument("node '", node.name, "' writes tensor '", t.name, "', which is a ",
+                              tensor_kind_name(t.kind), " (only intermediates have producers)");
+  }
+  if (!node_by_name_.try_emplace(node.name, id).second)
+    return already_exists("node name '", node.name, "' is used twice");
+  for (TensorId output : node.outputs)
+    tensors_[output].producer = id;
+  nodes_.push_back(std::move(node));
+  return id;
+}
+
+std::optional<TensorId> Graph::find_tensor(std::string_view name) const {
+  auto it = tensor_by_name_.find(name);
+  if (it == tensor_by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<NodeId> Graph::find_node(std::string_view name) const {
+  auto it = node_by_name_.find(name);
+  if (it == node_by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<llvm::SmallVector<NodeId, 2>> Graph::consumers() const {
+  std::vector<llvm::SmallVector<NodeId, 2>> result(tensors_.size());
+  for (NodeId id = 0; id < nodes_.size(); ++id)
+    for (TensorId input : nodes_[id].inputs)
+      if (result[input].empty() || result[input].back() != id) result[input].push_back(id);
+  return result;
+}
+
+Result<std::vector<NodeId>> Graph::topological_order() const {
+  std::vector<uint32_t> pending(nodes_.size(), 0);
+  auto users = consumers();
+  for (NodeId id = 0; id < nodes_.size(); ++id)
+    for (TensorId input : nodes_[id].inputs)
+      if (tensors_[input].producer != kNoNode) ++pending[id];
+  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+  for (NodeId id = 0; id < nodes_.size(); ++id)
+    if (pending[id] == 0) ready.push(id);
+  std::vector<NodeId> order;
+  order.reserve(nodes_.size());
+  while (!ready.empty()) {
+    NodeId id = ready.top();
+    ready.pop();
+    order.push_back(id);
+    for (TensorId output : nodes_[id].outputs)
+      for (NodeId user : users[output]) {
+        // A user reading this tensor k times was counted k times.
+        for (TensorId input : nodes_[user].inputs)
+          if (input == output) --pending[user];
+        if (pending[user] == 0) ready.push(user);
+      }
+  }
+  if (order.size() != nodes_.size()) {
+    for (NodeId id = 0; id < nodes_.size(); ++id)
+      if (pending[id] != 0)
+        return invalid_argument("the graph has a cycle through node '", nodes_[id].name, "' (",
+                                nodes_[id].op, ")");
+  }
+  return order;
+}
+
+int64_t Graph::num_parameters() const {
+  int64_t total = 0;
+  for (const Tensor &t : tensors_)
+    if (t.kind == TensorKind::kParameter) total += t.type.num_elements();
+  return total;
+}
+
+std::string Graph::unique_name(std::string_view base) const {
+  std::string candidate(base);
+  for (int suffix = 1; tensor_by_name_.count(candidate) || node_by_name_.count(candidate); ++suffix)
+    candidate = str_cat(base, "_", suffix);
+  return candidate;
+}
+
+} // namespace strata

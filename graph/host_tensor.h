@@ -1,0 +1,28 @@
+// HostTensor: a typed block of host memory, for values crossing the API (graph
+// inputs and outputs, .npy files, checkpoints, materialized weights).
+#pragma once
+
+#include <memory>
+
+#include "graph/graph.h"
+
+namespace strata {
+
+struct HostTensor {
+  TensorType type;
+  std::shared_ptr<Blob> blob; // exactly type.size_bytes() bytes, 64-byte aligned
+
+  // A zero-filled tensor of `type`.
+  static HostTensor zeros(TensorType type) {
+    HostTensor t{std::move(type), nullptr};
+    t.blob = Blob::zeroed(static_cast<size_t>(t.type.size_bytes()));
+    return t;
+  }
+  std::byte *data() { return blob->mutable_data(); }
+  const std::byte *data() const { return blob->data(); }
+  size_t size_bytes() const { return blob ? blob->size() : 0; }
+  template <typename T> T *as() { return reinterpret_cast<T *>(data()); }
+  template <typename T> const T *as() const { return reinterpret_cast<const T *>(data()); }
+};
+
+} // namespace strata

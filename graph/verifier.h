@@ -1,0 +1,23 @@
+// The graph verifier: checks that a Graph means something.
+//
+// A graph is valid when
+//  - every tensor and node name is non-empty and unique;
+//  - every node index refers to an existing tensor;
+//  - every intermediate tensor has exactly one producer, and no other tensor has one;
+//  - graph inputs are exactly the tensors of kind input, each listed once;
+//  - parameters and constants have data, external data or an initializer, and
+//    inline data is exactly shape x dtype bytes;
+//  - every shape is non-negative and its element count does not overflow;
+//  - the nodes form no cycle;
+//  - every op is known and the declared output types equal the inferred ones;
+//  - there is at least one graph output, each an existing tensor.
+// Errors name the node, tensor and field at fault.
+#pragma once
+
+#include "graph/graph.h"
+
+namespace strata {
+
+Status verify_graph(const Graph &graph, const OpResolver &resolver);
+
+} // namespace strata
