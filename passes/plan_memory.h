@@ -1,0 +1,27 @@
+// Memory planning: assigns every intermediate tensor an offset in one arena.
+//
+// A tensor is live from the step of the node that produces it to the step of its
+// last reader (graph outputs stay live to the end). Tensors whose lifetimes do not
+// overlap may share bytes. Offsets are aligned; the arena size is the peak the
+// plan needs, known before anything runs.
+#pragma once
+
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace strata::passes {
+
+struct MemoryPlan {
+  // Per tensor: byte offset in the arena, or -1 for tensors outside it (inputs,
+  // parameters, constants).
+  std::vector<int64_t> offsets;
+  int64_t arena_bytes = 0; // the peak: arena size
+  int64_t naive_bytes = 0; // sum of all planned tensors, without reuse
+};
+
+// Plans the intermediates of `graph` for execution in `order` (a topological order).
+Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
+                               int64_t alignment = 64);
+
+} // namespace strata::passes

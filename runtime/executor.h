@@ -1,0 +1,59 @@
+// The single-device CPU executor.
+//
+// An executor is built once from a verified graph: it orders the nodes, plans
+// one arena for every intermediate tensor from their lifetimes (buffers whose
+// lifetimes do not overlap share bytes), and materializes parameters and
+// constants (inline data, external .safetensors data, or initializers drawn with
+// a counter-based generator, so every element depends only on the seed and its
+// index). Each run then executes the nodes in order with the registry's CPU
+// kernels. Runs are deterministic: the same inputs give bitwise the same outputs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/host_tensor.h"
+#include "passes/plan_memory.h"
+
+namespace strata::runtime {
+
+struct ExecutorOptions {
+  // Folder that external data paths are relative to (the model's folder).
+  std::string model_dir = ".";
+};
+
+class CpuExecutor {
+public:
+  static Result<std::unique_ptr<CpuExecutor>> create(Graph graph,
+                                                     const ExecutorOptions &options = {});
+  ~CpuExecutor();
+
+  // Runs the graph on `inputs` (one per graph input, in order, matching types).
+  // Errors name the input or the node whose kernel failed.
+  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs);
+
+  const Graph &graph() const { return graph_; }
+  const passes::MemoryPlan &memory_plan() const { return plan_; }
+  // Bytes held by materialized parameters and constants.
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+private:
+  CpuExecutor() = default;
+  Graph graph_;
+  passes::MemoryPlan plan_;
+  std::vector<NodeId> order_;
+  int64_t weight_bytes_ = 0;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Fills a parameter or constant from its data, external file or initializer.
+Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_dir);
+
+// Random values for every graph input, deterministic in `seed`: floats from
+// normal(0, 1); integer inputs read as indices (by Gather or as loss labels) are
+// drawn in [0, bound) from the dimension they index, other integers in [0, 2).
+std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed);
+
+} // namespace strata::runtime

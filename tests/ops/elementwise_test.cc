@@ -1,0 +1,2 @@
+// Placeholder: tests of the elementwise ops
+#include <gtest/gtest.h>

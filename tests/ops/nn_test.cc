@@ -1,0 +1,2 @@
+// Placeholder: tests of the nn ops
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: tests of the reduction ops
+#include <gtest/gtest.h>

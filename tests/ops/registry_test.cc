@@ -1,0 +1,2 @@
+// Placeholder: tests of the registry ops
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: tests of the shape ops
+#include <gtest/gtest.h>

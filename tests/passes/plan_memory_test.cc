@@ -1,0 +1,2 @@
+// Placeholder: memory planning
+#include <gtest/gtest.h>

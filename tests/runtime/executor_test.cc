@@ -1,0 +1,2 @@
+// Placeholder: executor
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: model loading
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: npy
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: safetensors
+#include <gtest/gtest.h>

@@ -1,0 +1,2 @@
+// Placeholder: CLI end to end
+#include <gtest/gtest.h>

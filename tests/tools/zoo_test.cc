@@ -1,0 +1,2 @@
+// Placeholder: zoo
+#include <gtest/gtest.h>
