@@ -1,8 +1,954 @@
-// Placeholder table: filled in by the nn family.
+// The neural-network ops: matrix products, normalization, convolution, pooling
+// and losses. Each entry below is the op's whole description; the heavy lifting
+// is in ops/kernels/cpu (sgemm, conv2d_forward), the rest is plain loops.
+//
+// Costs (docs/ops.md, "FLOP counts"): MatMul and Gemm 2·M·N·K per matrix, Gemm
+// adding M·N when alpha != 1 and M·N for beta·C when C is given and beta != 0;
+// Conv2d 2·N·M·oH·oW·(C/group)·kH·kW (+ N·M·oH·oW with a bias). Per input element:
+// LayerNorm 8, BatchNormalization 2, GlobalAveragePool 1, SoftmaxCrossEntropy 4
+// (per logit), MseLoss 3. Per output element: MaxPool2d kH·kW, AveragePool2d
+// kH·kW + 1. Every op reads each input and writes each output once.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "ops/kernels/cpu/conv.h"
+#include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
 
 namespace strata::ops {
+namespace {
 
-std::span<const OpDef> nn_ops() { return {}; }
+using TypeList = llvm::SmallVector<TensorType, 2>;
+
+// ---------------------------------------------------------------------------
+// Attribute specs and small helpers.
+
+AttrSpec int_attr(std::string_view name, int64_t value, std::string_view doc) {
+  return {name, AttrType::kInt, AttrValue(value), doc};
+}
+AttrSpec float_attr(std::string_view name, double value, std::string_view doc) {
+  return {name, AttrType::kFloat, AttrValue(value), doc};
+}
+AttrSpec string_attr(std::string_view name, std::string value, std::string_view doc) {
+  return {name, AttrType::kString, AttrValue(std::move(value)), doc};
+}
+AttrSpec ints_attr(std::string_view name, std::vector<int64_t> value, std::string_view doc) {
+  return {name, AttrType::kInts, AttrValue(std::move(value)), doc};
+}
+AttrSpec required_ints_attr(std::string_view name, std::string_view doc) {
+  return {name, AttrType::kInts, std::nullopt, doc};
+}
+
+std::string describe(const TensorType &type) { return type.to_string(); }
+
+// Reads every input once and writes every output once, plus `flops`.
+OpCost io_cost(llvm::ArrayRef<TensorType> inputs, llvm::ArrayRef<TensorType> outputs,
+               double flops) {
+  OpCost cost;
+  for (const TensorType &t : inputs)
+    cost.bytes_read += static_cast<double>(t.size_bytes());
+  for (const TensorType &t : outputs)
+    cost.bytes_written += static_cast<double>(t.size_bytes());
+  cost.flops = flops;
+  return cost;
+}
+
+double elements(const TensorType &type) { return static_cast<double>(type.num_elements()); }
+
+// The kernels here are f32 only; an error names the op and the dtype it got.
+Status require_f32(const KernelContext &context, std::initializer_list<size_t> indices) {
+  for (size_t i : indices)
+    if (i < context.inputs.size() && context.inputs[i].dtype() != DType::kF32)
+      return unimplemented(context.def.name, ": no CPU kernel for ",
+                           dtype_name(context.inputs[i].dtype()), " (input ", i,
+                           "); only f32 is implemented");
+  return Status::ok();
+}
+
+Status expect_rank(const OpDef &def, llvm::ArrayRef<TensorType> inputs, size_t index, int64_t rank,
+                   std::string_view what) {
+  if (inputs[index].rank() != rank)
+    return invalid_argument(def.name, ": input ", index, " (", what, ") must have rank ", rank,
+                            ", got ", describe(inputs[index]));
+  return Status::ok();
+}
+
+Result<bool> read_flag(const OpDef &def, const AttrReader &attrs, std::string_view name) {
+  int64_t value = attrs.get_int(name);
+  if (value != 0 && value != 1)
+    return invalid_argument(def.name, ": attribute '", name, "' must be 0 or 1, got ", value);
+  return value == 1;
+}
+
+enum class Reduction { kMean, kSum, kNone };
+
+Result<Reduction> read_reduction(const OpDef &def, const AttrReader &attrs) {
+  std::string value = attrs.get_string("reduction");
+  if (value == "mean") return Reduction::kMean;
+  if (value == "sum") return Reduction::kSum;
+  if (value == "none") return Reduction::kNone;
+  return invalid_argument(def.name,
+                          ": attribute 'reduction' must be \"mean\", \"sum\" or "
+                          "\"none\", got \"",
+                          value, "\"");
+}
+
+// ---------------------------------------------------------------------------
+// MatMul
+
+// The sizes of one MatMul after 1-D promotion and transposes: the output is
+// batch + [M] (unless A was 1-D) + [N] (unless B was 1-D).
+struct MatMulDims {
+  Shape a_batch, b_batch, batch;
+  int64_t m = 0, n = 0, k = 0;
+  bool a_vector = false, b_vector = false;
+  bool trans_a = false, trans_b = false; // as applied (ignored on a 1-D operand)
+};
+
+Result<MatMulDims> matmul_dims(const OpDef &def, const AttrReader &attrs, const TensorType &a,
+                               const TensorType &b) {
+  ASSIGN_OR_RETURN(bool trans_a, read_flag(def, attrs, "trans_a"));
+  ASSIGN_OR_RETURN(bool trans_b, read_flag(def, attrs, "trans_b"));
+  for (const TensorType *t : {&a, &b})
+    if (t->rank() == 0)
+      return invalid_argument(def.name, ": input ", t == &a ? 0 : 1,
+                              " must have rank >= 1, got the scalar ", describe(*t));
+  MatMulDims dims;
+  dims.a_vector = a.rank() == 1;
+  dims.b_vector = b.rank() == 1;
+  dims.trans_a = trans_a && !dims.a_vector;
+  dims.trans_b = trans_b && !dims.b_vector;
+  int64_t ka;
+  if (dims.a_vector) {
+    dims.m = 1;
+    ka = a.shape[0];
+  } else {
+    int64_t rows = a.shape[a.rank() - 2], cols = a.shape[a.rank() - 1];
+    dims.m = dims.trans_a ? cols : rows;
+    ka = dims.trans_a ? rows : cols;
+    dims.a_batch.assign(a.shape.begin(), a.shape.end() - 2);
+  }
+  int64_t kb;
+  if (dims.b_vector) {
+    dims.n = 1;
+    kb = b.shape[0];
+  } else {
+    int64_t rows = b.shape[b.rank() - 2], cols = b.shape[b.rank() - 1];
+    kb = dims.trans_b ? cols : rows;
+    dims.n = dims.trans_b ? rows : cols;
+    dims.b_batch.assign(b.shape.begin(), b.shape.end() - 2);
+  }
+  if (ka != kb)
+    return invalid_argument(def.name, ": inner dimensions differ: input 0 ", describe(a),
+                            " (trans_a=", trans_a ? 1 : 0, ") has K = ", ka, " but input 1 ",
+                            describe(b), " (trans_b=", trans_b ? 1 : 0, ") has K = ", kb);
+  dims.k = ka;
+  auto batch = broadcast_shapes(dims.a_batch, dims.b_batch);
+  if (!batch)
+    return invalid_argument(def.name, ": batch dimensions of input 0 ", describe(a),
+                            " and input 1 ", describe(b),
+                            " do not broadcast: ", batch.status().message());
+  dims.batch = std::move(batch).value();
+  return dims;
+}
+
+Result<TypeList> infer_matmul(const Node &node, const OpDef &def,
+                              llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  ASSIGN_OR_RETURN(MatMulDims dims, matmul_dims(def, AttrReader(node, def), inputs[0], inputs[1]));
+  TensorType out{inputs[0].dtype, dims.batch};
+  if (!dims.a_vector) out.shape.push_back(dims.m);
+  if (!dims.b_vector) out.shape.push_back(dims.n);
+  return TypeList{out};
+}
+
+OpCost matmul_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                   llvm::ArrayRef<TensorType> outputs) {
+  auto dims = matmul_dims(def, AttrReader(node, def), inputs[0], inputs[1]);
+  if (!dims) return io_cost(inputs, outputs, 0);
+  double batch = static_cast<double>(num_elements(dims->batch));
+  return io_cost(inputs, outputs,
+                 2.0 * batch * static_cast<double>(dims->m) * static_cast<double>(dims->n) *
+                     static_cast<double>(dims->k));
+}
+
+// Element offsets of every output batch entry into a batch shape broadcast to
+// `batch` (matrices of `matrix_size` elements).
+std::vector<int64_t> batch_offsets(llvm::ArrayRef<int64_t> operand_batch,
+                                   llvm::ArrayRef<int64_t> batch, int64_t matrix_size) {
+  const size_t rank = batch.size();
+  // Strides of the operand's batch dims, aligned right, 0 where broadcast.
+  std::vector<int64_t> strides(rank, 0);
+  int64_t stride = matrix_size;
+  for (size_t i = 0; i < operand_batch.size(); ++i) {
+    size_t dim = operand_batch.size() - 1 - i;
+    size_t out_dim = rank - 1 - i;
+    strides[out_dim] = operand_batch[dim] == 1 ? 0 : stride;
+    stride *= operand_batch[dim];
+  }
+  const int64_t count = num_elements(batch);
+  std::vector<int64_t> offsets(static_cast<size_t>(count));
+  std::vector<int64_t> index(rank, 0);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    offsets[static_cast<size_t>(i)] = offset;
+    for (size_t d = rank; d-- > 0;) { // odometer step, last dim fastest
+      offset += strides[d];
+      if (++index[d] < batch[d]) break;
+      offset -= strides[d] * batch[d];
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
+Status matmul_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  const ConstTensorView &a = context.inputs[0];
+  const ConstTensorView &b = context.inputs[1];
+  ASSIGN_OR_RETURN(MatMulDims dims, matmul_dims(context.def, context.attrs(), *a.type, *b.type));
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
+  // Leading dimensions of the matrices as stored: a 1-D A is one row [1, K], a
+  // 1-D B one column [K, 1].
+  const int64_t lda = dims.trans_a ? m : k;
+  const int64_t ldb = dims.b_vector ? 1 : (dims.trans_b ? k : n);
+  const float *a_data = a.as<float>();
+  const float *b_data = b.as<float>();
+  float *y = context.outputs[0].as<float>();
+  const int64_t batch = num_elements(dims.batch);
+  const int64_t a_batch = num_elements(dims.a_batch);
+  const int64_t b_batch = num_elements(dims.b_batch);
+  cpu::GemmShape shape{dims.trans_a, dims.trans_b, m, n, k};
+  if (b_batch == 1 && (a_batch == batch) && !dims.trans_a) {
+    // One B for every batch entry: stack A's matrices into one tall product.
+    shape.m = m * batch;
+    cpu::sgemm(shape, 1.0f, a_data, lda, b_data, ldb, 0.0f, y, n);
+    return Status::ok();
+  }
+  std::vector<int64_t> a_offsets = batch_offsets(dims.a_batch, dims.batch, m * k);
+  std::vector<int64_t> b_offsets = batch_offsets(dims.b_batch, dims.batch, k * n);
+  for (int64_t i = 0; i < batch; ++i) {
+    size_t s = static_cast<size_t>(i);
+    cpu::sgemm(shape, 1.0f, a_data + a_offsets[s], lda, b_data + b_offsets[s], ldb, 0.0f,
+               y + i * m * n, n);
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Gemm
+
+struct GemmDims {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+};
+
+Result<GemmDims> gemm_dims(const OpDef &def, const AttrReader &attrs,
+                           llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_rank(def, inputs, 0, 2, "A"));
+  RETURN_IF_ERROR(expect_rank(def, inputs, 1, 2, "B"));
+  GemmDims dims;
+  ASSIGN_OR_RETURN(dims.trans_a, read_flag(def, attrs, "trans_a"));
+  ASSIGN_OR_RETURN(dims.trans_b, read_flag(def, attrs, "trans_b"));
+  const Shape &a = inputs[0].shape, &b = inputs[1].shape;
+  dims.m = dims.trans_a ? a[1] : a[0];
+  dims.k = dims.trans_a ? a[0] : a[1];
+  int64_t kb = dims.trans_b ? b[1] : b[0];
+  dims.n = dims.trans_b ? b[0] : b[1];
+  if (dims.k != kb)
+    return invalid_argument(def.name, ": inner dimensions differ: input 0 ", describe(inputs[0]),
+                            " (trans_a=", dims.trans_a ? 1 : 0, ") has K = ", dims.k,
+                            " but input 1 ", describe(inputs[1]),
+                            " (trans_b=", dims.trans_b ? 1 : 0, ") has K = ", kb);
+  if (inputs.size() > 2) {
+    const TensorType &c = inputs[2];
+    bool ok = c.rank() <= 2;
+    Shape target{dims.m, dims.n};
+    for (int64_t i = 0; ok && i < c.rank(); ++i) {
+      int64_t dim = c.shape[c.rank() - 1 - i];
+      ok = dim == 1 || dim == target[1 - i];
+    }
+    if (!ok)
+      return invalid_argument(def.name, ": input 2 (C) ", describe(c),
+                              " does not broadcast to the output shape ", shape_to_string(target));
+  }
+  return dims;
+}
+
+Result<TypeList> infer_gemm(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  ASSIGN_OR_RETURN(GemmDims dims, gemm_dims(def, AttrReader(node, def), inputs));
+  return TypeList{TensorType{inputs[0].dtype, Shape{dims.m, dims.n}}};
+}
+
+OpCost gemm_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                 llvm::ArrayRef<TensorType> outputs) {
+  AttrReader attrs(node, def);
+  auto dims = gemm_dims(def, attrs, inputs);
+  if (!dims) return io_cost(inputs, outputs, 0);
+  double mn = static_cast<double>(dims->m) * static_cast<double>(dims->n);
+  double flops = 2.0 * mn * static_cast<double>(dims->k);
+  if (attrs.get_float("alpha") != 1.0) flops += mn;
+  if (inputs.size() > 2 && attrs.get_float("beta") != 0.0) flops += mn;
+  return io_cost(inputs, outputs, flops);
+}
+
+llvm::SmallVector<TensorType, 3> input_types(const KernelContext &context) {
+  llvm::SmallVector<TensorType, 3> types;
+  for (const ConstTensorView &input : context.inputs)
+    types.push_back(*input.type);
+  return types;
+}
+
+Status gemm_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(GemmDims dims, gemm_dims(context.def, attrs, input_types(context)));
+  const float alpha = static_cast<float>(attrs.get_float("alpha"));
+  float beta = static_cast<float>(attrs.get_float("beta"));
+  const int64_t m = dims.m, n = dims.n;
+  float *y = context.outputs[0].as<float>();
+  if (context.inputs.size() > 2 && beta != 0.0f) {
+    // Broadcast C into Y; sgemm then scales it by beta and adds the product.
+    const ConstTensorView &c = context.inputs[2];
+    const float *c_data = c.as<float>();
+    const int64_t rank = c.type->rank();
+    const int64_t c_rows = rank == 2 ? c.shape()[0] : 1;
+    const int64_t c_cols = rank >= 1 ? c.shape()[rank - 1] : 1;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        y[i * n + j] = c_data[(c_rows == 1 ? 0 : i) * c_cols + (c_cols == 1 ? 0 : j)];
+  } else {
+    beta = 0.0f;
+  }
+  const int64_t lda = context.inputs[0].shape()[1];
+  const int64_t ldb = context.inputs[1].shape()[1];
+  cpu::sgemm(cpu::GemmShape{dims.trans_a, dims.trans_b, m, n, dims.k}, alpha,
+             context.inputs[0].as<float>(), lda, context.inputs[1].as<float>(), ldb, beta, y, n);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// LayerNorm
+
+Result<TypeList> infer_layer_norm(const Node &node, const OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  const TensorType &x = inputs[0];
+  int64_t axis_attr = AttrReader(node, def).get_int("axis");
+  ASSIGN_OR_RETURN(int64_t axis, normalize_axis(axis_attr, x.rank(), "axis"));
+  llvm::ArrayRef<int64_t> normalized = llvm::ArrayRef<int64_t>(x.shape).drop_front(axis);
+  for (size_t i = 1; i < 3; ++i)
+    if (llvm::ArrayRef<int64_t>(inputs[i].shape) != normalized)
+      return invalid_argument(def.name, ": input ", i, i == 1 ? " (scale) " : " (bias) ",
+                              describe(inputs[i]),
+                              " must have the shape X.shape[axis:] = ", shape_to_string(normalized),
+                              " (X ", describe(x), ", axis = ", axis_attr, ")");
+  return TypeList{x};
+}
+
+OpCost layer_norm_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                       llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 8.0 * elements(inputs[0]));
+}
+
+Status layer_norm_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  AttrReader attrs = context.attrs();
+  const ConstTensorView &x = context.inputs[0];
+  ASSIGN_OR_RETURN(int64_t axis, normalize_axis(attrs.get_int("axis"), x.type->rank(), "axis"));
+  const double epsilon = attrs.get_float("epsilon");
+  const int64_t size = num_elements(x.shape().drop_front(axis));
+  const int64_t rows = size == 0 ? 0 : x.num_elements() / size;
+  const float *in = x.as<float>();
+  const float *scale = context.inputs[1].as<float>();
+  const float *bias = context.inputs[2].as<float>();
+  float *out = context.outputs[0].as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *row = in + r * size;
+    float *y = out + r * size;
+    // Two passes in double: the mean first, then the mean squared deviation.
+    double sum = 0;
+    for (int64_t i = 0; i < size; ++i)
+      sum += row[i];
+    const double mean = sum / static_cast<double>(size);
+    double squares = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      double d = row[i] - mean;
+      squares += d * d;
+    }
+    const double inv_std = 1.0 / std::sqrt(squares / static_cast<double>(size) + epsilon);
+    for (int64_t i = 0; i < size; ++i)
+      y[i] = static_cast<float>((row[i] - mean) * inv_std * scale[i] + bias[i]);
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Sliding windows: Conv2d and the pools.
+
+struct Window {
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool ceil_mode = false;
+  int64_t extent_h() const { return (kernel_h - 1) * dilation_h + 1; }
+  int64_t extent_w() const { return (kernel_w - 1) * dilation_w + 1; }
+};
+
+Result<std::vector<int64_t>> read_ints(const OpDef &def, const AttrReader &attrs,
+                                       std::string_view name, size_t count, int64_t min_value) {
+  std::vector<int64_t> values = attrs.get_ints(name);
+  if (values.size() != count)
+    return invalid_argument(def.name, ": attribute '", name, "' must have ", count, " values, got ",
+                            values.size());
+  for (int64_t v : values)
+    if (v < min_value)
+      return invalid_argument(def.name, ": attribute '", name, "' values must be >= ", min_value,
+                              ", got ", v);
+  return values;
+}
+
+// Reads strides, pads and (where the op has them) kernel_shape, dilations and ceil_mode.
+Result<Window> read_window(const OpDef &def, const AttrReader &attrs) {
+  Window w;
+  if (def.find_attr("kernel_shape")) {
+    ASSIGN_OR_RETURN(auto kernel, read_ints(def, attrs, "kernel_shape", 2, 1));
+    w.kernel_h = kernel[0];
+    w.kernel_w = kernel[1];
+  }
+  ASSIGN_OR_RETURN(auto strides, read_ints(def, attrs, "strides", 2, 1));
+  ASSIGN_OR_RETURN(auto pads, read_ints(def, attrs, "pads", 4, 0));
+  w.stride_h = strides[0];
+  w.stride_w = strides[1];
+  w.pad_top = pads[0];
+  w.pad_left = pads[1];
+  w.pad_bottom = pads[2];
+  w.pad_right = pads[3];
+  if (def.find_attr("dilations")) {
+    ASSIGN_OR_RETURN(auto dilations, read_ints(def, attrs, "dilations", 2, 1));
+    w.dilation_h = dilations[0];
+    w.dilation_w = dilations[1];
+  }
+  if (def.find_attr("ceil_mode")) {
+    ASSIGN_OR_RETURN(w.ceil_mode, read_flag(def, attrs, "ceil_mode"));
+  }
+  return w;
+}
+
+// Output size along one dimension (ONNX): floor or ceil of
+// (in + pads - extent) / stride + 1; in ceil mode a window that would start in
+// the end padding is dropped.
+int64_t window_output_size(int64_t in, int64_t extent, int64_t stride, int64_t pad_begin,
+                           int64_t pad_end, bool ceil_mode) {
+  int64_t span = in + pad_begin + pad_end - extent;
+  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad_begin) --out;
+  return out;
+}
+
+// Output [oH, oW] of a window over X [N, C, H, W]; an error if the kernel does
+// not fit in the padded input.
+Result<std::pair<int64_t, int64_t>> window_output(const OpDef &def, const TensorType &x,
+                                                  const Window &w) {
+  int64_t h = x.shape[2], wd = x.shape[3];
+  if (w.extent_h() > h + w.pad_top + w.pad_bottom || w.extent_w() > wd + w.pad_left + w.pad_right)
+    return invalid_argument(def.name, ": kernel ", w.kernel_h, "x", w.kernel_w, " (dilated ",
+                            w.extent_h(), "x", w.extent_w(), ") is larger than the padded input ",
+                            h + w.pad_top + w.pad_bottom, "x", wd + w.pad_left + w.pad_right,
+                            " (input 0 ", describe(x), ")");
+  return std::pair{
+      window_output_size(h, w.extent_h(), w.stride_h, w.pad_top, w.pad_bottom, w.ceil_mode),
+      window_output_size(wd, w.extent_w(), w.stride_w, w.pad_left, w.pad_right, w.ceil_mode)};
+}
+
+// ---------------------------------------------------------------------------
+// Conv2d
+
+Result<cpu::Conv2dParams> conv_params(const OpDef &def, const AttrReader &attrs,
+                                      llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_rank(def, inputs, 0, 4, "X [N, C, H, W]"));
+  RETURN_IF_ERROR(expect_rank(def, inputs, 1, 4, "W [M, C/group, kH, kW]"));
+  const TensorType &x = inputs[0], &weights = inputs[1];
+  int64_t group = attrs.get_int("group");
+  if (group < 1) return invalid_argument(def.name, ": attribute 'group' must be >= 1, got ", group);
+  const int64_t channels = x.shape[1], out_channels = weights.shape[0];
+  if (channels % group != 0 || out_channels % group != 0)
+    return invalid_argument(def.name, ": group = ", group, " must divide the input channels (",
+                            channels, ", input 0 ", describe(x), ") and the output channels (",
+                            out_channels, ", input 1 ", describe(weights), ")");
+  if (weights.shape[1] != channels / group)
+    return invalid_argument(def.name, ": input 1 (W) ", describe(weights),
+                            " must have C/group = ", channels, "/", group, " = ", channels / group,
+                            " channels in dim 1 (input 0 ", describe(x), ")");
+  if (inputs.size() > 2 && (inputs[2].rank() != 1 || inputs[2].shape[0] != out_channels))
+    return invalid_argument(def.name, ": input 2 (bias) ", describe(inputs[2]), " must be [",
+                            out_channels, "] (the output channels of W ", describe(weights), ")");
+  ASSIGN_OR_RETURN(Window w, read_window(def, attrs));
+  w.kernel_h = weights.shape[2];
+  w.kernel_w = weights.shape[3];
+  ASSIGN_OR_RETURN(auto out, window_output(def, x, w));
+  cpu::Conv2dParams p;
+  p.batch = x.shape[0];
+  p.in_channels = channels;
+  p.in_h = x.shape[2];
+  p.in_w = x.shape[3];
+  p.out_channels = out_channels;
+  p.kernel_h = w.kernel_h;
+  p.kernel_w = w.kernel_w;
+  p.group = group;
+  p.stride_h = w.stride_h;
+  p.stride_w = w.stride_w;
+  p.pad_top = w.pad_top;
+  p.pad_left = w.pad_left;
+  p.pad_bottom = w.pad_bottom;
+  p.pad_right = w.pad_right;
+  p.dilation_h = w.dilation_h;
+  p.dilation_w = w.dilation_w;
+  p.out_h = out.first;
+  p.out_w = out.second;
+  return p;
+}
+
+Result<TypeList> infer_conv(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  ASSIGN_OR_RETURN(cpu::Conv2dParams p, conv_params(def, AttrReader(node, def), inputs));
+  return TypeList{TensorType{inputs[0].dtype, Shape{p.batch, p.out_channels, p.out_h, p.out_w}}};
+}
+
+OpCost conv_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                 llvm::ArrayRef<TensorType> outputs) {
+  auto p = conv_params(def, AttrReader(node, def), inputs);
+  if (!p) return io_cost(inputs, outputs, 0);
+  double outputs_count = static_cast<double>(p->batch) * static_cast<double>(p->out_channels) *
+                         static_cast<double>(p->out_h) * static_cast<double>(p->out_w);
+  double per_output = static_cast<double>(p->in_channels / p->group) *
+                      static_cast<double>(p->kernel_h) * static_cast<double>(p->kernel_w);
+  double flops = 2.0 * outputs_count * per_output;
+  if (inputs.size() > 2) flops += outputs_count;
+  return io_cost(inputs, outputs, flops);
+}
+
+Status conv_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  ASSIGN_OR_RETURN(cpu::Conv2dParams p,
+                   conv_params(context.def, context.attrs(), input_types(context)));
+  const float *bias = context.inputs.size() > 2 ? context.inputs[2].as<float>() : nullptr;
+  return cpu::conv2d_forward(p, context.inputs[0].as<float>(), context.inputs[1].as<float>(), bias,
+                             context.outputs[0].as<float>());
+}
+
+// ---------------------------------------------------------------------------
+// MaxPool2d and AveragePool2d
+
+Result<TypeList> infer_pool(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_rank(def, inputs, 0, 4, "X [N, C, H, W]"));
+  ASSIGN_OR_RETURN(Window w, read_window(def, AttrReader(node, def)));
+  // Every window must overlap the input, so no output is made of padding alone.
+  if (w.pad_top >= w.extent_h() || w.pad_bottom >= w.extent_h() || w.pad_left >= w.extent_w() ||
+      w.pad_right >= w.extent_w())
+    return invalid_argument(def.name, ": pads must be smaller than the (dilated) kernel ",
+                            w.extent_h(), "x", w.extent_w());
+  ASSIGN_OR_RETURN(auto out, window_output(def, inputs[0], w));
+  const Shape &x = inputs[0].shape;
+  return TypeList{TensorType{inputs[0].dtype, Shape{x[0], x[1], out.first, out.second}}};
+}
+
+OpCost pool_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                 llvm::ArrayRef<TensorType> outputs) {
+  auto w = read_window(def, AttrReader(node, def));
+  if (!w) return io_cost(inputs, outputs, 0);
+  double per_output = static_cast<double>(w->kernel_h * w->kernel_w);
+  if (def.name == "AveragePool2d") per_output += 1; // the division
+  return io_cost(inputs, outputs, per_output * elements(outputs[0]));
+}
+
+template <bool kMax> Status pool_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Window w, read_window(context.def, attrs));
+  bool include_pad = false;
+  if constexpr (!kMax) {
+    ASSIGN_OR_RETURN(include_pad, read_flag(context.def, attrs, "count_include_pad"));
+  }
+  const ConstTensorView &x = context.inputs[0];
+  const TensorView &y = context.outputs[0];
+  const int64_t planes = x.shape()[0] * x.shape()[1];
+  const int64_t h = x.shape()[2], wd = x.shape()[3];
+  const int64_t out_h = y.shape()[2], out_w = y.shape()[3];
+  const float *in = x.as<float>();
+  float *out = y.as<float>();
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float *src = in + plane * h * wd;
+    float *dst = out + plane * out_h * out_w;
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const int64_t y0 = oy * w.stride_h - w.pad_top;
+      for (int64_t ox = 0; ox < out_w; ++ox) {
+        const int64_t x0 = ox * w.stride_w - w.pad_left;
+        if constexpr (kMax) {
+          // Padding acts as -inf: taps outside the input are skipped. NaN wins.
+          float best = -std::numeric_limits<float>::infinity();
+          for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
+            const int64_t iy = y0 + ky * w.dilation_h;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
+              const int64_t ix = x0 + kx * w.dilation_w;
+              if (ix < 0 || ix >= wd) continue;
+              float v = src[iy * wd + ix];
+              if (v > best || std::isnan(v)) best = v;
+            }
+          }
+          dst[oy * out_w + ox] = best;
+        } else {
+          // The window clipped to the padded input counts with count_include_pad
+          // (ceil mode's overhang past the end padding never counts); clipped to
+          // the input itself without.
+          const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+          const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+          const int64_t padded_count = (y1 - y0) * (x1 - x0);
+          const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+          const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+          double sum = 0;
+          for (int64_t iy = ys; iy < ye; ++iy)
+            for (int64_t ix = xs; ix < xe; ++ix)
+              sum += src[iy * wd + ix];
+          const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+          dst[oy * out_w + ox] = static_cast<float>(sum / static_cast<double>(count));
+        }
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// GlobalAveragePool
+
+Result<TypeList> infer_global_average_pool(const Node &, const OpDef &def,
+                                           llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_rank(def, inputs, 0, 4, "X [N, C, H, W]"));
+  const Shape &x = inputs[0].shape;
+  return TypeList{TensorType{inputs[0].dtype, Shape{x[0], x[1], 1, 1}}};
+}
+
+OpCost global_average_pool_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                                llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, elements(inputs[0]));
+}
+
+Status global_average_pool_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  const ConstTensorView &x = context.inputs[0];
+  const int64_t planes = x.shape()[0] * x.shape()[1];
+  const int64_t size = x.shape()[2] * x.shape()[3];
+  const float *in = x.as<float>();
+  float *out = context.outputs[0].as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    double sum = 0;
+    for (int64_t i = 0; i < size; ++i)
+      sum += in[p * size + i];
+    out[p] = size == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(size));
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// BatchNormalization (inference): Y = (X - mean) / sqrt(var + epsilon) * scale + bias
+// per channel (dim 1).
+
+Result<TypeList> infer_batch_norm(const Node &, const OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  const TensorType &x = inputs[0];
+  if (x.rank() < 2)
+    return invalid_argument(def.name, ": input 0 (X) must have rank >= 2 [N, C, ...], got ",
+                            describe(x));
+  static constexpr std::string_view kNames[] = {"X", "scale", "bias", "mean", "var"};
+  for (size_t i = 1; i < 5; ++i)
+    if (inputs[i].rank() != 1 || inputs[i].shape[0] != x.shape[1])
+      return invalid_argument(def.name, ": input ", i, " (", kNames[i], ") ", describe(inputs[i]),
+                              " must be [C] = [", x.shape[1], "] (X ", describe(x), ")");
+  return TypeList{x};
+}
+
+OpCost batch_norm_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                       llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 2.0 * elements(inputs[0]));
+}
+
+Status batch_norm_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2, 3, 4}));
+  const double epsilon = context.attrs().get_float("epsilon");
+  const ConstTensorView &x = context.inputs[0];
+  const int64_t batch = x.shape()[0], channels = x.shape()[1];
+  const int64_t inner = num_elements(x.shape().drop_front(2));
+  const float *scale = context.inputs[1].as<float>();
+  const float *bias = context.inputs[2].as<float>();
+  const float *mean = context.inputs[3].as<float>();
+  const float *var = context.inputs[4].as<float>();
+  const float *in = x.as<float>();
+  float *out = context.outputs[0].as<float>();
+  for (int64_t c = 0; c < channels; ++c) {
+    // Fold the normalization into one multiply-add per element.
+    const double factor = scale[c] / std::sqrt(static_cast<double>(var[c]) + epsilon);
+    const float mul = static_cast<float>(factor);
+    const float add = static_cast<float>(bias[c] - mean[c] * factor);
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t base = (n * channels + c) * inner;
+      for (int64_t i = 0; i < inner; ++i)
+        out[base + i] = in[base + i] * mul + add;
+    }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// SoftmaxCrossEntropy: loss = logsumexp(logits) - logits[label] per row.
+
+Result<TypeList> infer_softmax_cross_entropy(const Node &node, const OpDef &def,
+                                             llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  const TensorType &logits = inputs[0], &labels = inputs[1];
+  if (logits.rank() < 1)
+    return invalid_argument(def.name, ": input 0 (logits) must have rank >= 1 [..., C], got ",
+                            describe(logits));
+  if (labels.dtype != DType::kI32 && labels.dtype != DType::kI64)
+    return invalid_argument(def.name, ": input 1 (labels) must be i32 or i64, got ",
+                            describe(labels));
+  llvm::ArrayRef<int64_t> expected = llvm::ArrayRef<int64_t>(logits.shape).drop_back();
+  if (llvm::ArrayRef<int64_t>(labels.shape) != expected)
+    return invalid_argument(def.name, ": input 1 (labels) ", describe(labels),
+                            " must have the logits' shape without the last dim, ",
+                            shape_to_string(expected), " (logits ", describe(logits), ")");
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(def, AttrReader(node, def)));
+  if (reduction == Reduction::kNone) return TypeList{TensorType{logits.dtype, labels.shape}};
+  return TypeList{TensorType{logits.dtype, Shape{}}};
+}
+
+OpCost softmax_cross_entropy_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                                  llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 4.0 * elements(inputs[0]));
+}
+
+template <typename Label>
+Status softmax_cross_entropy(const KernelContext &context, Reduction reduction,
+                             int64_t ignore_index) {
+  const ConstTensorView &logits = context.inputs[0];
+  const int64_t classes = logits.shape().back();
+  const int64_t rows = context.inputs[1].num_elements();
+  const float *x = logits.as<float>();
+  const Label *labels = context.inputs[1].as<Label>();
+  float *out = context.outputs[0].as<float>();
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (label == ignore_index) {
+      if (reduction == Reduction::kNone) out[r] = 0.0f;
+      continue;
+    }
+    if (label < 0 || label >= classes)
+      return out_of_range(context.def.name, ": label ", label, " at position ", r,
+                          " is outside [0, ", classes, ") for ", classes,
+                          " classes and is not ignore_index (", ignore_index, ")");
+    const float *row = x + r * classes;
+    float max = row[0];
+    for (int64_t c = 1; c < classes; ++c)
+      max = std::max(max, row[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      sum += std::exp(static_cast<double>(row[c]) - max);
+    const double loss = max + std::log(sum) - row[label];
+    if (reduction == Reduction::kNone) out[r] = static_cast<float>(loss);
+    total += loss;
+    ++counted;
+  }
+  if (reduction == Reduction::kSum) out[0] = static_cast<float>(total);
+  // The mean over no counted label is 0 rather than NaN.
+  if (reduction == Reduction::kMean)
+    out[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
+  return Status::ok();
+}
+
+Status softmax_cross_entropy_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
+  if (context.inputs[1].dtype() == DType::kI32)
+    return softmax_cross_entropy<int32_t>(context, reduction, ignore_index);
+  return softmax_cross_entropy<int64_t>(context, reduction, ignore_index);
+}
+
+// ---------------------------------------------------------------------------
+// MseLoss: (prediction - target)^2, reduced.
+
+Result<TypeList> infer_mse_loss(const Node &node, const OpDef &def,
+                                llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  if (inputs[0].shape != inputs[1].shape)
+    return invalid_argument(def.name, ": input 0 (prediction) ", describe(inputs[0]),
+                            " and input 1 (target) ", describe(inputs[1]),
+                            " must have the same shape");
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(def, AttrReader(node, def)));
+  if (reduction == Reduction::kNone) return TypeList{inputs[0]};
+  return TypeList{TensorType{inputs[0].dtype, Shape{}}};
+}
+
+OpCost mse_loss_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                     llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 3.0 * elements(inputs[0]));
+}
+
+Status mse_loss_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, context.attrs()));
+  const int64_t count = context.inputs[0].num_elements();
+  const float *p = context.inputs[0].as<float>();
+  const float *t = context.inputs[1].as<float>();
+  float *out = context.outputs[0].as<float>();
+  double total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float d = p[i] - t[i];
+    if (reduction == Reduction::kNone)
+      out[i] = d * d;
+    else
+      total += static_cast<double>(d) * d;
+  }
+  if (reduction == Reduction::kSum) out[0] = static_cast<float>(total);
+  if (reduction == Reduction::kMean)
+    out[0] = count == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(count));
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// The table.
+
+std::vector<OpDef> make_table() {
+  std::vector<OpDef> table;
+  table.push_back(
+      OpDef{"MatMul",
+            "NumPy matrix product of A and B: batch dims broadcast, a 1-D operand is promoted to a "
+            "matrix and the added dim removed; trans_a/trans_b transpose the last two dims first",
+            2,
+            2,
+            {int_attr("trans_a", 0, "1: use A with its last two dims swapped"),
+             int_attr("trans_b", 0, "1: use B with its last two dims swapped")},
+            infer_matmul,
+            matmul_cost,
+            matmul_kernel});
+  table.push_back(
+      OpDef{"Gemm",
+            "Y = alpha * op(A) * op(B) + beta * C for matrices A, B; C broadcasts to [M, N]",
+            2,
+            3,
+            {float_attr("alpha", 1.0, "scale of the product"),
+             float_attr("beta", 1.0, "scale of C"), int_attr("trans_a", 0, "1: use A transposed"),
+             int_attr("trans_b", 0, "1: use B transposed")},
+            infer_gemm,
+            gemm_cost,
+            gemm_kernel});
+  table.push_back(
+      OpDef{"LayerNorm",
+            "normalizes X over dims [axis, rank) to mean 0 and variance 1, then scales and shifts",
+            3,
+            3,
+            {int_attr("axis", -1, "first normalized dim"),
+             float_attr("epsilon", 1e-5, "added to the variance")},
+            infer_layer_norm,
+            layer_norm_cost,
+            layer_norm_kernel});
+  table.push_back(
+      OpDef{"Conv2d",
+            "2-D convolution (cross-correlation) of X [N, C, H, W] with W [M, C/group, kH, kW], "
+            "optional bias [M]",
+            2,
+            3,
+            {ints_attr("strides", {1, 1}, "step of the window along H and W"),
+             ints_attr("pads", {0, 0, 0, 0}, "zero padding: top, left, bottom, right"),
+             ints_attr("dilations", {1, 1}, "spacing of the kernel taps along H and W"),
+             int_attr("group", 1, "channel groups; C and M must be multiples")},
+            infer_conv,
+            conv_cost,
+            conv_kernel});
+  table.push_back(OpDef{"MaxPool2d",
+                        "maximum over sliding windows of X [N, C, H, W]; padding never wins",
+                        1,
+                        1,
+                        {required_ints_attr("kernel_shape", "window size kH, kW"),
+                         ints_attr("strides", {1, 1}, "step of the window along H and W"),
+                         ints_attr("pads", {0, 0, 0, 0}, "padding: top, left, bottom, right"),
+                         ints_attr("dilations", {1, 1}, "spacing of the window taps along H and W"),
+                         int_attr("ceil_mode", 0, "1: round the output size up (ONNX)")},
+                        infer_pool,
+                        pool_cost,
+                        pool_kernel<true>});
+  table.push_back(
+      OpDef{"AveragePool2d",
+            "mean over sliding windows of X [N, C, H, W]",
+            1,
+            1,
+            {required_ints_attr("kernel_shape", "window size kH, kW"),
+             ints_attr("strides", {1, 1}, "step of the window along H and W"),
+             ints_attr("pads", {0, 0, 0, 0}, "zero padding: top, left, bottom, right"),
+             int_attr("ceil_mode", 0, "1: round the output size up (ONNX)"),
+             int_attr("count_include_pad", 0, "1: padded positions count in the divisor")},
+            infer_pool,
+            pool_cost,
+            pool_kernel<false>});
+  table.push_back(OpDef{"GlobalAveragePool",
+                        "mean of each [H, W] plane of X [N, C, H, W]: Y [N, C, 1, 1]",
+                        1,
+                        1,
+                        {},
+                        infer_global_average_pool,
+                        global_average_pool_cost,
+                        global_average_pool_kernel});
+  table.push_back(
+      OpDef{"BatchNormalization",
+            "inference batch norm over dim 1: (X - mean) / sqrt(var + epsilon) * scale + bias",
+            5,
+            5,
+            {float_attr("epsilon", 1e-5, "added to the variance")},
+            infer_batch_norm,
+            batch_norm_cost,
+            batch_norm_kernel});
+  table.push_back(
+      OpDef{"SoftmaxCrossEntropy",
+            "cross entropy of softmax(logits) over the last dim against integer labels",
+            2,
+            2,
+            {string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\""),
+             int_attr("ignore_index", -100, "labels equal to it add nothing and are not counted")},
+            infer_softmax_cross_entropy,
+            softmax_cross_entropy_cost,
+            softmax_cross_entropy_kernel});
+  table.push_back(OpDef{"MseLoss",
+                        "squared difference of prediction and target, reduced",
+                        2,
+                        2,
+                        {string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\"")},
+                        infer_mse_loss,
+                        mse_loss_cost,
+                        mse_loss_kernel});
+  return table;
+}
+
+} // namespace
+
+std::span<const OpDef> nn_ops() {
+  static const std::vector<OpDef> table = make_table();
+  return table;
+}
 
 } // namespace strata::ops

@@ -128,6 +128,16 @@ OpCost OpRegistry::cost(const Node &node, llvm::ArrayRef<TensorType> inputs,
   return def->cost(node, *def, inputs, outputs);
 }
 
+OpCost OpRegistry::node_cost(const Graph &graph, NodeId id) const {
+  const Node &node = graph.node(id);
+  llvm::SmallVector<TensorType, 4> inputs, outputs;
+  for (TensorId t : node.inputs)
+    inputs.push_back(graph.tensor(t).type);
+  for (TensorId t : node.outputs)
+    outputs.push_back(graph.tensor(t).type);
+  return cost(node, inputs, outputs);
+}
+
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr_name) {
   if (axis < -rank || axis >= rank)
     return out_of_range("attribute '", attr_name, "' = ", axis, " is out of range for rank ", rank);

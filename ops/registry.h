@@ -118,6 +118,8 @@ public:
   // Cost of a node whose input and output types are known.
   OpCost cost(const Node &node, llvm::ArrayRef<TensorType> inputs,
               llvm::ArrayRef<TensorType> outputs) const;
+  // Cost of node `id` of `graph`, with the types the graph declares.
+  OpCost node_cost(const Graph &graph, NodeId id) const;
 
   // Checks a node's op, input count and attributes against its schema.
   Status check_schema(const Node &node, size_t num_inputs) const;

@@ -1,0 +1,254 @@
+#include "ops/kernels/cpu/conv.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/kernels/cpu/gemm.h"
+#include "strata_config.h"
+
+#if STRATA_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace strata::ops::cpu {
+namespace {
+
+// Writes the patches of one group of one image as a [C/group * kH * kW, oH * oW]
+// matrix; taps that fall into the padding are zero.
+void im2col(const Conv2dParams &p, const float *x, int64_t channels, float *col) {
+  const int64_t out_plane = p.out_h * p.out_w;
+  for (int64_t c = 0; c < channels; ++c) {
+    const float *plane = x + c * p.in_h * p.in_w;
+    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+      for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+        float *row = col + ((c * p.kernel_h + ky) * p.kernel_w + kx) * out_plane;
+        for (int64_t oy = 0; oy < p.out_h; ++oy) {
+          const int64_t iy = oy * p.stride_h - p.pad_top + ky * p.dilation_h;
+          float *out = row + oy * p.out_w;
+          if (iy < 0 || iy >= p.in_h) {
+            std::fill(out, out + p.out_w, 0.0f);
+            continue;
+          }
+          for (int64_t ox = 0; ox < p.out_w; ++ox) {
+            const int64_t ix = ox * p.stride_w - p.pad_left + kx * p.dilation_w;
+            out[ox] = (ix >= 0 && ix < p.in_w) ? plane[iy * p.in_w + ix] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+#if STRATA_HAVE_DNNL
+// A convolution for one set of sizes. The primitive picks its own (blocked)
+// layouts, which run faster than plain NCHW on AVX-512 (but see 1x1 below); reorders
+// convert from and to the caller's NCHW / [M, C/group, kH, kW] buffers where they
+// differ. Primitives are immutable once built and run with a caller-owned
+// scratchpad, so threads may share one.
+struct CachedConv {
+  dnnl::convolution_forward::primitive_desc desc;
+  dnnl::convolution_forward primitive;
+  dnnl::memory::desc user_src, user_weights, user_dst;
+  std::optional<dnnl::reorder> src_reorder, weights_reorder, dst_reorder;
+};
+
+using ConvKey = std::array<int64_t, 19>;
+
+ConvKey conv_key(const Conv2dParams &p, bool has_bias) {
+  return {p.batch,      p.in_channels, p.in_h,       p.in_w,          p.out_channels,
+          p.kernel_h,   p.kernel_w,    p.group,      p.stride_h,      p.stride_w,
+          p.pad_top,    p.pad_left,    p.pad_bottom, p.pad_right,     p.dilation_h,
+          p.dilation_w, p.out_h,       p.out_w,      has_bias ? 1 : 0};
+}
+
+const dnnl::engine &cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+std::optional<dnnl::reorder> make_reorder(const dnnl::memory::desc &from,
+                                          const dnnl::memory::desc &to) {
+  if (from == to) return std::nullopt;
+  return dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from, cpu_engine(), to));
+}
+
+class ConvCache {
+public:
+  static ConvCache &instance() {
+    static ConvCache cache;
+    return cache;
+  }
+
+  std::shared_ptr<const CachedConv> get(const Conv2dParams &p, bool has_bias) {
+    ConvKey key = conv_key(p, has_bias);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return it->second;
+    }
+    // Build outside the lock (it JIT-compiles); a racing builder's copy is dropped.
+    auto built = build(p, has_bias);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.emplace(key, std::move(built)).first->second;
+  }
+
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(entries_.size());
+  }
+
+private:
+  static std::shared_ptr<const CachedConv> build(const Conv2dParams &p, bool has_bias) {
+    using dnnl::memory;
+    using tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims src_dims{p.batch, p.in_channels, p.in_h, p.in_w};
+    const memory::dims dst_dims{p.batch, p.out_channels, p.out_h, p.out_w};
+    const memory::dims weight_dims =
+        p.group == 1 ? memory::dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w}
+                     : memory::dims{p.group, p.out_channels / p.group, p.in_channels / p.group,
+                                    p.kernel_h, p.kernel_w};
+    // oneDNN counts dilation from 0 (0 = dense).
+    memory::dims strides{p.stride_h, p.stride_w};
+    memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
+    memory::dims pad_l{p.pad_top, p.pad_left};
+    memory::dims pad_r{p.pad_bottom, p.pad_right};
+    memory::desc user_src(src_dims, f32, tag::nchw), user_dst(dst_dims, f32, tag::nchw);
+    memory::desc user_weights(weight_dims, f32, p.group == 1 ? tag::oihw : tag::goihw);
+    // A 1x1 convolution is a GEMM over NCHW as it is; reordering costs it more than
+    // it gains (measured). Larger kernels get the blocked layouts.
+    const bool plain = p.kernel_h == 1 && p.kernel_w == 1;
+    memory::desc src = plain ? user_src : memory::desc(src_dims, f32, tag::any);
+    memory::desc dst = plain ? user_dst : memory::desc(dst_dims, f32, tag::any);
+    memory::desc weights = plain ? user_weights : memory::desc(weight_dims, f32, tag::any);
+    const auto prop = dnnl::prop_kind::forward_inference;
+    const auto algo = dnnl::algorithm::convolution_direct;
+    auto op = has_bias
+                  ? dnnl::convolution_forward::desc(prop, algo, src, weights,
+                                                    memory::desc({p.out_channels}, f32, tag::x),
+                                                    dst, strides, dilates, pad_l, pad_r)
+                  : dnnl::convolution_forward::desc(prop, algo, src, weights, dst, strides, dilates,
+                                                    pad_l, pad_r);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::convolution_forward::primitive_desc desc(op, attr, cpu_engine());
+    return std::make_shared<CachedConv>(CachedConv{
+        desc, dnnl::convolution_forward(desc), user_src, user_weights, user_dst,
+        make_reorder(user_src, desc.src_desc()), make_reorder(user_weights, desc.weights_desc()),
+        make_reorder(desc.dst_desc(), user_dst)});
+  }
+
+  std::mutex mutex_;
+  std::map<ConvKey, std::shared_ptr<const CachedConv>> entries_;
+};
+
+// 64-byte aligned scratch memory for one call.
+struct AlignedBytes {
+  explicit AlignedBytes(size_t size)
+      : data(size == 0 ? nullptr : std::aligned_alloc(64, (size + 63) / 64 * 64)) {}
+  ~AlignedBytes() { std::free(data); }
+  AlignedBytes(const AlignedBytes &) = delete;
+  AlignedBytes &operator=(const AlignedBytes &) = delete;
+  void *data;
+};
+
+Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, const float *bias,
+                     float *y) {
+  try {
+    std::shared_ptr<const CachedConv> conv = ConvCache::instance().get(p, bias != nullptr);
+    const dnnl::engine &engine = cpu_engine();
+    dnnl::stream stream(engine);
+    // oneDNN's memory objects take non-const handles; it only reads inputs.
+    dnnl::memory user_src(conv->user_src, engine, const_cast<float *>(x));
+    dnnl::memory user_weights(conv->user_weights, engine, const_cast<float *>(w));
+    dnnl::memory user_dst(conv->user_dst, engine, y);
+    // Operands in the primitive's layouts: the caller's buffers where they match.
+    AlignedBytes src_bytes(conv->src_reorder ? conv->desc.src_desc().get_size() : 0);
+    AlignedBytes weights_bytes(conv->weights_reorder ? conv->desc.weights_desc().get_size() : 0);
+    AlignedBytes dst_bytes(conv->dst_reorder ? conv->desc.dst_desc().get_size() : 0);
+    AlignedBytes scratch_bytes(conv->desc.scratchpad_desc().get_size());
+    if ((src_bytes.data == nullptr && conv->src_reorder) ||
+        (weights_bytes.data == nullptr && conv->weights_reorder) ||
+        (dst_bytes.data == nullptr && conv->dst_reorder))
+      return internal_error("out of memory for a convolution's reordered operands");
+    dnnl::memory src =
+        conv->src_reorder ? dnnl::memory(conv->desc.src_desc(), engine, src_bytes.data) : user_src;
+    dnnl::memory weights = conv->weights_reorder
+                               ? dnnl::memory(conv->desc.weights_desc(), engine, weights_bytes.data)
+                               : user_weights;
+    dnnl::memory dst =
+        conv->dst_reorder ? dnnl::memory(conv->desc.dst_desc(), engine, dst_bytes.data) : user_dst;
+    if (conv->src_reorder) conv->src_reorder->execute(stream, user_src, src);
+    if (conv->weights_reorder) conv->weights_reorder->execute(stream, user_weights, weights);
+    dnnl::memory scratch(conv->desc.scratchpad_desc(), engine, scratch_bytes.data);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
+                                               {DNNL_ARG_WEIGHTS, weights},
+                                               {DNNL_ARG_DST, dst},
+                                               {DNNL_ARG_SCRATCHPAD, scratch}};
+    if (bias != nullptr)
+      args.emplace(DNNL_ARG_BIAS,
+                   dnnl::memory(conv->desc.bias_desc(), engine, const_cast<float *>(bias)));
+    conv->primitive.execute(stream, args);
+    if (conv->dst_reorder) conv->dst_reorder->execute(stream, dst, user_dst);
+    stream.wait();
+  } catch (const dnnl::error &e) {
+    return internal_error("oneDNN convolution failed: ", e.what());
+  }
+  return Status::ok();
+}
+#endif
+
+} // namespace
+
+Status conv2d_forward_im2col(const Conv2dParams &p, const float *x, const float *w,
+                             const float *bias, float *y) {
+  const int64_t group_in = p.in_channels / p.group;
+  const int64_t group_out = p.out_channels / p.group;
+  const int64_t patch = group_in * p.kernel_h * p.kernel_w;
+  const int64_t out_plane = p.out_h * p.out_w;
+  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  for (int64_t n = 0; n < p.batch; ++n) {
+    for (int64_t g = 0; g < p.group; ++g) {
+      const float *x_group = x + (n * p.in_channels + g * group_in) * p.in_h * p.in_w;
+      float *y_group = y + (n * p.out_channels + g * group_out) * out_plane;
+      im2col(p, x_group, group_in, col.data());
+      sgemm(GemmShape{false, false, group_out, out_plane, patch}, 1.0f, w + g * group_out * patch,
+            patch, col.data(), out_plane, 0.0f, y_group, out_plane);
+    }
+    if (bias != nullptr)
+      for (int64_t m = 0; m < p.out_channels; ++m) {
+        float *plane = y + (n * p.out_channels + m) * out_plane;
+        for (int64_t i = 0; i < out_plane; ++i)
+          plane[i] += bias[m];
+      }
+  }
+  return Status::ok();
+}
+
+Status conv2d_forward(const Conv2dParams &params, const float *x, const float *w, const float *bias,
+                      float *y) {
+  if (params.batch == 0 || params.out_channels == 0 || params.out_h == 0 || params.out_w == 0)
+    return Status::ok();
+#if STRATA_HAVE_DNNL
+  // oneDNN refuses empty reductions; the im2col path writes zeros (plus bias).
+  if (params.in_channels > 0) return conv2d_onednn(params, x, w, bias, y);
+#endif
+  return conv2d_forward_im2col(params, x, w, bias, y);
+}
+
+int64_t conv2d_primitive_cache_size() {
+#if STRATA_HAVE_DNNL
+  return ConvCache::instance().size();
+#else
+  return 0;
+#endif
+}
+
+} // namespace strata::ops::cpu
