@@ -1,0 +1,49 @@
+// Whole-file reads and crash-safe writes for the serialization layer.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <llvm/ADT/ArrayRef.h>
+
+#include "graph/status.h"
+
+namespace strata::serialization {
+
+// Owns a file descriptor and closes it when it goes out of scope.
+class FileDescriptor {
+public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor &) = delete;
+  FileDescriptor &operator=(const FileDescriptor &) = delete;
+  int get() const { return fd_; }
+  // Closes now, reporting the error close() gives (delayed write errors show up here).
+  int close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+private:
+  int fd_;
+};
+
+// Reads the whole file; an error if it is larger than `max_bytes`. Errors name
+// the path and the operating system's reason.
+Result<std::vector<uint8_t>> read_file(const std::string &path, uint64_t max_bytes);
+
+// Writes `bytes` to a temporary file in the same folder, fsyncs it, renames it
+// over `path` and fsyncs the folder. On failure the temporary file is removed
+// and `path` is untouched.
+Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes);
+
+// "strerror(errno)" for the current errno.
+std::string errno_text(int error);
+
+} // namespace strata::serialization
