@@ -30,7 +30,9 @@ public:
   ~CpuExecutor();
 
   // Runs the graph on `inputs` (one per graph input, in order, matching types).
-  // Errors name the input or the node whose kernel failed.
+  // Errors name the input or the node whose kernel failed. Kernels read the
+  // caller's input buffers in place; outputs are fresh copies. Runs share one
+  // arena, so one executor runs one call at a time.
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs);
 
   const Graph &graph() const { return graph_; }
@@ -54,6 +56,7 @@ Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_di
 // Random values for every graph input, deterministic in `seed`: floats from
 // normal(0, 1); integer inputs read as indices (by Gather or as loss labels) are
 // drawn in [0, bound) from the dimension they index, other integers in [0, 2).
+// Input k draws with the counter-based generator under derive_seed(seed, k).
 std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed);
 
 } // namespace strata::runtime
