@@ -1,1 +1,373 @@
-int main() { return 0; }
+// The `strata` command line: one binary, one subcommand per task.
+//
+// This file only declares the subcommands and their options (CLI11) and turns
+// failures into `strata: error: <cause>` on stderr with a non-zero exit status.
+// The work itself lives in tools/commands.h (inspect, run) and tools/zoo.h.
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "ops/registry.h"
+#include "serialization/model_io.h"
+#include "tools/commands.h"
+#include "tools/model_stats.h"
+#include "tools/zoo.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr int kExitFailure = 1; // the command ran and failed
+constexpr int kExitUsage = 2;   // the command line itself is wrong
+
+using Action = std::function<Status()>;
+
+// Where a command word is required and argv has an unknown one there, says so
+// ("unknown command 'frobnicate'") rather than CLI11's "A subcommand is required".
+std::optional<std::string> unknown_command(const CLI::App &app, int argc, char **argv) {
+  const CLI::App *level = &app;
+  std::string path = app.get_name();
+  for (int i = 1; i < argc && level->get_require_subcommand_min() > 0; ++i) {
+    std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return std::nullopt;
+    std::string names;
+    const CLI::App *next = nullptr;
+    for (const CLI::App *sub : level->get_subcommands([](const CLI::App *) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (sub->check_name(word)) next = sub;
+    }
+    if (next == nullptr)
+      return str_cat("unknown command '", word, "' for `", path, "` (one of: ", names, ")");
+    level = next;
+    path += " " + next->get_name();
+  }
+  return std::nullopt;
+}
+
+// A validator for integers with a lower bound, with a plain message.
+CLI::Validator at_least(int64_t low) {
+  return CLI::Validator(
+      [low](std::string &text) -> std::string {
+        int64_t value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not an integer";
+        if (value < low) return str_cat("must be at least ", low, ", got ", value);
+        return "";
+      },
+      str_cat("INT>=", low));
+}
+
+// ---------------------------------------------------------------------------
+// zoo
+
+Status save_zoo_model(Result<Graph> built, const std::string &path) {
+  if (!built.is_ok()) return built.status();
+  const Graph &graph = *built;
+  RETURN_IF_ERROR(serialization::save_model(graph, path));
+  auto stats = compute_model_stats(graph);
+  if (!stats.is_ok()) return stats.status();
+  std::cout << "wrote " << path << ": " << graph.name() << ", " << grouped(stats->parameters)
+            << " parameters (" << human_count(static_cast<double>(stats->parameters)) << ", "
+            << human_bytes(static_cast<double>(stats->parameter_bytes)) << "), "
+            << human_flops(stats->flops) << " per forward\n";
+  return Status::ok();
+}
+
+void add_output_option(CLI::App *sub, std::string *path) {
+  sub->add_option("-o,--output", *path, "model file to write: .strata (binary) or .json (text)")
+      ->required()
+      ->type_name("FILE");
+}
+
+void add_zoo(CLI::App &app, Action &action) {
+  CLI::App *zoo = app.add_subcommand("zoo", "Build a sample model and save it");
+  zoo->require_subcommand(1);
+  zoo->footer("Parameters are stored as initializers (kind, mean, stddev, seed), not data, so\n"
+              "files stay small at any size; `strata run` draws them.\n\n"
+              "Examples:\n"
+              "  strata zoo gpt --layers 2 --hidden 128 --heads 4 -o gpt.strata\n"
+              "  strata zoo mlp --hidden 512,256 -o mlp.json\n"
+              "  strata zoo gpt --help");
+
+  // mlp
+  static zoo::MlpOptions mlp;
+  static std::string mlp_out;
+  static int64_t mlp_width = 0, mlp_depth = 0;
+  CLI::App *m = zoo->add_subcommand(
+      "mlp", "Multi-layer perceptron on x f32[batch, input] -> logits f32[batch, classes]");
+  m->add_option("--batch", mlp.batch, "rows of x")->capture_default_str();
+  m->add_option("--input", mlp.input, "features per row of x")->capture_default_str();
+  CLI::Option *hidden =
+      m->add_option("--hidden", mlp.hidden, "widths of the hidden layers, comma separated")
+          ->delimiter(',')
+          ->capture_default_str();
+  CLI::Option *width =
+      m->add_option("--width", mlp_width, "width of every hidden layer (with --depth)")
+          ->check(at_least(1))
+          ->excludes(hidden);
+  m->add_option("--depth", mlp_depth, "number of hidden layers (with --width)")
+      ->check(at_least(0))
+      ->excludes(hidden)
+      ->needs(width);
+  width->needs("--depth");
+  m->add_option("--classes", mlp.classes, "width of the logits")->capture_default_str();
+  m->add_option("--seed", mlp.seed, "seed the parameter seeds derive from")->capture_default_str();
+  add_output_option(m, &mlp_out);
+  m->footer("Graph: x -> (Gemm + Relu) per hidden layer -> Gemm -> logits.\n\n"
+            "Example:\n  strata zoo mlp --batch 64 --input 784 --hidden 256,128 --classes 10 "
+            "-o mlp.strata");
+  m->callback([&action] {
+    action = [] {
+      if (mlp_width > 0) mlp.hidden.assign(static_cast<size_t>(mlp_depth), mlp_width);
+      return save_zoo_model(zoo::make_mlp(mlp), mlp_out);
+    };
+  });
+
+  // convnet
+  static zoo::ConvnetOptions conv;
+  static std::string conv_out;
+  CLI::App *c = zoo->add_subcommand(
+      "convnet", "Small CNN on images f32[batch, 3, size, size] -> logits f32[batch, classes]");
+  c->add_option("--batch", conv.batch, "images per batch")->capture_default_str();
+  c->add_option("--in-channels", conv.in_channels, "channels of the input image")
+      ->capture_default_str();
+  c->add_option("--image-size", conv.image_size,
+                "height and width of the image; divisible by 2^stages")
+      ->capture_default_str();
+  c->add_option("--channels", conv.channels, "output channels of each conv stage, comma separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  c->add_option("--fc-hidden", conv.fc_hidden,
+                "width of the hidden fully connected layer (0: none)")
+      ->capture_default_str();
+  c->add_option("--classes", conv.classes, "width of the logits")->capture_default_str();
+  c->add_option("--seed", conv.seed, "seed the parameter seeds derive from")->capture_default_str();
+  add_output_option(c, &conv_out);
+  c->footer("Graph: image -> (Conv2d 3x3 pad 1 + Relu + MaxPool2d 2x2) per stage -> Flatten\n"
+            "-> Gemm + Relu -> Gemm -> logits.\n\n"
+            "Example:\n  strata zoo convnet --batch 16 --image-size 32 --channels 32,64 "
+            "-o cnn.strata");
+  c->callback(
+      [&action] { action = [] { return save_zoo_model(zoo::make_convnet(conv), conv_out); }; });
+
+  // gpt
+  static zoo::GptOptions gpt;
+  static std::string gpt_out;
+  CLI::App *g = zoo->add_subcommand(
+      "gpt", "GPT-2 style decoder on tokens i64[batch, seq] -> logits f32[batch, seq, vocab]");
+  g->add_option("--layers", gpt.layers, "decoder layers")->capture_default_str();
+  g->add_option("--hidden", gpt.hidden, "model width; divisible by --heads")->capture_default_str();
+  g->add_option("--heads", gpt.heads, "attention heads")->capture_default_str();
+  g->add_option("--seq", gpt.seq, "sequence length (tokens per row)")->capture_default_str();
+  g->add_option("--vocab", gpt.vocab, "vocabulary size")->capture_default_str();
+  g->add_option("--batch", gpt.batch, "rows of tokens")->capture_default_str();
+  g->add_option("--init-std", gpt.init_std, "stddev of the normal initializer of the weights")
+      ->capture_default_str();
+  g->add_option("--seed", gpt.seed, "seed the parameter seeds derive from")->capture_default_str();
+  add_output_option(g, &gpt_out);
+  g->footer("Graph: token + position embeddings -> per layer: LayerNorm, causal multi-head\n"
+            "self-attention, residual, LayerNorm, Gelu MLP (4x hidden), residual -> LayerNorm\n"
+            "-> logits through the token embedding (tied head).\n"
+            "Parameters: V*H + S*H + L*(12*H^2 + 13*H) + 2*H.\n\n"
+            "Example:\n  strata zoo gpt --layers 2 --hidden 128 --heads 4 --seq 32 --vocab 512 "
+            "-o gpt.strata\n  strata inspect gpt.strata");
+  g->callback([&action] { action = [] { return save_zoo_model(zoo::make_gpt(gpt), gpt_out); }; });
+}
+
+// ---------------------------------------------------------------------------
+// convert
+
+void add_convert(CLI::App &app, Action &action) {
+  static std::string in, out;
+  CLI::App *sub = app.add_subcommand(
+      "convert", "Convert a model between its binary (.strata) and JSON (.json) forms");
+  sub->add_option("IN", in, "model to read")->required()->type_name("FILE");
+  sub->add_option("-o,--output", out, "model to write; the extension picks the format")
+      ->required()
+      ->type_name("FILE");
+  sub->footer("The file is verified on the way in, and written canonically: converting\n"
+              "binary -> JSON -> binary gives back the same bytes.\n\n"
+              "Examples:\n  strata convert gpt.strata -o gpt.json\n"
+              "  strata convert gpt.json -o gpt.strata");
+  sub->callback([&action] {
+    action = [] {
+      ASSIGN_OR_RETURN(Graph graph, load_model_file(in));
+      RETURN_IF_ERROR(serialization::save_model(graph, out));
+      std::cout << "wrote " << out << " (" << graph.num_nodes() << " nodes, "
+                << grouped(graph.num_parameters()) << " parameters)\n";
+      return Status::ok();
+    };
+  });
+}
+
+// ---------------------------------------------------------------------------
+// inspect
+
+void add_inspect(CLI::App &app, Action &action) {
+  static InspectArgs args;
+  static std::string out_path;
+  CLI::App *sub = app.add_subcommand(
+      "inspect", "Show a model: inputs, outputs, parameters, FLOPs per forward, per-op and "
+                 "per-node costs");
+  sub->add_option("FILE", args.path, "model file (.strata or .json)")->required();
+  sub->add_option("--format", args.format,
+                  "text (for people), json (for scripts) or dot (Graphviz)")
+      ->check(CLI::IsMember({"text", "json", "dot"}))
+      ->capture_default_str();
+  CLI::Option *all = sub->add_flag("--all", args.all_nodes, "list every node in the text form");
+  sub->add_option("--nodes", args.max_nodes, "rows of the per-node table in the text form")
+      ->check(at_least(0))
+      ->excludes(all)
+      ->capture_default_str();
+  sub->add_option("-o,--output", out_path, "write to this file instead of stdout")
+      ->type_name("FILE");
+  sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
+              "Examples:\n  strata inspect gpt.strata\n"
+              "  strata inspect gpt.strata --format json | jq .flops\n"
+              "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg");
+  sub->callback([&action] {
+    action = []() -> Status {
+      if (out_path.empty()) return inspect_command(args, std::cout);
+      std::ostringstream text;
+      RETURN_IF_ERROR(inspect_command(args, text));
+      std::ofstream file(out_path, std::ios::binary);
+      file << text.str();
+      file.close();
+      if (!file) return io_error("cannot write '", out_path, "'");
+      return Status::ok();
+    };
+  });
+}
+
+// ---------------------------------------------------------------------------
+// run
+
+void add_run(CLI::App &app, Action &action) {
+  static RunArgs args;
+  CLI::App *sub = app.add_subcommand("run", "Run a model on the CPU and report outputs and time");
+  sub->add_option("MODEL", args.model, "model file (.strata or .json)")->required();
+  sub->add_option("-i,--input", args.inputs,
+                  "input values as .npy: NAME=FILE, or FILE for the next input in graph order; "
+                  "repeat for several inputs (default: random inputs)")
+      ->type_name("[NAME=]FILE");
+  CLI::Option *output =
+      sub->add_option("-o,--output", args.output, "write the model's single output here (.npy)")
+          ->type_name("FILE");
+  sub->add_option("--output-dir", args.output_dir, "write every output here as <name>.npy")
+      ->excludes(output)
+      ->type_name("DIR");
+  sub->add_option("--repeat", args.repeat, "timed runs")->check(at_least(1))->capture_default_str();
+  sub->add_option("--warmup", args.warmup, "untimed runs first")
+      ->check(at_least(0))
+      ->capture_default_str();
+  sub->add_option("--seed", args.seed, "seed of the random inputs")->capture_default_str();
+  sub->footer("Without --input, floating inputs are drawn from normal(0, 1) and index inputs\n"
+              "(e.g. token ids) from the range they index. Prints the median and minimum time\n"
+              "per run, the planned activation memory, and a checksum of each output.\n\n"
+              "Examples:\n  strata run gpt.strata --repeat 10 --output logits.npy\n"
+              "  strata run mlp.strata --input x=batch.npy --output-dir out/");
+  sub->callback([&action] { action = [] { return run_command(args, std::cout); }; });
+}
+
+// ---------------------------------------------------------------------------
+// ops
+
+void add_ops(CLI::App &app, Action &action) {
+  static bool verbose = false;
+  CLI::App *sub = app.add_subcommand("ops", "List the ops strata knows, with their summaries");
+  sub->add_flag("-v,--verbose", verbose, "also list each op's inputs and attributes");
+  sub->footer("Examples:\n  strata ops\n  strata ops --verbose");
+  sub->callback([&action] {
+    action = [] {
+      const auto &registry = ops::OpRegistry::global();
+      size_t width = 0;
+      for (const ops::OpDef *def : registry.all())
+        width = std::max(width, def->name.size());
+      for (const ops::OpDef *def : registry.all()) {
+        std::string name(def->name);
+        std::cout << name << std::string(width + 2 - name.size(), ' ') << def->summary << '\n';
+        if (!verbose) continue;
+        std::string indent(width + 2, ' ');
+        if (def->min_inputs == def->max_inputs)
+          std::cout << indent << "inputs: " << def->min_inputs << '\n';
+        else
+          std::cout << indent << "inputs: " << def->min_inputs << " to " << def->max_inputs << '\n';
+        for (const ops::AttrSpec &attr : def->attrs) {
+          std::cout << indent << "  " << attr.name << ": " << attr_type_name(attr.type);
+          if (attr.default_value)
+            std::cout << " = " << attr_value_to_string(*attr.default_value);
+          else
+            std::cout << " (required)";
+          if (!attr.doc.empty()) std::cout << " -- " << attr.doc;
+          std::cout << '\n';
+        }
+      }
+      if (registry.all().empty()) std::cout << "(no ops registered)\n";
+      return Status::ok();
+    };
+  });
+}
+
+// The deepest subcommand the parser reached, as "strata zoo gpt".
+std::string command_path(const CLI::App &app) {
+  std::string path = app.get_name();
+  const CLI::App *current = &app;
+  while (true) {
+    auto subs = current->get_subcommands();
+    if (subs.empty()) break;
+    current = subs.front();
+    path += " " + current->get_name();
+  }
+  return path;
+}
+
+} // namespace
+} // namespace strata::tools
+
+int main(int argc, char **argv) {
+  using namespace strata::tools;
+  CLI::App app("strata: a graph-compiled dataflow engine for distributed deep learning.\n"
+               "Models are graphs of ops; strata builds, converts, inspects and runs them.",
+               "strata");
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "strata " STRATA_VERSION);
+  app.footer("Examples:\n"
+             "  strata zoo gpt --layers 2 --hidden 128 -o gpt.strata   # build a model\n"
+             "  strata inspect gpt.strata                              # parameters, FLOPs\n"
+             "  strata run gpt.strata --output logits.npy              # run it on the CPU\n"
+             "  strata convert gpt.strata -o gpt.json                  # readable form\n\n"
+             "Run `strata <command> --help` for a command's options.");
+
+  Action action;
+  add_zoo(app, action);
+  add_convert(app, action);
+  add_inspect(app, action);
+  add_run(app, action);
+  add_ops(app, action);
+
+  if (auto unknown = unknown_command(app, argc, argv)) {
+    std::cerr << "strata: error: " << *unknown << "\n";
+    return kExitUsage;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::cerr << "strata: error: " << one_line(e.what()) << " (see `" << command_path(app)
+              << " --help`)\n";
+    return kExitUsage;
+  }
+  if (!action) {
+    std::cerr << "strata: error: no command given (see `strata --help`)\n";
+    return kExitUsage;
+  }
+  strata::Status status = action();
+  if (!status.is_ok()) {
+    std::cout.flush();
+    std::cerr << "strata: error: " << one_line(status.message()) << '\n';
+    return kExitFailure;
+  }
+  return 0;
+}

@@ -1,2 +1,393 @@
-// Placeholder: CLI end to end
+// End-to-end tests of the `strata` binary: each test runs it as a user would, in
+// a scratch folder, and checks exit status, stdout, stderr and the files written.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "graph/builder.h"
+#include "ops/registry.h"
+#include "serialization/model_io.h"
+#include "serialization/npy.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string read_file(const fs::path &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_file(const fs::path &path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+fs::path strata_binary() {
+  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return fs::path(root) / "tools/strata";
+  // Run by hand: the test sits in <build>/tests/tools.
+  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "tools/strata";
+}
+
+std::string quote(const std::string &arg) {
+  std::string out = "'";
+  for (char c : arg) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+class CliTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           str_cat("strata_cli_", ::getpid(), "_", info->test_suite_name(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ASSERT_TRUE(fs::exists(strata_binary())) << strata_binary() << " is not built";
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Runs `strata args...` in the scratch folder.
+  Outcome strata(const std::vector<std::string> &args) {
+    std::string command = "cd " + quote(dir_.string()) + " && " + quote(strata_binary().string());
+    for (const std::string &arg : args)
+      command += " " + quote(arg);
+    command += " >stdout.txt 2>stderr.txt";
+    int status = std::system(command.c_str());
+    Outcome outcome;
+    outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    outcome.out = read_file(dir_ / "stdout.txt");
+    outcome.err = read_file(dir_ / "stderr.txt");
+    return outcome;
+  }
+
+  fs::path path(const std::string &name) const { return dir_ / name; }
+
+  void make_gpt(const std::string &file) {
+    Outcome zoo = strata({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq",
+                          "32", "--vocab", "512", "-o", file});
+    ASSERT_EQ(zoo.code, 0) << zoo.err;
+  }
+
+  fs::path dir_;
+};
+
+// A failed command: non-zero exit and exactly one line `strata: error: ...`.
+void expect_one_line_error(const Outcome &o, std::string_view must_mention = "") {
+  EXPECT_NE(o.code, 0);
+  EXPECT_TRUE(o.err.starts_with("strata: error: ")) << o.err;
+  ASSERT_FALSE(o.err.empty());
+  EXPECT_EQ(o.err.back(), '\n') << o.err;
+  EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
+  if (!must_mention.empty()) {
+    EXPECT_NE(o.err.find(must_mention), std::string::npos)
+        << "error does not mention '" << must_mention << "': " << o.err;
+  }
+}
+
+constexpr int64_t B = 2, S = 32, H = 128, V = 512, L = 2, NH = 4;
+constexpr int64_t kGptParams = V * H + S * H + L * (12 * H * H + 13 * H) + 2 * H;
+
+TEST_F(CliTest, GptZooInspectRun) {
+  Outcome zoo = strata({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq",
+                        "32", "--vocab", "512", "-o", "m.strata"});
+  ASSERT_EQ(zoo.code, 0) << zoo.err;
+  EXPECT_TRUE(zoo.err.empty()) << zoo.err;
+  EXPECT_NE(zoo.out.find("m.strata"), std::string::npos) << zoo.out;
+  EXPECT_NE(zoo.out.find("466,432 parameters"), std::string::npos) << zoo.out;
+  ASSERT_TRUE(fs::exists(path("m.strata")));
+
+  Outcome inspect = strata({"inspect", "m.strata"});
+  ASSERT_EQ(inspect.code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("tokens: i64[2, 32]"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("logits: f32[2, 32, 512]"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("466,432 (466.4K)"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("MatMul"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("more nodes"), std::string::npos) << inspect.out;
+
+  Outcome all = strata({"inspect", "m.strata", "--all"});
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_EQ(all.out.find("more nodes"), std::string::npos);
+  EXPECT_NE(all.out.find("layer1.mlp.fc2"), std::string::npos);
+
+  Outcome run = strata({"run", "m.strata", "--output", "y.npy"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("median"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("arena"), std::string::npos) << run.out;
+  auto y = serialization::read_npy(path("y.npy").string());
+  ASSERT_TRUE(y.is_ok()) << y.status().to_string();
+  EXPECT_EQ(y->type, (TensorType{DType::kF32, {B, S, V}}));
+  for (int64_t i = 0; i < y->type.num_elements(); ++i)
+    ASSERT_TRUE(std::isfinite(y->as<float>()[i])) << i;
+}
+
+TEST_F(CliTest, InspectJsonCarriesTheNumbers) {
+  ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
+  Outcome o = strata({"inspect", "m.strata", "--format", "json"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  nlohmann::json j = nlohmann::json::parse(o.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << o.out;
+  EXPECT_EQ(j["name"], "gpt");
+  EXPECT_EQ(j["parameters"].get<int64_t>(), kGptParams);
+  EXPECT_EQ(j["parameter_bytes"].get<int64_t>(), 4 * kGptParams);
+  ASSERT_EQ(j["outputs"].size(), 1u);
+  EXPECT_EQ(j["outputs"][0]["shape"], nlohmann::json::array({B, S, V}));
+  EXPECT_EQ(j["inputs"][0]["dtype"], "i64");
+
+  // The total is the sum over nodes, and the MatMuls match the hand count.
+  double total = 0, matmul = 0;
+  for (const auto &node : j["nodes"]) {
+    total += node["flops"].get<double>();
+    if (node["op"] == "MatMul") matmul += node["flops"].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(j["flops"].get<double>(), total);
+  double hand =
+      L * (2.0 * B * S * 12 * H * H + 2 * (2.0 * B * NH * S * S * (H / NH))) + 2.0 * B * S * H * V;
+  EXPECT_DOUBLE_EQ(matmul, hand);
+  double share = 0;
+  for (const auto &op : j["ops"])
+    share += op["share"].get<double>();
+  EXPECT_NEAR(share, 1.0, 1e-9);
+}
+
+TEST_F(CliTest, InspectDotAndOutputFile) {
+  ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
+  Outcome o = strata({"inspect", "m.strata", "--format", "dot", "-o", "m.dot"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(read_file(path("m.dot")).find("digraph"), std::string::npos);
+  Outcome bad = strata({"inspect", "m.strata", "--format", "yaml"});
+  expect_one_line_error(bad, "yaml");
+}
+
+TEST_F(CliTest, ConvertRoundTripIsByteIdentical) {
+  ASSERT_NO_FATAL_FAILURE(make_gpt("a.strata"));
+  ASSERT_EQ(strata({"convert", "a.strata", "-o", "b.json"}).code, 0);
+  ASSERT_EQ(strata({"convert", "b.json", "-o", "c.strata"}).code, 0);
+  ASSERT_EQ(strata({"convert", "c.strata", "-o", "d.json"}).code, 0);
+  std::string a = read_file(path("a.strata")), c = read_file(path("c.strata"));
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == c) << "binary -> json -> binary changed the bytes";
+  EXPECT_TRUE(read_file(path("b.json")) == read_file(path("d.json")));
+  // The zoo can write JSON directly, and it is the same model.
+  Outcome zoo = strata({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq",
+                        "32", "--vocab", "512", "-o", "e.json"});
+  ASSERT_EQ(zoo.code, 0) << zoo.err;
+  EXPECT_TRUE(read_file(path("e.json")) == read_file(path("b.json")));
+}
+
+TEST_F(CliTest, MissingFileNamesIt) {
+  expect_one_line_error(strata({"inspect", "nope.strata"}), "nope.strata");
+  expect_one_line_error(strata({"run", "nope.strata"}), "nope.strata");
+  expect_one_line_error(strata({"convert", "nope.json", "-o", "x.strata"}), "nope.json");
+  EXPECT_FALSE(fs::exists(path("x.strata")));
+}
+
+TEST_F(CliTest, CorruptFileNamesIt) {
+  write_file(path("garbage.strata"), "this is not a flatbuffer, just some text of some length");
+  expect_one_line_error(strata({"inspect", "garbage.strata"}), "garbage.strata");
+  write_file(path("garbage.json"), "{\"nodes\": [1, 2,");
+  expect_one_line_error(strata({"inspect", "garbage.json"}), "garbage.json");
+  // A real model cut in half.
+  ASSERT_NO_FATAL_FAILURE(make_gpt("whole.strata"));
+  std::string bytes = read_file(path("whole.strata"));
+  write_file(path("half.strata"), std::string_view(bytes).substr(0, bytes.size() / 2));
+  expect_one_line_error(strata({"run", "half.strata"}), "half.strata");
+}
+
+TEST_F(CliTest, UsageErrors) {
+  expect_one_line_error(strata({"frobnicate"}), "unknown command 'frobnicate'");
+  expect_one_line_error(strata({"zoo", "resnet", "-o", "r.strata"}), "resnet");
+  expect_one_line_error(strata({}));
+  expect_one_line_error(strata({"zoo"}));
+  expect_one_line_error(strata({"zoo", "gpt"}), "--output"); // -o is required
+  expect_one_line_error(strata({"zoo", "gpt", "--layers", "two", "-o", "m.strata"}), "layers");
+  expect_one_line_error(strata({"inspect"}), "FILE");
+  expect_one_line_error(strata({"run", "m.strata", "--repeat", "0"}), "repeat");
+}
+
+TEST_F(CliTest, BadZooOptionsAreErrors) {
+  expect_one_line_error(strata({"zoo", "gpt", "--hidden", "100", "--heads", "3", "-o", "m.strata"}),
+                        "heads");
+  EXPECT_FALSE(fs::exists(path("m.strata")));
+  expect_one_line_error(strata({"zoo", "convnet", "--image-size", "30", "-o", "c.strata"}),
+                        "divisible");
+}
+
+TEST_F(CliTest, HelpForEverySubcommand) {
+  std::vector<std::vector<std::string>> commands = {
+      {"--help"},
+      {"zoo", "--help"},
+      {"zoo", "mlp", "--help"},
+      {"zoo", "convnet", "--help"},
+      {"zoo", "gpt", "--help"},
+      {"convert", "--help"},
+      {"inspect", "--help"},
+      {"run", "--help"},
+      {"ops", "--help"},
+  };
+  for (const auto &args : commands) {
+    Outcome o = strata(args);
+    std::string what = args.size() > 1 ? args[args.size() - 2] : "strata";
+    EXPECT_EQ(o.code, 0) << what << ": " << o.err;
+    EXPECT_NE(o.out.find("Usage"), std::string::npos) << what << ": " << o.out;
+    EXPECT_NE(o.out.find("Example"), std::string::npos) << what << ": " << o.out;
+  }
+  // Each subcommand's help is its own, not the top-level one.
+  EXPECT_NE(strata({"zoo", "gpt", "--help"}).out.find("--heads"), std::string::npos);
+  EXPECT_NE(strata({"run", "--help"}).out.find("--warmup"), std::string::npos);
+  EXPECT_NE(strata({"inspect", "--help"}).out.find("--format"), std::string::npos);
+}
+
+TEST_F(CliTest, VersionAndOps) {
+  Outcome v = strata({"--version"});
+  EXPECT_EQ(v.code, 0);
+  EXPECT_TRUE(v.out.starts_with("strata ")) << v.out;
+  Outcome ops = strata({"ops"});
+  ASSERT_EQ(ops.code, 0) << ops.err;
+  for (const ops::OpDef *def : ops::OpRegistry::global().all())
+    EXPECT_NE(ops.out.find(std::string(def->name)), std::string::npos) << def->name;
+  EXPECT_NE(ops.out.find("MatMul"), std::string::npos);
+  Outcome verbose = strata({"ops", "--verbose"});
+  ASSERT_EQ(verbose.code, 0);
+  EXPECT_NE(verbose.out.find("trans_b"), std::string::npos);
+}
+
+TEST_F(CliTest, RunWithInputFiles) {
+  ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
+  HostTensor tokens = HostTensor::zeros({DType::kI64, {B, S}});
+  for (int64_t i = 0; i < B * S; ++i)
+    tokens.as<int64_t>()[i] = (i * 37) % V;
+  ASSERT_TRUE(serialization::write_npy(path("tokens.npy").string(), tokens).is_ok());
+  Outcome named = strata({"run", "m.strata", "--input", "tokens=tokens.npy", "-o", "a.npy"});
+  ASSERT_EQ(named.code, 0) << named.err;
+  Outcome positional = strata({"run", "m.strata", "--input", "tokens.npy", "--repeat", "3",
+                               "--warmup", "0", "-o", "b.npy"});
+  ASSERT_EQ(positional.code, 0) << positional.err;
+  EXPECT_NE(positional.out.find("over 3 runs"), std::string::npos) << positional.out;
+  std::string a = read_file(path("a.npy"));
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == read_file(path("b.npy"))) << "same inputs, different outputs";
+  // Random inputs differ from these tokens, and so do the logits.
+  ASSERT_EQ(strata({"run", "m.strata", "-o", "c.npy"}).code, 0);
+  EXPECT_FALSE(a == read_file(path("c.npy")));
+}
+
+TEST_F(CliTest, RunWithWrongInputNamesIt) {
+  ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
+  HostTensor wrong_shape = HostTensor::zeros({DType::kI64, {3, 5}});
+  ASSERT_TRUE(serialization::write_npy(path("wrong.npy").string(), wrong_shape).is_ok());
+  Outcome o = strata({"run", "m.strata", "--input", "tokens=wrong.npy"});
+  expect_one_line_error(o, "tokens");
+  EXPECT_NE(o.err.find("[3, 5]"), std::string::npos) << o.err;
+  expect_one_line_error(strata({"run", "m.strata", "--input", "wrong.npy"}), "tokens");
+
+  HostTensor wrong_dtype = HostTensor::zeros({DType::kF32, {B, S}});
+  ASSERT_TRUE(serialization::write_npy(path("floats.npy").string(), wrong_dtype).is_ok());
+  expect_one_line_error(strata({"run", "m.strata", "--input", "floats.npy"}), "tokens");
+  expect_one_line_error(strata({"run", "m.strata", "--input", "missing.npy"}), "missing.npy");
+  expect_one_line_error(strata({"run", "m.strata", "--input", "wrong.npy", "--input", "wrong.npy"}),
+                        "too many");
+}
+
+TEST_F(CliTest, SeveralOutputsGoToADirectory) {
+  // A hand-built model with two outputs, one with a '/' in its name.
+  GraphBuilder b("two_outputs", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  b.output(b.op1("Relu", {x}, {}, "act/relu"));
+  b.output(b.op1("Neg", {x}, {}, "neg"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE(serialization::save_model(*graph, path("two.json").string()).is_ok());
+
+  HostTensor input = HostTensor::zeros({DType::kF32, {2, 3}});
+  for (int i = 0; i < 6; ++i)
+    input.as<float>()[i] = static_cast<float>(i) - 2.5f;
+  ASSERT_TRUE(serialization::write_npy(path("x.npy").string(), input).is_ok());
+
+  expect_one_line_error(strata({"run", "two.json", "--input", "x.npy", "--output", "y.npy"}),
+                        "--output-dir");
+  Outcome o = strata({"run", "two.json", "--input", "x=x.npy", "--output-dir", "out"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto relu = serialization::read_npy(path("out/act_relu.npy").string());
+  auto neg = serialization::read_npy(path("out/neg.npy").string());
+  ASSERT_TRUE(relu.is_ok()) << relu.status().to_string();
+  ASSERT_TRUE(neg.is_ok()) << neg.status().to_string();
+  for (int i = 0; i < 6; ++i) {
+    float v = input.as<float>()[i];
+    EXPECT_EQ(relu->as<float>()[i], v > 0 ? v : 0.0f);
+    EXPECT_EQ(neg->as<float>()[i], -v);
+  }
+}
+
+TEST_F(CliTest, MlpAndConvnetFromTheZoo) {
+  Outcome mlp = strata({"zoo", "mlp", "--batch", "4", "--input", "20", "--hidden", "16,8",
+                        "--classes", "3", "-o", "mlp.json"});
+  ASSERT_EQ(mlp.code, 0) << mlp.err;
+  EXPECT_NE(mlp.out.find(str_cat((20 * 16 + 16) + (16 * 8 + 8) + (8 * 3 + 3), " parameters")),
+            std::string::npos)
+      << mlp.out;
+  Outcome run = strata({"run", "mlp.json", "--output-dir", "out"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  auto y = serialization::read_npy(path("out/head.npy").string());
+  ASSERT_TRUE(y.is_ok()) << y.status().to_string();
+  EXPECT_EQ(y->type, (TensorType{DType::kF32, {4, 3}}));
+
+  Outcome deep = strata({"zoo", "mlp", "--width", "8", "--depth", "3", "-o", "deep.strata"});
+  ASSERT_EQ(deep.code, 0) << deep.err;
+
+  Outcome cnn = strata({"zoo", "convnet", "--batch", "2", "--image-size", "16", "--channels", "4,8",
+                        "-o", "cnn.strata"});
+  ASSERT_EQ(cnn.code, 0) << cnn.err;
+  Outcome cnn_run = strata({"run", "cnn.strata", "-o", "logits.npy"});
+  ASSERT_EQ(cnn_run.code, 0) << cnn_run.err;
+  auto logits = serialization::read_npy(path("logits.npy").string());
+  ASSERT_TRUE(logits.is_ok()) << logits.status().to_string();
+  EXPECT_EQ(logits->type, (TensorType{DType::kF32, {2, 10}}));
+}
+
+TEST_F(CliTest, ExampleModelsRun) {
+  const char *source = std::getenv("STRATA_SOURCE_ROOT");
+  if (source == nullptr) GTEST_SKIP() << "STRATA_SOURCE_ROOT is not set (run through meson test)";
+  fs::path examples = fs::path(source) / "examples";
+  int found = 0;
+  if (fs::exists(examples)) {
+    for (const auto &entry : fs::directory_iterator(examples)) {
+      std::string ext = entry.path().extension().string();
+      if (ext != ".json" && ext != ".strata") continue;
+      // Only model files: cluster specs and other JSON live here too.
+      if (!serialization::load_model(entry.path().string()).is_ok()) continue;
+      ++found;
+      Outcome inspect = strata({"inspect", entry.path().string()});
+      EXPECT_EQ(inspect.code, 0) << entry.path() << ": " << inspect.err;
+      Outcome run = strata({"run", entry.path().string(), "--output-dir", "out"});
+      EXPECT_EQ(run.code, 0) << entry.path() << ": " << run.err;
+    }
+  }
+  if (found == 0) GTEST_SKIP() << "no example models in " << examples;
+}
+
+} // namespace
+} // namespace strata

@@ -1,0 +1,232 @@
+// `strata inspect`: what a model is and what it costs, as text, JSON or DOT.
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/printer.h"
+#include "passes/plan_memory.h"
+#include "tools/commands.h"
+#include "tools/model_stats.h"
+
+namespace strata::tools {
+namespace {
+
+// A plain text table: columns sized to their widest cell, numbers right-aligned.
+class Table {
+public:
+  Table(std::vector<std::string> header, std::vector<bool> right_aligned)
+      : right_(std::move(right_aligned)) {
+    rows_.push_back(std::move(header));
+  }
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+
+  void print(std::ostream &out, const std::string &indent = "  ") const {
+    std::vector<size_t> width(rows_[0].size(), 0);
+    for (const auto &row : rows_)
+      for (size_t c = 0; c < row.size(); ++c)
+        width[c] = std::max(width[c], row[c].size());
+    for (const auto &row : rows_) {
+      std::string line = indent;
+      for (size_t c = 0; c < row.size(); ++c) {
+        size_t pad = width[c] - row[c].size();
+        bool last = c + 1 == row.size();
+        if (right_[c])
+          line += std::string(pad, ' ') + row[c];
+        else
+          line += row[c] + (last ? "" : std::string(pad, ' '));
+        if (!last) line += "  ";
+      }
+      while (!line.empty() && line.back() == ' ')
+        line.pop_back();
+      out << line << '\n';
+    }
+  }
+
+private:
+  std::vector<std::vector<std::string>> rows_;
+  std::vector<bool> right_;
+};
+
+std::string percent(double part, double whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return buf;
+}
+
+std::string flops_cell(double flops) {
+  if (flops == 0) return "0";
+  return human_flops(flops);
+}
+
+// FLOP and byte totals are integral in practice; JSON shows them as integers then.
+nlohmann::ordered_json number(double value) {
+  if (value == std::floor(value) && std::fabs(value) < 9.0e15) return static_cast<int64_t>(value);
+  return value;
+}
+
+nlohmann::ordered_json tensor_json(const Graph &graph, TensorId id) {
+  const Tensor &t = graph.tensor(id);
+  return {{"name", t.name},
+          {"dtype", std::string(dtype_name(t.type.dtype))},
+          {"shape", std::vector<int64_t>(t.type.shape.begin(), t.type.shape.end())}};
+}
+
+std::string tensor_text(const Graph &graph, TensorId id) {
+  const Tensor &t = graph.tensor(id);
+  return t.name + ": " + t.type.to_string();
+}
+
+std::string node_outputs_text(const Graph &graph, const Node &node) {
+  // Several outputs of one type (Split) read best as "3 x f32[...]".
+  bool same = !node.outputs.empty();
+  for (TensorId id : node.outputs)
+    same = same && graph.tensor(id).type == graph.tensor(node.outputs[0]).type;
+  if (same && node.outputs.size() > 1)
+    return str_cat(node.outputs.size(), " x ", graph.tensor(node.outputs[0]).type.to_string());
+  std::string text;
+  for (TensorId id : node.outputs) {
+    if (!text.empty()) text += ", ";
+    text += graph.tensor(id).type.to_string();
+  }
+  return text;
+}
+
+std::optional<passes::MemoryPlan> plan_activations(const Graph &graph) {
+  auto order = graph.topological_order();
+  if (!order.is_ok()) return std::nullopt;
+  auto plan = passes::plan_memory(graph, *order);
+  if (!plan.is_ok()) return std::nullopt;
+  return std::move(plan).value();
+}
+
+void print_text(const std::string &path, const Graph &graph, const ModelStats &stats,
+                const std::optional<passes::MemoryPlan> &plan, const InspectArgs &args,
+                std::ostream &out) {
+  auto field = [&](const char *label, const std::string &value) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%-12s", label);
+    out << buf << value << '\n';
+  };
+  field("model", graph.name().empty() ? "(unnamed)" : graph.name());
+  field("file", path);
+  for (TensorId id : graph.inputs())
+    field("input", tensor_text(graph, id));
+  for (TensorId id : graph.outputs())
+    field("output", tensor_text(graph, id));
+  size_t num_params = 0, num_consts = 0;
+  for (const Tensor &t : graph.tensors()) {
+    num_params += t.kind == TensorKind::kParameter;
+    num_consts += t.kind == TensorKind::kConstant;
+  }
+  std::string count = grouped(stats.parameters);
+  if (stats.parameters >= 1000)
+    count += " (" + human_count(static_cast<double>(stats.parameters)) + ")";
+  field("parameters", str_cat(count, " in ", num_params, " tensors, ",
+                              human_bytes(static_cast<double>(stats.parameter_bytes))));
+  if (num_consts > 0)
+    field("constants", str_cat(num_consts, " tensors, ",
+                               human_bytes(static_cast<double>(stats.constant_bytes))));
+  field("nodes", str_cat(graph.num_nodes(), " (", stats.ops.size(), " op types), ",
+                         graph.num_tensors(), " tensors"));
+  field("FLOPs", str_cat(grouped(static_cast<int64_t>(stats.flops)), " per forward (",
+                         human_flops(stats.flops), ")"));
+  field("traffic", str_cat(human_bytes(stats.bytes),
+                           " read+written per forward (every node once, no fusion)"));
+  if (plan)
+    field("activations",
+          str_cat(human_bytes(static_cast<double>(plan->arena_bytes)), " planned arena (",
+                  human_bytes(static_cast<double>(plan->naive_bytes)), " without reuse)"));
+
+  out << "\nper op type\n";
+  Table ops({"op", "count", "FLOPs", "share"}, {false, true, true, true});
+  for (const OpTypeStats &op : stats.ops)
+    ops.add(
+        {op.op, std::to_string(op.count), flops_cell(op.flops), percent(op.flops, stats.flops)});
+  ops.print(out);
+
+  size_t shown = stats.nodes.size();
+  if (!args.all_nodes && args.max_nodes >= 0)
+    shown = std::min(shown, static_cast<size_t>(args.max_nodes));
+  out << "\nper node (topological order)\n";
+  Table nodes({"node", "op", "output", "FLOPs", "share"}, {false, false, false, true, true});
+  for (size_t i = 0; i < shown; ++i) {
+    const NodeStats &ns = stats.nodes[i];
+    const Node &node = graph.node(ns.node);
+    nodes.add({node.name, node.op, node_outputs_text(graph, node), flops_cell(ns.flops),
+               percent(ns.flops, stats.flops)});
+  }
+  nodes.print(out);
+  if (shown < stats.nodes.size())
+    out << "  ... " << stats.nodes.size() - shown
+        << " more nodes (--all lists every node, --nodes N the first N)\n";
+}
+
+nlohmann::ordered_json to_json(const std::string &path, const Graph &graph, const ModelStats &stats,
+                               const std::optional<passes::MemoryPlan> &plan) {
+  nlohmann::ordered_json j;
+  j["file"] = path;
+  j["name"] = graph.name();
+  j["inputs"] = nlohmann::ordered_json::array();
+  for (TensorId id : graph.inputs())
+    j["inputs"].push_back(tensor_json(graph, id));
+  j["outputs"] = nlohmann::ordered_json::array();
+  for (TensorId id : graph.outputs())
+    j["outputs"].push_back(tensor_json(graph, id));
+  j["parameters"] = stats.parameters;
+  j["parameter_bytes"] = stats.parameter_bytes;
+  j["constant_bytes"] = stats.constant_bytes;
+  j["num_nodes"] = graph.num_nodes();
+  j["num_tensors"] = graph.num_tensors();
+  j["flops"] = number(stats.flops);
+  j["bytes"] = number(stats.bytes);
+  if (plan)
+    j["activations"] = {{"arena_bytes", plan->arena_bytes}, {"naive_bytes", plan->naive_bytes}};
+  j["ops"] = nlohmann::ordered_json::array();
+  for (const OpTypeStats &op : stats.ops)
+    j["ops"].push_back({{"op", op.op},
+                        {"count", op.count},
+                        {"flops", number(op.flops)},
+                        {"share", stats.flops > 0 ? op.flops / stats.flops : 0.0}});
+  j["nodes"] = nlohmann::ordered_json::array();
+  for (const NodeStats &ns : stats.nodes) {
+    const Node &node = graph.node(ns.node);
+    nlohmann::ordered_json inputs = nlohmann::ordered_json::array(),
+                           outputs = nlohmann::ordered_json::array();
+    for (TensorId id : node.inputs)
+      inputs.push_back(graph.tensor(id).name);
+    for (TensorId id : node.outputs)
+      outputs.push_back(tensor_json(graph, id));
+    j["nodes"].push_back({{"name", node.name},
+                          {"op", node.op},
+                          {"inputs", std::move(inputs)},
+                          {"outputs", std::move(outputs)},
+                          {"flops", number(ns.flops)},
+                          {"bytes", number(ns.bytes)}});
+  }
+  return j;
+}
+
+} // namespace
+
+Status inspect_command(const InspectArgs &args, std::ostream &out) {
+  if (args.format != "text" && args.format != "json" && args.format != "dot")
+    return invalid_argument("unknown --format '", args.format, "' (use text, json or dot)");
+  ASSIGN_OR_RETURN(Graph graph, load_model_file(args.path));
+  if (args.format == "dot") {
+    out << graph_to_dot(graph);
+    return Status::ok();
+  }
+  auto stats = compute_model_stats(graph);
+  if (!stats.is_ok()) return stats.status().with_context(args.path);
+  std::optional<passes::MemoryPlan> plan = plan_activations(graph);
+  if (args.format == "json") {
+    out << to_json(args.path, graph, *stats, plan).dump(2) << '\n';
+    return Status::ok();
+  }
+  print_text(args.path, graph, *stats, plan, args, out);
+  return Status::ok();
+}
+
+} // namespace strata::tools

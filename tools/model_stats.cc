@@ -1,0 +1,89 @@
+#include "tools/model_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace strata::tools {
+
+double node_flops(const Graph &graph, NodeId id, const ops::OpRegistry &registry) {
+  return registry.node_cost(graph, id).flops;
+}
+
+Result<ModelStats> compute_model_stats(const Graph &graph, const ops::OpRegistry &registry) {
+  ModelStats stats;
+  for (const Tensor &t : graph.tensors()) {
+    if (t.kind == TensorKind::kParameter) {
+      stats.parameters += t.type.num_elements();
+      stats.parameter_bytes += t.type.size_bytes();
+    } else if (t.kind == TensorKind::kConstant) {
+      stats.constant_bytes += t.type.size_bytes();
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
+  std::map<std::string, OpTypeStats> by_op;
+  for (NodeId id : order) {
+    const Node &node = graph.node(id);
+    ops::OpCost cost = registry.node_cost(graph, id);
+    NodeStats ns{id, cost.flops, cost.bytes_read + cost.bytes_written};
+    stats.nodes.push_back(ns);
+    stats.flops += ns.flops;
+    stats.bytes += ns.bytes;
+    OpTypeStats &op = by_op[node.op];
+    op.op = node.op;
+    op.count += 1;
+    op.flops += ns.flops;
+  }
+  for (auto &[name, op] : by_op)
+    stats.ops.push_back(op);
+  std::stable_sort(stats.ops.begin(), stats.ops.end(),
+                   [](const OpTypeStats &a, const OpTypeStats &b) { return a.flops > b.flops; });
+  return stats;
+}
+
+namespace {
+std::string scaled(double value, const char *const *units, int num_units, double step,
+                   const char *separator) {
+  int unit = 0;
+  double v = value;
+  while (std::fabs(v) >= step && unit + 1 < num_units) {
+    v /= step;
+    ++unit;
+  }
+  char buf[64];
+  if (unit == 0 && v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f%s%s", v, separator, units[0]);
+  else
+    std::snprintf(buf, sizeof buf, "%.*f%s%s", std::fabs(v) >= 100 ? 1 : 2, v, separator,
+                  units[unit]);
+  return buf;
+}
+} // namespace
+
+std::string human_count(double value) {
+  static const char *const kUnits[] = {"", "K", "M", "B", "T"};
+  return scaled(value, kUnits, 5, 1000.0, "");
+}
+
+std::string human_flops(double flops) {
+  static const char *const kUnits[] = {"FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
+  return scaled(flops, kUnits, 6, 1000.0, " ");
+}
+
+std::string human_bytes(double bytes) {
+  static const char *const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  return scaled(bytes, kUnits, 5, 1024.0, " ");
+}
+
+std::string grouped(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+} // namespace strata::tools
