@@ -68,6 +68,7 @@ void BM_GptForward(benchmark::State &state) {
 BENCHMARK(BM_GptForward)
     ->Args({128, 64})
     ->Args({256, 64})
+    ->Args({512, 128})
     ->ArgNames({"hidden", "seq"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
