@@ -18,6 +18,9 @@ class GraphBuilder {
 public:
   GraphBuilder(std::string graph_name, const OpResolver &resolver)
       : graph_(std::move(graph_name)), resolver_(resolver) {}
+  // Continues building an existing graph (passes append nodes this way).
+  GraphBuilder(Graph graph, const OpResolver &resolver)
+      : graph_(std::move(graph)), resolver_(resolver) {}
 
   TensorId input(std::string name, DType dtype, Shape shape);
   TensorId parameter(std::string name, DType dtype, Shape shape, Initializer initializer);
@@ -38,6 +41,7 @@ public:
   void output(TensorId id);
 
   const TensorType &type(TensorId id) const { return graph_.tensor(id).type; }
+  const std::string &name(TensorId id) const { return graph_.tensor(id).name; }
   const Graph &graph() const { return graph_; }
   const Status &status() const { return status_; }
 

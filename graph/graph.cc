@@ -13,6 +13,7 @@ std::string_view tensor_kind_name(TensorKind kind) {
   case TensorKind::kParameter: return "parameter";
   case TensorKind::kConstant: return "constant";
   case TensorKind::kIntermediate: return "intermediate";
+  case TensorKind::kState: return "state";
   }
   return "?";
 }

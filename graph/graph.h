@@ -33,6 +33,8 @@ enum class TensorKind : uint8_t {
   kParameter = 1,    // a trainable weight: data, external data, or an initializer
   kConstant = 2,     // fixed data, never trained
   kIntermediate = 3, // produced by a node
+  kState = 4,        // persistent but not trained: optimizer moments, step counters;
+                     // valued like a parameter, changed only by a StateUpdate
 };
 std::string_view tensor_kind_name(TensorKind kind);
 
@@ -131,6 +133,15 @@ struct Node {
   std::optional<std::vector<double>> floats_attr(std::string_view attr_name) const;
 };
 
+// After each run, `target` (a parameter or state tensor) takes the value that
+// `value` had in that run. Updates are how a training step changes its weights
+// and optimizer state while every tensor keeps a single producer.
+struct StateUpdate {
+  TensorId target;
+  TensorId value;
+  friend bool operator==(const StateUpdate &, const StateUpdate &) = default;
+};
+
 class Graph {
 public:
   Graph() = default;
@@ -165,6 +176,10 @@ public:
   void add_output(TensorId id) { outputs_.push_back(id); }
   void set_outputs(std::vector<TensorId> ids) { outputs_ = std::move(ids); }
 
+  // End-of-run assignments, in order (each target at most once).
+  llvm::ArrayRef<StateUpdate> updates() const { return updates_; }
+  void add_update(StateUpdate update) { updates_.push_back(update); }
+
   // Nodes in an order where every producer precedes its consumers; among ready
   // nodes the one added first goes first, so the order is deterministic. An error
   // names a node on a cycle.
@@ -184,6 +199,7 @@ private:
   std::vector<Node> nodes_;
   std::vector<TensorId> inputs_;
   std::vector<TensorId> outputs_;
+  std::vector<StateUpdate> updates_;
   llvm::StringMap<TensorId> tensor_by_name_;
   llvm::StringMap<NodeId> node_by_name_;
 };

@@ -38,7 +38,8 @@ std::string print_graph(const Graph &graph) {
     out << "  input %" << graph.tensor(id).name << ": " << graph.tensor(id).type.to_string()
         << "\n";
   for (const Tensor &t : graph.tensors())
-    if (t.kind == TensorKind::kParameter || t.kind == TensorKind::kConstant)
+    if (t.kind == TensorKind::kParameter || t.kind == TensorKind::kConstant ||
+        t.kind == TensorKind::kState)
       out << "  " << tensor_kind_name(t.kind) << " %" << t.name << ": " << t.type.to_string()
           << " = " << value_source(t) << "\n";
   auto order = graph.topological_order();
@@ -67,6 +68,9 @@ std::string print_graph(const Graph &graph) {
       out << (i ? ", " : "") << graph.tensor(node.outputs[i]).type.to_string();
     out << "  # " << node.name << "\n";
   }
+  for (const StateUpdate &update : graph.updates())
+    out << "  update %" << graph.tensor(update.target).name << " <- %"
+        << graph.tensor(update.value).name << "\n";
   out << "  return ";
   for (size_t i = 0; i < graph.outputs().size(); ++i)
     out << (i ? ", " : "") << "%" << graph.tensor(graph.outputs()[i]).name;

@@ -20,6 +20,7 @@ Status verify_tensor(const Graph &graph, TensorId id) {
   switch (t.kind) {
   case TensorKind::kParameter:
   case TensorKind::kConstant:
+  case TensorKind::kState:
     if (sources != 1)
       return invalid_argument(
           where(), " (", tensor_kind_name(t.kind),
@@ -103,6 +104,24 @@ Status verify_graph(const Graph &graph, const OpResolver &resolver) {
   for (TensorId id : graph.outputs())
     if (id >= graph.num_tensors())
       return out_of_range("graph output index ", id, " is not a tensor index");
+
+  llvm::DenseSet<TensorId> updated;
+  for (size_t i = 0; i < graph.updates().size(); ++i) {
+    const StateUpdate &update = graph.updates()[i];
+    if (update.target >= graph.num_tensors() || update.value >= graph.num_tensors())
+      return out_of_range("update ", i, " refers to a tensor index past the graph's ",
+                          graph.num_tensors(), " tensors");
+    const Tensor &target = graph.tensor(update.target);
+    const Tensor &value = graph.tensor(update.value);
+    if (target.kind != TensorKind::kParameter && target.kind != TensorKind::kState)
+      return invalid_argument("update ", i, " assigns to '", target.name, "', a ",
+                              tensor_kind_name(target.kind), " (only parameters and state change)");
+    if (!(target.type == value.type))
+      return invalid_argument("update ", i, " assigns '", value.name, "' (", value.type.to_string(),
+                              ") to '", target.name, "' (", target.type.to_string(), ")");
+    if (!updated.insert(update.target).second)
+      return invalid_argument("'", target.name, "' is updated twice");
+  }
 
   ASSIGN_OR_RETURN(auto order, graph.topological_order());
   for (NodeId id : order) {

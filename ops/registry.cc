@@ -138,6 +138,25 @@ OpCost OpRegistry::node_cost(const Graph &graph, NodeId id) const {
   return cost(node, inputs, outputs);
 }
 
+TensorId reduce_to_shape(GradContext &context, TensorId grad, llvm::ArrayRef<int64_t> target,
+                         std::string_view what) {
+  GraphBuilder &b = context.builder;
+  if (grad == kInvalidTensor) return grad;
+  Shape shape = b.type(grad).shape;
+  if (llvm::ArrayRef<int64_t>(shape) == target) return grad;
+  std::vector<int64_t> axes;
+  size_t lead = shape.size() - target.size();
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (i < lead || (target[i - lead] == 1 && shape[i] != 1))
+      axes.push_back(static_cast<int64_t>(i));
+  TensorId summed = grad;
+  if (!axes.empty())
+    summed = b.op1("ReduceSum", {grad}, {{"axes", axes}, {"keepdims", int64_t{1}}},
+                   context.grad_name(str_cat(what, ".sum")));
+  return b.op1("Reshape", {summed}, {{"shape", std::vector<int64_t>(target.begin(), target.end())}},
+               context.grad_name(str_cat(what, ".reshape")));
+}
+
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr_name) {
   if (axis < -rank || axis >= rank)
     return out_of_range("attribute '", attr_name, "' = ", axis, " is out of range for rank ", rank);

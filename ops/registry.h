@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/builder.h"
 #include "graph/graph.h"
 
 namespace strata::ops {
@@ -83,6 +84,29 @@ using CostFn = OpCost (*)(const Node &node, const OpDef &def, llvm::ArrayRef<Ten
                           llvm::ArrayRef<TensorType> outputs);
 using CpuKernelFn = Status (*)(const KernelContext &context);
 
+// What a gradient rule gets: the forward node (a copy: the graph grows while the
+// rule runs), the gradient of the loss with respect to each forward output, and a
+// builder that appends backward nodes to the training graph. The rule sets
+// input_grads[i] to dLoss/dInput[i] for every i with needs_input_grad[i]; leaving
+// one at kInvalidTensor says no gradient flows there (the autodiff pass then
+// treats it as zero). Gradients must have exactly their input's type.
+struct GradContext {
+  GraphBuilder &builder;
+  const Node node;
+  const OpDef &def;
+  llvm::SmallVector<TensorId, 2> output_grads; // kInvalidTensor: no gradient reaches it
+  llvm::SmallVector<bool, 4> needs_input_grad;
+  llvm::SmallVector<TensorId, 4> input_grads;
+
+  TensorId input(size_t i) const { return node.inputs[i]; }
+  TensorId output(size_t i) const { return node.outputs[i]; }
+  const TensorType &type(TensorId id) const { return builder.type(id); }
+  AttrReader attrs() const { return AttrReader(node, def); }
+  // A name for a backward node: "<forward node>.grad.<what>".
+  std::string grad_name(std::string_view what) const { return str_cat(node.name, ".grad.", what); }
+};
+using GradFn = Status (*)(GradContext &context);
+
 struct OpDef {
   std::string_view name;
   std::string_view summary;
@@ -92,6 +116,9 @@ struct OpDef {
   InferFn infer = nullptr;
   CostFn cost = nullptr; // nullptr: one FLOP per output element, every byte once
   CpuKernelFn cpu_kernel = nullptr;
+  // The gradient rule; nullptr for ops that are not differentiable (gradients
+  // reaching such an op are an autodiff error naming the node).
+  GradFn grad = nullptr;
 
   const AttrSpec *find_attr(std::string_view attr_name) const;
 };
@@ -136,6 +163,12 @@ std::span<const OpDef> reduction_ops();
 std::span<const OpDef> nn_ops();
 
 // Helpers for infer functions and kernels.
+
+// Sums `grad` (the gradient of a broadcast result) down to `target`'s shape:
+// over leading axes the target lacks and over axes where the target has size 1.
+// Returns `grad` itself when the shapes already match.
+TensorId reduce_to_shape(GradContext &context, TensorId grad, llvm::ArrayRef<int64_t> target,
+                         std::string_view what);
 
 // Normalizes a possibly negative axis against `rank`; an error names the attribute.
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr_name);

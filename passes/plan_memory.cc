@@ -80,10 +80,12 @@ Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
       last[input] = std::max(last[input], static_cast<int64_t>(step));
     }
   }
-  // Graph outputs are read after the last step.
+  // Graph outputs and the values of state updates are read after the last step.
   const auto end_step = static_cast<int64_t>(order.size());
   for (TensorId output : graph.outputs())
     if (output < num_tensors) last[output] = end_step;
+  for (const StateUpdate &update : graph.updates())
+    if (update.value < num_tensors) last[update.value] = end_step;
 
   MemoryPlan plan;
   plan.offsets.assign(num_tensors, -1);

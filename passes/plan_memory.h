@@ -1,7 +1,7 @@
 // Memory planning: assigns every intermediate tensor an offset in one arena.
 //
 // A tensor is live from the step of the node that produces it to the step of its
-// last reader (graph outputs stay live to the end). Tensors whose lifetimes do not
+// last reader (graph outputs and the values of state updates stay live to the end). Tensors whose lifetimes do not
 // overlap may share bytes. Offsets are aligned; the arena size is the peak the
 // plan needs, known before anything runs.
 #pragma once

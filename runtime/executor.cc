@@ -46,6 +46,13 @@ struct CpuExecutor::State {
   std::vector<Step> steps;
   std::vector<InputSlot> input_slots;
   std::vector<OutputSource> output_sources;
+  // End-of-run assignments: copy `source` into the weight buffer `target`.
+  struct Update {
+    std::byte *target = nullptr;
+    OutputSource source;
+    size_t bytes = 0;
+  };
+  std::vector<Update> updates;
 };
 
 CpuExecutor::~CpuExecutor() = default;
@@ -82,7 +89,9 @@ Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(Graph graph,
   state->weights.resize(g.num_tensors());
   for (TensorId id = 0; id < g.num_tensors(); ++id) {
     const Tensor &tensor = g.tensor(id);
-    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kConstant) continue;
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kConstant &&
+        tensor.kind != TensorKind::kState)
+      continue;
     auto value = materialize(tensor, options.model_dir);
     if (!value.is_ok()) return value.status().with_context(context);
     state->weights[id] = std::move(value).value();
@@ -132,8 +141,35 @@ Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(Graph graph,
     state->output_sources.push_back(source);
   }
 
+  for (const StateUpdate &update : g.updates()) {
+    State::Update entry;
+    entry.target = state->weights[update.target].data();
+    if (input_index[update.value] >= 0)
+      entry.source.input = input_index[update.value];
+    else
+      entry.source.data = address(update.value);
+    entry.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+    state->updates.push_back(entry);
+  }
+
   executor->state_ = std::move(state);
   return executor;
+}
+
+const HostTensor &CpuExecutor::value(TensorId id) const { return state_->weights[id]; }
+
+Status CpuExecutor::assign(TensorId id, const HostTensor &value) {
+  if (id >= graph_.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
+  const Tensor &tensor = graph_.tensor(id);
+  if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
+    return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
+                            tensor_kind_name(tensor.kind));
+  if (!(value.type == tensor.type))
+    return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
+                            "', which is ", tensor.type.to_string());
+  if (value.size_bytes() > 0)
+    std::memcpy(state_->weights[id].data(), value.data(), value.size_bytes());
+  return Status::ok();
 }
 
 Status CpuExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) {
@@ -179,6 +215,15 @@ Status CpuExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTenso
     const auto size = static_cast<size_t>(type.size_bytes());
     if (size > 0) std::memcpy(out.data(), data, size);
     outputs->push_back(std::move(out));
+  }
+  // Updates last: outputs read the values this run computed, before any update.
+  for (const State::Update &update : state.updates) {
+    const void *source =
+        update.source.input >= 0
+            ? static_cast<const void *>(inputs[static_cast<size_t>(update.source.input)].data())
+            : update.source.data;
+    if (update.bytes > 0 && source != update.target)
+      std::memmove(update.target, source, update.bytes);
   }
   return Status::ok();
 }

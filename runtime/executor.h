@@ -36,6 +36,13 @@ public:
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs);
 
   const Graph &graph() const { return graph_; }
+
+  // The current value of a parameter, state or constant tensor (what the next run
+  // reads; state updates change it after each run).
+  const HostTensor &value(TensorId id) const;
+  // Replaces the value of a parameter or state tensor (resuming from a checkpoint).
+  // An error names the tensor if it is not one or the type differs.
+  Status assign(TensorId id, const HostTensor &value);
   const passes::MemoryPlan &memory_plan() const { return plan_; }
   // Bytes held by materialized parameters and constants.
   int64_t weight_bytes() const { return weight_bytes_; }
