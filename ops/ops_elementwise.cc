@@ -1,5 +1,7 @@
 // Elementwise ops: NumPy-broadcasting binary arithmetic, unary math and
-// activations, Clip, Cast, Identity and Dropout (inference form).
+// activations, Clip, Cast, Identity and Dropout, their gradient rules, and the
+// backward helper ops those rules use (ReluGrad, TanhGrad, SigmoidGrad, GeluGrad,
+// ClipGrad).
 //
 // Binary kernels reduce any broadcast to one plan: the output's dimensions with
 // size-1 dimensions dropped and neighbours merged wherever both inputs walk them
@@ -9,6 +11,7 @@
 // collapse to a single such loop.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -282,7 +285,33 @@ Result<TypeList> infer_dropout(const Node &node, const OpDef &def,
   int64_t training = attrs.get_int("training");
   if (training != 0 && training != 1)
     return invalid_argument(def.name, ": attribute 'training' = ", training, " must be 0 or 1");
+  if (inputs.size() > 1 && (!is_integer(inputs[1].dtype) || inputs[1].num_elements() != 1))
+    return invalid_argument(def.name, ": input 1 (step) must be an i32 or i64 scalar, got ",
+                            inputs[1].to_string());
   return TypeList{inputs[0]};
+}
+
+// Backward helpers read (dY, V) where V is X or Y of the forward op: both of one
+// floating type, which is also the output's.
+Result<TypeList> infer_grad_pair(const Node &, const OpDef &def,
+                                 llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  if (!(inputs[0] == inputs[1]))
+    return invalid_argument(def.name, ": input 0 (dY) ", inputs[0].to_string(), " and input 1 ",
+                            inputs[1].to_string(), " must have the same type");
+  return TypeList{inputs[0]};
+}
+
+Result<TypeList> infer_gelu_grad(const Node &node, const OpDef &def,
+                                 llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(infer_gelu(node, def, inputs).status());
+  return infer_grad_pair(node, def, inputs);
+}
+
+Result<TypeList> infer_clip_grad(const Node &node, const OpDef &def,
+                                 llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(infer_clip(node, def, inputs).status());
+  return infer_grad_pair(node, def, inputs);
 }
 
 // ---------------------------------------------------------------------------
@@ -367,10 +396,99 @@ Status identity_kernel(const KernelContext &context) {
   return Status::ok();
 }
 
+// The training mask of Dropout. Element i of a run is kept when the top 24 bits
+// of hash(seed, step, i), read as an integer u in [0, 2^24), satisfy
+// u >= floor(ratio * 2^24); kept elements are scaled by 1 / (1 - ratio). The hash
+// is counter-based, built from the splitmix64 finalizer `mix64`:
+//   key  = mix64(seed * G + mix64(step + G))     (G = 0x9E3779B97F4A7C15)
+//   hash = mix64(key + (i + 1) * G)
+// so the mask depends only on (seed, step, i): not on the values, the dtype or how
+// the work is split. A different step (the optional input 1) gives a fresh mask,
+// and running Dropout with the same attributes and step on dY reproduces exactly
+// the forward mask and scale, which is Dropout's gradient.
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 Status dropout_kernel(const KernelContext &context) {
-  if (context.attrs().get_int("training") != 0)
-    return unimplemented(context.def.name, ": training=1 (random mask) has no CPU kernel yet");
-  return identity_kernel(context);
+  AttrReader attrs = context.attrs();
+  if (attrs.get_int("training") == 0) return identity_kernel(context);
+  const ConstTensorView &x = context.inputs[0];
+  if (x.dtype() != DType::kF32) return no_kernel(context, x.dtype());
+  int64_t step = 0;
+  if (context.inputs.size() > 1) {
+    const ConstTensorView &s = context.inputs[1];
+    step = s.dtype() == DType::kI32 ? int64_t{*s.as<int32_t>()} : *s.as<int64_t>();
+  }
+  const double ratio = attrs.get_float("ratio");
+  const auto threshold = static_cast<uint64_t>(ratio * double(uint64_t{1} << 24));
+  const auto scale = static_cast<float>(1.0 / (1.0 - ratio));
+  const uint64_t key = mix64(static_cast<uint64_t>(attrs.get_int("seed")) * kGolden +
+                             mix64(static_cast<uint64_t>(step) + kGolden));
+  const float *in = x.as<float>();
+  float *out = context.outputs[0].as<float>();
+  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) {
+    const uint64_t u = mix64(key + (static_cast<uint64_t>(i) + 1) * kGolden) >> 40;
+    out[i] = u >= threshold ? in[i] * scale : 0.0f;
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Backward helper kernels: out[i] = f(dY[i], V[i]).
+
+template <typename F> Status grad_pair_f32(const KernelContext &context, F f) {
+  const ConstTensorView &dy = context.inputs[0];
+  if (dy.dtype() != DType::kF32) return no_kernel(context, dy.dtype());
+  map_binary(dy.as<float>(), context.inputs[1].as<float>(), context.outputs[0].as<float>(),
+             dy.num_elements(), f);
+  return Status::ok();
+}
+
+// dX = dY where X > 0 (the derivative at 0 is taken as 0).
+Status relu_grad_kernel(const KernelContext &c) {
+  return grad_pair_f32(c, [](float dy, float x) { return x > 0.0f ? dy : 0.0f; });
+}
+// dX = dY (1 - Y^2), from Y = tanh(X).
+Status tanh_grad_kernel(const KernelContext &c) {
+  return grad_pair_f32(c, [](float dy, float y) { return dy * (1.0f - y * y); });
+}
+// dX = dY Y (1 - Y), from Y = sigmoid(X).
+Status sigmoid_grad_kernel(const KernelContext &c) {
+  return grad_pair_f32(c, [](float dy, float y) { return dy * y * (1.0f - y); });
+}
+
+Status gelu_grad_kernel(const KernelContext &context) {
+  if (context.attrs().get_string("approximate") == "tanh") {
+    // u = k (x + a x^3), t = tanh(u): d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2).
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    constexpr float kA = 0.044715f;
+    return grad_pair_f32(context, [](float dy, float x) {
+      const float t = std::tanh(kSqrt2OverPi * (x + kA * x * x * x));
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kA * x * x);
+      return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    });
+  }
+  // d/dx = Phi(x) + x phi(x), with Phi the normal CDF and phi its density.
+  constexpr float kInvSqrt2 = 0.7071067811865476f;
+  constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+  return grad_pair_f32(context, [](float dy, float x) {
+    const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
+    return dy * (cdf + x * kInvSqrt2Pi * std::exp(-0.5f * x * x));
+  });
+}
+
+// dX = dY where min <= X <= max (the bounds themselves pass the gradient), else 0.
+Status clip_grad_kernel(const KernelContext &context) {
+  AttrReader attrs = context.attrs();
+  const float lo = static_cast<float>(attrs.get_float("min"));
+  const float hi = static_cast<float>(attrs.get_float("max"));
+  return grad_pair_f32(context,
+                       [lo, hi](float dy, float x) { return x >= lo && x <= hi ? dy : 0.0f; });
 }
 
 // ---------------------------------------------------------------------------
@@ -486,6 +604,174 @@ Status cast_kernel(const KernelContext &context) {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------------------
+// Gradient rules
+
+// A scalar constant of `dtype` (it broadcasts against anything).
+TensorId scalar_of(GradContext &c, double value, DType dtype, std::string_view what) {
+  return c.builder.op1(
+      "Constant", {},
+      {{"dtype", std::string(dtype_name(dtype))}, {"value", std::vector<double>{value}}},
+      c.grad_name(what));
+}
+
+DType dtype_of(GradContext &c, TensorId id) { return c.type(id).dtype; }
+
+// Sets input i's gradient to `grad` summed down to that input's shape.
+void set_reduced(GradContext &c, size_t i, TensorId grad, std::string_view what) {
+  const Shape shape = c.type(c.input(i)).shape; // a copy: the graph grows below
+  c.input_grads[i] = reduce_to_shape(c, grad, shape, what);
+}
+
+Status add_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (c.needs_input_grad[0]) set_reduced(c, 0, dy, "a");
+  if (c.needs_input_grad[1]) set_reduced(c, 1, dy, "b");
+  return Status::ok();
+}
+
+Status sub_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (c.needs_input_grad[0]) set_reduced(c, 0, dy, "a");
+  if (c.needs_input_grad[1]) {
+    set_reduced(c, 1, dy, "b");
+    c.input_grads[1] = c.builder.op1("Neg", {c.input_grads[1]}, {}, c.grad_name("b.neg"));
+  }
+  return Status::ok();
+}
+
+Status mul_grad(GradContext &c) {
+  GraphBuilder &b = c.builder;
+  const TensorId dy = c.output_grads[0];
+  if (c.needs_input_grad[0])
+    set_reduced(c, 0, b.op1("Mul", {dy, c.input(1)}, {}, c.grad_name("a.mul")), "a");
+  if (c.needs_input_grad[1])
+    set_reduced(c, 1, b.op1("Mul", {dy, c.input(0)}, {}, c.grad_name("b.mul")), "b");
+  return Status::ok();
+}
+
+// Y = A / B: dA = dY / B; dB = -dY A / B^2 = -dY Y / B.
+Status div_grad(GradContext &c) {
+  GraphBuilder &b = c.builder;
+  const TensorId dy = c.output_grads[0];
+  if (c.needs_input_grad[0])
+    set_reduced(c, 0, b.op1("Div", {dy, c.input(1)}, {}, c.grad_name("a.div")), "a");
+  if (c.needs_input_grad[1]) {
+    TensorId dy_y = b.op1("Mul", {dy, c.output(0)}, {}, c.grad_name("b.mul"));
+    TensorId quotient = b.op1("Div", {dy_y, c.input(1)}, {}, c.grad_name("b.div"));
+    set_reduced(c, 1, b.op1("Neg", {quotient}, {}, c.grad_name("b.neg")), "b");
+  }
+  return Status::ok();
+}
+
+// Y = A^B: dA = dY B A^(B-1); dB = dY Y ln(A) (NaN where A < 0, as the math says).
+Status pow_grad(GradContext &c) {
+  GraphBuilder &b = c.builder;
+  const TensorId dy = c.output_grads[0];
+  const DType dtype = dtype_of(c, c.input(0));
+  if (c.needs_input_grad[0]) {
+    TensorId one = scalar_of(c, 1.0, dtype, "a.one");
+    TensorId exponent = b.op1("Sub", {c.input(1), one}, {}, c.grad_name("a.exponent"));
+    TensorId power = b.op1("Pow", {c.input(0), exponent}, {}, c.grad_name("a.pow"));
+    TensorId slope = b.op1("Mul", {c.input(1), power}, {}, c.grad_name("a.slope"));
+    set_reduced(c, 0, b.op1("Mul", {dy, slope}, {}, c.grad_name("a.mul")), "a");
+  }
+  if (c.needs_input_grad[1]) {
+    TensorId log = b.op1("Log", {c.input(0)}, {}, c.grad_name("b.log"));
+    TensorId slope = b.op1("Mul", {c.output(0), log}, {}, c.grad_name("b.slope"));
+    set_reduced(c, 1, b.op1("Mul", {dy, slope}, {}, c.grad_name("b.mul")), "b");
+  }
+  return Status::ok();
+}
+
+Status neg_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] = c.builder.op1("Neg", {c.output_grads[0]}, {}, c.grad_name("neg"));
+  return Status::ok();
+}
+
+// Identity and inference-mode Dropout pass the gradient through.
+Status pass_through_grad(GradContext &c) {
+  if (c.needs_input_grad[0]) c.input_grads[0] = c.output_grads[0];
+  return Status::ok();
+}
+
+// Y = sqrt(X): dX = dY / (2 Y).
+Status sqrt_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  GraphBuilder &b = c.builder;
+  TensorId half = scalar_of(c, 0.5, dtype_of(c, c.input(0)), "half");
+  TensorId scaled = b.op1("Mul", {c.output_grads[0], half}, {}, c.grad_name("mul"));
+  c.input_grads[0] = b.op1("Div", {scaled, c.output(0)}, {}, c.grad_name("div"));
+  return Status::ok();
+}
+
+// Y = e^X: dX = dY Y.
+Status exp_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] =
+        c.builder.op1("Mul", {c.output_grads[0], c.output(0)}, {}, c.grad_name("mul"));
+  return Status::ok();
+}
+
+// Y = ln X: dX = dY / X.
+Status log_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] =
+        c.builder.op1("Div", {c.output_grads[0], c.input(0)}, {}, c.grad_name("div"));
+  return Status::ok();
+}
+
+// Y = erf(X): dX = dY (2 / sqrt(pi)) e^(-X^2).
+Status erf_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  GraphBuilder &b = c.builder;
+  const TensorId x = c.input(0);
+  TensorId square = b.op1("Mul", {x, x}, {}, c.grad_name("square"));
+  TensorId negated = b.op1("Neg", {square}, {}, c.grad_name("neg"));
+  TensorId gauss = b.op1("Exp", {negated}, {}, c.grad_name("exp"));
+  TensorId coefficient = scalar_of(c, 1.1283791670955126, dtype_of(c, x), "two_over_sqrt_pi");
+  TensorId slope = b.op1("Mul", {gauss, coefficient}, {}, c.grad_name("slope"));
+  c.input_grads[0] = b.op1("Mul", {c.output_grads[0], slope}, {}, c.grad_name("mul"));
+  return Status::ok();
+}
+
+// dX = <helper>(dY, X or Y), copying the forward node's attributes.
+template <const char *kHelper, bool kUsesOutput> Status helper_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const TensorId v = kUsesOutput ? c.output(0) : c.input(0);
+  c.input_grads[0] =
+      c.builder.op1(kHelper, {c.output_grads[0], v}, c.node.attrs, c.grad_name(kHelper));
+  return Status::ok();
+}
+constexpr char kReluGrad[] = "ReluGrad";
+constexpr char kTanhGrad[] = "TanhGrad";
+constexpr char kSigmoidGrad[] = "SigmoidGrad";
+constexpr char kGeluGrad[] = "GeluGrad";
+constexpr char kClipGrad[] = "ClipGrad";
+
+// Between floating types the gradient is cast back; to or from an integer or bool
+// nothing flows.
+Status cast_grad(GradContext &c) {
+  const DType from = dtype_of(c, c.input(0));
+  const DType to = dtype_of(c, c.output(0));
+  if (!c.needs_input_grad[0] || !is_floating(from) || !is_floating(to)) return Status::ok();
+  c.input_grads[0] = c.builder.op1("Cast", {c.output_grads[0]},
+                                   {{"to", std::string(dtype_name(from))}}, c.grad_name("cast"));
+  return Status::ok();
+}
+
+// Training Dropout: the mask depends only on (seed, step, index), so Dropout with
+// the same attributes and step applied to dY applies the same mask and scale.
+Status dropout_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  if (c.attrs().get_int("training") == 0) return pass_through_grad(c);
+  llvm::SmallVector<TensorId, 2> inputs{c.output_grads[0]};
+  if (c.node.inputs.size() > 1) inputs.push_back(c.input(1));
+  c.input_grads[0] = c.builder.op1("Dropout", inputs, c.node.attrs, c.grad_name("dropout"));
+  return Status::ok();
+}
+
 OpCost identity_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
                      llvm::ArrayRef<TensorType> outputs) {
   OpCost cost = elementwise_cost(node, def, inputs, outputs);
@@ -496,56 +782,88 @@ OpCost identity_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorTy
 // ---------------------------------------------------------------------------
 // The table
 
-OpDef binary(std::string_view name, std::string_view summary, CpuKernelFn kernel) {
-  return OpDef{name, summary, 2, 2, {}, infer_binary_arith, nullptr, kernel};
+OpDef binary(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad) {
+  return OpDef{name, summary, 2, 2, {}, infer_binary_arith, nullptr, kernel, grad};
 }
 
-OpDef unary(std::string_view name, std::string_view summary, CpuKernelFn kernel,
+OpDef unary(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad,
             InferFn infer = infer_float_unary) {
-  return OpDef{name, summary, 1, 1, {}, infer, nullptr, kernel};
+  return OpDef{name, summary, 1, 1, {}, infer, nullptr, kernel, grad};
+}
+
+// A backward helper: (dY, V) -> dX, 2 FLOPs-ish per element (default cost).
+OpDef grad_pair(std::string_view name, std::string_view summary, CpuKernelFn kernel,
+                InferFn infer = infer_grad_pair) {
+  return OpDef{name, summary, 2, 2, {}, infer, nullptr, kernel, nullptr};
 }
 
 std::vector<OpDef> make_table() {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<OpDef> table;
   table.push_back(
-      binary("Add", "C = A + B with NumPy broadcasting", binary_kernel<BinaryOp::kAdd>));
+      binary("Add", "C = A + B with NumPy broadcasting", binary_kernel<BinaryOp::kAdd>, add_grad));
   table.push_back(
-      binary("Sub", "C = A - B with NumPy broadcasting", binary_kernel<BinaryOp::kSub>));
+      binary("Sub", "C = A - B with NumPy broadcasting", binary_kernel<BinaryOp::kSub>, sub_grad));
   table.push_back(
-      binary("Mul", "C = A * B with NumPy broadcasting", binary_kernel<BinaryOp::kMul>));
+      binary("Mul", "C = A * B with NumPy broadcasting", binary_kernel<BinaryOp::kMul>, mul_grad));
   table.push_back(binary("Div", "C = A / B with NumPy broadcasting (integers truncate)",
-                         binary_kernel<BinaryOp::kDiv>));
+                         binary_kernel<BinaryOp::kDiv>, div_grad));
   table.push_back(
-      binary("Pow", "C = A ^ B with NumPy broadcasting", binary_kernel<BinaryOp::kPow>));
-  table.push_back(unary("Neg", "Y = -X", neg_kernel, infer_neg));
-  table.push_back(unary("Sqrt", "Y = sqrt(X)", sqrt_kernel));
-  table.push_back(unary("Exp", "Y = e^X", exp_kernel));
-  table.push_back(unary("Log", "Y = ln(X)", log_kernel));
-  table.push_back(unary("Erf", "Y = erf(X)", erf_kernel));
-  table.push_back(unary("Relu", "Y = max(X, 0)", relu_kernel));
-  table.push_back(unary("Tanh", "Y = tanh(X)", tanh_kernel));
-  table.push_back(unary("Sigmoid", "Y = 1 / (1 + e^-X)", sigmoid_kernel));
-  OpDef gelu = unary("Gelu", "Gaussian error linear unit", gelu_kernel, infer_gelu);
-  gelu.attrs = {{"approximate", AttrType::kString, AttrValue{std::string("none")},
-                 "\"none\" (exact, with erf) or \"tanh\""}};
+      binary("Pow", "C = A ^ B with NumPy broadcasting", binary_kernel<BinaryOp::kPow>, pow_grad));
+  table.push_back(unary("Neg", "Y = -X", neg_kernel, neg_grad, infer_neg));
+  table.push_back(unary("Sqrt", "Y = sqrt(X)", sqrt_kernel, sqrt_grad));
+  table.push_back(unary("Exp", "Y = e^X", exp_kernel, exp_grad));
+  table.push_back(unary("Log", "Y = ln(X)", log_kernel, log_grad));
+  table.push_back(unary("Erf", "Y = erf(X)", erf_kernel, erf_grad));
+  table.push_back(unary("Relu", "Y = max(X, 0)", relu_kernel, helper_grad<kReluGrad, false>));
+  table.push_back(unary("Tanh", "Y = tanh(X)", tanh_kernel, helper_grad<kTanhGrad, true>));
+  table.push_back(
+      unary("Sigmoid", "Y = 1 / (1 + e^-X)", sigmoid_kernel, helper_grad<kSigmoidGrad, true>));
+  const AttrSpec approximate{"approximate", AttrType::kString, AttrValue{std::string("none")},
+                             "\"none\" (exact, with erf) or \"tanh\""};
+  OpDef gelu = unary("Gelu", "Gaussian error linear unit", gelu_kernel,
+                     helper_grad<kGeluGrad, false>, infer_gelu);
+  gelu.attrs = {approximate};
   table.push_back(std::move(gelu));
-  OpDef clip = unary("Clip", "Y = min(max(X, min), max)", clip_kernel, infer_clip);
-  clip.attrs = {{"max", AttrType::kFloat, AttrValue{kInf}, "upper bound"},
-                {"min", AttrType::kFloat, AttrValue{-kInf}, "lower bound"}};
+  const std::vector<AttrSpec> clip_attrs = {
+      {"max", AttrType::kFloat, AttrValue{kInf}, "upper bound"},
+      {"min", AttrType::kFloat, AttrValue{-kInf}, "lower bound"}};
+  OpDef clip = unary("Clip", "Y = min(max(X, min), max)", clip_kernel,
+                     helper_grad<kClipGrad, false>, infer_clip);
+  clip.attrs = clip_attrs;
   table.push_back(std::move(clip));
-  OpDef cast = unary("Cast", "Y = X converted to dtype `to`", cast_kernel, infer_cast);
+  OpDef cast = unary("Cast", "Y = X converted to dtype `to`", cast_kernel, cast_grad, infer_cast);
   cast.attrs = {
       {"to", AttrType::kString, std::nullopt, "target dtype: f32, f16, bf16, i32, i64 or bool"}};
   table.push_back(std::move(cast));
-  OpDef identity = unary("Identity", "Y = X", identity_kernel, infer_same);
+  OpDef identity = unary("Identity", "Y = X", identity_kernel, pass_through_grad, infer_same);
   identity.cost = identity_cost;
   table.push_back(std::move(identity));
-  OpDef dropout = unary("Dropout", "Y = X at inference; random masking in training", dropout_kernel,
-                        infer_dropout);
+  OpDef dropout = unary("Dropout",
+                        "Y = X at inference; in training, X masked by hash(seed, step, index) "
+                        "and scaled by 1 / (1 - ratio)",
+                        dropout_kernel, dropout_grad, infer_dropout);
+  dropout.max_inputs = 2;
   dropout.attrs = {{"ratio", AttrType::kFloat, AttrValue{0.5}, "probability of dropping"},
+                   {"seed", AttrType::kInt, AttrValue{int64_t{0}}, "seed of the mask hash"},
                    {"training", AttrType::kInt, AttrValue{int64_t{0}}, "1 in training mode"}};
   table.push_back(std::move(dropout));
+
+  // Backward helpers.
+  table.push_back(
+      grad_pair("ReluGrad", "dX = dY where X > 0, else 0 (inputs dY, X)", relu_grad_kernel));
+  table.push_back(
+      grad_pair("TanhGrad", "dX = dY * (1 - Y^2) (inputs dY, Y = tanh(X))", tanh_grad_kernel));
+  table.push_back(grad_pair("SigmoidGrad", "dX = dY * Y * (1 - Y) (inputs dY, Y = sigmoid(X))",
+                            sigmoid_grad_kernel));
+  OpDef gelu_grad =
+      grad_pair("GeluGrad", "dX = dY * Gelu'(X) (inputs dY, X)", gelu_grad_kernel, infer_gelu_grad);
+  gelu_grad.attrs = {approximate};
+  table.push_back(std::move(gelu_grad));
+  OpDef clip_grad = grad_pair("ClipGrad", "dX = dY where min <= X <= max, else 0 (inputs dY, X)",
+                              clip_grad_kernel, infer_clip_grad);
+  clip_grad.attrs = clip_attrs;
+  table.push_back(std::move(clip_grad));
   return table;
 }
 

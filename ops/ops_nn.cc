@@ -8,9 +8,11 @@
 // LayerNorm 8, BatchNormalization 2, GlobalAveragePool 1, SoftmaxCrossEntropy 4
 // (per logit), MseLoss 3. Per output element: MaxPool2d kH·kW, AveragePool2d
 // kH·kW + 1. Every op reads each input and writes each output once.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
@@ -685,6 +687,25 @@ OpCost batch_norm_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> i
   return io_cost(inputs, outputs, 2.0 * elements(inputs[0]));
 }
 
+// Mean and 1/sqrt(biased variance + epsilon) of channel c, two passes in double.
+std::pair<double, double> channel_stats(const float *x, int64_t batch, int64_t channels,
+                                        int64_t inner, int64_t c, double epsilon) {
+  const double count = static_cast<double>(batch * inner);
+  double sum = 0;
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < inner; ++i)
+      sum += x[(n * channels + c) * inner + i];
+  const double mean = count == 0 ? 0.0 : sum / count;
+  double squares = 0;
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < inner; ++i) {
+      const double d = x[(n * channels + c) * inner + i] - mean;
+      squares += d * d;
+    }
+  const double var = count == 0 ? 0.0 : squares / count;
+  return {mean, 1.0 / std::sqrt(var + epsilon)};
+}
+
 Status batch_norm_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0, 1, 2, 3, 4}));
   const double epsilon = context.attrs().get_float("epsilon");
@@ -697,11 +718,17 @@ Status batch_norm_kernel(const KernelContext &context) {
   const float *var = context.inputs[4].as<float>();
   const float *in = x.as<float>();
   float *out = context.outputs[0].as<float>();
+  ASSIGN_OR_RETURN(bool training, read_flag(context.def, context.attrs(), "training"));
   for (int64_t c = 0; c < channels; ++c) {
-    // Fold the normalization into one multiply-add per element.
-    const double factor = scale[c] / std::sqrt(static_cast<double>(var[c]) + epsilon);
+    // Fold the normalization into one multiply-add per element. Training uses the
+    // batch's own statistics instead of the mean and var inputs.
+    double channel_mean = mean[c];
+    double rstd = 1.0 / std::sqrt(static_cast<double>(var[c]) + epsilon);
+    if (training)
+      std::tie(channel_mean, rstd) = channel_stats(in, batch, channels, inner, c, epsilon);
+    const double factor = scale[c] * rstd;
     const float mul = static_cast<float>(factor);
-    const float add = static_cast<float>(bias[c] - mean[c] * factor);
+    const float add = static_cast<float>(bias[c] - channel_mean * factor);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t base = (n * channels + c) * inner;
       for (int64_t i = 0; i < inner; ++i)
@@ -832,6 +859,650 @@ Status mse_loss_kernel(const KernelContext &context) {
 }
 
 // ---------------------------------------------------------------------------
+// Backward ops. Each computes the gradients of one forward op from the output
+// gradient and the forward inputs it needs; all accumulate in a fixed order (in
+// double where they reduce), so the same inputs give the same bits.
+
+// Reads a required ints attribute holding a tensor shape of `rank` dims.
+Result<Shape> read_shape_attr(const OpDef &def, const AttrReader &attrs, std::string_view name,
+                              int64_t rank) {
+  std::vector<int64_t> values = attrs.get_ints(name);
+  if (static_cast<int64_t>(values.size()) != rank)
+    return invalid_argument(def.name, ": attribute '", name, "' must have ", rank, " values, got ",
+                            values.size());
+  for (int64_t v : values)
+    if (v < 0)
+      return invalid_argument(def.name, ": attribute '", name, "' values must be >= 0, got ", v);
+  return Shape(values.begin(), values.end());
+}
+
+Status expect_type(const OpDef &def, llvm::ArrayRef<TensorType> inputs, size_t index,
+                   const TensorType &expected, std::string_view what) {
+  if (!(inputs[index] == expected))
+    return invalid_argument(def.name, ": input ", index, " (", what, ") ", describe(inputs[index]),
+                            " must be ", describe(expected));
+  return Status::ok();
+}
+
+// LayerNormGrad(dY, X, scale) -> dX, dScale, dBias.
+
+Result<TypeList> infer_layer_norm_grad(const Node &node, const OpDef &def,
+                                       llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  const TensorType &x = inputs[1];
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, x, "dY"));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   normalize_axis(AttrReader(node, def).get_int("axis"), x.rank(), "axis"));
+  TensorType scale{x.dtype, Shape(x.shape.begin() + axis, x.shape.end())};
+  RETURN_IF_ERROR(expect_type(def, inputs, 2, scale, "scale"));
+  return TypeList{x, scale, scale};
+}
+
+OpCost layer_norm_grad_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                            llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 14.0 * elements(inputs[1]));
+}
+
+Status layer_norm_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  AttrReader attrs = context.attrs();
+  const ConstTensorView &x = context.inputs[1];
+  ASSIGN_OR_RETURN(int64_t axis, normalize_axis(attrs.get_int("axis"), x.type->rank(), "axis"));
+  const double epsilon = attrs.get_float("epsilon");
+  const int64_t size = num_elements(x.shape().drop_front(axis));
+  const int64_t rows = size == 0 ? 0 : x.num_elements() / size;
+  const float *dy = context.inputs[0].as<float>();
+  const float *in = x.as<float>();
+  const float *scale = context.inputs[2].as<float>();
+  float *dx = context.outputs[0].as<float>();
+  std::vector<double> dscale(static_cast<size_t>(size), 0.0), dbias(static_cast<size_t>(size), 0.0);
+  std::vector<double> xhat(static_cast<size_t>(size));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *row = in + r * size;
+    const float *g = dy + r * size;
+    // The forward's statistics, recomputed the same way (two passes in double).
+    double sum = 0;
+    for (int64_t i = 0; i < size; ++i)
+      sum += row[i];
+    const double mean = sum / static_cast<double>(size);
+    double squares = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      const double d = row[i] - mean;
+      squares += d * d;
+    }
+    const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(size) + epsilon);
+    // dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dY * scale.
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      xhat[k] = (row[i] - mean) * rstd;
+      const double gi = static_cast<double>(g[i]) * scale[i];
+      sum_g += gi;
+      sum_gx += gi * xhat[k];
+      dscale[k] += static_cast<double>(g[i]) * xhat[k];
+      dbias[k] += g[i];
+    }
+    const double mean_g = sum_g / static_cast<double>(size);
+    const double mean_gx = sum_gx / static_cast<double>(size);
+    for (int64_t i = 0; i < size; ++i) {
+      const double gi = static_cast<double>(g[i]) * scale[i];
+      dx[r * size + i] =
+          static_cast<float>(rstd * (gi - mean_g - xhat[static_cast<size_t>(i)] * mean_gx));
+    }
+  }
+  float *dscale_out = context.outputs[1].as<float>();
+  float *dbias_out = context.outputs[2].as<float>();
+  for (int64_t i = 0; i < size; ++i) {
+    dscale_out[i] = static_cast<float>(dscale[static_cast<size_t>(i)]);
+    dbias_out[i] = static_cast<float>(dbias[static_cast<size_t>(i)]);
+  }
+  return Status::ok();
+}
+
+// Conv2dGradInput(dY, W) -> dX and Conv2dGradWeight(dY, X) -> dW. The shape of
+// the missing forward operand comes from an attribute.
+
+Result<cpu::Conv2dParams> conv_grad_params(const OpDef &def, const AttrReader &attrs,
+                                           llvm::ArrayRef<TensorType> inputs, bool grad_input) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  const DType dtype = inputs[0].dtype;
+  llvm::SmallVector<TensorType, 2> forward;
+  if (grad_input) {
+    ASSIGN_OR_RETURN(Shape x, read_shape_attr(def, attrs, "input_shape", 4));
+    forward = {TensorType{dtype, x}, inputs[1]};
+  } else {
+    ASSIGN_OR_RETURN(Shape w, read_shape_attr(def, attrs, "weight_shape", 4));
+    forward = {inputs[1], TensorType{dtype, w}};
+  }
+  ASSIGN_OR_RETURN(cpu::Conv2dParams p, conv_params(def, attrs, forward));
+  TensorType dy{dtype, Shape{p.batch, p.out_channels, p.out_h, p.out_w}};
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, dy, "dY"));
+  return p;
+}
+
+template <bool kGradInput>
+Result<TypeList> infer_conv_grad(const Node &node, const OpDef &def,
+                                 llvm::ArrayRef<TensorType> inputs) {
+  AttrReader attrs(node, def);
+  ASSIGN_OR_RETURN(cpu::Conv2dParams p, conv_grad_params(def, attrs, inputs, kGradInput));
+  (void)p;
+  const char *name = kGradInput ? "input_shape" : "weight_shape";
+  std::vector<int64_t> shape = attrs.get_ints(name);
+  return TypeList{TensorType{inputs[0].dtype, Shape(shape.begin(), shape.end())}};
+}
+
+// The same multiply-adds as the forward convolution.
+template <bool kGradInput>
+OpCost conv_grad_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                      llvm::ArrayRef<TensorType> outputs) {
+  auto p = conv_grad_params(def, AttrReader(node, def), inputs, kGradInput);
+  if (!p) return io_cost(inputs, outputs, 0);
+  double outputs_count = static_cast<double>(p->batch) * static_cast<double>(p->out_channels) *
+                         static_cast<double>(p->out_h) * static_cast<double>(p->out_w);
+  double per_output = static_cast<double>(p->in_channels / p->group) *
+                      static_cast<double>(p->kernel_h) * static_cast<double>(p->kernel_w);
+  return io_cost(inputs, outputs, 2.0 * outputs_count * per_output);
+}
+
+template <bool kGradInput> Status conv_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  ASSIGN_OR_RETURN(cpu::Conv2dParams p, conv_grad_params(context.def, context.attrs(),
+                                                         input_types(context), kGradInput));
+  const float *dy = context.inputs[0].as<float>();
+  const float *other = context.inputs[1].as<float>();
+  float *out = context.outputs[0].as<float>();
+  if constexpr (kGradInput) return cpu::conv2d_backward_data(p, dy, other, out);
+  return cpu::conv2d_backward_weights(p, dy, other, out);
+}
+
+// MaxPool2dGrad(dY, X) -> dX: each output's gradient goes to the input position
+// the forward picked (the first maximum in window order; padding never wins).
+
+Result<TypeList> infer_max_pool_grad(const Node &node, const OpDef &def,
+                                     llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  ASSIGN_OR_RETURN(TypeList forward, infer_pool(node, def, inputs.drop_front()));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, forward[0], "dY"));
+  return TypeList{inputs[1]};
+}
+
+// AveragePool2dGrad(dY) -> dX and GlobalAveragePoolGrad(dY) -> dX, X's shape
+// from the attribute input_shape.
+
+Result<TypeList> infer_average_pool_grad(const Node &node, const OpDef &def,
+                                         llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(Shape shape, read_shape_attr(def, AttrReader(node, def), "input_shape", 4));
+  TensorType x{inputs[0].dtype, shape};
+  ASSIGN_OR_RETURN(TypeList forward, infer_pool(node, def, {x}));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, forward[0], "dY"));
+  return TypeList{x};
+}
+
+OpCost pool_grad_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                      llvm::ArrayRef<TensorType> outputs) {
+  auto w = read_window(def, AttrReader(node, def));
+  if (!w) return io_cost(inputs, outputs, 0);
+  return io_cost(inputs, outputs,
+                 static_cast<double>(w->kernel_h * w->kernel_w) * elements(inputs[0]));
+}
+
+template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Window w, read_window(context.def, attrs));
+  bool include_pad = false;
+  if constexpr (!kMax) {
+    ASSIGN_OR_RETURN(include_pad, read_flag(context.def, attrs, "count_include_pad"));
+  }
+  const ConstTensorView &dy_view = context.inputs[0];
+  const TensorView &dx_view = context.outputs[0];
+  const int64_t planes = dx_view.shape()[0] * dx_view.shape()[1];
+  const int64_t h = dx_view.shape()[2], wd = dx_view.shape()[3];
+  const int64_t out_h = dy_view.shape()[2], out_w = dy_view.shape()[3];
+  const float *dy_data = dy_view.as<float>();
+  const float *x_data = kMax ? context.inputs[1].as<float>() : nullptr;
+  float *dx_data = dx_view.as<float>();
+  std::fill(dx_data, dx_data + dx_view.num_elements(), 0.0f);
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float *g = dy_data + plane * out_h * out_w;
+    float *dst = dx_data + plane * h * wd;
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const int64_t y0 = oy * w.stride_h - w.pad_top;
+      for (int64_t ox = 0; ox < out_w; ++ox) {
+        const int64_t x0 = ox * w.stride_w - w.pad_left;
+        const float grad = g[oy * out_w + ox];
+        if constexpr (kMax) {
+          // The forward's scan: a later tap wins only when strictly larger (or NaN).
+          const float *src = x_data + plane * h * wd;
+          int64_t best_index = -1;
+          float best = -std::numeric_limits<float>::infinity();
+          for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
+            const int64_t iy = y0 + ky * w.dilation_h;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
+              const int64_t ix = x0 + kx * w.dilation_w;
+              if (ix < 0 || ix >= wd) continue;
+              const float v = src[iy * wd + ix];
+              if (best_index < 0 || v > best || std::isnan(v)) {
+                best = v;
+                best_index = iy * wd + ix;
+              }
+            }
+          }
+          if (best_index >= 0) dst[best_index] += grad;
+        } else {
+          // The forward's divisor, then an equal share to every input in the window.
+          const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+          const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+          const int64_t padded_count = (y1 - y0) * (x1 - x0);
+          const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+          const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+          const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+          if (count <= 0) continue;
+          const float share =
+              static_cast<float>(static_cast<double>(grad) / static_cast<double>(count));
+          for (int64_t iy = ys; iy < ye; ++iy)
+            for (int64_t ix = xs; ix < xe; ++ix)
+              dst[iy * wd + ix] += share;
+        }
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Result<TypeList> infer_global_average_pool_grad(const Node &node, const OpDef &def,
+                                                llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  ASSIGN_OR_RETURN(Shape shape, read_shape_attr(def, AttrReader(node, def), "input_shape", 4));
+  TensorType dy{inputs[0].dtype, Shape{shape[0], shape[1], 1, 1}};
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, dy, "dY"));
+  return TypeList{TensorType{inputs[0].dtype, shape}};
+}
+
+Status global_average_pool_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  const TensorView &dx = context.outputs[0];
+  const int64_t planes = dx.shape()[0] * dx.shape()[1];
+  const int64_t size = dx.shape()[2] * dx.shape()[3];
+  const float *dy = context.inputs[0].as<float>();
+  float *out = dx.as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float share = static_cast<float>(static_cast<double>(dy[p]) / static_cast<double>(size));
+    std::fill(out + p * size, out + (p + 1) * size, share);
+  }
+  return Status::ok();
+}
+
+// BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dBias for the training form
+// (statistics of the batch, per channel over N and the spatial dims).
+
+Result<TypeList> infer_batch_norm_grad(const Node &, const OpDef &def,
+                                       llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  const TensorType &x = inputs[1];
+  if (x.rank() < 2)
+    return invalid_argument(def.name, ": input 1 (X) must have rank >= 2 [N, C, ...], got ",
+                            describe(x));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, x, "dY"));
+  TensorType channel{x.dtype, Shape{x.shape[1]}};
+  RETURN_IF_ERROR(expect_type(def, inputs, 2, channel, "scale"));
+  return TypeList{x, channel, channel};
+}
+
+OpCost batch_norm_grad_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                            llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 12.0 * elements(inputs[1]));
+}
+
+Status batch_norm_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  const double epsilon = context.attrs().get_float("epsilon");
+  const ConstTensorView &x = context.inputs[1];
+  const int64_t batch = x.shape()[0], channels = x.shape()[1];
+  const int64_t inner = num_elements(x.shape().drop_front(2));
+  const double count = static_cast<double>(batch * inner);
+  const float *dy = context.inputs[0].as<float>();
+  const float *in = x.as<float>();
+  const float *scale = context.inputs[2].as<float>();
+  float *dx = context.outputs[0].as<float>();
+  float *dscale = context.outputs[1].as<float>();
+  float *dbias = context.outputs[2].as<float>();
+  for (int64_t c = 0; c < channels; ++c) {
+    auto [mean, rstd] = channel_stats(in, batch, channels, inner, c, epsilon);
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t k = (n * channels + c) * inner + i;
+        sum_g += dy[k];
+        sum_gx += static_cast<double>(dy[k]) * ((in[k] - mean) * rstd);
+      }
+    dscale[c] = static_cast<float>(sum_gx);
+    dbias[c] = static_cast<float>(sum_g);
+    if (count == 0) continue;
+    // dX = scale * rstd * (dY - mean(dY) - xhat * mean(dY * xhat)).
+    const double mean_g = sum_g / count, mean_gx = sum_gx / count;
+    const double factor = static_cast<double>(scale[c]) * rstd;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t k = (n * channels + c) * inner + i;
+        const double xhat = (in[k] - mean) * rstd;
+        dx[k] = static_cast<float>(factor * (dy[k] - mean_g - xhat * mean_gx));
+      }
+  }
+  return Status::ok();
+}
+
+// SoftmaxCrossEntropyGrad(dLoss, logits, labels) -> dLogits:
+// (softmax(logits) - onehot(label)) times the row's share of dLoss.
+
+Result<TypeList> infer_softmax_cross_entropy_grad(const Node &node, const OpDef &def,
+                                                  llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(TypeList forward, infer_softmax_cross_entropy(node, def, inputs.drop_front()));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, forward[0], "dLoss"));
+  return TypeList{inputs[1]};
+}
+
+template <typename Label>
+Status softmax_cross_entropy_grad(const KernelContext &context, Reduction reduction,
+                                  int64_t ignore_index) {
+  const ConstTensorView &logits = context.inputs[1];
+  const int64_t classes = logits.shape().back();
+  const int64_t rows = context.inputs[2].num_elements();
+  const float *dloss = context.inputs[0].as<float>();
+  const float *x = logits.as<float>();
+  const Label *labels = context.inputs[2].as<Label>();
+  float *dx = context.outputs[0].as<float>();
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (label == ignore_index) continue;
+    if (label < 0 || label >= classes)
+      return out_of_range(context.def.name, ": label ", label, " at position ", r,
+                          " is outside [0, ", classes, ") for ", classes,
+                          " classes and is not ignore_index (", ignore_index, ")");
+    ++counted;
+  }
+  double shared = 0;
+  if (reduction == Reduction::kSum) shared = dloss[0];
+  if (reduction == Reduction::kMean && counted > 0)
+    shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
+  for (int64_t r = 0; r < rows; ++r) {
+    float *out = dx + r * classes;
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (label == ignore_index) {
+      std::fill(out, out + classes, 0.0f);
+      continue;
+    }
+    const double weight = reduction == Reduction::kNone ? dloss[r] : shared;
+    const float *row = x + r * classes;
+    float max = row[0];
+    for (int64_t c = 1; c < classes; ++c)
+      max = std::max(max, row[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      sum += std::exp(static_cast<double>(row[c]) - max);
+    for (int64_t c = 0; c < classes; ++c) {
+      const double p = std::exp(static_cast<double>(row[c]) - max) / sum;
+      out[c] = static_cast<float>(weight * (p - (c == label ? 1.0 : 0.0)));
+    }
+  }
+  return Status::ok();
+}
+
+Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
+  if (context.inputs[2].dtype() == DType::kI32)
+    return softmax_cross_entropy_grad<int32_t>(context, reduction, ignore_index);
+  return softmax_cross_entropy_grad<int64_t>(context, reduction, ignore_index);
+}
+
+// MseLossGrad(dLoss, prediction, target) -> dPrediction, dTarget = -dPrediction.
+
+Result<TypeList> infer_mse_loss_grad(const Node &node, const OpDef &def,
+                                     llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(TypeList forward, infer_mse_loss(node, def, inputs.drop_front()));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, forward[0], "dLoss"));
+  return TypeList{inputs[1], inputs[1]};
+}
+
+Status mse_loss_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 2}));
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, context.attrs()));
+  const int64_t count = context.inputs[1].num_elements();
+  const float *dloss = context.inputs[0].as<float>();
+  const float *p = context.inputs[1].as<float>();
+  const float *t = context.inputs[2].as<float>();
+  float *dp = context.outputs[0].as<float>();
+  float *dt = context.outputs[1].as<float>();
+  double shared = 0;
+  if (reduction == Reduction::kSum) shared = dloss[0];
+  if (reduction == Reduction::kMean && count > 0)
+    shared = static_cast<double>(dloss[0]) / static_cast<double>(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const double weight = reduction == Reduction::kNone ? dloss[i] : shared;
+    const float g = static_cast<float>(2.0 * weight * (static_cast<double>(p[i]) - t[i]));
+    dp[i] = g;
+    dt[i] = -g;
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Gradient rules.
+
+std::vector<int64_t> dims_of(llvm::ArrayRef<int64_t> shape) { return {shape.begin(), shape.end()}; }
+
+// `x` reshaped to `shape`, or `x` itself when it already has it.
+TensorId reshape_to(GradContext &c, TensorId x, llvm::ArrayRef<int64_t> shape,
+                    std::string_view what) {
+  if (x == kInvalidTensor || llvm::ArrayRef<int64_t>(c.type(x).shape) == shape) return x;
+  return c.builder.op1("Reshape", {x}, {{"shape", dims_of(shape)}}, c.grad_name(what));
+}
+
+// A scalar constant of `dtype`.
+TensorId scalar_constant(GradContext &c, double value, DType dtype, std::string_view what) {
+  return c.builder.op1("Constant", {},
+                       {{"dtype", std::string(dtype_name(dtype))},
+                        {"shape", std::vector<int64_t>{}},
+                        {"value", std::vector<double>{value}}},
+                       c.grad_name(what));
+}
+
+int64_t flag(bool value) { return value ? 1 : 0; }
+
+// Y = op(A) op(B) over broadcast batches: dop(A) = dY op(B)^T, dop(B) = op(A)^T dY,
+// each written as one MatMul whose trans flags land the result in the operand's
+// stored layout; broadcast batch dims are summed away afterwards. 1-D operands are
+// handled as the matrices the forward promoted them to.
+Status matmul_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor) return Status::ok();
+  const TensorType a = c.type(c.input(0)), b = c.type(c.input(1));
+  ASSIGN_OR_RETURN(MatMulDims dims, matmul_dims(c.def, c.attrs(), a, b));
+  const Shape a2 = dims.a_vector ? Shape{1, a.shape[0]} : a.shape;
+  const Shape b2 = dims.b_vector ? Shape{b.shape[0], 1} : b.shape;
+  Shape y2 = dims.batch;
+  y2.push_back(dims.m);
+  y2.push_back(dims.n);
+  const bool ta = dims.trans_a, tb = dims.trans_b;
+  GraphBuilder &builder = c.builder;
+  auto matmul = [&](TensorId x, TensorId y, bool trans_x, bool trans_y, std::string_view what) {
+    return builder.op1("MatMul", {x, y}, {{"trans_a", flag(trans_x)}, {"trans_b", flag(trans_y)}},
+                       c.grad_name(what));
+  };
+  const TensorId dy2 = reshape_to(c, dy, y2, "dy_matrix");
+  if (c.needs_input_grad[0]) {
+    const TensorId b_matrix = reshape_to(c, c.input(1), b2, "b_matrix");
+    TensorId g = ta ? matmul(b_matrix, dy2, tb, true, "a") : matmul(dy2, b_matrix, false, !tb, "a");
+    g = reduce_to_shape(c, g, a2, "a.batch");
+    c.input_grads[0] = reshape_to(c, g, a.shape, "a.shape");
+  }
+  if (c.needs_input_grad[1]) {
+    const TensorId a_matrix = reshape_to(c, c.input(0), a2, "a_matrix");
+    TensorId g = tb ? matmul(dy2, a_matrix, true, ta, "b") : matmul(a_matrix, dy2, !ta, false, "b");
+    g = reduce_to_shape(c, g, b2, "b.batch");
+    c.input_grads[1] = reshape_to(c, g, b.shape, "b.shape");
+  }
+  return Status::ok();
+}
+
+// Y = alpha op(A) op(B) + beta C: the MatMul rule with alpha folded into Gemm,
+// and dC = beta * dY summed down to C's shape.
+Status gemm_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor) return Status::ok();
+  AttrReader attrs = c.attrs();
+  llvm::SmallVector<TensorType, 3> types;
+  for (TensorId input : c.node.inputs)
+    types.push_back(c.type(input));
+  ASSIGN_OR_RETURN(GemmDims dims, gemm_dims(c.def, attrs, types));
+  const double alpha = attrs.get_float("alpha"), beta = attrs.get_float("beta");
+  const bool ta = dims.trans_a, tb = dims.trans_b;
+  GraphBuilder &builder = c.builder;
+  auto gemm = [&](TensorId x, TensorId y, bool trans_x, bool trans_y, std::string_view what) {
+    return builder.op1("Gemm", {x, y},
+                       {{"alpha", alpha}, {"trans_a", flag(trans_x)}, {"trans_b", flag(trans_y)}},
+                       c.grad_name(what));
+  };
+  const TensorId a = c.input(0), b = c.input(1);
+  if (c.needs_input_grad[0])
+    c.input_grads[0] = ta ? gemm(b, dy, tb, true, "a") : gemm(dy, b, false, !tb, "a");
+  if (c.needs_input_grad[1])
+    c.input_grads[1] = tb ? gemm(dy, a, true, ta, "b") : gemm(a, dy, !ta, false, "b");
+  if (types.size() > 2 && c.needs_input_grad[2] && beta != 0.0) {
+    TensorId g = reduce_to_shape(c, dy, types[2].shape, "c");
+    if (beta != 1.0)
+      g = builder.op1("Mul", {g, scalar_constant(c, beta, types[2].dtype, "beta")}, {},
+                      c.grad_name("c.scaled"));
+    c.input_grads[2] = g;
+  }
+  return Status::ok();
+}
+
+// Forwards the attributes named in `names` (as the node has them, defaults filled in).
+std::vector<Attribute> copy_ints_attrs(const AttrReader &attrs,
+                                       std::initializer_list<std::string_view> names) {
+  std::vector<Attribute> out;
+  for (std::string_view name : names)
+    out.push_back({std::string(name), attrs.get_ints(name)});
+  return out;
+}
+
+Status layer_norm_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor) return Status::ok();
+  AttrReader attrs = c.attrs();
+  auto outs = c.builder.op(
+      "LayerNormGrad", {dy, c.input(0), c.input(1)},
+      {{"axis", attrs.get_int("axis")}, {"epsilon", attrs.get_float("epsilon")}}, c.grad_name("x"));
+  if (outs.size() != 3) return c.builder.status();
+  for (size_t i = 0; i < 3; ++i)
+    c.input_grads[i] = outs[i];
+  return Status::ok();
+}
+
+Status conv_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor) return Status::ok();
+  AttrReader attrs = c.attrs();
+  std::vector<Attribute> common = copy_ints_attrs(attrs, {"strides", "pads", "dilations"});
+  common.push_back({"group", attrs.get_int("group")});
+  if (c.needs_input_grad[0]) {
+    std::vector<Attribute> a = common;
+    a.push_back({"input_shape", dims_of(c.type(c.input(0)).shape)});
+    c.input_grads[0] = c.builder.op1("Conv2dGradInput", {dy, c.input(1)}, a, c.grad_name("x"));
+  }
+  if (c.needs_input_grad[1]) {
+    std::vector<Attribute> a = common;
+    a.push_back({"weight_shape", dims_of(c.type(c.input(1)).shape)});
+    c.input_grads[1] = c.builder.op1("Conv2dGradWeight", {dy, c.input(0)}, a, c.grad_name("w"));
+  }
+  if (c.node.inputs.size() > 2 && c.needs_input_grad[2])
+    c.input_grads[2] = c.builder.op1(
+        "ReduceSum", {dy}, {{"axes", std::vector<int64_t>{0, 2, 3}}, {"keepdims", int64_t{0}}},
+        c.grad_name("bias"));
+  return Status::ok();
+}
+
+Status max_pool_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor || !c.needs_input_grad[0]) return Status::ok();
+  AttrReader attrs = c.attrs();
+  std::vector<Attribute> a =
+      copy_ints_attrs(attrs, {"kernel_shape", "strides", "pads", "dilations"});
+  a.push_back({"ceil_mode", attrs.get_int("ceil_mode")});
+  c.input_grads[0] = c.builder.op1("MaxPool2dGrad", {dy, c.input(0)}, a, c.grad_name("x"));
+  return Status::ok();
+}
+
+Status average_pool_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor || !c.needs_input_grad[0]) return Status::ok();
+  AttrReader attrs = c.attrs();
+  std::vector<Attribute> a = copy_ints_attrs(attrs, {"kernel_shape", "strides", "pads"});
+  a.push_back({"ceil_mode", attrs.get_int("ceil_mode")});
+  a.push_back({"count_include_pad", attrs.get_int("count_include_pad")});
+  a.push_back({"input_shape", dims_of(c.type(c.input(0)).shape)});
+  c.input_grads[0] = c.builder.op1("AveragePool2dGrad", {dy}, a, c.grad_name("x"));
+  return Status::ok();
+}
+
+Status global_average_pool_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor || !c.needs_input_grad[0]) return Status::ok();
+  c.input_grads[0] =
+      c.builder.op1("GlobalAveragePoolGrad", {dy},
+                    {{"input_shape", dims_of(c.type(c.input(0)).shape)}}, c.grad_name("x"));
+  return Status::ok();
+}
+
+Status batch_norm_grad(GradContext &c) {
+  const TensorId dy = c.output_grads[0];
+  if (dy == kInvalidTensor) return Status::ok();
+  AttrReader attrs = c.attrs();
+  if (attrs.get_int("training") != 1)
+    return unimplemented("BatchNormalization: gradients need the training form (training = 1); "
+                         "the inference form with fixed statistics has no gradient rule yet");
+  auto outs = c.builder.op("BatchNormalizationGrad", {dy, c.input(0), c.input(1)},
+                           {{"epsilon", attrs.get_float("epsilon")}}, c.grad_name("x"));
+  if (outs.size() != 3) return c.builder.status();
+  // The mean and var inputs are not read in training, so they get no gradient.
+  for (size_t i = 0; i < 3; ++i)
+    c.input_grads[i] = outs[i];
+  return Status::ok();
+}
+
+Status softmax_cross_entropy_grad_rule(GradContext &c) {
+  const TensorId dloss = c.output_grads[0];
+  if (dloss == kInvalidTensor || !c.needs_input_grad[0]) return Status::ok();
+  AttrReader attrs = c.attrs();
+  c.input_grads[0] = c.builder.op1("SoftmaxCrossEntropyGrad", {dloss, c.input(0), c.input(1)},
+                                   {{"reduction", attrs.get_string("reduction")},
+                                    {"ignore_index", attrs.get_int("ignore_index")}},
+                                   c.grad_name("logits"));
+  return Status::ok();
+}
+
+Status mse_loss_grad_rule(GradContext &c) {
+  const TensorId dloss = c.output_grads[0];
+  if (dloss == kInvalidTensor) return Status::ok();
+  auto outs =
+      c.builder.op("MseLossGrad", {dloss, c.input(0), c.input(1)},
+                   {{"reduction", c.attrs().get_string("reduction")}}, c.grad_name("prediction"));
+  if (outs.size() != 2) return c.builder.status();
+  c.input_grads[0] = outs[0];
+  c.input_grads[1] = outs[1];
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
 // The table.
 
 std::vector<OpDef> make_table() {
@@ -846,7 +1517,8 @@ std::vector<OpDef> make_table() {
              int_attr("trans_b", 0, "1: use B with its last two dims swapped")},
             infer_matmul,
             matmul_cost,
-            matmul_kernel});
+            matmul_kernel,
+            matmul_grad});
   table.push_back(
       OpDef{"Gemm",
             "Y = alpha * op(A) * op(B) + beta * C for matrices A, B; C broadcasts to [M, N]",
@@ -857,7 +1529,8 @@ std::vector<OpDef> make_table() {
              int_attr("trans_b", 0, "1: use B transposed")},
             infer_gemm,
             gemm_cost,
-            gemm_kernel});
+            gemm_kernel,
+            gemm_grad});
   table.push_back(
       OpDef{"LayerNorm",
             "normalizes X over dims [axis, rank) to mean 0 and variance 1, then scales and shifts",
@@ -867,7 +1540,8 @@ std::vector<OpDef> make_table() {
              float_attr("epsilon", 1e-5, "added to the variance")},
             infer_layer_norm,
             layer_norm_cost,
-            layer_norm_kernel});
+            layer_norm_kernel,
+            layer_norm_grad});
   table.push_back(
       OpDef{"Conv2d",
             "2-D convolution (cross-correlation) of X [N, C, H, W] with W [M, C/group, kH, kW], "
@@ -880,7 +1554,8 @@ std::vector<OpDef> make_table() {
              int_attr("group", 1, "channel groups; C and M must be multiples")},
             infer_conv,
             conv_cost,
-            conv_kernel});
+            conv_kernel,
+            conv_grad});
   table.push_back(OpDef{"MaxPool2d",
                         "maximum over sliding windows of X [N, C, H, W]; padding never wins",
                         1,
@@ -892,7 +1567,8 @@ std::vector<OpDef> make_table() {
                          int_attr("ceil_mode", 0, "1: round the output size up (ONNX)")},
                         infer_pool,
                         pool_cost,
-                        pool_kernel<true>});
+                        pool_kernel<true>,
+                        max_pool_grad});
   table.push_back(
       OpDef{"AveragePool2d",
             "mean over sliding windows of X [N, C, H, W]",
@@ -905,7 +1581,8 @@ std::vector<OpDef> make_table() {
              int_attr("count_include_pad", 0, "1: padded positions count in the divisor")},
             infer_pool,
             pool_cost,
-            pool_kernel<false>});
+            pool_kernel<false>,
+            average_pool_grad});
   table.push_back(OpDef{"GlobalAveragePool",
                         "mean of each [H, W] plane of X [N, C, H, W]: Y [N, C, 1, 1]",
                         1,
@@ -913,16 +1590,22 @@ std::vector<OpDef> make_table() {
                         {},
                         infer_global_average_pool,
                         global_average_pool_cost,
-                        global_average_pool_kernel});
+                        global_average_pool_kernel,
+                        global_average_pool_grad});
   table.push_back(
       OpDef{"BatchNormalization",
-            "inference batch norm over dim 1: (X - mean) / sqrt(var + epsilon) * scale + bias",
+            "batch norm over dim 1: (X - mean) / sqrt(var + epsilon) * scale + bias; training = 1 "
+            "uses the batch's statistics",
             5,
             5,
-            {float_attr("epsilon", 1e-5, "added to the variance")},
+            {float_attr("epsilon", 1e-5, "added to the variance"),
+             int_attr("training", 0,
+                      "1: normalize with the batch's mean and biased variance over N and the "
+                      "spatial dims (the mean and var inputs are ignored)")},
             infer_batch_norm,
             batch_norm_cost,
-            batch_norm_kernel});
+            batch_norm_kernel,
+            batch_norm_grad});
   table.push_back(
       OpDef{"SoftmaxCrossEntropy",
             "cross entropy of softmax(logits) over the last dim against integer labels",
@@ -932,7 +1615,8 @@ std::vector<OpDef> make_table() {
              int_attr("ignore_index", -100, "labels equal to it add nothing and are not counted")},
             infer_softmax_cross_entropy,
             softmax_cross_entropy_cost,
-            softmax_cross_entropy_kernel});
+            softmax_cross_entropy_kernel,
+            softmax_cross_entropy_grad_rule});
   table.push_back(OpDef{"MseLoss",
                         "squared difference of prediction and target, reduced",
                         2,
@@ -940,7 +1624,104 @@ std::vector<OpDef> make_table() {
                         {string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\"")},
                         infer_mse_loss,
                         mse_loss_cost,
-                        mse_loss_kernel});
+                        mse_loss_kernel,
+                        mse_loss_grad_rule});
+
+  // Backward ops, made by the gradient rules above.
+  table.push_back(OpDef{"LayerNormGrad",
+                        "gradients of LayerNorm: dX, dScale, dBias from dY, X and scale",
+                        3,
+                        3,
+                        {int_attr("axis", -1, "first normalized dim"),
+                         float_attr("epsilon", 1e-5, "added to the variance")},
+                        infer_layer_norm_grad,
+                        layer_norm_grad_cost,
+                        layer_norm_grad_kernel});
+  table.push_back(OpDef{"Conv2dGradInput",
+                        "gradient of Conv2d with respect to X, from dY and W",
+                        2,
+                        2,
+                        {ints_attr("strides", {1, 1}, "step of the window along H and W"),
+                         ints_attr("pads", {0, 0, 0, 0}, "zero padding: top, left, bottom, right"),
+                         ints_attr("dilations", {1, 1}, "spacing of the kernel taps along H and W"),
+                         int_attr("group", 1, "channel groups"),
+                         required_ints_attr("input_shape", "shape of X [N, C, H, W]")},
+                        infer_conv_grad<true>,
+                        conv_grad_cost<true>,
+                        conv_grad_kernel<true>});
+  table.push_back(OpDef{"Conv2dGradWeight",
+                        "gradient of Conv2d with respect to W, from dY and X",
+                        2,
+                        2,
+                        {ints_attr("strides", {1, 1}, "step of the window along H and W"),
+                         ints_attr("pads", {0, 0, 0, 0}, "zero padding: top, left, bottom, right"),
+                         ints_attr("dilations", {1, 1}, "spacing of the kernel taps along H and W"),
+                         int_attr("group", 1, "channel groups"),
+                         required_ints_attr("weight_shape", "shape of W [M, C/group, kH, kW]")},
+                        infer_conv_grad<false>,
+                        conv_grad_cost<false>,
+                        conv_grad_kernel<false>});
+  table.push_back(OpDef{"MaxPool2dGrad",
+                        "gradient of MaxPool2d: dY routed to the first maximum of each window of X",
+                        2,
+                        2,
+                        {required_ints_attr("kernel_shape", "window size kH, kW"),
+                         ints_attr("strides", {1, 1}, "step of the window along H and W"),
+                         ints_attr("pads", {0, 0, 0, 0}, "padding: top, left, bottom, right"),
+                         ints_attr("dilations", {1, 1}, "spacing of the window taps along H and W"),
+                         int_attr("ceil_mode", 0, "1: round the output size up (ONNX)")},
+                        infer_max_pool_grad,
+                        pool_grad_cost,
+                        pool_grad_kernel<true>});
+  table.push_back(
+      OpDef{"AveragePool2dGrad",
+            "gradient of AveragePool2d: each window's dY spread evenly over its inputs",
+            1,
+            1,
+            {required_ints_attr("kernel_shape", "window size kH, kW"),
+             ints_attr("strides", {1, 1}, "step of the window along H and W"),
+             ints_attr("pads", {0, 0, 0, 0}, "zero padding: top, left, bottom, right"),
+             int_attr("ceil_mode", 0, "1: round the output size up (ONNX)"),
+             int_attr("count_include_pad", 0, "1: padded positions count in the divisor"),
+             required_ints_attr("input_shape", "shape of X [N, C, H, W]")},
+            infer_average_pool_grad,
+            pool_grad_cost,
+            pool_grad_kernel<false>});
+  table.push_back(OpDef{"GlobalAveragePoolGrad",
+                        "gradient of GlobalAveragePool: dY [N, C, 1, 1] / (H * W) over each plane",
+                        1,
+                        1,
+                        {required_ints_attr("input_shape", "shape of X [N, C, H, W]")},
+                        infer_global_average_pool_grad,
+                        nullptr,
+                        global_average_pool_grad_kernel});
+  table.push_back(OpDef{"BatchNormalizationGrad",
+                        "gradients of training-form BatchNormalization: dX, dScale, dBias from "
+                        "dY, X and scale",
+                        3,
+                        3,
+                        {float_attr("epsilon", 1e-5, "added to the variance")},
+                        infer_batch_norm_grad,
+                        batch_norm_grad_cost,
+                        batch_norm_grad_kernel});
+  table.push_back(
+      OpDef{"SoftmaxCrossEntropyGrad",
+            "gradient of SoftmaxCrossEntropy with respect to the logits",
+            3,
+            3,
+            {string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\""),
+             int_attr("ignore_index", -100, "rows with this label get a zero gradient")},
+            infer_softmax_cross_entropy_grad,
+            softmax_cross_entropy_cost,
+            softmax_cross_entropy_grad_kernel});
+  table.push_back(OpDef{"MseLossGrad",
+                        "gradients of MseLoss: dPrediction and dTarget = -dPrediction",
+                        3,
+                        3,
+                        {string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\"")},
+                        infer_mse_loss_grad,
+                        nullptr,
+                        mse_loss_grad_kernel});
   return table;
 }
 

@@ -1,4 +1,5 @@
-// Reductions (ReduceSum, ReduceMean, ReduceMax) and the softmax family.
+// Reductions (ReduceSum, ReduceMean, ReduceMax) and the softmax family, their
+// gradient rules and backward ops (ReduceMaxGrad, SoftmaxGrad, LogSoftmaxGrad).
 //
 // Determinism: every kernel visits the input in one fixed order that depends only
 // on the shapes, so the same inputs give bitwise the same outputs on every run.
@@ -265,6 +266,174 @@ template <bool kLog> Status softmax_kernel(const KernelContext &context) {
   return Status::ok();
 }
 
+// ---------------------------------------------------------------------------
+// Backward ops
+
+// ReduceMaxGrad(dY, X): dX is zero except at one position per reduced group, the
+// first maximum in row-major order (a NaN counts as the maximum, as in the
+// forward kernel), which receives that group's dY. Ties are not split: the whole
+// gradient goes to the first of them, which keeps dX a valid subgradient and
+// makes the choice depend only on X.
+Result<TypeList> infer_reduce_max_grad(const Node &node, const OpDef &def,
+                                       llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 1));
+  RETURN_IF_ERROR(expect_same_dtype(def, inputs));
+  ASSIGN_OR_RETURN(TypeList reduced, infer_reduce(node, def, inputs.drop_front()));
+  if (!(reduced[0] == inputs[0]))
+    return invalid_argument(def.name, ": input 0 (dY) ", inputs[0].to_string(), " is not ",
+                            reduced[0].to_string(), ", the reduction of input 1 ",
+                            inputs[1].to_string());
+  return TypeList{inputs[1]};
+}
+
+Status reduce_max_grad_kernel(const KernelContext &context) {
+  const ConstTensorView &dy = context.inputs[0];
+  const ConstTensorView &x = context.inputs[1];
+  if (x.dtype() != DType::kF32)
+    return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(x.dtype()));
+  ASSIGN_OR_RETURN(std::vector<bool> reduced, reduced_dims(context.node, context.def, *x.type));
+  llvm::ArrayRef<int64_t> shape = x.shape();
+  const size_t rank = shape.size();
+  // Group stride of each input dimension: 0 where reduced.
+  Shape group_strides(rank, 0);
+  int64_t stride = 1;
+  for (size_t d = rank; d-- > 0;) {
+    if (reduced[d]) continue;
+    group_strides[d] = stride;
+    stride *= shape[d];
+  }
+  const int64_t groups = dy.num_elements();
+  const float *in = x.as<float>();
+  float *out = context.outputs[0].as<float>();
+  const int64_t total = x.num_elements();
+  std::fill(out, out + total, 0.0f);
+  if (total == 0) return Status::ok();
+  std::vector<int64_t> best(static_cast<size_t>(groups), -1);
+  Shape index(rank, 0);
+  int64_t group = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    const int64_t b = best[group];
+    const float v = in[i];
+    if (b < 0 || v > in[b] || (v != v && in[b] == in[b])) best[group] = i;
+    for (size_t d = rank; d-- > 0;) {
+      group += group_strides[d];
+      if (++index[d] < shape[d]) break;
+      group -= group_strides[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+  const float *g = dy.as<float>();
+  for (int64_t k = 0; k < groups; ++k)
+    if (best[k] >= 0) out[best[k]] = g[k];
+  return Status::ok();
+}
+
+// SoftmaxGrad(dY, Y) and LogSoftmaxGrad(dY, Y), along `axis`:
+//   Softmax:    dX = Y * (dY - sum(dY * Y))
+//   LogSoftmax: dX = dY - e^Y * sum(dY)
+Result<TypeList> infer_softmax_grad(const Node &node, const OpDef &def,
+                                    llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(infer_softmax(node, def, inputs.drop_front()).status());
+  if (!(inputs[0] == inputs[1]))
+    return invalid_argument(def.name, ": input 0 (dY) ", inputs[0].to_string(), " and input 1 (Y) ",
+                            inputs[1].to_string(), " must have the same type");
+  return TypeList{inputs[0]};
+}
+
+template <bool kLog> Status softmax_grad_kernel(const KernelContext &context) {
+  const ConstTensorView &dy = context.inputs[0];
+  const ConstTensorView &y = context.inputs[1];
+  if (y.dtype() != DType::kF32)
+    return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(y.dtype()));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   normalize_axis(context.attrs().get_int("axis"), y.type->rank(), "axis"));
+  llvm::ArrayRef<int64_t> shape = y.shape();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d)
+    inner *= shape[d];
+  const int64_t n = shape[axis];
+  const float *g = dy.as<float>();
+  const float *v = y.as<float>();
+  float *out = context.outputs[0].as<float>();
+  std::vector<double> sum(static_cast<size_t>(inner));
+  for (int64_t o = 0; o < outer; ++o) {
+    const int64_t base = o * n * inner;
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t k = 0; k < inner; ++k) {
+        const int64_t at = base + j * inner + k;
+        sum[k] += kLog ? double(g[at]) : double(g[at]) * double(v[at]);
+      }
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t k = 0; k < inner; ++k) {
+        const int64_t at = base + j * inner + k;
+        const auto s = static_cast<float>(sum[k]);
+        if constexpr (kLog)
+          out[at] = g[at] - std::exp(v[at]) * s;
+        else
+          out[at] = v[at] * (g[at] - s);
+      }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Gradient rules
+
+// dY of a reduction brought back to X's shape: reshaped to the keepdims shape,
+// then expanded.
+Result<TensorId> spread_back(GradContext &c, TensorId dy) {
+  const TensorType x = c.type(c.input(0));
+  ASSIGN_OR_RETURN(std::vector<bool> reduced, reduced_dims(c.node, c.def, x));
+  std::vector<int64_t> kept;
+  for (size_t d = 0; d < reduced.size(); ++d)
+    kept.push_back(reduced[d] ? 1 : x.shape[d]);
+  GraphBuilder &b = c.builder;
+  if (c.attrs().get_int("keepdims") == 0)
+    dy = b.op1("Reshape", {dy}, {{"shape", kept}}, c.grad_name("keepdims"));
+  return b.op1("Expand", {dy}, {{"shape", std::vector<int64_t>(x.shape.begin(), x.shape.end())}},
+               c.grad_name("expand"));
+}
+
+Status reduce_sum_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  ASSIGN_OR_RETURN(c.input_grads[0], spread_back(c, c.output_grads[0]));
+  return Status::ok();
+}
+
+// The mean's gradient is the sum's, divided by the number of elements per group.
+Status reduce_mean_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const TensorType x = c.type(c.input(0));
+  const int64_t outputs = c.type(c.output(0)).num_elements();
+  const int64_t count = outputs == 0 ? 0 : x.num_elements() / outputs;
+  TensorId scale = c.builder.op1(
+      "Constant", {},
+      {{"dtype", std::string(dtype_name(x.dtype))},
+       {"value", std::vector<double>{count == 0 ? 0.0 : 1.0 / static_cast<double>(count)}}},
+      c.grad_name("scale"));
+  TensorId scaled = c.builder.op1("Mul", {c.output_grads[0], scale}, {}, c.grad_name("mul"));
+  ASSIGN_OR_RETURN(c.input_grads[0], spread_back(c, scaled));
+  return Status::ok();
+}
+
+Status reduce_max_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  c.input_grads[0] = c.builder.op1("ReduceMaxGrad", {c.output_grads[0], c.input(0)}, c.node.attrs,
+                                   c.grad_name("max"));
+  return Status::ok();
+}
+
+template <bool kLog> Status softmax_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const char *op = kLog ? "LogSoftmaxGrad" : "SoftmaxGrad";
+  c.input_grads[0] =
+      c.builder.op1(op, {c.output_grads[0], c.output(0)}, c.node.attrs, c.grad_name(op));
+  return Status::ok();
+}
+
 // Costs per input element: reductions 1 FLOP; softmax 4 (max, subtract and
 // exponentiate, sum, scale).
 OpCost per_input_cost(llvm::ArrayRef<TensorType> inputs, llvm::ArrayRef<TensorType> outputs,
@@ -284,44 +453,56 @@ OpCost softmax_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inpu
   return per_input_cost(inputs, outputs, 4);
 }
 
-OpDef reduce(std::string_view name, std::string_view summary, CpuKernelFn kernel) {
+OpDef reduce(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad,
+             int inputs = 1, InferFn infer = infer_reduce) {
   return OpDef{
       name,
       summary,
-      1,
-      1,
+      inputs,
+      inputs,
       {{"axes", AttrType::kInts, AttrValue{std::vector<int64_t>{}},
         "axes to reduce; [] reduces all"},
        {"keepdims", AttrType::kInt, AttrValue{int64_t{1}}, "1 keeps reduced axes as size 1"}},
-      infer_reduce,
+      infer,
       reduce_cost,
-      kernel};
+      kernel,
+      grad};
 }
 
-OpDef softmax(std::string_view name, std::string_view summary, CpuKernelFn kernel) {
+OpDef softmax(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad,
+              int inputs = 1, InferFn infer = infer_softmax) {
   return OpDef{name,
                summary,
-               1,
-               1,
+               inputs,
+               inputs,
                {{"axis", AttrType::kInt, AttrValue{int64_t{-1}}, "axis normalized over"}},
-               infer_softmax,
+               infer,
                softmax_cost,
-               kernel};
+               kernel,
+               grad};
 }
 
 std::vector<OpDef> make_table() {
   std::vector<OpDef> table;
   table.push_back(reduce("ReduceSum", "Y = sum of X over axes (1 FLOP per input element)",
-                         reduce_kernel<Reduction::kSum>));
+                         reduce_kernel<Reduction::kSum>, reduce_sum_grad));
   table.push_back(reduce("ReduceMean", "Y = mean of X over axes (1 FLOP per input element)",
-                         reduce_kernel<Reduction::kMean>));
+                         reduce_kernel<Reduction::kMean>, reduce_mean_grad));
   table.push_back(reduce("ReduceMax", "Y = max of X over axes (1 FLOP per input element)",
-                         reduce_kernel<Reduction::kMax>));
+                         reduce_kernel<Reduction::kMax>, reduce_max_grad));
   table.push_back(softmax("Softmax", "Y = softmax of X along axis (4 FLOPs per input element)",
-                          softmax_kernel<false>));
+                          softmax_kernel<false>, softmax_grad<false>));
   table.push_back(softmax("LogSoftmax",
                           "Y = log of softmax of X along axis (4 FLOPs per input element)",
-                          softmax_kernel<true>));
+                          softmax_kernel<true>, softmax_grad<true>));
+  // Backward ops (inputs dY first).
+  table.push_back(reduce("ReduceMaxGrad",
+                         "dX = dY at the first max of each reduced group of X, else 0",
+                         reduce_max_grad_kernel, nullptr, 2, infer_reduce_max_grad));
+  table.push_back(softmax("SoftmaxGrad", "dX = Y * (dY - sum(dY * Y)) along axis (inputs dY, Y)",
+                          softmax_grad_kernel<false>, nullptr, 2, infer_softmax_grad));
+  table.push_back(softmax("LogSoftmaxGrad", "dX = dY - e^Y * sum(dY) along axis (inputs dY, Y)",
+                          softmax_grad_kernel<true>, nullptr, 2, infer_softmax_grad));
   return table;
 }
 

@@ -1,4 +1,5 @@
-// Shape ops: ops that move or select elements without arithmetic, plus Constant.
+// Shape ops: ops that move or select elements without arithmetic, plus Constant,
+// their gradient rules and the backward ops those need (SliceGrad, GatherGrad).
 //
 // Every kernel here works on bytes, so it runs on every dtype. Transpose and Slice
 // share one strided copy: the output is written contiguously while the input is
@@ -694,6 +695,284 @@ OpCost constant_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType>,
 }
 
 // ---------------------------------------------------------------------------
+// Expand
+
+Result<TypeList> infer_expand(const Node &node, const OpDef &def,
+                              llvm::ArrayRef<TensorType> inputs) {
+  std::vector<int64_t> target = AttrReader(node, def).get_ints("shape");
+  for (int64_t d : target)
+    if (d < 0)
+      return invalid_argument(def.name, ": attribute 'shape' = ", ints_to_string(target),
+                              " has negative dimension ", d);
+  Result<Shape> shape = broadcast_shapes(inputs[0].shape, target);
+  if (!shape.is_ok())
+    return std::move(shape).take_status().with_context(
+        str_cat(def.name, ": input 0 ", inputs[0].to_string(), " and attribute 'shape' ",
+                ints_to_string(target)));
+  RETURN_IF_ERROR(checked_num_elements(*shape).status());
+  return one(inputs[0].dtype, std::move(*shape));
+}
+
+// A strided copy whose input stride is 0 along every broadcast dimension.
+Status expand_kernel(const KernelContext &context) {
+  const ConstTensorView &x = context.inputs[0];
+  const TensorView &y = context.outputs[0];
+  const size_t rank = y.shape().size();
+  const size_t offset = rank - x.shape().size();
+  Shape own = contiguous_strides(x.shape());
+  Shape strides(rank, 0);
+  for (size_t d = 0; d < x.shape().size(); ++d)
+    strides[offset + d] = x.shape()[d] == 1 ? 0 : own[d];
+  strided_copy(x.data, 0, y.shape(), strides, y.data, element_size(x));
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// SliceGrad: dX = zeros of X's shape with dY written where Slice read it.
+
+Result<Shape> slice_grad_input_shape(const Node &node, const OpDef &def) {
+  std::vector<int64_t> dims = AttrReader(node, def).get_ints("shape");
+  Shape shape(dims.begin(), dims.end());
+  for (int64_t d : shape)
+    if (d < 0)
+      return invalid_argument(def.name, ": attribute 'shape' = ", ints_to_string(dims),
+                              " has negative dimension ", d);
+  RETURN_IF_ERROR(checked_num_elements(shape).status());
+  return shape;
+}
+
+Result<TypeList> infer_slice_grad(const Node &node, const OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(Shape shape, slice_grad_input_shape(node, def));
+  TensorType x{inputs[0].dtype, shape};
+  ASSIGN_OR_RETURN(SlicePlan plan, plan_slice(node, def, x));
+  if (!(llvm::ArrayRef<int64_t>(plan.length) == llvm::ArrayRef<int64_t>(inputs[0].shape)))
+    return invalid_argument(def.name, ": input 0 (dY) ", inputs[0].to_string(),
+                            " is not the shape ", shape_to_string(plan.length),
+                            " that the slice takes from ", x.to_string());
+  return TypeList{std::move(x)};
+}
+
+Status slice_grad_kernel(const KernelContext &context) {
+  const ConstTensorView &dy = context.inputs[0];
+  const TensorView &dx = context.outputs[0];
+  ASSIGN_OR_RETURN(SlicePlan plan, plan_slice(context.node, context.def, *dx.type));
+  const size_t esize = dtype_size(dx.dtype());
+  std::memset(dx.data, 0, static_cast<size_t>(dx.type->size_bytes()));
+  const int64_t total = dy.num_elements();
+  if (total == 0) return Status::ok();
+  Shape out_strides = contiguous_strides(dx.shape());
+  const size_t rank = out_strides.size();
+  int64_t base = 0;
+  Shape strides(rank, 0);
+  for (size_t d = 0; d < rank; ++d) {
+    base += plan.start[d] * out_strides[d];
+    strides[d] = plan.step[d] * out_strides[d];
+  }
+  const auto *in = static_cast<const std::byte *>(dy.data);
+  auto *out = static_cast<std::byte *>(dx.data);
+  Shape index(rank, 0);
+  int64_t offset = base;
+  for (int64_t i = 0; i < total; ++i) {
+    std::memcpy(out + offset * static_cast<int64_t>(esize), in + i * static_cast<int64_t>(esize),
+                esize);
+    for (size_t d = rank; d-- > 0;) {
+      offset += strides[d];
+      if (++index[d] < plan.length[d]) break;
+      offset -= strides[d] * plan.length[d];
+      index[d] = 0;
+    }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// GatherGrad: dData = zeros of data's shape, then dY's rows added at the indices.
+
+Result<TypeList> infer_gather_grad(const Node &node, const OpDef &def,
+                                   llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  AttrReader attrs(node, def);
+  std::vector<int64_t> dims = attrs.get_ints("shape");
+  TensorType data{inputs[0].dtype, Shape(dims.begin(), dims.end())};
+  for (int64_t d : dims)
+    if (d < 0)
+      return invalid_argument(def.name, ": attribute 'shape' = ", ints_to_string(dims),
+                              " has negative dimension ", d);
+  // The forward Gather's output type must be dY's.
+  std::vector<TensorType> forward{data, inputs[1]};
+  ASSIGN_OR_RETURN(TypeList gathered, infer_gather(node, def, forward));
+  if (!(gathered[0] == inputs[0]))
+    return invalid_argument(def.name, ": input 0 (dY) ", inputs[0].to_string(), " is not ",
+                            gathered[0].to_string(), ", what Gather of ", data.to_string(),
+                            " by indices ", inputs[1].to_string(), " gives");
+  return TypeList{std::move(data)};
+}
+
+// Accumulates sequentially in index order (then row order), so the result does
+// not depend on anything but the inputs; a repeated index sums its rows.
+template <typename Index> Status gather_grad_typed(const KernelContext &context, int64_t axis) {
+  const ConstTensorView &dy = context.inputs[0];
+  const ConstTensorView &indices = context.inputs[1];
+  const TensorView &dx = context.outputs[0];
+  const Index *index = indices.as<Index>();
+  const int64_t count = indices.num_elements();
+  llvm::ArrayRef<int64_t> shape = dx.shape();
+  const int64_t bound = shape[axis];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t value = index[i];
+    if (value < -bound || value >= bound)
+      return out_of_range(context.def.name, ": index ", value, " (element ", i,
+                          " of input 1) is out of range for dimension ", axis, " of size ", bound,
+                          " of the gradient ", dx.type->to_string());
+  }
+  const int64_t outer = product(shape.take_front(axis));
+  const int64_t inner = product(shape.drop_front(axis + 1));
+  float *out = dx.as<float>();
+  const float *in = dy.as<float>();
+  std::fill(out, out + dx.num_elements(), 0.0f);
+  for (int64_t o = 0; o < outer; ++o) {
+    float *block = out + o * bound * inner;
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t value = index[i];
+      if (value < 0) value += bound;
+      float *row = block + value * inner;
+      for (int64_t k = 0; k < inner; ++k)
+        row[k] += in[k];
+      in += inner;
+    }
+  }
+  return Status::ok();
+}
+
+Status gather_grad_kernel(const KernelContext &context) {
+  const TensorView &dx = context.outputs[0];
+  if (dx.dtype() != DType::kF32)
+    return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(dx.dtype()));
+  ASSIGN_OR_RETURN(int64_t axis,
+                   normalize_axis(context.attrs().get_int("axis"), dx.type->rank(), "axis"));
+  switch (context.inputs[1].dtype()) {
+  case DType::kI32: return gather_grad_typed<int32_t>(context, axis);
+  case DType::kI64: return gather_grad_typed<int64_t>(context, axis);
+  default:
+    return unimplemented(context.def.name, ": indices of dtype ",
+                         dtype_name(context.inputs[1].dtype()));
+  }
+}
+
+// One FLOP per dY element; dY and the indices are read, dX written once.
+OpCost gather_grad_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                        llvm::ArrayRef<TensorType> outputs) {
+  OpCost cost;
+  cost.flops = static_cast<double>(inputs[0].num_elements());
+  cost.bytes_read = static_cast<double>(inputs[0].size_bytes() + inputs[1].size_bytes());
+  cost.bytes_written = static_cast<double>(outputs[0].size_bytes());
+  return cost;
+}
+
+// ---------------------------------------------------------------------------
+// Gradient rules
+
+std::vector<int64_t> dims_of(GradContext &c, TensorId id) {
+  const Shape &shape = c.type(id).shape;
+  return std::vector<int64_t>(shape.begin(), shape.end());
+}
+
+Status pass_through(GradContext &c) {
+  if (c.needs_input_grad[0]) c.input_grads[0] = c.output_grads[0];
+  return Status::ok();
+}
+
+// Reshape, Flatten, Squeeze, Unsqueeze: dX = dY reshaped back to X's shape.
+Status reshape_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  c.input_grads[0] = c.builder.op1("Reshape", {c.output_grads[0]},
+                                   {{"shape", dims_of(c, c.input(0))}}, c.grad_name("reshape"));
+  return Status::ok();
+}
+
+// dX = dY transposed by the inverse permutation.
+Status transpose_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  ASSIGN_OR_RETURN(Shape perm, transpose_perm(c.node, c.def, c.type(c.input(0))));
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i)
+    inverse[perm[i]] = static_cast<int64_t>(i);
+  c.input_grads[0] = c.builder.op1("Transpose", {c.output_grads[0]}, {{"perm", inverse}},
+                                   c.grad_name("transpose"));
+  return Status::ok();
+}
+
+// dY split back into the inputs' extents along the axis.
+Status concat_grad(GradContext &c) {
+  const int64_t rank = c.type(c.input(0)).rank();
+  ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c.attrs().get_int("axis"), rank, "axis"));
+  std::vector<int64_t> sizes;
+  for (TensorId input : c.node.inputs)
+    sizes.push_back(c.type(input).shape[axis]);
+  if (sizes.size() == 1) return pass_through(c);
+  auto pieces = c.builder.op("Split", {c.output_grads[0]}, {{"axis", axis}, {"split", sizes}},
+                             c.grad_name("split"));
+  if (pieces.size() != sizes.size()) return c.builder.status();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (c.needs_input_grad[i]) c.input_grads[i] = pieces[i];
+  return Status::ok();
+}
+
+// The output gradients joined along the axis; an output no gradient reached
+// contributes zeros.
+Status split_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const int64_t axis = c.attrs().get_int("axis");
+  std::vector<TensorId> pieces;
+  for (size_t i = 0; i < c.output_grads.size(); ++i) {
+    TensorId grad = c.output_grads[i];
+    if (grad == kInvalidTensor) {
+      const TensorType type = c.type(c.output(i));
+      grad = c.builder.op1("Constant", {},
+                           {{"dtype", std::string(dtype_name(type.dtype))},
+                            {"shape", std::vector<int64_t>(type.shape.begin(), type.shape.end())},
+                            {"value", std::vector<double>{0.0}}},
+                           c.grad_name(str_cat("zero", i)));
+    }
+    pieces.push_back(grad);
+  }
+  c.input_grads[0] = c.builder.op1("Concat", pieces, {{"axis", axis}}, c.grad_name("concat"));
+  return Status::ok();
+}
+
+// SliceGrad with the forward slice's attributes and X's shape.
+Status slice_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  std::vector<Attribute> attrs = c.node.attrs;
+  attrs.push_back({"shape", dims_of(c, c.input(0))});
+  c.input_grads[0] =
+      c.builder.op1("SliceGrad", {c.output_grads[0]}, std::move(attrs), c.grad_name("slice"));
+  return Status::ok();
+}
+
+// The data gets a scatter-add; the indices get nothing.
+Status gather_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  c.input_grads[0] =
+      c.builder.op1("GatherGrad", {c.output_grads[0], c.input(1)},
+                    {{"axis", c.attrs().get_int("axis")}, {"shape", dims_of(c, c.input(0))}},
+                    c.grad_name("gather"));
+  return Status::ok();
+}
+
+// Expand: the broadcast gradient summed back to X's shape.
+Status expand_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const Shape shape = c.type(c.input(0)).shape;
+  c.input_grads[0] = reduce_to_shape(c, c.output_grads[0], shape, "expand");
+  return Status::ok();
+}
+
+// Constant has no inputs: nothing to do.
+Status no_inputs_grad(GradContext &) { return Status::ok(); }
+
+// ---------------------------------------------------------------------------
 // The table
 
 AttrValue ints(std::vector<int64_t> values) { return AttrValue{std::move(values)}; }
@@ -709,7 +988,8 @@ std::vector<OpDef> make_table() {
                           "new dims; at most one -1 (inferred), 0 copies the input dim"}},
                         infer_reshape,
                         move_cost,
-                        copy_kernel});
+                        copy_kernel,
+                        reshape_grad});
   table.push_back(OpDef{"Flatten",
                         "Y = X as 2-D [prod(dims[:axis]), prod(dims[axis:])]",
                         1,
@@ -717,7 +997,8 @@ std::vector<OpDef> make_table() {
                         {{"axis", AttrType::kInt, int_value(1), "first dim of the second group"}},
                         infer_flatten,
                         move_cost,
-                        copy_kernel});
+                        copy_kernel,
+                        reshape_grad});
   table.push_back(OpDef{"Transpose",
                         "Y = X with dims permuted: Y.shape[i] = X.shape[perm[i]]",
                         1,
@@ -725,7 +1006,8 @@ std::vector<OpDef> make_table() {
                         {{"perm", AttrType::kInts, ints({}), "permutation; [] reverses the dims"}},
                         infer_transpose,
                         move_cost,
-                        transpose_kernel});
+                        transpose_kernel,
+                        transpose_grad});
   table.push_back(OpDef{"Concat",
                         "Y = inputs joined along axis",
                         1,
@@ -733,7 +1015,8 @@ std::vector<OpDef> make_table() {
                         {{"axis", AttrType::kInt, std::nullopt, "axis to join along"}},
                         infer_concat,
                         move_cost,
-                        concat_kernel});
+                        concat_kernel,
+                        concat_grad});
   table.push_back(OpDef{"Split",
                         "Y0..Yn-1 = X cut along axis into pieces of the given sizes",
                         1,
@@ -742,7 +1025,8 @@ std::vector<OpDef> make_table() {
                          {"split", AttrType::kInts, std::nullopt, "sizes, summing to the dim"}},
                         infer_split,
                         move_cost,
-                        split_kernel});
+                        split_kernel,
+                        split_grad});
   table.push_back(OpDef{"Slice",
                         "Y = X[starts:ends:steps] along axes, with ONNX clamping",
                         1,
@@ -753,7 +1037,8 @@ std::vector<OpDef> make_table() {
                          {"steps", AttrType::kInts, ints({}), "steps, nonzero; [] means all 1"}},
                         infer_slice,
                         select_cost,
-                        slice_kernel});
+                        slice_kernel,
+                        slice_grad});
   table.push_back(OpDef{"Unsqueeze",
                         "Y = X with size-1 dims inserted at axes (positions in Y)",
                         1,
@@ -761,7 +1046,8 @@ std::vector<OpDef> make_table() {
                         {{"axes", AttrType::kInts, std::nullopt, "positions of new dims in Y"}},
                         infer_unsqueeze,
                         move_cost,
-                        copy_kernel});
+                        copy_kernel,
+                        reshape_grad});
   table.push_back(OpDef{"Squeeze",
                         "Y = X with size-1 dims removed",
                         1,
@@ -769,7 +1055,8 @@ std::vector<OpDef> make_table() {
                         {{"axes", AttrType::kInts, ints({}), "dims to remove; [] = every size-1"}},
                         infer_squeeze,
                         move_cost,
-                        copy_kernel});
+                        copy_kernel,
+                        reshape_grad});
   table.push_back(OpDef{"Gather",
                         "Y = data indexed by indices along axis",
                         2,
@@ -777,7 +1064,8 @@ std::vector<OpDef> make_table() {
                         {{"axis", AttrType::kInt, int_value(0), "axis of data to index"}},
                         infer_gather,
                         select_cost,
-                        gather_kernel});
+                        gather_kernel,
+                        gather_grad});
   table.push_back(
       OpDef{"Constant",
             "Y = a tensor given by attributes",
@@ -788,7 +1076,38 @@ std::vector<OpDef> make_table() {
              {"value", AttrType::kFloats, std::nullopt, "1 element (fill) or exactly prod(shape)"}},
             infer_constant,
             constant_cost,
-            constant_kernel});
+            constant_kernel,
+            no_inputs_grad});
+  table.push_back(OpDef{"Expand",
+                        "Y = X broadcast (NumPy rules) against attribute shape",
+                        1,
+                        1,
+                        {{"shape", AttrType::kInts, std::nullopt, "shape X is broadcast against"}},
+                        infer_expand,
+                        move_cost,
+                        expand_kernel,
+                        expand_grad});
+  table.push_back(OpDef{"SliceGrad",
+                        "dX = zeros of attribute shape with dY written where Slice read",
+                        1,
+                        1,
+                        {{"axes", AttrType::kInts, ints({}), "as Slice"},
+                         {"ends", AttrType::kInts, std::nullopt, "as Slice"},
+                         {"shape", AttrType::kInts, std::nullopt, "shape of the sliced input X"},
+                         {"starts", AttrType::kInts, std::nullopt, "as Slice"},
+                         {"steps", AttrType::kInts, ints({}), "as Slice"}},
+                        infer_slice_grad,
+                        move_cost,
+                        slice_grad_kernel});
+  table.push_back(OpDef{"GatherGrad",
+                        "dData = zeros of attribute shape plus dY rows added at indices along axis",
+                        2,
+                        2,
+                        {{"axis", AttrType::kInt, int_value(0), "as Gather"},
+                         {"shape", AttrType::kInts, std::nullopt, "shape of Gather's data"}},
+                        infer_gather_grad,
+                        gather_grad_cost,
+                        gather_grad_kernel});
   return table;
 }
 

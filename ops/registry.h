@@ -161,6 +161,7 @@ std::span<const OpDef> elementwise_ops();
 std::span<const OpDef> shape_ops();
 std::span<const OpDef> reduction_ops();
 std::span<const OpDef> nn_ops();
+std::span<const OpDef> optimizer_ops();
 
 // Helpers for infer functions and kernels.
 

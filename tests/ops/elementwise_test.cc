@@ -299,10 +299,12 @@ TEST(ElementwiseTest, CastBetweenEveryPairOfDtypes) {
   }
 }
 
-TEST(ElementwiseTest, DropoutTrainingIsUnimplemented) {
+// The training form is tested in elementwise_grad_test.cc; here only the checks.
+TEST(ElementwiseTest, DropoutRejectsBadAttributesAndStep) {
   TestTensor x = zeros(DType::kF32, {4});
-  expect_error(run_op("Dropout", {x}, {int_attr("training", 1)}).status, {"Dropout", "training"});
+  expect_error(run_op("Dropout", {x}, {int_attr("training", 2)}).status, {"Dropout", "training"});
   expect_error(run_op("Dropout", {x}, {float_attr("ratio", 1.5)}).status, {"Dropout", "ratio"});
+  expect_error(run_op("Dropout", {x, zeros(DType::kF32, {})}).status, {"Dropout", "step"});
 }
 
 TEST(ElementwiseTest, UnsupportedDtypesAreRefusedByName) {

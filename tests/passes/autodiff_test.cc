@@ -81,15 +81,19 @@ TEST(AutodiffTest, RejectsNonScalarLossAndIntegerTargets) {
   TensorId x = b.input("x", DType::kF32, {4});
   TensorId i = b.input("i", DType::kI64, {4});
   TensorId y = b.op1("Mul", {x, x}, {}, "y");
-  b.output(y);
+  TensorId loss = b.op1("ReduceSum", {y}, {{"keepdims", int64_t{0}}}, "loss");
+  b.output(loss);
   Graph g = std::move(b).finish().value();
+  const size_t nodes = g.num_nodes();
   auto not_scalar = passes::append_backward(g, y, {x});
   ASSERT_FALSE(not_scalar.is_ok());
   EXPECT_NE(not_scalar.status().message().find("loss 'y' must be a floating-point scalar"),
             std::string::npos);
-  auto integer = passes::append_backward(g, y, {i});
+  auto integer = passes::append_backward(g, loss, {i});
   ASSERT_FALSE(integer.is_ok());
-  EXPECT_NE(integer.status().message().find("'i': it is i64"), std::string::npos);
+  EXPECT_NE(integer.status().message().find("'i': it is i64"), std::string::npos)
+      << integer.status().message();
+  EXPECT_EQ(g.num_nodes(), nodes) << "a failed pass must leave the graph as it was";
 }
 
 } // namespace

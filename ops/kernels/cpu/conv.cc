@@ -46,6 +46,30 @@ void im2col(const Conv2dParams &p, const float *x, int64_t channels, float *col)
   }
 }
 
+// The adjoint of im2col: adds every entry of a [C/group * kH * kW, oH * oW]
+// patch matrix back into the input position it was read from (padding taps are
+// dropped). Accumulates into `x`, in a fixed order.
+void col2im(const Conv2dParams &p, const float *col, int64_t channels, float *x) {
+  const int64_t out_plane = p.out_h * p.out_w;
+  for (int64_t c = 0; c < channels; ++c) {
+    float *plane = x + c * p.in_h * p.in_w;
+    for (int64_t ky = 0; ky < p.kernel_h; ++ky) {
+      for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+        const float *row = col + ((c * p.kernel_h + ky) * p.kernel_w + kx) * out_plane;
+        for (int64_t oy = 0; oy < p.out_h; ++oy) {
+          const int64_t iy = oy * p.stride_h - p.pad_top + ky * p.dilation_h;
+          if (iy < 0 || iy >= p.in_h) continue;
+          const float *in = row + oy * p.out_w;
+          for (int64_t ox = 0; ox < p.out_w; ++ox) {
+            const int64_t ix = ox * p.stride_w - p.pad_left + kx * p.dilation_w;
+            if (ix >= 0 && ix < p.in_w) plane[iy * p.in_w + ix] += in[ox];
+          }
+        }
+      }
+    }
+  }
+}
+
 #if STRATA_HAVE_DNNL
 // A convolution for one set of sizes. The primitive picks its own (blocked)
 // layouts, which run faster than plain NCHW on AVX-512 (but see 1x1 below); reorders
@@ -203,6 +227,112 @@ Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, cons
   }
   return Status::ok();
 }
+
+// A backward convolution (data or weights) for one set of sizes, on the plain
+// NCHW / [M, C/group, kH, kW] layouts, so no reorders are needed.
+struct CachedConvBackward {
+  dnnl::primitive primitive;
+  dnnl::memory::desc src, weights, dst; // src / weights: whichever is the output is the diff
+  dnnl::memory::desc scratchpad;
+};
+
+enum class BackwardKind : int64_t { kData = 2, kWeights = 3 };
+
+class ConvBackwardCache {
+public:
+  static ConvBackwardCache &instance() {
+    static ConvBackwardCache cache;
+    return cache;
+  }
+
+  std::shared_ptr<const CachedConvBackward> get(const Conv2dParams &p, BackwardKind kind) {
+    ConvKey key = conv_key(p, false);
+    key.back() = static_cast<int64_t>(kind);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return it->second;
+    }
+    auto built = build(p, kind);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.emplace(key, std::move(built)).first->second;
+  }
+
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(entries_.size());
+  }
+
+private:
+  static std::shared_ptr<const CachedConvBackward> build(const Conv2dParams &p, BackwardKind kind) {
+    using dnnl::memory;
+    using tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims weight_dims =
+        p.group == 1 ? memory::dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w}
+                     : memory::dims{p.group, p.out_channels / p.group, p.in_channels / p.group,
+                                    p.kernel_h, p.kernel_w};
+    memory::dims strides{p.stride_h, p.stride_w};
+    memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
+    memory::dims pad_l{p.pad_top, p.pad_left};
+    memory::dims pad_r{p.pad_bottom, p.pad_right};
+    memory::desc src({p.batch, p.in_channels, p.in_h, p.in_w}, f32, tag::nchw);
+    memory::desc dst({p.batch, p.out_channels, p.out_h, p.out_w}, f32, tag::nchw);
+    memory::desc weights(weight_dims, f32, p.group == 1 ? tag::oihw : tag::goihw);
+    const auto algo = dnnl::algorithm::convolution_direct;
+    // Backward primitives take the matching forward (training) one as a hint.
+    dnnl::convolution_forward::primitive_desc hint(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src, weights, dst,
+                                        strides, dilates, pad_l, pad_r),
+        cpu_engine());
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (kind == BackwardKind::kData) {
+      dnnl::convolution_backward_data::primitive_desc desc(
+          dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, dilates, pad_l,
+                                                pad_r),
+          attr, cpu_engine(), hint);
+      return std::make_shared<CachedConvBackward>(CachedConvBackward{
+          dnnl::convolution_backward_data(desc), src, weights, dst, desc.scratchpad_desc()});
+    }
+    dnnl::convolution_backward_weights::primitive_desc desc(
+        dnnl::convolution_backward_weights::desc(algo, src, weights, dst, strides, dilates, pad_l,
+                                                 pad_r),
+        attr, cpu_engine(), hint);
+    return std::make_shared<CachedConvBackward>(CachedConvBackward{
+        dnnl::convolution_backward_weights(desc), src, weights, dst, desc.scratchpad_desc()});
+  }
+
+  std::mutex mutex_;
+  std::map<ConvKey, std::shared_ptr<const CachedConvBackward>> entries_;
+};
+
+Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const float *dy,
+                              const float *other, float *out) {
+  try {
+    std::shared_ptr<const CachedConvBackward> conv = ConvBackwardCache::instance().get(p, kind);
+    const dnnl::engine &engine = cpu_engine();
+    dnnl::stream stream(engine);
+    AlignedBytes scratch_bytes(conv->scratchpad.get_size());
+    dnnl::memory scratch(conv->scratchpad, engine, scratch_bytes.data);
+    dnnl::memory diff_dst(conv->dst, engine, const_cast<float *>(dy));
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, diff_dst},
+                                               {DNNL_ARG_SCRATCHPAD, scratch}};
+    if (kind == BackwardKind::kData) {
+      args.emplace(DNNL_ARG_WEIGHTS,
+                   dnnl::memory(conv->weights, engine, const_cast<float *>(other)));
+      args.emplace(DNNL_ARG_DIFF_SRC, dnnl::memory(conv->src, engine, out));
+    } else {
+      args.emplace(DNNL_ARG_SRC, dnnl::memory(conv->src, engine, const_cast<float *>(other)));
+      args.emplace(DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(conv->weights, engine, out));
+    }
+    conv->primitive.execute(stream, args);
+    stream.wait();
+  } catch (const dnnl::error &e) {
+    return internal_error("oneDNN convolution backward failed: ", e.what());
+  }
+  return Status::ok();
+}
 #endif
 
 } // namespace
@@ -241,6 +371,82 @@ Status conv2d_forward(const Conv2dParams &params, const float *x, const float *w
   if (params.in_channels > 0) return conv2d_onednn(params, x, w, bias, y);
 #endif
   return conv2d_forward_im2col(params, x, w, bias, y);
+}
+
+Status conv2d_backward_data_im2col(const Conv2dParams &p, const float *dy, const float *w,
+                                   float *dx) {
+  const int64_t group_in = p.in_channels / p.group;
+  const int64_t group_out = p.out_channels / p.group;
+  const int64_t patch = group_in * p.kernel_h * p.kernel_w;
+  const int64_t out_plane = p.out_h * p.out_w;
+  std::fill(dx, dx + p.batch * p.in_channels * p.in_h * p.in_w, 0.0f);
+  if (out_plane == 0 || patch == 0) return Status::ok();
+  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  for (int64_t n = 0; n < p.batch; ++n)
+    for (int64_t g = 0; g < p.group; ++g) {
+      const float *dy_group = dy + (n * p.out_channels + g * group_out) * out_plane;
+      float *dx_group = dx + (n * p.in_channels + g * group_in) * p.in_h * p.in_w;
+      if (group_out == 0) continue;
+      // col = W_g^T dY_g: the gradient of every patch entry, then scattered back.
+      sgemm(GemmShape{true, false, patch, out_plane, group_out}, 1.0f, w + g * group_out * patch,
+            patch, dy_group, out_plane, 0.0f, col.data(), out_plane);
+      col2im(p, col.data(), group_in, dx_group);
+    }
+  return Status::ok();
+}
+
+Status conv2d_backward_weights_im2col(const Conv2dParams &p, const float *dy, const float *x,
+                                      float *dw) {
+  const int64_t group_in = p.in_channels / p.group;
+  const int64_t group_out = p.out_channels / p.group;
+  const int64_t patch = group_in * p.kernel_h * p.kernel_w;
+  const int64_t out_plane = p.out_h * p.out_w;
+  std::fill(dw, dw + p.out_channels * patch, 0.0f);
+  if (out_plane == 0 || patch == 0 || group_out == 0) return Status::ok();
+  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  for (int64_t n = 0; n < p.batch; ++n)
+    for (int64_t g = 0; g < p.group; ++g) {
+      im2col(p, x + (n * p.in_channels + g * group_in) * p.in_h * p.in_w, group_in, col.data());
+      // dW_g += dY_g col^T, images added in order.
+      sgemm(GemmShape{false, true, group_out, patch, out_plane}, 1.0f,
+            dy + (n * p.out_channels + g * group_out) * out_plane, out_plane, col.data(), out_plane,
+            1.0f, dw + g * group_out * patch, patch);
+    }
+  return Status::ok();
+}
+
+#if STRATA_HAVE_DNNL
+namespace {
+// oneDNN refuses empty sizes; the im2col paths handle them.
+bool onednn_can_run(const Conv2dParams &p) {
+  return p.batch > 0 && p.in_channels > 0 && p.out_channels > 0 && p.out_h > 0 && p.out_w > 0;
+}
+} // namespace
+#endif
+
+Status conv2d_backward_data(const Conv2dParams &params, const float *dy, const float *w,
+                            float *dx) {
+#if STRATA_HAVE_DNNL
+  if (onednn_can_run(params)) return conv2d_backward_onednn(params, BackwardKind::kData, dy, w, dx);
+#endif
+  return conv2d_backward_data_im2col(params, dy, w, dx);
+}
+
+Status conv2d_backward_weights(const Conv2dParams &params, const float *dy, const float *x,
+                               float *dw) {
+#if STRATA_HAVE_DNNL
+  if (onednn_can_run(params))
+    return conv2d_backward_onednn(params, BackwardKind::kWeights, dy, x, dw);
+#endif
+  return conv2d_backward_weights_im2col(params, dy, x, dw);
+}
+
+int64_t conv2d_backward_primitive_cache_size() {
+#if STRATA_HAVE_DNNL
+  return ConvBackwardCache::instance().size();
+#else
+  return 0;
+#endif
 }
 
 int64_t conv2d_primitive_cache_size() {

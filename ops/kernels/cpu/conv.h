@@ -40,8 +40,25 @@ Status conv2d_forward(const Conv2dParams &params, const float *x, const float *w
 Status conv2d_forward_im2col(const Conv2dParams &params, const float *x, const float *w,
                              const float *bias, float *y);
 
+// The gradients of Y = conv(X, W) given dY (bias gradients are a plain sum of dY
+// over N, H and W). backward_data writes dX [N, C, H, W]; backward_weights writes
+// dW [M, C/group, kH, kW]. Both overwrite their output. With oneDNN they run a
+// cached backward primitive on the plain layouts, else im2col / col2im and sgemm.
+// Results are the same bits for the same inputs and thread count.
+Status conv2d_backward_data(const Conv2dParams &params, const float *dy, const float *w, float *dx);
+Status conv2d_backward_weights(const Conv2dParams &params, const float *dy, const float *x,
+                               float *dw);
+
+// The im2col paths of the two above, always built.
+Status conv2d_backward_data_im2col(const Conv2dParams &params, const float *dy, const float *w,
+                                   float *dx);
+Status conv2d_backward_weights_im2col(const Conv2dParams &params, const float *dy, const float *x,
+                                      float *dw);
+
 // Number of distinct oneDNN convolution primitives created so far (0 without
 // oneDNN); repeated runs of one shape reuse a primitive.
 int64_t conv2d_primitive_cache_size();
+// The same for the backward (data and weights) primitives.
+int64_t conv2d_backward_primitive_cache_size();
 
 } // namespace strata::ops::cpu
