@@ -14,7 +14,9 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "serialization/file_io.h"
+#include "serialization/json_text.h"
 #include "serialization/model_generated.h"
+#include "serialization/model_io_internal.h"
 #include "serialization/model_schema.h"
 #include "serialization/safetensors.h"
 
@@ -23,15 +25,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The schema revision this build writes and the newest it reads.
-constexpr uint32_t kSchemaVersion = 1;
+// The newest schema revision this build reads and writes. A graph without
+// state tensors and updates is written as revision 1 (see model.fbs).
+constexpr uint32_t kSchemaVersion = 2;
 // FlatBuffers offsets are 32-bit: no buffer reaches 2 GiB.
 constexpr uint64_t kMaxModelBytes = FLATBUFFERS_MAX_BUFFER_SIZE - 1;
 // JSON text is bigger than its binary; this bounds what the parser is handed.
 constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
 constexpr size_t kDataAlignment = 64;
 
+} // namespace
+
 std::string producer_string() { return std::string("strata ") + STRATA_VERSION; }
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Writing
@@ -61,23 +68,32 @@ flatbuffers::Offset<fb::Attribute> write_attribute(flatbuffers::FlatBufferBuilde
   return table.Finish();
 }
 
-// Builds the canonical buffer. Every object is created in a fixed order from
-// the graph, so equal graphs give equal bytes. `external` overrides the value
-// source of the tensors it names (used when saving weights beside the model).
-Result<std::vector<uint8_t>> build_flatbuffer(const Graph &graph,
-                                              const std::map<TensorId, ExternalData> &external) {
+uint64_t inline_data_bytes(const Graph &graph, const std::map<TensorId, ExternalData> &external) {
   uint64_t inline_bytes = 0;
   for (TensorId id = 0; id < graph.num_tensors(); ++id) {
     const Tensor &t = graph.tensor(id);
     if (t.data != nullptr && !external.count(id)) inline_bytes += t.data->size() + kDataAlignment;
   }
-  if (inline_bytes >= kMaxModelBytes / 2)
-    return out_of_range("the model holds ", inline_bytes,
-                        " bytes of inline data, too much for one FlatBuffer (2 GiB); save it "
-                        "with external_threshold_bytes set so large weights go to a "
-                        ".safetensors file");
+  return inline_bytes;
+}
 
-  flatbuffers::FlatBufferBuilder builder(1024 + inline_bytes);
+// Revision 2 is needed only by graphs with state tensors or updates; others
+// are written as revision 1 so their bytes stay what they always were.
+uint32_t needed_schema_version(const Graph &graph) {
+  if (!graph.updates().empty()) return 2;
+  for (const Tensor &t : graph.tensors())
+    if (t.kind == TensorKind::kState) return 2;
+  return 1;
+}
+
+} // namespace
+
+// Builds the canonical Model table. Every object is created in a fixed order
+// from the graph, so equal graphs give equal bytes. `external` overrides the
+// value source of the tensors it names (used when saving weights beside the model).
+flatbuffers::Offset<fb::Model> write_model_table(flatbuffers::FlatBufferBuilder &builder,
+                                                 const Graph &graph,
+                                                 const std::map<TensorId, ExternalData> &external) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   tensors.reserve(graph.num_tensors());
   for (TensorId id = 0; id < graph.num_tensors(); ++id) {
@@ -138,103 +154,37 @@ Result<std::vector<uint8_t>> build_flatbuffer(const Graph &graph,
   auto inputs = builder.CreateVector(graph.inputs().data(), graph.inputs().size());
   auto outputs = builder.CreateVector(graph.outputs().data(), graph.outputs().size());
   auto producer = builder.CreateString(producer_string());
-  auto model = fb::CreateModel(builder, kSchemaVersion, name, tensor_vector, node_vector, inputs,
-                               outputs, producer);
-  fb::FinishModelBuffer(builder, model);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::StateUpdate>>> updates;
+  if (!graph.updates().empty()) {
+    std::vector<flatbuffers::Offset<fb::StateUpdate>> list;
+    for (const StateUpdate &update : graph.updates())
+      list.push_back(fb::CreateStateUpdate(builder, update.target, update.value));
+    updates = builder.CreateVector(list);
+  }
+  return fb::CreateModel(builder, needed_schema_version(graph), name, tensor_vector, node_vector,
+                         inputs, outputs, producer, updates);
+}
+
+namespace {
+
+Result<std::vector<uint8_t>> build_flatbuffer(const Graph &graph,
+                                              const std::map<TensorId, ExternalData> &external) {
+  uint64_t inline_bytes = inline_data_bytes(graph, external);
+  if (inline_bytes >= kMaxModelBytes / 2)
+    return out_of_range("the model holds ", inline_bytes,
+                        " bytes of inline data, too much for one FlatBuffer (2 GiB); save it "
+                        "with external_threshold_bytes set so large weights go to a "
+                        ".safetensors file");
+  flatbuffers::FlatBufferBuilder builder(1024 + inline_bytes);
+  fb::FinishModelBuffer(builder, write_model_table(builder, graph, external));
   return std::vector<uint8_t>(builder.GetBufferPointer(),
                               builder.GetBufferPointer() + builder.GetSize());
 }
 
 // ---------------------------------------------------------------------------
-// JSON text
-//
-// FlatBuffers' own text generator prints doubles with a fixed 12 decimals,
-// which loses small values (1e-15 prints as 0.0) and breaks the exact round
-// trip. This printer follows the schema field for field, prints doubles in
-// their shortest exact form and keeps short arrays on one line; the result is
-// read back by flatbuffers::Parser with the embedded schema.
+// JSON text (the helpers and why they exist: serialization/json_text.h)
 
-void append_json_string(std::string &out, std::string_view text) {
-  out += '"';
-  for (char c : text) {
-    auto byte = static_cast<unsigned char>(c);
-    switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\t': out += "\\t"; break;
-    case '\r': out += "\\r"; break;
-    default:
-      if (byte < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof(buf), "\\u%04x", byte);
-        out += buf;
-      } else {
-        out += c;
-      }
-    }
-  }
-  out += '"';
-}
-
-void append_json_string(std::string &out, const flatbuffers::String *text) {
-  append_json_string(out, text ? text->string_view() : std::string_view());
-}
-
-void append_double(std::string &out, double value) {
-  if (std::isnan(value)) {
-    out += "nan";
-    return;
-  }
-  if (std::isinf(value)) {
-    out += value < 0 ? "-inf" : "inf";
-    return;
-  }
-  char buf[64];
-  auto result = std::to_chars(buf, buf + sizeof(buf), value);
-  std::string_view text(buf, static_cast<size_t>(result.ptr - buf));
-  out += text;
-  // Keep a float looking like one to a reader.
-  if (text.find_first_of(".e") == std::string_view::npos) out += ".0";
-}
-
-template <typename T> void append_number_list(std::string &out, const flatbuffers::Vector<T> *v) {
-  out += '[';
-  if (v != nullptr)
-    for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
-      if (i) out += ", ";
-      if constexpr (std::is_floating_point_v<T>)
-        append_double(out, v->Get(i));
-      else
-        out += std::to_string(v->Get(i));
-    }
-  out += ']';
-}
-
-// Writes `"key": ` at `indent`, preceded by a comma and newline unless first.
-class JsonObjectWriter {
-public:
-  JsonObjectWriter(std::string &out, int indent) : out_(out), indent_(indent) { out_ += "{"; }
-  std::string &key(std::string_view name) {
-    out_ += first_ ? "\n" : ",\n";
-    first_ = false;
-    out_.append(static_cast<size_t>(indent_ + 2), ' ');
-    out_ += '"';
-    out_ += name;
-    out_ += "\": ";
-    return out_;
-  }
-  void close() {
-    out_ += '\n';
-    out_.append(static_cast<size_t>(indent_), ' ');
-    out_ += '}';
-  }
-
-private:
-  std::string &out_;
-  int indent_;
-  bool first_ = true;
-};
+using namespace json_text;
 
 void append_attribute(std::string &out, const fb::Attribute &attr) {
   out += "{\"name\": ";
@@ -259,23 +209,7 @@ void append_attribute(std::string &out, const fb::Attribute &attr) {
   out += '}';
 }
 
-template <typename T, typename Fn>
-void append_table_list(std::string &out, const flatbuffers::Vector<flatbuffers::Offset<T>> *v,
-                       int indent, Fn &&append_one) {
-  if (v == nullptr || v->size() == 0) {
-    out += "[]";
-    return;
-  }
-  out += '[';
-  for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
-    out += i ? ",\n" : "\n";
-    out.append(static_cast<size_t>(indent + 2), ' ');
-    append_one(*v->Get(i), indent + 2);
-  }
-  out += '\n';
-  out.append(static_cast<size_t>(indent), ' ');
-  out += ']';
-}
+} // namespace
 
 std::string model_json_text(const fb::Model &model) {
   std::string out;
@@ -323,10 +257,16 @@ std::string model_json_text(const fb::Model &model) {
   append_number_list(root.key("inputs"), model.inputs());
   append_number_list(root.key("outputs"), model.outputs());
   append_json_string(root.key("producer"), model.producer());
+  if (model.updates() && model.updates()->size() > 0)
+    append_table_list(root.key("updates"), model.updates(), 2, [&](const fb::StateUpdate &u, int) {
+      out += str_cat("{\"target\": ", u.target(), ", \"value\": ", u.value(), "}");
+    });
   root.close();
   out += '\n';
   return out;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Loading
@@ -336,6 +276,8 @@ std::string describe(std::string_view kind, uint32_t index, const flatbuffers::S
   if (name != nullptr && name->size() > 0) return str_cat(kind, " '", name->string_view(), "'");
   return str_cat(kind, " ", index);
 }
+
+} // namespace
 
 std::string printable(llvm::ArrayRef<uint8_t> bytes) {
   std::string out;
@@ -350,6 +292,8 @@ std::string printable(llvm::ArrayRef<uint8_t> bytes) {
   }
   return out;
 }
+
+namespace {
 
 // External paths are relative, have no `..` component, and (following symlinks
 // that exist) resolve to a place inside the model's folder.
@@ -392,6 +336,8 @@ Result<AttrValue> read_attribute_value(const fb::Attribute &attr) {
   if (attr.ints()) return AttrValue(std::vector<int64_t>(attr.ints()->begin(), attr.ints()->end()));
   return AttrValue(std::vector<double>(attr.floats()->begin(), attr.floats()->end()));
 }
+
+} // namespace
 
 // Semantic checks and conversion of a verified buffer.
 Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_dir) {
@@ -522,10 +468,26 @@ Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_di
       graph.add_output(id);
     }
 
-  // Types, shapes, cycles and the ops themselves.
+  if (model.updates())
+    for (uint32_t i = 0; i < model.updates()->size(); ++i) {
+      const fb::StateUpdate &u = *model.updates()->Get(i);
+      for (uint32_t id : {u.target(), u.value()})
+        if (id >= num_tensors)
+          return out_of_range("field updates[", i, "].", id == u.target() ? "target" : "value",
+                              " = ", id, " is not a tensor index (the model has ", num_tensors,
+                              " tensors)");
+      graph.add_update(StateUpdate{u.target(), u.value()});
+    }
+  if (model.schema_version() < 2 && needed_schema_version(graph) > 1)
+    return invalid_argument("the file has schema version ", model.schema_version(),
+                            " but uses state tensors or updates, which need version 2");
+
+  // Types, shapes, cycles, updates and the ops themselves.
   RETURN_IF_ERROR(verify_graph(graph, ops::OpRegistry::global()));
   return graph;
 }
+
+namespace {
 
 Result<Graph> load_verified_bytes(llvm::ArrayRef<uint8_t> bytes, std::string_view display_name,
                                   std::string_view model_dir) {
@@ -580,8 +542,9 @@ Result<Graph> load_model_from_buffer(llvm::ArrayRef<uint8_t> bytes, std::string_
   return load_verified_bytes(bytes, display_name, model_dir);
 }
 
-Result<Graph> load_model_from_json(std::string_view json, std::string_view display_name,
-                                   std::string_view model_dir) {
+Result<std::vector<uint8_t>> json_to_flatbuffer(std::string_view json, const char *schema_text,
+                                                std::string_view schema_name,
+                                                std::string_view display_name) {
   if (json.size() > kMaxJsonBytes)
     return out_of_range(display_name, ": ", json.size(), " bytes of JSON is more than the limit");
   flatbuffers::IDLOptions options;
@@ -591,15 +554,20 @@ Result<Graph> load_model_from_json(std::string_view json, std::string_view displ
   options.set_empty_vectors_to_null = false;
   options.allow_non_utf8 = true;
   flatbuffers::Parser parser(options);
-  if (!parser.Parse(kModelSchemaText))
-    return internal_error("the embedded model schema does not parse: ", parser.error_);
+  if (!parser.Parse(schema_text))
+    return internal_error("the embedded ", schema_name, " schema does not parse: ", parser.error_);
   std::string text(json); // the parser wants a NUL-terminated string
   if (text.find('\0') != std::string::npos)
     return invalid_argument(display_name, ": the JSON text contains a NUL byte");
   if (!parser.Parse(text.c_str())) return invalid_argument(display_name, ": ", parser.error_);
-  return load_verified_bytes(
-      llvm::ArrayRef<uint8_t>(parser.builder_.GetBufferPointer(), parser.builder_.GetSize()),
-      display_name, model_dir);
+  const uint8_t *data = parser.builder_.GetBufferPointer();
+  return std::vector<uint8_t>(data, data + parser.builder_.GetSize());
+}
+
+Result<Graph> load_model_from_json(std::string_view json, std::string_view display_name,
+                                   std::string_view model_dir) {
+  ASSIGN_OR_RETURN(auto bytes, json_to_flatbuffer(json, kModelSchemaText, "model", display_name));
+  return load_verified_bytes(bytes, display_name, model_dir);
 }
 
 Result<Graph> load_model(const std::string &path) {

@@ -495,9 +495,9 @@ TEST(ModelIoSemantics, AttributeNeedsExactlyOneValue) {
 }
 
 TEST(ModelIoSemantics, NewerSchemaVersionIsRefused) {
-  std::string message = error_for(R"("schema_version": 1)", R"("schema_version": 2)");
-  EXPECT_THAT(message, HasSubstr("m.strata: the file has schema version 2 but this build of "
-                                 "strata reads versions up to 1"));
+  std::string message = error_for(R"("schema_version": 1)", R"("schema_version": 3)");
+  EXPECT_THAT(message, HasSubstr("m.strata: the file has schema version 3 but this build of "
+                                 "strata reads versions up to 2"));
   message = error_for(R"("schema_version": 1,)", "");
   EXPECT_THAT(message, HasSubstr("schema_version is missing"));
 }

@@ -1,0 +1,127 @@
+#include "serialization/checkpoint.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "serialization/file_io.h"
+#include "serialization/model_io_internal.h"
+#include "serialization/safetensors.h"
+#include "serialization/sha256.h"
+
+namespace strata::serialization {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kMaxManifestBytes = 1 << 20;
+constexpr uint64_t kMaxWeightsBytes = uint64_t{1} << 40;
+
+std::string short_digest(std::string_view digest) {
+  return std::string(digest.substr(0, 16)) + (digest.size() > 16 ? "..." : "");
+}
+
+} // namespace
+
+Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
+                        std::string_view fingerprint, int64_t step) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return io_error("cannot create checkpoint folder '", dir, "': ", error.message());
+  std::string weights = (fs::path(dir) / kCheckpointWeightsFile).string();
+  RETURN_IF_ERROR(write_safetensors(weights, tensors));
+  // Checksum what is on disk, not what was meant to be written.
+  ASSIGN_OR_RETURN(auto bytes, read_file(weights, kMaxWeightsBytes));
+  nlohmann::ordered_json manifest;
+  manifest["format"] = "strata-checkpoint";
+  manifest["format_version"] = kCheckpointFormatVersion;
+  manifest["fingerprint"] = std::string(fingerprint);
+  manifest["step"] = step;
+  manifest["files"] = nlohmann::ordered_json::array(
+      {{{"name", kCheckpointWeightsFile}, {"size", bytes.size()}, {"sha256", sha256_hex(bytes)}}});
+  manifest["producer"] = producer_string();
+  std::string text = manifest.dump(2) + "\n";
+  return write_file_atomically(
+      (fs::path(dir) / kCheckpointManifestFile).string(),
+      llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
+}
+
+Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint) {
+  std::string manifest_path = (fs::path(dir) / kCheckpointManifestFile).string();
+  std::error_code error;
+  if (!fs::exists(manifest_path, error))
+    return not_found(manifest_path, ": no such file; '", dir,
+                     "' is not a checkpoint folder (or its first save did not finish)");
+  ASSIGN_OR_RETURN(auto manifest_bytes, read_file(manifest_path, kMaxManifestBytes));
+  nlohmann::json manifest = nlohmann::json::parse(manifest_bytes.begin(), manifest_bytes.end(),
+                                                  nullptr, /*allow_exceptions=*/false);
+  if (manifest.is_discarded() || !manifest.is_object())
+    return data_loss(manifest_path, ": not a JSON object (corrupt?)");
+  auto field = [&](const char *name) -> const nlohmann::json * {
+    auto it = manifest.find(name);
+    return it == manifest.end() ? nullptr : &*it;
+  };
+  const nlohmann::json *version = field("format_version");
+  if (version == nullptr || !version->is_number_integer())
+    return invalid_argument(manifest_path, ": field format_version is missing or not an integer");
+  if (version->get<int64_t>() > kCheckpointFormatVersion || version->get<int64_t>() < 1)
+    return failed_precondition(manifest_path, ": field format_version is ", version->get<int64_t>(),
+                               " but this build reads versions 1 to ", kCheckpointFormatVersion);
+  const nlohmann::json *fingerprint = field("fingerprint");
+  if (fingerprint == nullptr || !fingerprint->is_string())
+    return invalid_argument(manifest_path, ": field fingerprint is missing or not a string");
+  const nlohmann::json *step = field("step");
+  if (step == nullptr || !step->is_number_integer() || step->get<int64_t>() < 0)
+    return invalid_argument(manifest_path, ": field step is missing or not a count");
+  Checkpoint checkpoint;
+  checkpoint.step = step->get<int64_t>();
+  checkpoint.fingerprint = fingerprint->get<std::string>();
+  if (!expected_fingerprint.empty() && checkpoint.fingerprint != expected_fingerprint)
+    return failed_precondition(
+        manifest_path, ": the checkpoint was written by a plan with fingerprint ",
+        short_digest(checkpoint.fingerprint), " but this plan's fingerprint is ",
+        short_digest(expected_fingerprint),
+        "; resume with the plan that wrote it (same model and options)");
+
+  const nlohmann::json *files = field("files");
+  if (files == nullptr || !files->is_array())
+    return invalid_argument(manifest_path, ": field files is missing or not a list");
+  bool has_weights = false;
+  for (size_t i = 0; i < files->size(); ++i) {
+    const nlohmann::json &entry = (*files)[i];
+    std::string where = str_cat(manifest_path, ": field files[", i, "]");
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+        !entry.contains("size") || !entry["size"].is_number_unsigned() ||
+        !entry.contains("sha256") || !entry["sha256"].is_string())
+      return invalid_argument(where, " needs name (string), size (count) and sha256 (string)");
+    std::string name = entry["name"].get<std::string>();
+    if (name != kCheckpointWeightsFile)
+      return invalid_argument(where, ".name is '", name, "'; expected '", kCheckpointWeightsFile,
+                              "'");
+    std::string path = (fs::path(dir) / name).string();
+    if (!fs::exists(path, error))
+      return not_found(path, ": missing (listed in ", manifest_path, ")");
+    ASSIGN_OR_RETURN(auto bytes, read_file(path, kMaxWeightsBytes));
+    uint64_t size = entry["size"].get<uint64_t>();
+    if (bytes.size() != size)
+      return data_loss(path, ": ", bytes.size(), " bytes but the manifest says ", size,
+                       " (truncated or overwritten?)");
+    std::string digest = sha256_hex(bytes);
+    if (digest != entry["sha256"].get<std::string>())
+      return data_loss(path, ": SHA-256 ", short_digest(digest), " does not match the manifest's ",
+                       short_digest(entry["sha256"].get<std::string>()), " (corrupt?)");
+    has_weights = true;
+  }
+  if (!has_weights)
+    return invalid_argument(manifest_path, ": field files does not list ", kCheckpointWeightsFile);
+  std::string weights = (fs::path(dir) / kCheckpointWeightsFile).string();
+  auto tensors = read_safetensors(weights);
+  if (!tensors.is_ok()) {
+    if (tensors.status().message().find(weights) == std::string::npos)
+      return tensors.status().with_context(weights);
+    return tensors.status();
+  }
+  checkpoint.tensors = std::move(tensors).value();
+  return checkpoint;
+}
+
+} // namespace strata::serialization

@@ -1,0 +1,42 @@
+// Pieces of the model reader and writer that the plan file (serialization/plan_io.cc)
+// reuses to embed a Model table. Not part of the public API: it exposes the
+// generated FlatBuffers types.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "graph/graph.h"
+#include "serialization/model_generated.h"
+
+namespace strata::serialization {
+
+// "strata <version>", the producer field of every file strata writes.
+std::string producer_string();
+
+// Writes the canonical Model table of `graph` into `builder` (see model_io.cc).
+flatbuffers::Offset<fb::Model> write_model_table(flatbuffers::FlatBufferBuilder &builder,
+                                                 const Graph &graph,
+                                                 const std::map<TensorId, ExternalData> &external);
+
+// The canonical JSON text of a verified Model table, starting at column 0.
+std::string model_json_text(const fb::Model &model);
+
+// The semantic stage of loading a verified Model table. Errors name the field,
+// node or tensor; the caller adds the file.
+Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_dir);
+
+// Parses JSON text against a FlatBuffers schema and returns the binary buffer it
+// describes (still unverified: the caller's loader verifies it). `schema_name`
+// names the schema in the internal error should the embedded schema not parse.
+Result<std::vector<uint8_t>> json_to_flatbuffer(std::string_view json, const char *schema_text,
+                                                std::string_view schema_name,
+                                                std::string_view display_name);
+
+// Bytes as text, with non-printable ones as \xNN (for file identifiers in errors).
+std::string printable(llvm::ArrayRef<uint8_t> bytes);
+
+} // namespace strata::serialization
