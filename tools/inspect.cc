@@ -213,6 +213,7 @@ nlohmann::ordered_json to_json(const std::string &path, const Graph &graph, cons
 Status inspect_command(const InspectArgs &args, std::ostream &out) {
   if (args.format != "text" && args.format != "json" && args.format != "dot")
     return invalid_argument("unknown --format '", args.format, "' (use text, json or dot)");
+  if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
   ASSIGN_OR_RETURN(Graph graph, load_model_file(args.path));
   if (args.format == "dot") {
     out << graph_to_dot(graph);

@@ -131,7 +131,15 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   if (!args.output.empty() && !args.output_dir.empty())
     return invalid_argument("give --output or --output-dir, not both");
 
-  ASSIGN_OR_RETURN(Graph graph, load_model_file(args.model));
+  Graph graph;
+  if (serialization::file_is_plan(args.model)) {
+    ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.model));
+    if (plan.mode == serialization::Plan::Mode::kTrain)
+      return train_command(args, std::move(plan), out, args.interactive);
+    graph = std::move(plan.graph);
+  } else {
+    ASSIGN_OR_RETURN(graph, load_model_file(args.model));
+  }
   if (!args.output.empty() && graph.outputs().size() != 1)
     return invalid_argument("the model has ", graph.outputs().size(),
                             " outputs; --output writes one, use --output-dir for several");

@@ -9,6 +9,8 @@
 #include <optional>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include "ops/registry.h"
@@ -182,17 +184,21 @@ void add_zoo(CLI::App &app, Action &action) {
 void add_convert(CLI::App &app, Action &action) {
   static std::string in, out;
   CLI::App *sub = app.add_subcommand(
-      "convert", "Convert a model between its binary (.strata) and JSON (.json) forms");
-  sub->add_option("IN", in, "model to read")->required()->type_name("FILE");
+      "convert", "Convert a model (.strata <-> .json) or a plan (.splan <-> .splan.json)");
+  sub->add_option("IN", in, "model or plan to read")->required()->type_name("FILE");
   sub->add_option("-o,--output", out, "model to write; the extension picks the format")
       ->required()
       ->type_name("FILE");
   sub->footer("The file is verified on the way in, and written canonically: converting\n"
               "binary -> JSON -> binary gives back the same bytes.\n\n"
+              "A plan's JSON form is named *.splan.json; any JSON file whose first key is\n"
+              "\"plan_version\" is read as a plan too.\n\n"
               "Examples:\n  strata convert gpt.strata -o gpt.json\n"
-              "  strata convert gpt.json -o gpt.strata");
+              "  strata convert gpt.json -o gpt.strata\n"
+              "  strata convert train.splan -o train.splan.json");
   sub->callback([&action] {
-    action = [] {
+    action = []() -> Status {
+      if (serialization::file_is_plan(in)) return convert_plan(in, out, std::cout);
       ASSIGN_OR_RETURN(Graph graph, load_model_file(in));
       RETURN_IF_ERROR(serialization::save_model(graph, out));
       std::cout << "wrote " << out << " (" << graph.num_nodes() << " nodes, "
@@ -211,7 +217,8 @@ void add_inspect(CLI::App &app, Action &action) {
   CLI::App *sub = app.add_subcommand(
       "inspect", "Show a model: inputs, outputs, parameters, FLOPs per forward, per-op and "
                  "per-node costs");
-  sub->add_option("FILE", args.path, "model file (.strata or .json)")->required();
+  sub->add_option("FILE", args.path, "model (.strata, .json) or plan (.splan, .splan.json)")
+      ->required();
   sub->add_option("--format", args.format,
                   "text (for people), json (for scripts) or dot (Graphviz)")
       ->check(CLI::IsMember({"text", "json", "dot"}))
@@ -226,7 +233,9 @@ void add_inspect(CLI::App &app, Action &action) {
   sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
               "Examples:\n  strata inspect gpt.strata\n"
               "  strata inspect gpt.strata --format json | jq .flops\n"
-              "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg");
+              "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
+              "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
+              "  strata inspect train.splan --format json # the plan's JSON form");
   sub->callback([&action] {
     action = []() -> Status {
       if (out_path.empty()) return inspect_command(args, std::cout);
@@ -246,8 +255,10 @@ void add_inspect(CLI::App &app, Action &action) {
 
 void add_run(CLI::App &app, Action &action) {
   static RunArgs args;
-  CLI::App *sub = app.add_subcommand("run", "Run a model on the CPU and report outputs and time");
-  sub->add_option("MODEL", args.model, "model file (.strata or .json)")->required();
+  CLI::App *sub = app.add_subcommand(
+      "run", "Run a model or plan on the CPU; a training plan trains for --steps steps");
+  sub->add_option("FILE", args.model, "model (.strata, .json) or plan (.splan, .splan.json)")
+      ->required();
   sub->add_option("-i,--input", args.inputs,
                   "input values as .npy: NAME=FILE, or FILE for the next input in graph order; "
                   "repeat for several inputs (default: random inputs)")
@@ -262,13 +273,91 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_option("--warmup", args.warmup, "untimed runs first")
       ->check(at_least(0))
       ->capture_default_str();
-  sub->add_option("--seed", args.seed, "seed of the random inputs")->capture_default_str();
+  sub->add_option("--seed", args.seed, "seed of the random inputs or synthetic training batches")
+      ->capture_default_str();
+  sub->add_option("--steps", args.steps,
+                  "training plan: train until this many steps are done (counting resumed ones)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  sub->add_option("--data", args.data,
+                  "training plan: folder with <input>.npy for every graph input, batches "
+                  "stacked on a new first dim (default: 8 fixed synthetic batches)")
+      ->type_name("DIR");
+  sub->add_option("--checkpoint", args.checkpoint,
+                  "training plan: save model.safetensors + manifest.json here at the end")
+      ->type_name("DIR");
+  sub->add_option("--checkpoint-every", args.checkpoint_every,
+                  "training plan: also save every K steps (needs --checkpoint)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  sub->add_option("--resume", args.resume,
+                  "training plan: continue from this checkpoint (same plan fingerprint)")
+      ->type_name("DIR");
+  sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
+      ->check(at_least(1))
+      ->capture_default_str();
   sub->footer("Without --input, floating inputs are drawn from normal(0, 1) and index inputs\n"
               "(e.g. token ids) from the range they index. Prints the median and minimum time\n"
               "per run, the planned activation memory, and a checksum of each output.\n\n"
               "Examples:\n  strata run gpt.strata --repeat 10 --output logits.npy\n"
-              "  strata run mlp.strata --input x=batch.npy --output-dir out/");
-  sub->callback([&action] { action = [] { return run_command(args, std::cout); }; });
+              "  strata run mlp.strata --input x=batch.npy --output-dir out/\n\n"
+              "Training (a plan from `strata compile --train`): step k reads batch k mod the\n"
+              "number of batches, so a run resumed from a checkpoint continues exactly where\n"
+              "the interrupted one stopped.\n"
+              "  strata run train.splan --steps 100 --log-every 10 --checkpoint ckpt\n"
+              "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
+              "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy");
+  sub->callback([&action] {
+    action = [] {
+      args.interactive = isatty(STDOUT_FILENO) != 0;
+      return run_command(args, std::cout);
+    };
+  });
+}
+
+// ---------------------------------------------------------------------------
+// compile
+
+void add_compile(CLI::App &app, Action &action) {
+  static CompileArgs args;
+  CLI::App *sub = app.add_subcommand(
+      "compile", "Compile a model into a plan (.splan); with --train, a training-step plan");
+  sub->add_option("MODEL", args.model, "model file (.strata or .json)")->required();
+  CLI::Option *train = sub->add_flag(
+      "--train", args.train, "add a loss, the backward pass and the optimizer step to the graph");
+  sub->add_option("--loss", args.loss, "softmax_cross_entropy (integer labels) or mse (targets)")
+      ->check(CLI::IsMember({"softmax_cross_entropy", "mse"}))
+      ->needs(train)
+      ->capture_default_str();
+  sub->add_option("--optimizer", args.optimizer,
+                  "NAME[:key=value,...]: sgd, adam or adamw; keys lr, momentum, nesterov, wd, "
+                  "beta1, beta2, eps, schedule (constant|cosine), warmup, total, min_lr, clip")
+      ->needs(train)
+      ->capture_default_str();
+  sub->add_option("--output", args.output_tensor,
+                  "the tensor the loss reads (default: the model's first output)")
+      ->needs(train)
+      ->type_name("NAME");
+  sub->add_option("-o", args.out, "plan file to write: .splan (binary) or .splan.json (text)")
+      ->required()
+      ->type_name("FILE");
+  sub->footer(
+      "A training plan adds an input 'labels' (i64, the output's shape without its last\n"
+      "dim; softmax_cross_entropy) or 'targets' (the output's type; mse), the scalar\n"
+      "'loss' (mean), the gradients and the optimizer's update; its only output is the\n"
+      "loss. Gradient clipping and learning-rate schedules are options of the optimizer\n"
+      "string. The same model and options always give a byte-identical plan; its\n"
+      "fingerprint (SHA-256 of the model and the options) is checked by --resume.\n\n"
+      "Examples:\n"
+      "  strata compile mlp.strata --train --loss softmax_cross_entropy \\\n"
+      "      --optimizer sgd:lr=0.1,momentum=0.9 -o train.splan\n"
+      "  strata compile gpt.strata --train \\\n"
+      "      --optimizer adamw:lr=3e-4,wd=0.1,clip=1,schedule=cosine,warmup=100,total=1000 \\\n"
+      "      -o train.splan\n"
+      "  strata compile mlp.strata --train --loss mse --optimizer adam:lr=1e-3 -o reg.splan\n"
+      "  strata compile mlp.strata -o infer.splan     # inference plan\n"
+      "  strata run train.splan --steps 100");
+  sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
 }
 
 // ---------------------------------------------------------------------------
@@ -337,13 +426,16 @@ int main(int argc, char **argv) {
              "  strata zoo gpt --layers 2 --hidden 128 -o gpt.strata   # build a model\n"
              "  strata inspect gpt.strata                              # parameters, FLOPs\n"
              "  strata run gpt.strata --output logits.npy              # run it on the CPU\n"
-             "  strata convert gpt.strata -o gpt.json                  # readable form\n\n"
+             "  strata convert gpt.strata -o gpt.json                  # readable form\n"
+             "  strata compile gpt.strata --train --optimizer adamw:lr=1e-3 -o t.splan\n"
+             "  strata run t.splan --steps 30                          # train it\n\n"
              "Run `strata <command> --help` for a command's options.");
 
   Action action;
   add_zoo(app, action);
   add_convert(app, action);
   add_inspect(app, action);
+  add_compile(app, action);
   add_run(app, action);
   add_ops(app, action);
 

@@ -389,5 +389,156 @@ TEST_F(CliTest, ExampleModelsRun) {
   if (found == 0) GTEST_SKIP() << "no example models in " << examples;
 }
 
+// The losses printed by a training run, in step order ("step 3/20  loss 2.1234 ...").
+std::vector<double> printed_losses(const std::string &out) {
+  std::vector<double> losses;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.starts_with("step ")) continue;
+    size_t at = line.find("  loss ");
+    if (at == std::string::npos) continue;
+    losses.push_back(std::stod(line.substr(at + 7)));
+  }
+  return losses;
+}
+
+TEST_F(CliTest, CompileAndTrainMlpLossFalls) {
+  ASSERT_EQ(strata({"zoo", "mlp", "--batch", "16", "--input", "32", "--hidden", "64", "--classes",
+                    "10", "-o", "mlp.strata"})
+                .code,
+            0);
+  Outcome compile = strata({"compile", "mlp.strata", "--train", "--loss", "softmax_cross_entropy",
+                            "--optimizer", "sgd:lr=0.1", "-o", "t.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  for (const char *field : {"wrote t.splan", "fingerprint", "parameters   2,762", "opt. state",
+                            "activation arena", "FLOPs", "per step"})
+    EXPECT_NE(compile.out.find(field), std::string::npos) << field << "\n" << compile.out;
+
+  Outcome run = strata({"run", "t.splan", "--steps", "20"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  std::vector<double> losses = printed_losses(run.out);
+  ASSERT_EQ(losses.size(), 20u) << run.out;
+  EXPECT_LT(losses.back(), losses.front()) << run.out;
+  EXPECT_NE(run.out.find("step 20/20  loss "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("steps/s)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("done       20 steps"), std::string::npos) << run.out;
+
+  // --log-every prints fewer lines; the last step is always printed.
+  Outcome sparse = strata({"run", "t.splan", "--steps", "7", "--log-every", "3"});
+  ASSERT_EQ(sparse.code, 0) << sparse.err;
+  EXPECT_EQ(printed_losses(sparse.out).size(), 3u) << sparse.out;
+}
+
+TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
+  ASSERT_EQ(
+      strata({"zoo", "mlp", "--batch", "4", "--input", "8", "--hidden", "8", "-o", "m.json"}).code,
+      0);
+  std::vector<std::string> compile = {"compile",
+                                      "m.json",
+                                      "--train",
+                                      "--loss",
+                                      "mse",
+                                      "--optimizer",
+                                      "adamw:lr=3e-4,wd=0.1,clip=1,schedule=cosine,total=100",
+                                      "-o",
+                                      "a.splan"};
+  ASSERT_EQ(strata(compile).code, 0);
+  compile[compile.size() - 1] = "b.splan";
+  ASSERT_EQ(strata(compile).code, 0);
+  EXPECT_EQ(read_file(path("a.splan")), read_file(path("b.splan")));
+
+  Outcome to_json = strata({"convert", "a.splan", "-o", "a.splan.json"});
+  ASSERT_EQ(to_json.code, 0) << to_json.err;
+  EXPECT_TRUE(read_file(path("a.splan.json")).starts_with("{\n  \"plan_version\": 1"));
+  ASSERT_EQ(strata({"convert", "a.splan.json", "-o", "c.splan"}).code, 0);
+  EXPECT_EQ(read_file(path("a.splan")), read_file(path("c.splan")));
+
+  Outcome inspect = strata({"inspect", "a.splan"});
+  ASSERT_EQ(inspect.code, 0) << inspect.err;
+  for (const char *field : {"mode         train", "fingerprint", "loss         mse",
+                            "adamw:lr=3e-04", "clip=1", "device cpu:0", "targets f32[4, 10]"})
+    EXPECT_NE(inspect.out.find(field), std::string::npos) << field << "\n" << inspect.out;
+  Outcome json = strata({"inspect", "a.splan", "--format", "json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  auto parsed = nlohmann::json::parse(json.out);
+  EXPECT_EQ(parsed["mode"], "Train");
+  EXPECT_EQ(parsed["model"]["schema_version"], 2);
+
+  // An inference plan runs like its model.
+  ASSERT_EQ(strata({"compile", "m.json", "-o", "i.splan"}).code, 0);
+  Outcome infer = strata({"run", "i.splan"});
+  ASSERT_EQ(infer.code, 0) << infer.err;
+  EXPECT_NE(infer.out.find("output     head f32[4, 10]"), std::string::npos) << infer.out;
+
+  expect_one_line_error(
+      strata({"compile", "m.json", "--train", "--optimizer", "rmsprop", "-o", "x.splan"}),
+      "--optimizer");
+  expect_one_line_error(
+      strata({"compile", "m.json", "--train", "--output", "nope", "-o", "x.splan"}), "'nope'");
+}
+
+TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
+  ASSERT_EQ(
+      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
+          .code,
+      0);
+  ASSERT_EQ(
+      strata({"compile", "m.strata", "--train", "--optimizer", "adam:lr=0.01", "-o", "t.splan"})
+          .code,
+      0);
+  Outcome straight = strata({"run", "t.splan", "--steps", "6", "--checkpoint", "full"});
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  Outcome half =
+      strata({"run", "t.splan", "--steps", "3", "--checkpoint", "part", "--checkpoint-every", "1"});
+  ASSERT_EQ(half.code, 0) << half.err;
+  Outcome resumed =
+      strata({"run", "t.splan", "--steps", "6", "--resume", "part", "--checkpoint", "part"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed    part at step 3"), std::string::npos) << resumed.out;
+  EXPECT_EQ(read_file(path("full/model.safetensors")), read_file(path("part/model.safetensors")));
+  // The losses of steps 4..6 are the same too.
+  std::vector<double> a = printed_losses(straight.out), b = printed_losses(resumed.out);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(a[3 + i], b[i]);
+  auto manifest = nlohmann::json::parse(read_file(path("part/manifest.json")));
+  EXPECT_EQ(manifest["step"], 6);
+
+  // Another plan's checkpoint, and a damaged one, are refused.
+  ASSERT_EQ(
+      strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.01", "-o", "other.splan"})
+          .code,
+      0);
+  expect_one_line_error(strata({"run", "other.splan", "--steps", "8", "--resume", "part"}),
+                        "fingerprint");
+  std::string weights = read_file(path("part/model.safetensors"));
+  write_file(path("part/model.safetensors"), weights.substr(0, weights.size() / 2));
+  expect_one_line_error(strata({"run", "t.splan", "--steps", "8", "--resume", "part"}),
+                        "model.safetensors");
+}
+
+TEST_F(CliTest, GptTrainingFromTheIssue) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "16",
+                    "--vocab", "128", "-o", "m.strata"})
+                .code,
+            0);
+  Outcome compile = strata({"compile", "m.strata", "--train", "--loss", "softmax_cross_entropy",
+                            "--optimizer", "adamw:lr=1e-3", "-o", "t.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  Outcome run = strata({"run", "t.splan", "--steps", "30"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  std::vector<double> losses = printed_losses(run.out);
+  ASSERT_EQ(losses.size(), 30u) << run.out;
+  // Average over the 8 cycled batches: first pass against the last.
+  double first = 0, last = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    first += losses[i];
+    last += losses[losses.size() - 8 + i];
+  }
+  EXPECT_LT(last, first) << run.out;
+}
+
 } // namespace
 } // namespace strata

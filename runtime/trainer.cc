@@ -1,0 +1,178 @@
+#include "runtime/trainer.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "serialization/checkpoint.h"
+#include "serialization/npy.h"
+
+namespace strata::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_persistent(const Tensor &t) {
+  return t.kind == TensorKind::kParameter || t.kind == TensorKind::kState;
+}
+
+double scalar_value(const HostTensor &t) {
+  switch (t.type.dtype) {
+  case DType::kF32: return t.as<float>()[0];
+  case DType::kF16: return f16_to_float(t.as<uint16_t>()[0]);
+  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[0]);
+  default: return 0.0;
+  }
+}
+
+// "f32[num_batches, 4, 8]": what a --data file for an input of `type` holds.
+std::string stacked_type_text(const TensorType &type) {
+  std::string text = str_cat(dtype_name(type.dtype), "[num_batches");
+  for (int64_t d : type.shape)
+    text += str_cat(", ", d);
+  return text + "]";
+}
+
+} // namespace
+
+Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count) {
+  Dataset data;
+  for (int64_t k = 0; k < count; ++k)
+    data.batches.push_back(random_inputs(graph, seed + static_cast<uint64_t>(k)));
+  data.description = str_cat("synthetic (", count, " fixed random batches, seed ", seed, ")");
+  return data;
+}
+
+Result<Dataset> load_dataset(const Graph &graph, const std::string &dir) {
+  Dataset data;
+  int64_t num_batches = -1;
+  std::string first_path;
+  for (TensorId id : graph.inputs()) {
+    const Tensor &input = graph.tensor(id);
+    std::string path = (fs::path(dir) / (input.name + ".npy")).string();
+    std::error_code error;
+    if (!fs::exists(path, error))
+      return not_found(path, ": missing; --data needs <input>.npy for every graph input (input '",
+                       input.name, "' is ", input.type.to_string(), ")");
+    auto stacked = serialization::read_npy(path);
+    if (!stacked.is_ok()) {
+      if (stacked.status().message().find(path) == std::string::npos)
+        return stacked.status().with_context(path);
+      return stacked.status();
+    }
+    const TensorType &type = stacked->type;
+    bool shape_ok = type.dtype == input.type.dtype && type.rank() == input.type.rank() + 1 &&
+                    llvm::ArrayRef<int64_t>(type.shape).drop_front() ==
+                        llvm::ArrayRef<int64_t>(input.type.shape);
+    if (!shape_ok)
+      return invalid_argument(path, ": holds ", type.to_string(), " but input '", input.name,
+                              "' needs ", stacked_type_text(input.type),
+                              " (batches stacked along a new first dimension)");
+    int64_t count = type.shape[0];
+    if (count < 1) return invalid_argument(path, ": holds no batches (first dimension is 0)");
+    if (num_batches >= 0 && count != num_batches)
+      return invalid_argument(path, ": holds ", count, " batches but ", first_path, " holds ",
+                              num_batches, "; every input needs the same number");
+    if (num_batches < 0) {
+      num_batches = count;
+      first_path = path;
+      data.batches.resize(static_cast<size_t>(count));
+    }
+    size_t bytes = static_cast<size_t>(input.type.size_bytes());
+    for (int64_t k = 0; k < count; ++k) {
+      HostTensor batch = HostTensor::zeros(input.type);
+      if (bytes) std::memcpy(batch.data(), stacked->data() + static_cast<size_t>(k) * bytes, bytes);
+      data.batches[static_cast<size_t>(k)].push_back(std::move(batch));
+    }
+  }
+  if (num_batches < 0)
+    return invalid_argument("the plan's graph has no inputs to feed from --data");
+  data.description = str_cat(dir, " (", num_batches, " batches)");
+  return data;
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(Graph graph, const std::string &loss, Dataset data,
+                                                 const TrainerOptions &options) {
+  auto loss_id = graph.find_tensor(loss);
+  if (!loss_id) return invalid_argument("loss tensor '", loss, "' is not in the graph");
+  auto it = std::find(graph.outputs().begin(), graph.outputs().end(), *loss_id);
+  if (it == graph.outputs().end())
+    return invalid_argument("loss tensor '", loss, "' is not a graph output");
+  if (data.batches.empty()) return invalid_argument("the training data has no batches");
+  for (size_t k = 0; k < data.batches.size(); ++k) {
+    if (data.batches[k].size() != graph.inputs().size())
+      return invalid_argument("batch ", k, " has ", data.batches[k].size(), " tensors for ",
+                              graph.inputs().size(), " graph inputs");
+    for (size_t i = 0; i < graph.inputs().size(); ++i)
+      if (!(data.batches[k][i].type == graph.tensor(graph.inputs()[i]).type))
+        return invalid_argument("batch ", k, ": input '", graph.tensor(graph.inputs()[i]).name,
+                                "' is ", data.batches[k][i].type.to_string(),
+                                " but the graph needs ",
+                                graph.tensor(graph.inputs()[i]).type.to_string());
+  }
+  std::unique_ptr<Trainer> trainer(new Trainer());
+  trainer->loss_output_ = static_cast<size_t>(it - graph.outputs().begin());
+  for (TensorId id = 0; id < graph.num_tensors(); ++id)
+    if (is_persistent(graph.tensor(id))) trainer->persistent_.push_back(id);
+  ExecutorOptions executor_options;
+  executor_options.model_dir = options.model_dir;
+  ASSIGN_OR_RETURN(trainer->executor_, CpuExecutor::create(std::move(graph), executor_options));
+  trainer->data_ = std::move(data);
+  trainer->options_ = options;
+  return trainer;
+}
+
+Result<double> Trainer::train_step() {
+  const auto &batch = data_.batches[static_cast<size_t>(step_ % num_batches())];
+  std::vector<HostTensor> outputs;
+  Status status = executor_->run(batch, &outputs);
+  if (!status.is_ok()) return status.with_context(str_cat("training step ", step_ + 1));
+  ++step_;
+  return scalar_value(outputs[loss_output_]);
+}
+
+std::map<std::string, HostTensor> Trainer::state() const {
+  std::map<std::string, HostTensor> tensors;
+  for (TensorId id : persistent_) {
+    const HostTensor &value = executor_->value(id);
+    // A copy: the executor keeps changing its own buffers.
+    HostTensor copy = HostTensor::zeros(value.type);
+    if (value.size_bytes()) std::memcpy(copy.data(), value.data(), value.size_bytes());
+    tensors.emplace(executor_->graph().tensor(id).name, std::move(copy));
+  }
+  return tensors;
+}
+
+Status Trainer::save_checkpoint(const std::string &dir) const {
+  return serialization::write_checkpoint(dir, state(), options_.fingerprint, step_);
+}
+
+Status Trainer::restore_checkpoint(const std::string &dir) {
+  ASSIGN_OR_RETURN(serialization::Checkpoint checkpoint,
+                   serialization::read_checkpoint(dir, options_.fingerprint));
+  const Graph &graph = executor_->graph();
+  std::string file = (fs::path(dir) / serialization::kCheckpointWeightsFile).string();
+  for (const auto &[name, value] : checkpoint.tensors) {
+    auto id = graph.find_tensor(name);
+    if (!id || !is_persistent(graph.tensor(*id)))
+      return invalid_argument(file, ": tensor '", name,
+                              "' is not a parameter or state tensor of the plan");
+  }
+  for (TensorId id : persistent_) {
+    const Tensor &t = graph.tensor(id);
+    auto found = checkpoint.tensors.find(t.name);
+    if (found == checkpoint.tensors.end())
+      return not_found(file, ": tensor '", t.name, "' (", tensor_kind_name(t.kind), " ",
+                       t.type.to_string(), ") is missing");
+    if (!(found->second.type == t.type))
+      return invalid_argument(file, ": tensor '", t.name, "' is ", found->second.type.to_string(),
+                              " but the plan has ", t.type.to_string());
+  }
+  for (TensorId id : persistent_) {
+    Status assigned = executor_->assign(id, checkpoint.tensors.at(graph.tensor(id).name));
+    if (!assigned.is_ok()) return assigned.with_context(file);
+  }
+  step_ = checkpoint.step;
+  return Status::ok();
+}
+
+} // namespace strata::runtime

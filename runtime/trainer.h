@@ -1,0 +1,73 @@
+// Training on one CPU device: a training-step graph (passes/make_training.h)
+// run once per step on a fixed, cycled list of batches, with checkpoints.
+//
+// Step k (counting from 0) reads batch k mod num_batches, so a run stopped
+// after k steps and resumed from its checkpoint reads the same batches and
+// computes bitwise the same weights as a run that never stopped.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/executor.h"
+
+namespace strata::runtime {
+
+// The batches a training run cycles through: each holds one tensor per graph
+// input, in graph-input order.
+struct Dataset {
+  std::vector<std::vector<HostTensor>> batches;
+  std::string description; // for people: "synthetic (8 batches, seed 0)"
+};
+
+// `count` batches of random_inputs(graph, seed + k), k = 0 .. count-1: a fixed
+// task a model can fit, so the loss falls.
+Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count = 8);
+
+// Reads `<dir>/<input name>.npy` for every graph input. Each file stacks the
+// batches along a new leading dimension: shape [num_batches, ...input shape];
+// every file must hold the same number of batches. Errors name the file.
+Result<Dataset> load_dataset(const Graph &graph, const std::string &dir);
+
+struct TrainerOptions {
+  std::string model_dir = "."; // folder external data paths are relative to
+  std::string fingerprint;     // of the plan; recorded in and checked against checkpoints
+};
+
+class Trainer {
+public:
+  // `loss` names the scalar loss tensor, a graph output.
+  static Result<std::unique_ptr<Trainer>> create(Graph graph, const std::string &loss, Dataset data,
+                                                 const TrainerOptions &options = {});
+
+  // Runs one step on batch step() mod num_batches and returns its loss.
+  Result<double> train_step();
+  // Steps completed (restored by a checkpoint).
+  int64_t step() const { return step_; }
+  int64_t num_batches() const { return static_cast<int64_t>(data_.batches.size()); }
+  const Dataset &data() const { return data_; }
+
+  // Every parameter and state tensor by name: what a checkpoint holds.
+  std::map<std::string, HostTensor> state() const;
+  // Writes a checkpoint of the current state and step into folder `dir`.
+  Status save_checkpoint(const std::string &dir) const;
+  // Restores state and step from the checkpoint in `dir`. Its fingerprint must
+  // match; it must hold exactly the plan's parameters and state tensors with
+  // their types. Errors name the file and tensor.
+  Status restore_checkpoint(const std::string &dir);
+
+  const CpuExecutor &executor() const { return *executor_; }
+
+private:
+  Trainer() = default;
+  std::unique_ptr<CpuExecutor> executor_;
+  Dataset data_;
+  TrainerOptions options_;
+  size_t loss_output_ = 0;
+  int64_t step_ = 0;
+  std::vector<TensorId> persistent_; // parameters and state tensors, in tensor order
+};
+
+} // namespace strata::runtime

@@ -1,0 +1,213 @@
+// Training on the CPU: the training graph of a small MLP runs and learns, and
+// a run stopped and resumed from its checkpoint matches one that never stopped,
+// bitwise.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "graph/verifier.h"
+#include "ops/registry.h"
+#include "passes/make_training.h"
+#include "runtime/trainer.h"
+#include "serialization/checkpoint.h"
+#include "serialization/npy.h"
+#include "serialization/safetensors.h"
+#include "tools/zoo.h"
+
+namespace strata::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           str_cat("strata_trainer_", ::getpid(), "_",
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string &name) const { return (dir_ / name).string(); }
+
+  static Graph training_graph(const std::string &loss = "softmax_cross_entropy",
+                              const std::string &optimizer = "adamw:lr=0.01,wd=0.1") {
+    zoo::MlpOptions mlp;
+    mlp.batch = 8;
+    mlp.input = 12;
+    mlp.hidden = {16};
+    mlp.classes = 4;
+    passes::TrainingOptions options;
+    options.loss = loss;
+    options.optimizer = *passes::parse_optimizer(optimizer);
+    auto graph = passes::make_training_graph(*zoo::make_mlp(mlp), options);
+    EXPECT_TRUE(graph.is_ok()) << graph.status().message();
+    return std::move(graph).value();
+  }
+
+  std::unique_ptr<Trainer> trainer(const std::string &optimizer = "adamw:lr=0.01,wd=0.1") {
+    Graph graph = training_graph("softmax_cross_entropy", optimizer);
+    Dataset data = synthetic_dataset(graph, 5);
+    TrainerOptions options;
+    options.fingerprint = "plan-fingerprint";
+    auto created = Trainer::create(std::move(graph), "loss", std::move(data), options);
+    EXPECT_TRUE(created.is_ok()) << created.status().message();
+    return std::move(created).value();
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainerTest, TrainingGraphShape) {
+  Graph graph = training_graph();
+  EXPECT_TRUE(verify_graph(graph, ops::OpRegistry::global()).is_ok());
+  ASSERT_EQ(graph.outputs().size(), 1u);
+  EXPECT_EQ(graph.tensor(graph.outputs()[0]).name, "loss");
+  auto labels = graph.find_tensor("labels");
+  ASSERT_TRUE(labels);
+  EXPECT_EQ(graph.tensor(*labels).type.to_string(), "i64[8]");
+  EXPECT_FALSE(graph.updates().empty());
+
+  Graph mse = training_graph("mse", "sgd:lr=0.1");
+  auto targets = mse.find_tensor("targets");
+  ASSERT_TRUE(targets);
+  EXPECT_EQ(mse.tensor(*targets).type.to_string(), "f32[8, 4]");
+}
+
+TEST_F(TrainerTest, OptionErrorsNameTheOptionAndModel) {
+  auto forward = zoo::make_mlp({});
+  passes::TrainingOptions options;
+  options.loss = "hinge";
+  auto bad_loss = passes::make_training_graph(*forward, options);
+  ASSERT_FALSE(bad_loss.is_ok());
+  EXPECT_NE(bad_loss.status().message().find("--loss 'hinge'"), std::string::npos);
+  EXPECT_NE(bad_loss.status().message().find("mlp"), std::string::npos);
+  options.loss = "mse";
+  options.output = "nothing";
+  auto bad_output = passes::make_training_graph(*forward, options);
+  ASSERT_FALSE(bad_output.is_ok());
+  EXPECT_NE(bad_output.status().message().find("--output 'nothing'"), std::string::npos);
+}
+
+TEST_F(TrainerTest, LossFallsOnTheSyntheticTask) {
+  auto t = trainer();
+  double first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto loss = t->train_step();
+    ASSERT_TRUE(loss.is_ok()) << loss.status().message();
+    if (i < 8) first += *loss / 8;
+    if (i >= 32) last += *loss / 8;
+  }
+  EXPECT_EQ(t->step(), 40);
+  EXPECT_LT(last, first * 0.8) << "first epoch " << first << ", last epoch " << last;
+}
+
+TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
+  auto straight = trainer();
+  for (int i = 0; i < 6; ++i)
+    ASSERT_TRUE(straight->train_step().is_ok());
+
+  auto first = trainer();
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(first->train_step().is_ok());
+  ASSERT_TRUE(first->save_checkpoint(path("ck")).is_ok());
+  auto second = trainer();
+  Status restored = second->restore_checkpoint(path("ck"));
+  ASSERT_TRUE(restored.is_ok()) << restored.message();
+  EXPECT_EQ(second->step(), 3);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(second->train_step().is_ok());
+
+  auto a = straight->state(), b = second->state();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto &[name, value] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    ASSERT_EQ(value.size_bytes(), b.at(name).size_bytes());
+    EXPECT_EQ(std::memcmp(value.data(), b.at(name).data(), value.size_bytes()), 0) << name;
+  }
+  EXPECT_EQ(a.at("optimizer.step").as<int64_t>()[0], 6);
+}
+
+TEST_F(TrainerTest, CheckpointMismatchesAreRefusedNamingFileAndTensor) {
+  auto t = trainer();
+  ASSERT_TRUE(t->train_step().is_ok());
+  ASSERT_TRUE(t->save_checkpoint(path("ck")).is_ok());
+
+  // Another plan's checkpoint.
+  TrainerOptions other;
+  other.fingerprint = "another-plan";
+  Graph graph = training_graph();
+  auto stranger = *Trainer::create(graph, "loss", synthetic_dataset(graph, 0), other);
+  Status refused = stranger->restore_checkpoint(path("ck"));
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("fingerprint"), std::string::npos);
+
+  // A checkpoint without one tensor (its manifest rewritten to match).
+  auto state = t->state();
+  state.erase(state.begin()->first == "optimizer.step" ? std::next(state.begin())->first
+                                                       : state.begin()->first);
+  std::string dropped;
+  for (const auto &[name, value] : t->state())
+    if (!state.count(name)) dropped = name;
+  ASSERT_TRUE(
+      serialization::write_checkpoint(path("partial"), state, "plan-fingerprint", 1).is_ok());
+  auto fresh = trainer();
+  Status missing = fresh->restore_checkpoint(path("partial"));
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.message().find("model.safetensors"), std::string::npos) << missing.message();
+  EXPECT_NE(missing.message().find("'" + dropped + "'"), std::string::npos) << missing.message();
+
+  // A tensor of the wrong type.
+  auto wrong = t->state();
+  wrong.at(dropped) = HostTensor::zeros({DType::kF32, {1}});
+  ASSERT_TRUE(serialization::write_checkpoint(path("wrong"), wrong, "plan-fingerprint", 1).is_ok());
+  Status mistyped = fresh->restore_checkpoint(path("wrong"));
+  ASSERT_FALSE(mistyped.is_ok());
+  EXPECT_NE(mistyped.message().find("'" + dropped + "'"), std::string::npos) << mistyped.message();
+
+  // Corrupted bytes.
+  {
+    std::fstream file(path("ck/model.safetensors"),
+                      std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    file.put('\x55');
+  }
+  Status corrupt = fresh->restore_checkpoint(path("ck"));
+  ASSERT_FALSE(corrupt.is_ok());
+  EXPECT_NE(corrupt.message().find("model.safetensors"), std::string::npos);
+}
+
+TEST_F(TrainerTest, DataFolderBatchesAreReadInOrder) {
+  Graph graph = training_graph();
+  // Two batches: the synthetic batches 0 and 1, stacked.
+  Dataset synthetic = synthetic_dataset(graph, 11, 2);
+  for (size_t i = 0; i < graph.inputs().size(); ++i) {
+    const Tensor &input = graph.tensor(graph.inputs()[i]);
+    TensorType stacked = input.type;
+    stacked.shape.insert(stacked.shape.begin(), 2);
+    HostTensor both = HostTensor::zeros(stacked);
+    size_t bytes = static_cast<size_t>(input.type.size_bytes());
+    std::memcpy(both.data(), synthetic.batches[0][i].data(), bytes);
+    std::memcpy(both.data() + bytes, synthetic.batches[1][i].data(), bytes);
+    ASSERT_TRUE(serialization::write_npy(path(input.name + ".npy"), both).is_ok());
+  }
+  auto data = load_dataset(graph, dir_.string());
+  ASSERT_TRUE(data.is_ok()) << data.status().message();
+  ASSERT_EQ(data->batches.size(), 2u);
+  for (size_t k = 0; k < 2; ++k)
+    for (size_t i = 0; i < graph.inputs().size(); ++i)
+      EXPECT_EQ(std::memcmp(data->batches[k][i].data(), synthetic.batches[k][i].data(),
+                            synthetic.batches[k][i].size_bytes()),
+                0);
+
+  fs::remove(path("labels.npy"));
+  auto missing = load_dataset(graph, dir_.string());
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("labels.npy"), std::string::npos);
+}
+
+} // namespace
+} // namespace strata::runtime
