@@ -14,6 +14,10 @@
 #include <string>
 #include <tuple>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
@@ -572,6 +576,122 @@ OpCost pool_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> 
   return io_cost(inputs, outputs, per_output * elements(outputs[0]));
 }
 
+// The common max-pooling window: 2x2, stride 2, no padding or dilation, every
+// window inside the input. Its kernels below visit the taps in the generic
+// kernels' order with the same rule (a later tap wins when strictly larger, or
+// NaN), without branches, so they give bitwise the generic kernels' results.
+bool is_plain_2x2_stride_2(const Window &w, int64_t h, int64_t wd, int64_t out_h, int64_t out_w) {
+  return w.kernel_h == 2 && w.kernel_w == 2 && w.stride_h == 2 && w.stride_w == 2 &&
+         w.pad_top == 0 && w.pad_left == 0 && w.pad_bottom == 0 && w.pad_right == 0 &&
+         w.dilation_h == 1 && w.dilation_w == 1 && 2 * out_h <= h && 2 * out_w <= wd;
+}
+
+inline bool max_pool_takes(float v, float best) { return v > best || v != v; }
+
+#if defined(__SSE2__)
+// Four lanes of max_pool_takes: all ones where v > best or v is NaN.
+inline __m128 max_pool_takes4(__m128 v, __m128 best) {
+  return _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_cmpunord_ps(v, v));
+}
+inline __m128 select4(__m128 mask, __m128 a, __m128 b) {
+  return _mm_or_ps(_mm_and_ps(mask, a), _mm_andnot_ps(mask, b));
+}
+// Splits 8 consecutive floats into their even and odd elements.
+inline void deinterleave8(const float *p, __m128 *even, __m128 *odd) {
+  const __m128 lo = _mm_loadu_ps(p), hi = _mm_loadu_ps(p + 4);
+  *even = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+  *odd = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+}
+#endif
+
+void max_pool_2x2_stride_2(const float *in, float *out, int64_t planes, int64_t h, int64_t wd,
+                           int64_t out_h, int64_t out_w) {
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float *src = in + plane * h * wd;
+    float *dst = out + plane * out_h * out_w;
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const float *row0 = src + 2 * oy * wd;
+      const float *row1 = row0 + wd;
+      float *out_row = dst + oy * out_w;
+      int64_t ox = 0;
+#if defined(__SSE2__)
+      for (; ox + 4 <= out_w; ox += 4) {
+        __m128 a, b, c, d;
+        deinterleave8(row0 + 2 * ox, &a, &b);
+        deinterleave8(row1 + 2 * ox, &c, &d);
+        __m128 best = a;
+        best = select4(max_pool_takes4(b, best), b, best);
+        best = select4(max_pool_takes4(c, best), c, best);
+        best = select4(max_pool_takes4(d, best), d, best);
+        _mm_storeu_ps(out_row + ox, best);
+      }
+#endif
+      for (; ox < out_w; ++ox) {
+        const float a = row0[2 * ox], b = row0[2 * ox + 1];
+        const float c = row1[2 * ox], d = row1[2 * ox + 1];
+        float best = a;
+        best = max_pool_takes(b, best) ? b : best;
+        best = max_pool_takes(c, best) ? c : best;
+        best = max_pool_takes(d, best) ? d : best;
+        out_row[ox] = best;
+      }
+    }
+  }
+}
+
+// dX of the window above: each dY element added at its window's winning tap
+// (dX is zeroed first; the windows do not overlap, so the SSE path stores
+// 0 + dY at the winner and 0 elsewhere, the generic kernel's sums exactly).
+void max_pool_grad_2x2_stride_2(const float *dy, const float *x, float *dx, int64_t planes,
+                                int64_t h, int64_t wd, int64_t out_h, int64_t out_w) {
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float *src = x + plane * h * wd;
+    const float *g = dy + plane * out_h * out_w;
+    float *dst = dx + plane * h * wd;
+    for (int64_t oy = 0; oy < out_h; ++oy) {
+      const int64_t base = 2 * oy * wd;
+      int64_t ox = 0;
+#if defined(__SSE2__)
+      const __m128 zero = _mm_setzero_ps();
+      for (; ox + 4 <= out_w; ox += 4) {
+        __m128 a, b, c, d;
+        deinterleave8(src + base + 2 * ox, &a, &b);
+        deinterleave8(src + base + wd + 2 * ox, &c, &d);
+        // One-hot masks of the winning tap, in the generic kernel's scan order.
+        __m128 best = a;
+        __m128 take_b = max_pool_takes4(b, best);
+        best = select4(take_b, b, best);
+        __m128 take_c = max_pool_takes4(c, best);
+        best = select4(take_c, c, best);
+        const __m128 take_d = max_pool_takes4(d, best);
+        take_c = _mm_andnot_ps(take_d, take_c);
+        take_b = _mm_andnot_ps(_mm_or_ps(take_c, take_d), take_b);
+        const __m128 take_a = _mm_andnot_ps(_mm_or_ps(_mm_or_ps(take_b, take_c), take_d),
+                                            _mm_castsi128_ps(_mm_set1_epi32(-1)));
+        const __m128 grad = _mm_add_ps(zero, _mm_loadu_ps(g + oy * out_w + ox));
+        const __m128 ga = _mm_and_ps(take_a, grad), gb = _mm_and_ps(take_b, grad);
+        const __m128 gc = _mm_and_ps(take_c, grad), gd = _mm_and_ps(take_d, grad);
+        float *row0 = dst + base + 2 * ox;
+        float *row1 = row0 + wd;
+        _mm_storeu_ps(row0, _mm_unpacklo_ps(ga, gb));
+        _mm_storeu_ps(row0 + 4, _mm_unpackhi_ps(ga, gb));
+        _mm_storeu_ps(row1, _mm_unpacklo_ps(gc, gd));
+        _mm_storeu_ps(row1 + 4, _mm_unpackhi_ps(gc, gd));
+      }
+#endif
+      for (; ox < out_w; ++ox) {
+        const int64_t i0 = base + 2 * ox, i1 = i0 + 1, i2 = i0 + wd, i3 = i2 + 1;
+        float best = src[i0];
+        int64_t index = i0;
+        if (max_pool_takes(src[i1], best)) best = src[i1], index = i1;
+        if (max_pool_takes(src[i2], best)) best = src[i2], index = i2;
+        if (max_pool_takes(src[i3], best)) best = src[i3], index = i3;
+        dst[index] += g[oy * out_w + ox];
+      }
+    }
+  }
+}
+
 template <bool kMax> Status pool_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0}));
   AttrReader attrs = context.attrs();
@@ -587,6 +707,12 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
   const int64_t out_h = y.shape()[2], out_w = y.shape()[3];
   const float *in = x.as<float>();
   float *out = y.as<float>();
+  if constexpr (kMax) {
+    if (is_plain_2x2_stride_2(w, h, wd, out_h, out_w)) {
+      max_pool_2x2_stride_2(in, out, planes, h, wd, out_h, out_w);
+      return Status::ok();
+    }
+  }
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float *src = in + plane * h * wd;
     float *dst = out + plane * out_h * out_w;
@@ -1065,6 +1191,12 @@ template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
   const float *x_data = kMax ? context.inputs[1].as<float>() : nullptr;
   float *dx_data = dx_view.as<float>();
   std::fill(dx_data, dx_data + dx_view.num_elements(), 0.0f);
+  if constexpr (kMax) {
+    if (is_plain_2x2_stride_2(w, h, wd, out_h, out_w)) {
+      max_pool_grad_2x2_stride_2(dy_data, x_data, dx_data, planes, h, wd, out_h, out_w);
+      return Status::ok();
+    }
+  }
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float *g = dy_data + plane * out_h * out_w;
     float *dst = dx_data + plane * h * wd;
@@ -1230,6 +1362,7 @@ Status softmax_cross_entropy_grad(const KernelContext &context, Reduction reduct
   if (reduction == Reduction::kSum) shared = dloss[0];
   if (reduction == Reduction::kMean && counted > 0)
     shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
+  std::vector<double> exps(static_cast<size_t>(classes));
   for (int64_t r = 0; r < rows; ++r) {
     float *out = dx + r * classes;
     const int64_t label = static_cast<int64_t>(labels[r]);
@@ -1242,11 +1375,14 @@ Status softmax_cross_entropy_grad(const KernelContext &context, Reduction reduct
     float max = row[0];
     for (int64_t c = 1; c < classes; ++c)
       max = std::max(max, row[c]);
+    // Each exponential once, kept for the second pass (the same values the sum saw).
     double sum = 0;
-    for (int64_t c = 0; c < classes; ++c)
-      sum += std::exp(static_cast<double>(row[c]) - max);
     for (int64_t c = 0; c < classes; ++c) {
-      const double p = std::exp(static_cast<double>(row[c]) - max) / sum;
+      exps[static_cast<size_t>(c)] = std::exp(static_cast<double>(row[c]) - max);
+      sum += exps[static_cast<size_t>(c)];
+    }
+    for (int64_t c = 0; c < classes; ++c) {
+      const double p = exps[static_cast<size_t>(c)] / sum;
       out[c] = static_cast<float>(weight * (p - (c == label ? 1.0 : 0.0)));
     }
   }

@@ -14,6 +14,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "ops/registry.h"
 
 namespace strata::ops {
@@ -87,6 +91,34 @@ inline float row_max(const float *x, int64_t n, float acc) {
   return acc;
 }
 
+// out[k] = sum over r of x[r, k] (divided by rows for a mean), accumulated in
+// double in row order.
+void sum_leading_rows(const float *x, int64_t rows, int64_t cols, bool mean, float *out) {
+  constexpr int64_t kBlock = 512;
+  double acc[kBlock];
+  for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+    const int64_t width = std::min(kBlock, cols - c0);
+    std::fill(acc, acc + width, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *row = x + r * cols + c0;
+      int64_t i = 0;
+#if defined(__SSE2__)
+      for (; i + 4 <= width; i += 4) {
+        const __m128 v = _mm_loadu_ps(row + i);
+        _mm_storeu_pd(acc + i, _mm_add_pd(_mm_loadu_pd(acc + i), _mm_cvtps_pd(v)));
+        _mm_storeu_pd(acc + i + 2,
+                      _mm_add_pd(_mm_loadu_pd(acc + i + 2), _mm_cvtps_pd(_mm_movehl_ps(v, v))));
+      }
+#endif
+      for (; i < width; ++i)
+        acc[i] += row[i];
+    }
+    const double count = static_cast<double>(rows);
+    for (int64_t i = 0; i < width; ++i)
+      out[c0 + i] = static_cast<float>(mean ? acc[i] / count : acc[i]);
+  }
+}
+
 template <Reduction kKind> Status reduce_kernel(const KernelContext &context) {
   const ConstTensorView &x = context.inputs[0];
   if (x.dtype() != DType::kF32)
@@ -125,6 +157,15 @@ template <Reduction kKind> Status reduce_kernel(const KernelContext &context) {
     stride *= dims[d];
   }
 
+  if constexpr (kKind != Reduction::kMax) {
+    // Leading dimensions summed away ([R, K] -> [K], e.g. a bias gradient): in
+    // blocks of columns with a stack accumulator, adding the rows in order as the
+    // general loop does, so the results are bitwise the same.
+    if (rank == 2 && is_reduced[0] && !is_reduced[1]) {
+      sum_leading_rows(in, dims[0], dims[1], kKind == Reduction::kMean, out);
+      return Status::ok();
+    }
+  }
   if constexpr (kKind == Reduction::kMax) {
     std::fill(out, out + out_count, -std::numeric_limits<float>::infinity());
   }

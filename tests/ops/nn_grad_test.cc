@@ -184,6 +184,10 @@ TEST(MaxPool2dGrad, Windows) {
   check_gradients(apply("MaxPool2d", {{"kernel_shape", std::vector<int64_t>{2, 2}},
                                       {"dilations", std::vector<int64_t>{2, 1}}}),
                   {distinct({1, 1, 5, 4}, 54)}, kLinear);
+  // Wide enough for the vectorized 2x2 stride-2 path and its scalar tail.
+  check_gradients(apply("MaxPool2d", {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                                      {"strides", std::vector<int64_t>{2, 2}}}),
+                  {distinct({1, 2, 4, 22}, 55)}, kLinear);
 }
 
 TEST(AveragePool2dGrad, PadsAndCeilMode) {

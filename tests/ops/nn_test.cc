@@ -450,6 +450,11 @@ TEST(MaxPool2d, MatchesReference) {
       {{1, 2, 5, 5}, {2, 2}, {2, 2}, {1, 1, 1, 1}, {1, 1}, true, false}, // drops a window
       {{1, 2, 10, 11}, {3, 2}, {1, 2}, {2, 0, 1, 1}, {2, 2}, true, false},
       {{1, 1, 6, 7}, {2, 3}, {3, 2}, {0, 1, 1, 0}, {1, 1}, true, false},
+      // 2x2 stride 2 without padding takes a vectorized path, four outputs at a
+      // time; odd widths leave columns for the scalar tail.
+      {{2, 3, 8, 12}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false},
+      {{1, 2, 6, 19}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false},
+      {{1, 2, 7, 21}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, true, false},
   };
   uint32_t seed = 400;
   for (const PoolCase &c : cases) {
