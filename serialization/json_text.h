@@ -7,6 +7,8 @@
 // read back by flatbuffers::Parser with the embedded schema.
 #pragma once
 
+#include <cstring>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -68,10 +70,12 @@ inline void append_number_list(std::string &out, const flatbuffers::Vector<T> *v
   if (v != nullptr)
     for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
       if (i) out += ", ";
+      T value; // copied: a vector of 8-byte numbers may be only 4-byte aligned
+      std::memcpy(&value, v->Data() + i * sizeof(T), sizeof(T));
       if constexpr (std::is_floating_point_v<T>)
-        append_double(out, v->Get(i));
+        append_double(out, value);
       else
-        out += std::to_string(v->Get(i));
+        out += std::to_string(value);
     }
   out += ']';
 }

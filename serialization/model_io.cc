@@ -333,8 +333,8 @@ Result<AttrValue> read_attribute_value(const fb::Attribute &attr) {
   if (attr.i()) return AttrValue(*attr.i());
   if (attr.f()) return AttrValue(*attr.f());
   if (attr.s()) return AttrValue(attr.s()->str());
-  if (attr.ints()) return AttrValue(std::vector<int64_t>(attr.ints()->begin(), attr.ints()->end()));
-  return AttrValue(std::vector<double>(attr.floats()->begin(), attr.floats()->end()));
+  if (attr.ints()) return AttrValue(copy_numbers(*attr.ints()));
+  return AttrValue(copy_numbers(*attr.floats()));
 }
 
 } // namespace
@@ -367,7 +367,10 @@ Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_di
       tensor.name = t.name()->str();
       tensor.type.dtype = static_cast<DType>(dtype);
       tensor.kind = static_cast<TensorKind>(kind);
-      if (t.shape()) tensor.type.shape.assign(t.shape()->begin(), t.shape()->end());
+      if (t.shape()) {
+        std::vector<int64_t> dims = copy_numbers(*t.shape());
+        tensor.type.shape.assign(dims.begin(), dims.end());
+      }
       // Count elements with overflow checks before anything is multiplied by
       // the element size or allocated.
       auto count = checked_num_elements(tensor.type.shape);

@@ -3,6 +3,7 @@
 // generated FlatBuffers types.
 #pragma once
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,6 +36,15 @@ Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_di
 Result<std::vector<uint8_t>> json_to_flatbuffer(std::string_view json, const char *schema_text,
                                                 std::string_view schema_name,
                                                 std::string_view display_name);
+
+// Copies a vector of numbers through memcpy. The FlatBuffers verifier checks
+// only the 4-byte alignment of a vector, so a corrupt or crafted file can place a
+// vector of 8-byte numbers where a typed 8-byte load would be misaligned.
+template <typename T> std::vector<T> copy_numbers(const flatbuffers::Vector<T> &vector) {
+  std::vector<T> out(vector.size());
+  if (!out.empty()) std::memcpy(out.data(), vector.Data(), out.size() * sizeof(T));
+  return out;
+}
 
 // Bytes as text, with non-printable ones as \xNN (for file identifiers in errors).
 std::string printable(llvm::ArrayRef<uint8_t> bytes);

@@ -221,8 +221,9 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
     if (q.offsets() == nullptr || q.offsets()->size() != g.num_tensors())
       return invalid_argument(where, ".offsets has ", q.offsets() ? q.offsets()->size() : 0,
                               " entries but the model has ", g.num_tensors(), " tensors");
+    const std::vector<int64_t> offsets = copy_numbers(*q.offsets());
     for (uint32_t t = 0; t < g.num_tensors(); ++t) {
-      int64_t offset = q.offsets()->Get(t);
+      int64_t offset = offsets[t];
       const Tensor &tensor = g.tensor(t);
       if (offset == -1) {
         if (tensor.kind == TensorKind::kIntermediate && tensor.type.size_bytes() > 0)
