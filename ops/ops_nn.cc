@@ -1481,10 +1481,22 @@ Status matmul_grad(GradContext &c) {
     c.input_grads[0] = reshape_to(c, g, a.shape, "a.shape");
   }
   if (c.needs_input_grad[1]) {
-    const TensorId a_matrix = reshape_to(c, c.input(0), a2, "a_matrix");
-    TensorId g = tb ? matmul(dy2, a_matrix, true, ta, "b") : matmul(a_matrix, dy2, !ta, false, "b");
-    g = reduce_to_shape(c, g, b2, "b.batch");
-    c.input_grads[1] = reshape_to(c, g, b.shape, "b.shape");
+    if (b2.size() == 2 && a2.size() > 2 && !ta) {
+      // A weight shared by every batch (x [..., m, k] times W [k, n]): one product
+      // over all rows, instead of a product per batch and a sum over batches.
+      const int64_t rows = num_elements(a2) / dims.k;
+      const TensorId a_rows = reshape_to(c, c.input(0), Shape{rows, dims.k}, "a_rows");
+      const TensorId dy_rows = reshape_to(c, dy, Shape{rows, dims.n}, "dy_rows");
+      TensorId g = tb ? matmul(dy_rows, a_rows, true, false, "b")
+                      : matmul(a_rows, dy_rows, true, false, "b");
+      c.input_grads[1] = reshape_to(c, g, b.shape, "b.shape");
+    } else {
+      const TensorId a_matrix = reshape_to(c, c.input(0), a2, "a_matrix");
+      TensorId g =
+          tb ? matmul(dy2, a_matrix, true, ta, "b") : matmul(a_matrix, dy2, !ta, false, "b");
+      g = reduce_to_shape(c, g, b2, "b.batch");
+      c.input_grads[1] = reshape_to(c, g, b.shape, "b.shape");
+    }
   }
   return Status::ok();
 }

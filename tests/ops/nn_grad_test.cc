@@ -86,6 +86,11 @@ TEST(MatMulGrad, BatchedBroadcast) {
                       {randn(a, 5), randn(b, 6)}, kLinear);
     }
   check_gradients(apply("MatMul", {}), {randn({2, 3, 4}, 7), randn({4, 2}, 8)}, kLinear);
+  // A weight shared by every batch: its gradient is one product over all rows.
+  check_gradients(apply("MatMul", {{"trans_b", int64_t{1}}}),
+                  {randn({2, 3, 4}, 17), randn({2, 4}, 18)}, kLinear);
+  check_gradients(apply("MatMul", {}), {randn({2, 2, 3, 4}, 19), randn({4, 5}, 20)}, kLinear);
+  check_gradients(apply("MatMul", {}), {randn({2, 3, 4}, 21), randn({4}, 22)}, kLinear);
   check_gradients(apply("MatMul", {{"trans_b", int64_t{1}}}),
                   {randn({3, 4}, 9), randn({2, 5, 4}, 10)}, kLinear);
 }
