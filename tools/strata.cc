@@ -20,6 +20,10 @@
 #include "tools/zoo.h"
 
 namespace strata::tools {
+
+// `strata calibrate` (tools/calibrate.cc).
+void add_calibrate(CLI::App &app, std::function<Status()> &action);
+
 namespace {
 
 constexpr int kExitFailure = 1; // the command ran and failed
@@ -438,6 +442,7 @@ int main(int argc, char **argv) {
   add_compile(app, action);
   add_run(app, action);
   add_ops(app, action);
+  add_calibrate(app, action);
 
   if (auto unknown = unknown_command(app, argc, argv)) {
     std::cerr << "strata: error: " << *unknown << "\n";

@@ -1,0 +1,709 @@
+#include "partitioner/stage_partition.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+
+#include <llvm/ADT/StringMap.h>
+
+#include "ops/registry.h"
+
+namespace strata::partitioner {
+namespace {
+
+std::string format_bytes(double bytes) {
+  char text[96];
+  if (bytes >= 1024.0 * 1024.0 * 1024.0) {
+    std::snprintf(text, sizeof(text), "%.0f bytes (%.2f GiB)", bytes,
+                  bytes / (1024.0 * 1024.0 * 1024.0));
+  } else if (bytes >= 1024.0 * 1024.0) {
+    std::snprintf(text, sizeof(text), "%.0f bytes (%.2f MiB)", bytes, bytes / (1024.0 * 1024.0));
+  } else {
+    std::snprintf(text, sizeof(text), "%.0f bytes", bytes);
+  }
+  return text;
+}
+
+std::string item_label(const PartitionProblem &problem, size_t index) {
+  const std::string &name = problem.items[index].name;
+  return name.empty() ? str_cat("item ", index) : str_cat("'", name, "'");
+}
+
+// Prefix sums and the stage predicates, shared by the search and the evaluation so
+// both compute every stage time and memory with the same expressions.
+class Sequence {
+public:
+  explicit Sequence(const PartitionProblem &problem)
+      : n_(problem.items.size()), stages_(problem.stages), capacity_(problem.memory_capacity),
+        time_(n_ + 1, 0.0), static_(n_ + 1, 0.0), act_(n_ + 1, 0.0), cut_(n_ + 1, 0.0) {
+    for (size_t i = 0; i < n_; ++i) {
+      const PartitionItem &item = problem.items[i];
+      time_[i + 1] = time_[i] + item.time;
+      static_[i + 1] = static_[i] + item.static_bytes;
+      act_[i + 1] = act_[i] + item.activation_bytes;
+      cut_[i + 1] = i + 1 < n_ ? item.cut_cost : 0.0;
+    }
+    in_flight_.resize(static_cast<size_t>(stages_), 1);
+    for (size_t s = 0; s < problem.in_flight.size() && s < in_flight_.size(); ++s) {
+      in_flight_[s] = problem.in_flight[s];
+    }
+  }
+
+  size_t size() const { return n_; }
+  int stages() const { return stages_; }
+  int in_flight(int stage) const { return in_flight_[static_cast<size_t>(stage)]; }
+  // Whether a stage may end at exclusive end `e` (the cut after item e - 1 is allowed).
+  bool end_allowed(size_t e) const { return e == n_ || std::isfinite(cut_[e]); }
+  double cut(size_t e) const { return cut_[e]; }
+
+  // Items [b, e) as one stage.
+  double compute(size_t b, size_t e) const { return time_[e] - time_[b]; }
+  double time(size_t b, size_t e) const { return compute(b, e) + cut_[e]; }
+  double memory(size_t b, size_t e, int stage) const {
+    return (static_[e] - static_[b]) + static_cast<double>(in_flight(stage)) * (act_[e] - act_[b]);
+  }
+  bool fits(size_t b, size_t e, int stage) const { return memory(b, e, stage) <= capacity_; }
+
+  // For each end e in [1, n], the smallest start b < e with time(b, e) <= bound, or e
+  // when there is none. time(b, e) only falls as b grows, so a binary search finds it.
+  void time_starts(double bound, std::vector<size_t> &starts) const {
+    starts.assign(n_ + 1, 0);
+    for (size_t e = 1; e <= n_; ++e) {
+      if (!end_allowed(e)) {
+        starts[e] = e;
+        continue;
+      }
+      size_t lo = 0, hi = e; // answer in [lo, hi]; hi = e means none
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (time(mid, e) <= bound) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      starts[e] = lo;
+    }
+  }
+
+  // Ends that stage s (0-based) may have while every stage stays non-empty.
+  size_t first_end(int s) const { return static_cast<size_t>(s) + 1; }
+  size_t last_end(int s) const { return n_ - static_cast<size_t>(stages_ - 1 - s); }
+
+  // Calls visit(e, lower) for each end of stage s, with `lower` the smallest start
+  // allowed by both the time bound (time_starts) and memory. The memory bound grows
+  // with e, so one pointer sweeps it.
+  template <typename Visit>
+  void for_each_end(int s, const std::vector<size_t> &time_start, Visit &&visit) const {
+    size_t memory_start = 0;
+    for (size_t e = first_end(s); e <= last_end(s); ++e) {
+      if (memory_start < static_cast<size_t>(s)) memory_start = static_cast<size_t>(s);
+      while (memory_start < e && !fits(memory_start, e, s))
+        ++memory_start;
+      visit(e, std::max(time_start[e], memory_start));
+    }
+  }
+
+  // Whether some partition has every stage time <= bound and fits in memory.
+  bool feasible(double bound) const {
+    std::vector<size_t> time_start;
+    time_starts(bound, time_start);
+    std::vector<uint32_t> reach_count(n_ + 2, 0); // prefix counts of reachable starts
+    std::vector<char> reach(n_ + 1, 0), next(n_ + 1, 0);
+    reach[0] = 1;
+    for (int s = 0; s < stages_; ++s) {
+      for (size_t i = 0; i <= n_; ++i)
+        reach_count[i + 1] = reach_count[i] + (reach[i] ? 1 : 0);
+      std::fill(next.begin(), next.end(), 0);
+      bool any = false;
+      for_each_end(s, time_start, [&](size_t e, size_t lower) {
+        if (lower < e && reach_count[e] - reach_count[lower] > 0) {
+          next[e] = 1;
+          any = true;
+        }
+      });
+      if (!any) return false;
+      reach.swap(next);
+    }
+    return reach[n_] != 0;
+  }
+
+private:
+  size_t n_;
+  int stages_;
+  double capacity_;
+  std::vector<double> time_, static_, act_, cut_;
+  std::vector<int> in_flight_;
+};
+
+Status check_problem(const PartitionProblem &problem) {
+  const size_t n = problem.items.size();
+  if (n == 0) return invalid_argument("cannot partition an empty sequence");
+  if (problem.stages < 1)
+    return invalid_argument("stages must be at least 1, got ", problem.stages);
+  if (static_cast<size_t>(problem.stages) > n) {
+    return invalid_argument("cannot split ", n, " items into ", problem.stages,
+                            " non-empty stages");
+  }
+  if (!problem.in_flight.empty() &&
+      problem.in_flight.size() != static_cast<size_t>(problem.stages)) {
+    return invalid_argument("in_flight has ", problem.in_flight.size(), " entries for ",
+                            problem.stages, " stages");
+  }
+  for (size_t s = 0; s < problem.in_flight.size(); ++s) {
+    if (problem.in_flight[s] < 0) {
+      return invalid_argument("stage ", s, " keeps ", problem.in_flight[s],
+                              " micro-batches in flight");
+    }
+  }
+  if (std::isnan(problem.memory_capacity) || problem.memory_capacity < 0) {
+    return invalid_argument("memory capacity must be a non-negative number");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const PartitionItem &item = problem.items[i];
+    auto bad = [](double v) { return !std::isfinite(v) || v < 0; };
+    if (bad(item.time) || bad(item.static_bytes) || bad(item.activation_bytes) ||
+        std::isnan(item.cut_cost) || item.cut_cost < 0) {
+      return invalid_argument(item_label(problem, i),
+                              ": time, bytes and cut cost must be finite and non-negative");
+    }
+  }
+  return Status::ok();
+}
+
+// The error for a problem that no split fits in memory, naming the item that needs
+// the most memory on its own (with the fewest micro-batches any stage keeps).
+Status memory_error(const PartitionProblem &problem) {
+  int fewest = 1;
+  if (!problem.in_flight.empty()) {
+    fewest = *std::min_element(problem.in_flight.begin(), problem.in_flight.end());
+  }
+  size_t largest = 0;
+  double largest_need = -1;
+  for (size_t i = 0; i < problem.items.size(); ++i) {
+    const PartitionItem &item = problem.items[i];
+    double need = item.static_bytes + fewest * item.activation_bytes;
+    if (need > largest_need) {
+      largest_need = need;
+      largest = i;
+    }
+  }
+  return failed_precondition("no partition into ", problem.stages, " stages fits in ",
+                             format_bytes(problem.memory_capacity),
+                             " per device; the largest item, ", item_label(problem, largest),
+                             ", needs ", format_bytes(largest_need), " (with ", fewest,
+                             " micro-batch(es) in flight)");
+}
+
+PartitionSolution describe(const Sequence &seq, std::vector<size_t> boundaries) {
+  PartitionSolution solution;
+  size_t begin = 0;
+  for (int s = 0; s < seq.stages(); ++s) {
+    size_t end = s + 1 < seq.stages() ? boundaries[static_cast<size_t>(s)] + 1 : seq.size();
+    double time = seq.time(begin, end);
+    solution.stage_time.push_back(time);
+    solution.stage_memory.push_back(seq.memory(begin, end, s));
+    solution.bottleneck = std::max(solution.bottleneck, time);
+    if (end < seq.size()) solution.total_cut_cost += seq.cut(end);
+    begin = end;
+  }
+  solution.boundaries = std::move(boundaries);
+  return solution;
+}
+
+// Range minimum (value, then smallest index) over a fixed array.
+class RangeMin {
+public:
+  explicit RangeMin(const std::vector<double> &values) : values_(values) {
+    const size_t n = values.size();
+    table_.emplace_back(n);
+    for (size_t i = 0; i < n; ++i)
+      table_[0][i] = static_cast<uint32_t>(i);
+    for (size_t width = 1; 2 * width <= n; width *= 2) {
+      const std::vector<uint32_t> &prev = table_.back();
+      std::vector<uint32_t> level(n - 2 * width + 1);
+      for (size_t i = 0; i < level.size(); ++i)
+        level[i] = better(prev[i], prev[i + width]);
+      table_.push_back(std::move(level));
+    }
+  }
+  // Index of the minimum over [lo, hi], lo <= hi.
+  uint32_t query(size_t lo, size_t hi) const {
+    size_t level = static_cast<size_t>(std::bit_width(hi - lo + 1) - 1);
+    return better(table_[level][lo], table_[level][hi + 1 - (size_t{1} << level)]);
+  }
+
+private:
+  uint32_t better(uint32_t a, uint32_t b) const {
+    if (values_[b] < values_[a]) return b;
+    if (values_[a] < values_[b]) return a;
+    return std::min(a, b);
+  }
+  const std::vector<double> &values_;
+  std::vector<std::vector<uint32_t>> table_;
+};
+
+double from_bits(uint64_t bits) { return std::bit_cast<double>(bits); }
+
+} // namespace
+
+Result<PartitionSolution> solve_partition(const PartitionProblem &problem) {
+  RETURN_IF_ERROR(check_problem(problem));
+  const Sequence seq(problem);
+  const size_t n = seq.size();
+  const int p = problem.stages;
+
+  size_t allowed_cuts = 0;
+  double largest_cut = 0;
+  for (size_t e = 1; e < n; ++e) {
+    if (seq.end_allowed(e)) {
+      ++allowed_cuts;
+      largest_cut = std::max(largest_cut, seq.cut(e));
+    }
+  }
+  if (allowed_cuts + 1 < static_cast<size_t>(p)) {
+    return failed_precondition("cannot split into ", p, " stages: only ", allowed_cuts,
+                               " cut position(s) are allowed");
+  }
+  if (!seq.feasible(kUnlimited)) {
+    // Either memory, or the allowed cuts cannot make every stage non-empty.
+    PartitionProblem unlimited = problem;
+    unlimited.memory_capacity = kUnlimited;
+    if (Sequence(unlimited).feasible(kUnlimited)) return memory_error(problem);
+    return failed_precondition("cannot split into ", p,
+                               " non-empty stages at the allowed cut positions");
+  }
+
+  // Smallest feasible bottleneck: bisection over the bit patterns of non-negative
+  // doubles, which order like the values. Every stage time is at most `upper`.
+  const double upper = seq.compute(0, n) + largest_cut;
+  uint64_t lo = 0, hi = std::bit_cast<uint64_t>(upper);
+  if (!seq.feasible(upper)) return internal_error("stage partition: upper bound not feasible");
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (seq.feasible(from_bits(mid))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  const double bound = from_bits(lo);
+
+  // Among the partitions within the bound, the least total cut cost. cost[b] is the
+  // cheapest cover of items [0, b) by the stages so far (infinite: unreachable).
+  std::vector<size_t> time_start;
+  seq.time_starts(bound, time_start);
+  std::vector<double> cost(n + 1, kUnlimited), next(n + 1, kUnlimited);
+  cost[0] = 0;
+  std::vector<uint32_t> parent(static_cast<size_t>(p) * (n + 1), UINT32_MAX);
+  for (int s = 0; s < p; ++s) {
+    RangeMin range(cost);
+    std::fill(next.begin(), next.end(), kUnlimited);
+    seq.for_each_end(s, time_start, [&](size_t e, size_t lower) {
+      if (lower >= e) return;
+      uint32_t best = range.query(lower, e - 1);
+      if (!std::isfinite(cost[best])) return;
+      next[e] = cost[best] + (e < n ? seq.cut(e) : 0.0);
+      parent[static_cast<size_t>(s) * (n + 1) + e] = best;
+    });
+    cost.swap(next);
+  }
+  if (!std::isfinite(cost[n])) return internal_error("stage partition: no path at the optimum");
+
+  std::vector<size_t> boundaries(static_cast<size_t>(p - 1));
+  size_t end = n;
+  for (int s = p - 1; s > 0; --s) {
+    size_t start = parent[static_cast<size_t>(s) * (n + 1) + end];
+    boundaries[static_cast<size_t>(s - 1)] = start - 1;
+    end = start;
+  }
+  return describe(seq, std::move(boundaries));
+}
+
+Result<PartitionSolution> evaluate_partition(const PartitionProblem &problem,
+                                             const std::vector<size_t> &boundaries) {
+  RETURN_IF_ERROR(check_problem(problem));
+  const Sequence seq(problem);
+  const size_t n = seq.size();
+  if (boundaries.size() + 1 != static_cast<size_t>(problem.stages)) {
+    return invalid_argument(problem.stages, " stages need ", problem.stages - 1,
+                            " boundaries, got ", boundaries.size());
+  }
+  size_t begin = 0;
+  for (size_t s = 0; s < boundaries.size(); ++s) {
+    size_t last = boundaries[s];
+    if (last + 1 >= n) {
+      return out_of_range("boundary ", s, " is at position ", last, " of ", n,
+                          " items; the last stage would be empty");
+    }
+    if (last < begin) {
+      return invalid_argument("boundary ", s, " (after ", item_label(problem, last),
+                              ") does not come after the previous one");
+    }
+    if (!seq.end_allowed(last + 1)) {
+      return invalid_argument("cutting after ", item_label(problem, last), " is not allowed");
+    }
+    begin = last + 1;
+  }
+  PartitionSolution solution = describe(seq, boundaries);
+  for (int s = 0; s < problem.stages; ++s) {
+    double need = solution.stage_memory[static_cast<size_t>(s)];
+    if (need > problem.memory_capacity) {
+      return failed_precondition("stage ", s, " needs ", format_bytes(need), ", more than the ",
+                                 format_bytes(problem.memory_capacity), " of a device");
+    }
+  }
+  return solution;
+}
+
+// ---------------------------------------------------------------------------------
+// Graph adapter.
+
+namespace {
+
+bool is_activation(const Tensor &tensor) { return tensor.kind == TensorKind::kIntermediate; }
+
+double tensor_bytes(const Tensor &tensor) { return static_cast<double>(tensor.type.size_bytes()); }
+
+// The forward part of `graph`: everything, or for a training graph (one with state
+// updates) the nodes its outputs depend on.
+std::vector<char> forward_nodes(const Graph &graph) {
+  std::vector<char> forward(graph.num_nodes(), graph.updates().empty() ? 1 : 0);
+  if (graph.updates().empty()) return forward;
+  std::vector<TensorId> work(graph.outputs().begin(), graph.outputs().end());
+  std::vector<char> seen(graph.num_tensors(), 0);
+  while (!work.empty()) {
+    TensorId t = work.back();
+    work.pop_back();
+    if (seen[t]) continue;
+    seen[t] = 1;
+    NodeId producer = graph.tensor(t).producer;
+    if (producer == kNoNode || forward[producer]) continue;
+    forward[producer] = 1;
+    for (TensorId in : graph.node(producer).inputs)
+      work.push_back(in);
+  }
+  return forward;
+}
+
+} // namespace
+
+Result<StageAssignment> partition_stages(const Graph &graph, int stages,
+                                         const StagePartitionOptions &options) {
+  const std::string where = str_cat("stage partition of '", graph.name(), "'");
+  if (stages < 1) return invalid_argument(where, ": stages must be at least 1, got ", stages);
+  if (!(options.link_bandwidth > 0) || !(options.link_latency >= 0) ||
+      !(options.backward_factor >= 0) || !(options.parameter_state_factor >= 0)) {
+    return invalid_argument(where, ": link bandwidth must be positive, latency, backward "
+                                   "factor and parameter state factor non-negative");
+  }
+  if (!options.in_flight.empty() && options.in_flight.size() != static_cast<size_t>(stages)) {
+    return invalid_argument(where, ": in_flight has ", options.in_flight.size(), " entries for ",
+                            stages, " stages");
+  }
+
+  ASSIGN_OR_RETURN(std::vector<NodeId> topo, graph.topological_order());
+  const std::vector<char> is_forward = forward_nodes(graph);
+  StageAssignment out;
+  out.num_stages = stages;
+  for (NodeId id : topo) {
+    if (is_forward[id]) out.order.push_back(id);
+  }
+  const size_t n = out.order.size();
+  if (n < static_cast<size_t>(stages)) {
+    return invalid_argument(where, ": cannot split ", n, " forward nodes into ", stages, " stages");
+  }
+  std::vector<size_t> position(graph.num_nodes(), SIZE_MAX);
+  for (size_t i = 0; i < n; ++i) {
+    position[out.order[i]] = i;
+    out.order_names.push_back(graph.node(out.order[i]).name);
+  }
+
+  // Items: time, owned parameters (first forward consumer), kept activations.
+  PartitionProblem problem;
+  problem.stages = stages;
+  problem.memory_capacity = options.memory_capacity;
+  problem.items.resize(n);
+  const double time_scale = 1.0 + (options.training ? options.backward_factor : 0.0);
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  for (size_t i = 0; i < n; ++i) {
+    const NodeId id = out.order[i];
+    PartitionItem &item = problem.items[i];
+    item.name = graph.node(id).name;
+    double t = options.node_time ? options.node_time(graph, id)
+                                 : registry.node_cost(graph, id).flops / 1e11;
+    if (!std::isfinite(t) || t < 0) {
+      return invalid_argument(where, ": node '", item.name, "' has time ", t);
+    }
+    item.time = t * time_scale;
+    if (options.training) {
+      for (TensorId o : graph.node(id).outputs)
+        item.activation_bytes += tensor_bytes(graph.tensor(o));
+    }
+  }
+
+  const auto consumers = graph.consumers();
+  out.tensor_stage.assign(graph.num_tensors(), -1);
+  std::vector<size_t> owner(graph.num_tensors(), SIZE_MAX); // position of the owner
+  // Crossing counts and bytes per cut position, by difference arrays: an activation
+  // produced at position a and last read (forward) at c crosses the cuts after a..c-1.
+  std::vector<double> cross_count(n + 1, 0), cross_bytes(n + 1, 0);
+  struct Span {
+    TensorId tensor;
+    size_t first, last; // crosses cuts after positions first..last-1
+  };
+  std::vector<Span> spans;
+  for (TensorId t = 0; t < graph.num_tensors(); ++t) {
+    const Tensor &tensor = graph.tensor(t);
+    size_t first_use = SIZE_MAX, last_use = 0;
+    for (NodeId c : consumers[t]) {
+      if (position[c] == SIZE_MAX) continue;
+      first_use = std::min(first_use, position[c]);
+      last_use = std::max(last_use, position[c]);
+    }
+    if (first_use == SIZE_MAX) continue;
+    if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kConstant) {
+      owner[t] = first_use;
+      double factor = tensor.kind == TensorKind::kParameter ? options.parameter_state_factor : 1.0;
+      problem.items[first_use].static_bytes += tensor_bytes(tensor) * factor;
+    } else if (is_activation(tensor) && tensor.producer != kNoNode &&
+               position[tensor.producer] != SIZE_MAX && last_use > position[tensor.producer]) {
+      size_t a = position[tensor.producer];
+      spans.push_back({t, a, last_use});
+      cross_count[a] += 1;
+      cross_count[last_use] -= 1;
+      cross_bytes[a] += tensor_bytes(tensor);
+      cross_bytes[last_use] -= tensor_bytes(tensor);
+    }
+  }
+  const double directions = options.training ? 2.0 : 1.0;
+  std::vector<long> count_at(n, 0);
+  {
+    double count = 0, bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      count += cross_count[i];
+      bytes += cross_bytes[i];
+      count_at[i] = std::lround(count);
+      problem.items[i].cut_cost = directions * (count * options.link_latency +
+                                                std::max(bytes, 0.0) / options.link_bandwidth);
+    }
+  }
+
+  if (!options.in_flight.empty()) {
+    problem.in_flight = options.in_flight;
+  } else {
+    const int micro = options.microbatches > 0 ? options.microbatches : stages;
+    for (int s = 0; s < stages; ++s)
+      problem.in_flight.push_back(std::min(stages - s, micro));
+  }
+
+  PartitionSolution solution;
+  if (!options.manual_boundaries.empty()) {
+    if (options.manual_boundaries.size() + 1 != static_cast<size_t>(stages)) {
+      return invalid_argument(where, ": --stage-boundaries names ",
+                              options.manual_boundaries.size(), " node(s); ", stages,
+                              " stages need ", stages - 1);
+    }
+    std::vector<size_t> cuts;
+    for (size_t k = 0; k < options.manual_boundaries.size(); ++k) {
+      const std::string &name = options.manual_boundaries[k];
+      std::optional<NodeId> id = graph.find_node(name);
+      if (!id || position[*id] == SIZE_MAX) {
+        return not_found(where, ": --stage-boundaries: no forward node named '", name, "'");
+      }
+      size_t pos = position[*id];
+      if (!cuts.empty() && pos <= cuts.back()) {
+        return invalid_argument(where, ": --stage-boundaries: '", name, "' does not come after '",
+                                options.manual_boundaries[k - 1], "' in the topological order");
+      }
+      if (pos + 1 >= n) {
+        return invalid_argument(where, ": --stage-boundaries: '", name,
+                                "' is the last forward node; the last stage would be empty");
+      }
+      cuts.push_back(pos);
+    }
+    auto evaluated = evaluate_partition(problem, cuts);
+    if (!evaluated) return evaluated.status().with_context(where);
+    solution = std::move(evaluated).value();
+    out.manual = true;
+  } else {
+    if (options.cut_points == CutPoints::kNarrowest && stages > 1) {
+      // The smallest crossing count with enough positions at or below it.
+      std::vector<long> counts(count_at.begin(), count_at.end() - 1);
+      std::sort(counts.begin(), counts.end());
+      const long threshold = counts[static_cast<size_t>(stages - 2)];
+      for (size_t i = 0; i + 1 < n; ++i) {
+        if (count_at[i] > threshold) problem.items[i].cut_cost = kUnlimited;
+      }
+    }
+    auto solved = solve_partition(problem);
+    if (!solved) return solved.status().with_context(where);
+    solution = std::move(solved).value();
+  }
+
+  // Stages of nodes and parameters, per-stage statistics.
+  out.node_stage.assign(graph.num_nodes(), -1);
+  out.stages.resize(static_cast<size_t>(stages));
+  std::vector<int> stage_at(n);
+  {
+    int s = 0;
+    for (size_t i = 0; i < n; ++i) {
+      stage_at[i] = s;
+      if (static_cast<size_t>(s) < solution.boundaries.size() && solution.boundaries[s] == i) ++s;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    StageInfo &info = out.stages[static_cast<size_t>(stage_at[i])];
+    const PartitionItem &item = problem.items[i];
+    out.node_stage[out.order[i]] = stage_at[i];
+    info.num_nodes += 1;
+    info.compute_time += item.time;
+    info.static_bytes += item.static_bytes;
+    info.activation_bytes += item.activation_bytes;
+  }
+  for (int s = 0; s < stages; ++s) {
+    StageInfo &info = out.stages[static_cast<size_t>(s)];
+    info.time = solution.stage_time[static_cast<size_t>(s)];
+    info.cut_time = s + 1 < stages ? problem.items[solution.boundaries[s]].cut_cost : 0.0;
+    info.in_flight = problem.in_flight[static_cast<size_t>(s)];
+    info.memory_bytes = solution.stage_memory[static_cast<size_t>(s)];
+  }
+  out.bottleneck = solution.bottleneck;
+  for (size_t cut : solution.boundaries)
+    out.boundaries.push_back(problem.items[cut].name);
+
+  for (TensorId t = 0; t < graph.num_tensors(); ++t) {
+    if (owner[t] == SIZE_MAX) continue;
+    const Tensor &tensor = graph.tensor(t);
+    const int s = stage_at[owner[t]];
+    out.tensor_stage[t] = s;
+    if (tensor.kind != TensorKind::kParameter) continue;
+    out.stages[static_cast<size_t>(s)].parameter_bytes += tensor_bytes(tensor);
+    std::vector<int> used;
+    for (NodeId c : consumers[t]) {
+      if (position[c] != SIZE_MAX) used.push_back(stage_at[position[c]]);
+    }
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    if (used.size() > 1) out.shared_parameters.push_back({t, std::move(used)});
+  }
+  for (const Span &span : spans) {
+    auto it = std::lower_bound(solution.boundaries.begin(), solution.boundaries.end(), span.first);
+    for (; it != solution.boundaries.end() && *it < span.last; ++it) {
+      out.stages[static_cast<size_t>(it - solution.boundaries.begin())].outgoing.push_back(
+          span.tensor);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// Training graphs.
+
+Result<TrainingStages> assign_training_nodes(const Graph &training,
+                                             const StageAssignment &forward_stages) {
+  const std::string where = str_cat("stage assignment of '", training.name(), "'");
+  llvm::StringMap<int> forward_stage;
+  for (size_t i = 0; i < forward_stages.order.size() && i < forward_stages.order_names.size();
+       ++i) {
+    forward_stage[forward_stages.order_names[i]] =
+        forward_stages.node_stage[forward_stages.order[i]];
+  }
+  for (const auto &entry : forward_stage) {
+    if (!training.find_node(entry.getKey())) {
+      return not_found(where, ": forward node '", entry.getKey().str(),
+                       "' is not in the training graph");
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<NodeId> topo, training.topological_order());
+  const auto consumers = training.consumers();
+
+  TrainingStages out;
+  out.node_stage.assign(training.num_nodes(), -1);
+  out.tensor_stage.assign(training.num_tensors(), -1);
+
+  // Parameters: the earliest stage among their forward consumers.
+  for (TensorId t = 0; t < training.num_tensors(); ++t) {
+    const Tensor &tensor = training.tensor(t);
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kConstant) continue;
+    int stage = -1;
+    for (NodeId c : consumers[t]) {
+      auto it = forward_stage.find(training.node(c).name);
+      if (it != forward_stage.end() && (stage < 0 || it->second < stage)) stage = it->second;
+    }
+    out.tensor_stage[t] = stage;
+  }
+  // The longest prefix of `name`, ending before a '.', that names a parameter or
+  // state tensor with a stage.
+  auto owner_prefix = [&](std::string_view name) -> int {
+    for (size_t dot = name.rfind('.'); dot != std::string_view::npos && dot > 0;
+         dot = name.rfind('.', dot - 1)) {
+      std::optional<TensorId> t = training.find_tensor(name.substr(0, dot));
+      if (t && out.tensor_stage[*t] >= 0 &&
+          (training.tensor(*t).kind == TensorKind::kParameter ||
+           training.tensor(*t).kind == TensorKind::kState)) {
+        return out.tensor_stage[*t];
+      }
+    }
+    return -1;
+  };
+  // State tensors "<P>.<state>" follow P (parameters are set above).
+  for (TensorId t = 0; t < training.num_tensors(); ++t) {
+    if (training.tensor(t).kind == TensorKind::kState) {
+      out.tensor_stage[t] = owner_prefix(training.tensor(t).name);
+    }
+  }
+
+  std::vector<char> state(training.num_nodes(), 0); // 0 new, 1 in progress, 2 done
+  // Resolves one node; a node named by a ".grad." rule may be resolved ahead of the
+  // topological order, in which case inputs not yet staged are skipped.
+  std::function<int(NodeId)> resolve = [&](NodeId id) -> int {
+    if (state[id] == 2) return out.node_stage[id];
+    if (state[id] == 1) return -1;
+    state[id] = 1;
+    const Node &node = training.node(id);
+    int stage = -1;
+    if (auto it = forward_stage.find(node.name); it != forward_stage.end()) stage = it->second;
+    if (stage < 0) {
+      size_t grad = node.name.find(".grad.");
+      if (grad != std::string::npos && grad > 0) {
+        std::string_view target = std::string_view(node.name).substr(0, grad);
+        if (std::optional<NodeId> x = training.find_node(target); x && *x != id) {
+          stage = resolve(*x);
+        }
+        if (stage < 0) {
+          if (std::optional<TensorId> t = training.find_tensor(target)) {
+            stage = out.tensor_stage[*t];
+          }
+        }
+      }
+    }
+    if (stage < 0) stage = owner_prefix(node.name);
+    if (stage < 0) {
+      for (TensorId in : node.inputs)
+        stage = std::max(stage, out.tensor_stage[in]);
+    }
+    if (stage < 0) stage = 0;
+    out.node_stage[id] = stage;
+    for (TensorId o : node.outputs)
+      out.tensor_stage[o] = stage;
+    state[id] = 2;
+    return stage;
+  };
+  for (NodeId id : topo)
+    resolve(id);
+
+  out.nodes_per_stage.assign(static_cast<size_t>(std::max(forward_stages.num_stages, 1)), 0);
+  for (int s : out.node_stage) {
+    if (static_cast<size_t>(s) >= out.nodes_per_stage.size()) {
+      return internal_error(where, ": node stage ", s, " out of range");
+    }
+    out.nodes_per_stage[static_cast<size_t>(s)] += 1;
+  }
+  return out;
+}
+
+} // namespace strata::partitioner
