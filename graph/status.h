@@ -89,6 +89,9 @@ template <typename... Args> Status data_loss(Args &&...args) {
 template <typename... Args> Status io_error(Args &&...args) {
   return Status(StatusCode::kIoError, str_cat(std::forward<Args>(args)...));
 }
+template <typename... Args> Status deadline_exceeded(Args &&...args) {
+  return Status(StatusCode::kDeadlineExceeded, str_cat(std::forward<Args>(args)...));
+}
 template <typename... Args> Status internal_error(Args &&...args) {
   return Status(StatusCode::kInternal, str_cat(std::forward<Args>(args)...));
 }
