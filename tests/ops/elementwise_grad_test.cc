@@ -2,6 +2,7 @@
 // differences, plus direct tests of the backward helper ops (ReluGrad, TanhGrad,
 // SigmoidGrad, GeluGrad, ClipGrad) and of Dropout's training form.
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -247,6 +248,36 @@ TEST(BackwardHelperTest, MatchReferences) {
   TestTensor zero = zeros(DType::kF32, {1});
   TestTensor one = tensor(DType::kF32, {1}, {1.0});
   expect_close(run_one("ReluGrad", {one, zero}), {0.0}, 0, 0);
+}
+
+// GeluGrad over a dense sweep of [-10, 10] (step 1e-4) plus extremes, against the
+// closed-form derivatives in double: |dx - ref| <= 1e-6 + 1e-6 |ref|. At +-inf the
+// derivative is its limit (1 / 0); NaN gives NaN.
+TEST(BackwardHelperTest, GeluGradDenseSweep) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> xs;
+  for (int i = -100000; i <= 100000; ++i)
+    xs.push_back(static_cast<float>(i * 1e-4));
+  for (double v : {1e-40, -1e-40, 20.0, -20.0, 1e30, -1e30, 3.4e38, -3.4e38, inf, -inf, nan})
+    xs.push_back(v);
+  const auto n = static_cast<int64_t>(xs.size());
+  TestTensor x = tensor(DType::kF32, {n}, xs);
+  TestTensor dy = tensor(DType::kF32, {n}, std::vector<double>(xs.size(), 1.0));
+  const auto limit = [](double v, double d) {
+    return std::isnan(v) ? v : std::fabs(v) > 20 ? (v > 0 ? 1.0 : 0.0) : d;
+  };
+  std::vector<double> exact, approx;
+  for (double v : x.values()) {
+    const double k = std::sqrt(2.0 / M_PI), a = 0.044715;
+    const double t = std::tanh(k * (v + a * v * v * v));
+    exact.push_back(limit(v, 0.5 * std::erfc(-v / std::sqrt(2.0)) +
+                                 v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI)));
+    approx.push_back(limit(v, 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * a * v * v)));
+  }
+  expect_close(run_one("GeluGrad", {dy, x}), exact, 1e-6, 1e-6, "GeluGrad none");
+  expect_close(run_one("GeluGrad", {dy, x}, {string_attr("approximate", "tanh")}), approx, 1e-6,
+               1e-6, "GeluGrad tanh");
 }
 
 TEST(BackwardHelperTest, RejectMismatchedInputs) {
