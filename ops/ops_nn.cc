@@ -5,9 +5,10 @@
 // Costs (docs/ops.md, "FLOP counts"): MatMul and Gemm 2·M·N·K per matrix, Gemm
 // adding M·N when alpha != 1 and M·N for beta·C when C is given and beta != 0;
 // Conv2d 2·N·M·oH·oW·(C/group)·kH·kW (+ N·M·oH·oW with a bias). Per input element:
-// LayerNorm 8, BatchNormalization 2, GlobalAveragePool 1, SoftmaxCrossEntropy 4
-// (per logit), MseLoss 3. Per output element: MaxPool2d kH·kW, AveragePool2d
-// kH·kW + 1. Every op reads each input and writes each output once.
+// LayerNorm 8, BatchNormalization 2, BatchNormStats 3, GlobalAveragePool 1,
+// SoftmaxCrossEntropy 4 (per logit), MseLoss 3. Per output element: MaxPool2d
+// kH·kW, AveragePool2d kH·kW + 1. Every op reads each input and writes each
+// output once.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -790,11 +791,15 @@ Status global_average_pool_kernel(const KernelContext &context) {
 
 // ---------------------------------------------------------------------------
 // BatchNormalization (inference): Y = (X - mean) / sqrt(var + epsilon) * scale + bias
-// per channel (dim 1).
+// per channel (dim 1). `momentum` is only read by make_training, which adds the
+// running-statistics updates (see BatchNormStats below).
 
-Result<TypeList> infer_batch_norm(const Node &, const OpDef &def,
+Result<TypeList> infer_batch_norm(const Node &node, const OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  const double momentum = AttrReader(node, def).get_float("momentum");
+  if (!(momentum >= 0.0 && momentum <= 1.0))
+    return invalid_argument(def.name, ": attribute momentum must be in [0, 1], got ", momentum);
   RETURN_IF_ERROR(expect_same_dtype(def, inputs));
   const TensorType &x = inputs[0];
   if (x.rank() < 2)
@@ -860,6 +865,61 @@ Status batch_norm_kernel(const KernelContext &context) {
       for (int64_t i = 0; i < inner; ++i)
         out[base + i] = in[base + i] * mul + add;
     }
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// BatchNormStats(X) -> mean, unbiased var, each [C]: the batch statistics a
+// training step folds into BatchNormalization's running mean and var
+// (passes/make_training.cc), PyTorch style: the running variance takes the
+// unbiased (n / (n - 1)) variance while the normalization uses the biased one.
+
+Result<TypeList> infer_batch_norm_stats(const Node &, const OpDef &def,
+                                        llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  const TensorType &x = inputs[0];
+  if (x.rank() < 2)
+    return invalid_argument(def.name, ": input 0 (X) must have rank >= 2 [N, C, ...], got ",
+                            describe(x));
+  const int64_t count = x.shape[0] * num_elements(llvm::ArrayRef<int64_t>(x.shape).drop_front(2));
+  if (count < 2)
+    return invalid_argument(def.name, ": X ", describe(x), " has ", count,
+                            " value(s) per channel; the unbiased variance needs "
+                            "more than one (N times the spatial size)");
+  TensorType stat{x.dtype, {x.shape[1]}};
+  return TypeList{stat, stat};
+}
+
+OpCost batch_norm_stats_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                             llvm::ArrayRef<TensorType> outputs) {
+  return io_cost(inputs, outputs, 3.0 * elements(inputs[0]));
+}
+
+Status batch_norm_stats_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  const ConstTensorView &x = context.inputs[0];
+  const int64_t batch = x.shape()[0], channels = x.shape()[1];
+  const int64_t inner = num_elements(x.shape().drop_front(2));
+  const double count = static_cast<double>(batch * inner);
+  const float *in = x.as<float>();
+  float *mean_out = context.outputs[0].as<float>();
+  float *var_out = context.outputs[1].as<float>();
+  for (int64_t c = 0; c < channels; ++c) {
+    // The same two passes in double as channel_stats.
+    double sum = 0;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < inner; ++i)
+        sum += in[(n * channels + c) * inner + i];
+    const double mean = sum / count;
+    double squares = 0;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t i = 0; i < inner; ++i) {
+        const double d = in[(n * channels + c) * inner + i] - mean;
+        squares += d * d;
+      }
+    mean_out[c] = static_cast<float>(mean);
+    var_out[c] = static_cast<float>(squares / (count - 1.0));
   }
   return Status::ok();
 }
@@ -1747,6 +1807,9 @@ std::vector<OpDef> make_table() {
             5,
             5,
             {float_attr("epsilon", 1e-5, "added to the variance"),
+             float_attr("momentum", 0.1,
+                        "weight of the batch statistics in the running mean and var updates "
+                        "that make_training adds (PyTorch semantics); the kernel ignores it"),
              int_attr("training", 0,
                       "1: normalize with the batch's mean and biased variance over N and the "
                       "spatial dims (the mean and var inputs are ignored)")},
@@ -1754,6 +1817,16 @@ std::vector<OpDef> make_table() {
             batch_norm_cost,
             batch_norm_kernel,
             batch_norm_grad});
+  table.push_back(OpDef{"BatchNormStats",
+                        "per-channel batch mean and unbiased variance of X [N, C, ...] over N and "
+                        "the spatial dims, for BatchNormalization's running statistics",
+                        1,
+                        1,
+                        {},
+                        infer_batch_norm_stats,
+                        batch_norm_stats_cost,
+                        batch_norm_stats_kernel,
+                        nullptr});
   table.push_back(
       OpDef{"SoftmaxCrossEntropy",
             "cross entropy of softmax(logits) over the last dim against integer labels",

@@ -6,6 +6,86 @@
 #include "passes/autodiff.h"
 
 namespace strata::passes {
+namespace {
+
+// Switches every BatchNormalization node to the training form and adds, per node,
+// new_running = (1 - momentum) * running + momentum * batch_stat for its mean and
+// var inputs (batch stats from BatchNormStats: mean and unbiased variance, as
+// PyTorch). The running mean/var become kState (persistent, never trained).
+// `graph` changes only on success.
+Status add_batch_norm_updates(Graph &graph, const std::string &model) {
+  std::vector<NodeId> bn_nodes;
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    if (graph.node(id).op == "BatchNormalization") bn_nodes.push_back(id);
+  if (bn_nodes.empty()) return Status::ok();
+  Graph edited = graph;
+  const auto consumers = edited.consumers();
+  std::vector<bool> claimed(graph.num_tensors(), false);
+  for (NodeId id : bn_nodes) {
+    Node &node = edited.mutable_node(id);
+    node.set_attr("training", int64_t{1});
+    if (node.inputs.size() != 5)
+      return invalid_argument("BatchNormalization node '", node.name, "' of ", model, " has ",
+                              node.inputs.size(), " inputs, expected 5");
+    for (size_t slot : {3, 4}) {
+      const TensorId t = node.inputs[slot];
+      Tensor &tensor = edited.mutable_tensor(t);
+      const char *what = slot == 3 ? "running mean" : "running var";
+      if (tensor.producer != kNoNode || tensor.kind == TensorKind::kInput)
+        return invalid_argument("the ", what, " '", tensor.name, "' of BatchNormalization node '",
+                                node.name, "' in ", model,
+                                " must be a parameter, constant or state tensor to be updated "
+                                "in training, but it is ",
+                                tensor.producer != kNoNode ? "computed by a node"
+                                                           : "a graph input");
+      if (claimed[t] || consumers[t].size() != 1)
+        return invalid_argument("the ", what, " '", tensor.name, "' of BatchNormalization node '",
+                                node.name, "' in ", model,
+                                " is read elsewhere too; training needs each BatchNormalization "
+                                "node's running mean and var to be its own");
+      claimed[t] = true;
+      tensor.kind = TensorKind::kState;
+    }
+  }
+
+  GraphBuilder builder(std::move(edited), ops::OpRegistry::global());
+  std::vector<StateUpdate> updates;
+  for (NodeId id : bn_nodes) {
+    const Node node = builder.graph().node(id);
+    const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
+    const double momentum = ops::AttrReader(node, *def).get_float("momentum");
+    auto stats = builder.op("BatchNormStats", {node.inputs[0]}, {}, node.name + ".batch_stats");
+    if (stats.size() != 2) break; // the builder's error is reported by finish()
+    for (size_t i = 0; i < 2; ++i) {
+      const TensorId running = node.inputs[3 + i];
+      const std::string base = builder.name(running);
+      const std::string dtype(dtype_name(builder.type(running).dtype));
+      auto constant = [&](double value, const char *suffix) {
+        return builder.op1("Constant", {},
+                           {{"dtype", dtype},
+                            {"shape", std::vector<int64_t>{}},
+                            {"value", std::vector<double>{value}}},
+                           base + suffix);
+      };
+      const TensorId keep =
+          builder.op1("Mul", {running, constant(1.0 - momentum, ".keep")}, {}, base + ".decayed");
+      const TensorId take =
+          builder.op1("Mul", {stats[i], constant(momentum, ".momentum")}, {}, base + ".batch_part");
+      const TensorId next = builder.op1("Add", {keep, take}, {}, base + ".next");
+      updates.push_back({running, next});
+    }
+  }
+  auto built = std::move(builder).finish();
+  if (!built.is_ok())
+    return built.status().with_context(
+        str_cat("running statistics of BatchNormalization in ", model));
+  graph = std::move(built).value();
+  for (const StateUpdate &update : updates)
+    graph.add_update(update);
+  return Status::ok();
+}
+
+} // namespace
 
 std::string TrainingOptions::to_string() const {
   return str_cat("loss=", loss, "\noutput=", output, "\noptimizer=", optimizer.to_string(), "\n");
@@ -35,7 +115,11 @@ Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &o
                               "', which training adds");
 
   const ops::OpRegistry &registry = ops::OpRegistry::global();
-  GraphBuilder builder(forward, registry);
+  // BatchNormalization: training form and running-statistics updates first, so the
+  // running mean/var (now state) are not trainable parameters below.
+  Graph edited = forward;
+  RETURN_IF_ERROR(add_batch_norm_updates(edited, model));
+  GraphBuilder builder(std::move(edited), registry);
   TensorId loss = kInvalidTensor;
   if (options.loss == "softmax_cross_entropy") {
     if (output_type.rank() < 1)

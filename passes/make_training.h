@@ -1,6 +1,17 @@
 // Turns a forward (inference) graph into a training-step graph.
 //
 // make_training_graph adds to a copy of `forward`:
+//  - for every BatchNormalization node: training = 1 (batch statistics), and the
+//    running-statistics updates of PyTorch's BatchNorm in train mode,
+//      running_mean <- (1 - momentum) * running_mean + momentum * batch_mean
+//      running_var  <- (1 - momentum) * running_var  + momentum * unbiased_batch_var
+//    (momentum: the node's attribute, default 0.1; batch statistics from a
+//    BatchNormStats node on the same X). The running mean and var inputs become
+//    state tensors (kState, keeping their values): persistent, checkpointed,
+//    never trained nor given optimizer state. Each must be a parameter, constant
+//    or state tensor read by that node alone. The forward graph itself is not
+//    changed, so an inference plan built from it keeps training = 0 semantics
+//    with the running statistics;
 //  - a labels input: "labels" (i64, the output's shape without its last dim)
 //    for softmax_cross_entropy, or "targets" (the output's type) for mse;
 //  - the loss node "loss" (SoftmaxCrossEntropy or MseLoss, reduction mean);
