@@ -5,11 +5,7 @@
 // registry's FLOP count of one forward pass by the time per pass.
 //
 //   build/bench/forward_bench --benchmark_min_time=0.2
-#include <chrono>
-
-#include <benchmark/benchmark.h>
-
-#include "runtime/executor.h"
+#include "bench/bench_util.h"
 #include "tools/model_stats.h"
 #include "tools/zoo.h"
 
@@ -27,30 +23,7 @@ void run_forward(benchmark::State &state, Result<Graph> built) {
     state.SkipWithError(stats.status().to_string().c_str());
     return;
   }
-  std::vector<HostTensor> inputs = runtime::random_inputs(graph, 0);
-  auto executor = runtime::CpuExecutor::create(std::move(graph));
-  if (!executor.is_ok()) {
-    state.SkipWithError(executor.status().to_string().c_str());
-    return;
-  }
-  std::vector<HostTensor> outputs;
-  double seconds = 0;
-  for (auto _ : state) {
-    outputs.clear();
-    auto start = std::chrono::steady_clock::now();
-    Status status = (*executor)->run(inputs, &outputs);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!status.is_ok()) {
-      state.SkipWithError(status.to_string().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(outputs.data());
-  }
-  // FLOPs of one pass times passes, over the wall time spent in run().
-  if (seconds > 0)
-    state.counters["GFLOP/s"] =
-        stats->flops * static_cast<double>(state.iterations()) / seconds * 1e-9;
-  state.counters["GFLOP"] = stats->flops * 1e-9;
+  bench::time_runs(state, std::move(graph), stats->flops);
   state.counters["params"] = static_cast<double>(stats->parameters);
 }
 

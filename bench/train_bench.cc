@@ -8,13 +8,9 @@
 // the time per step.
 //
 //   build/bench/train_bench --benchmark_min_time=0.2
-#include <chrono>
-
-#include <benchmark/benchmark.h>
-
-#include "ops/registry.h"
+#include "bench/bench_util.h"
 #include "passes/make_training.h"
-#include "runtime/executor.h"
+#include "tools/model_stats.h"
 #include "tools/zoo.h"
 
 namespace strata {
@@ -37,34 +33,12 @@ void run_training_step(benchmark::State &state, Result<Graph> built, const char 
     state.SkipWithError(training.status().to_string().c_str());
     return;
   }
-  Graph graph = std::move(training).value();
-  double flops = 0;
-  const ops::OpRegistry &registry = ops::OpRegistry::global();
-  for (NodeId id = 0; id < graph.num_nodes(); ++id)
-    flops += registry.node_cost(graph, id).flops;
-
-  std::vector<HostTensor> inputs = runtime::random_inputs(graph, 0);
-  auto executor = runtime::CpuExecutor::create(std::move(graph));
-  if (!executor.is_ok()) {
-    state.SkipWithError(executor.status().to_string().c_str());
+  auto stats = tools::compute_model_stats(*training);
+  if (!stats.is_ok()) {
+    state.SkipWithError(stats.status().to_string().c_str());
     return;
   }
-  std::vector<HostTensor> outputs;
-  double seconds = 0;
-  for (auto _ : state) {
-    outputs.clear();
-    auto start = std::chrono::steady_clock::now();
-    Status status = (*executor)->run(inputs, &outputs);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!status.is_ok()) {
-      state.SkipWithError(status.to_string().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(outputs.data());
-  }
-  if (seconds > 0)
-    state.counters["GFLOP/s"] = flops * static_cast<double>(state.iterations()) / seconds * 1e-9;
-  state.counters["GFLOP"] = flops * 1e-9;
+  bench::time_runs(state, std::move(training).value(), stats->flops);
 }
 
 // GPT: 2 layers, 4 heads, vocab 512, batch 4; args are {hidden, seq}. AdamW.

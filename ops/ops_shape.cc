@@ -571,6 +571,21 @@ Result<TypeList> infer_gather(const Node &node, const OpDef &def,
   return one(data.dtype, std::move(shape));
 }
 
+// Indices in [-bound, bound) are valid; negative ones count from the end. An
+// error names the index, its position in input 1, and the dimension of `tensor`.
+template <typename Index>
+Status check_indices(const KernelContext &context, const Index *index, int64_t count, int64_t axis,
+                     int64_t bound, std::string_view tensor, const TensorType &type) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t value = index[i];
+    if (value < -bound || value >= bound)
+      return out_of_range(context.def.name, ": index ", value, " (element ", i,
+                          " of input 1) is out of range for dimension ", axis, " of size ", bound,
+                          " of ", tensor, " ", type.to_string());
+  }
+  return Status::ok();
+}
+
 template <typename Index> Status gather_typed(const KernelContext &context, int64_t axis) {
   const ConstTensorView &data = context.inputs[0];
   const ConstTensorView &indices = context.inputs[1];
@@ -578,14 +593,7 @@ template <typename Index> Status gather_typed(const KernelContext &context, int6
   const int64_t count = indices.num_elements();
   llvm::ArrayRef<int64_t> shape = data.shape();
   const int64_t bound = shape[axis];
-  // Indices in [-bound, bound) are valid; negative ones count from the end.
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t value = index[i];
-    if (value < -bound || value >= bound)
-      return out_of_range(context.def.name, ": index ", value, " (element ", i,
-                          " of input 1) is out of range for dimension ", axis, " of size ", bound,
-                          " of input 0 ", data.type->to_string());
-  }
+  RETURN_IF_ERROR(check_indices(context, index, count, axis, bound, "input 0", *data.type));
   const int64_t esize = static_cast<int64_t>(element_size(data));
   const int64_t outer = product(shape.take_front(axis));
   const int64_t inner = product(shape.drop_front(axis + 1)) * esize;
@@ -819,13 +827,7 @@ template <typename Index> Status gather_grad_typed(const KernelContext &context,
   const int64_t count = indices.num_elements();
   llvm::ArrayRef<int64_t> shape = dx.shape();
   const int64_t bound = shape[axis];
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t value = index[i];
-    if (value < -bound || value >= bound)
-      return out_of_range(context.def.name, ": index ", value, " (element ", i,
-                          " of input 1) is out of range for dimension ", axis, " of size ", bound,
-                          " of the gradient ", dx.type->to_string());
-  }
+  RETURN_IF_ERROR(check_indices(context, index, count, axis, bound, "the gradient", *dx.type));
   const int64_t outer = product(shape.take_front(axis));
   const int64_t inner = product(shape.drop_front(axis + 1));
   float *out = dx.as<float>();

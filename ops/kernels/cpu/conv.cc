@@ -103,22 +103,18 @@ std::optional<dnnl::reorder> make_reorder(const dnnl::memory::desc &from,
   return dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from, cpu_engine(), to));
 }
 
-class ConvCache {
+// A thread-safe map from a convolution's shape and attributes to its built
+// primitives. Building (which JIT-compiles) happens outside the lock; when two
+// threads build the same entry at once, the second copy is dropped.
+template <typename Entry> class PrimitiveCache {
 public:
-  static ConvCache &instance() {
-    static ConvCache cache;
-    return cache;
-  }
-
-  std::shared_ptr<const CachedConv> get(const Conv2dParams &p, bool has_bias) {
-    ConvKey key = conv_key(p, has_bias);
+  template <typename Build> std::shared_ptr<const Entry> get(const ConvKey &key, Build &&build) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return it->second;
     }
-    // Build outside the lock (it JIT-compiles); a racing builder's copy is dropped.
-    auto built = build(p, has_bias);
+    std::shared_ptr<const Entry> built = build();
     std::lock_guard<std::mutex> lock(mutex_);
     return entries_.emplace(key, std::move(built)).first->second;
   }
@@ -127,6 +123,23 @@ public:
     std::lock_guard<std::mutex> lock(mutex_);
     return static_cast<int64_t>(entries_.size());
   }
+
+private:
+  std::mutex mutex_;
+  std::map<ConvKey, std::shared_ptr<const Entry>> entries_;
+};
+
+class ConvCache {
+public:
+  static ConvCache &instance() {
+    static ConvCache cache;
+    return cache;
+  }
+
+  std::shared_ptr<const CachedConv> get(const Conv2dParams &p, bool has_bias) {
+    return cache_.get(conv_key(p, has_bias), [&] { return build(p, has_bias); });
+  }
+  int64_t size() { return cache_.size(); }
 
 private:
   static std::shared_ptr<const CachedConv> build(const Conv2dParams &p, bool has_bias) {
@@ -169,8 +182,7 @@ private:
         make_reorder(desc.dst_desc(), user_dst)});
   }
 
-  std::mutex mutex_;
-  std::map<ConvKey, std::shared_ptr<const CachedConv>> entries_;
+  PrimitiveCache<CachedConv> cache_;
 };
 
 // 64-byte aligned scratch memory for one call.
@@ -248,20 +260,9 @@ public:
   std::shared_ptr<const CachedConvBackward> get(const Conv2dParams &p, BackwardKind kind) {
     ConvKey key = conv_key(p, false);
     key.back() = static_cast<int64_t>(kind);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) return it->second;
-    }
-    auto built = build(p, kind);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return entries_.emplace(key, std::move(built)).first->second;
+    return cache_.get(key, [&] { return build(p, kind); });
   }
-
-  int64_t size() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return static_cast<int64_t>(entries_.size());
-  }
+  int64_t size() { return cache_.size(); }
 
 private:
   static std::shared_ptr<const CachedConvBackward> build(const Conv2dParams &p, BackwardKind kind) {
@@ -303,8 +304,7 @@ private:
         dnnl::convolution_backward_weights(desc), src, weights, dst, desc.scratchpad_desc()});
   }
 
-  std::mutex mutex_;
-  std::map<ConvKey, std::shared_ptr<const CachedConvBackward>> entries_;
+  PrimitiveCache<CachedConvBackward> cache_;
 };
 
 Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const float *dy,
