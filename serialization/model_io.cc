@@ -490,41 +490,50 @@ Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_di
   return graph;
 }
 
-namespace {
-
-Result<Graph> load_verified_bytes(llvm::ArrayRef<uint8_t> bytes, std::string_view display_name,
-                                  std::string_view model_dir) {
+Result<VerifiedBuffer> verify_structure(llvm::ArrayRef<uint8_t> bytes,
+                                        std::string_view display_name, std::string_view kind,
+                                        uint64_t max_bytes, const char *identifier,
+                                        bool (*verify)(flatbuffers::Verifier &)) {
   if (bytes.size() < 8)
-    return data_loss(display_name, ": only ", bytes.size(),
-                     " bytes; a strata model starts with an 8-byte header (truncated?)");
-  if (bytes.size() > kMaxModelBytes)
-    return out_of_range(display_name, ": ", bytes.size(),
-                        " bytes is more than a FlatBuffers model can hold");
+    return data_loss(display_name, ": only ", bytes.size(), " bytes; a ", kind,
+                     " starts with an 8-byte header (truncated?)");
+  if (bytes.size() > max_bytes)
+    return out_of_range(display_name, ": ", bytes.size(), " bytes is more than a ", kind,
+                        " can hold");
   // Builders pad every buffer to a multiple of its alignment (at least 4), so
   // any other size has lost bytes, even if only trailing padding.
   if (bytes.size() % 4 != 0)
     return data_loss(display_name, ": ", bytes.size(),
                      " bytes is not a whole FlatBuffer (a multiple of 4); truncated?");
-  if (!fb::ModelBufferHasIdentifier(bytes.data()))
+  if (!flatbuffers::BufferHasIdentifier(bytes.data(), identifier))
     return invalid_argument(display_name, ": file identifier is '", printable(bytes.slice(4, 4)),
-                            "' but a strata model has '", fb::ModelIdentifier(),
-                            "' (not a strata model?)");
-  // The verifier and the accessors read 8-byte scalars: give them aligned memory.
-  std::vector<uint64_t> aligned;
-  const uint8_t *data = bytes.data();
-  if (reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
-    aligned.resize((bytes.size() + 7) / 8);
-    std::memcpy(aligned.data(), bytes.data(), bytes.size());
-    data = reinterpret_cast<const uint8_t *>(aligned.data());
+                            "' but a ", kind, " has '", identifier, "' (not a ",
+                            kind.substr(kind.rfind(' ') + 1), " file?)");
+  VerifiedBuffer buffer;
+  buffer.data = bytes.data();
+  if (reinterpret_cast<uintptr_t>(buffer.data) % alignof(uint64_t) != 0) {
+    buffer.storage.resize((bytes.size() + 7) / 8);
+    std::memcpy(buffer.storage.data(), bytes.data(), bytes.size());
+    buffer.data = reinterpret_cast<const uint8_t *>(buffer.storage.data());
   }
   flatbuffers::Verifier::Options options;
   options.max_depth = 16;
   options.max_tables = 1 << 22;
-  flatbuffers::Verifier verifier(data, bytes.size(), options);
-  if (!fb::VerifyModelBuffer(verifier))
+  flatbuffers::Verifier verifier(buffer.data, bytes.size(), options);
+  if (!verify(verifier))
     return data_loss(display_name,
                      ": the FlatBuffers structure is invalid (the file is truncated or corrupt)");
-  auto graph = graph_from_model(*fb::GetModel(data), model_dir);
+  return buffer;
+}
+
+namespace {
+
+Result<Graph> load_verified_bytes(llvm::ArrayRef<uint8_t> bytes, std::string_view display_name,
+                                  std::string_view model_dir) {
+  ASSIGN_OR_RETURN(VerifiedBuffer buffer,
+                   verify_structure(bytes, display_name, "strata model", kMaxModelBytes,
+                                    fb::ModelIdentifier(), fb::VerifyModelBuffer));
+  auto graph = graph_from_model(*fb::GetModel(buffer.data), model_dir);
   if (!graph.is_ok()) return graph.status().with_context(display_name);
   return graph;
 }

@@ -37,6 +37,22 @@ Result<std::vector<uint8_t>> json_to_flatbuffer(std::string_view json, const cha
                                                 std::string_view schema_name,
                                                 std::string_view display_name);
 
+// A FlatBuffers file that passed the structural stage of loading. `data` points
+// at 8-byte-aligned bytes (`storage` holds a copy when the input was not aligned),
+// so the verifier and the accessors may read 8-byte scalars.
+struct VerifiedBuffer {
+  std::vector<uint64_t> storage;
+  const uint8_t *data = nullptr;
+};
+
+// The structural stage shared by every strata file: size bounds, the file
+// identifier, then the FlatBuffers verifier (`verify` runs the root type's
+// verification). `kind` names the file kind in errors ("strata model").
+Result<VerifiedBuffer> verify_structure(llvm::ArrayRef<uint8_t> bytes,
+                                        std::string_view display_name, std::string_view kind,
+                                        uint64_t max_bytes, const char *identifier,
+                                        bool (*verify)(flatbuffers::Verifier &));
+
 // Copies a vector of numbers through memcpy. The FlatBuffers verifier checks
 // only the 4-byte alignment of a vector, so a corrupt or crafted file can place a
 // vector of 8-byte numbers where a typed 8-byte load would be misaligned.

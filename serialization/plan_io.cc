@@ -247,28 +247,10 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
 
 Result<Plan> load_verified_plan(llvm::ArrayRef<uint8_t> bytes, std::string_view display_name,
                                 std::string_view model_dir) {
-  if (bytes.size() < 8)
-    return data_loss(display_name, ": only ", bytes.size(),
-                     " bytes; a strata plan starts with an 8-byte header (truncated?)");
-  if (bytes.size() > kMaxPlanBytes)
-    return out_of_range(display_name, ": ", bytes.size(), " bytes is more than a plan can hold");
-  if (bytes.size() % 4 != 0)
-    return data_loss(display_name, ": ", bytes.size(),
-                     " bytes is not a whole FlatBuffer (a multiple of 4); truncated?");
-  if (!fb::PlanBufferHasIdentifier(bytes.data()))
-    return invalid_argument(display_name, ": file identifier is '", printable(bytes.slice(4, 4)),
-                            "' but a strata plan has '", fb::PlanIdentifier(), "' (not a plan?)");
-  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
-  std::memcpy(aligned.data(), bytes.data(), bytes.size());
-  const auto *data = reinterpret_cast<const uint8_t *>(aligned.data());
-  flatbuffers::Verifier::Options options;
-  options.max_depth = 16;
-  options.max_tables = 1 << 22;
-  flatbuffers::Verifier verifier(data, bytes.size(), options);
-  if (!fb::VerifyPlanBuffer(verifier))
-    return data_loss(display_name,
-                     ": the FlatBuffers structure is invalid (the file is truncated or corrupt)");
-  auto plan = plan_from_fb(*fb::GetPlan(data), model_dir);
+  ASSIGN_OR_RETURN(VerifiedBuffer buffer,
+                   verify_structure(bytes, display_name, "strata plan", kMaxPlanBytes,
+                                    fb::PlanIdentifier(), fb::VerifyPlanBuffer));
+  auto plan = plan_from_fb(*fb::GetPlan(buffer.data), model_dir);
   if (!plan.is_ok()) return plan.status().with_context(display_name);
   return plan;
 }

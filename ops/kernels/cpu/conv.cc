@@ -103,6 +103,35 @@ std::optional<dnnl::reorder> make_reorder(const dnnl::memory::desc &from,
   return dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from, cpu_engine(), to));
 }
 
+// The oneDNN view of a convolution: its dims, plain NCHW source and destination
+// and OIHW (GOIHW with groups) weight descriptors, and strides, dilations (counted
+// from 0: 0 = dense) and paddings as oneDNN takes them.
+struct OnednnConvShapes {
+  dnnl::memory::dims src_dims, dst_dims, weight_dims;
+  dnnl::memory::desc src, dst, weights;
+  dnnl::memory::dims strides, dilates, pad_l, pad_r;
+};
+
+OnednnConvShapes onednn_shapes(const Conv2dParams &p) {
+  using dnnl::memory;
+  using tag = memory::format_tag;
+  const auto f32 = memory::data_type::f32;
+  OnednnConvShapes s;
+  s.src_dims = {p.batch, p.in_channels, p.in_h, p.in_w};
+  s.dst_dims = {p.batch, p.out_channels, p.out_h, p.out_w};
+  s.weight_dims = p.group == 1 ? memory::dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w}
+                               : memory::dims{p.group, p.out_channels / p.group,
+                                              p.in_channels / p.group, p.kernel_h, p.kernel_w};
+  s.src = memory::desc(s.src_dims, f32, tag::nchw);
+  s.dst = memory::desc(s.dst_dims, f32, tag::nchw);
+  s.weights = memory::desc(s.weight_dims, f32, p.group == 1 ? tag::oihw : tag::goihw);
+  s.strides = {p.stride_h, p.stride_w};
+  s.dilates = {p.dilation_h - 1, p.dilation_w - 1};
+  s.pad_l = {p.pad_top, p.pad_left};
+  s.pad_r = {p.pad_bottom, p.pad_right};
+  return s;
+}
+
 // A thread-safe map from a convolution's shape and attributes to its built
 // primitives. Building (which JIT-compiles) happens outside the lock; when two
 // threads build the same entry at once, the second copy is dropped.
@@ -146,25 +175,17 @@ private:
     using dnnl::memory;
     using tag = memory::format_tag;
     const auto f32 = memory::data_type::f32;
-    const memory::dims src_dims{p.batch, p.in_channels, p.in_h, p.in_w};
-    const memory::dims dst_dims{p.batch, p.out_channels, p.out_h, p.out_w};
-    const memory::dims weight_dims =
-        p.group == 1 ? memory::dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w}
-                     : memory::dims{p.group, p.out_channels / p.group, p.in_channels / p.group,
-                                    p.kernel_h, p.kernel_w};
-    // oneDNN counts dilation from 0 (0 = dense).
-    memory::dims strides{p.stride_h, p.stride_w};
-    memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
-    memory::dims pad_l{p.pad_top, p.pad_left};
-    memory::dims pad_r{p.pad_bottom, p.pad_right};
-    memory::desc user_src(src_dims, f32, tag::nchw), user_dst(dst_dims, f32, tag::nchw);
-    memory::desc user_weights(weight_dims, f32, p.group == 1 ? tag::oihw : tag::goihw);
+    const OnednnConvShapes shapes = onednn_shapes(p);
+    const memory::dims &strides = shapes.strides, &dilates = shapes.dilates;
+    const memory::dims &pad_l = shapes.pad_l, &pad_r = shapes.pad_r;
+    const memory::desc &user_src = shapes.src, &user_dst = shapes.dst;
+    const memory::desc &user_weights = shapes.weights;
     // A 1x1 convolution is a GEMM over NCHW as it is; reordering costs it more than
     // it gains (measured). Larger kernels get the blocked layouts.
     const bool plain = p.kernel_h == 1 && p.kernel_w == 1;
-    memory::desc src = plain ? user_src : memory::desc(src_dims, f32, tag::any);
-    memory::desc dst = plain ? user_dst : memory::desc(dst_dims, f32, tag::any);
-    memory::desc weights = plain ? user_weights : memory::desc(weight_dims, f32, tag::any);
+    memory::desc src = plain ? user_src : memory::desc(shapes.src_dims, f32, tag::any);
+    memory::desc dst = plain ? user_dst : memory::desc(shapes.dst_dims, f32, tag::any);
+    memory::desc weights = plain ? user_weights : memory::desc(shapes.weight_dims, f32, tag::any);
     const auto prop = dnnl::prop_kind::forward_inference;
     const auto algo = dnnl::algorithm::convolution_direct;
     auto op = has_bias
@@ -267,19 +288,10 @@ public:
 private:
   static std::shared_ptr<const CachedConvBackward> build(const Conv2dParams &p, BackwardKind kind) {
     using dnnl::memory;
-    using tag = memory::format_tag;
-    const auto f32 = memory::data_type::f32;
-    const memory::dims weight_dims =
-        p.group == 1 ? memory::dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w}
-                     : memory::dims{p.group, p.out_channels / p.group, p.in_channels / p.group,
-                                    p.kernel_h, p.kernel_w};
-    memory::dims strides{p.stride_h, p.stride_w};
-    memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
-    memory::dims pad_l{p.pad_top, p.pad_left};
-    memory::dims pad_r{p.pad_bottom, p.pad_right};
-    memory::desc src({p.batch, p.in_channels, p.in_h, p.in_w}, f32, tag::nchw);
-    memory::desc dst({p.batch, p.out_channels, p.out_h, p.out_w}, f32, tag::nchw);
-    memory::desc weights(weight_dims, f32, p.group == 1 ? tag::oihw : tag::goihw);
+    const OnednnConvShapes shapes = onednn_shapes(p);
+    const memory::dims &strides = shapes.strides, &dilates = shapes.dilates;
+    const memory::dims &pad_l = shapes.pad_l, &pad_r = shapes.pad_r;
+    const memory::desc &src = shapes.src, &dst = shapes.dst, &weights = shapes.weights;
     const auto algo = dnnl::algorithm::convolution_direct;
     // Backward primitives take the matching forward (training) one as a hint.
     dnnl::convolution_forward::primitive_desc hint(
