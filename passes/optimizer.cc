@@ -353,4 +353,8 @@ Status append_optimizer(Graph &graph, llvm::ArrayRef<Gradient> gradients,
   return Status::ok();
 }
 
+bool is_step_op(std::string_view op) {
+  return op == "LearningRate" || op == "GlobalNormScale" || op == "SgdUpdate" || op == "AdamUpdate";
+}
+
 } // namespace strata::passes

@@ -20,12 +20,7 @@ struct Interval {
   int64_t size;
   int64_t first;
   int64_t last;
-  int64_t offset = -1;
 };
-
-bool lifetimes_overlap(const Interval &a, const Interval &b) {
-  return a.first <= b.last && b.first <= a.last;
-}
 
 } // namespace
 
@@ -109,34 +104,49 @@ Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
     intervals.push_back({id, size, first[id], last[id]});
   }
 
-  // Greedy by size: the largest tensors are placed first, since they are the
+  std::vector<BufferLifetime> buffers;
+  buffers.reserve(intervals.size());
+  for (const Interval &interval : intervals)
+    buffers.push_back({interval.size, interval.first, interval.last});
+  plan.arena_bytes = place_buffers(buffers, alignment);
+  for (size_t i = 0; i < intervals.size(); ++i)
+    plan.offsets[intervals[i].tensor] = buffers[i].offset;
+  return plan;
+}
+
+int64_t place_buffers(std::vector<BufferLifetime> &buffers, int64_t alignment) {
+  // Greedy by size: the largest buffers are placed first, since they are the
   // hardest to fit into gaps; each goes to the lowest aligned offset where it
-  // clashes with no already placed tensor whose lifetime meets its own. Ties go
-  // to the lower tensor id, so the plan depends only on the graph and the order.
-  std::sort(intervals.begin(), intervals.end(), [](const Interval &a, const Interval &b) {
-    return a.size != b.size ? a.size > b.size : a.tensor < b.tensor;
-  });
-  // Placed tensors, kept sorted by offset so the gap search is one sweep.
-  std::vector<const Interval *> placed;
-  placed.reserve(intervals.size());
+  // clashes with no already placed buffer whose lifetime meets its own. Ties go
+  // to the earlier buffer, so the plan depends only on the list.
+  std::vector<size_t> by_size(buffers.size());
+  std::iota(by_size.begin(), by_size.end(), size_t{0});
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return buffers[a].size > buffers[b].size; });
+  // Placed buffers, kept sorted by offset so the gap search is one sweep.
+  std::vector<const BufferLifetime *> placed;
+  placed.reserve(buffers.size());
   int64_t peak = 0;
-  for (Interval &candidate : intervals) {
+  for (size_t index : by_size) {
+    BufferLifetime &candidate = buffers[index];
+    if (candidate.size <= 0) {
+      candidate.offset = 0;
+      continue;
+    }
     int64_t offset = 0;
-    for (const Interval *other : placed) {
-      if (!lifetimes_overlap(candidate, *other)) continue;
+    for (const BufferLifetime *other : placed) {
+      if (!(candidate.first <= other->last && other->first <= candidate.last)) continue;
       if (other->offset >= offset + candidate.size) break; // the gap before `other` fits
       offset = std::max(offset, align_up(other->offset + other->size, alignment));
     }
     candidate.offset = offset;
-    plan.offsets[candidate.tensor] = offset;
     peak = std::max(peak, offset + candidate.size);
     auto position = std::upper_bound(
         placed.begin(), placed.end(), &candidate,
-        [](const Interval *a, const Interval *b) { return a->offset < b->offset; });
+        [](const BufferLifetime *a, const BufferLifetime *b) { return a->offset < b->offset; });
     placed.insert(position, &candidate);
   }
-  plan.arena_bytes = align_up(peak, alignment);
-  return plan;
+  return align_up(peak, alignment);
 }
 
 } // namespace strata::passes

@@ -1,8 +1,8 @@
 // Memory planning: assigns every intermediate tensor an offset in one arena.
 //
 // A tensor is live from the step of the node that produces it to the step of its
-// last reader (graph outputs and the values of state updates stay live to the end). Tensors whose lifetimes do not
-// overlap may share bytes. Offsets are aligned; the arena size is the peak the
+// last reader (graph outputs and the values of state updates stay live to the end). Tensors whose
+// lifetimes do not overlap may share bytes. Offsets are aligned; the arena size is the peak the
 // plan needs, known before anything runs.
 #pragma once
 
@@ -23,5 +23,21 @@ struct MemoryPlan {
 // Plans the intermediates of `graph` for execution in `order` (a topological order).
 Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
                                int64_t alignment = 64);
+
+// One buffer to place: its size and the steps [first, last] (both inclusive)
+// during which its bytes must not be touched by anything else.
+struct BufferLifetime {
+  int64_t size = 0;
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t offset = -1; // the result
+};
+
+// The placement plan_memory uses, for any list of buffers (pipeline programs
+// plan (tensor, micro-batch) buffers with it): greedy by size, largest first,
+// each at the lowest aligned offset where it clashes with no placed buffer whose
+// lifetime meets its own; ties go to the earlier buffer in the list. Zero-size
+// buffers get offset 0. Returns the arena size (the peak, aligned).
+int64_t place_buffers(std::vector<BufferLifetime> &buffers, int64_t alignment = 64);
 
 } // namespace strata::passes
