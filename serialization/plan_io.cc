@@ -1,5 +1,6 @@
 #include "serialization/plan_io.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,13 +23,39 @@ namespace {
 namespace fs = std::filesystem;
 using namespace json_text;
 
-// The plan revision this build writes and the newest it reads.
-constexpr uint32_t kPlanVersion = 1;
+// The newest plan revision this build writes and reads. Revision 2 (pipeline
+// plans) is written only by plans with a pipeline; others stay revision 1.
+constexpr uint32_t kPlanVersion = 2;
+constexpr uint32_t kPipelinePlanVersion = 2;
 constexpr uint64_t kMaxPlanBytes = FLATBUFFERS_MAX_BUFFER_SIZE - 1;
 constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
 
 bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+static_assert(static_cast<uint8_t>(InstrKind::kCompute) ==
+              static_cast<uint8_t>(fb::InstrKind::Compute));
+static_assert(static_cast<uint8_t>(InstrKind::kSend) == static_cast<uint8_t>(fb::InstrKind::Send));
+static_assert(static_cast<uint8_t>(InstrKind::kRecv) == static_cast<uint8_t>(fb::InstrKind::Recv));
+static_assert(static_cast<uint8_t>(InstrKind::kAccumulate) ==
+              static_cast<uint8_t>(fb::InstrKind::Accumulate));
+static_assert(static_cast<uint8_t>(InstrKind::kScale) ==
+              static_cast<uint8_t>(fb::InstrKind::Scale));
+static_assert(static_cast<uint8_t>(InstrKind::kUpdate) ==
+              static_cast<uint8_t>(fb::InstrKind::Update));
+static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
+
+// Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
+// verifier checks only 4-byte alignment, and a Slot holds an 8-byte offset.
+template <typename S> std::vector<S> copy_structs(const flatbuffers::Vector<const S *> *vector) {
+  std::vector<S> out(vector != nullptr ? vector->size() : 0);
+  if (!out.empty()) std::memcpy(out.data(), vector->Data(), out.size() * sizeof(S));
+  return out;
+}
+
+template <typename V> size_t size_of(const V *vector) {
+  return vector != nullptr ? vector->size() : 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -46,18 +73,57 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
   for (const PlanDevice &device : plan.devices)
     devices.push_back(fb::CreateDevice(builder, device.index, builder.CreateString(device.kind)));
   auto device_vector = builder.CreateVector(devices);
+  // A plan without a pipeline writes exactly the revision 1 fields (so its bytes
+  // are what they always were); a pipeline plan always writes its programs'
+  // instructions, slots and holds, and order and offsets only when not empty.
+  // Whatever else the Plan holds is written too, for the loader to refuse.
+  const bool pipelined = plan.pipeline.has_value();
   std::vector<flatbuffers::Offset<fb::Program>> programs;
   for (const PlanProgram &program : plan.programs) {
-    auto order = builder.CreateVector(program.order);
-    auto offsets = builder.CreateVector(program.offsets);
-    programs.push_back(
-        fb::CreateProgram(builder, program.device, order, program.arena_bytes, offsets));
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> order;
+    flatbuffers::Offset<flatbuffers::Vector<int64_t>> offsets;
+    if (!pipelined || !program.order.empty()) order = builder.CreateVector(program.order);
+    if (!pipelined || !program.offsets.empty()) offsets = builder.CreateVector(program.offsets);
+    flatbuffers::Offset<flatbuffers::Vector<const fb::Instruction *>> instructions;
+    flatbuffers::Offset<flatbuffers::Vector<const fb::Slot *>> slots;
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> holds;
+    if (pipelined || !program.instructions.empty()) {
+      std::vector<fb::Instruction> list;
+      list.reserve(program.instructions.size());
+      for (const PlanInstruction &instr : program.instructions)
+        list.emplace_back(static_cast<fb::InstrKind>(instr.kind), instr.microbatch, instr.index,
+                          instr.peer);
+      instructions = builder.CreateVectorOfStructs(list);
+    }
+    if (pipelined || !program.slots.empty()) {
+      std::vector<fb::Slot> list;
+      list.reserve(program.slots.size());
+      for (const PlanSlot &slot : program.slots)
+        list.emplace_back(slot.tensor, slot.microbatch, slot.offset);
+      slots = builder.CreateVectorOfStructs(list);
+    }
+    if (pipelined || !program.holds.empty()) holds = builder.CreateVector(program.holds);
+    programs.push_back(fb::CreateProgram(builder, program.device, order, program.arena_bytes,
+                                         offsets, instructions, slots, holds,
+                                         program.predicted_busy_s));
   }
   auto program_vector = builder.CreateVector(programs);
   auto producer = builder.CreateString(producer_string());
-  auto root = fb::CreatePlan(builder, kPlanVersion, static_cast<fb::PlanMode>(plan.mode), model,
-                             loss, loss_kind, optimizer, model_fingerprint, fingerprint,
-                             device_vector, program_vector, producer);
+  flatbuffers::Offset<fb::Pipeline> pipeline;
+  if (pipelined) {
+    const PlanPipeline &pp = *plan.pipeline;
+    auto schedule = builder.CreateString(pp.schedule);
+    auto node_stage = builder.CreateVector(pp.node_stage);
+    auto boundaries = builder.CreateVectorOfStrings(pp.boundaries);
+    auto cluster_json = builder.CreateString(pp.cluster_json);
+    pipeline =
+        fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage, boundaries,
+                           cluster_json, pp.predicted_step_s, pp.predicted_bubble);
+  }
+  uint32_t version = pipelined ? kPipelinePlanVersion : 1;
+  auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
+                             loss_kind, optimizer, model_fingerprint, fingerprint, device_vector,
+                             program_vector, producer, pipeline);
   fb::FinishPlanBuffer(builder, root);
   if (builder.GetSize() > kMaxPlanBytes)
     return out_of_range("the plan needs ", builder.GetSize(), " bytes, more than one FlatBuffer");
@@ -75,11 +141,54 @@ std::string reindent(std::string_view text, int indent) {
   return out;
 }
 
+// An enum value by name, or by number when it has none (a value the loader refuses).
+template <typename E> void append_enum(std::string &out, E value, const char *name) {
+  if (name != nullptr && *name != '\0')
+    append_json_string(out, name);
+  else
+    out += std::to_string(static_cast<unsigned>(value));
+}
+
+// A list of structs, one per line; `append_one` prints one struct.
+template <typename S, typename Fn>
+void append_struct_list(std::string &out, const flatbuffers::Vector<const S *> *v, int indent,
+                        Fn &&append_one) {
+  std::vector<S> items = copy_structs(v);
+  if (items.empty()) {
+    out += "[]";
+    return;
+  }
+  out += '[';
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += i ? ",\n" : "\n";
+    out.append(static_cast<size_t>(indent + 2), ' ');
+    append_one(items[i]);
+  }
+  out += '\n';
+  out.append(static_cast<size_t>(indent), ' ');
+  out += ']';
+}
+
+void append_string_list(std::string &out,
+                        const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *v) {
+  out += '[';
+  if (v != nullptr)
+    for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
+      if (i) out += ", ";
+      append_json_string(out, v->Get(i));
+    }
+  out += ']';
+}
+
+// The canonical JSON text of a plan buffer. Fields are printed in schema order;
+// a plan without a pipeline prints exactly the revision 1 fields (plus any
+// revision 2 field the buffer holds, which its loader refuses).
 std::string plan_json_text(const fb::Plan &plan) {
+  const bool pipelined = plan.pipeline() != nullptr;
   std::string out;
   JsonObjectWriter root(out, 0);
   root.key("plan_version") += std::to_string(plan.plan_version());
-  append_json_string(root.key("mode"), fb::EnumNamePlanMode(plan.mode()));
+  append_enum(root.key("mode"), plan.mode(), fb::EnumNamePlanMode(plan.mode()));
   append_json_string(root.key("loss"), plan.loss());
   append_json_string(root.key("loss_kind"), plan.loss_kind());
   append_json_string(root.key("optimizer"), plan.optimizer());
@@ -90,16 +199,44 @@ std::string plan_json_text(const fb::Plan &plan) {
     append_json_string(out, d.kind());
     out += '}';
   });
-  append_table_list(root.key("programs"), plan.programs(), 2,
-                    [&](const fb::Program &p, int indent) {
-                      JsonObjectWriter obj(out, indent);
-                      obj.key("device") += std::to_string(p.device());
-                      append_number_list(obj.key("order"), p.order());
-                      obj.key("arena_bytes") += std::to_string(p.arena_bytes());
-                      append_number_list(obj.key("offsets"), p.offsets());
-                      obj.close();
-                    });
+  append_table_list(
+      root.key("programs"), plan.programs(), 2, [&](const fb::Program &p, int indent) {
+        JsonObjectWriter obj(out, indent);
+        obj.key("device") += std::to_string(p.device());
+        if (!pipelined || p.order()) append_number_list(obj.key("order"), p.order());
+        obj.key("arena_bytes") += std::to_string(p.arena_bytes());
+        if (!pipelined || p.offsets()) append_number_list(obj.key("offsets"), p.offsets());
+        if (pipelined || p.instructions())
+          append_struct_list(
+              obj.key("instructions"), p.instructions(), indent + 2, [&](const fb::Instruction &i) {
+                out += "{\"kind\": ";
+                append_enum(out, i.kind(), fb::EnumNameInstrKind(i.kind()));
+                out += str_cat(", \"microbatch\": ", i.microbatch(), ", \"index\": ", i.index(),
+                               ", \"peer\": ", i.peer(), "}");
+              });
+        if (pipelined || p.slots())
+          append_struct_list(obj.key("slots"), p.slots(), indent + 2, [&](const fb::Slot &s) {
+            out += str_cat("{\"tensor\": ", s.tensor(), ", \"microbatch\": ", s.microbatch(),
+                           ", \"offset\": ", s.offset(), "}");
+          });
+        if (pipelined || p.holds()) append_number_list(obj.key("holds"), p.holds());
+        if (pipelined || p.predicted_busy_s() != 0)
+          append_double(obj.key("predicted_busy_s"), p.predicted_busy_s());
+        obj.close();
+      });
   append_json_string(root.key("producer"), plan.producer());
+  if (const fb::Pipeline *pipe = plan.pipeline()) {
+    JsonObjectWriter obj(root.key("pipeline"), 2);
+    obj.key("stages") += std::to_string(pipe->stages());
+    obj.key("microbatches") += std::to_string(pipe->microbatches());
+    append_json_string(obj.key("schedule"), pipe->schedule());
+    append_number_list(obj.key("node_stage"), pipe->node_stage());
+    append_string_list(obj.key("boundaries"), pipe->boundaries());
+    append_json_string(obj.key("cluster_json"), pipe->cluster_json());
+    append_double(obj.key("predicted_step_s"), pipe->predicted_step_s());
+    append_double(obj.key("predicted_bubble"), pipe->predicted_bubble());
+    obj.close();
+  }
   // The model last: it is the long part.
   if (plan.model() != nullptr) {
     std::string model = model_json_text(*plan.model());
@@ -122,6 +259,176 @@ bool is_hex_digest(const flatbuffers::String *text) {
   return true;
 }
 
+std::string text_of(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+bool finite_non_negative(double value) { return std::isfinite(value) && value >= 0; }
+
+// The pipeline table (revision 2). The programs are checked against it later.
+Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, size_t num_devices,
+                                      size_t num_programs) {
+  PlanPipeline pipe;
+  pipe.stages = q.stages();
+  if (pipe.stages < 1)
+    return invalid_argument("field pipeline.stages = ", pipe.stages,
+                            "; a pipeline has at least one stage");
+  if (static_cast<size_t>(pipe.stages) != num_devices ||
+      static_cast<size_t>(pipe.stages) != num_programs)
+    return invalid_argument("field pipeline.stages = ", pipe.stages, " but the plan has ",
+                            num_devices, " devices and ", num_programs,
+                            " programs; a pipeline has one stage per device");
+  pipe.microbatches = q.microbatches();
+  if (pipe.microbatches < 1)
+    return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
+                            "; a step has at least one micro-batch");
+  pipe.schedule = text_of(q.schedule());
+  if (pipe.schedule != "gpipe" && pipe.schedule != "1f1b")
+    return invalid_argument("field pipeline.schedule is '", pipe.schedule,
+                            "'; expected gpipe or 1f1b");
+  if (size_of(q.node_stage()) != g.num_nodes())
+    return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),
+                            " entries but the model has ", g.num_nodes(), " nodes");
+  if (q.node_stage() != nullptr) pipe.node_stage = copy_numbers(*q.node_stage());
+  for (NodeId n = 0; n < pipe.node_stage.size(); ++n)
+    if (pipe.node_stage[n] < 0 || pipe.node_stage[n] >= pipe.stages)
+      return out_of_range("field pipeline.node_stage[", n, "] = ", pipe.node_stage[n], ": node '",
+                          g.node(n).name, "' is not in a stage 0..", pipe.stages - 1);
+  if (size_of(q.boundaries()) != static_cast<size_t>(pipe.stages) - 1)
+    return invalid_argument("field pipeline.boundaries has ", size_of(q.boundaries()),
+                            " entries for ", pipe.stages, " stages; one per stage but the last");
+  for (uint32_t i = 0; i < size_of(q.boundaries()); ++i) {
+    std::string name = text_of(q.boundaries()->Get(i));
+    auto node = g.find_node(name);
+    if (!node)
+      return invalid_argument("field pipeline.boundaries[", i, "] names node '", name,
+                              "', not in the model");
+    if (pipe.node_stage[*node] != static_cast<int32_t>(i))
+      return invalid_argument("field pipeline.boundaries[", i, "]: node '", name, "' is in stage ",
+                              pipe.node_stage[*node], ", not stage ", i);
+    pipe.boundaries.push_back(std::move(name));
+  }
+  pipe.cluster_json = text_of(q.cluster_json());
+  pipe.predicted_step_s = q.predicted_step_s();
+  if (!finite_non_negative(pipe.predicted_step_s))
+    return invalid_argument("field pipeline.predicted_step_s = ", pipe.predicted_step_s,
+                            " is not a finite time >= 0");
+  pipe.predicted_bubble = q.predicted_bubble();
+  if (!finite_non_negative(pipe.predicted_bubble) || pipe.predicted_bubble > 1)
+    return invalid_argument("field pipeline.predicted_bubble = ", pipe.predicted_bubble,
+                            " is not a fraction in [0, 1]");
+  return pipe;
+}
+
+// A pipeline plan's program (revision 2): instructions, slots and holds instead
+// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
+Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
+                                const std::string &where, PlanProgram &program) {
+  const int64_t devices = pipe.stages, microbatches = pipe.microbatches;
+  const int64_t self = program.device;
+  if (self >= devices)
+    return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
+  if (size_of(q.order()) > 0)
+    return invalid_argument(where, ".order has ", size_of(q.order()),
+                            " entries; a pipeline plan's programs have instructions instead");
+  if (size_of(q.offsets()) > 0)
+    return invalid_argument(where, ".offsets has ", size_of(q.offsets()),
+                            " entries; a pipeline plan's programs have slots instead");
+  program.arena_bytes = q.arena_bytes();
+  if (program.arena_bytes < 0)
+    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
+  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
+
+  const std::vector<fb::Instruction> instructions = copy_structs(q.instructions());
+  for (size_t k = 0; k < instructions.size(); ++k) {
+    const fb::Instruction &in = instructions[k];
+    std::string at = str_cat(where, ".instructions[", k, "]");
+    auto kind_value = static_cast<uint8_t>(in.kind());
+    if (kind_value > static_cast<uint8_t>(fb::InstrKind::MAX))
+      return invalid_argument(at, ".kind has unknown value ", int{kind_value});
+    auto kind = static_cast<InstrKind>(kind_value);
+    std::string_view name = instr_kind_name(kind);
+    const uint32_t index = in.index();
+    const int64_t microbatch = in.microbatch(), peer = in.peer();
+    switch (kind) {
+    case InstrKind::kCompute:
+      if (index >= num_nodes)
+        return out_of_range(at, ": compute of node ", index,
+                            ", which is not a node index (the model has ", num_nodes, " nodes)");
+      break;
+    case InstrKind::kSend:
+    case InstrKind::kRecv:
+    case InstrKind::kAccumulate:
+    case InstrKind::kScale:
+      if (index >= num_tensors)
+        return out_of_range(at, ": ", name, " of tensor ", index,
+                            ", which is not a tensor index (the model has ", num_tensors,
+                            " tensors)");
+      break;
+    case InstrKind::kUpdate:
+      if (index >= g.updates().size())
+        return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
+                            " state updates");
+      break;
+    }
+    if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
+      std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
+      if (peer < 0 || peer >= devices)
+        return out_of_range(at, ": ", name, direction, " device ", peer,
+                            ", which is not a device of the pipeline (0..", devices - 1, ")");
+      if (peer == self)
+        return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
+    }
+    // Compute, send and recv run on a micro-batch or once per step (-1);
+    // accumulate adds one micro-batch's buffer.
+    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate) {
+      int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
+      if (microbatch < lowest || microbatch >= microbatches)
+        return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest,
+                            "..", microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
+    }
+    program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
+  }
+
+  for (const fb::Slot &slot : copy_structs(q.slots())) {
+    std::string at = str_cat(where, ".slots[", program.slots.size(), "]");
+    if (slot.tensor() >= num_tensors)
+      return out_of_range(at, ".tensor = ", slot.tensor(), " is not a tensor index (the model has ",
+                          num_tensors, " tensors)");
+    if (slot.microbatch() < -1 || slot.microbatch() >= microbatches)
+      return out_of_range(at, ".microbatch = ", slot.microbatch(), " is not in -1..",
+                          microbatches - 1);
+    const Tensor &tensor = g.tensor(slot.tensor());
+    if (slot.offset() < 0) return invalid_argument(at, ".offset = ", slot.offset(), " is negative");
+    if (slot.offset() > program.arena_bytes ||
+        tensor.type.size_bytes() > program.arena_bytes - slot.offset())
+      return out_of_range(at, ".offset = ", slot.offset(), ": tensor '", tensor.name, "' (",
+                          tensor.type.size_bytes(), " bytes) does not fit the ",
+                          program.arena_bytes, "-byte arena");
+    program.slots.push_back(PlanSlot{slot.tensor(), slot.microbatch(), slot.offset()});
+  }
+
+  if (q.holds() != nullptr) program.holds = copy_numbers(*q.holds());
+  for (size_t k = 0; k < program.holds.size(); ++k) {
+    TensorId id = program.holds[k];
+    if (id >= num_tensors)
+      return out_of_range(where, ".holds[", k, "] = ", id, " is not a tensor index (the model has ",
+                          num_tensors, " tensors)");
+    const Tensor &tensor = g.tensor(id);
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState &&
+        tensor.kind != TensorKind::kConstant)
+      return invalid_argument(where, ".holds[", k, "]: tensor '", tensor.name, "' has kind ",
+                              tensor_kind_name(tensor.kind),
+                              "; a device holds parameters, state and constants");
+    if (k > 0 && id <= program.holds[k - 1])
+      return invalid_argument(where, ".holds[", k, "] = ", id, " does not follow ",
+                              program.holds[k - 1], "; holds are strictly increasing tensor ids");
+  }
+  program.predicted_busy_s = q.predicted_busy_s();
+  if (!finite_non_negative(program.predicted_busy_s))
+    return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
+                            " is not a finite time >= 0");
+  return Status::ok();
+}
+
 Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   if (p.plan_version() == 0) return invalid_argument("field plan_version is missing");
   if (p.plan_version() > kPlanVersion)
@@ -138,7 +445,7 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   Plan plan;
   plan.mode = static_cast<Plan::Mode>(mode);
   plan.graph = std::move(graph).value();
-  auto text = [](const flatbuffers::String *s) { return s ? s->str() : std::string(); };
+  auto text = text_of;
   plan.loss = text(p.loss());
   plan.loss_kind = text(p.loss_kind());
   plan.optimizer = text(p.optimizer());
@@ -183,6 +490,13 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   if (p.programs() == nullptr || p.programs()->size() != plan.devices.size())
     return invalid_argument("field programs has ", p.programs() ? p.programs()->size() : 0,
                             " entries for ", plan.devices.size(), " devices; one per device");
+  if (p.pipeline() != nullptr) {
+    if (p.plan_version() < kPipelinePlanVersion)
+      return invalid_argument("field pipeline: the file has plan version ", p.plan_version(),
+                              " but pipeline plans need version ", kPipelinePlanVersion);
+    ASSIGN_OR_RETURN(plan.pipeline,
+                     pipeline_from_fb(*p.pipeline(), g, plan.devices.size(), p.programs()->size()));
+  }
   std::set<uint32_t> programmed;
   for (uint32_t i = 0; i < p.programs()->size(); ++i) {
     const fb::Program &q = *p.programs()->Get(i);
@@ -193,6 +507,22 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
       return invalid_argument(where, ".device = ", q.device(), " has two programs");
     PlanProgram program;
     program.device = q.device();
+    if (plan.pipeline) {
+      RETURN_IF_ERROR(pipeline_program_from_fb(q, g, *plan.pipeline, where, program));
+      plan.programs.push_back(std::move(program));
+      continue;
+    }
+    // Revision 2 fields belong to pipeline plans only.
+    for (auto [field, count] :
+         {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
+          {"slots", size_of(q.slots())},
+          {"holds", size_of(q.holds())}})
+      if (count > 0)
+        return invalid_argument(where, ".", field, " has ", count,
+                                " entries, but only pipeline plans have ", field);
+    if (q.predicted_busy_s() != 0)
+      return invalid_argument(where, ".predicted_busy_s = ", q.predicted_busy_s(),
+                              ", but only pipeline plans have predicted times");
     // The order: every node once, each after the producers of its inputs.
     size_t num_nodes = g.num_nodes();
     if (q.order() == nullptr || q.order()->size() != num_nodes)
@@ -286,6 +616,18 @@ std::string folder_of(const std::string &path) {
 }
 
 } // namespace
+
+std::string_view instr_kind_name(InstrKind kind) {
+  switch (kind) {
+  case InstrKind::kCompute: return "compute";
+  case InstrKind::kSend: return "send";
+  case InstrKind::kRecv: return "recv";
+  case InstrKind::kAccumulate: return "accumulate";
+  case InstrKind::kScale: return "scale";
+  case InstrKind::kUpdate: return "update";
+  }
+  return "unknown";
+}
 
 std::string_view plan_mode_name(Plan::Mode mode) {
   return mode == Plan::Mode::kTrain ? "train" : "infer";

@@ -9,9 +9,12 @@
 // every field is checked (the embedded model with the model loader's own
 // checks, then mode, loss, fingerprints, devices, programs). Errors name the
 // file and the field. Saving is canonical: the same Plan gives the same bytes.
+// Pipeline plans (revision 2, `Plan::pipeline`) give every device a program of
+// instructions instead; plans without a pipeline are written as revision 1.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,12 +28,65 @@ struct PlanDevice {
   friend bool operator==(const PlanDevice &, const PlanDevice &) = default;
 };
 
+// One step of a pipeline device's program (plan revision 2). A micro-batch of
+// -1 means "once per training step" (the optimizer phase); 0..M-1 name a
+// micro-batch. Buffers are keyed by (tensor, micro-batch); see PlanSlot.
+enum class InstrKind : uint8_t {
+  kCompute = 0,    // run node `index` on micro-batch `microbatch`
+  kSend = 1,       // send buffer (tensor `index`, microbatch) to device `peer`
+  kRecv = 2,       // receive buffer (tensor `index`, microbatch) from device `peer`
+  kAccumulate = 3, // buffer (index, -1) = (index, microbatch) if microbatch == 0, else +=
+  kScale = 4,      // buffer (index, -1) *= 1 / microbatches (the mean over micro-batches)
+  kUpdate = 5,     // apply the graph's state update number `index` on this device
+};
+std::string_view instr_kind_name(InstrKind kind);
+
+struct PlanInstruction {
+  InstrKind kind = InstrKind::kCompute;
+  int32_t microbatch = -1;
+  uint32_t index = 0; // node (compute), tensor (send, recv, accumulate, scale), update (update)
+  int32_t peer = -1;  // send, recv: the other device; -1 otherwise
+  friend bool operator==(const PlanInstruction &, const PlanInstruction &) = default;
+};
+
+// Where the buffer of (tensor, micro-batch) lives in a device's arena. Two slots
+// may share an offset (aliases: with one micro-batch the accumulated buffer
+// (t, -1) is (t, 0) itself).
+struct PlanSlot {
+  uint32_t tensor = 0;
+  int32_t microbatch = -1;
+  int64_t offset = 0;
+  friend bool operator==(const PlanSlot &, const PlanSlot &) = default;
+};
+
 struct PlanProgram {
   uint32_t device = 0;
   std::vector<NodeId> order;    // a topological order of the plan's graph
   int64_t arena_bytes = 0;      // activation arena size
   std::vector<int64_t> offsets; // per tensor: arena offset, or -1
+  // Pipeline plans (revision 2); `order` and `offsets` are then empty. The `{}`
+  // initializers let older code write `{device, order, arena_bytes, offsets}`
+  // without -Wmissing-field-initializers.
+  std::vector<PlanInstruction> instructions{};
+  std::vector<PlanSlot> slots{};
+  // Parameters, state and constants this device materializes and keeps, by id
+  // (strictly increasing).
+  std::vector<TensorId> holds{};
+  double predicted_busy_s = 0; // compute and transfer time of one step
   friend bool operator==(const PlanProgram &, const PlanProgram &) = default;
+};
+
+// How a pipeline plan splits the step (plan revision 2).
+struct PlanPipeline {
+  int32_t stages = 1;                  // devices, one stage each
+  int32_t microbatches = 1;            // the graph is built at batch / microbatches
+  std::string schedule;                // "gpipe" or "1f1b"
+  std::vector<int32_t> node_stage;     // per node of the graph
+  std::vector<std::string> boundaries; // last forward node of stages 0..P-2
+  std::string cluster_json;            // the cluster spec the costs were predicted for
+  double predicted_step_s = 0;
+  double predicted_bubble = 0; // idle fraction of the devices' step time
+  friend bool operator==(const PlanPipeline &, const PlanPipeline &) = default;
 };
 
 struct Plan {
@@ -44,6 +100,9 @@ struct Plan {
   std::string fingerprint;       // hex SHA-256 of those bytes and the options text
   std::vector<PlanDevice> devices;
   std::vector<PlanProgram> programs;
+  // Present for pipeline plans (strata compile --mesh / --microbatches): every
+  // program then has instructions instead of an order.
+  std::optional<PlanPipeline> pipeline;
   std::string producer; // as read from a file; the writer always writes its own
 };
 

@@ -1,7 +1,9 @@
 // The training formats: state tensors and updates in model files, plan files
 // (canonical bytes, JSON form, robustness, meaning checks) and checkpoints.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -55,6 +57,92 @@ Plan make_plan(Graph graph) {
   plan.devices.push_back({0, "cpu"});
   plan.programs.push_back({0, *order, memory->arena_bytes, memory->offsets});
   return plan;
+}
+
+// A tiny training graph keeps every-byte loops fast: y = x * w, mse, sgd.
+Graph tiny_training_graph() {
+  passes::TrainingOptions options;
+  options.loss = "mse";
+  options.optimizer = *passes::parse_optimizer("sgd:lr=0.1");
+  zoo::MlpOptions mlp;
+  mlp.batch = 1;
+  mlp.input = 2;
+  mlp.hidden = {};
+  mlp.classes = 1;
+  auto graph = passes::make_training_graph(*zoo::make_mlp(mlp), options);
+  EXPECT_TRUE(graph.is_ok()) << graph.status().message();
+  return std::move(graph).value();
+}
+
+bool is_held_kind(TensorKind kind) {
+  return kind == TensorKind::kParameter || kind == TensorKind::kState ||
+         kind == TensorKind::kConstant;
+}
+
+// A two-stage, two-micro-batch pipeline plan over `graph`: the nodes split in
+// half by a topological order, and on each device a few instructions of every
+// kind, slots and holds. Not a schedule anyone could run: only what the
+// loader checks has to hold.
+Plan make_pipeline_plan(Graph graph) {
+  Plan plan = make_plan(std::move(graph));
+  const Graph &g = plan.graph;
+  auto order = g.topological_order();
+  EXPECT_TRUE(order.is_ok());
+  EXPECT_GE(order->size(), 2u);
+  EXPECT_FALSE(g.updates().empty());
+  size_t half = order->size() / 2;
+  NodeId boundary = (*order)[half - 1];
+  TensorId sent = g.node(boundary).outputs[0];
+
+  PlanPipeline pipe;
+  pipe.stages = 2;
+  pipe.microbatches = 2;
+  pipe.schedule = "1f1b";
+  pipe.node_stage.assign(g.num_nodes(), 1);
+  for (size_t k = 0; k < half; ++k)
+    pipe.node_stage[(*order)[k]] = 0;
+  pipe.boundaries = {g.node(boundary).name};
+  pipe.cluster_json = "{\"name\": \"two \\\"cpus\\\"\",\n \"devices\": []}\n";
+  pipe.predicted_step_s = 0.1 + 1e-15; // shortest exact form in JSON
+  pipe.predicted_bubble = 1.0 / 3.0;
+
+  plan.devices = {{0, "cpu"}, {1, "cpu"}};
+  plan.programs.clear();
+  for (uint32_t d = 0; d < 2; ++d) {
+    PlanProgram program;
+    program.device = d;
+    for (int32_t mb = 0; mb < pipe.microbatches; ++mb) {
+      if (d == 1) program.instructions.push_back({InstrKind::kRecv, mb, sent, 0});
+      for (NodeId n : *order)
+        if (pipe.node_stage[n] == static_cast<int32_t>(d))
+          program.instructions.push_back({InstrKind::kCompute, mb, n, -1});
+      if (d == 0) program.instructions.push_back({InstrKind::kSend, mb, sent, 1});
+      program.instructions.push_back({InstrKind::kAccumulate, mb, sent, -1});
+    }
+    program.instructions.push_back({InstrKind::kScale, -1, sent, -1});
+    program.instructions.push_back(
+        {InstrKind::kUpdate, -1, static_cast<uint32_t>(d % g.updates().size()), -1});
+    for (int32_t mb = -1; mb < pipe.microbatches; ++mb)
+      program.slots.push_back({sent, mb, 64 * (mb + 1)});
+    // The last slot ends the arena exactly.
+    program.arena_bytes = program.slots.back().offset + g.tensor(sent).type.size_bytes();
+    for (TensorId t = 0; t < g.num_tensors(); ++t)
+      if (is_held_kind(g.tensor(t).kind) && (d == 0 || t % 2 == 1)) program.holds.push_back(t);
+    EXPECT_FALSE(program.holds.empty());
+    program.predicted_busy_s = 0.25 * (d + 1);
+    plan.programs.push_back(std::move(program));
+  }
+  plan.pipeline = std::move(pipe);
+  return plan;
+}
+
+// The index of the first instruction of `kind` in program `device`.
+size_t first_instruction(const Plan &plan, uint32_t device, InstrKind kind) {
+  const auto &list = plan.programs[device].instructions;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].kind == kind) return i;
+  ADD_FAILURE() << "no " << instr_kind_name(kind) << " on device " << device;
+  return 0;
 }
 
 TEST(Sha256Test, KnownDigests) {
@@ -194,38 +282,303 @@ TEST(PlanTest, MeaningErrorsNameTheField) {
 }
 
 TEST(PlanTest, TruncatedAndCorruptedPlansNeverCrash) {
-  // A tiny plan keeps every-byte loops fast: y = x * w.
-  passes::TrainingOptions options;
-  options.loss = "mse";
-  options.optimizer = *passes::parse_optimizer("sgd:lr=0.1");
-  zoo::MlpOptions mlp;
-  mlp.batch = 1;
-  mlp.input = 2;
-  mlp.hidden = {};
-  mlp.classes = 1;
-  auto graph = passes::make_training_graph(*zoo::make_mlp(mlp), options);
-  ASSERT_TRUE(graph.is_ok()) << graph.status().message();
-  auto bytes = plan_to_flatbuffer(make_plan(std::move(graph).value()));
-  ASSERT_TRUE(bytes.is_ok());
-  ASSERT_TRUE(load_plan_from_buffer(*bytes, "p.splan", ".").is_ok());
-  for (size_t length = 0; length < bytes->size(); ++length) {
-    auto loaded =
-        load_plan_from_buffer(llvm::ArrayRef<uint8_t>(*bytes).take_front(length), "p.splan", ".");
-    ASSERT_FALSE(loaded.is_ok()) << "length " << length;
-    EXPECT_NE(loaded.status().message().find("p.splan"), std::string::npos);
-  }
-  size_t accepted = 0;
-  for (size_t i = 0; i < bytes->size(); ++i) {
-    std::vector<uint8_t> flipped = *bytes;
-    flipped[i] ^= 0xff;
-    auto loaded = load_plan_from_buffer(flipped, "p.splan", ".");
-    if (loaded.is_ok()) {
-      ++accepted; // a flip can land in padding or a value that is still valid
-    } else {
+  // The tiny graph as a revision 1 plan and as a revision 2 pipeline plan.
+  for (bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipeline plan" : "plan");
+    Plan plan =
+        pipelined ? make_pipeline_plan(tiny_training_graph()) : make_plan(tiny_training_graph());
+    auto bytes = plan_to_flatbuffer(plan);
+    ASSERT_TRUE(bytes.is_ok());
+    auto good = load_plan_from_buffer(*bytes, "p.splan", ".");
+    ASSERT_TRUE(good.is_ok()) << good.status().message();
+    ASSERT_EQ(good->pipeline.has_value(), pipelined);
+    for (size_t length = 0; length < bytes->size(); ++length) {
+      auto loaded =
+          load_plan_from_buffer(llvm::ArrayRef<uint8_t>(*bytes).take_front(length), "p.splan", ".");
+      ASSERT_FALSE(loaded.is_ok()) << "length " << length;
       EXPECT_NE(loaded.status().message().find("p.splan"), std::string::npos);
     }
+    size_t accepted = 0;
+    for (size_t i = 0; i < bytes->size(); ++i) {
+      std::vector<uint8_t> flipped = *bytes;
+      flipped[i] ^= 0xff;
+      auto loaded = load_plan_from_buffer(flipped, "p.splan", ".");
+      if (loaded.is_ok()) {
+        ++accepted; // a flip can land in padding or a value that is still valid
+      } else {
+        EXPECT_NE(loaded.status().message().find("p.splan"), std::string::npos);
+      }
+    }
+    EXPECT_LT(accepted, bytes->size());
   }
-  EXPECT_LT(accepted, bytes->size());
+}
+
+TEST(PipelinePlanTest, BinaryAndJsonRoundTripsAreByteIdentical) {
+  Plan plan = make_pipeline_plan(tiny_training_graph());
+  auto bytes = plan_to_flatbuffer(plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  EXPECT_EQ(*plan_to_flatbuffer(make_pipeline_plan(tiny_training_graph())), *bytes);
+  auto loaded = load_plan_from_buffer(*bytes, "p.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  ASSERT_TRUE(loaded->pipeline.has_value());
+  EXPECT_EQ(*loaded->pipeline, *plan.pipeline);
+  EXPECT_EQ(loaded->devices, plan.devices);
+  EXPECT_EQ(loaded->programs, plan.programs);
+  EXPECT_EQ(*plan_to_flatbuffer(*loaded), *bytes);
+
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok()) << json.status().message();
+  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 2,")) << json->substr(0, 40);
+  for (const char *text :
+       {"\"pipeline\": {", "\"schedule\": \"1f1b\"", "\"kind\": \"Send\"", "\"kind\": \"Recv\"",
+        "\"kind\": \"Accumulate\"", "\"kind\": \"Scale\"", "\"kind\": \"Update\"",
+        "\"kind\": \"Compute\"", "\"slots\": [", "\"holds\": [",
+        "\"predicted_step_s\": 0.100000000000001", "\"predicted_busy_s\": 0.5"})
+    EXPECT_NE(json->find(text), std::string::npos) << text;
+  // Pipeline programs have no order or offsets.
+  EXPECT_EQ(json->find("\"order\""), std::string::npos);
+  EXPECT_EQ(json->find("\"offsets\""), std::string::npos);
+  auto from_json = load_plan_from_json(*json, "p.splan.json", ".");
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  EXPECT_EQ(*from_json->pipeline, *plan.pipeline);
+  EXPECT_EQ(from_json->programs, plan.programs);
+  EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
+  EXPECT_EQ(*plan_to_json(*from_json), *json);
+
+  // Through files, both forms.
+  TempDir dir;
+  ASSERT_TRUE(save_plan(plan, dir.file("p.splan")).is_ok());
+  ASSERT_TRUE(save_plan(plan, dir.file("p.splan.json")).is_ok());
+  auto binary_file = load_plan(dir.file("p.splan"));
+  auto json_file = load_plan(dir.file("p.splan.json"));
+  ASSERT_TRUE(binary_file.is_ok()) << binary_file.status().message();
+  ASSERT_TRUE(json_file.is_ok()) << json_file.status().message();
+  EXPECT_EQ(*plan_to_flatbuffer(*binary_file), *bytes);
+  EXPECT_EQ(*plan_to_flatbuffer(*json_file), *bytes);
+  EXPECT_TRUE(file_is_plan(dir.file("p.splan.json")));
+
+  // A pipeline with one micro-batch and one stage is still a pipeline plan.
+  Plan single = make_plan(tiny_training_graph());
+  single.programs[0].order.clear();
+  single.programs[0].offsets.clear();
+  PlanPipeline one;
+  one.schedule = "gpipe";
+  one.node_stage.assign(single.graph.num_nodes(), 0);
+  single.pipeline = one;
+  auto single_bytes = plan_to_flatbuffer(single);
+  ASSERT_TRUE(single_bytes.is_ok());
+  auto single_loaded = load_plan_from_buffer(*single_bytes, "one.splan", ".");
+  ASSERT_TRUE(single_loaded.is_ok()) << single_loaded.status().message();
+  EXPECT_EQ(*single_loaded->pipeline, one);
+  EXPECT_EQ(single_loaded->programs, single.programs);
+  auto single_json = plan_to_json(single);
+  ASSERT_TRUE(single_json.is_ok());
+  auto single_from_json = load_plan_from_json(*single_json, "one.splan.json", ".");
+  ASSERT_TRUE(single_from_json.is_ok()) << single_from_json.status().message();
+  EXPECT_EQ(*plan_to_flatbuffer(*single_from_json), *single_bytes);
+}
+
+TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
+  Plan plan = make_plan(tiny_training_graph());
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok());
+  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 1,")) << json->substr(0, 40);
+  for (const char *field : {"pipeline", "instructions", "slots", "holds", "predicted"})
+    EXPECT_EQ(json->find(field), std::string::npos) << field;
+  auto bytes = plan_to_flatbuffer(plan);
+  ASSERT_TRUE(bytes.is_ok());
+  auto loaded = load_plan_from_buffer(*bytes, "p.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_FALSE(loaded->pipeline.has_value());
+  EXPECT_EQ(loaded->programs, plan.programs);
+  // Revision 1 programs and the plan table carry no revision 2 field, so the
+  // bytes are what a revision 1 writer produced: the binary round trip and a
+  // reader that stops at field `producer` see the same plan.
+  EXPECT_EQ(*plan_to_flatbuffer(*loaded), *bytes);
+
+  // A pipeline in a file that claims revision 1 is refused, and so is a
+  // revision newer than this build's.
+  auto pipeline_json = plan_to_json(make_pipeline_plan(tiny_training_graph()));
+  ASSERT_TRUE(pipeline_json.is_ok());
+  std::string old = *pipeline_json;
+  old.replace(old.find("\"plan_version\": 2"), 17, "\"plan_version\": 1");
+  auto refused = load_plan_from_json(old, "old.splan.json", ".");
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("old.splan.json"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("field pipeline: the file has plan version 1"),
+            std::string::npos)
+      << refused.status().message();
+  std::string newer = *pipeline_json;
+  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 3");
+  auto too_new = load_plan_from_json(newer, "new.splan.json", ".");
+  ASSERT_FALSE(too_new.is_ok());
+  EXPECT_NE(too_new.status().message().find("plan version 3"), std::string::npos)
+      << too_new.status().message();
+}
+
+TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
+  const Plan good = make_pipeline_plan(tiny_training_graph());
+  const Graph &g = good.graph;
+  const uint32_t nodes = static_cast<uint32_t>(g.num_nodes());
+  const uint32_t tensors = static_cast<uint32_t>(g.num_tensors());
+  const uint32_t updates = static_cast<uint32_t>(g.updates().size());
+  TensorId intermediate = good.programs[0].slots[0].tensor;
+  ASSERT_EQ(g.tensor(intermediate).kind, TensorKind::kIntermediate);
+  const size_t compute0 = first_instruction(good, 0, InstrKind::kCompute);
+  const size_t send0 = first_instruction(good, 0, InstrKind::kSend);
+  const size_t recv1 = first_instruction(good, 1, InstrKind::kRecv);
+  const size_t accumulate0 = first_instruction(good, 0, InstrKind::kAccumulate);
+  const size_t scale1 = first_instruction(good, 1, InstrKind::kScale);
+  const size_t update1 = first_instruction(good, 1, InstrKind::kUpdate);
+  auto at = [](uint32_t program, size_t instruction) {
+    return str_cat("field programs[", program, "].instructions[", instruction, "]");
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  struct Case {
+    std::function<void(Plan &)> edit;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      // The pipeline table.
+      {[](Plan &p) { p.pipeline->stages = 0; }, "field pipeline.stages = 0"},
+      {[](Plan &p) { p.pipeline->stages = 3; }, "field pipeline.stages = 3"},
+      {[](Plan &p) {
+         p.devices[1].index = 2;
+         p.programs[1].device = 2;
+       },
+       "field programs[1].device = 2"},
+      {[](Plan &p) { p.pipeline->microbatches = 0; }, "field pipeline.microbatches"},
+      {[](Plan &p) { p.pipeline->schedule = "interleaved"; }, "field pipeline.schedule"},
+      {[](Plan &p) { p.pipeline->node_stage.pop_back(); }, "field pipeline.node_stage has"},
+      {[](Plan &p) { p.pipeline->node_stage[0] = 2; }, "field pipeline.node_stage[0] = 2"},
+      {[](Plan &p) { p.pipeline->node_stage[0] = -1; }, "field pipeline.node_stage[0] = -1"},
+      {[](Plan &p) { p.pipeline->boundaries.clear(); }, "field pipeline.boundaries has 0"},
+      {[](Plan &p) { p.pipeline->boundaries[0] = "nope"; }, "field pipeline.boundaries[0]"},
+      {[](Plan &p) {
+         const Graph &graph = p.graph;
+         for (NodeId n = 0; n < graph.num_nodes(); ++n)
+           if (p.pipeline->node_stage[n] == 1) p.pipeline->boundaries[0] = graph.node(n).name;
+       },
+       "' is in stage 1, not stage 0"},
+      {[](Plan &p) { p.pipeline->predicted_step_s = -1; }, "field pipeline.predicted_step_s"},
+      {[=](Plan &p) { p.pipeline->predicted_step_s = nan; }, "field pipeline.predicted_step_s"},
+      {[](Plan &p) { p.pipeline->predicted_bubble = 1.5; }, "field pipeline.predicted_bubble"},
+      // Programs of a pipeline plan.
+      {[](Plan &p) { p.programs[0].order = {0}; }, "field programs[0].order"},
+      {[](Plan &p) { p.programs[1].offsets = {-1}; }, "field programs[1].offsets"},
+      {[](Plan &p) { p.programs[0].arena_bytes = -8; }, "field programs[0].arena_bytes"},
+      {[](Plan &p) { p.programs[1].predicted_busy_s = -0.5; },
+       "field programs[1].predicted_busy_s"},
+      {[=](Plan &p) { p.programs[0].predicted_busy_s = nan; },
+       "field programs[0].predicted_busy_s"},
+      // Instructions.
+      {[=](Plan &p) { p.programs[0].instructions[compute0].kind = static_cast<InstrKind>(9); },
+       at(0, compute0) + ".kind has unknown value 9"},
+      {[=](Plan &p) { p.programs[0].instructions[compute0].index = nodes; },
+       at(0, compute0) + ": compute of node"},
+      {[=](Plan &p) { p.programs[0].instructions[compute0].microbatch = 2; },
+       at(0, compute0) + ": compute on micro-batch 2"},
+      {[=](Plan &p) { p.programs[0].instructions[send0].index = tensors; },
+       at(0, send0) + ": send of tensor"},
+      {[=](Plan &p) { p.programs[0].instructions[send0].peer = 0; },
+       at(0, send0) + ": send to device 0, which is itself"},
+      {[=](Plan &p) { p.programs[0].instructions[send0].peer = 2; },
+       at(0, send0) + ": send to device 2, which is not a device"},
+      {[=](Plan &p) { p.programs[0].instructions[send0].microbatch = -2; },
+       at(0, send0) + ": send on micro-batch -2"},
+      {[=](Plan &p) { p.programs[1].instructions[recv1].peer = 1; },
+       at(1, recv1) + ": recv from device 1, which is itself"},
+      {[=](Plan &p) { p.programs[1].instructions[recv1].peer = -1; },
+       at(1, recv1) + ": recv from device -1"},
+      {[=](Plan &p) { p.programs[1].instructions[recv1].index = tensors; },
+       at(1, recv1) + ": recv of tensor"},
+      {[=](Plan &p) { p.programs[0].instructions[accumulate0].microbatch = -1; },
+       at(0, accumulate0) + ": accumulate on micro-batch -1"},
+      {[=](Plan &p) { p.programs[0].instructions[accumulate0].index = tensors; },
+       at(0, accumulate0) + ": accumulate of tensor"},
+      {[=](Plan &p) { p.programs[1].instructions[scale1].index = tensors + 5; },
+       at(1, scale1) + ": scale of tensor"},
+      {[=](Plan &p) { p.programs[1].instructions[update1].index = updates; },
+       at(1, update1) + ": update " + std::to_string(updates)},
+      // Slots.
+      {[=](Plan &p) { p.programs[0].slots[1].tensor = tensors; },
+       "field programs[0].slots[1].tensor"},
+      {[](Plan &p) { p.programs[0].slots[1].microbatch = 2; },
+       "field programs[0].slots[1].microbatch"},
+      {[](Plan &p) { p.programs[1].slots[0].microbatch = -2; },
+       "field programs[1].slots[0].microbatch"},
+      {[](Plan &p) { p.programs[1].slots[2].offset = -64; },
+       "field programs[1].slots[2].offset = -64"},
+      {[](Plan &p) { p.programs[1].slots[2].offset = p.programs[1].arena_bytes; },
+       "field programs[1].slots[2].offset"},
+      {[](Plan &p) { p.programs[0].arena_bytes -= 1; }, "field programs[0].slots[2].offset"},
+      // Holds.
+      {[=](Plan &p) { p.programs[0].holds.push_back(tensors); }, "field programs[0].holds["},
+      {[=](Plan &p) { p.programs[1].holds = {intermediate}; },
+       str_cat("field programs[1].holds[0]: tensor '", g.tensor(intermediate).name,
+               "' has kind intermediate")},
+      {[](Plan &p) { p.programs[0].holds.push_back(p.programs[0].holds.back()); },
+       "strictly increasing"},
+      {[](Plan &p) { std::reverse(p.programs[0].holds.begin(), p.programs[0].holds.end()); },
+       "field programs[0].holds[1]"},
+  };
+  // Revision 2 fields in a plan without a pipeline.
+  auto v1_case = [](std::function<void(PlanProgram &)> edit, std::string expected) {
+    return Case{[edit](Plan &p) {
+                  Plan v1 = make_plan(p.graph);
+                  edit(v1.programs[0]);
+                  p = std::move(v1);
+                },
+                std::move(expected)};
+  };
+  cases.push_back(v1_case([](PlanProgram &q) { q.instructions.push_back({}); },
+                          "field programs[0].instructions has 1 entries"));
+  cases.push_back(
+      v1_case([](PlanProgram &q) { q.slots.push_back({}); }, "field programs[0].slots"));
+  cases.push_back(v1_case([](PlanProgram &q) { q.holds.push_back(1); }, "field programs[0].holds"));
+  cases.push_back(v1_case([](PlanProgram &q) { q.predicted_busy_s = 1; },
+                          "field programs[0].predicted_busy_s"));
+
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.expected);
+    Plan plan = good;
+    c.edit(plan);
+    auto bytes = plan_to_flatbuffer(plan);
+    ASSERT_TRUE(bytes.is_ok());
+    auto loaded = load_plan_from_buffer(*bytes, "bad.splan", ".");
+    ASSERT_FALSE(loaded.is_ok());
+    EXPECT_NE(loaded.status().message().find("bad.splan: "), std::string::npos)
+        << loaded.status().message();
+    EXPECT_NE(loaded.status().message().find(c.expected), std::string::npos)
+        << loaded.status().message();
+    // The JSON form carries the same bad value to the same check.
+    auto json = plan_to_json(plan);
+    ASSERT_TRUE(json.is_ok());
+    auto from_json = load_plan_from_json(*json, "bad.splan.json", ".");
+    ASSERT_FALSE(from_json.is_ok());
+    EXPECT_NE(from_json.status().message().find("bad.splan.json: "), std::string::npos)
+        << from_json.status().message();
+    EXPECT_NE(from_json.status().message().find(c.expected), std::string::npos)
+        << from_json.status().message();
+  }
+  // The message of the brief's example, whole.
+  Plan itself = good;
+  itself.programs[1].instructions[recv1].kind = InstrKind::kSend;
+  itself.programs[1].instructions[recv1].peer = 1;
+  auto loaded = load_plan_from_buffer(*plan_to_flatbuffer(itself), "plan.splan", ".");
+  ASSERT_FALSE(loaded.is_ok());
+  EXPECT_EQ(loaded.status().message(), str_cat("plan.splan: field programs[1].instructions[", recv1,
+                                               "]: send to device 1, which is itself"));
+}
+
+TEST(PipelinePlanTest, InstructionKindNames) {
+  EXPECT_EQ(instr_kind_name(InstrKind::kCompute), "compute");
+  EXPECT_EQ(instr_kind_name(InstrKind::kSend), "send");
+  EXPECT_EQ(instr_kind_name(InstrKind::kRecv), "recv");
+  EXPECT_EQ(instr_kind_name(InstrKind::kAccumulate), "accumulate");
+  EXPECT_EQ(instr_kind_name(InstrKind::kScale), "scale");
+  EXPECT_EQ(instr_kind_name(InstrKind::kUpdate), "update");
 }
 
 TEST(CheckpointTest, RoundTripAndRefusals) {
