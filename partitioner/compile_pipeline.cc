@@ -1,0 +1,106 @@
+#include "partitioner/compile_pipeline.h"
+
+#include "partitioner/cost_model.h"
+#include "partitioner/stage_partition.h"
+#include "passes/split_batch.h"
+
+namespace strata::partitioner {
+
+namespace {
+
+// Bytes a stage holds per parameter byte: weights, gradients and the optimizer's
+// per-parameter state.
+double parameter_state_factor(const passes::OptimizerSpec &spec) {
+  using Kind = passes::OptimizerSpec::Kind;
+  if (spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW) return 4.0;
+  return spec.momentum > 0 ? 3.0 : 2.0;
+}
+
+} // namespace
+
+Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster) {
+  if (!plan.pipeline) return invalid_argument("the plan is not a pipeline plan");
+  if (cluster.num_devices() < static_cast<int>(plan.programs.size()))
+    return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
+                            " devices; the plan needs ", plan.programs.size());
+  return simulate_pipeline(plan.graph, plan.programs, cluster_costs(plan.graph, cluster));
+}
+
+Result<serialization::Plan> compile_pipeline(const Graph &forward,
+                                             const passes::TrainingOptions &training,
+                                             const PipelineCompileOptions &options) {
+  const int P = options.stages, M = options.microbatches;
+  if (P < 1) return invalid_argument("--mesh: the pipeline needs at least 1 stage, got ", P);
+  if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
+  const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(P);
+  if (cluster.num_devices() < P)
+    return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
+                            " devices; a ", P, "-stage pipeline needs ", P);
+
+  ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, M));
+  ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
+
+  std::vector<double> measured;
+  if (options.profile) {
+    auto profiled = options.profile(graph);
+    if (!profiled.is_ok()) return profiled.status().with_context("--profile");
+    measured = std::move(profiled).value();
+    if (measured.size() != graph.num_nodes())
+      return internal_error("--profile measured ", measured.size(), " nodes of ",
+                            graph.num_nodes());
+  }
+  SimulationCosts costs = cluster_costs(graph, cluster);
+  if (!measured.empty()) costs.compute = [&measured](NodeId id) { return measured[id]; };
+
+  StagePartitionOptions partition;
+  partition.node_time = [&](const Graph &g, NodeId id) {
+    return measured.empty() ? node_time(g, id, cluster.device) : measured[id];
+  };
+  const LinkSpec &link = link_between(cluster, 0, P > 1 ? 1 : 0);
+  partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
+  partition.link_latency = link.latency_s;
+  partition.training = true;
+  partition.parameter_state_factor = parameter_state_factor(training.optimizer);
+  partition.memory_capacity = cluster.device.memory_bytes > 0
+                                  ? static_cast<double>(cluster.device.memory_bytes)
+                                  : kUnlimited;
+  partition.microbatches = M;
+  if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
+  partition.manual_boundaries = options.stage_boundaries;
+  ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
+  ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
+
+  PipelineOptions lowering;
+  lowering.stages = P;
+  lowering.microbatches = M;
+  lowering.schedule = options.schedule;
+  ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
+                   lower_pipeline(graph, placed.node_stage, lowering));
+  RETURN_IF_ERROR(check_deadlock(graph, programs).with_context("check-deadlock"));
+  ASSIGN_OR_RETURN(Simulation sim, simulate_pipeline(graph, programs, costs));
+
+  serialization::Plan plan;
+  plan.mode = serialization::Plan::Mode::kTrain;
+  plan.loss = "loss";
+  plan.loss_kind = training.loss;
+  plan.optimizer = training.optimizer.to_string();
+  for (int d = 0; d < P; ++d)
+    plan.devices.push_back({static_cast<uint32_t>(d), "cpu"});
+  for (size_t d = 0; d < programs.size(); ++d)
+    programs[d].predicted_busy_s = sim.busy[d];
+  plan.programs = std::move(programs);
+  serialization::PlanPipeline pipeline;
+  pipeline.stages = P;
+  pipeline.microbatches = M;
+  pipeline.schedule = std::string(schedule_name(options.schedule));
+  pipeline.node_stage.assign(placed.node_stage.begin(), placed.node_stage.end());
+  pipeline.boundaries = stages.boundaries;
+  pipeline.cluster_json = cluster_to_json(cluster);
+  pipeline.predicted_step_s = sim.step_time;
+  pipeline.predicted_bubble = sim.bubble;
+  plan.pipeline = std::move(pipeline);
+  plan.graph = std::move(graph);
+  return plan;
+}
+
+} // namespace strata::partitioner

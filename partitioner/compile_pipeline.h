@@ -1,0 +1,48 @@
+// The pipeline compiler: a forward model to a pipeline training plan.
+//
+//   split_batch        the forward graph at batch / M (passes/split_batch.h)
+//   make_training      loss, backward, optimizer (passes/make_training.h)
+//   partition_stages   the forward nodes into P stages, balanced by the cost model
+//                      on the cluster's device, under its memory (or the manual
+//                      --stage-boundaries); backward and optimizer nodes follow
+//   lower_pipeline     per-device programs for the schedule, with memory plans
+//   check_deadlock     every receive matched, in an order that completes
+//   simulate_pipeline  predicted step time, per-device busy time and bubble
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partitioner/cluster.h"
+#include "partitioner/pipeline.h"
+#include "passes/make_training.h"
+#include "serialization/plan_io.h"
+
+namespace strata::partitioner {
+
+struct PipelineCompileOptions {
+  int stages = 1;
+  int microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
+  std::optional<ClusterSpec> cluster;
+  // --stage-boundaries: the last forward node of each stage but the last.
+  std::vector<std::string> stage_boundaries;
+  // --profile: measured seconds of every node of the (micro-batch) training graph
+  // it is given, by NodeId; used instead of the cost model's roofline to balance
+  // the stages and predict the step. Supplied by a layer that can run graphs.
+  std::function<Result<std::vector<double>>(const Graph &training)> profile;
+};
+
+// A training plan (mode, graph, loss, optimizer, devices, programs, pipeline).
+// The caller fills in the fingerprints. Errors name the option or the node.
+Result<serialization::Plan> compile_pipeline(const Graph &forward,
+                                             const passes::TrainingOptions &training,
+                                             const PipelineCompileOptions &options);
+
+// Re-predicts a pipeline plan's step for `cluster` (strata simulate).
+Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster);
+
+} // namespace strata::partitioner

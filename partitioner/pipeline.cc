@@ -1,0 +1,623 @@
+#include "partitioner/pipeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "partitioner/cost_model.h"
+#include "passes/optimizer.h"
+#include "passes/plan_memory.h"
+
+namespace strata::partitioner {
+
+using serialization::InstrKind;
+using serialization::PlanInstruction;
+using serialization::PlanProgram;
+using serialization::PlanSlot;
+
+Result<Schedule> parse_schedule(std::string_view text) {
+  if (text == "gpipe") return Schedule::kGPipe;
+  if (text == "1f1b") return Schedule::k1F1B;
+  return invalid_argument("unknown schedule '", text, "' (expected gpipe or 1f1b)");
+}
+
+std::string_view schedule_name(Schedule schedule) {
+  return schedule == Schedule::kGPipe ? "gpipe" : "1f1b";
+}
+
+uint64_t transfer_tag(TensorId tensor, int32_t microbatch) {
+  return (static_cast<uint64_t>(tensor) << 32) | static_cast<uint32_t>(microbatch + 1);
+}
+
+namespace {
+
+bool is_intermediate(const Graph &graph, TensorId id) {
+  return graph.tensor(id).kind == TensorKind::kIntermediate;
+}
+
+std::string microbatch_text(int32_t microbatch) {
+  return microbatch < 0 ? std::string("step") : str_cat("mb ", microbatch);
+}
+
+} // namespace
+
+std::string describe_instruction(const Graph &graph, const PlanInstruction &instr) {
+  auto tensor_name = [&](uint32_t id) {
+    return id < graph.num_tensors() ? str_cat("'", graph.tensor(id).name, "'")
+                                    : str_cat("tensor ", id);
+  };
+  switch (instr.kind) {
+  case InstrKind::kCompute:
+    if (instr.index >= graph.num_nodes()) return str_cat("compute node ", instr.index);
+    return str_cat("compute '", graph.node(instr.index).name, "' (", graph.node(instr.index).op,
+                   ") ", microbatch_text(instr.microbatch));
+  case InstrKind::kSend:
+    return str_cat("send ", tensor_name(instr.index), " ", microbatch_text(instr.microbatch),
+                   " to device ", instr.peer);
+  case InstrKind::kRecv:
+    return str_cat("recv ", tensor_name(instr.index), " ", microbatch_text(instr.microbatch),
+                   " from device ", instr.peer);
+  case InstrKind::kAccumulate:
+    return str_cat("accumulate ", tensor_name(instr.index), " ", microbatch_text(instr.microbatch));
+  case InstrKind::kScale: return str_cat("scale ", tensor_name(instr.index));
+  case InstrKind::kUpdate:
+    if (instr.index < graph.updates().size())
+      return str_cat("update ", tensor_name(graph.updates()[instr.index].target));
+    return str_cat("update ", instr.index);
+  }
+  return "unknown instruction";
+}
+
+Result<StepPhases> analyze_phases(const Graph &graph, int microbatches) {
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
+  const size_t num_nodes = graph.num_nodes();
+  std::vector<NodeId> producer(graph.num_tensors(), kNoNode);
+  for (NodeId id = 0; id < num_nodes; ++id)
+    for (TensorId out : graph.node(id).outputs)
+      producer[out] = id;
+  std::vector<bool> is_input(graph.num_tensors(), false);
+  for (TensorId id : graph.inputs())
+    is_input[id] = true;
+
+  // Data dependence and step work, forwards.
+  std::vector<bool> data(num_nodes, false), step(num_nodes, false);
+  for (NodeId id : order) {
+    const Node &node = graph.node(id);
+    step[id] = passes::is_step_op(node.op);
+    for (TensorId in : node.inputs) {
+      if (is_input[in]) data[id] = true;
+      if (producer[in] == kNoNode) continue;
+      if (data[producer[in]]) data[id] = true;
+      if (step[producer[in]]) step[id] = true;
+    }
+  }
+  // Per micro-batch: data-dependent work that is not step work, and whatever
+  // data-free work it reads (constants), decided backwards.
+  std::vector<bool> per_mb(num_nodes, false);
+  const auto consumers = graph.consumers();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const NodeId id = *it;
+    if (step[id]) continue;
+    if (data[id]) {
+      per_mb[id] = true;
+      continue;
+    }
+    for (TensorId out : graph.node(id).outputs)
+      for (NodeId user : consumers[out])
+        if (per_mb[user]) per_mb[id] = true;
+  }
+  // Forward: per-micro-batch ancestors of the graph outputs (the loss).
+  std::vector<bool> forward(num_nodes, false);
+  for (TensorId out : graph.outputs())
+    if (producer[out] != kNoNode) forward[producer[out]] = true;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (!forward[*it] || !per_mb[*it]) continue;
+    for (TensorId in : graph.node(*it).inputs)
+      if (producer[in] != kNoNode) forward[producer[in]] = true;
+  }
+
+  StepPhases phases;
+  phases.node_phase.assign(num_nodes, Phase::kStep);
+  for (NodeId id = 0; id < num_nodes; ++id)
+    if (per_mb[id]) phases.node_phase[id] = forward[id] ? Phase::kForward : Phase::kBackward;
+
+  std::vector<bool> accumulated(graph.num_tensors(), false);
+  for (NodeId id = 0; id < num_nodes; ++id) {
+    const Node &node = graph.node(id);
+    for (TensorId in : node.inputs) {
+      if (producer[in] == kNoNode) continue;
+      const bool source_mb = per_mb[producer[in]];
+      if (per_mb[id] && !source_mb)
+        return invalid_argument("node '", node.name, "' (", node.op,
+                                ") runs per micro-batch but reads '", graph.tensor(in).name,
+                                "', which is computed once per step");
+      if (!per_mb[id] && source_mb) accumulated[in] = true;
+    }
+  }
+  for (TensorId out : graph.outputs())
+    if (producer[out] != kNoNode && per_mb[producer[out]]) accumulated[out] = true;
+  for (const StateUpdate &update : graph.updates()) {
+    if (producer[update.value] == kNoNode || !per_mb[producer[update.value]]) continue;
+    if (microbatches > 1)
+      return invalid_argument(
+          "the new value of '", graph.tensor(update.target).name, "' ('",
+          graph.tensor(update.value).name,
+          "') is computed from each micro-batch (batch statistics); with ", microbatches,
+          " micro-batches it would not be the full batch's. Use --microbatches 1");
+    accumulated[update.value] = true;
+  }
+  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+    if (!accumulated[id]) continue;
+    if (!is_floating(graph.tensor(id).type.dtype))
+      return invalid_argument("'", graph.tensor(id).name, "' (", graph.tensor(id).type.to_string(),
+                              ") is computed per micro-batch and read once per step, but only "
+                              "floating-point tensors can be averaged over micro-batches");
+    phases.accumulated.push_back(id);
+  }
+  return phases;
+}
+
+namespace {
+
+// Emits one device's instruction stream.
+class ProgramBuilder {
+public:
+  ProgramBuilder(const Graph &graph, const std::vector<int> &node_stage,
+                 const std::vector<NodeId> &producer, int stage)
+      : graph_(graph), node_stage_(node_stage), producer_(producer), stage_(stage) {}
+
+  // Receives what `node` reads from other stages, then runs it.
+  void compute(NodeId node, int32_t mb) {
+    for (TensorId in : graph_.node(node).inputs) {
+      if (!is_intermediate(graph_, in)) continue;
+      const int from = node_stage_[producer_[in]];
+      if (from == stage_ || !have_.insert({in, mb}).second) continue;
+      program_.instructions.push_back({InstrKind::kRecv, mb, in, from});
+    }
+    program_.instructions.push_back({InstrKind::kCompute, mb, node, -1});
+  }
+  void send(TensorId tensor, int32_t mb, int peer) {
+    program_.instructions.push_back({InstrKind::kSend, mb, tensor, peer});
+  }
+  void recv(TensorId tensor, int32_t mb, int peer) {
+    if (have_.insert({tensor, mb}).second)
+      program_.instructions.push_back({InstrKind::kRecv, mb, tensor, peer});
+  }
+  void add(InstrKind kind, uint32_t index, int32_t mb = -1) {
+    program_.instructions.push_back({kind, mb, index, -1});
+  }
+  PlanProgram &program() { return program_; }
+
+private:
+  const Graph &graph_;
+  const std::vector<int> &node_stage_;
+  const std::vector<NodeId> &producer_;
+  const int stage_;
+  std::set<std::pair<TensorId, int32_t>> have_; // buffers received so far
+  PlanProgram program_;
+};
+
+// Buffer lifetimes of one program and their placement.
+Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumulated,
+                           int microbatches, int64_t alignment, PlanProgram &program) {
+  using Key = std::pair<TensorId, int32_t>;
+  // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself.
+  auto key = [&](TensorId t, int32_t mb) -> Key {
+    if (microbatches == 1 && mb < 0 && accumulated[t]) return {t, 0};
+    return {t, mb};
+  };
+  std::map<Key, std::pair<int64_t, int64_t>> life; // first, last
+  const std::string device = str_cat("device ", program.device);
+  auto define = [&](Key k, int64_t i) {
+    auto [it, fresh] = life.try_emplace(k, i, i);
+    if (!fresh) it->second.second = std::max(it->second.second, i);
+  };
+  auto touch = [&](Key k, int64_t i, const PlanInstruction &instr) -> Status {
+    auto it = life.find(k);
+    if (it == life.end())
+      return internal_error(device, " instruction ", i, " (", describe_instruction(graph, instr),
+                            ") reads '", graph.tensor(k.first).name, "' ",
+                            microbatch_text(k.second), " before anything writes it");
+    it->second.second = std::max(it->second.second, i);
+    return Status::ok();
+  };
+  const auto &instrs = program.instructions;
+  for (size_t n = 0; n < instrs.size(); ++n) {
+    const PlanInstruction &instr = instrs[n];
+    const auto i = static_cast<int64_t>(n);
+    switch (instr.kind) {
+    case InstrKind::kCompute: {
+      const Node &node = graph.node(instr.index);
+      for (TensorId in : node.inputs)
+        if (is_intermediate(graph, in)) RETURN_IF_ERROR(touch(key(in, instr.microbatch), i, instr));
+      for (TensorId out : node.outputs)
+        define(key(out, instr.microbatch), i);
+      break;
+    }
+    case InstrKind::kSend:
+      RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
+      break;
+    case InstrKind::kRecv: define(key(instr.index, instr.microbatch), i); break;
+    case InstrKind::kAccumulate:
+      RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
+      define(key(instr.index, -1), i);
+      break;
+    case InstrKind::kScale: RETURN_IF_ERROR(touch(key(instr.index, -1), i, instr)); break;
+    case InstrKind::kUpdate:
+      RETURN_IF_ERROR(touch(key(graph.updates()[instr.index].value, -1), i, instr));
+      break;
+    }
+  }
+  // Graph outputs are read after the step.
+  const auto end = static_cast<int64_t>(instrs.size());
+  for (TensorId out : graph.outputs()) {
+    auto it = life.find(key(out, -1));
+    if (it != life.end()) it->second.second = end;
+  }
+
+  std::vector<Key> keys;
+  std::vector<passes::BufferLifetime> buffers;
+  for (const auto &[k, span] : life) {
+    keys.push_back(k);
+    buffers.push_back({graph.tensor(k.first).type.size_bytes(), span.first, span.second});
+  }
+  program.arena_bytes = passes::place_buffers(buffers, alignment);
+  program.slots.clear();
+  for (size_t b = 0; b < keys.size(); ++b) {
+    program.slots.push_back({keys[b].first, keys[b].second, buffers[b].offset});
+    if (microbatches == 1 && keys[b].second == 0 && accumulated[keys[b].first])
+      program.slots.push_back({keys[b].first, -1, buffers[b].offset});
+  }
+  std::sort(program.slots.begin(), program.slots.end(), [](const PlanSlot &a, const PlanSlot &b) {
+    return std::tie(a.tensor, a.microbatch) < std::tie(b.tensor, b.microbatch);
+  });
+  return Status::ok();
+}
+
+} // namespace
+
+Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
+                                                const std::vector<int> &node_stage,
+                                                const PipelineOptions &options) {
+  const int P = options.stages, M = options.microbatches;
+  if (P < 1) return invalid_argument("a pipeline needs at least 1 stage, got ", P);
+  if (M < 1) return invalid_argument("a pipeline needs at least 1 micro-batch, got ", M);
+  if (node_stage.size() != graph.num_nodes())
+    return invalid_argument("stage assignment has ", node_stage.size(), " entries for ",
+                            graph.num_nodes(), " nodes");
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    if (node_stage[id] < 0 || node_stage[id] >= P)
+      return invalid_argument("node '", graph.node(id).name, "' is assigned to stage ",
+                              node_stage[id], ", outside 0..", P - 1);
+  ASSIGN_OR_RETURN(StepPhases phases, analyze_phases(graph, M));
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
+
+  std::vector<NodeId> producer(graph.num_tensors(), kNoNode);
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    for (TensorId out : graph.node(id).outputs)
+      producer[out] = id;
+  std::vector<bool> accumulated(graph.num_tensors(), false);
+  for (TensorId id : phases.accumulated)
+    accumulated[id] = true;
+
+  // Which other stages read each intermediate, per micro-batch and per step.
+  std::vector<std::set<int>> mb_readers(graph.num_tensors()), step_readers(graph.num_tensors());
+  std::vector<std::set<TensorId>> holds(static_cast<size_t>(P));
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    const int s = node_stage[id];
+    const bool step = phases.node_phase[id] == Phase::kStep;
+    for (TensorId in : graph.node(id).inputs) {
+      const TensorKind kind = graph.tensor(in).kind;
+      if (kind == TensorKind::kParameter || kind == TensorKind::kState ||
+          kind == TensorKind::kConstant) {
+        holds[static_cast<size_t>(s)].insert(in);
+        continue;
+      }
+      if (kind != TensorKind::kIntermediate || node_stage[producer[in]] == s) continue;
+      (step ? step_readers : mb_readers)[in].insert(s);
+    }
+  }
+
+  std::vector<PlanProgram> programs;
+  for (int s = 0; s < P; ++s) {
+    ProgramBuilder b(graph, node_stage, producer, s);
+    std::vector<NodeId> fwd, bwd, step;
+    for (NodeId id : order) {
+      if (node_stage[id] != s) continue;
+      switch (phases.node_phase[id]) {
+      case Phase::kForward: fwd.push_back(id); break;
+      case Phase::kBackward: bwd.push_back(id); break;
+      case Phase::kStep: step.push_back(id); break;
+      }
+    }
+    auto run_block = [&](const std::vector<NodeId> &nodes, int32_t mb) {
+      for (NodeId id : nodes) {
+        b.compute(id, mb);
+        for (TensorId out : graph.node(id).outputs) {
+          for (int peer : mb_readers[out])
+            b.send(out, mb, peer);
+          if (accumulated[out] && M > 1) b.add(InstrKind::kAccumulate, out, mb);
+        }
+      }
+    };
+    // 1. Micro-batches in schedule order.
+    if (options.schedule == Schedule::kGPipe) {
+      for (int k = 0; k < M; ++k)
+        run_block(fwd, k);
+      for (int k = 0; k < M; ++k)
+        run_block(bwd, k);
+    } else {
+      const int warmup = std::min(P - 1 - s, M);
+      for (int k = 0; k < warmup; ++k)
+        run_block(fwd, k);
+      for (int k = 0; k + warmup < M; ++k) {
+        run_block(fwd, k + warmup);
+        run_block(bwd, k);
+      }
+      for (int k = M - warmup; k < M; ++k)
+        run_block(bwd, k);
+    }
+    // 2. Once per step: the means, what other stages read of them, the step nodes.
+    for (TensorId t : phases.accumulated) {
+      if (node_stage[producer[t]] != s) continue;
+      if (M > 1) b.add(InstrKind::kScale, t);
+      for (int peer : step_readers[t])
+        b.send(t, -1, peer);
+    }
+    for (NodeId id : step) {
+      b.compute(id, -1);
+      for (TensorId out : graph.node(id).outputs)
+        for (int peer : step_readers[out])
+          b.send(out, -1, peer);
+    }
+    // 3. State updates: new values to every other holder, then apply.
+    const auto &updates = graph.updates();
+    for (uint32_t u = 0; u < updates.size(); ++u) {
+      if (node_stage[producer[updates[u].value]] != s) continue;
+      for (int h = 0; h < P; ++h)
+        if (h != s && holds[static_cast<size_t>(h)].contains(updates[u].target))
+          b.send(updates[u].value, -1, h);
+    }
+    for (uint32_t u = 0; u < updates.size(); ++u) {
+      if (!holds[static_cast<size_t>(s)].contains(updates[u].target)) continue;
+      const int from = node_stage[producer[updates[u].value]];
+      if (from != s) b.recv(updates[u].value, -1, from);
+      b.add(InstrKind::kUpdate, u);
+    }
+
+    PlanProgram program = std::move(b.program());
+    program.device = static_cast<uint32_t>(s);
+    program.holds.assign(holds[static_cast<size_t>(s)].begin(),
+                         holds[static_cast<size_t>(s)].end());
+    RETURN_IF_ERROR(plan_program_memory(graph, accumulated, M, options.alignment, program));
+    programs.push_back(std::move(program));
+  }
+  return programs;
+}
+
+SimulationCosts zero_costs() {
+  SimulationCosts costs;
+  costs.compute = [](NodeId) { return 0.0; };
+  costs.transfer = [](int, int, double) { return 0.0; };
+  costs.local_copy = [](double) { return 0.0; };
+  return costs;
+}
+
+SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
+  SimulationCosts costs;
+  std::vector<double> times(graph.num_nodes());
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    times[id] = node_time(graph, id, cluster.device);
+  costs.compute = [times = std::move(times)](NodeId id) { return times[id]; };
+  costs.transfer = [cluster](int src, int dst, double bytes) {
+    return transfer_time(bytes, link_between(cluster, src, dst));
+  };
+  const double bandwidth = cluster.device.memory_bandwidth * cluster.device.memory_efficiency;
+  costs.local_copy = [bandwidth](double bytes) { return bandwidth > 0 ? bytes / bandwidth : 0.0; };
+  return costs;
+}
+
+Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanProgram> &programs,
+                                     const SimulationCosts &costs) {
+  const size_t P = programs.size();
+  Simulation sim;
+  sim.devices.resize(P);
+  sim.busy.assign(P, 0.0);
+  sim.end.assign(P, 0.0);
+  for (size_t d = 0; d < P; ++d)
+    sim.devices[d].resize(programs[d].instructions.size());
+  std::vector<size_t> pc(P, 0);
+  std::vector<double> clock(P, 0.0);
+  // In-flight messages per (source, destination, tag): arrival times, and the
+  // sending instruction for error messages.
+  std::map<std::tuple<int, int, uint64_t>, std::deque<std::pair<double, size_t>>> channels;
+
+  auto bytes_of = [&](TensorId t) {
+    return t < graph.num_tensors() ? static_cast<double>(graph.tensor(t).type.size_bytes()) : 0.0;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t d = 0; d < P; ++d) {
+      const auto &instrs = programs[d].instructions;
+      while (pc[d] < instrs.size()) {
+        const PlanInstruction &instr = instrs[pc[d]];
+        const double start = clock[d];
+        double end = start;
+        switch (instr.kind) {
+        case InstrKind::kCompute: end = start + costs.compute(instr.index); break;
+        case InstrKind::kSend: {
+          const double arrival =
+              start + costs.transfer(static_cast<int>(d), instr.peer, bytes_of(instr.index));
+          channels[{static_cast<int>(d), instr.peer, transfer_tag(instr.index, instr.microbatch)}]
+              .push_back({arrival, pc[d]});
+          break;
+        }
+        case InstrKind::kRecv: {
+          auto it = channels.find(
+              {instr.peer, static_cast<int>(d), transfer_tag(instr.index, instr.microbatch)});
+          if (it == channels.end() || it->second.empty()) goto blocked;
+          end = std::max(start, it->second.front().first);
+          it->second.pop_front();
+          break;
+        }
+        case InstrKind::kAccumulate:
+          end = start + costs.local_copy(3 * bytes_of(instr.index));
+          break;
+        case InstrKind::kScale: end = start + costs.local_copy(2 * bytes_of(instr.index)); break;
+        case InstrKind::kUpdate:
+          if (instr.index < graph.updates().size())
+            end = start + costs.local_copy(2 * bytes_of(graph.updates()[instr.index].target));
+          break;
+        }
+        sim.devices[d][pc[d]] = {start, end};
+        if (instr.kind != InstrKind::kRecv) sim.busy[d] += end - start;
+        clock[d] = end;
+        ++pc[d];
+        progress = true;
+      }
+    blocked:;
+    }
+  }
+
+  // Deadlock: name the first stuck receive and what its peer is doing.
+  for (size_t d = 0; d < P; ++d) {
+    if (pc[d] == programs[d].instructions.size()) continue;
+    const PlanInstruction &instr = programs[d].instructions[pc[d]];
+    size_t stuck = 0;
+    for (size_t e = 0; e < P; ++e)
+      if (pc[e] < programs[e].instructions.size()) ++stuck;
+    std::string head = str_cat("deadlock: device ", d, " instruction ", pc[d], " (",
+                               describe_instruction(graph, instr), ") waits forever");
+    const auto peer = static_cast<size_t>(instr.peer);
+    if (instr.peer < 0 || peer >= P)
+      return failed_precondition(head, ": there is no device ", instr.peer);
+    const auto &peer_instrs = programs[peer].instructions;
+    std::optional<size_t> later_send;
+    for (size_t i = pc[peer]; i < peer_instrs.size(); ++i) {
+      const PlanInstruction &p = peer_instrs[i];
+      if (p.kind == InstrKind::kSend && p.peer == static_cast<int>(d) && p.index == instr.index &&
+          p.microbatch == instr.microbatch) {
+        later_send = i;
+        break;
+      }
+    }
+    std::string peer_state = pc[peer] < peer_instrs.size()
+                                 ? str_cat("is blocked at instruction ", pc[peer], " (",
+                                           describe_instruction(graph, peer_instrs[pc[peer]]), ")")
+                                 : std::string("has finished");
+    if (later_send)
+      return failed_precondition(head, ": device ", peer, " sends it only at instruction ",
+                                 *later_send, " but ", peer_state, " (", stuck, " devices stuck)");
+    return failed_precondition(head, ": device ", peer, " never sends it; device ", peer, " ",
+                               peer_state, " (", stuck, " devices stuck)");
+  }
+  for (const auto &[key, queue] : channels) {
+    if (queue.empty()) continue;
+    const auto [src, dst, tag] = key;
+    const size_t at = queue.front().second;
+    return failed_precondition(
+        "unmatched send: device ", src, " instruction ", at, " (",
+        describe_instruction(graph, programs[static_cast<size_t>(src)].instructions[at]),
+        ") is never received by device ", dst);
+  }
+
+  for (size_t d = 0; d < P; ++d) {
+    sim.end[d] = clock[d];
+    sim.step_time = std::max(sim.step_time, clock[d]);
+  }
+  double busy = 0;
+  for (double b : sim.busy)
+    busy += b;
+  sim.bubble = sim.step_time > 0
+                   ? std::clamp(1.0 - busy / (static_cast<double>(P) * sim.step_time), 0.0, 1.0)
+                   : 0.0;
+  return sim;
+}
+
+Status check_deadlock(const Graph &graph, const std::vector<PlanProgram> &programs) {
+  return simulate_pipeline(graph, programs, zero_costs()).status();
+}
+
+std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &programs,
+                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches) {
+  auto phases = analyze_phases(graph, microbatches);
+  auto escape = [](const std::string &text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) continue;
+      out += c;
+    }
+    return out;
+  };
+  std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto event = [&](const std::string &name, const char *category, int device, double start,
+                   double end, const std::string &args) {
+    char times[96];
+    std::snprintf(times, sizeof times, "\"ts\": %.3f, \"dur\": %.3f", start * 1e6,
+                  std::max(0.0, end - start) * 1e6);
+    out += str_cat(first ? "" : ",\n", "{\"name\": \"", escape(name), "\", \"cat\": \"", category,
+                   "\", \"ph\": \"X\", \"pid\": 0, \"tid\": ", device, ", ", times, ", \"args\": {",
+                   args, "}}");
+    first = false;
+  };
+  for (size_t d = 0; d < programs.size(); ++d) {
+    out += str_cat(first ? "" : ",\n",
+                   "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": ", d,
+                   ", \"args\": {\"name\": \"device ", d, " (stage ", d, ")\"}}");
+    first = false;
+  }
+  for (size_t d = 0; d < programs.size() && d < spans.size(); ++d) {
+    const auto &instrs = programs[d].instructions;
+    // The open block: its label, start, end, step and count.
+    std::string label;
+    const char *category = "";
+    double start = 0, end = 0;
+    int64_t step = -1, count = 0;
+    auto flush = [&] {
+      if (count > 0)
+        event(label, category, static_cast<int>(d), start, end,
+              str_cat("\"step\": ", step, ", \"instructions\": ", count));
+      count = 0;
+    };
+    for (const TraceSpan &span : spans[d]) {
+      if (span.instruction >= instrs.size()) continue;
+      const PlanInstruction &instr = instrs[span.instruction];
+      if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv) {
+        // A receive may wait: it ends the block. A send is a copy inside it.
+        if (instr.kind == InstrKind::kRecv) flush();
+        event(describe_instruction(graph, instr), instr.kind == InstrKind::kSend ? "send" : "recv",
+              static_cast<int>(d), span.start_s, span.end_s, str_cat("\"step\": ", span.step));
+        continue;
+      }
+      std::string this_label = "optimizer";
+      const char *this_category = "step";
+      if (instr.microbatch >= 0) {
+        bool backward = instr.kind == InstrKind::kAccumulate;
+        if (instr.kind == InstrKind::kCompute && phases.is_ok() &&
+            instr.index < phases->node_phase.size())
+          backward = phases->node_phase[instr.index] == Phase::kBackward;
+        this_label = str_cat(backward ? "B" : "F", instr.microbatch);
+        this_category = backward ? "backward" : "forward";
+      }
+      if (count > 0 && (this_label != label || span.step != step)) flush();
+      if (count == 0) {
+        label = this_label;
+        category = this_category;
+        start = span.start_s;
+        step = span.step;
+      }
+      end = span.end_s;
+      ++count;
+    }
+    flush();
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+} // namespace strata::partitioner

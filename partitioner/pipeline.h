@@ -1,0 +1,149 @@
+// Pipeline lowering: from a training graph whose nodes are assigned to stages
+// to one instruction stream per device, with its memory plan, and the simulator
+// that checks those streams for deadlocks and predicts their timing.
+//
+// The training graph is built at micro-batch size (passes/split_batch.h) and run
+// M times per step; nothing is unrolled. An instruction names a node or tensor
+// and a micro-batch, and a device's buffers are keyed by (tensor, micro-batch).
+//
+// The step has two phases (analyze_phases):
+//  - per micro-batch: the forward nodes (the loss and everything it depends on)
+//    and the backward nodes (everything else that depends on the data and is not
+//    optimizer work);
+//  - once per step: the optimizer (passes::is_step_op and everything computed
+//    from it) and the nodes that depend on no data at all (the step counter).
+// A tensor computed per micro-batch and read once per step (a gradient, the loss)
+// is accumulated: buffer (t, -1) holds the sum over micro-batches, then is scaled
+// by 1 / M, the mean the full batch would have given (every micro-batch has the
+// same size and the loss is a mean).
+//
+// Lowering (lower_pipeline), per device s (= stage s):
+//  1. the per-micro-batch blocks in schedule order. GPipe: F0 .. F(M-1), then
+//     B0 .. B(M-1). 1F1B (PipeDream-Flush, as in Megatron-LM): w = min(P-1-s, M)
+//     warm-up forwards, then alternating F(w+i), B(i), then the remaining
+//     backwards. Both run the backward of micro-batch k before that of k + 1, so
+//     gradients accumulate in the same order and both schedules give bitwise the
+//     same result. Inside a block, nodes run in one topological order; a tensor
+//     from another stage is received right before its first reader in that
+//     micro-batch and sent right after its producer; accumulation follows the
+//     producer;
+//  2. the per-step part: scale the accumulated tensors, send those another stage
+//     reads, run the step nodes (receiving and sending across stages likewise);
+//  3. state updates: the stage computing a new value sends it to every other
+//     stage holding a copy of the target (a tied embedding, the step counter),
+//     and each holder applies it.
+// Sends never block (the communicator copies), so a program pair deadlocks only
+// when receives wait on each other in a cycle or on a send that never comes;
+// check_deadlock finds both.
+//
+// Memory (per device): each (tensor, micro-batch) buffer lives from the
+// instruction that writes it to the last one that reads it; buffers are placed
+// with passes::place_buffers, so the arena size is the device's peak activation
+// memory for that schedule, known at compile time.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/graph.h"
+#include "partitioner/cluster.h"
+#include "serialization/plan_io.h"
+
+namespace strata::partitioner {
+
+enum class Schedule { kGPipe, k1F1B };
+Result<Schedule> parse_schedule(std::string_view text); // "gpipe" or "1f1b"
+std::string_view schedule_name(Schedule schedule);
+
+enum class Phase : uint8_t { kForward, kBackward, kStep };
+
+struct StepPhases {
+  std::vector<Phase> node_phase; // by NodeId
+  // Tensors computed per micro-batch that are read once per step, are graph
+  // outputs or are the values of state updates, by id.
+  std::vector<TensorId> accumulated;
+};
+
+// Splits a training graph's nodes into the phases above. Errors: a per-micro-batch
+// node reading a per-step value, a state update whose value is computed per
+// micro-batch when microbatches > 1 (batch statistics), an accumulated tensor that
+// is not floating point.
+Result<StepPhases> analyze_phases(const Graph &graph, int microbatches);
+
+struct PipelineOptions {
+  int stages = 1;
+  int microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  int64_t alignment = 64;
+};
+
+// The send/recv tag of buffer (tensor, micro-batch): unique within a step.
+uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
+
+// One program per device. `node_stage` gives every node's stage in [0, stages).
+Result<std::vector<serialization::PlanProgram>> lower_pipeline(const Graph &graph,
+                                                               const std::vector<int> &node_stage,
+                                                               const PipelineOptions &options);
+
+// "compute 'layer0.fc1' mb 3", "send 'h' mb 2 to device 1", ... for messages.
+std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
+
+// The predicted timeline of one step.
+struct SimulatedInstruction {
+  double start = 0;
+  double end = 0;
+};
+struct Simulation {
+  std::vector<std::vector<SimulatedInstruction>> devices; // per device, per instruction
+  std::vector<double> busy; // per device: seconds spent on its own instructions
+  std::vector<double> end;  // per device: when its last instruction ends
+  double step_time = 0;     // the largest end
+  double bubble = 0;        // 1 - sum(busy) / (devices * step_time)
+};
+
+// Costs the simulator charges. Transfers take `transfer(src, dst, bytes)` from
+// the send to the arrival; the receiver waits for the arrival.
+struct SimulationCosts {
+  std::function<double(NodeId node)> compute;                     // one node, one micro-batch
+  std::function<double(int src, int dst, double bytes)> transfer; // in flight
+  std::function<double(double bytes)> local_copy;                 // accumulate, scale, update
+};
+
+// Zero costs: what check_deadlock uses.
+SimulationCosts zero_costs();
+// Roofline node times on the cluster's device, alpha-beta transfers over the
+// links between plan devices 0..P-1 placed on cluster devices 0..P-1.
+SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster);
+
+// Runs every device's program against the others: a receive waits for its send.
+// Errors (also what check_deadlock reports): a receive that can never be matched
+// ("device 1 instruction 12 (recv 'h' mb 3 from device 0) waits forever: device 0
+// ..."), naming both sides and where the other side is stuck or that it never
+// sends it, and a send nobody receives.
+Result<Simulation> simulate_pipeline(const Graph &graph,
+                                     const std::vector<serialization::PlanProgram> &programs,
+                                     const SimulationCosts &costs);
+
+// check-deadlock: simulate_pipeline with zero costs, keeping only the verdict.
+Status check_deadlock(const Graph &graph, const std::vector<serialization::PlanProgram> &programs);
+
+// One executed (or predicted) instruction, for traces.
+struct TraceSpan {
+  uint32_t instruction = 0;
+  double start_s = 0;
+  double end_s = 0;
+  int64_t step = 0;
+};
+
+// A Chrome / Perfetto trace (JSON, "traceEvents") of what each device did: one
+// track per device; consecutive computation of one micro-batch's forward
+// ("F3"), backward ("B3") or the step ("optimizer") becomes one event, with the
+// node count in its args; every send and receive is its own event, so waiting
+// shows as a receive's length. Load it in ui.perfetto.dev or chrome://tracing.
+std::string chrome_trace(const Graph &graph,
+                         const std::vector<serialization::PlanProgram> &programs,
+                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches);
+
+} // namespace strata::partitioner
