@@ -1,5 +1,7 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "graph/verifier.h"
@@ -226,6 +228,43 @@ Status CpuExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTenso
       std::memmove(update.target, source, update.bytes);
   }
   return Status::ok();
+}
+
+Result<std::vector<double>> CpuExecutor::profile(llvm::ArrayRef<HostTensor> inputs, int repeats) {
+  if (repeats < 1) return invalid_argument("profile: repeats must be at least 1, got ", repeats);
+  const auto graph_inputs = graph_.inputs();
+  if (inputs.size() != graph_inputs.size())
+    return invalid_argument("graph '", graph_.name(), "' takes ", graph_inputs.size(),
+                            " inputs, got ", inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (!(inputs[k].type == graph_.tensor(graph_inputs[k]).type))
+      return invalid_argument("input '", graph_.tensor(graph_inputs[k]).name, "' is ",
+                              graph_.tensor(graph_inputs[k]).type.to_string(), ", got ",
+                              inputs[k].type.to_string());
+  State &state = *state_;
+  for (const State::InputSlot &slot : state.input_slots) {
+    const HostTensor &input = inputs[slot.input];
+    state.steps[slot.step].inputs[slot.slot].data = input.blob ? input.data() : nullptr;
+  }
+  std::vector<std::vector<double>> samples(state.steps.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t s = 0; s < state.steps.size(); ++s) {
+      const State::Step &step = state.steps[s];
+      ops::KernelContext kernel_context{*step.node, *step.def, step.inputs, step.outputs};
+      const auto start = std::chrono::steady_clock::now();
+      Status status = step.def->cpu_kernel(kernel_context);
+      samples[s].push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
+    }
+  }
+  std::vector<double> seconds(graph_.num_nodes(), 0.0);
+  for (size_t s = 0; s < state.steps.size(); ++s) {
+    std::vector<double> &v = samples[s];
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    seconds[order_[s]] = v[v.size() / 2];
+  }
+  return seconds;
 }
 
 } // namespace strata::runtime

@@ -15,6 +15,7 @@
 
 #include "graph/host_tensor.h"
 #include "passes/plan_memory.h"
+#include "runtime/step_runner.h"
 
 namespace strata::runtime {
 
@@ -23,26 +24,32 @@ struct ExecutorOptions {
   std::string model_dir = ".";
 };
 
-class CpuExecutor {
+class CpuExecutor : public StepRunner {
 public:
   static Result<std::unique_ptr<CpuExecutor>> create(Graph graph,
                                                      const ExecutorOptions &options = {});
-  ~CpuExecutor();
+  ~CpuExecutor() override;
 
   // Runs the graph on `inputs` (one per graph input, in order, matching types).
   // Errors name the input or the node whose kernel failed. Kernels read the
   // caller's input buffers in place; outputs are fresh copies. Runs share one
   // arena, so one executor runs one call at a time.
-  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs);
+  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
 
-  const Graph &graph() const { return graph_; }
+  const Graph &graph() const override { return graph_; }
+
+  // Runs the graph `repeats` times on `inputs`, timing each node's kernel, and
+  // returns every node's median seconds (by NodeId). Outputs are not copied and
+  // state updates are not applied: the weights stay as they are. What
+  // `strata compile --profile` balances pipeline stages and predicts with.
+  Result<std::vector<double>> profile(llvm::ArrayRef<HostTensor> inputs, int repeats);
 
   // The current value of a parameter, state or constant tensor (what the next run
   // reads; state updates change it after each run).
-  const HostTensor &value(TensorId id) const;
+  const HostTensor &value(TensorId id) const override;
   // Replaces the value of a parameter or state tensor (resuming from a checkpoint).
   // An error names the tensor if it is not one or the type differs.
-  Status assign(TensorId id, const HostTensor &value);
+  Status assign(TensorId id, const HostTensor &value) override;
   const passes::MemoryPlan &memory_plan() const { return plan_; }
   // Bytes held by materialized parameters and constants.
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -64,6 +71,8 @@ Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_di
 // normal(0, 1); integer inputs read as indices (by Gather or as loss labels) are
 // drawn in [0, bound) from the dimension they index, other integers in [0, 2).
 // Input k draws with the counter-based generator under derive_seed(seed, k).
-std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed);
+// With `microbatches` > 1, dim 0 of every input is that many times the graph's:
+// the full batch of a pipeline plan, drawn exactly as the full-batch graph's.
+std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed, int64_t microbatches = 1);
 
 } // namespace strata::runtime

@@ -63,7 +63,7 @@ Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_di
       .with_context(context());
 }
 
-std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed) {
+std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed, int64_t microbatches) {
   // For integer inputs read as indices: the smallest dimension they index.
   const auto consumers = graph.consumers();
   auto index_bound = [&](TensorId input) -> std::optional<int64_t> {
@@ -88,7 +88,8 @@ std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed) {
   inputs.reserve(graph.inputs().size());
   for (size_t k = 0; k < graph.inputs().size(); ++k) {
     const TensorId id = graph.inputs()[k];
-    const TensorType &type = graph.tensor(id).type;
+    TensorType type = graph.tensor(id).type;
+    if (microbatches > 1 && type.rank() > 0) type.shape[0] *= microbatches;
     const uint64_t stream_seed = derive_seed(seed, k);
     HostTensor tensor = HostTensor::zeros(type);
     const int64_t n = type.num_elements();

@@ -34,20 +34,28 @@ std::string stacked_type_text(const TensorType &type) {
 
 } // namespace
 
-Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count) {
+std::vector<TensorType> StepRunner::batch_types() const {
+  std::vector<TensorType> types;
+  for (TensorId id : graph().inputs())
+    types.push_back(graph().tensor(id).type);
+  return types;
+}
+
+Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count, int64_t microbatches) {
   Dataset data;
   for (int64_t k = 0; k < count; ++k)
-    data.batches.push_back(random_inputs(graph, seed + static_cast<uint64_t>(k)));
+    data.batches.push_back(random_inputs(graph, seed + static_cast<uint64_t>(k), microbatches));
   data.description = str_cat("synthetic (", count, " fixed random batches, seed ", seed, ")");
   return data;
 }
 
-Result<Dataset> load_dataset(const Graph &graph, const std::string &dir) {
+Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t microbatches) {
   Dataset data;
   int64_t num_batches = -1;
   std::string first_path;
   for (TensorId id : graph.inputs()) {
-    const Tensor &input = graph.tensor(id);
+    Tensor input = graph.tensor(id);
+    if (microbatches > 1 && input.type.rank() > 0) input.type.shape[0] *= microbatches;
     std::string path = (fs::path(dir) / (input.name + ".npy")).string();
     std::error_code error;
     if (!fs::exists(path, error))
@@ -92,30 +100,39 @@ Result<Dataset> load_dataset(const Graph &graph, const std::string &dir) {
 
 Result<std::unique_ptr<Trainer>> Trainer::create(Graph graph, const std::string &loss, Dataset data,
                                                  const TrainerOptions &options) {
+  ExecutorOptions executor_options;
+  executor_options.model_dir = options.model_dir;
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> executor,
+                   CpuExecutor::create(std::move(graph), executor_options));
+  return create(std::unique_ptr<StepRunner>(std::move(executor)), loss, std::move(data), options);
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::create(std::unique_ptr<StepRunner> runner,
+                                                 const std::string &loss, Dataset data,
+                                                 const TrainerOptions &options) {
+  const Graph &graph = runner->graph();
   auto loss_id = graph.find_tensor(loss);
   if (!loss_id) return invalid_argument("loss tensor '", loss, "' is not in the graph");
   auto it = std::find(graph.outputs().begin(), graph.outputs().end(), *loss_id);
   if (it == graph.outputs().end())
     return invalid_argument("loss tensor '", loss, "' is not a graph output");
   if (data.batches.empty()) return invalid_argument("the training data has no batches");
+  const std::vector<TensorType> types = runner->batch_types();
   for (size_t k = 0; k < data.batches.size(); ++k) {
     if (data.batches[k].size() != graph.inputs().size())
       return invalid_argument("batch ", k, " has ", data.batches[k].size(), " tensors for ",
                               graph.inputs().size(), " graph inputs");
     for (size_t i = 0; i < graph.inputs().size(); ++i)
-      if (!(data.batches[k][i].type == graph.tensor(graph.inputs()[i]).type))
+      if (!(data.batches[k][i].type == types[i]))
         return invalid_argument("batch ", k, ": input '", graph.tensor(graph.inputs()[i]).name,
                                 "' is ", data.batches[k][i].type.to_string(),
-                                " but the graph needs ",
-                                graph.tensor(graph.inputs()[i]).type.to_string());
+                                " but the plan needs ", types[i].to_string());
   }
   std::unique_ptr<Trainer> trainer(new Trainer());
   trainer->loss_output_ = static_cast<size_t>(it - graph.outputs().begin());
   for (TensorId id = 0; id < graph.num_tensors(); ++id)
     if (is_persistent(graph.tensor(id))) trainer->persistent_.push_back(id);
-  ExecutorOptions executor_options;
-  executor_options.model_dir = options.model_dir;
-  ASSIGN_OR_RETURN(trainer->executor_, CpuExecutor::create(std::move(graph), executor_options));
+  trainer->executor_ = std::move(runner);
   trainer->data_ = std::move(data);
   trainer->options_ = options;
   return trainer;

@@ -1,4 +1,4 @@
-// Training on one CPU device: a training-step graph (passes/make_training.h)
+// Training: a training-step graph (passes/make_training.h)
 // run once per step on a fixed, cycled list of batches, with checkpoints.
 //
 // Step k (counting from 0) reads batch k mod num_batches, so a run stopped
@@ -24,12 +24,16 @@ struct Dataset {
 
 // `count` batches of random_inputs(graph, seed + k), k = 0 .. count-1: a fixed
 // task a model can fit, so the loss falls.
-Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count = 8);
+// With `microbatches` > 1 the batches are full pipeline batches (dim 0 of each
+// input times `microbatches`), the same data the full-batch graph would get.
+Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count = 8,
+                          int64_t microbatches = 1);
 
 // Reads `<dir>/<input name>.npy` for every graph input. Each file stacks the
 // batches along a new leading dimension: shape [num_batches, ...input shape];
 // every file must hold the same number of batches. Errors name the file.
-Result<Dataset> load_dataset(const Graph &graph, const std::string &dir);
+// `microbatches` as for synthetic_dataset.
+Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t microbatches = 1);
 
 struct TrainerOptions {
   std::string model_dir = "."; // folder external data paths are relative to
@@ -40,6 +44,10 @@ class Trainer {
 public:
   // `loss` names the scalar loss tensor, a graph output.
   static Result<std::unique_ptr<Trainer>> create(Graph graph, const std::string &loss, Dataset data,
+                                                 const TrainerOptions &options = {});
+  // The same around any runner (a pipeline: runtime/pipeline_runner.h).
+  static Result<std::unique_ptr<Trainer>> create(std::unique_ptr<StepRunner> runner,
+                                                 const std::string &loss, Dataset data,
                                                  const TrainerOptions &options = {});
 
   // Runs one step on batch step() mod num_batches and returns its loss.
@@ -58,11 +66,11 @@ public:
   // their types. Errors name the file and tensor.
   Status restore_checkpoint(const std::string &dir);
 
-  const CpuExecutor &executor() const { return *executor_; }
+  const StepRunner &runner() const { return *executor_; }
 
 private:
   Trainer() = default;
-  std::unique_ptr<CpuExecutor> executor_;
+  std::unique_ptr<StepRunner> executor_;
   Dataset data_;
   TrainerOptions options_;
   size_t loss_output_ = 0;

@@ -1,0 +1,331 @@
+#include "runtime/pipeline_runner.h"
+
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "graph/verifier.h"
+#include "ops/kernels/cpu/gemm.h"
+#include "ops/registry.h"
+#include "runtime/executor.h"
+
+namespace strata::runtime {
+
+using serialization::InstrKind;
+using serialization::PlanInstruction;
+
+// One device: its arena, its copies of weights, and its program with every
+// buffer resolved to an address.
+struct PipelineRunner::Device {
+  struct Op {
+    InstrKind kind = InstrKind::kCompute;
+    std::string what; // describe_instruction, for errors
+    // Compute.
+    const Node *node = nullptr;
+    const ops::OpDef *def = nullptr;
+    std::vector<ops::ConstTensorView> inputs;
+    std::vector<ops::TensorView> outputs;
+    struct InputPatch {
+      uint32_t slot;
+      uint32_t input;
+      int32_t microbatch;
+    };
+    std::vector<InputPatch> patches; // graph inputs, pointed at each step's batch
+    // Transfers, accumulate, scale, update: `data` is written (or sent from).
+    std::byte *data = nullptr;
+    const std::byte *source = nullptr;
+    size_t bytes = 0;
+    int peer = -1;
+    uint64_t tag = 0;
+    bool first = false; // accumulate: micro-batch 0 copies
+  };
+  int index = 0;
+  std::shared_ptr<Blob> arena;
+  std::map<TensorId, HostTensor> weights;
+  std::vector<Op> ops;
+};
+
+PipelineRunner::~PipelineRunner() = default;
+
+Result<std::unique_ptr<PipelineRunner>>
+PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOptions &options) {
+  if (!plan.pipeline)
+    return invalid_argument("the plan has no pipeline (compile it with --mesh or --microbatches)");
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context("pipeline plan"));
+  std::unique_ptr<PipelineRunner> runner(new PipelineRunner());
+  runner->graph_ = plan.graph;
+  runner->microbatches_ = plan.pipeline->microbatches;
+  runner->programs_ = plan.programs;
+  runner->options_ = options;
+  const Graph &g = runner->graph_;
+  if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
+
+  std::vector<int64_t> input_index(g.num_tensors(), -1);
+  for (size_t k = 0; k < g.inputs().size(); ++k)
+    input_index[g.inputs()[k]] = static_cast<int64_t>(k);
+  runner->outputs_.assign(g.outputs().size(), {});
+  std::vector<bool> output_found(g.outputs().size(), false);
+
+  for (const serialization::PlanProgram &program : runner->programs_) {
+    auto device = std::make_unique<Device>();
+    device->index = static_cast<int>(program.device);
+    const std::string where = str_cat("device ", program.device);
+    device->arena = Blob::zeroed(static_cast<size_t>(program.arena_bytes));
+    std::byte *arena = device->arena->mutable_data();
+    for (TensorId id : program.holds) {
+      auto value = materialize(g.tensor(id), options.model_dir);
+      if (!value.is_ok()) return value.status().with_context(where);
+      device->weights.emplace(id, std::move(value).value());
+    }
+    std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
+    for (const serialization::PlanSlot &slot : program.slots)
+      slots[{slot.tensor, slot.microbatch}] = arena + slot.offset;
+
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const PlanInstruction &instr = program.instructions[i];
+      Device::Op op;
+      op.kind = instr.kind;
+      op.what = partitioner::describe_instruction(g, instr);
+      const std::string context = str_cat(where, " instruction ", i, " (", op.what, ")");
+      auto slot = [&](TensorId t, int32_t mb) -> Result<std::byte *> {
+        auto it = slots.find({t, mb});
+        if (it == slots.end())
+          return invalid_argument(context, ": '", g.tensor(t).name, "' ",
+                                  mb < 0 ? std::string("(step)") : str_cat("micro-batch ", mb),
+                                  " has no buffer in the plan");
+        return it->second;
+      };
+      auto weight = [&](TensorId t) -> Result<std::byte *> {
+        auto it = device->weights.find(t);
+        if (it == device->weights.end())
+          return invalid_argument(context, ": reads '", g.tensor(t).name,
+                                  "', which the plan does not place on this device");
+        return it->second.blob ? it->second.data() : nullptr;
+      };
+      switch (instr.kind) {
+      case InstrKind::kCompute: {
+        op.node = &g.node(instr.index);
+        op.def = registry.find(op.node->op);
+        if (op.def == nullptr || op.def->cpu_kernel == nullptr)
+          return unimplemented(context, ": op ", op.node->op, " has no CPU kernel");
+        for (size_t s = 0; s < op.node->inputs.size(); ++s) {
+          const TensorId t = op.node->inputs[s];
+          const Tensor &tensor = g.tensor(t);
+          if (input_index[t] >= 0) {
+            if (instr.microbatch < 0)
+              return invalid_argument(context, ": reads graph input '", tensor.name,
+                                      "' once per step");
+            op.patches.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(input_index[t]),
+                                  instr.microbatch});
+            op.inputs.push_back({nullptr, &tensor.type});
+          } else if (tensor.kind == TensorKind::kIntermediate) {
+            ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
+            op.inputs.push_back({data, &tensor.type});
+          } else {
+            ASSIGN_OR_RETURN(std::byte * data, weight(t));
+            op.inputs.push_back({data, &tensor.type});
+          }
+        }
+        for (TensorId t : op.node->outputs) {
+          ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
+          op.outputs.push_back({data, &g.tensor(t).type});
+        }
+        break;
+      }
+      case InstrKind::kSend:
+      case InstrKind::kRecv: {
+        ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
+        op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
+        op.peer = instr.peer;
+        op.tag = partitioner::transfer_tag(instr.index, instr.microbatch);
+        break;
+      }
+      case InstrKind::kAccumulate:
+      case InstrKind::kScale: {
+        const TensorType &type = g.tensor(instr.index).type;
+        if (type.dtype != DType::kF32)
+          return unimplemented(context, ": accumulating ", type.to_string(),
+                               " over micro-batches (f32 only so far)");
+        ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+        if (instr.kind == InstrKind::kAccumulate) {
+          ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
+          op.source = source;
+          op.first = instr.microbatch == 0;
+        }
+        op.bytes = static_cast<size_t>(type.size_bytes());
+        break;
+      }
+      case InstrKind::kUpdate: {
+        const StateUpdate &update = g.updates()[instr.index];
+        ASSIGN_OR_RETURN(op.data, weight(update.target));
+        ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
+        op.source = source;
+        op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+        break;
+      }
+      }
+      device->ops.push_back(std::move(op));
+    }
+    for (size_t k = 0; k < g.outputs().size(); ++k) {
+      auto it = slots.find({g.outputs()[k], -1});
+      if (it == slots.end() || output_found[k]) continue;
+      output_found[k] = true;
+      runner->outputs_[k] = {device->index, it->second};
+    }
+    runner->devices_.push_back(std::move(device));
+  }
+  for (size_t k = 0; k < g.outputs().size(); ++k)
+    if (!output_found[k])
+      return invalid_argument("no device of the plan keeps graph output '",
+                              g.tensor(g.outputs()[k]).name, "'");
+  runner->spans_.resize(runner->devices_.size());
+  return runner;
+}
+
+std::vector<TensorType> PipelineRunner::batch_types() const {
+  std::vector<TensorType> types = StepRunner::batch_types();
+  for (TensorType &type : types)
+    if (type.rank() > 0) type.shape[0] *= microbatches_;
+  return types;
+}
+
+std::vector<int64_t> PipelineRunner::arena_bytes() const {
+  std::vector<int64_t> bytes;
+  for (const auto &program : programs_)
+    bytes.push_back(program.arena_bytes);
+  return bytes;
+}
+
+Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) {
+  if (failed_)
+    return failed_precondition("an earlier step of this pipeline failed; its state is lost");
+  const std::vector<TensorType> types = batch_types();
+  if (inputs.size() != types.size())
+    return invalid_argument("the pipeline takes ", types.size(), " inputs, got ", inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (!(inputs[k].type == types[k]) ||
+        static_cast<int64_t>(inputs[k].size_bytes()) < types[k].size_bytes())
+      return invalid_argument("input '", graph_.tensor(graph_.inputs()[k]).name, "' is ",
+                              inputs[k].type.to_string(), ", the pipeline needs ",
+                              types[k].to_string(), " (", microbatches_, " micro-batches of ",
+                              graph_.tensor(graph_.inputs()[k]).type.to_string(), ")");
+  if (steps_run_ == 0) epoch_ = std::chrono::steady_clock::now();
+  const int64_t step = steps_run_ + 1;
+
+  auto body = [&](int rank, Communicator &comm) -> Status {
+    Device &device = *devices_[static_cast<size_t>(rank)];
+    comm.set_label(str_cat("stage ", rank));
+    ops::cpu::set_gemm_num_threads(options_.gemm_threads);
+    for (Device::Op &op : device.ops)
+      for (const Device::Op::InputPatch &patch : op.patches) {
+        const HostTensor &input = inputs[patch.input];
+        const auto slice =
+            static_cast<size_t>(input.size_bytes()) / static_cast<size_t>(microbatches_);
+        op.inputs[patch.slot].data =
+            input.blob ? input.data() + slice * static_cast<size_t>(patch.microbatch) : nullptr;
+      }
+    auto &spans = spans_[static_cast<size_t>(rank)];
+    const auto &fault = options_.fault;
+    for (size_t i = 0; i < device.ops.size(); ++i) {
+      Device::Op &op = device.ops[i];
+      if (fault && fault->device == rank && fault->instruction == i && fault->step == step) {
+        if (fault->kind == PipelineRunnerOptions::Fault::Kind::kError)
+          return internal_error("instruction ", i, " (", op.what, "): injected fault");
+        std::this_thread::sleep_for(fault->stall);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      Status status = Status::ok();
+      switch (op.kind) {
+      case InstrKind::kCompute: {
+        ops::KernelContext context{*op.node, *op.def, op.inputs, op.outputs};
+        status = op.def->cpu_kernel(context);
+        break;
+      }
+      case InstrKind::kSend: status = comm.send(op.data, op.bytes, op.peer, op.tag, op.what); break;
+      case InstrKind::kRecv: status = comm.recv(op.data, op.bytes, op.peer, op.tag, op.what); break;
+      case InstrKind::kAccumulate: {
+        auto *acc = reinterpret_cast<float *>(op.data);
+        const auto *src = reinterpret_cast<const float *>(op.source);
+        const size_t n = op.bytes / sizeof(float);
+        if (op.first) {
+          if (op.bytes) std::memcpy(acc, src, op.bytes);
+        } else {
+          for (size_t e = 0; e < n; ++e)
+            acc[e] += src[e];
+        }
+        break;
+      }
+      case InstrKind::kScale: {
+        auto *acc = reinterpret_cast<float *>(op.data);
+        const auto m = static_cast<float>(microbatches_);
+        for (size_t e = 0; e < op.bytes / sizeof(float); ++e)
+          acc[e] /= m;
+        break;
+      }
+      case InstrKind::kUpdate:
+        if (op.bytes && op.data != op.source) std::memmove(op.data, op.source, op.bytes);
+        break;
+      }
+      if (!status.is_ok())
+        return std::move(status).with_context(str_cat("instruction ", i, " (", op.what, ")"));
+      if (options_.trace) {
+        const auto end = std::chrono::steady_clock::now();
+        spans.push_back({static_cast<uint32_t>(i),
+                         std::chrono::duration<double>(start - epoch_).count(),
+                         std::chrono::duration<double>(end - epoch_).count(), step});
+      }
+    }
+    return Status::ok();
+  };
+  Status status = run_on_threads(static_cast<int>(devices_.size()), body, options_.timeout);
+  if (!status.is_ok()) {
+    failed_ = true;
+    return status.with_context(str_cat("pipeline step ", step));
+  }
+  ++steps_run_;
+  outputs->clear();
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    const TensorType &type = graph_.tensor(graph_.outputs()[k]).type;
+    HostTensor out = HostTensor::zeros(type);
+    if (type.size_bytes() > 0)
+      std::memcpy(out.data(), outputs_[k].data, static_cast<size_t>(type.size_bytes()));
+    outputs->push_back(std::move(out));
+  }
+  return Status::ok();
+}
+
+const HostTensor &PipelineRunner::value(TensorId id) const {
+  for (const auto &device : devices_) {
+    auto it = device->weights.find(id);
+    if (it != device->weights.end()) return it->second;
+  }
+  static const HostTensor kNone;
+  return kNone;
+}
+
+Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
+  if (id >= graph_.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
+  const Tensor &tensor = graph_.tensor(id);
+  if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
+    return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
+                            tensor_kind_name(tensor.kind));
+  if (!(value.type == tensor.type))
+    return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
+                            "', which is ", tensor.type.to_string());
+  bool held = false;
+  for (auto &device : devices_) {
+    auto it = device->weights.find(id);
+    if (it == device->weights.end()) continue;
+    held = true;
+    if (value.size_bytes() > 0) std::memcpy(it->second.data(), value.data(), value.size_bytes());
+  }
+  if (!held) return not_found("no device of the pipeline holds '", tensor.name, "'");
+  return Status::ok();
+}
+
+std::string PipelineRunner::trace_json() const {
+  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_);
+}
+
+} // namespace strata::runtime

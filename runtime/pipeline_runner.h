@@ -1,0 +1,94 @@
+// PipelineRunner: runs a pipeline plan's per-device programs, one thread per
+// device, in one process, over the local communicator.
+//
+// Each device owns one activation arena (the size its program's memory plan
+// says; nothing is allocated during a step), the parameters, state and constants
+// its program reads (materialized identically on every device that holds a
+// copy), and its instruction stream (partitioner/pipeline.h): compute a node on a
+// micro-batch with the registry's CPU kernel, send or receive a buffer,
+// accumulate / scale a gradient, apply a state update. A step hands every device
+// the full batch; micro-batch k of an input is rows [k b, (k + 1) b) of dim 0.
+//
+// Failure: every wait is bounded by the timeout. A kernel error, a timeout or an
+// abort on one device ends the step on every device with one error naming the
+// device, its instruction and the cause; a failed step leaves the runner
+// unusable (its state may be half updated).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partitioner/pipeline.h"
+#include "runtime/local_communicator.h"
+#include "runtime/step_runner.h"
+#include "serialization/plan_io.h"
+
+namespace strata::runtime {
+
+struct PipelineRunnerOptions {
+  std::string model_dir = "."; // folder external data paths are relative to
+  std::chrono::milliseconds timeout = kDefaultCommunicatorTimeout;
+  int gemm_threads = 1; // GEMM threads per device thread
+  bool trace = false;   // record what each device did (trace_json())
+  // Testing: make `device` fail (kError) or sleep for `stall` (kStall) when it
+  // reaches instruction `instruction` of step `step` (1-based).
+  struct Fault {
+    enum class Kind { kError, kStall } kind = Kind::kError;
+    int device = 0;
+    size_t instruction = 0;
+    int64_t step = 1;
+    std::chrono::milliseconds stall{0};
+  };
+  std::optional<Fault> fault;
+};
+
+class PipelineRunner : public StepRunner {
+public:
+  // The plan must be a pipeline plan (plan.pipeline set). Errors name the device
+  // and instruction whose buffers cannot be resolved.
+  static Result<std::unique_ptr<PipelineRunner>> create(const serialization::Plan &plan,
+                                                        const PipelineRunnerOptions &options = {});
+  ~PipelineRunner() override;
+
+  const Graph &graph() const override { return graph_; }
+  std::vector<TensorType> batch_types() const override;
+  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
+  // From the first device holding the tensor.
+  const HostTensor &value(TensorId id) const override;
+  // To every device holding the tensor.
+  Status assign(TensorId id, const HostTensor &value) override;
+
+  int num_devices() const { return static_cast<int>(programs_.size()); }
+  int microbatches() const { return microbatches_; }
+  // Peak activation bytes of each device (its arena).
+  std::vector<int64_t> arena_bytes() const;
+  // What the devices did in every step run so far (with options.trace), as a
+  // Chrome / Perfetto trace.
+  std::string trace_json() const;
+  // The recorded spans, per device (seconds since the first step began).
+  const std::vector<std::vector<partitioner::TraceSpan>> &spans() const { return spans_; }
+
+private:
+  PipelineRunner() = default;
+  struct Device;
+  Graph graph_;
+  int microbatches_ = 1;
+  std::vector<serialization::PlanProgram> programs_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  PipelineRunnerOptions options_;
+  int64_t steps_run_ = 0;
+  bool failed_ = false;
+  std::chrono::steady_clock::time_point epoch_;
+  std::vector<std::vector<partitioner::TraceSpan>> spans_;
+  // Per graph output: the device and buffer it is read from after a step.
+  struct OutputSource {
+    int device = 0;
+    const std::byte *data = nullptr;
+  };
+  std::vector<OutputSource> outputs_;
+};
+
+} // namespace strata::runtime

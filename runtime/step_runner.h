@@ -1,0 +1,30 @@
+// StepRunner: what the Trainer drives. One run is one training step on one
+// batch; the runner owns the parameters and state and applies the step's state
+// updates. CpuExecutor (one device) and PipelineRunner (P devices as threads)
+// implement it.
+#pragma once
+
+#include <vector>
+
+#include "graph/host_tensor.h"
+
+namespace strata::runtime {
+
+class StepRunner {
+public:
+  virtual ~StepRunner() = default;
+  // The graph one device runs (for a pipeline: at micro-batch size).
+  virtual const Graph &graph() const = 0;
+  // The types of the batch one run consumes, one per graph input: the graph's
+  // input types, with dim 0 times the micro-batches for a pipeline.
+  virtual std::vector<TensorType> batch_types() const;
+  // Runs one step on `inputs` (of batch_types()); outputs are the graph outputs
+  // (for a pipeline: their mean over the micro-batches).
+  virtual Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) = 0;
+  // The current value of a parameter, state or constant tensor.
+  virtual const HostTensor &value(TensorId id) const = 0;
+  // Replaces a parameter or state tensor's value (resuming from a checkpoint).
+  virtual Status assign(TensorId id, const HostTensor &value) = 0;
+};
+
+} // namespace strata::runtime

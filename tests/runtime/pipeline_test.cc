@@ -1,0 +1,372 @@
+// Pipeline parallelism, end to end: a pipeline plan run on P device threads
+// gives the same losses and weights as one device.
+//
+//  - Against the single-device, full-batch Trainer (the reference): relative
+//    1e-5, since micro-batching changes the order of the batch reductions.
+//  - Against the single-device plan with the same micro-batches (P = 1): bitwise,
+//    for both schedules and every P, since every device runs the same kernels on
+//    the same data and gradients accumulate in micro-batch order everywhere.
+//  - With one micro-batch: bitwise against the full-batch reference.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "ops/kernels/cpu/gemm.h"
+#include "partitioner/compile_pipeline.h"
+#include "runtime/pipeline_runner.h"
+#include "runtime/trainer.h"
+#include "tools/zoo.h"
+
+namespace strata::runtime {
+namespace {
+
+using partitioner::Schedule;
+
+constexpr int kSteps = 3;
+constexpr uint64_t kDataSeed = 11;
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::map<std::string, HostTensor> state;
+};
+
+Graph mlp() {
+  zoo::MlpOptions o;
+  o.batch = 16;
+  o.input = 12;
+  o.hidden = {16, 16, 16};
+  o.classes = 5;
+  return *zoo::make_mlp(o);
+}
+
+Graph gpt() {
+  zoo::GptOptions o;
+  o.layers = 4;
+  o.hidden = 32;
+  o.heads = 2;
+  o.seq = 8;
+  o.vocab = 64;
+  o.batch = 8;
+  return *zoo::make_gpt(o);
+}
+
+passes::TrainingOptions training(const std::string &optimizer = "sgd:lr=0.1,momentum=0.9") {
+  passes::TrainingOptions options;
+  options.optimizer = *passes::parse_optimizer(optimizer);
+  return options;
+}
+
+TrainRun train(Trainer &trainer) {
+  TrainRun run;
+  for (int s = 0; s < kSteps; ++s) {
+    auto loss = trainer.train_step();
+    EXPECT_TRUE(loss.is_ok()) << loss.status().message();
+    run.losses.push_back(loss.is_ok() ? *loss : NAN);
+  }
+  run.state = trainer.state();
+  return run;
+}
+
+TrainRun reference(const Graph &forward, const passes::TrainingOptions &options) {
+  Graph graph = *passes::make_training_graph(forward, options);
+  Dataset data = synthetic_dataset(graph, kDataSeed);
+  auto trainer = Trainer::create(std::move(graph), "loss", std::move(data));
+  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
+  return train(**trainer);
+}
+
+Result<serialization::Plan> compile(const Graph &forward, const passes::TrainingOptions &options,
+                                    int stages, int microbatches, Schedule schedule) {
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.stages = stages;
+  pipeline.microbatches = microbatches;
+  pipeline.schedule = schedule;
+  return partitioner::compile_pipeline(forward, options, pipeline);
+}
+
+TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options, int stages,
+                   int microbatches, Schedule schedule) {
+  auto plan = compile(forward, options, stages, microbatches, schedule);
+  EXPECT_TRUE(plan.is_ok()) << plan.status().message();
+  if (!plan.is_ok()) return {};
+  auto runner = PipelineRunner::create(*plan);
+  EXPECT_TRUE(runner.is_ok()) << runner.status().message();
+  if (!runner.is_ok()) return {};
+  EXPECT_EQ((*runner)->num_devices(), stages);
+  Dataset data = synthetic_dataset(plan->graph, kDataSeed, 8, microbatches);
+  auto trainer = Trainer::create(std::move(runner).value(), "loss", std::move(data));
+  EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
+  if (!trainer.is_ok()) return {};
+  return train(**trainer);
+}
+
+// Largest |a - b| / max|b| over a tensor.
+double relative_error(const HostTensor &a, const HostTensor &b) {
+  if (a.type.dtype != DType::kF32) return std::memcmp(a.data(), b.data(), a.size_bytes()) ? 1 : 0;
+  const float *x = a.as<float>(), *y = b.as<float>();
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < a.type.num_elements(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(y[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+void expect_close(const TrainRun &got, const TrainRun &want, double tolerance,
+                  const std::string &what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t s = 0; s < want.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], want.losses[s], tolerance * std::abs(want.losses[s]))
+        << what << " step " << s + 1;
+  ASSERT_EQ(got.state.size(), want.state.size()) << what;
+  for (const auto &[name, value] : want.state) {
+    auto it = got.state.find(name);
+    ASSERT_NE(it, got.state.end()) << what << ": " << name;
+    ASSERT_EQ(it->second.type, value.type) << what << ": " << name;
+    EXPECT_LE(relative_error(it->second, value), tolerance) << what << ": " << name;
+  }
+}
+
+void expect_bitwise(const TrainRun &got, const TrainRun &want, const std::string &what) {
+  ASSERT_EQ(got.losses, want.losses) << what;
+  ASSERT_EQ(got.state.size(), want.state.size()) << what;
+  for (const auto &[name, value] : want.state) {
+    auto it = got.state.find(name);
+    ASSERT_NE(it, got.state.end()) << what << ": " << name;
+    ASSERT_EQ(it->second.size_bytes(), value.size_bytes()) << what << ": " << name;
+    EXPECT_EQ(std::memcmp(it->second.data(), value.data(), value.size_bytes()), 0)
+        << what << ": " << name << " differs";
+  }
+}
+
+class PipelineTest : public ::testing::Test {
+protected:
+  // One GEMM thread everywhere, so the reference and each device thread
+  // compute with the same blocking.
+  void SetUp() override { ops::cpu::set_gemm_num_threads(1); }
+  void TearDown() override { ops::cpu::set_gemm_num_threads(0); }
+
+  void check_model(const Graph &forward, const passes::TrainingOptions &options) {
+    const TrainRun want = reference(forward, options);
+    ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps));
+    for (int M : {1, 4, 8}) {
+      const TrainRun one_device = pipelined(forward, options, 1, M, Schedule::k1F1B);
+      expect_close(one_device, want, 1e-5, str_cat("P=1 M=", M));
+      if (M == 1) expect_bitwise(one_device, want, "P=1 M=1 vs the full-batch trainer");
+      for (int P : {2, 4})
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+          const std::string what =
+              str_cat("P=", P, " M=", M, " ", partitioner::schedule_name(schedule));
+          const TrainRun got = pipelined(forward, options, P, M, schedule);
+          expect_bitwise(got, one_device, what + " vs P=1");
+          expect_close(got, want, 1e-5, what + " vs the full-batch trainer");
+        }
+    }
+  }
+};
+
+TEST_F(PipelineTest, MlpMatchesOneDevice) { check_model(mlp(), training()); }
+
+TEST_F(PipelineTest, GptMatchesOneDevice) { check_model(gpt(), training()); }
+
+TEST_F(PipelineTest, GptWithAdamWAndClippingMatchesOneDevice) {
+  // Clipping reads every stage's gradients once per step; AdamW keeps a step
+  // counter every stage holds a copy of.
+  const auto options = training("adamw:lr=0.01,wd=0.1,clip=1");
+  const TrainRun want = reference(gpt(), options);
+  const TrainRun got = pipelined(gpt(), options, 4, 4, Schedule::k1F1B);
+  expect_bitwise(got, pipelined(gpt(), options, 1, 4, Schedule::k1F1B), "P=4 vs P=1");
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t s = 0; s < want.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::abs(want.losses[s]));
+}
+
+TEST_F(PipelineTest, OneFOneBNeedsLessMemoryThanGPipe) {
+  // Activations large next to the weights: sequence 64, 16 samples.
+  zoo::GptOptions o;
+  o.layers = 4;
+  o.hidden = 32;
+  o.heads = 2;
+  o.seq = 64;
+  o.vocab = 64;
+  o.batch = 16;
+  const Graph forward = *zoo::make_gpt(o);
+  for (int M : {8, 16}) {
+    auto gpipe = compile(forward, training(), 4, M, Schedule::kGPipe);
+    auto one_f_one_b = compile(forward, training(), 4, M, Schedule::k1F1B);
+    ASSERT_TRUE(gpipe.is_ok()) << gpipe.status().message();
+    ASSERT_TRUE(one_f_one_b.is_ok()) << one_f_one_b.status().message();
+    // GPipe keeps every micro-batch's activations until its backward; 1F1B keeps
+    // at most P - s on stage s, so stage 0 holds 4 instead of M.
+    EXPECT_GT(gpipe->programs[0].arena_bytes, one_f_one_b->programs[0].arena_bytes * 3 / 2)
+        << "M=" << M;
+    for (size_t d = 0; d < 4; ++d)
+      EXPECT_LE(one_f_one_b->programs[d].arena_bytes, gpipe->programs[d].arena_bytes)
+          << "M=" << M << " device " << d;
+    // The runner allocates exactly the planned arenas.
+    auto runner = PipelineRunner::create(*one_f_one_b);
+    ASSERT_TRUE(runner.is_ok());
+    for (size_t d = 0; d < 4; ++d)
+      EXPECT_EQ((*runner)->arena_bytes()[d], one_f_one_b->programs[d].arena_bytes);
+  }
+}
+
+TEST_F(PipelineTest, ScheduleShapes) {
+  auto plan = compile(mlp(), training(), 4, 8, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  auto phases = *partitioner::analyze_phases(plan->graph, 8);
+  // The sequence of (forward?, micro-batch) blocks device d runs.
+  for (int d = 0; d < 4; ++d) {
+    std::vector<std::pair<bool, int>> blocks;
+    for (const auto &instr : plan->programs[static_cast<size_t>(d)].instructions) {
+      if (instr.kind != serialization::InstrKind::kCompute || instr.microbatch < 0) continue;
+      const bool forward = phases.node_phase[instr.index] == partitioner::Phase::kForward;
+      if (blocks.empty() || blocks.back() != std::pair{forward, instr.microbatch})
+        blocks.push_back({forward, instr.microbatch});
+    }
+    // Warm-up P - 1 - d forwards, then one forward one backward, then the rest.
+    std::vector<std::pair<bool, int>> want;
+    const int warmup = 3 - d;
+    for (int k = 0; k < warmup; ++k)
+      want.push_back({true, k});
+    for (int k = 0; k + warmup < 8; ++k) {
+      want.push_back({true, k + warmup});
+      want.push_back({false, k});
+    }
+    for (int k = 8 - warmup; k < 8; ++k)
+      want.push_back({false, k});
+    EXPECT_EQ(blocks, want) << "device " << d;
+  }
+  EXPECT_GT(plan->pipeline->predicted_step_s, 0);
+  // With equal stages the bubble is about (p - 1) / (m + p - 1) = 3 / 11.
+  EXPECT_GT(plan->pipeline->predicted_bubble, 0.1);
+  EXPECT_LT(plan->pipeline->predicted_bubble, 0.6);
+}
+
+TEST_F(PipelineTest, DeadlockCheckNamesBothSides) {
+  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  ASSERT_TRUE(partitioner::check_deadlock(plan->graph, plan->programs).is_ok());
+
+  // Device 0 sends its first activation only at the very end: device 1 waits
+  // for it while device 0 waits for a gradient device 1 cannot produce.
+  auto broken = plan->programs;
+  auto &instrs = broken[0].instructions;
+  auto send = std::find_if(instrs.begin(), instrs.end(),
+                           [](const auto &i) { return i.kind == serialization::InstrKind::kSend; });
+  ASSERT_NE(send, instrs.end());
+  auto moved = *send;
+  instrs.erase(send);
+  instrs.push_back(moved);
+  Status status = partitioner::check_deadlock(plan->graph, broken);
+  ASSERT_FALSE(status.is_ok());
+  // Device 0 waits for a gradient from device 1, which is blocked waiting for
+  // the activation device 0 now sends last: both sides and both instructions.
+  EXPECT_NE(status.message().find("deadlock: device 0 instruction"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("device 1 sends it only at instruction"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find(str_cat("is blocked at instruction 0 (recv '",
+                                          plan->graph.tensor(moved.index).name, "' mb 0")),
+            std::string::npos)
+      << status.message();
+
+  // A send nobody receives.
+  broken = plan->programs;
+  auto &recvs = broken[1].instructions;
+  std::vector<serialization::PlanInstruction> kept;
+  bool dropped = false;
+  for (const auto &i : recvs) {
+    if (!dropped && i.kind == serialization::InstrKind::kRecv && i.microbatch == 1) {
+      dropped = true;
+      continue;
+    }
+    kept.push_back(i);
+  }
+  recvs = kept;
+  status = partitioner::check_deadlock(plan->graph, broken);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("is never received by device 1"), std::string::npos)
+      << status.message();
+}
+
+TEST_F(PipelineTest, FailingDeviceEndsTheStepWithANamedError) {
+  auto plan = compile(mlp(), training(), 4, 4, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  PipelineRunnerOptions options;
+  options.timeout = std::chrono::milliseconds(5000);
+  options.fault = PipelineRunnerOptions::Fault{};
+  options.fault->device = 2;
+  options.fault->instruction = 3;
+  auto runner = *PipelineRunner::create(*plan, options);
+  auto data = synthetic_dataset(plan->graph, 0, 1, 4);
+  std::vector<HostTensor> outputs;
+  const auto start = std::chrono::steady_clock::now();
+  Status status = runner->run(data.batches[0], &outputs);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("device 2"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("instruction 3"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("injected fault"), std::string::npos) << status.message();
+  // The others stop at once, not after the timeout.
+  EXPECT_LT(elapsed, std::chrono::milliseconds(4000));
+  // The runner refuses to go on from a half-done step.
+  EXPECT_FALSE(runner->run(data.batches[0], &outputs).is_ok());
+}
+
+TEST_F(PipelineTest, StalledDeviceEndsTheStepAfterTheTimeout) {
+  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  PipelineRunnerOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  PipelineRunnerOptions::Fault fault;
+  fault.kind = PipelineRunnerOptions::Fault::Kind::kStall;
+  fault.device = 0;
+  fault.instruction = 0;
+  fault.stall = std::chrono::milliseconds(1500);
+  options.fault = fault;
+  auto runner = *PipelineRunner::create(*plan, options);
+  auto data = synthetic_dataset(plan->graph, 0, 1, 2);
+  std::vector<HostTensor> outputs;
+  const auto start = std::chrono::steady_clock::now();
+  Status status = runner->run(data.batches[0], &outputs);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(status.is_ok());
+  // Device 1 gives up waiting for device 0 after the timeout and names both.
+  EXPECT_NE(status.message().find("device 1"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("from device 0"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("timed out"), std::string::npos) << status.message();
+  // The stalled thread is joined when it wakes; nothing waits past that.
+  EXPECT_LT(elapsed, std::chrono::milliseconds(1500 + 2000));
+}
+
+TEST_F(PipelineTest, TraceShowsEveryDevice) {
+  auto plan = compile(mlp(), training(), 2, 4, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok());
+  PipelineRunnerOptions options;
+  options.trace = true;
+  auto runner = *PipelineRunner::create(*plan, options);
+  auto data = synthetic_dataset(plan->graph, 0, 1, 4);
+  std::vector<HostTensor> outputs;
+  ASSERT_TRUE(runner->run(data.batches[0], &outputs).is_ok());
+  const std::string trace = runner->trace_json();
+  EXPECT_NE(trace.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(trace.find("device 1 (stage 1)"), std::string::npos);
+  EXPECT_NE(trace.find("\"name\": \"F3\""), std::string::npos);
+  EXPECT_NE(trace.find("\"name\": \"B3\""), std::string::npos);
+  EXPECT_NE(trace.find("\"name\": \"optimizer\""), std::string::npos);
+  for (const auto &spans : runner->spans())
+    EXPECT_FALSE(spans.empty());
+}
+
+TEST_F(PipelineTest, MicroBatchesMustDivideTheBatch) {
+  auto plan = compile(mlp(), training(), 2, 3, Schedule::k1F1B);
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("16"), std::string::npos) << plan.status().message();
+}
+
+} // namespace
+} // namespace strata::runtime
