@@ -16,7 +16,7 @@ namespace strata::tools {
 
 struct InspectArgs {
   std::string path;
-  std::string format = "text"; // text, json or dot
+  std::string format = "text"; // text, json or dot; plans also trace
   int64_t max_nodes = 25;      // rows of the per-node table in text form
   bool all_nodes = false;
 };
@@ -38,6 +38,9 @@ struct RunArgs {
   std::string resume;           // checkpoint folder to continue from
   int64_t log_every = 1;        // print the loss every this many steps
   bool interactive = false;     // rewrite a progress line with \r (stdout is a terminal)
+  // Pipeline plans only.
+  std::string trace;     // write a Chrome / Perfetto trace of every device here
+  double timeout_s = 30; // bound on every wait between devices
 };
 // Runs a model or a plan; a training plan trains (train_command).
 Status run_command(const RunArgs &args, std::ostream &out);
@@ -49,8 +52,23 @@ struct CompileArgs {
   std::string optimizer = "sgd:lr=0.01";
   std::string output_tensor; // the tensor the loss reads; empty: the first graph output
   std::string out;           // plan file to write
+  // Pipeline parallelism (training only).
+  std::string mesh;                          // "DPxTPxPP"; only 1x1xP so far
+  int64_t microbatches = 0;                  // 0: not given (1)
+  std::string schedule = "1f1b";             // gpipe or 1f1b
+  std::string cluster;                       // cluster spec JSON the costs are predicted for
+  std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
+  bool profile = false;                      // time every node here instead of using the roofline
 };
 Status compile_command(const CompileArgs &args, std::ostream &out);
+
+struct SimulateArgs {
+  std::string plan;
+  std::string cluster; // spec file; empty: the one the plan was compiled for
+  std::string trace;   // write the predicted schedule as a Chrome trace here
+};
+// Re-predicts a pipeline plan's step time and bubble for a cluster.
+Status simulate_command(const SimulateArgs &args, std::ostream &out);
 
 // The plan side of inspect and convert, and training runs (tools/plan_commands.cc).
 Status inspect_plan(const InspectArgs &args, std::ostream &out);

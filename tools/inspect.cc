@@ -211,9 +211,14 @@ nlohmann::ordered_json to_json(const std::string &path, const Graph &graph, cons
 } // namespace
 
 Status inspect_command(const InspectArgs &args, std::ostream &out) {
-  if (args.format != "text" && args.format != "json" && args.format != "dot")
-    return invalid_argument("unknown --format '", args.format, "' (use text, json or dot)");
+  if (args.format != "text" && args.format != "json" && args.format != "dot" &&
+      args.format != "trace")
+    return invalid_argument("unknown --format '", args.format,
+                            "' (use text, json, dot, or trace for a pipeline plan)");
   if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
+  if (args.format == "trace")
+    return invalid_argument("--format trace shows a pipeline plan's predicted schedule; '",
+                            args.path, "' is a model");
   ASSIGN_OR_RETURN(Graph graph, load_model_file(args.path));
   if (args.format == "dot") {
     out << graph_to_dot(graph);

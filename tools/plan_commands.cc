@@ -2,15 +2,23 @@
 // `strata convert`, and the training mode of `strata run`.
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 
+#include "ops/kernels/cpu/gemm.h"
+#include "ops/registry.h"
+#include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
+#include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
+#include "serialization/file_io.h"
 #include "serialization/model_io.h"
 #include "serialization/sha256.h"
 #include "tools/commands.h"
@@ -59,6 +67,92 @@ std::string tensor_list(const Graph &graph, llvm::ArrayRef<TensorId> ids) {
   return text.empty() ? "(none)" : text;
 }
 
+// One pipeline device's share of the step.
+struct StageRow {
+  size_t nodes = 0;           // distinct nodes it computes
+  int64_t parameters = 0;     // elements of the trainable parameters it holds
+  double flops = 0;           // per step, all micro-batches
+  int64_t arena = 0;          // peak activation bytes
+  double busy = 0;            // predicted seconds of work per step
+  std::map<int, double> sent; // bytes per step to each peer
+};
+
+std::vector<StageRow> stage_rows(const Plan &plan) {
+  const Graph &g = plan.graph;
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  std::vector<StageRow> rows;
+  for (const serialization::PlanProgram &program : plan.programs) {
+    StageRow row;
+    std::set<NodeId> nodes;
+    for (const serialization::PlanInstruction &instr : program.instructions) {
+      if (instr.kind == serialization::InstrKind::kCompute) {
+        nodes.insert(instr.index);
+        row.flops += registry.node_cost(g, instr.index).flops;
+      } else if (instr.kind == serialization::InstrKind::kSend) {
+        row.sent[instr.peer] += static_cast<double>(g.tensor(instr.index).type.size_bytes());
+      }
+    }
+    row.nodes = nodes.size();
+    for (TensorId id : program.holds)
+      if (g.tensor(id).kind == TensorKind::kParameter && is_floating(g.tensor(id).type.dtype))
+        row.parameters += g.tensor(id).type.num_elements();
+    row.arena = program.arena_bytes;
+    row.busy = program.predicted_busy_s;
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string format_ms(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", seconds * 1e3);
+  return buf;
+}
+
+std::string format_percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", fraction * 100);
+  return buf;
+}
+
+std::string pad(std::string text, size_t width) {
+  if (text.size() < width) text.insert(0, width - text.size(), ' ');
+  return text;
+}
+
+void print_pipeline_summary(const Plan &plan, std::ostream &out) {
+  const serialization::PlanPipeline &p = *plan.pipeline;
+  const double formula =
+      static_cast<double>(p.stages - 1) / static_cast<double>(p.microbatches + p.stages - 1);
+  std::string cluster_name = "?";
+  if (auto cluster = partitioner::parse_cluster(p.cluster_json, "plan cluster"); cluster.is_ok())
+    cluster_name = cluster->name;
+  out << "pipeline     " << p.stages << " stage" << (p.stages == 1 ? "" : "s") << " x "
+      << p.microbatches << " micro-batch" << (p.microbatches == 1 ? "" : "es") << ", schedule "
+      << p.schedule << ", costs for cluster '" << cluster_name << "'\n";
+  out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
+      << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)
+      << ")\n";
+  if (!p.boundaries.empty()) {
+    out << "boundaries   ";
+    for (size_t i = 0; i < p.boundaries.size(); ++i)
+      out << (i ? ", " : "") << p.boundaries[i];
+    out << "\n";
+  }
+  std::vector<StageRow> rows = stage_rows(plan);
+  out << "stage  nodes    parameters   FLOPs/step   peak act.  predicted busy  sends/step\n";
+  for (size_t d = 0; d < rows.size(); ++d) {
+    const StageRow &r = rows[d];
+    std::string sends;
+    for (const auto &[peer, bytes] : r.sent)
+      sends += str_cat(sends.empty() ? "" : ", ", "->", peer, " ", human_bytes(bytes));
+    out << pad(std::to_string(d), 5) << pad(std::to_string(r.nodes), 7)
+        << pad(grouped(r.parameters), 14) << pad(human_flops(r.flops), 13)
+        << pad(human_bytes(static_cast<double>(r.arena)), 12) << pad(format_ms(r.busy), 16) << "  "
+        << (sends.empty() ? "-" : sends) << "\n";
+  }
+}
+
 void print_plan_summary(const Plan &plan, std::ostream &out) {
   const Graph &g = plan.graph;
   PlanNumbers n = plan_numbers(g);
@@ -81,7 +175,21 @@ void print_plan_summary(const Plan &plan, std::ostream &out) {
         << n.state_tensors << " state tensor" << (n.state_tensors == 1 ? "" : "s")
         << " (updates: " << g.updates().size() << ")\n";
   out << "graph        " << g.num_nodes() << " nodes, " << g.num_tensors() << " tensors\n";
+  if (plan.pipeline) {
+    // Per step: every micro-batch, on every stage.
+    double flops = 0;
+    for (const StageRow &row : stage_rows(plan))
+      flops += row.flops;
+    n.flops = flops;
+    out << "batch        inputs above are one micro-batch; a step takes "
+        << plan.pipeline->microbatches << " of them\n";
+  }
   out << "FLOPs        " << human_flops(n.flops) << (train ? " per step" : " per run") << "\n";
+  if (plan.pipeline) {
+    print_pipeline_summary(plan, out);
+    if (!plan.producer.empty()) out << "producer     " << plan.producer << "\n";
+    return;
+  }
   for (const serialization::PlanProgram &program : plan.programs) {
     std::string kind = "cpu";
     for (const auto &device : plan.devices)
@@ -112,7 +220,146 @@ std::string format_seconds(double seconds) {
   return buf;
 }
 
+// --mesh DPxTPxPP: the pipeline depth, refusing what is not built yet.
+Result<int> pipeline_stages(const std::string &mesh) {
+  if (mesh.empty()) return 1;
+  std::vector<int64_t> dims;
+  size_t start = 0;
+  while (true) {
+    size_t x = mesh.find('x', start);
+    std::string part = mesh.substr(start, x == std::string::npos ? std::string::npos : x - start);
+    int64_t value = 0;
+    auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || error != std::errc() || end != part.data() + part.size() || value < 1)
+      return invalid_argument("--mesh '", mesh,
+                              "': expected DPxTPxPP with positive integers, e.g. 1x1x4");
+    dims.push_back(value);
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  if (dims.size() != 3)
+    return invalid_argument("--mesh '", mesh, "': expected three sizes DPxTPxPP, e.g. 1x1x4");
+  if (dims[0] != 1 || dims[1] != 1)
+    return unimplemented("--mesh '", mesh,
+                         "': data and tensor parallelism are not built yet; use 1x1xP "
+                         "(pipeline stages only)");
+  if (dims[2] > 4096) return invalid_argument("--mesh '", mesh, "': at most 4096 stages");
+  return static_cast<int>(dims[2]);
+}
+
+Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &args) {
+  partitioner::PipelineCompileOptions options;
+  ASSIGN_OR_RETURN(options.stages, pipeline_stages(args.mesh));
+  if (args.microbatches < 0 || args.microbatches > 1 << 20)
+    return invalid_argument("--microbatches must be between 1 and 1048576, got ",
+                            args.microbatches);
+  options.microbatches = args.microbatches > 0 ? static_cast<int>(args.microbatches) : 1;
+  auto schedule = partitioner::parse_schedule(args.schedule);
+  if (!schedule.is_ok()) return schedule.status().with_context("--schedule");
+  options.schedule = *schedule;
+  if (!args.cluster.empty()) {
+    auto cluster = partitioner::load_cluster(args.cluster);
+    if (!cluster.is_ok()) return cluster.status().with_context("--cluster");
+    options.cluster = std::move(cluster).value();
+  }
+  options.stage_boundaries = args.stage_boundaries;
+  if (args.profile) {
+    // One GEMM thread, as each pipeline device thread runs with.
+    options.profile = [](const Graph &training) -> Result<std::vector<double>> {
+      ops::cpu::set_gemm_num_threads(1);
+      std::vector<HostTensor> inputs = runtime::random_inputs(training, 0);
+      ASSIGN_OR_RETURN(auto executor, runtime::CpuExecutor::create(training));
+      auto seconds = executor->profile(inputs, 1); // warm-up: caches, oneDNN primitives
+      if (seconds.is_ok()) seconds = executor->profile(inputs, 5);
+      ops::cpu::set_gemm_num_threads(0);
+      return seconds;
+    };
+  }
+  return options;
+}
+
+// The pipeline's part of the options text the fingerprint covers.
+std::string pipeline_options_text(const Plan &plan) {
+  const serialization::PlanPipeline &p = *plan.pipeline;
+  std::string text = str_cat("stages=", p.stages, "\nmicrobatches=", p.microbatches,
+                             "\nschedule=", p.schedule, "\nboundaries=");
+  for (size_t i = 0; i < p.boundaries.size(); ++i)
+    text += str_cat(i ? "," : "", p.boundaries[i]);
+  return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
+}
+
+Status write_text(const std::string &path, const std::string &text) {
+  return serialization::write_file_atomically(
+      path, llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
+}
+
+// The predicted timeline as trace spans (one step).
+std::vector<std::vector<partitioner::TraceSpan>>
+simulation_spans(const partitioner::Simulation &sim) {
+  std::vector<std::vector<partitioner::TraceSpan>> spans(sim.devices.size());
+  for (size_t d = 0; d < sim.devices.size(); ++d)
+    for (size_t i = 0; i < sim.devices[d].size(); ++i)
+      spans[d].push_back(
+          {static_cast<uint32_t>(i), sim.devices[d][i].start, sim.devices[d][i].end, 1});
+  return spans;
+}
+
+// Graphviz: one box per stage (its numbers), one edge per link with the bytes
+// it carries per step.
+std::string stage_dot(const Plan &plan) {
+  std::vector<StageRow> rows = stage_rows(plan);
+  std::string text =
+      "digraph pipeline {\n  rankdir=LR;\n  node [shape=box, fontname=\"monospace\"];\n";
+  for (size_t d = 0; d < rows.size(); ++d) {
+    const StageRow &r = rows[d];
+    text +=
+        str_cat("  stage", d, " [label=\"stage ", d, "\\n", r.nodes, " nodes\\n",
+                grouped(r.parameters), " parameters\\n", human_flops(r.flops), " per step\\npeak ",
+                human_bytes(static_cast<double>(r.arena)), "\\nbusy ", format_ms(r.busy), "\"];\n");
+  }
+  for (size_t d = 0; d < rows.size(); ++d)
+    for (const auto &[peer, bytes] : rows[d].sent)
+      text +=
+          str_cat("  stage", d, " -> stage", peer, " [label=\"", human_bytes(bytes), "/step\"];\n");
+  return text + "}\n";
+}
+
 } // namespace
+
+Status simulate_command(const SimulateArgs &args, std::ostream &out) {
+  ASSIGN_OR_RETURN(Plan plan, serialization::load_plan(args.plan));
+  if (!plan.pipeline)
+    return invalid_argument(args.plan, ": not a pipeline plan (compile it with --mesh 1x1xP)");
+  partitioner::ClusterSpec cluster;
+  if (args.cluster.empty()) {
+    ASSIGN_OR_RETURN(cluster, partitioner::parse_cluster(plan.pipeline->cluster_json, args.plan));
+  } else {
+    ASSIGN_OR_RETURN(cluster, partitioner::load_cluster(args.cluster));
+  }
+  auto sim = partitioner::simulate_plan(plan, cluster);
+  if (!sim.is_ok()) return sim.status().with_context(args.plan);
+  const serialization::PlanPipeline &p = *plan.pipeline;
+  out << "plan       " << args.plan << " (" << p.stages << " stages x " << p.microbatches
+      << " micro-batches, " << p.schedule << ")\n";
+  out << "cluster    " << cluster.name << (args.cluster.empty() ? " (the plan's own)" : "") << "\n";
+  out << "step       " << format_ms(sim->step_time) << " predicted (the plan says "
+      << format_ms(p.predicted_step_s) << ")\n";
+  const double formula =
+      static_cast<double>(p.stages - 1) / static_cast<double>(p.microbatches + p.stages - 1);
+  out << "bubble     " << format_percent(sim->bubble)
+      << " ((p-1)/(m+p-1) = " << format_percent(formula) << ")\n";
+  out << "device         busy          idle\n";
+  for (size_t d = 0; d < sim->busy.size(); ++d)
+    out << pad(std::to_string(d), 6) << pad(format_ms(sim->busy[d]), 14)
+        << pad(format_ms(sim->step_time - sim->busy[d]), 14) << "\n";
+  if (!args.trace.empty()) {
+    RETURN_IF_ERROR(
+        write_text(args.trace, partitioner::chrome_trace(plan.graph, plan.programs,
+                                                         simulation_spans(*sim), p.microbatches)));
+    out << "trace      " << args.trace << " (predicted; open in ui.perfetto.dev)\n";
+  }
+  return Status::ok();
+}
 
 Status compile_command(const CompileArgs &args, std::ostream &out) {
   ASSIGN_OR_RETURN(Graph forward, load_model_file(args.model));
@@ -121,6 +368,12 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
 
   Plan plan;
   std::string options_text;
+  const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
+                         !args.stage_boundaries.empty() || args.profile;
+  if (pipelined && !args.train)
+    return invalid_argument(
+        "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "
+        "pipeline training plan; add --train");
   if (args.train) {
     passes::TrainingOptions options;
     options.loss = args.loss;
@@ -129,15 +382,27 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
     if (!spec.is_ok())
       return spec.status().with_context(str_cat("--optimizer '", args.optimizer, "'"));
     options.optimizer = *spec;
-    auto training = passes::make_training_graph(forward, options);
-    if (!training.is_ok()) return training.status().with_context(args.model);
-    if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
-    options_text = "mode=train\n" + options.to_string();
-    plan.mode = Plan::Mode::kTrain;
-    plan.graph = std::move(training).value();
-    plan.loss = "loss";
-    plan.loss_kind = options.loss;
-    plan.optimizer = options.optimizer.to_string();
+    if (pipelined) {
+      ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
+      auto compiled = partitioner::compile_pipeline(forward, options, pipeline);
+      if (!compiled.is_ok()) return compiled.status().with_context(args.model);
+      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
+      options_text = "mode=train\n" + options.to_string() + pipeline_options_text(*compiled);
+      plan = std::move(compiled).value();
+      if (args.profile)
+        out << "profiled     node times measured on this CPU (one GEMM thread) balance the "
+               "stages and predict the step\n";
+    } else {
+      auto training = passes::make_training_graph(forward, options);
+      if (!training.is_ok()) return training.status().with_context(args.model);
+      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
+      options_text = "mode=train\n" + options.to_string();
+      plan.mode = Plan::Mode::kTrain;
+      plan.graph = std::move(training).value();
+      plan.loss = "loss";
+      plan.loss_kind = options.loss;
+      plan.optimizer = options.optimizer.to_string();
+    }
   } else {
     if (!args.output_tensor.empty())
       return invalid_argument("--output selects the tensor a loss reads; it needs --train");
@@ -148,12 +413,18 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   plan.model_fingerprint = serialization::sha256_hex(*model_bytes);
   plan.fingerprint = serialization::plan_fingerprint(*model_bytes, options_text);
 
-  auto order = plan.graph.topological_order();
-  if (!order.is_ok()) return order.status().with_context(args.model);
-  auto memory = passes::plan_memory(plan.graph, *order);
-  if (!memory.is_ok()) return memory.status().with_context(args.model);
-  plan.devices.push_back({0, "cpu"});
-  plan.programs.push_back({0, std::move(order).value(), memory->arena_bytes, memory->offsets});
+  if (!plan.pipeline) {
+    auto order = plan.graph.topological_order();
+    if (!order.is_ok()) return order.status().with_context(args.model);
+    auto memory = passes::plan_memory(plan.graph, *order);
+    if (!memory.is_ok()) return memory.status().with_context(args.model);
+    plan.devices.push_back({0, "cpu"});
+    serialization::PlanProgram program;
+    program.order = std::move(order).value();
+    program.arena_bytes = memory->arena_bytes;
+    program.offsets = memory->offsets;
+    plan.programs.push_back(std::move(program));
+  }
 
   RETURN_IF_ERROR(serialization::save_plan(plan, args.out));
   out << "wrote " << args.out << "\n";
@@ -169,9 +440,25 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
     out << text;
     return Status::ok();
   }
+  if (args.format == "trace" || args.format == "dot") {
+    if (!plan.pipeline)
+      return invalid_argument("--format ", args.format,
+                              " shows a pipeline plan's stages; this plan has one device (compile "
+                              "with --mesh 1x1xP)");
+    ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
+                     partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
+    if (args.format == "dot") {
+      out << stage_dot(plan);
+      return Status::ok();
+    }
+    ASSIGN_OR_RETURN(partitioner::Simulation sim, partitioner::simulate_plan(plan, cluster));
+    out << partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
+                                     plan.pipeline->microbatches);
+    return Status::ok();
+  }
   if (args.format != "text")
     return invalid_argument("--format ", args.format,
-                            " is for models; a plan prints as text or json");
+                            " is for models; a plan prints as text, json, dot or trace");
   out << "plan         " << args.path << "\n";
   print_plan_summary(plan, out);
   return Status::ok();
@@ -195,23 +482,50 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
+  if (!args.trace.empty() && !plan.pipeline)
+    return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
+                            "(compile with --mesh 1x1xP)");
+  if (!(args.timeout_s > 0) || args.timeout_s > 86400)
+    return invalid_argument("--timeout must be between 0 and 86400 seconds, got ", args.timeout_s);
+  const int64_t microbatches = plan.pipeline ? plan.pipeline->microbatches : 1;
   runtime::Dataset data;
   if (!args.data.empty()) {
-    ASSIGN_OR_RETURN(data, runtime::load_dataset(plan.graph, args.data));
+    ASSIGN_OR_RETURN(data, runtime::load_dataset(plan.graph, args.data, microbatches));
   } else {
-    data = runtime::synthetic_dataset(plan.graph, args.seed);
+    data = runtime::synthetic_dataset(plan.graph, args.seed, 8, microbatches);
   }
   runtime::TrainerOptions options;
   options.model_dir = folder_of(args.model);
   options.fingerprint = plan.fingerprint;
   std::string model_name = plan.graph.name();
-  auto created =
-      runtime::Trainer::create(std::move(plan.graph), plan.loss, std::move(data), options);
+  runtime::PipelineRunner *pipeline = nullptr;
+  std::unique_ptr<runtime::StepRunner> runner;
+  if (plan.pipeline) {
+    runtime::PipelineRunnerOptions pipeline_options;
+    pipeline_options.model_dir = options.model_dir;
+    pipeline_options.trace = !args.trace.empty();
+    pipeline_options.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
+    auto created = runtime::PipelineRunner::create(plan, pipeline_options);
+    if (!created.is_ok()) return created.status().with_context(args.model);
+    pipeline = created->get();
+    runner = std::move(created).value();
+  } else {
+    runtime::ExecutorOptions executor_options;
+    executor_options.model_dir = options.model_dir;
+    auto created = runtime::CpuExecutor::create(std::move(plan.graph), executor_options);
+    if (!created.is_ok()) return created.status().with_context(args.model);
+    runner = std::move(created).value();
+  }
+  auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data), options);
   if (!created.is_ok()) return created.status().with_context(args.model);
   runtime::Trainer &trainer = **created;
 
   out << "plan       " << args.model << " (train " << (model_name.empty() ? "model" : model_name)
       << ", " << plan.loss_kind << ", " << plan.optimizer << ")\n";
+  if (plan.pipeline)
+    out << "pipeline   " << plan.pipeline->stages << " stages x " << plan.pipeline->microbatches
+        << " micro-batches (" << plan.pipeline->schedule << "), one CPU thread per device\n";
   out << "data       " << trainer.data().description << "\n";
   if (!args.resume.empty()) {
     RETURN_IF_ERROR(trainer.restore_checkpoint(args.resume));
@@ -259,6 +573,11 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   }
   double elapsed = seconds();
   int64_t ran = trainer.step() - first_step;
+  if (pipeline != nullptr && !args.trace.empty()) {
+    RETURN_IF_ERROR(write_text(args.trace, pipeline->trace_json()));
+    out << "trace      " << args.trace << " (" << ran << " step" << (ran == 1 ? "" : "s")
+        << "; open in ui.perfetto.dev or chrome://tracing)\n";
+  }
   out << "done       " << ran << " step" << (ran == 1 ? "" : "s") << " in "
       << format_seconds(elapsed) << " s (" << format_rate(static_cast<double>(ran), elapsed)
       << " steps/s); loss " << format_loss(first_loss) << " -> " << format_loss(last_loss) << "\n";

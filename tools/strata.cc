@@ -224,8 +224,9 @@ void add_inspect(CLI::App &app, Action &action) {
   sub->add_option("FILE", args.path, "model (.strata, .json) or plan (.splan, .splan.json)")
       ->required();
   sub->add_option("--format", args.format,
-                  "text (for people), json (for scripts) or dot (Graphviz)")
-      ->check(CLI::IsMember({"text", "json", "dot"}))
+                  "text (for people), json (for scripts) or dot (Graphviz); for a pipeline "
+                  "plan also trace (the predicted schedule as a Chrome / Perfetto trace)")
+      ->check(CLI::IsMember({"text", "json", "dot", "trace"}))
       ->capture_default_str();
   CLI::Option *all = sub->add_flag("--all", args.all_nodes, "list every node in the text form");
   sub->add_option("--nodes", args.max_nodes, "rows of the per-node table in the text form")
@@ -239,7 +240,8 @@ void add_inspect(CLI::App &app, Action &action) {
               "  strata inspect gpt.strata --format json | jq .flops\n"
               "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
               "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
-              "  strata inspect train.splan --format json # the plan's JSON form");
+              "  strata inspect train.splan --format json # the plan's JSON form\n"
+              "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule");
   sub->callback([&action] {
     action = []() -> Status {
       if (out_path.empty()) return inspect_command(args, std::cout);
@@ -300,6 +302,12 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
       ->check(at_least(1))
       ->capture_default_str();
+  sub->add_option("--trace", args.trace,
+                  "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
+      ->type_name("FILE");
+  sub->add_option("--timeout", args.timeout_s,
+                  "pipeline plan: seconds any device waits for another before the run fails")
+      ->capture_default_str();
   sub->footer("Without --input, floating inputs are drawn from normal(0, 1) and index inputs\n"
               "(e.g. token ids) from the range they index. Prints the median and minimum time\n"
               "per run, the planned activation memory, and a checksum of each output.\n\n"
@@ -345,6 +353,37 @@ void add_compile(CLI::App &app, Action &action) {
   sub->add_option("-o", args.out, "plan file to write: .splan (binary) or .splan.json (text)")
       ->required()
       ->type_name("FILE");
+  sub->add_option("--mesh", args.mesh,
+                  "device mesh DPxTPxPP; 1x1xP splits the model into P pipeline stages, one "
+                  "device each")
+      ->needs(train)
+      ->type_name("DPxTPxPP");
+  sub->add_option("--microbatches", args.microbatches,
+                  "split each batch into M micro-batches (M divides the batch); gradients are "
+                  "averaged, one optimizer step per batch (default 1)")
+      ->needs(train)
+      ->check(at_least(1))
+      ->type_name("M");
+  sub->add_option("--schedule", args.schedule,
+                  "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b "
+                  "(PipeDream-Flush: less activation memory, same result)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->needs(train)
+      ->capture_default_str();
+  sub->add_option("--cluster", args.cluster,
+                  "cluster spec (JSON; see examples/clusters/, `strata calibrate`) the stages are "
+                  "balanced and the step predicted for (default: a CPU with one device per stage)")
+      ->needs(train)
+      ->type_name("FILE");
+  sub->add_option("--stage-boundaries", args.stage_boundaries,
+                  "instead of searching, cut after these forward nodes (P-1 names, comma "
+                  "separated, in order)")
+      ->needs(train)
+      ->delimiter(',')
+      ->type_name("NODE,...");
+  sub->add_flag("--profile", args.profile,
+                "time every node of the training step on this CPU and balance and predict with "
+                "those times instead of the cluster's roofline");
   sub->footer(
       "A training plan adds an input 'labels' (i64, the output's shape without its last\n"
       "dim; softmax_cross_entropy) or 'targets' (the output's type; mse), the scalar\n"
@@ -360,8 +399,40 @@ void add_compile(CLI::App &app, Action &action) {
       "      -o train.splan\n"
       "  strata compile mlp.strata --train --loss mse --optimizer adam:lr=1e-3 -o reg.splan\n"
       "  strata compile mlp.strata -o infer.splan     # inference plan\n"
-      "  strata run train.splan --steps 100");
+      "  strata run train.splan --steps 100\n\n"
+      "Pipeline parallelism: --mesh 1x1xP cuts the forward graph into P stages of about\n"
+      "equal predicted time (the backward and optimizer work follows its forward node),\n"
+      "inserts the sends and receives between stages, schedules M micro-batches with\n"
+      "GPipe or 1F1B, plans each device's memory and checks the programs for deadlocks.\n"
+      "The result trains to the same weights as one device (see docs/architecture.md).\n"
+      "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 --schedule 1f1b \\\n"
+      "      --cluster examples/clusters/cpu-dev.json -o pp.splan\n"
+      "  strata inspect pp.splan                        # stages, memory, predicted bubble\n"
+      "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
+}
+
+// ---------------------------------------------------------------------------
+// simulate
+
+void add_simulate(CLI::App &app, Action &action) {
+  static SimulateArgs args;
+  CLI::App *sub = app.add_subcommand(
+      "simulate", "Predict a pipeline plan's step time and bubble on another cluster");
+  sub->add_option("PLAN", args.plan, "pipeline plan (.splan, .splan.json)")->required();
+  sub->add_option("--cluster", args.cluster,
+                  "cluster spec JSON (default: the one the plan was compiled for)")
+      ->type_name("FILE");
+  sub->add_option("--trace", args.trace, "write the predicted schedule as a Chrome trace")
+      ->type_name("FILE");
+  sub->footer("Every device's program is replayed against the others: computation takes its\n"
+              "roofline time on the cluster's device, a transfer the link's latency plus\n"
+              "bytes / bandwidth, and a receive waits for its send. The stages stay as\n"
+              "compiled; recompile to rebalance them for the new cluster.\n\n"
+              "Examples:\n"
+              "  strata simulate pp.splan --cluster examples/clusters/h100-8x-nvlink.json\n"
+              "  strata simulate pp.splan --trace predicted.json");
+  sub->callback([&action] { action = [] { return simulate_command(args, std::cout); }; });
 }
 
 // ---------------------------------------------------------------------------
@@ -432,7 +503,9 @@ int main(int argc, char **argv) {
              "  strata run gpt.strata --output logits.npy              # run it on the CPU\n"
              "  strata convert gpt.strata -o gpt.json                  # readable form\n"
              "  strata compile gpt.strata --train --optimizer adamw:lr=1e-3 -o t.splan\n"
-             "  strata run t.splan --steps 30                          # train it\n\n"
+             "  strata run t.splan --steps 30                          # train it\n"
+             "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 -o pp.splan\n"
+             "  strata run pp.splan --steps 5 --trace t.json           # 4-stage pipeline\n\n"
              "Run `strata <command> --help` for a command's options.");
 
   Action action;
@@ -441,6 +514,7 @@ int main(int argc, char **argv) {
   add_inspect(app, action);
   add_compile(app, action);
   add_run(app, action);
+  add_simulate(app, action);
   add_ops(app, action);
   add_calibrate(app, action);
 

@@ -246,6 +246,8 @@ TEST_F(CliTest, HelpForEverySubcommand) {
       {"convert", "--help"},
       {"inspect", "--help"},
       {"run", "--help"},
+      {"compile", "--help"},
+      {"simulate", "--help"},
       {"ops", "--help"},
   };
   for (const auto &args : commands) {
@@ -538,6 +540,83 @@ TEST_F(CliTest, GptTrainingFromTheIssue) {
     last += losses[losses.size() - 8 + i];
   }
   EXPECT_LT(last, first) << run.out;
+}
+
+// The issue's pipeline walk-through, small: compile a 4-stage 1F1B plan,
+// inspect it, train it on 4 device threads with a trace, re-predict it for
+// another cluster; the losses equal the single-device plan's with the same
+// micro-batches.
+TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "8",
+                    "--vocab", "64", "--batch", "8", "-o", "m.strata"})
+                .code,
+            0);
+  Outcome compile =
+      strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3", "--mesh", "1x1x4",
+              "--microbatches", "8", "--schedule", "1f1b", "-o", "pp.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  EXPECT_NE(compile.out.find("pipeline     4 stages x 8 micro-batches, schedule 1f1b"),
+            std::string::npos)
+      << compile.out;
+  Outcome inspect = strata({"inspect", "pp.splan"});
+  ASSERT_EQ(inspect.code, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find("predicted    step"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("(p-1)/(m+p-1) = 27.3%"), std::string::npos) << inspect.out;
+  for (const char *stage : {"\n    0 ", "\n    1 ", "\n    2 ", "\n    3 "})
+    EXPECT_NE(inspect.out.find(stage), std::string::npos) << stage << inspect.out;
+
+  Outcome dot = strata({"inspect", "pp.splan", "--format", "dot"});
+  ASSERT_EQ(dot.code, 0) << dot.err;
+  EXPECT_NE(dot.out.find("stage2 -> stage3"), std::string::npos) << dot.out;
+  Outcome predicted = strata({"inspect", "pp.splan", "--format", "trace", "-o", "predicted.json"});
+  ASSERT_EQ(predicted.code, 0) << predicted.err;
+  EXPECT_NE(read_file(path("predicted.json")).find("\"name\": \"B7\""), std::string::npos);
+
+  Outcome run = strata({"run", "pp.splan", "--steps", "3", "--trace", "t.json"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(printed_losses(run.out).size(), 3u) << run.out;
+  const std::string trace = read_file(path("t.json"));
+  EXPECT_NE(trace.find("device 3 (stage 3)"), std::string::npos);
+  EXPECT_NE(trace.find("\"name\": \"F7\""), std::string::npos);
+
+  // The same micro-batches on one device: the same losses, bitwise (printed).
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
+                    "--microbatches", "8", "-o", "one.splan"})
+                .code,
+            0);
+  Outcome one = strata({"run", "one.splan", "--steps", "3"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(printed_losses(one.out), printed_losses(run.out)) << one.out << run.out;
+
+  const char *source = std::getenv("STRATA_SOURCE_ROOT");
+  if (source == nullptr) GTEST_SKIP() << "STRATA_SOURCE_ROOT is not set (run through meson test)";
+  Outcome simulate =
+      strata({"simulate", "pp.splan", "--cluster",
+              (fs::path(source) / "examples" / "clusters" / "h100-8x-nvlink.json").string()});
+  ASSERT_EQ(simulate.code, 0) << simulate.err;
+  EXPECT_NE(simulate.out.find("cluster    h100-8x-nvlink"), std::string::npos) << simulate.out;
+  EXPECT_NE(simulate.out.find("bubble"), std::string::npos) << simulate.out;
+}
+
+TEST_F(CliTest, PipelineOptionErrors) {
+  ASSERT_EQ(strata({"zoo", "mlp", "--batch", "6", "-o", "m.strata"}).code, 0);
+  expect_one_line_error(strata({"compile", "m.strata", "--mesh", "1x1x2", "-o", "p.splan"}),
+                        "--mesh");
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--mesh", "2x1x2", "-o", "p.splan"}),
+      "data and tensor parallelism are not built yet");
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--mesh", "1x1", "-o", "p.splan"}), "DPxTPxPP");
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--microbatches", "4", "-o", "p.splan"}),
+      "input 'x' has batch 6, which 4 micro-batches do not divide");
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2",
+                                "--stage-boundaries", "no_such_node", "-o", "p.splan"}),
+                        "no_such_node");
+  EXPECT_FALSE(fs::exists(path("p.splan")));
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
+  expect_one_line_error(strata({"run", "t.splan", "--trace", "t.json"}), "--trace");
+  expect_one_line_error(strata({"simulate", "t.splan"}), "not a pipeline plan");
 }
 
 } // namespace
