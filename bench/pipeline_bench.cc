@@ -1,0 +1,185 @@
+// Pipeline benchmark: measured bubble against (p-1)/(m+p-1), and predicted
+// against measured step time, for a GPT on P CPU device threads.
+//
+// For each P in {2, 4} and M in {4, 8, 16} the GPT is compiled to a 1F1B
+// pipeline plan and trained for a few steps with tracing on. From the trace:
+//   step time  wall time of a step (first instruction start to last end)
+//   busy       per device, the time in its own instructions (not in receives)
+//   bubble     1 - sum(busy) / (P * step time)
+// Predictions come from the simulator (partitioner/pipeline.h) twice:
+//   roofline   node times from the cost model on the cluster spec given
+//              (--cluster, e.g. from `strata calibrate`)
+//   profiled   node times measured once on one device (the P = 1 plan with the
+//              same M), the way a real search would profile ops: this isolates
+//              the schedule simulation from the per-op cost model.
+// Prints one markdown table row per configuration.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ops/kernels/cpu/gemm.h"
+#include "partitioner/compile_pipeline.h"
+#include "runtime/pipeline_runner.h"
+#include "runtime/trainer.h"
+#include "tools/zoo.h"
+
+namespace strata {
+namespace {
+
+struct Measured {
+  double step = 0;               // median step seconds
+  double bubble = 0;             // median bubble
+  std::vector<double> node_time; // per node: median seconds of one compute (profiling)
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps) {
+  runtime::PipelineRunnerOptions options;
+  options.trace = true;
+  ASSIGN_OR_RETURN(auto runner, runtime::PipelineRunner::create(plan, options));
+  const int M = plan.pipeline->microbatches;
+  auto data = runtime::synthetic_dataset(plan.graph, 0, 1, M);
+  std::vector<HostTensor> outputs;
+  for (int s = 0; s < warmup + steps; ++s)
+    RETURN_IF_ERROR(runner->run(data.batches[0], &outputs));
+  const auto &spans = runner->spans();
+  const int P = runner->num_devices();
+  Measured m;
+  std::vector<double> step_times, bubbles;
+  std::map<NodeId, std::vector<double>> node_samples;
+  for (int64_t step = warmup + 1; step <= warmup + steps; ++step) {
+    double start = 1e300, end = 0, busy = 0;
+    for (int d = 0; d < P; ++d)
+      for (const auto &span : spans[static_cast<size_t>(d)]) {
+        if (span.step != step) continue;
+        start = std::min(start, span.start_s);
+        end = std::max(end, span.end_s);
+        const auto &instr = plan.programs[static_cast<size_t>(d)].instructions[span.instruction];
+        if (instr.kind != serialization::InstrKind::kRecv) busy += span.end_s - span.start_s;
+        if (instr.kind == serialization::InstrKind::kCompute)
+          node_samples[instr.index].push_back(span.end_s - span.start_s);
+      }
+    step_times.push_back(end - start);
+    bubbles.push_back(1.0 - busy / (P * (end - start)));
+  }
+  m.step = median(step_times);
+  m.bubble = median(bubbles);
+  m.node_time.assign(plan.graph.num_nodes(), 0.0);
+  for (auto &[node, samples] : node_samples)
+    m.node_time[node] = median(samples);
+  return m;
+}
+
+int run(int argc, char **argv) {
+  std::string cluster_path;
+  int layers = 8, hidden = 128, seq = 64, batch = 32, steps = 5;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (arg == "--cluster")
+      cluster_path = next();
+    else if (arg == "--layers")
+      layers = std::stoi(next());
+    else if (arg == "--hidden")
+      hidden = std::stoi(next());
+    else if (arg == "--seq")
+      seq = std::stoi(next());
+    else if (arg == "--batch")
+      batch = std::stoi(next());
+    else if (arg == "--steps")
+      steps = std::stoi(next());
+    else {
+      std::fprintf(stderr, "usage: pipeline_bench [--cluster spec.json] [--layers N] [--hidden H] "
+                           "[--seq S] [--batch B] [--steps N]\n");
+      return 2;
+    }
+  }
+  partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(4);
+  if (!cluster_path.empty()) {
+    auto loaded = partitioner::load_cluster(cluster_path);
+    if (!loaded.is_ok()) {
+      std::fprintf(stderr, "%s\n", loaded.status().message().c_str());
+      return 1;
+    }
+    cluster = *loaded;
+  }
+  zoo::GptOptions o;
+  o.layers = layers;
+  o.hidden = hidden;
+  o.heads = 4;
+  o.seq = seq;
+  o.vocab = 512;
+  o.batch = batch;
+  const Graph forward = *zoo::make_gpt(o);
+  passes::TrainingOptions training;
+  training.optimizer = *passes::parse_optimizer("adamw:lr=1e-3");
+  ops::cpu::set_gemm_num_threads(1);
+
+  std::printf("GPT layers %d hidden %d seq %d batch %d, AdamW, 1F1B, one GEMM thread per "
+              "device, cluster '%s', %d steps (median) after 2 warm-up\n\n",
+              layers, hidden, seq, batch, cluster.name.c_str(), steps);
+  std::printf("| P | M | step ms (measured) | bubble measured | (p-1)/(m+p-1) | diff (points) | "
+              "predicted ms (profiled) | error | predicted ms (roofline) | error |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int M : {4, 8, 16}) {
+    partitioner::PipelineCompileOptions one;
+    one.stages = 1;
+    one.microbatches = M;
+    one.cluster = cluster;
+    auto profile_plan = partitioner::compile_pipeline(forward, training, one);
+    if (!profile_plan.is_ok()) {
+      std::fprintf(stderr, "%s\n", profile_plan.status().message().c_str());
+      return 1;
+    }
+    auto profile = measure(*profile_plan, 2, steps);
+    if (!profile.is_ok()) {
+      std::fprintf(stderr, "%s\n", profile.status().message().c_str());
+      return 1;
+    }
+    for (int P : {2, 4}) {
+      partitioner::PipelineCompileOptions options;
+      options.stages = P;
+      options.microbatches = M;
+      options.cluster = cluster;
+      auto plan = partitioner::compile_pipeline(forward, training, options);
+      if (!plan.is_ok()) {
+        std::fprintf(stderr, "%s\n", plan.status().message().c_str());
+        return 1;
+      }
+      auto measured = measure(*plan, 2, steps);
+      if (!measured.is_ok()) {
+        std::fprintf(stderr, "%s\n", measured.status().message().c_str());
+        return 1;
+      }
+      // The plan's graph is the same micro-batch graph as the profile's.
+      partitioner::SimulationCosts costs = partitioner::cluster_costs(plan->graph, cluster);
+      std::vector<double> node_time = profile->node_time;
+      costs.compute = [node_time](NodeId id) { return node_time[id]; };
+      auto profiled = partitioner::simulate_pipeline(plan->graph, plan->programs, costs);
+      const double formula = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
+      const double roofline = plan->pipeline->predicted_step_s;
+      const double predicted = profiled.is_ok() ? profiled->step_time : 0;
+      std::printf(
+          "| %d | %d | %.2f | %.1f%% | %.1f%% | %+.1f | %.2f | %+.1f%% | %.2f | %+.1f%% |\n", P, M,
+          measured->step * 1e3, measured->bubble * 100, formula * 100,
+          (measured->bubble - formula) * 100, predicted * 1e3,
+          (predicted / measured->step - 1) * 100, roofline * 1e3,
+          (roofline / measured->step - 1) * 100);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+} // namespace
+} // namespace strata
+
+int main(int argc, char **argv) { return strata::run(argc, argv); }
