@@ -6,12 +6,12 @@
 //   step time  wall time of a step (first instruction start to last end)
 //   busy       per device, the time in its own instructions (not in receives)
 //   bubble     1 - sum(busy) / (P * step time)
-// Predictions come from the simulator (partitioner/pipeline.h) twice:
-//   roofline   node times from the cost model on the cluster spec given
-//              (--cluster, e.g. from `strata calibrate`)
-//   profiled   node times measured once on one device (the P = 1 plan with the
-//              same M), the way a real search would profile ops: this isolates
-//              the schedule simulation from the per-op cost model.
+// Plans are compiled as `strata compile --profile` does: every node of the
+// training step is timed once on one device, and those times balance the stages
+// and predict the step (the plan's own prediction, "profiled"). The same
+// programs are also predicted from the roofline of the cluster spec given
+// (--cluster, e.g. from `strata calibrate`), which shows how far the analytic
+// per-op model is from these small CPU kernels.
 // Prints one markdown table row per configuration.
 #include <algorithm>
 #include <cstdio>
@@ -30,9 +30,8 @@ namespace strata {
 namespace {
 
 struct Measured {
-  double step = 0;               // median step seconds
-  double bubble = 0;             // median bubble
-  std::vector<double> node_time; // per node: median seconds of one compute (profiling)
+  double step = 0;   // median step seconds
+  double bubble = 0; // median bubble
 };
 
 double median(std::vector<double> v) {
@@ -54,7 +53,6 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
   const int P = runner->num_devices();
   Measured m;
   std::vector<double> step_times, bubbles;
-  std::map<NodeId, std::vector<double>> node_samples;
   for (int64_t step = warmup + 1; step <= warmup + steps; ++step) {
     double start = 1e300, end = 0, busy = 0;
     for (int d = 0; d < P; ++d)
@@ -64,17 +62,12 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
         end = std::max(end, span.end_s);
         const auto &instr = plan.programs[static_cast<size_t>(d)].instructions[span.instruction];
         if (instr.kind != serialization::InstrKind::kRecv) busy += span.end_s - span.start_s;
-        if (instr.kind == serialization::InstrKind::kCompute)
-          node_samples[instr.index].push_back(span.end_s - span.start_s);
       }
     step_times.push_back(end - start);
     bubbles.push_back(1.0 - busy / (P * (end - start)));
   }
   m.step = median(step_times);
   m.bubble = median(bubbles);
-  m.node_time.assign(plan.graph.num_nodes(), 0.0);
-  for (auto &[node, samples] : node_samples)
-    m.node_time[node] = median(samples);
   return m;
 }
 
@@ -127,28 +120,24 @@ int run(int argc, char **argv) {
               "device, cluster '%s', %d steps (median) after 2 warm-up\n\n",
               layers, hidden, seq, batch, cluster.name.c_str(), steps);
   std::printf("| P | M | step ms (measured) | bubble measured | (p-1)/(m+p-1) | diff (points) | "
-              "predicted ms (profiled) | error | predicted ms (roofline) | error |\n");
+              "predicted ms (plan, --profile) | error | predicted ms (roofline) | error |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  // What `strata compile --profile` does: time every node of the training step
+  // on one device (one GEMM thread), balance and predict with those times.
+  auto profile = [](const Graph &graph) -> Result<std::vector<double>> {
+    std::vector<HostTensor> inputs = runtime::random_inputs(graph, 0);
+    ASSIGN_OR_RETURN(auto executor, runtime::CpuExecutor::create(graph));
+    auto seconds = executor->profile(inputs, 1);
+    if (seconds.is_ok()) seconds = executor->profile(inputs, 5);
+    return seconds;
+  };
   for (int M : {4, 8, 16}) {
-    partitioner::PipelineCompileOptions one;
-    one.stages = 1;
-    one.microbatches = M;
-    one.cluster = cluster;
-    auto profile_plan = partitioner::compile_pipeline(forward, training, one);
-    if (!profile_plan.is_ok()) {
-      std::fprintf(stderr, "%s\n", profile_plan.status().message().c_str());
-      return 1;
-    }
-    auto profile = measure(*profile_plan, 2, steps);
-    if (!profile.is_ok()) {
-      std::fprintf(stderr, "%s\n", profile.status().message().c_str());
-      return 1;
-    }
     for (int P : {2, 4}) {
       partitioner::PipelineCompileOptions options;
       options.stages = P;
       options.microbatches = M;
       options.cluster = cluster;
+      options.profile = profile;
       auto plan = partitioner::compile_pipeline(forward, training, options);
       if (!plan.is_ok()) {
         std::fprintf(stderr, "%s\n", plan.status().message().c_str());
@@ -159,20 +148,17 @@ int run(int argc, char **argv) {
         std::fprintf(stderr, "%s\n", measured.status().message().c_str());
         return 1;
       }
-      // The plan's graph is the same micro-batch graph as the profile's.
-      partitioner::SimulationCosts costs = partitioner::cluster_costs(plan->graph, cluster);
-      std::vector<double> node_time = profile->node_time;
-      costs.compute = [node_time](NodeId id) { return node_time[id]; };
-      auto profiled = partitioner::simulate_pipeline(plan->graph, plan->programs, costs);
+      // The same programs predicted from the cluster's roofline instead.
+      auto roofline = partitioner::simulate_pipeline(
+          plan->graph, plan->programs, partitioner::cluster_costs(plan->graph, cluster));
       const double formula = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
-      const double roofline = plan->pipeline->predicted_step_s;
-      const double predicted = profiled.is_ok() ? profiled->step_time : 0;
+      const double predicted = plan->pipeline->predicted_step_s;
+      const double roof = roofline.is_ok() ? roofline->step_time : 0;
       std::printf(
           "| %d | %d | %.2f | %.1f%% | %.1f%% | %+.1f | %.2f | %+.1f%% | %.2f | %+.1f%% |\n", P, M,
           measured->step * 1e3, measured->bubble * 100, formula * 100,
           (measured->bubble - formula) * 100, predicted * 1e3,
-          (predicted / measured->step - 1) * 100, roofline * 1e3,
-          (roofline / measured->step - 1) * 100);
+          (predicted / measured->step - 1) * 100, roof * 1e3, (roof / measured->step - 1) * 100);
       std::fflush(stdout);
     }
   }

@@ -15,7 +15,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 spec="$(mktemp --suffix=.json)"
 trap 'rm -f "$spec"' EXIT
 "$build/tools/strata" calibrate --devices 4 -o "$spec" >/dev/null
-echo "cores: $(nproc); $(uptime)"
+echo "cores: $(nproc --all); $(uptime)"
 "$build/bench/pipeline_bench" --cluster "$spec"
 echo
 uptime
