@@ -151,10 +151,10 @@ Result<StepPhases> analyze_phases(const Graph &graph, int microbatches) {
   }
   for (TensorId id = 0; id < graph.num_tensors(); ++id) {
     if (!accumulated[id]) continue;
-    if (!is_floating(graph.tensor(id).type.dtype))
+    if (microbatches > 1 && graph.tensor(id).type.dtype != DType::kF32)
       return invalid_argument("'", graph.tensor(id).name, "' (", graph.tensor(id).type.to_string(),
                               ") is computed per micro-batch and read once per step, but only "
-                              "floating-point tensors can be averaged over micro-batches");
+                              "f32 tensors are averaged over micro-batches so far");
     phases.accumulated.push_back(id);
   }
   return phases;
@@ -180,7 +180,8 @@ public:
     program_.instructions.push_back({InstrKind::kCompute, mb, node, -1});
   }
   void send(TensorId tensor, int32_t mb, int peer) {
-    program_.instructions.push_back({InstrKind::kSend, mb, tensor, peer});
+    if (sent_.insert({tensor, mb, peer}).second)
+      program_.instructions.push_back({InstrKind::kSend, mb, tensor, peer});
   }
   void recv(TensorId tensor, int32_t mb, int peer) {
     if (have_.insert({tensor, mb}).second)
@@ -196,7 +197,8 @@ private:
   const std::vector<int> &node_stage_;
   const std::vector<NodeId> &producer_;
   const int stage_;
-  std::set<std::pair<TensorId, int32_t>> have_; // buffers received so far
+  std::set<std::pair<TensorId, int32_t>> have_;       // buffers received so far
+  std::set<std::tuple<TensorId, int32_t, int>> sent_; // (buffer, peer) sent so far
   PlanProgram program_;
 };
 
@@ -321,6 +323,27 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     }
   }
 
+  for (const StateUpdate &update : graph.updates())
+    if (producer[update.value] == kNoNode)
+      return invalid_argument("the state update of '", graph.tensor(update.target).name,
+                              "' assigns '", graph.tensor(update.value).name,
+                              "', which no node computes; pipeline plans need a node to "
+                              "produce every new value");
+  // A parameter or state tensor nothing reads is still part of the model (and of
+  // its checkpoints): the stage that computes its new value keeps it, else stage 0.
+  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+    const TensorKind kind = graph.tensor(id).kind;
+    if (kind != TensorKind::kParameter && kind != TensorKind::kState) continue;
+    bool held = false;
+    for (const auto &h : holds)
+      held = held || h.contains(id);
+    if (held) continue;
+    int owner = 0;
+    for (const StateUpdate &update : graph.updates())
+      if (update.target == id) owner = node_stage[producer[update.value]];
+    holds[static_cast<size_t>(owner)].insert(id);
+  }
+
   std::vector<PlanProgram> programs;
   for (int s = 0; s < P; ++s) {
     ProgramBuilder b(graph, node_stage, producer, s);
@@ -423,6 +446,10 @@ SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
 Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanProgram> &programs,
                                      const SimulationCosts &costs) {
   const size_t P = programs.size();
+  for (size_t d = 0; d < P; ++d)
+    if (programs[d].device != d)
+      return invalid_argument("program ", d, " is for device ", programs[d].device,
+                              "; programs must be listed in device order");
   Simulation sim;
   sim.devices.resize(P);
   sim.busy.assign(P, 0.0);
@@ -482,8 +509,25 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
     }
   }
 
-  // Deadlock: name the first stuck receive and what its peer is doing.
-  for (size_t d = 0; d < P; ++d) {
+  // Deadlock: follow the chain of waits from the first stuck device (device d
+  // waits for its receive's peer, which may itself wait for another) to its end:
+  // a peer that never sends, or the first device seen twice (a cycle). Report
+  // the last receive of the chain and what its peer is doing.
+  size_t first_stuck = P;
+  for (size_t d = 0; d < P && first_stuck == P; ++d)
+    if (pc[d] < programs[d].instructions.size()) first_stuck = d;
+  if (first_stuck < P) {
+    std::vector<bool> seen(P, false);
+    size_t d = first_stuck;
+    while (true) {
+      seen[d] = true;
+      const auto next = static_cast<size_t>(programs[d].instructions[pc[d]].peer);
+      if (next >= P || pc[next] >= programs[next].instructions.size() || seen[next]) break;
+      d = next;
+    }
+    first_stuck = d;
+  }
+  for (size_t d = first_stuck; d < P; ++d) {
     if (pc[d] == programs[d].instructions.size()) continue;
     const PlanInstruction &instr = programs[d].instructions[pc[d]];
     size_t stuck = 0;
@@ -597,10 +641,13 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
       std::string this_label = "optimizer";
       const char *this_category = "step";
       if (instr.microbatch >= 0) {
-        bool backward = instr.kind == InstrKind::kAccumulate;
-        if (instr.kind == InstrKind::kCompute && phases.is_ok() &&
-            instr.index < phases->node_phase.size())
-          backward = phases->node_phase[instr.index] == Phase::kBackward;
+        // An accumulation belongs to the block of the node that produced its input.
+        NodeId node = instr.index;
+        if (instr.kind == InstrKind::kAccumulate)
+          node = instr.index < graph.num_tensors() ? graph.tensor(instr.index).producer : kNoNode;
+        bool backward = false;
+        if (phases.is_ok() && node < phases->node_phase.size())
+          backward = phases->node_phase[node] == Phase::kBackward;
         this_label = str_cat(backward ? "B" : "F", instr.microbatch);
         this_category = backward ? "backward" : "forward";
       }

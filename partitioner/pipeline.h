@@ -6,15 +6,15 @@
 // M times per step; nothing is unrolled. An instruction names a node or tensor
 // and a micro-batch, and a device's buffers are keyed by (tensor, micro-batch).
 //
-// The step has two phases (analyze_phases):
-//  - per micro-batch: the forward nodes (the loss and everything it depends on)
-//    and the backward nodes (everything else that depends on the data and is not
-//    optimizer work);
+// The step has three phases (analyze_phases):
+//  - per micro-batch, forward: the loss and everything it depends on;
+//  - per micro-batch, backward: everything else that depends on the data and is
+//    not optimizer work;
 //  - once per step: the optimizer (passes::is_step_op and everything computed
 //    from it) and the nodes that depend on no data at all (the step counter).
 // A tensor computed per micro-batch and read once per step (a gradient, the loss)
-// is accumulated: buffer (t, -1) holds the sum over micro-batches, then is scaled
-// by 1 / M, the mean the full batch would have given (every micro-batch has the
+// is accumulated: buffer (t, -1) holds the sum over micro-batches, then is divided
+// by M, the mean the full batch would have given (every micro-batch has the
 // same size and the loss is a mean).
 //
 // Lowering (lower_pipeline), per device s (= stage s):
@@ -118,6 +118,7 @@ SimulationCosts zero_costs();
 SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster);
 
 // Runs every device's program against the others: a receive waits for its send.
+// programs[i] must be device i's.
 // Errors (also what check_deadlock reports): a receive that can never be matched
 // ("device 1 instruction 12 (recv 'h' mb 3 from device 0) waits forever: device 0
 // ..."), naming both sides and where the other side is stuck or that it never

@@ -60,6 +60,13 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   runner->options_ = options;
   const Graph &g = runner->graph_;
   if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
+  // A plan from a file is checked again: every receive must be matched, in an
+  // order that completes, before any thread waits on one.
+  for (size_t d = 0; d < runner->programs_.size(); ++d)
+    if (runner->programs_[d].device != d)
+      return invalid_argument("pipeline plan: program ", d, " is for device ",
+                              runner->programs_[d].device, "; programs must be in device order");
+  RETURN_IF_ERROR(partitioner::check_deadlock(g, runner->programs_).with_context("pipeline plan"));
 
   std::vector<int64_t> input_index(g.num_tensors(), -1);
   for (size_t k = 0; k < g.inputs().size(); ++k)

@@ -543,8 +543,19 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  // The trace of a failed run is the most useful one: write what was recorded.
+  auto write_trace = [&]() -> Status {
+    if (pipeline == nullptr || args.trace.empty()) return Status::ok();
+    return write_text(args.trace, pipeline->trace_json());
+  };
   while (trainer.step() < args.steps) {
-    ASSIGN_OR_RETURN(double loss, trainer.train_step());
+    auto stepped = trainer.train_step();
+    if (!stepped.is_ok()) {
+      if (write_trace().is_ok() && pipeline != nullptr && !args.trace.empty())
+        return stepped.status().with_context(str_cat("trace of the failed run: ", args.trace));
+      return stepped.status();
+    }
+    const double loss = *stepped;
     const int64_t step = trainer.step();
     if (step == first_step + 1) first_loss = loss;
     last_loss = loss;
@@ -574,7 +585,7 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   double elapsed = seconds();
   int64_t ran = trainer.step() - first_step;
   if (pipeline != nullptr && !args.trace.empty()) {
-    RETURN_IF_ERROR(write_text(args.trace, pipeline->trace_json()));
+    RETURN_IF_ERROR(write_trace());
     out << "trace      " << args.trace << " (" << ran << " step" << (ran == 1 ? "" : "s")
         << "; open in ui.perfetto.dev or chrome://tracing)\n";
   }
