@@ -44,6 +44,8 @@ static_assert(static_cast<uint8_t>(InstrKind::kScale) ==
               static_cast<uint8_t>(fb::InstrKind::Scale));
 static_assert(static_cast<uint8_t>(InstrKind::kUpdate) ==
               static_cast<uint8_t>(fb::InstrKind::Update));
+static_assert(static_cast<uint8_t>(InstrKind::kAllReduce) ==
+              static_cast<uint8_t>(fb::InstrKind::AllReduce));
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -116,9 +118,16 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
     auto node_stage = builder.CreateVector(pp.node_stage);
     auto boundaries = builder.CreateVectorOfStrings(pp.boundaries);
     auto cluster_json = builder.CreateString(pp.cluster_json);
-    pipeline =
-        fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage, boundaries,
-                           cluster_json, pp.predicted_step_s, pp.predicted_bubble);
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Group>>> groups;
+    if (!pp.groups.empty()) {
+      std::vector<flatbuffers::Offset<fb::Group>> entries;
+      for (const auto &group : pp.groups)
+        entries.push_back(fb::CreateGroup(builder, builder.CreateVector(group)));
+      groups = builder.CreateVector(entries);
+    }
+    pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
+                                  boundaries, cluster_json, pp.predicted_step_s,
+                                  pp.predicted_bubble, pp.data_parallel, groups);
   }
   uint32_t version = pipelined ? kPipelinePlanVersion : 1;
   auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
@@ -235,6 +244,18 @@ std::string plan_json_text(const fb::Plan &plan) {
     append_json_string(obj.key("cluster_json"), pipe->cluster_json());
     append_double(obj.key("predicted_step_s"), pipe->predicted_step_s());
     append_double(obj.key("predicted_bubble"), pipe->predicted_bubble());
+    if (pipe->data_parallel() != 1)
+      obj.key("data_parallel") += std::to_string(pipe->data_parallel());
+    if (pipe->groups() != nullptr) {
+      std::string &out = obj.key("groups");
+      out += "[";
+      for (uint32_t i = 0; i < pipe->groups()->size(); ++i) {
+        out += i ? ", {\"devices\": " : "{\"devices\": ";
+        append_number_list(out, pipe->groups()->Get(i)->devices());
+        out += "}";
+      }
+      out += "]";
+    }
     obj.close();
   }
   // The model last: it is the long part.
@@ -271,11 +292,35 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   if (pipe.stages < 1)
     return invalid_argument("field pipeline.stages = ", pipe.stages,
                             "; a pipeline has at least one stage");
-  if (static_cast<size_t>(pipe.stages) != num_devices ||
-      static_cast<size_t>(pipe.stages) != num_programs)
-    return invalid_argument("field pipeline.stages = ", pipe.stages, " but the plan has ",
+  pipe.data_parallel = q.data_parallel();
+  if (pipe.data_parallel < 1 || pipe.data_parallel > 1 << 20)
+    return invalid_argument("field pipeline.data_parallel = ", pipe.data_parallel,
+                            "; expected 1 or more replicas");
+  const int64_t total = int64_t{pipe.stages} * pipe.data_parallel;
+  if (static_cast<size_t>(total) != num_devices || static_cast<size_t>(total) != num_programs)
+    return invalid_argument("field pipeline.stages = ", pipe.stages,
+                            " x data_parallel = ", pipe.data_parallel, " but the plan has ",
                             num_devices, " devices and ", num_programs,
-                            " programs; a pipeline has one stage per device");
+                            " programs; a pipeline has one device per stage and replica");
+  if (q.groups() != nullptr) {
+    for (uint32_t i = 0; i < q.groups()->size(); ++i) {
+      std::vector<int32_t> devices;
+      if (q.groups()->Get(i)->devices() != nullptr)
+        devices = copy_numbers(*q.groups()->Get(i)->devices());
+      if (devices.size() < 2)
+        return invalid_argument("field pipeline.groups[", i, "] has ", devices.size(),
+                                " devices; a group has at least two");
+      for (size_t k = 0; k < devices.size(); ++k) {
+        if (devices[k] < 0 || devices[k] >= total)
+          return out_of_range("field pipeline.groups[", i, "].devices[", k, "] = ", devices[k],
+                              " is not a device 0..", total - 1);
+        if (k > 0 && devices[k] <= devices[k - 1])
+          return invalid_argument("field pipeline.groups[", i,
+                                  "].devices is not strictly increasing");
+      }
+      pipe.groups.push_back(std::move(devices));
+    }
+  }
   pipe.microbatches = q.microbatches();
   if (pipe.microbatches < 1)
     return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
@@ -322,7 +367,8 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
 // of order and offsets. `where` is "field programs[i]"; `program.device` is set.
 Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
                                 const std::string &where, PlanProgram &program) {
-  const int64_t devices = pipe.stages, microbatches = pipe.microbatches;
+  const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel,
+                microbatches = pipe.microbatches;
   const int64_t self = program.device;
   if (self >= devices)
     return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
@@ -358,6 +404,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     case InstrKind::kRecv:
     case InstrKind::kAccumulate:
     case InstrKind::kScale:
+    case InstrKind::kAllReduce:
       if (index >= num_tensors)
         return out_of_range(at, ": ", name, " of tensor ", index,
                             ", which is not a tensor index (the model has ", num_tensors,
@@ -377,9 +424,18 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
       if (peer == self)
         return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
     }
+    if (kind == InstrKind::kAllReduce) {
+      if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
+        return out_of_range(at, ": all-reduce over group ", peer, ", but the pipeline has ",
+                            pipe.groups.size(), " groups");
+      const auto &group = pipe.groups[static_cast<size_t>(peer)];
+      if (std::find(group.begin(), group.end(), self) == group.end())
+        return invalid_argument(at, ": all-reduce over group ", peer,
+                                ", which does not include device ", self);
+    }
     // Compute, send and recv run on a micro-batch or once per step (-1);
     // accumulate adds one micro-batch's buffer.
-    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate) {
+    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && kind != InstrKind::kAllReduce) {
       int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
       if (microbatch < lowest || microbatch >= microbatches)
         return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest,
@@ -625,6 +681,7 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kAccumulate: return "accumulate";
   case InstrKind::kScale: return "scale";
   case InstrKind::kUpdate: return "update";
+  case InstrKind::kAllReduce: return "all-reduce";
   }
   return "unknown";
 }

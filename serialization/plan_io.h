@@ -38,6 +38,7 @@ enum class InstrKind : uint8_t {
   kAccumulate = 3, // buffer (index, -1) = (index, microbatch) if microbatch == 0, else +=
   kScale = 4,      // buffer (index, -1) *= 1 / microbatches (the mean over micro-batches)
   kUpdate = 5,     // apply the graph's state update number `index` on this device
+  kAllReduce = 6,  // sum buffer (index, -1) over the devices of pipeline group `peer`
 };
 std::string_view instr_kind_name(InstrKind kind);
 
@@ -45,7 +46,7 @@ struct PlanInstruction {
   InstrKind kind = InstrKind::kCompute;
   int32_t microbatch = -1;
   uint32_t index = 0; // node (compute), tensor (send, recv, accumulate, scale), update (update)
-  int32_t peer = -1;  // send, recv: the other device; -1 otherwise
+  int32_t peer = -1;  // send, recv: the other device; all-reduce: the group; -1 otherwise
   friend bool operator==(const PlanInstruction &, const PlanInstruction &) = default;
 };
 
@@ -86,6 +87,10 @@ struct PlanPipeline {
   std::string cluster_json;            // the cluster spec the costs were predicted for
   double predicted_step_s = 0;
   double predicted_bubble = 0; // idle fraction of the devices' step time
+  // Data parallelism: device stage * data_parallel + replica runs that replica
+  // of the stage on micro-batches replica * M .. replica * M + M - 1 of the batch.
+  int32_t data_parallel = 1;
+  std::vector<std::vector<int32_t>> groups; // device sets of the all-reduces
   friend bool operator==(const PlanPipeline &, const PlanPipeline &) = default;
 };
 
