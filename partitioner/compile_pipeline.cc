@@ -23,21 +23,26 @@ Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterS
   if (cluster.num_devices() < static_cast<int>(plan.programs.size()))
     return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
                             " devices; the plan needs ", plan.programs.size());
-  return simulate_pipeline(plan.graph, plan.programs, cluster_costs(plan.graph, cluster));
+  return simulate_pipeline(plan.graph, plan.programs, cluster_costs(plan.graph, cluster),
+                           plan.pipeline->groups);
 }
 
 Result<serialization::Plan> compile_pipeline(const Graph &forward,
                                              const passes::TrainingOptions &training,
                                              const PipelineCompileOptions &options) {
-  const int P = options.stages, M = options.microbatches;
+  const int P = options.stages, M = options.microbatches, DP = options.data_parallel;
   if (P < 1) return invalid_argument("--mesh: the pipeline needs at least 1 stage, got ", P);
   if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
-  const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(P);
-  if (cluster.num_devices() < P)
+  if (DP < 1)
+    return invalid_argument("--mesh: data parallelism needs at least 1 replica, got ", DP);
+  const int devices = P * DP;
+  const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
+  if (cluster.num_devices() < devices)
     return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
-                            " devices; a ", P, "-stage pipeline needs ", P);
+                            " devices; ", DP, " replica(s) of a ", P, "-stage pipeline need ",
+                            devices);
 
-  ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, M));
+  ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * DP));
   ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
 
   std::vector<double> measured;
@@ -56,7 +61,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.node_time = [&](const Graph &g, NodeId id) {
     return measured.empty() ? node_time(g, id, cluster.device) : measured[id];
   };
-  const LinkSpec &link = link_between(cluster, 0, P > 1 ? 1 : 0);
+  const LinkSpec &link = link_between(cluster, 0, P > 1 ? DP : 0); // stage 0 to stage 1
   partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
   partition.link_latency = link.latency_s;
   partition.training = true;
@@ -73,18 +78,20 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   PipelineOptions lowering;
   lowering.stages = P;
   lowering.microbatches = M;
+  lowering.data_parallel = DP;
   lowering.schedule = options.schedule;
+  const auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
                    lower_pipeline(graph, placed.node_stage, lowering));
-  RETURN_IF_ERROR(check_deadlock(graph, programs).with_context("check-deadlock"));
-  ASSIGN_OR_RETURN(Simulation sim, simulate_pipeline(graph, programs, costs));
+  RETURN_IF_ERROR(check_deadlock(graph, programs, groups).with_context("check-deadlock"));
+  ASSIGN_OR_RETURN(Simulation sim, simulate_pipeline(graph, programs, costs, groups));
 
   serialization::Plan plan;
   plan.mode = serialization::Plan::Mode::kTrain;
   plan.loss = "loss";
   plan.loss_kind = training.loss;
   plan.optimizer = training.optimizer.to_string();
-  for (int d = 0; d < P; ++d)
+  for (int d = 0; d < devices; ++d)
     plan.devices.push_back({static_cast<uint32_t>(d), "cpu"});
   for (size_t d = 0; d < programs.size(); ++d)
     programs[d].predicted_busy_s = sim.busy[d];
@@ -92,6 +99,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   serialization::PlanPipeline pipeline;
   pipeline.stages = P;
   pipeline.microbatches = M;
+  pipeline.data_parallel = DP;
+  pipeline.groups = groups;
   pipeline.schedule = std::string(schedule_name(options.schedule));
   pipeline.node_stage.assign(placed.node_stage.begin(), placed.node_stage.end());
   pipeline.boundaries = stages.boundaries;

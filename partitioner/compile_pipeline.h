@@ -25,6 +25,9 @@ namespace strata::partitioner {
 struct PipelineCompileOptions {
   int stages = 1;
   int microbatches = 1;
+  // Replicas of every stage (--mesh DPx1xPP): the batch is split over
+  // data_parallel x microbatches, gradients are all-reduced per stage.
+  int data_parallel = 1;
   Schedule schedule = Schedule::k1F1B;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;

@@ -63,6 +63,8 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
   case InstrKind::kAccumulate:
     return str_cat("accumulate ", tensor_name(instr.index), " ", microbatch_text(instr.microbatch));
   case InstrKind::kScale: return str_cat("scale ", tensor_name(instr.index));
+  case InstrKind::kAllReduce:
+    return str_cat("all-reduce ", tensor_name(instr.index), " over group ", instr.peer);
   case InstrKind::kUpdate:
     if (instr.index < graph.updates().size())
       return str_cat("update ", tensor_name(graph.updates()[instr.index].target));
@@ -187,8 +189,8 @@ public:
     if (have_.insert({tensor, mb}).second)
       program_.instructions.push_back({InstrKind::kRecv, mb, tensor, peer});
   }
-  void add(InstrKind kind, uint32_t index, int32_t mb = -1) {
-    program_.instructions.push_back({kind, mb, index, -1});
+  void add(InstrKind kind, uint32_t index, int32_t mb = -1, int peer = -1) {
+    program_.instructions.push_back({kind, mb, index, peer});
   }
   PlanProgram &program() { return program_; }
 
@@ -247,7 +249,8 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
       RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
       define(key(instr.index, -1), i);
       break;
-    case InstrKind::kScale: RETURN_IF_ERROR(touch(key(instr.index, -1), i, instr)); break;
+    case InstrKind::kScale:
+    case InstrKind::kAllReduce: RETURN_IF_ERROR(touch(key(instr.index, -1), i, instr)); break;
     case InstrKind::kUpdate:
       RETURN_IF_ERROR(touch(key(graph.updates()[instr.index].value, -1), i, instr));
       break;
@@ -294,7 +297,10 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     if (node_stage[id] < 0 || node_stage[id] >= P)
       return invalid_argument("node '", graph.node(id).name, "' is assigned to stage ",
                               node_stage[id], ", outside 0..", P - 1);
-  ASSIGN_OR_RETURN(StepPhases phases, analyze_phases(graph, M));
+  const int DP = options.data_parallel;
+  if (DP < 1) return invalid_argument("data parallelism needs at least 1 replica, got ", DP);
+  // Replicas split the batch like micro-batches do.
+  ASSIGN_OR_RETURN(StepPhases phases, analyze_phases(graph, M * DP));
   ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
 
   std::vector<NodeId> producer(graph.num_tensors(), kNoNode);
@@ -386,7 +392,8 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     // 2. Once per step: the means, what other stages read of them, the step nodes.
     for (TensorId t : phases.accumulated) {
       if (node_stage[producer[t]] != s) continue;
-      if (M > 1) b.add(InstrKind::kScale, t);
+      if (DP > 1) b.add(InstrKind::kAllReduce, t, -1, s);
+      if (M * DP > 1) b.add(InstrKind::kScale, t);
       for (int peer : step_readers[t])
         b.send(t, -1, peer);
     }
@@ -418,7 +425,31 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     RETURN_IF_ERROR(plan_program_memory(graph, accumulated, M, options.alignment, program));
     programs.push_back(std::move(program));
   }
-  return programs;
+  if (DP == 1) return programs;
+  // Replicas: the same program, with peers in its own replica.
+  std::vector<PlanProgram> replicated;
+  for (int s = 0; s < P; ++s)
+    for (int r = 0; r < DP; ++r) {
+      PlanProgram program = programs[static_cast<size_t>(s)];
+      program.device = static_cast<uint32_t>(s * DP + r);
+      for (PlanInstruction &instr : program.instructions)
+        if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv)
+          instr.peer = instr.peer * DP + r;
+      replicated.push_back(std::move(program));
+    }
+  return replicated;
+}
+
+std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options) {
+  std::vector<std::vector<int32_t>> groups;
+  if (options.data_parallel <= 1) return groups;
+  for (int s = 0; s < options.stages; ++s) {
+    std::vector<int32_t> group;
+    for (int r = 0; r < options.data_parallel; ++r)
+      group.push_back(s * options.data_parallel + r);
+    groups.push_back(std::move(group));
+  }
+  return groups;
 }
 
 SimulationCosts zero_costs() {
@@ -440,12 +471,38 @@ SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
   };
   const double bandwidth = cluster.device.memory_bandwidth * cluster.device.memory_efficiency;
   costs.local_copy = [bandwidth](double bytes) { return bandwidth > 0 ? bytes / bandwidth : 0.0; };
+  costs.all_reduce = [cluster](const std::vector<int32_t> &devices, double bytes) {
+    std::vector<int> members(devices.begin(), devices.end());
+    const LinkSpec &link = link_for_group(cluster, members);
+    return best_all_reduce(bytes, static_cast<int>(members.size()), link,
+                           reduce_bytes_per_second(cluster.device, DType::kF32))
+        .time_s;
+  };
   return costs;
 }
 
 Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanProgram> &programs,
-                                     const SimulationCosts &costs) {
+                                     const SimulationCosts &costs,
+                                     const std::vector<std::vector<int32_t>> &groups) {
   const size_t P = programs.size();
+  for (size_t d = 0; d < P; ++d)
+    for (size_t i = 0; i < programs[d].instructions.size(); ++i) {
+      const PlanInstruction &instr = programs[d].instructions[i];
+      if (instr.kind != InstrKind::kAllReduce) continue;
+      if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= groups.size())
+        return invalid_argument("device ", d, " instruction ", i, " (",
+                                describe_instruction(graph, instr), "): there are ", groups.size(),
+                                " groups");
+      const auto &group = groups[static_cast<size_t>(instr.peer)];
+      if (std::find(group.begin(), group.end(), static_cast<int32_t>(d)) == group.end())
+        return invalid_argument("device ", d, " instruction ", i, " (",
+                                describe_instruction(graph, instr),
+                                "): the group does not include the device");
+      for (int32_t member : group)
+        if (member < 0 || static_cast<size_t>(member) >= P)
+          return invalid_argument("group ", instr.peer, " names device ", member,
+                                  ", which has no program");
+    }
   for (size_t d = 0; d < P; ++d)
     if (programs[d].device != d)
       return invalid_argument("program ", d, " is for device ", programs[d].device,
@@ -461,6 +518,15 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
   // In-flight messages per (source, destination, tag): arrival times, and the
   // sending instruction for error messages.
   std::map<std::tuple<int, int, uint64_t>, std::deque<std::pair<double, size_t>>> channels;
+  // Collectives: every member's k-th all-reduce on a group meets the others'.
+  // Per (group, k): the members arrived so far and the latest arrival time.
+  struct Meeting {
+    std::set<size_t> arrived;
+    double latest = 0;
+    std::string tensor; // what the first arrival reduces, to catch mismatches
+  };
+  std::map<std::pair<int32_t, size_t>, Meeting> meetings;
+  std::vector<std::map<int32_t, size_t>> collectives_done(P); // per device, per group
 
   auto bytes_of = [&](TensorId t) {
     return t < graph.num_tensors() ? static_cast<double>(graph.tensor(t).type.size_bytes()) : 0.0;
@@ -498,6 +564,24 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
           if (instr.index < graph.updates().size())
             end = start + costs.local_copy(2 * bytes_of(graph.updates()[instr.index].target));
           break;
+        case InstrKind::kAllReduce: {
+          const auto &group = groups[static_cast<size_t>(instr.peer)];
+          const size_t k = collectives_done[d][instr.peer];
+          Meeting &meeting = meetings[{instr.peer, k}];
+          const std::string tensor = graph.tensor(instr.index).name;
+          if (meeting.arrived.empty()) meeting.tensor = tensor;
+          if (meeting.tensor != tensor)
+            return failed_precondition("mismatched collective: device ", d, " instruction ", pc[d],
+                                       " (", describe_instruction(graph, instr), ") meets '",
+                                       meeting.tensor, "' from device ", *meeting.arrived.begin(),
+                                       " as all-reduce number ", k, " of group ", instr.peer);
+          if (meeting.arrived.insert(d).second) meeting.latest = std::max(meeting.latest, start);
+          if (meeting.arrived.size() < group.size()) goto blocked;
+          end = meeting.latest +
+                (costs.all_reduce ? costs.all_reduce(group, bytes_of(instr.index)) : 0.0);
+          ++collectives_done[d][instr.peer];
+          break;
+        }
         }
         sim.devices[d][pc[d]] = {start, end};
         if (instr.kind != InstrKind::kRecv) sim.busy[d] += end - start;
@@ -521,7 +605,19 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
     size_t d = first_stuck;
     while (true) {
       seen[d] = true;
-      const auto next = static_cast<size_t>(programs[d].instructions[pc[d]].peer);
+      const PlanInstruction &waiting = programs[d].instructions[pc[d]];
+      auto next = static_cast<size_t>(waiting.peer);
+      if (waiting.kind == InstrKind::kAllReduce) {
+        // A collective waits for the first member that has not arrived.
+        const auto &group = groups[static_cast<size_t>(waiting.peer)];
+        const Meeting &meeting = meetings[{waiting.peer, collectives_done[d][waiting.peer]}];
+        next = P;
+        for (int32_t member : group)
+          if (!meeting.arrived.contains(static_cast<size_t>(member))) {
+            next = static_cast<size_t>(member);
+            break;
+          }
+      }
       if (next >= P || pc[next] >= programs[next].instructions.size() || seen[next]) break;
       d = next;
     }
@@ -535,6 +631,21 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
       if (pc[e] < programs[e].instructions.size()) ++stuck;
     std::string head = str_cat("deadlock: device ", d, " instruction ", pc[d], " (",
                                describe_instruction(graph, instr), ") waits forever");
+    if (instr.kind == InstrKind::kAllReduce) {
+      const auto &group = groups[static_cast<size_t>(instr.peer)];
+      const Meeting &meeting = meetings[{instr.peer, collectives_done[d][instr.peer]}];
+      for (int32_t member : group) {
+        const auto m = static_cast<size_t>(member);
+        if (meeting.arrived.contains(m)) continue;
+        return failed_precondition(
+            head, ": device ", m, " of the group ",
+            pc[m] < programs[m].instructions.size()
+                ? str_cat("is blocked at instruction ", pc[m], " (",
+                          describe_instruction(graph, programs[m].instructions[pc[m]]), ")")
+                : std::string("has finished without it"),
+            " (", stuck, " devices stuck)");
+      }
+    }
     const auto peer = static_cast<size_t>(instr.peer);
     if (instr.peer < 0 || peer >= P)
       return failed_precondition(head, ": there is no device ", instr.peer);
@@ -581,8 +692,9 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
   return sim;
 }
 
-Status check_deadlock(const Graph &graph, const std::vector<PlanProgram> &programs) {
-  return simulate_pipeline(graph, programs, zero_costs()).status();
+Status check_deadlock(const Graph &graph, const std::vector<PlanProgram> &programs,
+                      const std::vector<std::vector<int32_t>> &groups) {
+  return simulate_pipeline(graph, programs, zero_costs(), groups).status();
 }
 
 std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &programs,
@@ -631,11 +743,16 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
     for (const TraceSpan &span : spans[d]) {
       if (span.instruction >= instrs.size()) continue;
       const PlanInstruction &instr = instrs[span.instruction];
-      if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv) {
-        // A receive may wait: it ends the block. A send is a copy inside it.
-        if (instr.kind == InstrKind::kRecv) flush();
-        event(describe_instruction(graph, instr), instr.kind == InstrKind::kSend ? "send" : "recv",
-              static_cast<int>(d), span.start_s, span.end_s, str_cat("\"step\": ", span.step));
+      if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv ||
+          instr.kind == InstrKind::kAllReduce) {
+        // A receive or collective may wait: it ends the block. A send is a copy
+        // inside it.
+        if (instr.kind != InstrKind::kSend) flush();
+        const char *kind = instr.kind == InstrKind::kSend   ? "send"
+                           : instr.kind == InstrKind::kRecv ? "recv"
+                                                            : "all-reduce";
+        event(describe_instruction(graph, instr), kind, static_cast<int>(d), span.start_s,
+              span.end_s, str_cat("\"step\": ", span.step));
         continue;
       }
       std::string this_label = "optimizer";

@@ -75,6 +75,11 @@ Result<StepPhases> analyze_phases(const Graph &graph, int microbatches);
 struct PipelineOptions {
   int stages = 1;
   int microbatches = 1;
+  // Replicas of every stage (--mesh DPx1xPP). Device s * data_parallel + r runs
+  // replica r of stage s; sends and receives stay within a replica, and every
+  // accumulated tensor is summed over the stage's replicas (pipeline group s)
+  // before the division by microbatches * data_parallel.
+  int data_parallel = 1;
   Schedule schedule = Schedule::k1F1B;
   int64_t alignment = 64;
 };
@@ -82,10 +87,16 @@ struct PipelineOptions {
 // The send/recv tag of buffer (tensor, micro-batch): unique within a step.
 uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
 
-// One program per device. `node_stage` gives every node's stage in [0, stages).
+// One program per device (stages * data_parallel of them, in device order).
+// `node_stage` gives every node's stage in [0, stages). With data_parallel > 1,
+// the all-reduce groups (one per stage) are pipeline_groups(options).
 Result<std::vector<serialization::PlanProgram>> lower_pipeline(const Graph &graph,
                                                                const std::vector<int> &node_stage,
                                                                const PipelineOptions &options);
+
+// The data-parallel groups: group s holds the replicas of stage s (none when
+// data_parallel is 1).
+std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options);
 
 // "compute 'layer0.fc1' mb 3", "send 'h' mb 2 to device 1", ... for messages.
 std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
@@ -109,6 +120,8 @@ struct SimulationCosts {
   std::function<double(NodeId node)> compute;                     // one node, one micro-batch
   std::function<double(int src, int dst, double bytes)> transfer; // in flight
   std::function<double(double bytes)> local_copy;                 // accumulate, scale, update
+  // An all-reduce of `bytes` over `devices`; empty: free.
+  std::function<double(const std::vector<int32_t> &devices, double bytes)> all_reduce;
 };
 
 // Zero costs: what check_deadlock uses.
@@ -123,12 +136,15 @@ SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster);
 // ("device 1 instruction 12 (recv 'h' mb 3 from device 0) waits forever: device 0
 // ..."), naming both sides and where the other side is stuck or that it never
 // sends it, and a send nobody receives.
+// `groups` are the devices of the all-reduce instructions (peer = group index).
 Result<Simulation> simulate_pipeline(const Graph &graph,
                                      const std::vector<serialization::PlanProgram> &programs,
-                                     const SimulationCosts &costs);
+                                     const SimulationCosts &costs,
+                                     const std::vector<std::vector<int32_t>> &groups = {});
 
 // check-deadlock: simulate_pipeline with zero costs, keeping only the verdict.
-Status check_deadlock(const Graph &graph, const std::vector<serialization::PlanProgram> &programs);
+Status check_deadlock(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                      const std::vector<std::vector<int32_t>> &groups = {});
 
 // One executed (or predicted) instruction, for traces.
 struct TraceSpan {

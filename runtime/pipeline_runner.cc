@@ -38,6 +38,7 @@ struct PipelineRunner::Device {
     int peer = -1;
     uint64_t tag = 0;
     bool first = false; // accumulate: micro-batch 0 copies
+    Group group;        // all-reduce: the devices
   };
   int index = 0;
   std::shared_ptr<Blob> arena;
@@ -56,7 +57,9 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   std::unique_ptr<PipelineRunner> runner(new PipelineRunner());
   runner->graph_ = plan.graph;
   runner->microbatches_ = plan.pipeline->microbatches;
+  runner->data_parallel_ = plan.pipeline->data_parallel;
   runner->programs_ = plan.programs;
+  runner->groups_ = plan.pipeline->groups;
   runner->options_ = options;
   const Graph &g = runner->graph_;
   if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
@@ -66,7 +69,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     if (runner->programs_[d].device != d)
       return invalid_argument("pipeline plan: program ", d, " is for device ",
                               runner->programs_[d].device, "; programs must be in device order");
-  RETURN_IF_ERROR(partitioner::check_deadlock(g, runner->programs_).with_context("pipeline plan"));
+  RETURN_IF_ERROR(partitioner::check_deadlock(g, runner->programs_, runner->groups_)
+                      .with_context("pipeline plan"));
 
   std::vector<int64_t> input_index(g.num_tensors(), -1);
   for (size_t k = 0; k < g.inputs().size(); ++k)
@@ -123,8 +127,10 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             if (instr.microbatch < 0)
               return invalid_argument(context, ": reads graph input '", tensor.name,
                                       "' once per step");
+            // The global micro-batch: replica r of a stage runs r * M .. r * M + M - 1.
+            const auto replica = static_cast<int32_t>(program.device) % runner->data_parallel_;
             op.patches.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(input_index[t]),
-                                  instr.microbatch});
+                                  replica * runner->microbatches_ + instr.microbatch});
             op.inputs.push_back({nullptr, &tensor.type});
           } else if (tensor.kind == TensorKind::kIntermediate) {
             ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
@@ -149,12 +155,19 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         break;
       }
       case InstrKind::kAccumulate:
-      case InstrKind::kScale: {
+      case InstrKind::kScale:
+      case InstrKind::kAllReduce: {
         const TensorType &type = g.tensor(instr.index).type;
         if (type.dtype != DType::kF32)
           return unimplemented(context, ": accumulating ", type.to_string(),
                                " over micro-batches (f32 only so far)");
         ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+        if (instr.kind == InstrKind::kAllReduce) {
+          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
+            return invalid_argument(context, ": no group ", instr.peer);
+          const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
+          op.group.assign(group.begin(), group.end());
+        }
         if (instr.kind == InstrKind::kAccumulate) {
           ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
           op.source = source;
@@ -193,7 +206,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
 std::vector<TensorType> PipelineRunner::batch_types() const {
   std::vector<TensorType> types = StepRunner::batch_types();
   for (TensorType &type : types)
-    if (type.rank() > 0) type.shape[0] *= microbatches_;
+    if (type.rank() > 0) type.shape[0] *= int64_t{microbatches_} * data_parallel_;
   return types;
 }
 
@@ -213,10 +226,10 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   for (size_t k = 0; k < inputs.size(); ++k)
     if (!(inputs[k].type == types[k]) ||
         static_cast<int64_t>(inputs[k].size_bytes()) < types[k].size_bytes())
-      return invalid_argument("input '", graph_.tensor(graph_.inputs()[k]).name, "' is ",
-                              inputs[k].type.to_string(), ", the pipeline needs ",
-                              types[k].to_string(), " (", microbatches_, " micro-batches of ",
-                              graph_.tensor(graph_.inputs()[k]).type.to_string(), ")");
+      return invalid_argument(
+          "input '", graph_.tensor(graph_.inputs()[k]).name, "' is ", inputs[k].type.to_string(),
+          ", the pipeline needs ", types[k].to_string(), " (", microbatches_ * data_parallel_,
+          " micro-batches of ", graph_.tensor(graph_.inputs()[k]).type.to_string(), ")");
   if (steps_run_ == 0) epoch_ = std::chrono::steady_clock::now();
   const int64_t step = steps_run_ + 1;
 
@@ -227,8 +240,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
     for (Device::Op &op : device.ops)
       for (const Device::Op::InputPatch &patch : op.patches) {
         const HostTensor &input = inputs[patch.input];
-        const auto slice =
-            static_cast<size_t>(input.size_bytes()) / static_cast<size_t>(microbatches_);
+        const auto slice = static_cast<size_t>(input.size_bytes()) /
+                           static_cast<size_t>(microbatches_ * data_parallel_);
         op.inputs[patch.slot].data =
             input.blob ? input.data() + slice * static_cast<size_t>(patch.microbatch) : nullptr;
       }
@@ -265,13 +278,18 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       }
       case InstrKind::kScale: {
         auto *acc = reinterpret_cast<float *>(op.data);
-        const auto m = static_cast<float>(microbatches_);
+        const auto m = static_cast<float>(microbatches_ * data_parallel_);
         for (size_t e = 0; e < op.bytes / sizeof(float); ++e)
           acc[e] /= m;
         break;
       }
       case InstrKind::kUpdate:
         if (op.bytes && op.data != op.source) std::memmove(op.data, op.source, op.bytes);
+        break;
+      case InstrKind::kAllReduce:
+        status = comm.all_reduce(
+            std::span<float>(reinterpret_cast<float *>(op.data), op.bytes / sizeof(float)),
+            op.group, op.what);
         break;
       }
       if (!status.is_ok())

@@ -7,7 +7,8 @@
 // copy), and its instruction stream (partitioner/pipeline.h): compute a node on a
 // micro-batch with the registry's CPU kernel, send or receive a buffer,
 // accumulate / scale a gradient, apply a state update. A step hands every device
-// the full batch; micro-batch k of an input is rows [k b, (k + 1) b) of dim 0.
+// the full batch; micro-batch k of replica r (device s * DP + r) is rows
+// [(r M + k) b, (r M + k + 1) b) of dim 0.
 //
 // Failure: every wait is bounded by the timeout. A kernel error, a timeout or an
 // abort on one device ends the step on every device with one error naming the
@@ -63,6 +64,7 @@ public:
 
   int num_devices() const { return static_cast<int>(programs_.size()); }
   int microbatches() const { return microbatches_; }
+  int data_parallel() const { return data_parallel_; }
   // Peak activation bytes of each device (its arena).
   std::vector<int64_t> arena_bytes() const;
   // What the devices did in every step run so far (with options.trace), as a
@@ -76,7 +78,9 @@ private:
   struct Device;
   Graph graph_;
   int microbatches_ = 1;
+  int data_parallel_ = 1;
   std::vector<serialization::PlanProgram> programs_;
+  std::vector<std::vector<int32_t>> groups_;
   std::vector<std::unique_ptr<Device>> devices_;
   PipelineRunnerOptions options_;
   int64_t steps_run_ = 0;

@@ -75,6 +75,7 @@ struct StageRow {
   int64_t arena = 0;          // peak activation bytes
   double busy = 0;            // predicted seconds of work per step
   std::map<int, double> sent; // bytes per step to each peer
+  double reduced = 0;         // bytes per step all-reduced with the other replicas
 };
 
 std::vector<StageRow> stage_rows(const Plan &plan) {
@@ -90,6 +91,8 @@ std::vector<StageRow> stage_rows(const Plan &plan) {
         row.flops += registry.node_cost(g, instr.index).flops;
       } else if (instr.kind == serialization::InstrKind::kSend) {
         row.sent[instr.peer] += static_cast<double>(g.tensor(instr.index).type.size_bytes());
+      } else if (instr.kind == serialization::InstrKind::kAllReduce) {
+        row.reduced += static_cast<double>(g.tensor(instr.index).type.size_bytes());
       }
     }
     row.nodes = nodes.size();
@@ -130,6 +133,9 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   out << "pipeline     " << p.stages << " stage" << (p.stages == 1 ? "" : "s") << " x "
       << p.microbatches << " micro-batch" << (p.microbatches == 1 ? "" : "es") << ", schedule "
       << p.schedule << ", costs for cluster '" << cluster_name << "'\n";
+  if (p.data_parallel > 1)
+    out << "data par.    " << p.data_parallel << " replicas of every stage (device = stage x "
+        << p.data_parallel << " + replica); gradients all-reduced per stage\n";
   out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
       << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)
       << ")\n";
@@ -140,12 +146,15 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
     out << "\n";
   }
   std::vector<StageRow> rows = stage_rows(plan);
-  out << "stage  nodes    parameters   FLOPs/step   peak act.  predicted busy  sends/step\n";
+  out << (p.data_parallel > 1 ? "device" : "stage ")
+      << " nodes    parameters   FLOPs/step   peak act.  predicted busy  sends/step\n";
   for (size_t d = 0; d < rows.size(); ++d) {
     const StageRow &r = rows[d];
     std::string sends;
     for (const auto &[peer, bytes] : r.sent)
       sends += str_cat(sends.empty() ? "" : ", ", "->", peer, " ", human_bytes(bytes));
+    if (r.reduced > 0)
+      sends += str_cat(sends.empty() ? "" : ", ", "all-reduce ", human_bytes(r.reduced));
     out << pad(std::to_string(d), 5) << pad(std::to_string(r.nodes), 7)
         << pad(grouped(r.parameters), 14) << pad(human_flops(r.flops), 13)
         << pad(human_bytes(static_cast<double>(r.arena)), 12) << pad(format_ms(r.busy), 16) << "  "
@@ -182,7 +191,7 @@ void print_plan_summary(const Plan &plan, std::ostream &out) {
       flops += row.flops;
     n.flops = flops;
     out << "batch        inputs above are one micro-batch; a step takes "
-        << plan.pipeline->microbatches << " of them\n";
+        << plan.pipeline->microbatches * plan.pipeline->data_parallel << " of them\n";
   }
   out << "FLOPs        " << human_flops(n.flops) << (train ? " per step" : " per run") << "\n";
   if (plan.pipeline) {
@@ -220,9 +229,13 @@ std::string format_seconds(double seconds) {
   return buf;
 }
 
-// --mesh DPxTPxPP: the pipeline depth, refusing what is not built yet.
-Result<int> pipeline_stages(const std::string &mesh) {
-  if (mesh.empty()) return 1;
+struct Mesh {
+  int dp = 1, tp = 1, pp = 1;
+};
+
+// --mesh DPxTPxPP, refusing what is not built yet (tensor parallelism).
+Result<Mesh> parse_mesh(const std::string &mesh) {
+  if (mesh.empty()) return Mesh{};
   std::vector<int64_t> dims;
   size_t start = 0;
   while (true) {
@@ -239,17 +252,20 @@ Result<int> pipeline_stages(const std::string &mesh) {
   }
   if (dims.size() != 3)
     return invalid_argument("--mesh '", mesh, "': expected three sizes DPxTPxPP, e.g. 1x1x4");
-  if (dims[0] != 1 || dims[1] != 1)
+  if (dims[1] != 1)
     return unimplemented("--mesh '", mesh,
-                         "': data and tensor parallelism are not built yet; use 1x1xP "
-                         "(pipeline stages only)");
-  if (dims[2] > 4096) return invalid_argument("--mesh '", mesh, "': at most 4096 stages");
-  return static_cast<int>(dims[2]);
+                         "': tensor parallelism is not built yet; use DPx1xPP (data-parallel "
+                         "replicas of a pipeline)");
+  if (dims[0] * dims[2] > 4096)
+    return invalid_argument("--mesh '", mesh, "': at most 4096 devices");
+  return Mesh{static_cast<int>(dims[0]), 1, static_cast<int>(dims[2])};
 }
 
 Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &args) {
   partitioner::PipelineCompileOptions options;
-  ASSIGN_OR_RETURN(options.stages, pipeline_stages(args.mesh));
+  ASSIGN_OR_RETURN(Mesh mesh, parse_mesh(args.mesh));
+  options.stages = mesh.pp;
+  options.data_parallel = mesh.dp;
   if (args.microbatches < 0 || args.microbatches > 1 << 20)
     return invalid_argument("--microbatches must be between 1 and 1048576, got ",
                             args.microbatches);
@@ -281,8 +297,9 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
 // The pipeline's part of the options text the fingerprint covers.
 std::string pipeline_options_text(const Plan &plan) {
   const serialization::PlanPipeline &p = *plan.pipeline;
-  std::string text = str_cat("stages=", p.stages, "\nmicrobatches=", p.microbatches,
-                             "\nschedule=", p.schedule, "\nboundaries=");
+  std::string text =
+      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
+              "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule, "\nboundaries=");
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
@@ -487,7 +504,9 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
                             "(compile with --mesh 1x1xP)");
   if (!(args.timeout_s > 0) || args.timeout_s > 86400)
     return invalid_argument("--timeout must be between 0 and 86400 seconds, got ", args.timeout_s);
-  const int64_t microbatches = plan.pipeline ? plan.pipeline->microbatches : 1;
+  // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
+  const int64_t microbatches =
+      plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
   runtime::Dataset data;
   if (!args.data.empty()) {
     ASSIGN_OR_RETURN(data, runtime::load_dataset(plan.graph, args.data, microbatches));

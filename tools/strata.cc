@@ -354,8 +354,8 @@ void add_compile(CLI::App &app, Action &action) {
       ->required()
       ->type_name("FILE");
   sub->add_option("--mesh", args.mesh,
-                  "device mesh DPxTPxPP; 1x1xP splits the model into P pipeline stages, one "
-                  "device each")
+                  "device mesh DPxTPxPP: PP pipeline stages, each replicated DP times (data "
+                  "parallelism; gradients all-reduced); TP must be 1 for now")
       ->needs(train)
       ->type_name("DPxTPxPP");
   sub->add_option("--microbatches", args.microbatches,

@@ -572,6 +572,76 @@ TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
                                                "]: send to device 1, which is itself"));
 }
 
+// Data parallelism: one stage replicated on two devices that all-reduce.
+Plan make_data_parallel_plan() {
+  Plan plan = make_pipeline_plan(tiny_training_graph());
+  plan.pipeline->stages = 1;
+  plan.pipeline->data_parallel = 2;
+  plan.pipeline->boundaries.clear();
+  std::fill(plan.pipeline->node_stage.begin(), plan.pipeline->node_stage.end(), 0);
+  plan.pipeline->groups = {{0, 1}};
+  const TensorId grad = plan.programs[0].slots[0].tensor;
+  for (auto &program : plan.programs)
+    program.instructions.push_back({InstrKind::kAllReduce, -1, grad, 0});
+  return plan;
+}
+
+TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
+  const Plan plan = make_data_parallel_plan();
+  auto bytes = plan_to_flatbuffer(plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  auto loaded = load_plan_from_buffer(*bytes, "dp.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(*loaded->pipeline, *plan.pipeline);
+  EXPECT_EQ(loaded->programs, plan.programs);
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok());
+  EXPECT_NE(json->find("\"data_parallel\": 2"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"groups\": [{\"devices\": [0, 1]}]"), std::string::npos) << *json;
+  auto from_json = load_plan_from_json(*json, "dp.splan.json", ".");
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
+
+  struct Case {
+    std::function<void(Plan &)> edit;
+    std::string expected;
+  };
+  const size_t last = plan.programs[1].instructions.size() - 1;
+  std::vector<Case> cases = {
+      {[](Plan &p) { p.pipeline->data_parallel = 0; }, "field pipeline.data_parallel = 0"},
+      {[](Plan &p) { p.pipeline->data_parallel = 3; }, "x data_parallel = 3"},
+      {[](Plan &p) { p.pipeline->groups = {{0}}; }, "field pipeline.groups[0] has 1 devices"},
+      {[](Plan &p) {
+         p.pipeline->groups = {{0, 2}};
+       },
+       "field pipeline.groups[0].devices[1] = 2"},
+      {[](Plan &p) {
+         p.pipeline->groups = {{1, 0}};
+       },
+       "is not strictly increasing"},
+      {[=](Plan &p) { p.programs[1].instructions[last].peer = 1; },
+       str_cat("field programs[1].instructions[", last, "]: all-reduce over group 1")},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    Plan bad = plan;
+    cases[k].edit(bad);
+    auto result = load_plan_from_buffer(*plan_to_flatbuffer(bad), "bad.splan", ".");
+    ASSERT_FALSE(result.is_ok()) << cases[k].expected;
+    EXPECT_NE(result.status().message().find(cases[k].expected), std::string::npos)
+        << result.status().message();
+  }
+  // A device outside the group it all-reduces over.
+  Plan outside = plan;
+  outside.pipeline->data_parallel = 3;
+  outside.devices.push_back({2, "cpu"});
+  outside.programs.push_back(plan.programs[1]);
+  outside.programs[2].device = 2;
+  auto result = load_plan_from_buffer(*plan_to_flatbuffer(outside), "bad.splan", ".");
+  ASSERT_FALSE(result.is_ok());
+  EXPECT_NE(result.status().message().find("which does not include device 2"), std::string::npos)
+      << result.status().message();
+}
+
 TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kCompute), "compute");
   EXPECT_EQ(instr_kind_name(InstrKind::kSend), "send");
@@ -579,6 +649,7 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kAccumulate), "accumulate");
   EXPECT_EQ(instr_kind_name(InstrKind::kScale), "scale");
   EXPECT_EQ(instr_kind_name(InstrKind::kUpdate), "update");
+  EXPECT_EQ(instr_kind_name(InstrKind::kAllReduce), "all-reduce");
 }
 
 TEST(CheckpointTest, RoundTripAndRefusals) {
