@@ -66,7 +66,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.link_latency = link.latency_s;
   partition.training = true;
   partition.parameter_state_factor = parameter_state_factor(training.optimizer);
-  partition.memory_capacity = cluster.device.memory_bytes > 0
+  partition.memory_capacity = options.check_memory && cluster.device.memory_bytes > 0
                                   ? static_cast<double>(cluster.device.memory_bytes)
                                   : kUnlimited;
   partition.microbatches = M;

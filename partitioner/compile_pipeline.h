@@ -31,6 +31,9 @@ struct PipelineCompileOptions {
   Schedule schedule = Schedule::k1F1B;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;
+  // Whether the stage search refuses stages over the device's memory capacity
+  // (the --auto search and the compile benchmark check memory themselves).
+  bool check_memory = true;
   // --stage-boundaries: the last forward node of each stage but the last.
   std::vector<std::string> stage_boundaries;
   // --profile: measured seconds of every node of the (micro-batch) training graph

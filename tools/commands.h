@@ -53,12 +53,16 @@ struct CompileArgs {
   std::string output_tensor; // the tensor the loss reads; empty: the first graph output
   std::string out;           // plan file to write
   // Pipeline parallelism (training only).
-  std::string mesh;                          // "DPxTPxPP"; only 1x1xP so far
+  std::string mesh;                          // "DPxTPxPP"; TP must be 1 so far
   int64_t microbatches = 0;                  // 0: not given (1)
   std::string schedule = "1f1b";             // gpipe or 1f1b
   std::string cluster;                       // cluster spec JSON the costs are predicted for
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline
+  // --auto: search the mesh, micro-batches and schedule for `devices` devices.
+  bool auto_plan = false;
+  int64_t devices = 0;  // 0: every device of the cluster
+  bool explain = false; // print the candidates and why the winner won
 };
 Status compile_command(const CompileArgs &args, std::ostream &out);
 

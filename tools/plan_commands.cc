@@ -13,6 +13,7 @@
 
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
+#include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
@@ -294,6 +295,32 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   return options;
 }
 
+// --explain: the candidates of the search and why the winner won.
+void print_search(const partitioner::AutoResult &result, std::ostream &out) {
+  const auto fitting = std::count_if(result.candidates.begin(), result.candidates.end(),
+                                     [](const auto &c) { return c.error.empty() && c.fits; });
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.2f s", result.search_seconds);
+  out << "search       " << result.candidates.size() << " candidates compiled and simulated in "
+      << seconds << "; " << fitting << " fit in memory\n";
+  out << "rank  candidate                 predicted step   bubble   memory/device   moved/step\n";
+  for (size_t i = 0; i < result.candidates.size() && i < 8; ++i) {
+    const auto &c = result.candidates[i];
+    std::string label = c.label();
+    label.resize(std::max<size_t>(label.size(), 24), ' ');
+    if (!c.error.empty()) {
+      out << pad(std::to_string(i + 1), 4) << "  " << label << "  error: " << c.error << "\n";
+      continue;
+    }
+    out << pad(std::to_string(i + 1), 4) << "  " << label << pad(format_ms(c.step_s), 16)
+        << pad(format_percent(c.bubble), 9) << pad(human_bytes(static_cast<double>(c.memory)), 16)
+        << pad(human_bytes(c.comm_bytes), 13) << (c.fits ? "" : "  (does not fit)") << "\n";
+  }
+  if (result.candidates.size() > 8)
+    out << "      ... " << result.candidates.size() - 8 << " more\n";
+  out << "chosen       " << result.reason << "\n";
+}
+
 // The pipeline's part of the options text the fingerprint covers.
 std::string pipeline_options_text(const Plan &plan) {
   const serialization::PlanPipeline &p = *plan.pipeline;
@@ -386,7 +413,7 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   Plan plan;
   std::string options_text;
   const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
-                         !args.stage_boundaries.empty() || args.profile;
+                         !args.stage_boundaries.empty() || args.profile || args.auto_plan;
   if (pipelined && !args.train)
     return invalid_argument(
         "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "
@@ -399,7 +426,22 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
     if (!spec.is_ok())
       return spec.status().with_context(str_cat("--optimizer '", args.optimizer, "'"));
     options.optimizer = *spec;
-    if (pipelined) {
+    if (args.auto_plan) {
+      ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
+      partitioner::AutoOptions search;
+      search.cluster = pipeline.cluster
+                           ? *pipeline.cluster
+                           : partitioner::default_cpu_cluster(
+                                 args.devices > 0 ? static_cast<int>(args.devices) : 2);
+      search.devices = static_cast<int>(args.devices);
+      search.profile = pipeline.profile;
+      auto found = partitioner::auto_plan(forward, options, search);
+      if (!found.is_ok()) return found.status().with_context(args.model);
+      if (args.explain) print_search(*found, out);
+      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
+      options_text = "mode=train\n" + options.to_string() + pipeline_options_text(found->plan);
+      plan = std::move(found->plan);
+    } else if (pipelined) {
       ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
       auto compiled = partitioner::compile_pipeline(forward, options, pipeline);
       if (!compiled.is_ok()) return compiled.status().with_context(args.model);

@@ -381,9 +381,25 @@ void add_compile(CLI::App &app, Action &action) {
       ->needs(train)
       ->delimiter(',')
       ->type_name("NODE,...");
+  CLI::Option *auto_flag = sub->add_flag(
+      "--auto", args.auto_plan,
+      "search the mesh (DPx1xPP), micro-batches and schedule for --devices devices; keep the "
+      "fastest predicted plan that fits in memory");
+  sub->add_option("--devices", args.devices,
+                  "--auto: devices to use (default: every device of --cluster)")
+      ->needs(auto_flag)
+      ->check(at_least(1));
+  sub->add_flag("--explain", args.explain,
+                "--auto: print the best candidates and why the winner won")
+      ->needs(auto_flag);
   sub->add_flag("--profile", args.profile,
                 "time every node of the training step on this CPU and balance and predict with "
                 "those times instead of the cluster's roofline");
+  auto_flag->excludes(sub->get_option("--mesh"))
+      ->excludes(sub->get_option("--microbatches"))
+      ->excludes(sub->get_option("--schedule"))
+      ->excludes(sub->get_option("--stage-boundaries"))
+      ->needs(train);
   sub->footer(
       "A training plan adds an input 'labels' (i64, the output's shape without its last\n"
       "dim; softmax_cross_entropy) or 'targets' (the output's type; mse), the scalar\n"
@@ -408,7 +424,8 @@ void add_compile(CLI::App &app, Action &action) {
       "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 --schedule 1f1b \\\n"
       "      --cluster examples/clusters/cpu-dev.json -o pp.splan\n"
       "  strata inspect pp.splan                        # stages, memory, predicted bubble\n"
-      "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace");
+      "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace\n"
+      "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
 }
 

@@ -624,6 +624,26 @@ TEST_F(CliTest, DataParallelPipeline) {
     EXPECT_NEAR(got[i], want[i], 1e-4) << run.out << one.out;
 }
 
+TEST_F(CliTest, AutoSearchExplainsAndTrains) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "8",
+                    "--vocab", "64", "--batch", "8", "-o", "m.strata"})
+                .code,
+            0);
+  Outcome compile = strata({"compile", "m.strata", "--train", "--auto", "--devices", "4",
+                            "--explain", "-o", "auto.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  EXPECT_NE(compile.out.find("candidates compiled and simulated"), std::string::npos)
+      << compile.out;
+  EXPECT_NE(compile.out.find("rank  candidate"), std::string::npos) << compile.out;
+  EXPECT_NE(compile.out.find("chosen       dp="), std::string::npos) << compile.out;
+  Outcome run = strata({"run", "auto.splan", "--steps", "2"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(printed_losses(run.out).size(), 2u) << run.out;
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--auto", "--mesh", "1x1x2", "-o", "x.splan"}),
+      "excludes");
+}
+
 TEST_F(CliTest, PipelineOptionErrors) {
   ASSERT_EQ(strata({"zoo", "mlp", "--batch", "6", "-o", "m.strata"}).code, 0);
   expect_one_line_error(strata({"compile", "m.strata", "--mesh", "1x1x2", "-o", "p.splan"}),

@@ -1,0 +1,68 @@
+// The automatic plan search (strata compile --auto): given a model, a training
+// setup and N devices of a cluster, try every way to spend the devices that
+// strata can run today and keep the fastest plan that fits in memory.
+//
+// Search space (tensor parallelism is not built yet, so TP = 1):
+//   DP x PP = N                     every factorization of the device count
+//   M                               micro-batches per replica: every power of two
+//                                   (and the whole local batch) dividing the
+//                                   replica's batch, up to 64
+//   schedule                        1F1B and GPipe when PP > 1
+// Each candidate is compiled for real (compile_pipeline: stage search, lowering,
+// memory plans, deadlock check) and scored by the simulator's predicted step
+// time. Its memory per device is what the plan says: the activation arena plus
+// the weights, optimizer state and constants the device holds. A candidate fits
+// when every device's memory is within the cluster device's capacity.
+//
+// The winner is the fitting candidate with the smallest predicted step (ties:
+// less memory, then fewer micro-batches). The explanation compares it with the
+// runner-up: step time, bubble, bytes moved per step, memory.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "partitioner/compile_pipeline.h"
+
+namespace strata::partitioner {
+
+struct AutoOptions {
+  int devices = 0;     // N; 0: every device of the cluster
+  ClusterSpec cluster; // costs and memory capacity
+  // As PipelineCompileOptions::profile: measured node times for every candidate.
+  std::function<Result<std::vector<double>>(const Graph &training)> profile;
+  int max_microbatches = 64;
+};
+
+struct AutoCandidate {
+  int data_parallel = 1;
+  int stages = 1;
+  int microbatches = 1;
+  Schedule schedule = Schedule::k1F1B;
+  double step_s = 0;     // predicted
+  double bubble = 0;     // predicted
+  int64_t memory = 0;    // the largest device's bytes: arena + held tensors
+  double comm_bytes = 0; // sent and all-reduced per step, all devices
+  bool fits = false;
+  std::string error;         // why it could not be compiled (then the numbers are 0)
+  std::string label() const; // "dp=2 pp=4 M=8 1f1b"
+};
+
+struct AutoResult {
+  // Every candidate tried: fitting ones by predicted step, then the rest.
+  std::vector<AutoCandidate> candidates;
+  size_t winner = 0;        // index into candidates
+  serialization::Plan plan; // the winner's plan
+  std::string reason;       // why the winner won, one or two sentences
+  double search_seconds = 0;
+};
+
+// Errors: no candidate compiles (the first error), or none fits: "no plan for N
+// devices fits in C per device; the smallest needs M (dp=.. pp=.. M=..)".
+Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions &training,
+                             const AutoOptions &options);
+
+// Bytes device `d` of `plan` needs: its arena plus its held tensors.
+int64_t device_memory(const serialization::Plan &plan, size_t device);
+
+} // namespace strata::partitioner

@@ -1,0 +1,111 @@
+// The automatic plan search: every DP x PP split of the devices is tried, the
+// winner is the fastest predicted plan that fits, and memory limits change the
+// choice or end in an error naming the smallest memory needed.
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "partitioner/auto_plan.h"
+#include "tools/zoo.h"
+
+namespace strata::partitioner {
+namespace {
+
+Graph gpt() {
+  zoo::GptOptions o;
+  o.layers = 4;
+  o.hidden = 32;
+  o.heads = 2;
+  o.seq = 16;
+  o.vocab = 64;
+  o.batch = 8;
+  return *zoo::make_gpt(o);
+}
+
+passes::TrainingOptions training() {
+  passes::TrainingOptions options;
+  options.optimizer = *passes::parse_optimizer("adamw:lr=1e-3");
+  return options;
+}
+
+TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
+  AutoOptions options;
+  options.cluster = default_cpu_cluster(4);
+  options.devices = 4;
+  auto result = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  std::set<std::pair<int, int>> meshes;
+  for (const AutoCandidate &c : result->candidates) {
+    EXPECT_TRUE(c.error.empty()) << c.label() << ": " << c.error;
+    EXPECT_EQ(c.data_parallel * c.stages, 4) << c.label();
+    meshes.insert({c.data_parallel, c.stages});
+  }
+  EXPECT_EQ(meshes, (std::set<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}));
+  // Micro-batches: powers of two dividing each replica's batch (8 / dp).
+  EXPECT_TRUE(std::any_of(result->candidates.begin(), result->candidates.end(), [](const auto &c) {
+    return c.data_parallel == 1 && c.microbatches == 8;
+  }));
+  const AutoCandidate &best = result->candidates[result->winner];
+  for (const AutoCandidate &c : result->candidates)
+    if (c.fits) {
+      EXPECT_LE(best.step_s, c.step_s) << c.label();
+    }
+  // The plan is the winner's, and what the search measured.
+  EXPECT_EQ(result->plan.pipeline->stages, best.stages);
+  EXPECT_EQ(result->plan.pipeline->data_parallel, best.data_parallel);
+  EXPECT_EQ(result->plan.pipeline->microbatches, best.microbatches);
+  EXPECT_DOUBLE_EQ(result->plan.pipeline->predicted_step_s, best.step_s);
+  int64_t memory = 0;
+  for (size_t d = 0; d < result->plan.programs.size(); ++d)
+    memory = std::max(memory, device_memory(result->plan, d));
+  EXPECT_EQ(memory, best.memory);
+  EXPECT_NE(result->reason.find(best.label()), std::string::npos) << result->reason;
+}
+
+TEST(AutoPlanTest, MemoryLimitsChangeTheChoice) {
+  AutoOptions options;
+  options.cluster = default_cpu_cluster(4);
+  options.devices = 4;
+  options.cluster.device.memory_bytes = 0; // no limit
+  auto free = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(free.is_ok()) << free.status().message();
+  int64_t smallest = INT64_MAX;
+  for (const AutoCandidate &c : free->candidates)
+    smallest = std::min(smallest, c.memory);
+  const int64_t winner_memory = free->candidates[free->winner].memory;
+  ASSERT_LT(smallest, winner_memory) << "the unconstrained winner already needs the least memory";
+
+  // Just under what the unconstrained winner needs: another plan wins.
+  options.cluster.device.memory_bytes = winner_memory - 1;
+  auto tight = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().message();
+  const AutoCandidate &chosen = tight->candidates[tight->winner];
+  EXPECT_TRUE(chosen.fits);
+  EXPECT_LT(chosen.memory, winner_memory);
+  EXPECT_NE(chosen.label(), free->candidates[free->winner].label());
+  EXPECT_TRUE(std::any_of(tight->candidates.begin(), tight->candidates.end(),
+                          [](const auto &c) { return !c.fits; }));
+
+  // Below every candidate: an error with the smallest memory any plan needs.
+  options.cluster.device.memory_bytes = smallest - 1;
+  auto none = auto_plan(gpt(), training(), options);
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("no plan for 4 devices fits in"), std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("the smallest needs"), std::string::npos)
+      << none.status().message();
+}
+
+TEST(AutoPlanTest, RefusesMoreDevicesThanTheCluster) {
+  AutoOptions options;
+  options.cluster = default_cpu_cluster(2);
+  options.devices = 4;
+  auto result = auto_plan(gpt(), training(), options);
+  ASSERT_FALSE(result.is_ok());
+  EXPECT_NE(result.status().message().find("has only 2"), std::string::npos)
+      << result.status().message();
+}
+
+} // namespace
+} // namespace strata::partitioner
