@@ -784,4 +784,82 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
   return out;
 }
 
+std::vector<TransferReason> explain_transfers(const Graph &graph,
+                                              const std::vector<PlanProgram> &programs,
+                                              const std::vector<std::vector<int32_t>> &groups,
+                                              const SimulationCosts &costs) {
+  auto phases = analyze_phases(graph, 1);
+  std::vector<TensorId> update_target(graph.num_tensors(), kInvalidTensor);
+  for (const StateUpdate &update : graph.updates())
+    update_target[update.value] = update.target;
+  auto node_text = [&](NodeId id) {
+    return str_cat("'", graph.node(id).name, "' (", graph.node(id).op, ")");
+  };
+  // The first node of `device`'s program that reads `tensor` on `microbatch`.
+  auto first_reader = [&](size_t device, TensorId tensor, int32_t microbatch) -> NodeId {
+    if (device >= programs.size()) return kNoNode;
+    for (const PlanInstruction &instr : programs[device].instructions) {
+      if (instr.kind != InstrKind::kCompute || instr.microbatch != microbatch) continue;
+      for (TensorId in : graph.node(instr.index).inputs)
+        if (in == tensor) return instr.index;
+    }
+    return kNoNode;
+  };
+  std::map<std::tuple<int, int, int32_t, TensorId>, size_t> rows;
+  std::vector<TransferReason> out;
+  for (size_t d = 0; d < programs.size(); ++d)
+    for (const PlanInstruction &instr : programs[d].instructions) {
+      if (instr.kind != InstrKind::kSend && instr.kind != InstrKind::kAllReduce) continue;
+      const bool reduce = instr.kind == InstrKind::kAllReduce;
+      if (reduce && static_cast<size_t>(instr.peer) < groups.size() &&
+          groups[static_cast<size_t>(instr.peer)].front() != static_cast<int32_t>(d))
+        continue; // one row per group, from its first member
+      const auto key = std::make_tuple(static_cast<int>(d), reduce ? -1 : instr.peer,
+                                       reduce ? instr.peer : -1, instr.index);
+      auto [it, fresh] = rows.try_emplace(key, out.size());
+      if (!fresh) {
+        ++out[it->second].count;
+        continue;
+      }
+      TransferReason row;
+      row.from = static_cast<int>(d);
+      row.to = reduce ? -1 : instr.peer;
+      row.group = reduce ? instr.peer : -1;
+      row.tensor = instr.index;
+      row.count = 1;
+      row.bytes = static_cast<double>(graph.tensor(instr.index).type.size_bytes());
+      const NodeId producer = graph.tensor(instr.index).producer;
+      const std::string made = producer == kNoNode ? std::string("an input") : node_text(producer);
+      if (reduce) {
+        std::string members;
+        if (static_cast<size_t>(instr.peer) < groups.size())
+          for (int32_t m : groups[static_cast<size_t>(instr.peer)])
+            members += str_cat(members.empty() ? "" : ", ", m);
+        row.why = str_cat("'", graph.tensor(instr.index).name, "' from ", made,
+                          ", summed over the replicas (devices ", members, ") before the mean");
+        if (costs.all_reduce && static_cast<size_t>(instr.peer) < groups.size())
+          row.seconds = costs.all_reduce(groups[static_cast<size_t>(instr.peer)], row.bytes);
+      } else {
+        const NodeId reader =
+            first_reader(static_cast<size_t>(instr.peer), instr.index, instr.microbatch);
+        const std::string read =
+            reader == kNoNode ? std::string("") : str_cat(" read by ", node_text(reader));
+        if (instr.microbatch < 0 && update_target[instr.index] != kInvalidTensor) {
+          row.why = str_cat("new value of '", graph.tensor(update_target[instr.index]).name,
+                            "' from ", made, " for the copy on device ", instr.peer);
+        } else if (instr.microbatch < 0) {
+          row.why = str_cat("once per step: ", made, read, " on device ", instr.peer);
+        } else {
+          const bool backward = producer != kNoNode && phases.is_ok() &&
+                                phases->node_phase[producer] == Phase::kBackward;
+          row.why = str_cat(backward ? "gradient" : "activation", " from ", made, read,
+                            " on device ", instr.peer, ", every micro-batch");
+        }
+        if (costs.transfer) row.seconds = costs.transfer(row.from, row.to, row.bytes);
+      }
+      out.push_back(std::move(row));
+    }
+  return out;
+}
+
 } // namespace strata::partitioner

@@ -146,6 +146,23 @@ Result<Simulation> simulate_pipeline(const Graph &graph,
 Status check_deadlock(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
                       const std::vector<std::vector<int32_t>> &groups = {});
 
+// Why a plan moves data: one row per (sender, receiver or group, tensor), with
+// the producer and the first reader it connects, derived from the programs.
+struct TransferReason {
+  int from = 0;       // device that sends (or a member of the group)
+  int to = -1;        // receiving device; -1 for an all-reduce
+  int32_t group = -1; // all-reduce group
+  TensorId tensor = 0;
+  std::string
+      why;       // "activation of 'layer1.out' (Add) read by 'layer2.ln1' (LayerNorm) on device 1"
+  int count = 0; // messages per step (one per micro-batch, or one)
+  double bytes = 0;   // each
+  double seconds = 0; // predicted time of one, from `costs`
+};
+std::vector<TransferReason>
+explain_transfers(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                  const std::vector<std::vector<int32_t>> &groups, const SimulationCosts &costs);
+
 // One executed (or predicted) instruction, for traces.
 struct TraceSpan {
   uint32_t instruction = 0;

@@ -667,6 +667,20 @@ Result<TrainingStages> assign_training_nodes(const Graph &training,
     const Node &node = training.node(id);
     int stage = -1;
     if (auto it = forward_stage.find(node.name); it != forward_stage.end()) stage = it->second;
+    if (stage < 0 && node.name.ends_with(".grad.accumulate")) {
+      // The sum of a tensor's gradient contributions runs where they are all
+      // computed when that is one stage: at a stage boundary only the sum then
+      // crosses, not every contribution. Mixed stages keep the rule below.
+      int only = -1;
+      bool one_stage = true;
+      for (TensorId in : node.inputs) {
+        const NodeId producer = training.tensor(in).producer;
+        const int s = producer != kNoNode ? resolve(producer) : -1;
+        if (s < 0 || (only >= 0 && s != only)) one_stage = false;
+        only = s;
+      }
+      if (one_stage) stage = only;
+    }
     if (stage < 0) {
       size_t grad = node.name.find(".grad.");
       if (grad != std::string::npos && grad > 0) {

@@ -186,8 +186,11 @@ struct TrainingStages {
 
 // Rules, applied in a topological order of `training`:
 //  1. a forward node (named in forward_stages.order_names) takes its stage;
-//  2. a node named "<X>.grad.<...>" follows X: the node named X, or the tensor
-//     named X (its producer's stage; a parameter's owning stage);
+//  2. a node named "<X>.grad.accumulate" (the sum of X's gradient contributions)
+//     whose inputs are all produced on one stage runs there, so only the sum
+//     crosses a stage boundary; any other "<X>.grad.<...>" follows X: the node
+//     named X, or the tensor named X (its producer's stage; a parameter's owning
+//     stage);
 //  3. a node named "<P>.<...>" for a parameter or state tensor P (optimizer
 //     update, clipped gradient) takes P's stage;
 //  4. any other node takes the latest stage among its inputs' stages, or 0 when

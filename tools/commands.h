@@ -19,6 +19,7 @@ struct InspectArgs {
   std::string format = "text"; // text, json or dot; plans also trace
   int64_t max_nodes = 25;      // rows of the per-node table in text form
   bool all_nodes = false;
+  bool comm = false; // pipeline plans: list every transfer and why it is there
 };
 Status inspect_command(const InspectArgs &args, std::ostream &out);
 

@@ -520,6 +520,27 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
                             " is for models; a plan prints as text, json, dot or trace");
   out << "plan         " << args.path << "\n";
   print_plan_summary(plan, out);
+  if (args.comm) {
+    if (!plan.pipeline)
+      return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
+    ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
+                     partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
+    const auto rows =
+        partitioner::explain_transfers(plan.graph, plan.programs, plan.pipeline->groups,
+                                       partitioner::cluster_costs(plan.graph, cluster));
+    out << "transfers    " << rows.size() << " (per step; predicted time of one on '"
+        << cluster.name << "')\n";
+    out << "  from -> to   tensor                          size x count     time each  why\n";
+    for (const auto &row : rows) {
+      std::string route =
+          row.to >= 0 ? str_cat(row.from, " -> ", row.to) : str_cat("group ", row.group);
+      std::string tensor = plan.graph.tensor(row.tensor).name;
+      if (tensor.size() > 30) tensor = tensor.substr(0, 27) + "...";
+      tensor.resize(30, ' ');
+      out << "  " << pad(route, 10) << "   " << tensor << pad(human_bytes(row.bytes), 10) << " x "
+          << row.count << pad(format_ms(row.seconds), 13) << "  " << row.why << "\n";
+    }
+  }
   return Status::ok();
 }
 

@@ -229,6 +229,9 @@ void add_inspect(CLI::App &app, Action &action) {
       ->check(CLI::IsMember({"text", "json", "dot", "trace"}))
       ->capture_default_str();
   CLI::Option *all = sub->add_flag("--all", args.all_nodes, "list every node in the text form");
+  sub->add_flag("--comm", args.comm,
+                "pipeline plan: list every send, receive and all-reduce per step, its size, "
+                "predicted time and why it is there");
   sub->add_option("--nodes", args.max_nodes, "rows of the per-node table in the text form")
       ->check(at_least(0))
       ->excludes(all)

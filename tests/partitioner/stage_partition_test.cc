@@ -9,6 +9,8 @@
 #include <string>
 
 #include <gmock/gmock.h>
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "passes/make_training.h"
@@ -364,6 +366,16 @@ TEST(AssignTrainingNodes, EveryNodeGetsAStageAndBackwardFollowsForward) {
     if (auto f = gpt.find_node(node.name)) {
       EXPECT_EQ(stage, forward->node_stage[*f]) << node.name;
     }
+    if (node.name.ends_with(".grad.accumulate")) {
+      // Sums of contributions all made on one stage run there.
+      std::set<int> stages;
+      for (TensorId in : node.inputs)
+        stages.insert(mapped->node_stage[training->tensor(in).producer]);
+      if (stages.size() == 1) {
+        EXPECT_EQ(stage, *stages.begin()) << node.name;
+        continue;
+      }
+    }
     size_t grad = node.name.find(".grad.");
     if (grad != std::string::npos) {
       if (auto f = gpt.find_node(node.name.substr(0, grad))) {
@@ -371,6 +383,15 @@ TEST(AssignTrainingNodes, EveryNodeGetsAStageAndBackwardFollowsForward) {
       }
     }
   }
+  // At the stage boundary the residual stream's two gradient contributions are
+  // both made on stage 1: their sum runs there and crosses as one tensor.
+  const std::string last_of_stage0 = forward->boundaries[0];
+  auto boundary_sum = training->find_node(last_of_stage0 + ".grad.accumulate");
+  ASSERT_TRUE(boundary_sum.has_value()) << last_of_stage0;
+  EXPECT_EQ(mapped->node_stage[*boundary_sum], 1) << last_of_stage0;
+  // The tied embedding's contributions come from both stages: the sum stays
+  // with the parameter.
+  EXPECT_EQ(mapped->node_stage[*training->find_node("wte.grad.accumulate")], 0);
   // Optimizer updates follow their parameter; the tied embedding lives in stage 0.
   EXPECT_EQ(mapped->node_stage[*training->find_node("wte.update")], 0);
   EXPECT_EQ(mapped->tensor_stage[*training->find_tensor("wte")], 0);

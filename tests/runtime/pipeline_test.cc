@@ -486,6 +486,40 @@ TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {
   EXPECT_GT(a.state.count("wte"), 0u);
 }
 
+// What crosses the boundary of a 2-stage GPT, and why: the residual stream
+// forward, its (summed) gradient backward, the tied embedding's gradient from
+// the head, and once per step the learning rate and the new values of copies.
+TEST_F(PipelineTest, TransfersAreExplained) {
+  auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  const auto rows =
+      partitioner::explain_transfers(plan->graph, plan->programs, {}, partitioner::zero_costs());
+  int activations = 0, gradients = 0, copies = 0, per_step = 0;
+  for (const auto &row : rows) {
+    const std::string &name = plan->graph.tensor(row.tensor).name;
+    if (row.why.starts_with("activation")) {
+      ++activations;
+      EXPECT_EQ(row.from, 0) << name;
+      EXPECT_EQ(row.count, 2) << name; // every micro-batch
+      EXPECT_EQ(name, plan->pipeline->boundaries[0]);
+    } else if (row.why.starts_with("gradient")) {
+      ++gradients;
+      EXPECT_EQ(row.from, 1) << name;
+    } else if (row.why.starts_with("new value of")) {
+      ++copies;
+    } else if (row.why.starts_with("once per step")) {
+      ++per_step;
+    }
+    EXPECT_GT(row.bytes, 0) << name;
+  }
+  EXPECT_EQ(activations, 1);
+  // The residual stream's gradient (its two contributions summed on stage 1)
+  // and the head's contribution to the tied embedding's gradient.
+  EXPECT_EQ(gradients, 2);
+  EXPECT_EQ(copies, 2);   // wte and the step counter
+  EXPECT_EQ(per_step, 1); // the learning rate
+}
+
 TEST_F(PipelineTest, MicroBatchesMustDivideTheBatch) {
   auto plan = compile(mlp(), training(), 2, 3, Schedule::k1F1B);
   ASSERT_FALSE(plan.is_ok());

@@ -565,6 +565,10 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   for (const char *stage : {"\n    0 ", "\n    1 ", "\n    2 ", "\n    3 "})
     EXPECT_NE(inspect.out.find(stage), std::string::npos) << stage << inspect.out;
 
+  Outcome comm = strata({"inspect", "pp.splan", "--comm"});
+  ASSERT_EQ(comm.code, 0) << comm.err;
+  EXPECT_NE(comm.out.find("activation from"), std::string::npos) << comm.out;
+  EXPECT_NE(comm.out.find("new value of 'wte'"), std::string::npos) << comm.out;
   Outcome dot = strata({"inspect", "pp.splan", "--format", "dot"});
   ASSERT_EQ(dot.code, 0) << dot.err;
   EXPECT_NE(dot.out.find("stage2 -> stage3"), std::string::npos) << dot.out;
