@@ -378,6 +378,66 @@ Status global_norm_scale_kernel(const KernelContext &context) {
   return Status::ok();
 }
 
+// SumOfSquares(g0, g1, ...) -> f32[2]: the sum of every element squared, in
+// double, as the pair (hi, lo) = (float(sum), float(sum - hi)), which keeps about
+// 48 bits of the double. What one pipeline stage contributes to a global norm.
+
+Result<TypeList> infer_sum_of_squares(const Node &node, const OpDef &def,
+                                      llvm::ArrayRef<TensorType> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    RETURN_IF_ERROR(expect_floating(def, inputs, i));
+  return TypeList{TensorType{DType::kF32, {2}}};
+}
+
+Result<double> sum_of_squares(const KernelContext &context) {
+  double sum = 0;
+  for (size_t k = 0; k < context.inputs.size(); ++k) {
+    const ConstTensorView &g = context.inputs[k];
+    if (g.dtype() != DType::kF32)
+      return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(g.dtype()),
+                           " (input ", k, ")");
+    const float *data = g.as<float>();
+    double part = 0;
+    for (int64_t i = 0, n = g.num_elements(); i < n; ++i)
+      part += static_cast<double>(data[i]) * static_cast<double>(data[i]);
+    sum += part;
+  }
+  return sum;
+}
+
+Status sum_of_squares_kernel(const KernelContext &context) {
+  ASSIGN_OR_RETURN(double sum, sum_of_squares(context));
+  float *out = context.outputs[0].as<float>();
+  out[0] = static_cast<float>(sum);
+  out[1] = static_cast<float>(sum - static_cast<double>(out[0]));
+  return Status::ok();
+}
+
+// NormScale(s0, s1, ...) -> scale: GlobalNormScale from partial sums of squares
+// (SumOfSquares pairs), added in double in input order.
+
+Result<TypeList> infer_norm_scale(const Node &node, const OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  const double max_norm = AttrReader(node, def).get_float("max_norm");
+  if (!(max_norm > 0))
+    return invalid_argument(def.name, ": attribute 'max_norm' = ", max_norm, " must be positive");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!(inputs[i] == TensorType{DType::kF32, {2}}))
+      return invalid_argument(def.name, ": input ", i, " is ", inputs[i].to_string(),
+                              "; expected a SumOfSquares pair f32[2]");
+  return TypeList{TensorType{DType::kF32, {}}};
+}
+
+Status norm_scale_kernel(const KernelContext &context) {
+  double sum = 0;
+  for (const ConstTensorView &pair : context.inputs)
+    sum += static_cast<double>(pair.as<float>()[0]) + static_cast<double>(pair.as<float>()[1]);
+  const double max_norm = context.attrs().get_float("max_norm");
+  const double coef = max_norm / (std::sqrt(sum) + 1e-6);
+  *context.outputs[0].as<float>() = static_cast<float>(std::min(coef, 1.0));
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------------------
 // The table
 
@@ -437,6 +497,26 @@ std::vector<OpDef> make_table() {
              global_norm_scale_cost,
              global_norm_scale_kernel};
   table.push_back(std::move(clip));
+
+  OpDef squares{"SumOfSquares",
+                "(hi, lo) = the sum of every input element squared, in double, as two f32",
+                1,
+                1 << 20,
+                {},
+                infer_sum_of_squares,
+                global_norm_scale_cost,
+                sum_of_squares_kernel};
+  table.push_back(std::move(squares));
+
+  OpDef norm{"NormScale",
+             "scale = min(1, max_norm / (sqrt(sum of the SumOfSquares inputs) + 1e-6))",
+             1,
+             1 << 20,
+             {{"max_norm", AttrType::kFloat, std::nullopt, "largest allowed global norm"}},
+             infer_norm_scale,
+             scalar_cost,
+             norm_scale_kernel};
+  table.push_back(std::move(norm));
   return table;
 }
 

@@ -1,5 +1,10 @@
 #include "partitioner/compile_pipeline.h"
 
+#include <map>
+
+#include "graph/builder.h"
+#include "graph/verifier.h"
+#include "ops/registry.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/stage_partition.h"
 #include "passes/split_batch.h"
@@ -7,6 +12,39 @@
 namespace strata::partitioner {
 
 namespace {
+
+// Gradient clipping across stages: a GlobalNormScale reading gradients of
+// several stages would pull every gradient to its stage once per step. Each
+// stage instead sums its own gradients' squares (SumOfSquares) and the clip
+// node becomes NormScale of those pairs: eight bytes per stage cross.
+Status split_clip_norm(Graph &graph, std::vector<int> &node_stage) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    if (graph.node(id).op != "GlobalNormScale") continue;
+    std::map<int, std::vector<TensorId>> by_stage;
+    for (TensorId in : graph.node(id).inputs) {
+      const NodeId producer = graph.tensor(in).producer;
+      by_stage[producer == kNoNode ? node_stage[id] : node_stage[producer]].push_back(in);
+    }
+    if (by_stage.size() < 2) continue;
+    const std::string name = graph.node(id).name;
+    GraphBuilder builder(std::move(graph), registry);
+    std::vector<TensorId> partials;
+    std::vector<int> partial_stage;
+    for (const auto &[stage, grads] : by_stage) {
+      partials.push_back(builder.op1("SumOfSquares", grads, {}, str_cat(name, ".stage", stage)));
+      partial_stage.push_back(stage);
+    }
+    ASSIGN_OR_RETURN(graph, std::move(builder).finish());
+    for (int stage : partial_stage)
+      node_stage.push_back(stage);
+    Node &clip = graph.mutable_node(id);
+    clip.op = "NormScale";
+    clip.inputs.assign(partials.begin(), partials.end());
+    RETURN_IF_ERROR(verify_graph(graph, registry).with_context("splitting " + name));
+  }
+  return Status::ok();
+}
 
 // Bytes a stage holds per parameter byte: weights, gradients and the optimizer's
 // per-parameter state.
@@ -74,6 +112,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.manual_boundaries = options.stage_boundaries;
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
+  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage));
 
   PipelineOptions lowering;
   lowering.stages = P;

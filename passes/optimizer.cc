@@ -354,7 +354,8 @@ Status append_optimizer(Graph &graph, llvm::ArrayRef<Gradient> gradients,
 }
 
 bool is_step_op(std::string_view op) {
-  return op == "LearningRate" || op == "GlobalNormScale" || op == "SgdUpdate" || op == "AdamUpdate";
+  return op == "LearningRate" || op == "GlobalNormScale" || op == "SgdUpdate" ||
+         op == "AdamUpdate" || op == "SumOfSquares" || op == "NormScale";
 }
 
 } // namespace strata::passes

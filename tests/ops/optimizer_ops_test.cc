@@ -331,6 +331,35 @@ TEST(GlobalNormScaleTest, BelowAndAboveTheClip) {
       {"GlobalNormScale", "input 1"});
 }
 
+// The split form: per-stage SumOfSquares pairs combined by NormScale give the
+// same scale as GlobalNormScale over all gradients.
+TEST(GlobalNormScaleTest, SplitFormMatches) {
+  TestTensor a = f32({2}, {3, 4});
+  TestTensor b = f32({1, 1}, {12});
+  TestTensor c = f32({3}, {0.1f, -0.2f, 0.3f});
+  TestTensor first = run_one("SumOfSquares", {a, b}, {});
+  EXPECT_EQ(first.type.to_string(), (TensorType{DType::kF32, {2}}).to_string());
+  // hi + lo is the double sum: 9 + 16 + 144 = 169 (exact in f32, lo = 0).
+  expect_close(first, {169.0, 0.0}, 0, 0, "pair");
+  TestTensor second = run_one("SumOfSquares", {c}, {});
+  // 0.1^2 + 0.2^2 + 0.3^2 in double from f32 inputs is not a float: lo keeps most
+  // of the rest (hi + lo holds about 48 bits).
+  const double exact = 0.1f * static_cast<double>(0.1f) + 0.2f * static_cast<double>(0.2f) +
+                       0.3f * static_cast<double>(0.3f);
+  const float *pair = second.as<float>();
+  EXPECT_NE(pair[1], 0.0f);
+  EXPECT_NEAR(static_cast<double>(pair[0]) + static_cast<double>(pair[1]), exact, exact * 1e-13);
+  for (double max_norm : {1.0, 6.5, 100.0}) {
+    TestTensor split = run_one("NormScale", {first, second}, {float_attr("max_norm", max_norm)});
+    TestTensor whole = run_one("GlobalNormScale", {a, b, c}, {float_attr("max_norm", max_norm)});
+    EXPECT_EQ(split.bytes, whole.bytes) << max_norm;
+  }
+  expect_error(infer("NormScale", {b.type}, {float_attr("max_norm", 1.0)}).status(),
+               {"NormScale", "input 0", "f32[2]"});
+  expect_error(infer("NormScale", {first.type}, {float_attr("max_norm", -1.0)}).status(),
+               {"NormScale", "'max_norm'"});
+}
+
 TEST(OptimizerOpsTest, RefuseNonF32Kernels) {
   const Shape shape = {2};
   TestTensor p = zeros(DType::kF16, shape);

@@ -178,9 +178,22 @@ TEST_F(PipelineTest, MlpMatchesOneDevice) { check_model(mlp(), training()); }
 TEST_F(PipelineTest, GptMatchesOneDevice) { check_model(gpt(), training()); }
 
 TEST_F(PipelineTest, GptWithAdamWAndClippingMatchesOneDevice) {
-  // Clipping reads every stage's gradients once per step; AdamW keeps a step
-  // counter every stage holds a copy of.
+  // Clipping needs the norm of every stage's gradients: each stage sums its own
+  // squares (SumOfSquares) and the clip scale is NormScale of those, so eight
+  // bytes per stage cross, not the gradients. AdamW keeps a step counter every
+  // stage holds a copy of.
   const auto options = training("adamw:lr=0.01,wd=0.1,clip=1");
+  auto plan = compile(gpt(), options, 4, 4, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  const auto clip = plan->graph.find_node("optimizer.clip_scale");
+  ASSERT_TRUE(clip.has_value());
+  EXPECT_EQ(plan->graph.node(*clip).op, "NormScale");
+  EXPECT_EQ(plan->graph.node(*clip).inputs.size(), 4u);
+  for (const auto &row :
+       partitioner::explain_transfers(plan->graph, plan->programs, {}, partitioner::zero_costs()))
+    if (row.why.starts_with("once per step")) {
+      EXPECT_LE(row.bytes, 8) << plan->graph.tensor(row.tensor).name;
+    }
   const TrainRun want = reference(gpt(), options);
   const TrainRun got = pipelined(gpt(), options, 4, 4, Schedule::k1F1B);
   expect_bitwise(got, pipelined(gpt(), options, 1, 4, Schedule::k1F1B), "P=4 vs P=1");
