@@ -46,14 +46,21 @@ double comm_bytes(const serialization::Plan &plan) {
 
 std::string AutoCandidate::label() const {
   return str_cat("dp=", data_parallel, " pp=", stages, " M=", microbatches, " ",
-                 schedule_name(schedule));
+                 schedule_name(schedule), zero ? " zero1" : "");
 }
 
 int64_t device_memory(const serialization::Plan &plan, size_t device) {
   const auto &program = plan.programs[device];
   int64_t bytes = program.arena_bytes;
-  for (TensorId id : program.holds)
-    bytes += plan.graph.tensor(id).type.size_bytes();
+  int64_t shards = 1;
+  if (plan.pipeline && program.shard_group >= 0 &&
+      static_cast<size_t>(program.shard_group) < plan.pipeline->groups.size())
+    shards = static_cast<int64_t>(plan.pipeline->groups[program.shard_group].size());
+  for (TensorId id : program.holds) {
+    const bool sharded =
+        std::binary_search(program.sharded_holds.begin(), program.sharded_holds.end(), id);
+    bytes += plan.graph.tensor(id).type.size_bytes() / (sharded ? shards : 1);
+  }
   return bytes;
 }
 
@@ -86,36 +93,41 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
       // With one stage or one micro-batch both schedules are the same program.
       std::vector<Schedule> schedules = {Schedule::k1F1B};
       if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
-      for (Schedule schedule : schedules) {
-        AutoCandidate c;
-        c.data_parallel = dp;
-        c.stages = pp;
-        c.microbatches = M;
-        c.schedule = schedule;
-        PipelineCompileOptions compile;
-        compile.stages = pp;
-        compile.data_parallel = dp;
-        compile.microbatches = M;
-        compile.schedule = schedule;
-        compile.cluster = options.cluster;
-        compile.check_memory = false; // checked below, over the whole device
-        compile.profile = options.profile;
-        auto plan = compile_pipeline(forward, training, compile);
-        if (!plan.is_ok()) {
-          c.error = plan.status().message();
+      std::vector<int> zeros = {0};
+      if (dp > 1) zeros.push_back(1);
+      for (int zero : zeros)
+        for (Schedule schedule : schedules) {
+          AutoCandidate c;
+          c.data_parallel = dp;
+          c.stages = pp;
+          c.microbatches = M;
+          c.schedule = schedule;
+          c.zero = zero;
+          PipelineCompileOptions compile;
+          compile.zero = zero;
+          compile.stages = pp;
+          compile.data_parallel = dp;
+          compile.microbatches = M;
+          compile.schedule = schedule;
+          compile.cluster = options.cluster;
+          compile.check_memory = false; // checked below, over the whole device
+          compile.profile = options.profile;
+          auto plan = compile_pipeline(forward, training, compile);
+          if (!plan.is_ok()) {
+            c.error = plan.status().message();
+            result.candidates.push_back(std::move(c));
+            plans.emplace_back();
+            continue;
+          }
+          c.step_s = plan->pipeline->predicted_step_s;
+          c.bubble = plan->pipeline->predicted_bubble;
+          for (size_t d = 0; d < plan->programs.size(); ++d)
+            c.memory = std::max(c.memory, device_memory(*plan, d));
+          c.comm_bytes = comm_bytes(*plan);
+          c.fits = capacity <= 0 || c.memory <= capacity;
           result.candidates.push_back(std::move(c));
-          plans.emplace_back();
-          continue;
+          plans.push_back(std::move(plan).value());
         }
-        c.step_s = plan->pipeline->predicted_step_s;
-        c.bubble = plan->pipeline->predicted_bubble;
-        for (size_t d = 0; d < plan->programs.size(); ++d)
-          c.memory = std::max(c.memory, device_memory(*plan, d));
-        c.comm_bytes = comm_bytes(*plan);
-        c.fits = capacity <= 0 || c.memory <= capacity;
-        result.candidates.push_back(std::move(c));
-        plans.push_back(std::move(plan).value());
-      }
     }
   }
   if (result.candidates.empty())

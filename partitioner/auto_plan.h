@@ -7,7 +7,8 @@
 //   M                               micro-batches per replica: every power of two
 //                                   (and the whole local batch) dividing the
 //                                   replica's batch, up to 64
-//   schedule                        1F1B and GPipe when PP > 1
+//   schedule                        1F1B and GPipe when PP > 1 and M > 1
+//   ZeRO-1                          off and on when DP > 1
 // Each candidate is compiled for real (compile_pipeline: stage search, lowering,
 // memory plans, deadlock check) and scored by the simulator's predicted step
 // time. Its memory per device is what the plan says: the activation arena plus
@@ -39,6 +40,7 @@ struct AutoCandidate {
   int stages = 1;
   int microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
+  int zero = 0;          // 1: ZeRO-1 optimizer-state sharding
   double step_s = 0;     // predicted
   double bubble = 0;     // predicted
   int64_t memory = 0;    // the largest device's bytes: arena + held tensors
@@ -62,7 +64,8 @@ struct AutoResult {
 Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions &training,
                              const AutoOptions &options);
 
-// Bytes device `d` of `plan` needs: its arena plus its held tensors.
+// Bytes device `d` of `plan` needs: its arena plus its held tensors (a ZeRO-1
+// shard counts its share).
 int64_t device_memory(const serialization::Plan &plan, size_t device);
 
 } // namespace strata::partitioner

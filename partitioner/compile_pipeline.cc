@@ -73,6 +73,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
   if (DP < 1)
     return invalid_argument("--mesh: data parallelism needs at least 1 replica, got ", DP);
+  if (options.zero != 0 && options.zero != 1)
+    return invalid_argument("--zero ", options.zero, ": only ZeRO stage 1 (or 0) is built");
+  if (options.zero == 1 && DP < 2)
+    return invalid_argument("--zero 1 shards the optimizer state over data-parallel replicas; "
+                            "the mesh has one (use --mesh DPxTPxPP with DP >= 2)");
   const int devices = P * DP;
   const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
   if (cluster.num_devices() < devices)
@@ -92,9 +97,6 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
       return internal_error("--profile measured ", measured.size(), " nodes of ",
                             graph.num_nodes());
   }
-  SimulationCosts costs = cluster_costs(graph, cluster);
-  if (!measured.empty()) costs.compute = [&measured](NodeId id) { return measured[id]; };
-
   StagePartitionOptions partition;
   partition.node_time = [&](const Graph &g, NodeId id) {
     return measured.empty() ? node_time(g, id, cluster.device) : measured[id];
@@ -113,11 +115,20 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
   RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage));
+  // Costs of the graph as it now is (the split added nodes, which the profile
+  // did not time: they get their roofline time).
+  SimulationCosts costs = cluster_costs(graph, cluster);
+  if (!measured.empty()) {
+    for (NodeId id = static_cast<NodeId>(measured.size()); id < graph.num_nodes(); ++id)
+      measured.push_back(node_time(graph, id, cluster.device));
+    costs.compute = [&measured](NodeId id) { return measured[id]; };
+  }
 
   PipelineOptions lowering;
   lowering.stages = P;
   lowering.microbatches = M;
   lowering.data_parallel = DP;
+  lowering.zero = options.zero;
   lowering.schedule = options.schedule;
   const auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
@@ -139,6 +150,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   pipeline.stages = P;
   pipeline.microbatches = M;
   pipeline.data_parallel = DP;
+  pipeline.zero = options.zero;
   pipeline.groups = groups;
   pipeline.schedule = std::string(schedule_name(options.schedule));
   pipeline.node_stage.assign(placed.node_stage.begin(), placed.node_stage.end());

@@ -28,6 +28,8 @@ struct PipelineCompileOptions {
   // Replicas of every stage (--mesh DPx1xPP): the batch is split over
   // data_parallel x microbatches, gradients are all-reduced per stage.
   int data_parallel = 1;
+  // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1).
+  int zero = 0;
   Schedule schedule = Schedule::k1F1B;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;

@@ -34,6 +34,14 @@ uint64_t transfer_tag(TensorId tensor, int32_t microbatch) {
 
 namespace {
 
+// Instructions that run over a group of devices (peer = group index).
+bool is_grouped(InstrKind kind) {
+  return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
+         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard;
+}
+// The grouped instructions every member must reach together.
+bool is_collective(InstrKind kind) { return is_grouped(kind) && kind != InstrKind::kComputeShard; }
+
 bool is_intermediate(const Graph &graph, TensorId id) {
   return graph.tensor(id).kind == TensorKind::kIntermediate;
 }
@@ -65,6 +73,14 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
   case InstrKind::kScale: return str_cat("scale ", tensor_name(instr.index));
   case InstrKind::kAllReduce:
     return str_cat("all-reduce ", tensor_name(instr.index), " over group ", instr.peer);
+  case InstrKind::kReduceScatter:
+    return str_cat("reduce-scatter ", tensor_name(instr.index), " over group ", instr.peer);
+  case InstrKind::kAllGather:
+    return str_cat("all-gather ", tensor_name(instr.index), " over group ", instr.peer);
+  case InstrKind::kComputeShard:
+    if (instr.index >= graph.num_nodes()) return str_cat("compute-shard node ", instr.index);
+    return str_cat("compute '", graph.node(instr.index).name, "' (", graph.node(instr.index).op,
+                   ") on its shard of group ", instr.peer);
   case InstrKind::kUpdate:
     if (instr.index < graph.updates().size())
       return str_cat("update ", tensor_name(graph.updates()[instr.index].target));
@@ -181,6 +197,11 @@ public:
     }
     program_.instructions.push_back({InstrKind::kCompute, mb, node, -1});
   }
+  // The same on the device's shard over group `group` (ZeRO-1).
+  void compute_shard(NodeId node, int group) {
+    compute(node, -1);
+    program_.instructions.back() = {InstrKind::kComputeShard, -1, node, group};
+  }
   void send(TensorId tensor, int32_t mb, int peer) {
     if (sent_.insert({tensor, mb, peer}).second)
       program_.instructions.push_back({InstrKind::kSend, mb, tensor, peer});
@@ -250,7 +271,17 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
       define(key(instr.index, -1), i);
       break;
     case InstrKind::kScale:
-    case InstrKind::kAllReduce: RETURN_IF_ERROR(touch(key(instr.index, -1), i, instr)); break;
+    case InstrKind::kAllReduce:
+    case InstrKind::kReduceScatter:
+    case InstrKind::kAllGather: RETURN_IF_ERROR(touch(key(instr.index, -1), i, instr)); break;
+    case InstrKind::kComputeShard: {
+      const Node &node = graph.node(instr.index);
+      for (TensorId in : node.inputs)
+        if (is_intermediate(graph, in)) RETURN_IF_ERROR(touch(key(in, -1), i, instr));
+      for (TensorId out : node.outputs)
+        define(key(out, -1), i);
+      break;
+    }
     case InstrKind::kUpdate:
       RETURN_IF_ERROR(touch(key(graph.updates()[instr.index].value, -1), i, instr));
       break;
@@ -350,6 +381,42 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     holds[static_cast<size_t>(owner)].insert(id);
   }
 
+  // ZeRO-1: the optimizer updates that can run on shards, their gradients and
+  // the optimizer state they alone read.
+  std::vector<bool> sharded_node(graph.num_nodes(), false),
+      sharded_grad(graph.num_tensors(), false), sharded_state(graph.num_tensors(), false);
+  if (options.zero == 1 && DP > 1) {
+    const auto consumers = graph.consumers();
+    for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+      const Node &node = graph.node(id);
+      if ((node.op != "AdamUpdate" && node.op != "SgdUpdate") || node.inputs.size() < 2) continue;
+      const int64_t n = graph.tensor(node.inputs[0]).type.num_elements();
+      if (n % DP != 0 || n < DP) continue;
+      const TensorId grad = node.inputs[1];
+      if (!accumulated[grad] || consumers[grad].size() != 1 ||
+          node_stage[producer[grad]] != node_stage[id])
+        continue;
+      bool ok = true;
+      std::vector<TensorId> states;
+      for (TensorId in : node.inputs) {
+        const Tensor &t = graph.tensor(in);
+        if (t.type.num_elements() == 1 && n > 1) continue; // lr, step: scalars
+        if (t.type.num_elements() != n) ok = false;
+        if (t.kind == TensorKind::kState) {
+          if (consumers[in].size() != 1) ok = false;
+          states.push_back(in);
+        }
+      }
+      for (TensorId out : node.outputs)
+        if (graph.tensor(out).type.num_elements() != n) ok = false;
+      if (!ok) continue;
+      sharded_node[id] = true;
+      sharded_grad[grad] = true;
+      for (TensorId t : states)
+        sharded_state[t] = true;
+    }
+  }
+
   std::vector<PlanProgram> programs;
   for (int s = 0; s < P; ++s) {
     ProgramBuilder b(graph, node_stage, producer, s);
@@ -392,13 +459,20 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     // 2. Once per step: the means, what other stages read of them, the step nodes.
     for (TensorId t : phases.accumulated) {
       if (node_stage[producer[t]] != s) continue;
-      if (DP > 1) b.add(InstrKind::kAllReduce, t, -1, s);
+      if (DP > 1)
+        b.add(sharded_grad[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
       if (M * DP > 1) b.add(InstrKind::kScale, t);
       for (int peer : step_readers[t])
         b.send(t, -1, peer);
     }
     for (NodeId id : step) {
-      b.compute(id, -1);
+      if (sharded_node[id]) {
+        // The shard's update, then every replica's new parameter in full.
+        b.compute_shard(id, s);
+        b.add(InstrKind::kAllGather, graph.node(id).outputs[0], -1, s);
+      } else {
+        b.compute(id, -1);
+      }
       for (TensorId out : graph.node(id).outputs)
         for (int peer : step_readers[out])
           b.send(out, -1, peer);
@@ -422,6 +496,9 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     program.device = static_cast<uint32_t>(s);
     program.holds.assign(holds[static_cast<size_t>(s)].begin(),
                          holds[static_cast<size_t>(s)].end());
+    for (TensorId t : program.holds)
+      if (sharded_state[t]) program.sharded_holds.push_back(t);
+    if (!program.sharded_holds.empty()) program.shard_group = s;
     RETURN_IF_ERROR(plan_program_memory(graph, accumulated, M, options.alignment, program));
     programs.push_back(std::move(program));
   }
@@ -471,13 +548,18 @@ SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
   };
   const double bandwidth = cluster.device.memory_bandwidth * cluster.device.memory_efficiency;
   costs.local_copy = [bandwidth](double bytes) { return bandwidth > 0 ? bytes / bandwidth : 0.0; };
-  costs.all_reduce = [cluster](const std::vector<int32_t> &devices, double bytes) {
-    std::vector<int> members(devices.begin(), devices.end());
-    const LinkSpec &link = link_for_group(cluster, members);
-    return best_all_reduce(bytes, static_cast<int>(members.size()), link,
-                           reduce_bytes_per_second(cluster.device, DType::kF32))
-        .time_s;
+  auto collective = [cluster](Collective kind) {
+    return [cluster, kind](const std::vector<int32_t> &devices, double bytes) {
+      std::vector<int> members(devices.begin(), devices.end());
+      const LinkSpec &link = link_for_group(cluster, members);
+      return best_collective(kind, bytes, static_cast<int>(members.size()), link,
+                             reduce_bytes_per_second(cluster.device, DType::kF32))
+          .time_s;
+    };
   };
+  costs.all_reduce = collective(Collective::kAllReduce);
+  costs.reduce_scatter = collective(Collective::kReduceScatter);
+  costs.all_gather = collective(Collective::kAllGather);
   return costs;
 }
 
@@ -488,7 +570,7 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
   for (size_t d = 0; d < P; ++d)
     for (size_t i = 0; i < programs[d].instructions.size(); ++i) {
       const PlanInstruction &instr = programs[d].instructions[i];
-      if (instr.kind != InstrKind::kAllReduce) continue;
+      if (!is_grouped(instr.kind)) continue;
       if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= groups.size())
         return invalid_argument("device ", d, " instruction ", i, " (",
                                 describe_instruction(graph, instr), "): there are ", groups.size(),
@@ -564,7 +646,13 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
           if (instr.index < graph.updates().size())
             end = start + costs.local_copy(2 * bytes_of(graph.updates()[instr.index].target));
           break;
-        case InstrKind::kAllReduce: {
+        case InstrKind::kComputeShard:
+          end = start + costs.compute(instr.index) /
+                            static_cast<double>(groups[static_cast<size_t>(instr.peer)].size());
+          break;
+        case InstrKind::kAllReduce:
+        case InstrKind::kReduceScatter:
+        case InstrKind::kAllGather: {
           const auto &group = groups[static_cast<size_t>(instr.peer)];
           const size_t k = collectives_done[d][instr.peer];
           Meeting &meeting = meetings[{instr.peer, k}];
@@ -574,11 +662,13 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
             return failed_precondition("mismatched collective: device ", d, " instruction ", pc[d],
                                        " (", describe_instruction(graph, instr), ") meets '",
                                        meeting.tensor, "' from device ", *meeting.arrived.begin(),
-                                       " as all-reduce number ", k, " of group ", instr.peer);
+                                       " as collective number ", k, " of group ", instr.peer);
           if (meeting.arrived.insert(d).second) meeting.latest = std::max(meeting.latest, start);
           if (meeting.arrived.size() < group.size()) goto blocked;
-          end = meeting.latest +
-                (costs.all_reduce ? costs.all_reduce(group, bytes_of(instr.index)) : 0.0);
+          const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs.all_reduce
+                             : instr.kind == InstrKind::kReduceScatter ? costs.reduce_scatter
+                                                                       : costs.all_gather;
+          end = meeting.latest + (cost ? cost(group, bytes_of(instr.index)) : 0.0);
           ++collectives_done[d][instr.peer];
           break;
         }
@@ -607,7 +697,7 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
       seen[d] = true;
       const PlanInstruction &waiting = programs[d].instructions[pc[d]];
       auto next = static_cast<size_t>(waiting.peer);
-      if (waiting.kind == InstrKind::kAllReduce) {
+      if (is_collective(waiting.kind)) {
         // A collective waits for the first member that has not arrived.
         const auto &group = groups[static_cast<size_t>(waiting.peer)];
         const Meeting &meeting = meetings[{waiting.peer, collectives_done[d][waiting.peer]}];
@@ -631,7 +721,7 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
       if (pc[e] < programs[e].instructions.size()) ++stuck;
     std::string head = str_cat("deadlock: device ", d, " instruction ", pc[d], " (",
                                describe_instruction(graph, instr), ") waits forever");
-    if (instr.kind == InstrKind::kAllReduce) {
+    if (is_collective(instr.kind)) {
       const auto &group = groups[static_cast<size_t>(instr.peer)];
       const Meeting &meeting = meetings[{instr.peer, collectives_done[d][instr.peer]}];
       for (int32_t member : group) {
@@ -744,13 +834,13 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
       if (span.instruction >= instrs.size()) continue;
       const PlanInstruction &instr = instrs[span.instruction];
       if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv ||
-          instr.kind == InstrKind::kAllReduce) {
+          is_collective(instr.kind)) {
         // A receive or collective may wait: it ends the block. A send is a copy
         // inside it.
         if (instr.kind != InstrKind::kSend) flush();
         const char *kind = instr.kind == InstrKind::kSend   ? "send"
                            : instr.kind == InstrKind::kRecv ? "recv"
-                                                            : "all-reduce";
+                                                            : "collective";
         event(describe_instruction(graph, instr), kind, static_cast<int>(d), span.start_s,
               span.end_s, str_cat("\"step\": ", span.step));
         continue;
@@ -809,8 +899,8 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
   std::vector<TransferReason> out;
   for (size_t d = 0; d < programs.size(); ++d)
     for (const PlanInstruction &instr : programs[d].instructions) {
-      if (instr.kind != InstrKind::kSend && instr.kind != InstrKind::kAllReduce) continue;
-      const bool reduce = instr.kind == InstrKind::kAllReduce;
+      if (instr.kind != InstrKind::kSend && !is_collective(instr.kind)) continue;
+      const bool reduce = is_collective(instr.kind);
       if (reduce && static_cast<size_t>(instr.peer) < groups.size() &&
           groups[static_cast<size_t>(instr.peer)].front() != static_cast<int32_t>(d))
         continue; // one row per group, from its first member
@@ -835,10 +925,20 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         if (static_cast<size_t>(instr.peer) < groups.size())
           for (int32_t m : groups[static_cast<size_t>(instr.peer)])
             members += str_cat(members.empty() ? "" : ", ", m);
-        row.why = str_cat("'", graph.tensor(instr.index).name, "' from ", made,
-                          ", summed over the replicas (devices ", members, ") before the mean");
-        if (costs.all_reduce && static_cast<size_t>(instr.peer) < groups.size())
-          row.seconds = costs.all_reduce(groups[static_cast<size_t>(instr.peer)], row.bytes);
+        const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs.all_reduce
+                           : instr.kind == InstrKind::kReduceScatter ? costs.reduce_scatter
+                                                                     : costs.all_gather;
+        if (instr.kind == InstrKind::kAllReduce)
+          row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
+                            ") before the mean");
+        else if (instr.kind == InstrKind::kReduceScatter)
+          row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
+                            "), each keeping the shard it updates (ZeRO-1)");
+        else
+          row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
+                            members, ") (ZeRO-1)");
+        if (cost && static_cast<size_t>(instr.peer) < groups.size())
+          row.seconds = cost(groups[static_cast<size_t>(instr.peer)], row.bytes);
       } else {
         const NodeId reader =
             first_reader(static_cast<size_t>(instr.peer), instr.index, instr.microbatch);

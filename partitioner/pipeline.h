@@ -80,6 +80,12 @@ struct PipelineOptions {
   // accumulated tensor is summed over the stage's replicas (pipeline group s)
   // before the division by microbatches * data_parallel.
   int data_parallel = 1;
+  // ZeRO-1 (with data_parallel > 1): each optimizer update whose gradient only
+  // it reads runs on the device's 1/DP shard (ComputeShard) of the parameter,
+  // gradient and optimizer state; the gradient is reduce-scattered instead of
+  // all-reduced, the new parameter all-gathered, and the state is held as
+  // shards. Tensors whose size DP does not divide stay replicated.
+  int zero = 0;
   Schedule schedule = Schedule::k1F1B;
   int64_t alignment = 64;
 };
@@ -120,8 +126,11 @@ struct SimulationCosts {
   std::function<double(NodeId node)> compute;                     // one node, one micro-batch
   std::function<double(int src, int dst, double bytes)> transfer; // in flight
   std::function<double(double bytes)> local_copy;                 // accumulate, scale, update
-  // An all-reduce of `bytes` over `devices`; empty: free.
+  // An all-reduce of `bytes` over `devices`; empty: free. Reduce-scatter and
+  // all-gather of a `bytes` buffer likewise.
   std::function<double(const std::vector<int32_t> &devices, double bytes)> all_reduce;
+  std::function<double(const std::vector<int32_t> &devices, double bytes)> reduce_scatter;
+  std::function<double(const std::vector<int32_t> &devices, double bytes)> all_gather;
 };
 
 // Zero costs: what check_deadlock uses.

@@ -1,7 +1,10 @@
 #include "runtime/pipeline_runner.h"
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "graph/verifier.h"
@@ -42,8 +45,13 @@ struct PipelineRunner::Device {
   };
   int index = 0;
   std::shared_ptr<Blob> arena;
-  std::map<TensorId, HostTensor> weights;
+  std::map<TensorId, HostTensor> weights; // sharded ones hold only this device's shard
   std::vector<Op> ops;
+  // ZeRO-1: tensors held as shards, this device's position in its shard group
+  // and the group's size; the flat shard types views point at.
+  std::set<TensorId> sharded;
+  int shard_rank = 0, shard_count = 1;
+  std::deque<TensorType> shard_types;
 };
 
 PipelineRunner::~PipelineRunner() = default;
@@ -84,9 +92,27 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     const std::string where = str_cat("device ", program.device);
     device->arena = Blob::zeroed(static_cast<size_t>(program.arena_bytes));
     std::byte *arena = device->arena->mutable_data();
+    if (program.shard_group >= 0) {
+      const auto &group = runner->groups_.at(static_cast<size_t>(program.shard_group));
+      device->shard_count = static_cast<int>(group.size());
+      device->shard_rank = static_cast<int>(
+          std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
+          group.begin());
+      device->sharded.insert(program.sharded_holds.begin(), program.sharded_holds.end());
+    }
     for (TensorId id : program.holds) {
       auto value = materialize(g.tensor(id), options.model_dir);
       if (!value.is_ok()) return value.status().with_context(where);
+      if (device->sharded.contains(id)) {
+        // Keep this device's shard only.
+        const HostTensor &full = *value;
+        const int64_t chunk = full.type.num_elements() / device->shard_count;
+        HostTensor shard = HostTensor::zeros({full.type.dtype, {chunk}});
+        const size_t bytes = shard.size_bytes();
+        if (bytes) std::memcpy(shard.data(), full.data() + bytes * device->shard_rank, bytes);
+        device->weights.emplace(id, std::move(shard));
+        continue;
+      }
       device->weights.emplace(id, std::move(value).value());
     }
     std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
@@ -115,7 +141,29 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         return it->second.blob ? it->second.data() : nullptr;
       };
       switch (instr.kind) {
-      case InstrKind::kCompute: {
+      case InstrKind::kCompute:
+      case InstrKind::kComputeShard: {
+        // A shard computes elements [r c, (r + 1) c) of every operand the size of
+        // the node's first input (the parameter), viewed flat; scalars stay whole;
+        // sharded state is the device's shard itself.
+        const bool shard = instr.kind == InstrKind::kComputeShard;
+        int64_t n = 0, chunk = 0, rank = 0;
+        if (shard) {
+          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
+            return invalid_argument(context, ": no group ", instr.peer);
+          const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
+          n = g.tensor(g.node(instr.index).inputs[0]).type.num_elements();
+          chunk = n / static_cast<int64_t>(group.size());
+          rank = std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
+                 group.begin();
+        }
+        auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
+          const TensorType &type = g.tensor(t).type;
+          if (!shard || (type.num_elements() == 1 && n > 1)) return {base, &type};
+          device->shard_types.push_back(TensorType{type.dtype, {chunk}});
+          const auto offset = static_cast<size_t>(chunk * rank * dtype_size(type.dtype));
+          return {device->sharded.contains(t) ? base : base + offset, &device->shard_types.back()};
+        };
         op.node = &g.node(instr.index);
         op.def = registry.find(op.node->op);
         if (op.def == nullptr || op.def->cpu_kernel == nullptr)
@@ -134,16 +182,36 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             op.inputs.push_back({nullptr, &tensor.type});
           } else if (tensor.kind == TensorKind::kIntermediate) {
             ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
-            op.inputs.push_back({data, &tensor.type});
+            auto [at, type] = view(t, data);
+            op.inputs.push_back({at, type});
           } else {
             ASSIGN_OR_RETURN(std::byte * data, weight(t));
-            op.inputs.push_back({data, &tensor.type});
+            auto [at, type] = view(t, data);
+            op.inputs.push_back({at, type});
           }
         }
         for (TensorId t : op.node->outputs) {
           ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
-          op.outputs.push_back({data, &g.tensor(t).type});
+          auto [at, type] = view(t, data);
+          op.outputs.push_back({at, type});
         }
+        break;
+      }
+      case InstrKind::kReduceScatter:
+      case InstrKind::kAllGather: {
+        const TensorType &type = g.tensor(instr.index).type;
+        if (type.dtype != DType::kF32)
+          return unimplemented(context, ": ", type.to_string(), " (f32 only so far)");
+        if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
+          return invalid_argument(context, ": no group ", instr.peer);
+        const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
+        op.group.assign(group.begin(), group.end());
+        ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+        op.bytes = static_cast<size_t>(type.size_bytes());
+        // This device's shard: `first` marks nothing here; the rank is in `peer`.
+        op.peer = static_cast<int>(
+            std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
+            group.begin());
         break;
       }
       case InstrKind::kSend:
@@ -182,6 +250,11 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
         op.source = source;
         op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+        if (device->sharded.contains(update.target)) {
+          // Only this device's shard of the new value is meaningful.
+          op.bytes /= static_cast<size_t>(device->shard_count);
+          op.source = source + op.bytes * static_cast<size_t>(device->shard_rank);
+        }
         break;
       }
       }
@@ -291,6 +364,24 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
             std::span<float>(reinterpret_cast<float *>(op.data), op.bytes / sizeof(float)),
             op.group, op.what);
         break;
+      case InstrKind::kComputeShard: {
+        ops::KernelContext context{*op.node, *op.def, op.inputs, op.outputs};
+        status = op.def->cpu_kernel(context);
+        break;
+      }
+      case InstrKind::kReduceScatter:
+      case InstrKind::kAllGather: {
+        // In place: the shard of device `peer` (its rank) is its part of the buffer.
+        auto *full = reinterpret_cast<float *>(op.data);
+        const size_t count = op.bytes / sizeof(float), chunk = count / op.group.size();
+        float *mine = full + chunk * static_cast<size_t>(op.peer);
+        if (op.kind == InstrKind::kReduceScatter)
+          status = comm.reduce_scatter(std::span<const float>(full, count),
+                                       std::span<float>(mine, chunk), op.group, op.what);
+        else
+          status = comm.all_gather(mine, chunk * sizeof(float), full, op.group, op.what);
+        break;
+      }
       }
       if (!status.is_ok())
         return std::move(status).with_context(str_cat("instruction ", i, " (", op.what, ")"));
@@ -322,6 +413,26 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
 
 const HostTensor &PipelineRunner::value(TensorId id) const {
   for (const auto &device : devices_) {
+    if (!device->sharded.contains(id)) continue;
+    // ZeRO-1: put the full tensor together from the shards of one group.
+    const TensorType &type = graph_.tensor(id).type;
+    HostTensor full = HostTensor::zeros(type);
+    const size_t chunk =
+        static_cast<size_t>(type.size_bytes()) / static_cast<size_t>(device->shard_count);
+    std::vector<bool> seen(static_cast<size_t>(device->shard_count), false);
+    for (const auto &other : devices_) {
+      auto it = other->weights.find(id);
+      if (!other->sharded.contains(id) || it == other->weights.end() ||
+          seen[static_cast<size_t>(other->shard_rank)])
+        continue;
+      seen[static_cast<size_t>(other->shard_rank)] = true;
+      if (chunk)
+        std::memcpy(full.data() + chunk * static_cast<size_t>(other->shard_rank), it->second.data(),
+                    chunk);
+    }
+    return assembled_[id] = std::move(full);
+  }
+  for (const auto &device : devices_) {
     auto it = device->weights.find(id);
     if (it != device->weights.end()) return it->second;
   }
@@ -343,6 +454,13 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
     auto it = device->weights.find(id);
     if (it == device->weights.end()) continue;
     held = true;
+    if (device->sharded.contains(id)) {
+      const size_t chunk = it->second.size_bytes();
+      if (chunk)
+        std::memcpy(it->second.data(),
+                    value.data() + chunk * static_cast<size_t>(device->shard_rank), chunk);
+      continue;
+    }
     if (value.size_bytes() > 0) std::memcpy(it->second.data(), value.data(), value.size_bytes());
   }
   if (!held) return not_found("no device of the pipeline holds '", tensor.name, "'");

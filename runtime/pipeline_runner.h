@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,6 +88,8 @@ private:
   bool failed_ = false;
   std::chrono::steady_clock::time_point epoch_;
   std::vector<std::vector<partitioner::TraceSpan>> spans_;
+  // ZeRO-1: sharded tensors put together by value().
+  mutable std::map<TensorId, HostTensor> assembled_;
   // Per graph output: the device and buffer it is read from after a step.
   struct OutputSource {
     int device = 0;

@@ -46,6 +46,8 @@ static_assert(static_cast<uint8_t>(InstrKind::kUpdate) ==
               static_cast<uint8_t>(fb::InstrKind::Update));
 static_assert(static_cast<uint8_t>(InstrKind::kAllReduce) ==
               static_cast<uint8_t>(fb::InstrKind::AllReduce));
+static_assert(static_cast<uint8_t>(InstrKind::kComputeShard) ==
+              static_cast<uint8_t>(fb::InstrKind::ComputeShard));
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -105,9 +107,11 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
       slots = builder.CreateVectorOfStructs(list);
     }
     if (pipelined || !program.holds.empty()) holds = builder.CreateVector(program.holds);
+    flatbuffers::Offset<flatbuffers::Vector<uint32_t>> sharded;
+    if (!program.sharded_holds.empty()) sharded = builder.CreateVector(program.sharded_holds);
     programs.push_back(fb::CreateProgram(builder, program.device, order, program.arena_bytes,
                                          offsets, instructions, slots, holds,
-                                         program.predicted_busy_s));
+                                         program.predicted_busy_s, sharded, program.shard_group));
   }
   auto program_vector = builder.CreateVector(programs);
   auto producer = builder.CreateString(producer_string());
@@ -127,7 +131,7 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
     }
     pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
                                   boundaries, cluster_json, pp.predicted_step_s,
-                                  pp.predicted_bubble, pp.data_parallel, groups);
+                                  pp.predicted_bubble, pp.data_parallel, groups, pp.zero);
   }
   uint32_t version = pipelined ? kPipelinePlanVersion : 1;
   auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
@@ -231,6 +235,8 @@ std::string plan_json_text(const fb::Plan &plan) {
         if (pipelined || p.holds()) append_number_list(obj.key("holds"), p.holds());
         if (pipelined || p.predicted_busy_s() != 0)
           append_double(obj.key("predicted_busy_s"), p.predicted_busy_s());
+        if (p.sharded_holds()) append_number_list(obj.key("sharded_holds"), p.sharded_holds());
+        if (p.shard_group() != -1) obj.key("shard_group") += std::to_string(p.shard_group());
         obj.close();
       });
   append_json_string(root.key("producer"), plan.producer());
@@ -246,6 +252,7 @@ std::string plan_json_text(const fb::Plan &plan) {
     append_double(obj.key("predicted_bubble"), pipe->predicted_bubble());
     if (pipe->data_parallel() != 1)
       obj.key("data_parallel") += std::to_string(pipe->data_parallel());
+    if (pipe->zero() != 0) obj.key("zero") += std::to_string(pipe->zero());
     if (pipe->groups() != nullptr) {
       std::string &out = obj.key("groups");
       out += "[";
@@ -302,6 +309,9 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                             " x data_parallel = ", pipe.data_parallel, " but the plan has ",
                             num_devices, " devices and ", num_programs,
                             " programs; a pipeline has one device per stage and replica");
+  pipe.zero = q.zero();
+  if (pipe.zero != 0 && pipe.zero != 1)
+    return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0 or 1");
   if (q.groups() != nullptr) {
     for (uint32_t i = 0; i < q.groups()->size(); ++i) {
       std::vector<int32_t> devices;
@@ -396,6 +406,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     const int64_t microbatch = in.microbatch(), peer = in.peer();
     switch (kind) {
     case InstrKind::kCompute:
+    case InstrKind::kComputeShard:
       if (index >= num_nodes)
         return out_of_range(at, ": compute of node ", index,
                             ", which is not a node index (the model has ", num_nodes, " nodes)");
@@ -405,6 +416,8 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     case InstrKind::kAccumulate:
     case InstrKind::kScale:
     case InstrKind::kAllReduce:
+    case InstrKind::kReduceScatter:
+    case InstrKind::kAllGather:
       if (index >= num_tensors)
         return out_of_range(at, ": ", name, " of tensor ", index,
                             ", which is not a tensor index (the model has ", num_tensors,
@@ -424,18 +437,22 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
       if (peer == self)
         return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
     }
-    if (kind == InstrKind::kAllReduce) {
+    const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
+                         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard;
+    if (grouped) {
       if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
-        return out_of_range(at, ": all-reduce over group ", peer, ", but the pipeline has ",
+        return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
                             pipe.groups.size(), " groups");
       const auto &group = pipe.groups[static_cast<size_t>(peer)];
       if (std::find(group.begin(), group.end(), self) == group.end())
-        return invalid_argument(at, ": all-reduce over group ", peer,
+        return invalid_argument(at, ": ", name, " over group ", peer,
                                 ", which does not include device ", self);
+      if (kind != InstrKind::kAllReduce && pipe.zero != 1)
+        return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
     }
     // Compute, send and recv run on a micro-batch or once per step (-1);
     // accumulate adds one micro-batch's buffer.
-    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && kind != InstrKind::kAllReduce) {
+    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
       int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
       if (microbatch < lowest || microbatch >= microbatches)
         return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest,
@@ -482,6 +499,37 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
   if (!finite_non_negative(program.predicted_busy_s))
     return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
                             " is not a finite time >= 0");
+  if (q.sharded_holds() != nullptr) program.sharded_holds = copy_numbers(*q.sharded_holds());
+  program.shard_group = q.shard_group();
+  if (!program.sharded_holds.empty()) {
+    if (pipe.zero != 1) return invalid_argument(where, ".sharded_holds needs pipeline.zero = 1");
+    if (program.shard_group < 0 || static_cast<size_t>(program.shard_group) >= pipe.groups.size())
+      return out_of_range(where, ".shard_group = ", program.shard_group, ", but the pipeline has ",
+                          pipe.groups.size(), " groups");
+    const auto &group = pipe.groups[static_cast<size_t>(program.shard_group)];
+    if (std::find(group.begin(), group.end(), self) == group.end())
+      return invalid_argument(where, ".shard_group = ", program.shard_group,
+                              ", which does not include device ", self);
+  } else if (program.shard_group != -1) {
+    return invalid_argument(where, ".shard_group = ", program.shard_group,
+                            " without sharded_holds");
+  }
+  for (size_t k = 0; k < program.sharded_holds.size(); ++k) {
+    const TensorId id = program.sharded_holds[k];
+    if (!std::binary_search(program.holds.begin(), program.holds.end(), id))
+      return invalid_argument(where, ".sharded_holds[", k, "] = ", id, " is not in holds");
+    if (g.tensor(id).kind != TensorKind::kState)
+      return invalid_argument(where, ".sharded_holds[", k, "]: '", g.tensor(id).name,
+                              "' is not a state tensor");
+    const int64_t members =
+        static_cast<int64_t>(pipe.groups[static_cast<size_t>(program.shard_group)].size());
+    if (g.tensor(id).type.num_elements() % members != 0)
+      return invalid_argument(where, ".sharded_holds[", k, "]: '", g.tensor(id).name, "' has ",
+                              g.tensor(id).type.num_elements(), " elements, which ", members,
+                              " devices do not divide");
+    if (k > 0 && id <= program.sharded_holds[k - 1])
+      return invalid_argument(where, ".sharded_holds is not strictly increasing");
+  }
   return Status::ok();
 }
 
@@ -572,7 +620,8 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
     for (auto [field, count] :
          {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
           {"slots", size_of(q.slots())},
-          {"holds", size_of(q.holds())}})
+          {"holds", size_of(q.holds())},
+          {"sharded_holds", size_of(q.sharded_holds())}})
       if (count > 0)
         return invalid_argument(where, ".", field, " has ", count,
                                 " entries, but only pipeline plans have ", field);
@@ -682,6 +731,9 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kScale: return "scale";
   case InstrKind::kUpdate: return "update";
   case InstrKind::kAllReduce: return "all-reduce";
+  case InstrKind::kReduceScatter: return "reduce-scatter";
+  case InstrKind::kAllGather: return "all-gather";
+  case InstrKind::kComputeShard: return "compute-shard";
   }
   return "unknown";
 }

@@ -39,6 +39,11 @@ enum class InstrKind : uint8_t {
   kScale = 4,      // buffer (index, -1) *= 1 / microbatches (the mean over micro-batches)
   kUpdate = 5,     // apply the graph's state update number `index` on this device
   kAllReduce = 6,  // sum buffer (index, -1) over the devices of pipeline group `peer`
+  // ZeRO-1: the shard of a tensor of n elements held by the device at position r
+  // of a group of D devices is elements [r n/D, (r+1) n/D).
+  kReduceScatter = 7, // sum (index, -1) over group `peer`; the device keeps its shard
+  kAllGather = 8,     // fill (index, -1) with every member's shard of it
+  kComputeShard = 9,  // run node `index` on this device's shard of its operands
 };
 std::string_view instr_kind_name(InstrKind kind);
 
@@ -74,6 +79,10 @@ struct PlanProgram {
   // (strictly increasing).
   std::vector<TensorId> holds{};
   double predicted_busy_s = 0; // compute and transfer time of one step
+  // ZeRO-1: held tensors (a subset of holds) kept only as this device's shard
+  // over pipeline group `shard_group`.
+  std::vector<TensorId> sharded_holds{};
+  int32_t shard_group = -1;
   friend bool operator==(const PlanProgram &, const PlanProgram &) = default;
 };
 
@@ -91,6 +100,7 @@ struct PlanPipeline {
   // of the stage on micro-batches replica * M .. replica * M + M - 1 of the batch.
   int32_t data_parallel = 1;
   std::vector<std::vector<int32_t>> groups; // device sets of the all-reduces
+  int32_t zero = 0; // 1: optimizer state sharded over each stage's replicas (ZeRO-1)
   friend bool operator==(const PlanPipeline &, const PlanPipeline &) = default;
 };
 

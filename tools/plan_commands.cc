@@ -136,7 +136,10 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
       << p.schedule << ", costs for cluster '" << cluster_name << "'\n";
   if (p.data_parallel > 1)
     out << "data par.    " << p.data_parallel << " replicas of every stage (device = stage x "
-        << p.data_parallel << " + replica); gradients all-reduced per stage\n";
+        << p.data_parallel << " + replica); gradients "
+        << (p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
+                        : "all-reduced per stage")
+        << "\n";
   out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
       << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)
       << ")\n";
@@ -280,6 +283,7 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
     options.cluster = std::move(cluster).value();
   }
   options.stage_boundaries = args.stage_boundaries;
+  options.zero = static_cast<int>(args.zero);
   if (args.profile) {
     // One GEMM thread, as each pipeline device thread runs with.
     options.profile = [](const Graph &training) -> Result<std::vector<double>> {
@@ -325,7 +329,7 @@ void print_search(const partitioner::AutoResult &result, std::ostream &out) {
 std::string pipeline_options_text(const Plan &plan) {
   const serialization::PlanPipeline &p = *plan.pipeline;
   std::string text =
-      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
+      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel, "\nzero=", p.zero,
               "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule, "\nboundaries=");
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
@@ -413,7 +417,8 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   Plan plan;
   std::string options_text;
   const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
-                         !args.stage_boundaries.empty() || args.profile || args.auto_plan;
+                         !args.stage_boundaries.empty() || args.profile || args.auto_plan ||
+                         args.zero > 0;
   if (pipelined && !args.train)
     return invalid_argument(
         "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "

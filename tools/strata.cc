@@ -395,6 +395,11 @@ void add_compile(CLI::App &app, Action &action) {
   sub->add_flag("--explain", args.explain,
                 "--auto: print the best candidates and why the winner won")
       ->needs(auto_flag);
+  sub->add_option("--zero", args.zero,
+                  "1: shard the optimizer state over the data-parallel replicas (ZeRO-1: "
+                  "reduce-scatter gradients, update a shard, all-gather parameters)")
+      ->check(CLI::Range(0, 1))
+      ->needs(train);
   sub->add_flag("--profile", args.profile,
                 "time every node of the training step on this CPU and balance and predict with "
                 "those times instead of the cluster's roofline");

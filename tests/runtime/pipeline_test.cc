@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/kernels/cpu/gemm.h"
+#include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
@@ -83,8 +84,9 @@ TrainRun reference(const Graph &forward, const passes::TrainingOptions &options)
 
 Result<serialization::Plan> compile(const Graph &forward, const passes::TrainingOptions &options,
                                     int stages, int microbatches, Schedule schedule,
-                                    int data_parallel = 1) {
+                                    int data_parallel = 1, int zero = 0) {
   partitioner::PipelineCompileOptions pipeline;
+  pipeline.zero = zero;
   pipeline.stages = stages;
   pipeline.data_parallel = data_parallel;
   pipeline.microbatches = microbatches;
@@ -93,8 +95,8 @@ Result<serialization::Plan> compile(const Graph &forward, const passes::Training
 }
 
 TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options, int stages,
-                   int microbatches, Schedule schedule, int data_parallel = 1) {
-  auto plan = compile(forward, options, stages, microbatches, schedule, data_parallel);
+                   int microbatches, Schedule schedule, int data_parallel = 1, int zero = 0) {
+  auto plan = compile(forward, options, stages, microbatches, schedule, data_parallel, zero);
   EXPECT_TRUE(plan.is_ok()) << plan.status().message();
   if (!plan.is_ok()) return {};
   auto runner = PipelineRunner::create(*plan);
@@ -230,6 +232,67 @@ TEST_F(PipelineTest, DataParallelMatchesOneDevice) {
     EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::abs(want.losses[s]));
 }
 
+// ZeRO-1: each replica updates its shard of the parameters with its shard of
+// the optimizer state; the result is bitwise the plain data-parallel one (the
+// reduce-scatter sums in the same device order as the all-reduce, and the update
+// is elementwise), with less optimizer state per device.
+TEST_F(PipelineTest, ZeroOneMatchesDataParallelBitwiseWithLessState) {
+  for (const Graph &forward : {mlp(), gpt()})
+    for (const char *optimizer : {"adamw:lr=0.01,wd=0.1", "sgd:lr=0.1,momentum=0.9"}) {
+      const auto options = training(optimizer);
+      for (int P : {1, 2})
+        for (int M : {1, 2}) {
+          const std::string what = str_cat(forward.name(), " ", optimizer, " pp=", P, " M=", M);
+          const TrainRun plain = pipelined(forward, options, P, M, Schedule::k1F1B, 2, 0);
+          const TrainRun zero = pipelined(forward, options, P, M, Schedule::k1F1B, 2, 1);
+          expect_bitwise(zero, plain, what);
+        }
+      auto plain = compile(forward, options, 2, 2, Schedule::k1F1B, 2, 0);
+      auto sharded = compile(forward, options, 2, 2, Schedule::k1F1B, 2, 1);
+      ASSERT_TRUE(plain.is_ok() && sharded.is_ok());
+      size_t sharded_tensors = 0;
+      for (size_t d = 0; d < sharded->programs.size(); ++d) {
+        sharded_tensors += sharded->programs[d].sharded_holds.size();
+        EXPECT_LT(partitioner::device_memory(*sharded, d), partitioner::device_memory(*plain, d))
+            << forward.name() << " " << optimizer << " device " << d;
+      }
+      EXPECT_GT(sharded_tensors, 0u);
+    }
+}
+
+TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
+  auto plan = compile(gpt(), training("adamw:lr=0.01"), 1, 2, Schedule::k1F1B, 2, 1);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  auto make = [&] {
+    auto runner = PipelineRunner::create(*plan);
+    EXPECT_TRUE(runner.is_ok()) << runner.status().message();
+    TrainerOptions options;
+    options.fingerprint = "zero";
+    return std::move(Trainer::create(std::move(runner).value(), "loss",
+                                     synthetic_dataset(plan->graph, kDataSeed, 8, 4), options)
+                         .value());
+  };
+  auto straight = make();
+  for (int s = 0; s < 4; ++s)
+    ASSERT_TRUE(straight->train_step().is_ok());
+  const auto dir = std::filesystem::temp_directory_path() / str_cat("strata_zero_", ::getpid());
+  std::filesystem::remove_all(dir);
+  auto first = make();
+  for (int s = 0; s < 2; ++s)
+    ASSERT_TRUE(first->train_step().is_ok());
+  ASSERT_TRUE(first->save_checkpoint(dir.string()).is_ok());
+  auto second = make();
+  ASSERT_TRUE(second->restore_checkpoint(dir.string()).is_ok());
+  for (int s = 0; s < 2; ++s)
+    ASSERT_TRUE(second->train_step().is_ok());
+  std::filesystem::remove_all(dir);
+  TrainRun a{{}, straight->state()}, b{{}, second->state()};
+  expect_bitwise(b, a, "ZeRO-1 resumed vs uninterrupted");
+  // The checkpoint holds full moments (put together from the shards).
+  EXPECT_EQ(a.state.at("wte.adam_m").type,
+            plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
+}
+
 TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B, 2);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
@@ -247,7 +310,7 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("mismatched collective: device 1 instruction"), std::string::npos)
       << status.message();
-  EXPECT_NE(status.message().find("from device 0 as all-reduce number 0 of group 0"),
+  EXPECT_NE(status.message().find("from device 0 as collective number 0 of group 0"),
             std::string::npos)
       << status.message();
   // Device 1 skips its last all-reduce: device 0 waits for it forever.

@@ -473,8 +473,8 @@ TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
       {[=](Plan &p) { p.programs[0].predicted_busy_s = nan; },
        "field programs[0].predicted_busy_s"},
       // Instructions.
-      {[=](Plan &p) { p.programs[0].instructions[compute0].kind = static_cast<InstrKind>(9); },
-       at(0, compute0) + ".kind has unknown value 9"},
+      {[=](Plan &p) { p.programs[0].instructions[compute0].kind = static_cast<InstrKind>(42); },
+       at(0, compute0) + ".kind has unknown value 42"},
       {[=](Plan &p) { p.programs[0].instructions[compute0].index = nodes; },
        at(0, compute0) + ": compute of node"},
       {[=](Plan &p) { p.programs[0].instructions[compute0].microbatch = 2; },
@@ -621,6 +621,22 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
        "is not strictly increasing"},
       {[=](Plan &p) { p.programs[1].instructions[last].peer = 1; },
        str_cat("field programs[1].instructions[", last, "]: all-reduce over group 1")},
+      // ZeRO-1 fields.
+      {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kReduceScatter; },
+       "reduce-scatter needs pipeline.zero = 1"},
+      {[](Plan &p) { p.pipeline->zero = 2; }, "field pipeline.zero = 2"},
+      {[](Plan &p) {
+         p.programs[0].sharded_holds = {p.programs[0].holds[0]};
+         p.programs[0].shard_group = 0;
+       },
+       "field programs[0].sharded_holds needs pipeline.zero = 1"},
+      {[](Plan &p) {
+         p.pipeline->zero = 1;
+         p.programs[0].sharded_holds = {p.programs[0].holds[0]};
+         p.programs[0].shard_group = 3;
+       },
+       "field programs[0].shard_group = 3"},
+      {[](Plan &p) { p.programs[0].shard_group = 0; }, "shard_group = 0 without sharded_holds"},
   };
   for (size_t k = 0; k < cases.size(); ++k) {
     Plan bad = plan;

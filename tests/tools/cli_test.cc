@@ -615,6 +615,16 @@ TEST_F(CliTest, DataParallelPipeline) {
   EXPECT_NE(compile.out.find("all-reduce"), std::string::npos) << compile.out;
   Outcome run = strata({"run", "dp.splan", "--steps", "4"});
   ASSERT_EQ(run.code, 0) << run.err;
+  // ZeRO-1 trains to the same losses as plain data parallelism.
+  Outcome zero = strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9",
+                         "--mesh", "2x1x2", "--microbatches", "2", "--zero", "1", "-o", "z.splan"});
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  EXPECT_NE(zero.out.find("optimizer state sharded (ZeRO-1)"), std::string::npos) << zero.out;
+  Outcome zero_run = strata({"run", "z.splan", "--steps", "4"});
+  ASSERT_EQ(zero_run.code, 0) << zero_run.err;
+  EXPECT_EQ(printed_losses(zero_run.out), printed_losses(run.out)) << zero_run.out << run.out;
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--zero", "1", "-o", "x.splan"}),
+                        "--zero 1 shards the optimizer state over data-parallel replicas");
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9",
                     "-o", "one.splan"})
                 .code,
