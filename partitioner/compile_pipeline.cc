@@ -133,6 +133,52 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   const auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
                    lower_pipeline(graph, placed.node_stage, lowering));
+  // Each data-parallel group reduces with the algorithm (ring or binomial tree)
+  // the cost model prices lowest for everything it reduces in a step.
+  std::vector<std::string> algorithms;
+  std::map<std::vector<int32_t>, CollectiveAlgorithm> algorithm_of;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int> members(groups[g].begin(), groups[g].end());
+    const LinkSpec &group_link = link_for_group(cluster, members);
+    const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
+    double ring = 0, tree = 0;
+    const auto &program = programs[static_cast<size_t>(groups[g].front())];
+    for (const auto &instr : program.instructions) {
+      if (instr.kind != serialization::InstrKind::kAllReduce &&
+          instr.kind != serialization::InstrKind::kReduceScatter)
+        continue;
+      const auto bytes = static_cast<double>(graph.tensor(instr.index).type.size_bytes());
+      const int p = static_cast<int>(members.size());
+      ring += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kRing, gamma);
+      tree += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kTree, gamma);
+    }
+    const bool use_tree = tree < ring;
+    algorithms.push_back(use_tree ? "tree" : "ring");
+    algorithm_of[groups[g]] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
+  }
+  if (!algorithm_of.empty()) {
+    auto priced = [&cluster, algorithm_of](Collective kind) {
+      return [&cluster, algorithm_of, kind](const std::vector<int32_t> &devices, double bytes) {
+        std::vector<int> members(devices.begin(), devices.end());
+        auto it = algorithm_of.find(devices);
+        const CollectiveAlgorithm algorithm =
+            it == algorithm_of.end() || kind == Collective::kAllGather ? CollectiveAlgorithm::kRing
+                                                                       : it->second;
+        // A tree reduce-scatter is a whole tree all-reduce (runtime/collectives.h).
+        const Collective priced_kind =
+            kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree
+                ? Collective::kAllReduce
+                : kind;
+        return collective_time(priced_kind, bytes, static_cast<int>(members.size()),
+                               link_for_group(cluster, members), algorithm,
+                               reduce_bytes_per_second(cluster.device, DType::kF32));
+      };
+    };
+    costs.all_reduce = priced(Collective::kAllReduce);
+    costs.reduce_scatter = priced(Collective::kReduceScatter);
+    costs.all_gather = priced(Collective::kAllGather);
+  }
+
   RETURN_IF_ERROR(check_deadlock(graph, programs, groups).with_context("check-deadlock"));
   ASSIGN_OR_RETURN(Simulation sim, simulate_pipeline(graph, programs, costs, groups));
 
@@ -152,6 +198,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   pipeline.data_parallel = DP;
   pipeline.zero = options.zero;
   pipeline.groups = groups;
+  pipeline.group_algorithms = algorithms;
   pipeline.schedule = std::string(schedule_name(options.schedule));
   pipeline.node_stage.assign(placed.node_stage.begin(), placed.node_stage.end());
   pipeline.boundaries = stages.boundaries;

@@ -10,6 +10,7 @@
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
 
 namespace strata::runtime {
@@ -42,6 +43,9 @@ struct PipelineRunner::Device {
     uint64_t tag = 0;
     bool first = false; // accumulate: micro-batch 0 copies
     Group group;        // all-reduce: the devices
+    // Collectives: the plan's algorithm for the group (ring or tree, over
+    // point-to-point messages with tag `tag`), or none: the communicator's own.
+    std::optional<CollectiveAlgo> algo;
   };
   int index = 0;
   std::shared_ptr<Blob> arena;
@@ -68,6 +72,21 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   runner->data_parallel_ = plan.pipeline->data_parallel;
   runner->programs_ = plan.programs;
   runner->groups_ = plan.pipeline->groups;
+  const auto &algorithms = plan.pipeline->group_algorithms;
+  auto algorithm_of = [&](int32_t group) -> std::optional<CollectiveAlgo> {
+    if (group < 0 || static_cast<size_t>(group) >= algorithms.size()) return std::nullopt;
+    const std::string &name = algorithms[static_cast<size_t>(group)];
+    if (name == "ring") return CollectiveAlgo::kRing;
+    if (name == "tree") return CollectiveAlgo::kTree;
+    return std::nullopt;
+  };
+  // Tags of the point-to-point messages of a collective: the top bit set, so
+  // they never meet the pipeline's (tensor, micro-batch) tags; each tensor is
+  // reduced or gathered at most once per step per group.
+  auto collective_tag = [](const PlanInstruction &instr) {
+    return (uint64_t{1} << 63) | (static_cast<uint64_t>(instr.index) << 8) |
+           (static_cast<uint64_t>(instr.kind) << 2);
+  };
   runner->options_ = options;
   const Graph &g = runner->graph_;
   if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
@@ -208,10 +227,12 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         op.group.assign(group.begin(), group.end());
         ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
         op.bytes = static_cast<size_t>(type.size_bytes());
-        // This device's shard: `first` marks nothing here; the rank is in `peer`.
+        // This device's shard: its position in the group, kept in `peer`.
         op.peer = static_cast<int>(
             std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
             group.begin());
+        op.algo = algorithm_of(instr.peer);
+        op.tag = collective_tag(instr);
         break;
       }
       case InstrKind::kSend:
@@ -235,6 +256,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             return invalid_argument(context, ": no group ", instr.peer);
           const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
           op.group.assign(group.begin(), group.end());
+          op.algo = algorithm_of(instr.peer);
+          op.tag = collective_tag(instr);
         }
         if (instr.kind == InstrKind::kAccumulate) {
           ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
@@ -359,11 +382,12 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       case InstrKind::kUpdate:
         if (op.bytes && op.data != op.source) std::memmove(op.data, op.source, op.bytes);
         break;
-      case InstrKind::kAllReduce:
-        status = comm.all_reduce(
-            std::span<float>(reinterpret_cast<float *>(op.data), op.bytes / sizeof(float)),
-            op.group, op.what);
+      case InstrKind::kAllReduce: {
+        std::span<float> data(reinterpret_cast<float *>(op.data), op.bytes / sizeof(float));
+        status = op.algo ? algo_all_reduce(comm, data, op.group, *op.algo, op.tag, op.what)
+                         : comm.all_reduce(data, op.group, op.what);
         break;
+      }
       case InstrKind::kComputeShard: {
         ops::KernelContext context{*op.node, *op.def, op.inputs, op.outputs};
         status = op.def->cpu_kernel(context);
@@ -375,7 +399,12 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
         auto *full = reinterpret_cast<float *>(op.data);
         const size_t count = op.bytes / sizeof(float), chunk = count / op.group.size();
         float *mine = full + chunk * static_cast<size_t>(op.peer);
-        if (op.kind == InstrKind::kReduceScatter)
+        if (op.algo && op.kind == InstrKind::kReduceScatter)
+          status = algo_reduce_scatter(comm, std::span<float>(full, count), op.group, *op.algo,
+                                       op.tag, op.what);
+        else if (op.algo)
+          status = algo_all_gather(comm, std::span<float>(full, count), op.group, op.tag, op.what);
+        else if (op.kind == InstrKind::kReduceScatter)
           status = comm.reduce_scatter(std::span<const float>(full, count),
                                        std::span<float>(mine, chunk), op.group, op.what);
         else

@@ -125,8 +125,12 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Group>>> groups;
     if (!pp.groups.empty()) {
       std::vector<flatbuffers::Offset<fb::Group>> entries;
-      for (const auto &group : pp.groups)
-        entries.push_back(fb::CreateGroup(builder, builder.CreateVector(group)));
+      for (size_t g = 0; g < pp.groups.size(); ++g) {
+        const std::string algorithm = g < pp.group_algorithms.size() ? pp.group_algorithms[g] : "";
+        auto devices = builder.CreateVector(pp.groups[g]);
+        auto name = algorithm.empty() ? 0 : builder.CreateString(algorithm);
+        entries.push_back(fb::CreateGroup(builder, devices, name));
+      }
       groups = builder.CreateVector(entries);
     }
     pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
@@ -259,6 +263,10 @@ std::string plan_json_text(const fb::Plan &plan) {
       for (uint32_t i = 0; i < pipe->groups()->size(); ++i) {
         out += i ? ", {\"devices\": " : "{\"devices\": ";
         append_number_list(out, pipe->groups()->Get(i)->devices());
+        if (pipe->groups()->Get(i)->algorithm() != nullptr) {
+          out += ", \"algorithm\": ";
+          append_json_string(out, pipe->groups()->Get(i)->algorithm());
+        }
         out += "}";
       }
       out += "]";
@@ -329,7 +337,16 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                                   "].devices is not strictly increasing");
       }
       pipe.groups.push_back(std::move(devices));
+      std::string algorithm = text_of(q.groups()->Get(i)->algorithm());
+      if (!algorithm.empty() && algorithm != "ring" && algorithm != "tree")
+        return invalid_argument("field pipeline.groups[", i, "].algorithm is '", algorithm,
+                                "'; expected ring, tree or nothing");
+      pipe.group_algorithms.push_back(std::move(algorithm));
     }
+    // No algorithm anywhere reads back as no list, as it was written.
+    if (std::all_of(pipe.group_algorithms.begin(), pipe.group_algorithms.end(),
+                    [](const std::string &a) { return a.empty(); }))
+      pipe.group_algorithms.clear();
   }
   pipe.microbatches = q.microbatches();
   if (pipe.microbatches < 1)

@@ -139,6 +139,8 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << p.data_parallel << " + replica); gradients "
         << (p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
                         : "all-reduced per stage")
+        << (p.group_algorithms.empty() ? std::string()
+                                       : str_cat(" (", p.group_algorithms.front(), ")"))
         << "\n";
   out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
       << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)

@@ -300,6 +300,10 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   ASSERT_EQ(plan->pipeline->groups.size(), 2u);
   EXPECT_EQ(plan->pipeline->groups[0], (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(plan->pipeline->groups[1], (std::vector<int32_t>{2, 3}));
+  // Each group reduces with the algorithm the cost model prices lowest.
+  ASSERT_EQ(plan->pipeline->group_algorithms.size(), 2u);
+  for (const std::string &algorithm : plan->pipeline->group_algorithms)
+    EXPECT_TRUE(algorithm == "ring" || algorithm == "tree") << algorithm;
   auto is_all_reduce = [](const auto &i) { return i.kind == serialization::InstrKind::kAllReduce; };
   // Replica 1 of stage 0 (device 1) skips its first all-reduce: its second one
   // meets device 0's first, a different tensor.

@@ -598,6 +598,15 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
   ASSERT_TRUE(json.is_ok());
   EXPECT_NE(json->find("\"data_parallel\": 2"), std::string::npos) << *json;
   EXPECT_NE(json->find("\"groups\": [{\"devices\": [0, 1]}]"), std::string::npos) << *json;
+  // A group's algorithm round trips.
+  Plan ring = plan;
+  ring.pipeline->group_algorithms = {"ring"};
+  auto ring_loaded = load_plan_from_buffer(*plan_to_flatbuffer(ring), "ring.splan", ".");
+  ASSERT_TRUE(ring_loaded.is_ok()) << ring_loaded.status().message();
+  EXPECT_EQ(ring_loaded->pipeline->group_algorithms, std::vector<std::string>{"ring"});
+  auto ring_json = plan_to_json(ring);
+  ASSERT_TRUE(ring_json.is_ok());
+  EXPECT_NE(ring_json->find("\"algorithm\": \"ring\""), std::string::npos) << *ring_json;
   auto from_json = load_plan_from_json(*json, "dp.splan.json", ".");
   ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
   EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
@@ -625,6 +634,8 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
       {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kReduceScatter; },
        "reduce-scatter needs pipeline.zero = 1"},
       {[](Plan &p) { p.pipeline->zero = 2; }, "field pipeline.zero = 2"},
+      {[](Plan &p) { p.pipeline->group_algorithms = {"butterfly"}; },
+       "field pipeline.groups[0].algorithm is 'butterfly'"},
       {[](Plan &p) {
          p.programs[0].sharded_holds = {p.programs[0].holds[0]};
          p.programs[0].shard_group = 0;
