@@ -386,8 +386,8 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPx1xPP), micro-batches and schedule for --devices devices; keep the "
-      "fastest predicted plan that fits in memory");
+      "search the mesh (DPx1xPP), micro-batches, schedule and ZeRO-1 for --devices devices; "
+      "keep the fastest predicted plan that fits in memory");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use (default: every device of --cluster)")
       ->needs(auto_flag)
@@ -430,9 +430,16 @@ void add_compile(CLI::App &app, Action &action) {
       "GPipe or 1F1B, plans each device's memory and checks the programs for deadlocks.\n"
       "The result trains to the same weights as one device (see docs/architecture.md).\n"
       "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 --schedule 1f1b \\\n"
-      "      --cluster examples/clusters/cpu-dev.json -o pp.splan\n"
+      "      -o pp.splan\n"
+      "  strata compile gpt.strata --train --mesh 1x1x2 --microbatches 4 \\\n"
+      "      --cluster examples/clusters/cpu-dev.json -o pp2.splan   # this 2-core machine\n"
       "  strata inspect pp.splan                        # stages, memory, predicted bubble\n"
-      "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace\n"
+      "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace\n\n"
+      "Data parallelism: --mesh DPx1xPP replicates each stage DP times; each replica\n"
+      "takes 1/DP of the batch and gradients are summed over the replicas (ring or\n"
+      "tree, whichever the cost model prefers). --zero 1 also shards the optimizer\n"
+      "state over the replicas (ZeRO-1). --auto searches all of this for N devices.\n"
+      "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n"
       "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
 }
