@@ -37,7 +37,9 @@ double comm_bytes(const serialization::Plan &plan) {
   for (const auto &program : plan.programs)
     for (const auto &instr : program.instructions)
       if (instr.kind == serialization::InstrKind::kSend ||
-          instr.kind == serialization::InstrKind::kAllReduce)
+          instr.kind == serialization::InstrKind::kAllReduce ||
+          instr.kind == serialization::InstrKind::kReduceScatter ||
+          instr.kind == serialization::InstrKind::kAllGather)
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());
   return bytes;
 }

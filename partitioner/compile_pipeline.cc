@@ -137,11 +137,15 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   // the cost model prices lowest for everything it reduces in a step.
   std::vector<std::string> algorithms;
   std::map<std::vector<int32_t>, CollectiveAlgorithm> algorithm_of;
+  // One algorithm for every group, priced over everything the plan reduces in a
+  // step: the sums then associate the same way whatever the pipeline depth (with
+  // three or more replicas the ring and the tree add in different orders), so
+  // every depth gives the same bits.
+  double ring = 0, tree = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     std::vector<int> members(groups[g].begin(), groups[g].end());
     const LinkSpec &group_link = link_for_group(cluster, members);
     const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
-    double ring = 0, tree = 0;
     const auto &program = programs[static_cast<size_t>(groups[g].front())];
     for (const auto &instr : program.instructions) {
       if (instr.kind != serialization::InstrKind::kAllReduce &&
@@ -152,9 +156,24 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
       ring += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kRing, gamma);
       tree += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kTree, gamma);
     }
-    const bool use_tree = tree < ring;
+  }
+  const bool use_tree = tree < ring;
+  for (const auto &group : groups) {
     algorithms.push_back(use_tree ? "tree" : "ring");
-    algorithm_of[groups[g]] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
+    algorithm_of[group] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
+  }
+  // ZeRO-1 that shards nothing is a plain data-parallel plan; say why.
+  if (options.zero == 1) {
+    bool sharded = false;
+    for (const auto &program : programs)
+      sharded = sharded || !program.sharded_holds.empty();
+    if (!sharded)
+      return invalid_argument(
+          "--zero 1: no optimizer update can run on shards (each needs a gradient only it "
+          "reads, and a size the ",
+          DP,
+          " replicas divide; with clip=... the update reads the "
+          "clipped gradient, which ZeRO-1 does not shard yet)");
   }
   if (!algorithm_of.empty()) {
     auto priced = [&cluster, algorithm_of](Collective kind) {

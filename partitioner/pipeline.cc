@@ -606,6 +606,7 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
     std::set<size_t> arrived;
     double latest = 0;
     std::string tensor; // what the first arrival reduces, to catch mismatches
+    InstrKind kind = InstrKind::kAllReduce;
   };
   std::map<std::pair<int32_t, size_t>, Meeting> meetings;
   std::vector<std::map<int32_t, size_t>> collectives_done(P); // per device, per group
@@ -657,10 +658,14 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
           const size_t k = collectives_done[d][instr.peer];
           Meeting &meeting = meetings[{instr.peer, k}];
           const std::string tensor = graph.tensor(instr.index).name;
-          if (meeting.arrived.empty()) meeting.tensor = tensor;
-          if (meeting.tensor != tensor)
+          if (meeting.arrived.empty()) {
+            meeting.tensor = tensor;
+            meeting.kind = instr.kind;
+          }
+          if (meeting.tensor != tensor || meeting.kind != instr.kind)
             return failed_precondition("mismatched collective: device ", d, " instruction ", pc[d],
-                                       " (", describe_instruction(graph, instr), ") meets '",
+                                       " (", describe_instruction(graph, instr), ") meets ",
+                                       serialization::instr_kind_name(meeting.kind), " of '",
                                        meeting.tensor, "' from device ", *meeting.arrived.begin(),
                                        " as collective number ", k, " of group ", instr.peer);
           if (meeting.arrived.insert(d).second) meeting.latest = std::max(meeting.latest, start);

@@ -173,6 +173,21 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
           n = g.tensor(g.node(instr.index).inputs[0]).type.num_elements();
           chunk = n / static_cast<int64_t>(group.size());
+          // A shard is a slice of operands of n elements; n must split evenly.
+          if (n % static_cast<int64_t>(group.size()) != 0)
+            return invalid_argument(context, ": ", n, " elements do not split over ", group.size(),
+                                    " devices");
+          const Node &node = g.node(instr.index);
+          for (TensorId t : node.inputs) {
+            const int64_t e = g.tensor(t).type.num_elements();
+            if (e != n && e != 1)
+              return invalid_argument(context, ": operand '", g.tensor(t).name, "' has ", e,
+                                      " elements; a shard needs ", n, " or a scalar");
+          }
+          for (TensorId t : node.outputs)
+            if (g.tensor(t).type.num_elements() != n)
+              return invalid_argument(context, ": output '", g.tensor(t).name,
+                                      "' is not the size of the shard's operands");
           rank = std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
                  group.begin();
         }
@@ -224,6 +239,9 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
           return invalid_argument(context, ": no group ", instr.peer);
         const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
+        if (type.num_elements() % static_cast<int64_t>(group.size()) != 0)
+          return invalid_argument(context, ": ", type.to_string(), " does not split over ",
+                                  group.size(), " devices");
         op.group.assign(group.begin(), group.end());
         ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
         op.bytes = static_cast<size_t>(type.size_bytes());

@@ -293,6 +293,39 @@ TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
             plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
 }
 
+// Three replicas: ring and tree add in different orders, so the plan uses one
+// algorithm for all its groups; every pipeline depth then gives the same bits.
+TEST_F(PipelineTest, ThreeReplicasGiveTheSameBitsAtEveryDepth) {
+  zoo::MlpOptions o;
+  o.batch = 12;
+  o.input = 12;
+  o.hidden = {16, 16, 16};
+  o.classes = 5;
+  const Graph forward = *zoo::make_mlp(o);
+  const auto options = training();
+  const TrainRun want = reference(forward, options);
+  for (int M : {1, 2}) {
+    const TrainRun flat = pipelined(forward, options, 1, M, Schedule::k1F1B, 3);
+    expect_close(flat, want, 1e-5, str_cat("dp=3 pp=1 M=", M));
+    expect_bitwise(pipelined(forward, options, 2, M, Schedule::k1F1B, 3), flat,
+                   str_cat("dp=3 pp=2 vs pp=1, M=", M));
+    expect_bitwise(pipelined(forward, options, 4, M, Schedule::kGPipe, 3), flat,
+                   str_cat("dp=3 pp=4 vs pp=1, M=", M));
+    expect_bitwise(pipelined(forward, options, 2, M, Schedule::k1F1B, 3, 1), flat,
+                   str_cat("dp=3 pp=2 zero1 vs pp=1, M=", M));
+  }
+}
+
+TEST_F(PipelineTest, ZeroOneThatShardsNothingIsRefused) {
+  // With clipping every update reads the clipped gradient, which ZeRO-1 does
+  // not shard yet: a clear error instead of a plain data-parallel plan.
+  auto plan = compile(mlp(), training("adamw:lr=0.01,clip=1"), 1, 1, Schedule::k1F1B, 2, 1);
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("--zero 1: no optimizer update can run on shards"),
+            std::string::npos)
+      << plan.status().message();
+}
+
 TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B, 2);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
