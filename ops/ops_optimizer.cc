@@ -338,57 +338,20 @@ OpCost scalar_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType
 // ---------------------------------------------------------------------------
 // GlobalNormScale(g0, g1, ...) -> scale
 
-Result<TypeList> infer_global_norm_scale(const Node &node, const OpDef &def,
-                                         llvm::ArrayRef<TensorType> inputs) {
+Status expect_positive_max_norm(const Node &node, const OpDef &def) {
   const double max_norm = AttrReader(node, def).get_float("max_norm");
   if (!(max_norm > 0))
     return invalid_argument(def.name, ": attribute 'max_norm' = ", max_norm, " must be positive");
-  for (size_t i = 0; i < inputs.size(); ++i)
-    RETURN_IF_ERROR(expect_floating(def, inputs, i));
-  return TypeList{TensorType{DType::kF32, {}}};
-}
-
-OpCost global_norm_scale_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
-                              llvm::ArrayRef<TensorType> outputs) {
-  OpCost cost = elementwise_cost(node, def, inputs, outputs);
-  cost.flops = 4;
-  for (const TensorType &t : inputs)
-    cost.flops += 2.0 * static_cast<double>(t.num_elements());
-  return cost;
-}
-
-Status global_norm_scale_kernel(const KernelContext &context) {
-  // Sums of squares in double, tensor by tensor and element by element in order,
-  // so the result does not depend on threading or vector width.
-  double sum = 0;
-  for (size_t k = 0; k < context.inputs.size(); ++k) {
-    const ConstTensorView &g = context.inputs[k];
-    if (g.dtype() != DType::kF32)
-      return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(g.dtype()),
-                           " (input ", k, ")");
-    const float *data = g.as<float>();
-    double part = 0;
-    for (int64_t i = 0, n = g.num_elements(); i < n; ++i)
-      part += static_cast<double>(data[i]) * static_cast<double>(data[i]);
-    sum += part;
-  }
-  const double max_norm = context.attrs().get_float("max_norm");
-  const double coef = max_norm / (std::sqrt(sum) + 1e-6);
-  *context.outputs[0].as<float>() = static_cast<float>(std::min(coef, 1.0));
   return Status::ok();
 }
 
-// SumOfSquares(g0, g1, ...) -> f32[2]: the sum of every element squared, in
-// double, as the pair (hi, lo) = (float(sum), float(sum - hi)), which keeps about
-// 48 bits of the double. What one pipeline stage contributes to a global norm.
-
-Result<TypeList> infer_sum_of_squares(const Node &node, const OpDef &def,
-                                      llvm::ArrayRef<TensorType> inputs) {
-  for (size_t i = 0; i < inputs.size(); ++i)
-    RETURN_IF_ERROR(expect_floating(def, inputs, i));
-  return TypeList{TensorType{DType::kF32, {2}}};
+// min(1, max_norm / (norm + 1e-6)) from the sum of squares, in double.
+float clip_scale(double sum_of_squares, double max_norm) {
+  return static_cast<float>(std::min(max_norm / (std::sqrt(sum_of_squares) + 1e-6), 1.0));
 }
 
+// Sums of squares in double, tensor by tensor and element by element in order,
+// so the result does not depend on threading or vector width.
 Result<double> sum_of_squares(const KernelContext &context) {
   double sum = 0;
   for (size_t k = 0; k < context.inputs.size(); ++k) {
@@ -405,6 +368,40 @@ Result<double> sum_of_squares(const KernelContext &context) {
   return sum;
 }
 
+Result<TypeList> infer_global_norm_scale(const Node &node, const OpDef &def,
+                                         llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_positive_max_norm(node, def));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    RETURN_IF_ERROR(expect_floating(def, inputs, i));
+  return TypeList{TensorType{DType::kF32, {}}};
+}
+
+OpCost global_norm_scale_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                              llvm::ArrayRef<TensorType> outputs) {
+  OpCost cost = elementwise_cost(node, def, inputs, outputs);
+  cost.flops = 4;
+  for (const TensorType &t : inputs)
+    cost.flops += 2.0 * static_cast<double>(t.num_elements());
+  return cost;
+}
+
+Status global_norm_scale_kernel(const KernelContext &context) {
+  ASSIGN_OR_RETURN(double sum, sum_of_squares(context));
+  *context.outputs[0].as<float>() = clip_scale(sum, context.attrs().get_float("max_norm"));
+  return Status::ok();
+}
+
+// SumOfSquares(g0, g1, ...) -> f32[2]: the sum of every element squared, in
+// double, as the pair (hi, lo) = (float(sum), float(sum - hi)), which keeps about
+// 48 bits of the double. What one pipeline stage contributes to a global norm.
+
+Result<TypeList> infer_sum_of_squares(const Node &node, const OpDef &def,
+                                      llvm::ArrayRef<TensorType> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    RETURN_IF_ERROR(expect_floating(def, inputs, i));
+  return TypeList{TensorType{DType::kF32, {2}}};
+}
+
 Status sum_of_squares_kernel(const KernelContext &context) {
   ASSIGN_OR_RETURN(double sum, sum_of_squares(context));
   float *out = context.outputs[0].as<float>();
@@ -418,9 +415,7 @@ Status sum_of_squares_kernel(const KernelContext &context) {
 
 Result<TypeList> infer_norm_scale(const Node &node, const OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
-  const double max_norm = AttrReader(node, def).get_float("max_norm");
-  if (!(max_norm > 0))
-    return invalid_argument(def.name, ": attribute 'max_norm' = ", max_norm, " must be positive");
+  RETURN_IF_ERROR(expect_positive_max_norm(node, def));
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!(inputs[i] == TensorType{DType::kF32, {2}}))
       return invalid_argument(def.name, ": input ", i, " is ", inputs[i].to_string(),
@@ -432,9 +427,7 @@ Status norm_scale_kernel(const KernelContext &context) {
   double sum = 0;
   for (const ConstTensorView &pair : context.inputs)
     sum += static_cast<double>(pair.as<float>()[0]) + static_cast<double>(pair.as<float>()[1]);
-  const double max_norm = context.attrs().get_float("max_norm");
-  const double coef = max_norm / (std::sqrt(sum) + 1e-6);
-  *context.outputs[0].as<float>() = static_cast<float>(std::min(coef, 1.0));
+  *context.outputs[0].as<float>() = clip_scale(sum, context.attrs().get_float("max_norm"));
   return Status::ok();
 }
 

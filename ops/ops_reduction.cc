@@ -25,6 +25,21 @@ namespace {
 
 using TypeList = llvm::SmallVector<TensorType, 2>;
 
+// A shape seen as [outer, n, inner] around `axis`: what softmax-like kernels
+// loop over.
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+AxisSplit split_at_axis(llvm::ArrayRef<int64_t> shape, int64_t axis) {
+  AxisSplit s;
+  for (int64_t d = 0; d < axis; ++d)
+    s.outer *= shape[d];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d)
+    s.inner *= shape[d];
+  s.n = shape[static_cast<size_t>(axis)];
+  return s;
+}
+
 // Which dimensions of X a reduction folds: `axes`, or every one when empty.
 Result<std::vector<bool>> reduced_dims(const Node &node, const OpDef &def, const TensorType &x) {
   std::vector<int64_t> axes = AttrReader(node, def).get_ints("axes");
@@ -237,13 +252,7 @@ template <bool kLog> Status softmax_kernel(const KernelContext &context) {
     return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(x.dtype()));
   ASSIGN_OR_RETURN(int64_t axis,
                    normalize_axis(context.attrs().get_int("axis"), x.type->rank(), "axis"));
-  llvm::ArrayRef<int64_t> shape = x.shape();
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d)
-    outer *= shape[d];
-  for (size_t d = axis + 1; d < shape.size(); ++d)
-    inner *= shape[d];
-  const int64_t n = shape[axis];
+  const auto [outer, n, inner] = split_at_axis(x.shape(), axis);
   if (outer * n * inner == 0) return Status::ok();
   const float *in = x.as<float>();
   float *out = context.outputs[0].as<float>();
@@ -388,13 +397,7 @@ template <bool kLog> Status softmax_grad_kernel(const KernelContext &context) {
     return unimplemented(context.def.name, ": no CPU kernel for dtype ", dtype_name(y.dtype()));
   ASSIGN_OR_RETURN(int64_t axis,
                    normalize_axis(context.attrs().get_int("axis"), y.type->rank(), "axis"));
-  llvm::ArrayRef<int64_t> shape = y.shape();
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d)
-    outer *= shape[d];
-  for (size_t d = axis + 1; d < shape.size(); ++d)
-    inner *= shape[d];
-  const int64_t n = shape[axis];
+  const auto [outer, n, inner] = split_at_axis(y.shape(), axis);
   const float *g = dy.as<float>();
   const float *v = y.as<float>();
   float *out = context.outputs[0].as<float>();
