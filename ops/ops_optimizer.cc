@@ -510,6 +510,9 @@ std::vector<OpDef> make_table() {
              scalar_cost,
              norm_scale_kernel};
   table.push_back(std::move(norm));
+  // Every op of this family is once-per-step work.
+  for (OpDef &def : table)
+    def.once_per_step = true;
   return table;
 }
 

@@ -119,6 +119,9 @@ struct OpDef {
   // The gradient rule; nullptr for ops that are not differentiable (gradients
   // reaching such an op are an autodiff error naming the node).
   GradFn grad = nullptr;
+  // Optimizer work: runs once per training step on the accumulated gradients,
+  // never per micro-batch (passes::is_step_op).
+  bool once_per_step = false;
 
   const AttrSpec *find_attr(std::string_view attr_name) const;
 };

@@ -354,8 +354,8 @@ Status append_optimizer(Graph &graph, llvm::ArrayRef<Gradient> gradients,
 }
 
 bool is_step_op(std::string_view op) {
-  return op == "LearningRate" || op == "GlobalNormScale" || op == "SgdUpdate" ||
-         op == "AdamUpdate" || op == "SumOfSquares" || op == "NormScale";
+  const ops::OpDef *def = ops::OpRegistry::global().find(op);
+  return def != nullptr && def->once_per_step;
 }
 
 } // namespace strata::passes

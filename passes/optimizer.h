@@ -59,11 +59,11 @@ Result<OptimizerSpec> parse_optimizer(std::string_view text);
 Status append_optimizer(Graph &graph, llvm::ArrayRef<Gradient> gradients,
                         const OptimizerSpec &spec);
 
-// Whether `op` is one of the ops append_optimizer adds that belong to the
-// once-per-step part of a training step (LearningRate, GlobalNormScale and its
-// split form SumOfSquares + NormScale, SgdUpdate, AdamUpdate): micro-batching
-// runs them, and everything computed from their outputs, once per step on the
-// accumulated gradients.
+// Whether `op` belongs to the once-per-step part of a training step (the
+// registry's OpDef::once_per_step: the optimizer ops, LearningRate,
+// GlobalNormScale and its split form SumOfSquares + NormScale, SgdUpdate,
+// AdamUpdate): micro-batching runs them, and everything computed from their
+// outputs, once per step on the accumulated gradients.
 bool is_step_op(std::string_view op);
 
 } // namespace strata::passes
