@@ -124,20 +124,13 @@ int run(int argc, char **argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   // What `strata compile --profile` does: time every node of the training step
   // on one device (one GEMM thread), balance and predict with those times.
-  auto profile = [](const Graph &graph) -> Result<std::vector<double>> {
-    std::vector<HostTensor> inputs = runtime::random_inputs(graph, 0);
-    ASSIGN_OR_RETURN(auto executor, runtime::CpuExecutor::create(graph));
-    auto seconds = executor->profile(inputs, 1);
-    if (seconds.is_ok()) seconds = executor->profile(inputs, 5);
-    return seconds;
-  };
   for (int M : {4, 8, 16}) {
     for (int P : {2, 4}) {
       partitioner::PipelineCompileOptions options;
       options.stages = P;
       options.microbatches = M;
       options.cluster = cluster;
-      options.profile = profile;
+      options.profile = runtime::profile_node_times;
       auto plan = partitioner::compile_pipeline(forward, training, options);
       if (!plan.is_ok()) {
         std::fprintf(stderr, "%s\n", plan.status().message().c_str());

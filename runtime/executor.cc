@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "graph/verifier.h"
+#include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
 
 namespace strata::runtime {
@@ -264,6 +265,18 @@ Result<std::vector<double>> CpuExecutor::profile(llvm::ArrayRef<HostTensor> inpu
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     seconds[order_[s]] = v[v.size() / 2];
   }
+  return seconds;
+}
+
+Result<std::vector<double>> profile_node_times(const Graph &graph) {
+  ops::cpu::set_gemm_num_threads(1);
+  auto seconds = [&]() -> Result<std::vector<double>> {
+    std::vector<HostTensor> inputs = random_inputs(graph, 0);
+    ASSIGN_OR_RETURN(auto executor, CpuExecutor::create(graph));
+    RETURN_IF_ERROR(executor->profile(inputs, 1).status());
+    return executor->profile(inputs, 5);
+  }();
+  ops::cpu::set_gemm_num_threads(0);
   return seconds;
 }
 

@@ -64,6 +64,12 @@ private:
   std::unique_ptr<State> state_;
 };
 
+// What `strata compile --profile` measures: every node of `graph` on seeded
+// random inputs with one GEMM thread (as a pipeline device thread runs), the
+// median of 5 runs after one warm-up run (caches, oneDNN primitives). The GEMM
+// thread count is back at the number of cores afterwards.
+Result<std::vector<double>> profile_node_times(const Graph &graph);
+
 // Fills a parameter or constant from its data, external file or initializer.
 Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_dir);
 

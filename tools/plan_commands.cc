@@ -11,7 +11,6 @@
 #include <map>
 #include <set>
 
-#include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
@@ -288,15 +287,7 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   options.zero = static_cast<int>(args.zero);
   if (args.profile) {
     // One GEMM thread, as each pipeline device thread runs with.
-    options.profile = [](const Graph &training) -> Result<std::vector<double>> {
-      ops::cpu::set_gemm_num_threads(1);
-      std::vector<HostTensor> inputs = runtime::random_inputs(training, 0);
-      ASSIGN_OR_RETURN(auto executor, runtime::CpuExecutor::create(training));
-      auto seconds = executor->profile(inputs, 1); // warm-up: caches, oneDNN primitives
-      if (seconds.is_ok()) seconds = executor->profile(inputs, 5);
-      ops::cpu::set_gemm_num_threads(0);
-      return seconds;
-    };
+    options.profile = runtime::profile_node_times;
   }
   return options;
 }
