@@ -149,6 +149,43 @@ void expect_bitwise(const TrainRun &got, const TrainRun &want, const std::string
   }
 }
 
+// Trains `plan` 4 steps straight, and 2 steps, a checkpoint, a fresh runner
+// restored from it and 2 more steps; the two must end bitwise equal. Returns the
+// uninterrupted run's state.
+std::map<std::string, HostTensor> expect_resume_is_bitwise(const serialization::Plan &plan,
+                                                           const std::string &what) {
+  const int64_t splits = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
+  auto make = [&] {
+    auto runner = PipelineRunner::create(plan);
+    EXPECT_TRUE(runner.is_ok()) << runner.status().message();
+    TrainerOptions options;
+    options.fingerprint = what;
+    auto trainer = Trainer::create(std::move(runner).value(), "loss",
+                                   synthetic_dataset(plan.graph, kDataSeed, 8, splits), options);
+    EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
+    return std::move(trainer).value();
+  };
+  auto straight = make();
+  for (int s = 0; s < 4; ++s)
+    EXPECT_TRUE(straight->train_step().is_ok()) << what;
+  const auto dir =
+      std::filesystem::temp_directory_path() / str_cat("strata_resume_", ::getpid(), "_", what);
+  std::filesystem::remove_all(dir);
+  auto first = make();
+  for (int s = 0; s < 2; ++s)
+    EXPECT_TRUE(first->train_step().is_ok()) << what;
+  EXPECT_TRUE(first->save_checkpoint(dir.string()).is_ok()) << what;
+  auto second = make();
+  EXPECT_TRUE(second->restore_checkpoint(dir.string()).is_ok()) << what;
+  EXPECT_EQ(second->step(), 2) << what;
+  for (int s = 0; s < 2; ++s)
+    EXPECT_TRUE(second->train_step().is_ok()) << what;
+  std::filesystem::remove_all(dir);
+  TrainRun a{{}, straight->state()}, b{{}, second->state()};
+  expect_bitwise(b, a, what + ": resumed vs uninterrupted");
+  return a.state;
+}
+
 class PipelineTest : public ::testing::Test {
 protected:
   // One GEMM thread everywhere, so the reference and each device thread
@@ -263,34 +300,9 @@ TEST_F(PipelineTest, ZeroOneMatchesDataParallelBitwiseWithLessState) {
 TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 1, 2, Schedule::k1F1B, 2, 1);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  auto make = [&] {
-    auto runner = PipelineRunner::create(*plan);
-    EXPECT_TRUE(runner.is_ok()) << runner.status().message();
-    TrainerOptions options;
-    options.fingerprint = "zero";
-    return std::move(Trainer::create(std::move(runner).value(), "loss",
-                                     synthetic_dataset(plan->graph, kDataSeed, 8, 4), options)
-                         .value());
-  };
-  auto straight = make();
-  for (int s = 0; s < 4; ++s)
-    ASSERT_TRUE(straight->train_step().is_ok());
-  const auto dir = std::filesystem::temp_directory_path() / str_cat("strata_zero_", ::getpid());
-  std::filesystem::remove_all(dir);
-  auto first = make();
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(first->train_step().is_ok());
-  ASSERT_TRUE(first->save_checkpoint(dir.string()).is_ok());
-  auto second = make();
-  ASSERT_TRUE(second->restore_checkpoint(dir.string()).is_ok());
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(second->train_step().is_ok());
-  std::filesystem::remove_all(dir);
-  TrainRun a{{}, straight->state()}, b{{}, second->state()};
-  expect_bitwise(b, a, "ZeRO-1 resumed vs uninterrupted");
+  const auto state = expect_resume_is_bitwise(*plan, "ZeRO-1");
   // The checkpoint holds full moments (put together from the shards).
-  EXPECT_EQ(a.state.at("wte.adam_m").type,
-            plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
+  EXPECT_EQ(state.at("wte.adam_m").type, plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
 }
 
 // Three replicas: ring and tree add in different orders, so the plan uses one
@@ -563,40 +575,11 @@ TEST_F(PipelineTest, TraceShowsEveryDevice) {
 TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 4, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  auto make = [&] {
-    auto runner = PipelineRunner::create(*plan);
-    EXPECT_TRUE(runner.is_ok()) << runner.status().message();
-    TrainerOptions options;
-    options.fingerprint = "pipeline-plan";
-    auto trainer = Trainer::create(std::move(runner).value(), "loss",
-                                   synthetic_dataset(plan->graph, kDataSeed, 8, 4), options);
-    EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
-    return std::move(trainer).value();
-  };
-  auto straight = make();
-  for (int s = 0; s < 4; ++s)
-    ASSERT_TRUE(straight->train_step().is_ok());
-
-  const auto dir =
-      std::filesystem::temp_directory_path() / str_cat("strata_pipeline_resume_", ::getpid());
-  std::filesystem::remove_all(dir);
-  auto first = make();
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(first->train_step().is_ok());
-  ASSERT_TRUE(first->save_checkpoint(dir.string()).is_ok());
-  auto second = make();
-  ASSERT_TRUE(second->restore_checkpoint(dir.string()).is_ok());
-  EXPECT_EQ(second->step(), 2);
-  for (int s = 0; s < 2; ++s)
-    ASSERT_TRUE(second->train_step().is_ok());
-  std::filesystem::remove_all(dir);
-
-  TrainRun a{{}, straight->state()}, b{{}, second->state()};
-  expect_bitwise(b, a, "resumed vs uninterrupted");
+  const auto state = expect_resume_is_bitwise(*plan, "pipeline");
   // Every copy of a shared tensor was restored: the tied embedding is held by
   // the first and the last stage, and the resumed run stays bitwise equal only
   // if both got the checkpoint's value.
-  EXPECT_GT(a.state.count("wte"), 0u);
+  EXPECT_GT(state.count("wte"), 0u);
 }
 
 // What crosses the boundary of a 2-stage GPT, and why: the residual stream
