@@ -1,4 +1,5 @@
 #include "runtime/local_communicator.h"
+#include "runtime/device_world.h"
 
 #include <algorithm>
 #include <cassert>
@@ -682,6 +683,10 @@ Status run_on_threads(int size, const std::function<Status(int rank, Communicato
   for (std::thread &thread : threads)
     thread.join();
   return world->failure();
+}
+
+Status LocalDeviceWorld::run(const std::function<Status(int device, Communicator &)> &body) {
+  return run_on_threads(devices_, body, timeout_);
 }
 
 } // namespace strata::runtime

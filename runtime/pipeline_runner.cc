@@ -7,6 +7,8 @@
 #include <set>
 #include <thread>
 
+#include <signal.h>
+
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
@@ -90,6 +92,29 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   runner->options_ = options;
   const Graph &g = runner->graph_;
   if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
+  const int num_devices = static_cast<int>(runner->programs_.size());
+  runner->world_ = options.world ? options.world
+                                 : std::make_shared<LocalDeviceWorld>(num_devices, options.timeout);
+  if (runner->world_->num_devices() != num_devices)
+    return invalid_argument("the plan has ", num_devices, " devices but the run has ",
+                            runner->world_->num_devices());
+  for (int d = 0; d < num_devices; ++d)
+    runner->all_local_ = runner->all_local_ && runner->world_->is_local(d);
+  {
+    // Failure reports of other processes name instructions of any device.
+    auto names = std::make_shared<std::vector<std::vector<std::string>>>();
+    for (const auto &program : runner->programs_) {
+      names->emplace_back();
+      for (const PlanInstruction &instr : program.instructions)
+        names->back().push_back(partitioner::describe_instruction(g, instr));
+    }
+    runner->world_->set_describer([names](int device, int64_t instruction) -> std::string {
+      if (device < 0 || static_cast<size_t>(device) >= names->size() || instruction < 0 ||
+          static_cast<size_t>(instruction) >= (*names)[static_cast<size_t>(device)].size())
+        return "?";
+      return (*names)[static_cast<size_t>(device)][static_cast<size_t>(instruction)];
+    });
+  }
   // A plan from a file is checked again: every receive must be matched, in an
   // order that completes, before any thread waits on one.
   for (size_t d = 0; d < runner->programs_.size(); ++d)
@@ -109,6 +134,17 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     auto device = std::make_unique<Device>();
     device->index = static_cast<int>(program.device);
     const std::string where = str_cat("device ", program.device);
+    if (!runner->world_->is_local(device->index)) {
+      // Another process runs it; only where its outputs are matters here.
+      for (size_t k = 0; k < g.outputs().size(); ++k)
+        for (const serialization::PlanSlot &slot : program.slots)
+          if (slot.tensor == g.outputs()[k] && slot.microbatch == -1 && !output_found[k]) {
+            output_found[k] = true;
+            runner->outputs_[k] = {device->index, nullptr};
+          }
+      runner->devices_.push_back(std::move(device));
+      continue;
+    }
     device->arena = Blob::zeroed(static_cast<size_t>(program.arena_bytes));
     std::byte *arena = device->arena->mutable_data();
     if (program.shard_group >= 0) {
@@ -314,6 +350,15 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       return invalid_argument("no device of the plan keeps graph output '",
                               g.tensor(g.outputs()[k]).name, "'");
   runner->spans_.resize(runner->devices_.size());
+  if (!runner->all_local_) {
+    runner->output_copies_.resize(runner->devices_.size());
+    for (int d = 0; d < num_devices; ++d) {
+      if (!runner->world_->is_local(d)) continue;
+      for (TensorId id : g.outputs())
+        runner->output_copies_[static_cast<size_t>(d)].push_back(
+            HostTensor::zeros(g.tensor(id).type));
+    }
+  }
   return runner;
 }
 
@@ -349,7 +394,9 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
 
   auto body = [&](int rank, Communicator &comm) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
-    comm.set_label(str_cat("stage ", rank));
+    comm.set_label(data_parallel_ == 1 ? str_cat("stage ", rank)
+                                       : str_cat("stage ", rank / data_parallel_, " replica ",
+                                                 rank % data_parallel_));
     ops::cpu::set_gemm_num_threads(options_.gemm_threads);
     for (Device::Op &op : device.ops)
       for (const Device::Op::InputPatch &patch : op.patches) {
@@ -363,10 +410,17 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
     const auto &fault = options_.fault;
     for (size_t i = 0; i < device.ops.size(); ++i) {
       Device::Op &op = device.ops[i];
+      world_->report(rank, step, static_cast<int64_t>(i));
       if (fault && fault->device == rank && fault->instruction == i && fault->step == step) {
-        if (fault->kind == PipelineRunnerOptions::Fault::Kind::kError)
+        using Kind = PipelineRunnerOptions::Fault::Kind;
+        switch (fault->kind) {
+        case Kind::kError:
           return internal_error("instruction ", i, " (", op.what, "): injected fault");
-        std::this_thread::sleep_for(fault->stall);
+        case Kind::kStall: std::this_thread::sleep_for(fault->stall); break;
+        case Kind::kKill: raise(SIGKILL); break;
+        case Kind::kExit: std::_Exit(0);
+        case Kind::kStop: raise(SIGSTOP); break;
+        }
       }
       const auto start = std::chrono::steady_clock::now();
       Status status = Status::ok();
@@ -439,20 +493,37 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
                          std::chrono::duration<double>(end - epoch_).count(), step});
       }
     }
+    world_->report(rank, step, -1);
+    if (!all_local_) {
+      // The outputs (the loss) reach every process.
+      auto &copies = output_copies_[static_cast<size_t>(rank)];
+      for (size_t k = 0; k < outputs_.size(); ++k) {
+        HostTensor &copy = copies[k];
+        if (outputs_[k].device == rank && copy.size_bytes())
+          std::memcpy(copy.data(), outputs_[k].data, copy.size_bytes());
+        RETURN_IF_ERROR(comm.broadcast(
+            copy.size_bytes() ? copy.data() : nullptr, copy.size_bytes(), outputs_[k].device, {},
+            str_cat("graph output '", graph_.tensor(graph_.outputs()[k]).name, "'")));
+      }
+    }
     return Status::ok();
   };
-  Status status = run_on_threads(static_cast<int>(devices_.size()), body, options_.timeout);
+  Status status = world_->run(body);
   if (!status.is_ok()) {
     failed_ = true;
     return status.with_context(str_cat("pipeline step ", step));
   }
   ++steps_run_;
   outputs->clear();
+  const std::vector<HostTensor> *copies = nullptr;
+  for (const auto &device_copies : output_copies_)
+    if (!device_copies.empty() && copies == nullptr) copies = &device_copies;
   for (size_t k = 0; k < outputs_.size(); ++k) {
     const TensorType &type = graph_.tensor(graph_.outputs()[k]).type;
     HostTensor out = HostTensor::zeros(type);
+    const std::byte *from = copies ? (*copies)[k].data() : outputs_[k].data;
     if (type.size_bytes() > 0)
-      std::memcpy(out.data(), outputs_[k].data, static_cast<size_t>(type.size_bytes()));
+      std::memcpy(out.data(), from, static_cast<size_t>(type.size_bytes()));
     outputs->push_back(std::move(out));
   }
   return Status::ok();
@@ -510,8 +581,46 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
     }
     if (value.size_bytes() > 0) std::memcpy(it->second.data(), value.data(), value.size_bytes());
   }
-  if (!held) return not_found("no device of the pipeline holds '", tensor.name, "'");
+  // Over several processes, a tensor only other processes hold is theirs to set.
+  if (!held && all_local_) return not_found("no device of the pipeline holds '", tensor.name, "'");
   return Status::ok();
+}
+
+std::map<std::string, HostTensor> PipelineRunner::checkpoint_pieces() const {
+  std::map<std::string, HostTensor> pieces;
+  auto copy_of = [](const HostTensor &value) {
+    HostTensor copy = HostTensor::zeros(value.type);
+    if (value.size_bytes()) std::memcpy(copy.data(), value.data(), value.size_bytes());
+    return copy;
+  };
+  for (TensorId id = 0; id < graph_.num_tensors(); ++id) {
+    const Tensor &tensor = graph_.tensor(id);
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState) continue;
+    // The first device holding it decides: whole, or sharded over its group.
+    int first = -1;
+    for (size_t d = 0; d < programs_.size() && first < 0; ++d)
+      if (std::find(programs_[d].holds.begin(), programs_[d].holds.end(), id) !=
+          programs_[d].holds.end())
+        first = static_cast<int>(d);
+    if (first < 0) continue;
+    const auto &program = programs_[static_cast<size_t>(first)];
+    const bool sharded = std::find(program.sharded_holds.begin(), program.sharded_holds.end(),
+                                   id) != program.sharded_holds.end();
+    if (!sharded) {
+      if (!world_->is_local(first)) continue;
+      pieces.emplace(tensor.name, copy_of(devices_[static_cast<size_t>(first)]->weights.at(id)));
+      continue;
+    }
+    for (const auto &device : devices_) {
+      if (!world_->is_local(device->index) ||
+          programs_[static_cast<size_t>(device->index)].shard_group != program.shard_group ||
+          !device->sharded.contains(id))
+        continue;
+      pieces.emplace(str_cat(tensor.name, "@shard", device->shard_rank, "of", device->shard_count),
+                     copy_of(device->weights.at(id)));
+    }
+  }
+  return pieces;
 }
 
 std::string PipelineRunner::trace_json() const {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "partitioner/pipeline.h"
+#include "runtime/device_world.h"
 #include "runtime/local_communicator.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
@@ -33,12 +34,17 @@ namespace strata::runtime {
 struct PipelineRunnerOptions {
   std::string model_dir = "."; // folder external data paths are relative to
   std::chrono::milliseconds timeout = kDefaultCommunicatorTimeout;
+  // Where the devices run: null for every device a thread of this process;
+  // an MpiWorld to run only this rank's devices (runtime/mpi_world.h).
+  std::shared_ptr<DeviceWorld> world;
   int gemm_threads = 1; // GEMM threads per device thread
   bool trace = false;   // record what each device did (trace_json())
-  // Testing: make `device` fail (kError) or sleep for `stall` (kStall) when it
-  // reaches instruction `instruction` of step `step` (1-based).
+  // Testing: make `device` fail (kError), sleep for `stall` (kStall), or end
+  // its process (kKill: SIGKILL; kExit: exit status 0 mid-step; kStop:
+  // SIGSTOP) when it reaches instruction `instruction` of step `step`
+  // (1-based).
   struct Fault {
-    enum class Kind { kError, kStall } kind = Kind::kError;
+    enum class Kind { kError, kStall, kKill, kExit, kStop } kind = Kind::kError;
     int device = 0;
     size_t instruction = 0;
     int64_t step = 1;
@@ -62,10 +68,16 @@ public:
   const HostTensor &value(TensorId id) const override;
   // To every device holding the tensor.
   Status assign(TensorId id, const HostTensor &value) override;
+  // Over several processes: what this one writes (whole tensors it is the
+  // first holder of; its shards of ZeRO-sharded ones).
+  std::map<std::string, HostTensor> checkpoint_pieces() const override;
+  ProcessGroup *processes() const override { return world_->processes(); }
 
   int num_devices() const { return static_cast<int>(programs_.size()); }
   int microbatches() const { return microbatches_; }
   int data_parallel() const { return data_parallel_; }
+  // Whether `device` runs in this process.
+  bool is_local(int device) const { return world_->is_local(device); }
   // Peak activation bytes of each device (its arena).
   std::vector<int64_t> arena_bytes() const;
   // What the devices did in every step run so far (with options.trace), as a
@@ -84,6 +96,8 @@ private:
   std::vector<std::vector<int32_t>> groups_;
   std::vector<std::unique_ptr<Device>> devices_;
   PipelineRunnerOptions options_;
+  std::shared_ptr<DeviceWorld> world_;
+  bool all_local_ = true;
   int64_t steps_run_ = 0;
   bool failed_ = false;
   std::chrono::steady_clock::time_point epoch_;
@@ -93,8 +107,11 @@ private:
   // Per graph output: the device and buffer it is read from after a step.
   struct OutputSource {
     int device = 0;
-    const std::byte *data = nullptr;
+    const std::byte *data = nullptr; // on a local device, else null
   };
+  // Over several processes, each local device's copy of the outputs after a
+  // step (broadcast from the devices that hold them).
+  std::vector<std::vector<HostTensor>> output_copies_;
   std::vector<OutputSource> outputs_;
 };
 

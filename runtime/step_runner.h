@@ -4,11 +4,15 @@
 // implement it.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "graph/host_tensor.h"
 
 namespace strata::runtime {
+
+class ProcessGroup;
 
 class StepRunner {
 public:
@@ -25,6 +29,13 @@ public:
   virtual const HostTensor &value(TensorId id) const = 0;
   // Replaces a parameter or state tensor's value (resuming from a checkpoint).
   virtual Status assign(TensorId id, const HostTensor &value) = 0;
+
+  // The processes of a multi-process run; null when this process runs it all.
+  virtual ProcessGroup *processes() const { return nullptr; }
+  // Over several processes: the parameter and state tensors this process
+  // writes to a checkpoint, by name; a shard of a tensor that several devices
+  // hold in pieces is named "<name>@shard<i>of<n>". Unused otherwise.
+  virtual std::map<std::string, HostTensor> checkpoint_pieces() const { return {}; }
 };
 
 } // namespace strata::runtime

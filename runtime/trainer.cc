@@ -1,8 +1,12 @@
 #include "runtime/trainer.h"
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/device_world.h"
 #include "serialization/checkpoint.h"
 #include "serialization/npy.h"
 
@@ -160,18 +164,117 @@ std::map<std::string, HostTensor> Trainer::state() const {
 }
 
 Status Trainer::save_checkpoint(const std::string &dir) const {
-  return serialization::write_checkpoint(dir, state(), options_.fingerprint, step_);
+  ProcessGroup *processes = executor_->processes();
+  if (processes == nullptr || processes->size() == 1) {
+    ASSIGN_OR_RETURN(serialization::CheckpointFile file,
+                     serialization::write_checkpoint_file(
+                         dir, serialization::checkpoint_file_name(step_, 0, 1), state()));
+    if (options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
+    return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file});
+  }
+  // Every rank writes its file; rank 0 commits the manifest only once all of
+  // them are durable, then tells everyone how it went.
+  const int rank = processes->rank(), ranks = processes->size();
+  auto written = serialization::write_checkpoint_file(
+      dir, serialization::checkpoint_file_name(step_, rank, ranks), executor_->checkpoint_pieces());
+  if (written.is_ok() && options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
+  nlohmann::json entry;
+  if (written.is_ok())
+    entry = {{"name", written->name}, {"size", written->size}, {"sha256", written->sha256}};
+  else
+    entry = {{"error", written.status().message()}};
+  std::vector<std::string> entries;
+  RETURN_IF_ERROR(processes->gather(entry.dump(), &entries, "checkpoint files"));
+  std::string verdict;
+  if (rank == 0) {
+    std::vector<serialization::CheckpointFile> files;
+    for (size_t r = 0; r < entries.size() && verdict.empty(); ++r) {
+      nlohmann::json e = nlohmann::json::parse(entries[r], nullptr, false);
+      if (e.is_discarded() || !e.is_object())
+        verdict = str_cat("rank ", r, " sent a malformed checkpoint entry");
+      else if (e.contains("error"))
+        verdict = str_cat("rank ", r, ": ", e["error"].get<std::string>());
+      else
+        files.push_back({e["name"].get<std::string>(), e["size"].get<uint64_t>(),
+                         e["sha256"].get<std::string>()});
+    }
+    if (verdict.empty()) {
+      Status committed =
+          serialization::commit_checkpoint(dir, options_.fingerprint, step_, ranks, files);
+      if (!committed.is_ok()) verdict = str_cat("rank 0: ", committed.message());
+    }
+  }
+  RETURN_IF_ERROR(processes->broadcast(&verdict, "checkpoint commit"));
+  if (!verdict.empty())
+    return io_error("checkpoint ", dir, " at step ", step_,
+                    " was not committed (the previous one "
+                    "stays): ",
+                    verdict);
+  return Status::ok();
 }
 
 Status Trainer::restore_checkpoint(const std::string &dir) {
   ASSIGN_OR_RETURN(serialization::Checkpoint checkpoint,
                    serialization::read_checkpoint(dir, options_.fingerprint));
   const Graph &graph = executor_->graph();
-  std::string file = (fs::path(dir) / serialization::kCheckpointWeightsFile).string();
+  auto file_of = [&](const std::string &name) {
+    auto it = checkpoint.file_of.find(name);
+    return (fs::path(dir) /
+            (it == checkpoint.file_of.end() ? serialization::kCheckpointManifestFile : it->second))
+        .string();
+  };
+  // Put tensors stored in pieces ("<name>@shard<i>of<n>") back together.
+  std::map<std::string, std::map<int64_t, std::string>> pieces;
+  std::map<std::string, int64_t> piece_count;
+  for (const auto &[name, value] : checkpoint.tensors) {
+    const size_t at = name.rfind("@shard");
+    if (at == std::string::npos) continue;
+    long long i = -1, n = -1;
+    char tail = 0;
+    if (std::sscanf(name.c_str() + at, "@shard%lldof%lld%c", &i, &n, &tail) != 2 || i < 0 ||
+        n < 1 || i >= n)
+      return invalid_argument(file_of(name), ": tensor '", name,
+                              "' looks like a piece but is not <name>@shard<i>of<n>");
+    const std::string base = name.substr(0, at);
+    auto [count, fresh] = piece_count.emplace(base, n);
+    if (!fresh && count->second != n)
+      return invalid_argument(file_of(name), ": tensor '", base, "' is stored in pieces of ",
+                              count->second, " and of ", n);
+    pieces[base][i] = name;
+  }
+  std::string file = (fs::path(dir) / serialization::kCheckpointManifestFile).string();
+  for (const auto &[base, parts] : pieces) {
+    const int64_t n = piece_count.at(base);
+    auto id = graph.find_tensor(base);
+    if (!id || !is_persistent(graph.tensor(*id)))
+      return invalid_argument(file_of(parts.begin()->second), ": tensor '", base,
+                              "' is not a parameter or state tensor of the plan");
+    const TensorType &type = graph.tensor(*id).type;
+    if (static_cast<int64_t>(parts.size()) != n)
+      return not_found(file, ": tensor '", base, "' has ", parts.size(), " of its ", n,
+                       " pieces (a rank's file is missing?)");
+    HostTensor whole = HostTensor::zeros(type);
+    size_t offset = 0;
+    for (const auto &[i, name] : parts) {
+      const HostTensor &piece = checkpoint.tensors.at(name);
+      if (piece.type.dtype != type.dtype || offset + piece.size_bytes() > whole.size_bytes())
+        return invalid_argument(file_of(name), ": piece '", name, "' (", piece.type.to_string(),
+                                ") does not fit '", base, "' (", type.to_string(), ")");
+      if (piece.size_bytes()) std::memcpy(whole.data() + offset, piece.data(), piece.size_bytes());
+      offset += piece.size_bytes();
+    }
+    if (offset != whole.size_bytes())
+      return invalid_argument(file, ": the pieces of '", base, "' hold ", offset, " bytes; '", base,
+                              "' (", type.to_string(), ") has ", whole.size_bytes());
+    for (const auto &[i, name] : parts)
+      checkpoint.tensors.erase(name);
+    checkpoint.tensors.emplace(base, std::move(whole));
+    checkpoint.file_of[base] = checkpoint.file_of[parts.begin()->second];
+  }
   for (const auto &[name, value] : checkpoint.tensors) {
     auto id = graph.find_tensor(name);
     if (!id || !is_persistent(graph.tensor(*id)))
-      return invalid_argument(file, ": tensor '", name,
+      return invalid_argument(file_of(name), ": tensor '", name,
                               "' is not a parameter or state tensor of the plan");
   }
   for (TensorId id : persistent_) {
@@ -179,14 +282,15 @@ Status Trainer::restore_checkpoint(const std::string &dir) {
     auto found = checkpoint.tensors.find(t.name);
     if (found == checkpoint.tensors.end())
       return not_found(file, ": tensor '", t.name, "' (", tensor_kind_name(t.kind), " ",
-                       t.type.to_string(), ") is missing");
+                       t.type.to_string(), ") is in none of the checkpoint's files");
     if (!(found->second.type == t.type))
-      return invalid_argument(file, ": tensor '", t.name, "' is ", found->second.type.to_string(),
-                              " but the plan has ", t.type.to_string());
+      return invalid_argument(file_of(t.name), ": tensor '", t.name, "' is ",
+                              found->second.type.to_string(), " but the plan has ",
+                              t.type.to_string());
   }
   for (TensorId id : persistent_) {
     Status assigned = executor_->assign(id, checkpoint.tensors.at(graph.tensor(id).name));
-    if (!assigned.is_ok()) return assigned.with_context(file);
+    if (!assigned.is_ok()) return assigned.with_context(file_of(graph.tensor(id).name));
   }
   step_ = checkpoint.step;
   return Status::ok();

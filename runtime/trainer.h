@@ -6,6 +6,7 @@
 // computes bitwise the same weights as a run that never stopped.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,9 @@ Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t
 struct TrainerOptions {
   std::string model_dir = "."; // folder external data paths are relative to
   std::string fingerprint;     // of the plan; recorded in and checked against checkpoints
+  // Testing: called once this process's file of a checkpoint is durable and
+  // before the commit (a crash injected here must leave the last checkpoint).
+  std::function<void(int64_t step)> checkpoint_file_written;
 };
 
 class Trainer {

@@ -22,27 +22,57 @@ std::string short_digest(std::string_view digest) {
 
 } // namespace
 
-Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
-                        std::string_view fingerprint, int64_t step) {
+std::string checkpoint_file_name(int64_t step, int rank, int ranks) {
+  if (ranks <= 1) return str_cat("model-step", step, ".safetensors");
+  return str_cat("model-step", step, "-rank", rank, "-of", ranks, ".safetensors");
+}
+
+Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::string &name,
+                                             const std::map<std::string, HostTensor> &tensors) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) return io_error("cannot create checkpoint folder '", dir, "': ", error.message());
-  std::string weights = (fs::path(dir) / kCheckpointWeightsFile).string();
-  RETURN_IF_ERROR(write_safetensors(weights, tensors));
+  std::string path = (fs::path(dir) / name).string();
+  RETURN_IF_ERROR(write_safetensors(path, tensors));
   // Checksum what is on disk, not what was meant to be written.
-  ASSIGN_OR_RETURN(auto bytes, read_file(weights, kMaxWeightsBytes));
+  ASSIGN_OR_RETURN(auto bytes, read_file(path, kMaxWeightsBytes));
+  return CheckpointFile{name, bytes.size(), sha256_hex(bytes)};
+}
+
+Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
+                         int ranks, const std::vector<CheckpointFile> &files) {
   nlohmann::ordered_json manifest;
   manifest["format"] = "strata-checkpoint";
   manifest["format_version"] = kCheckpointFormatVersion;
   manifest["fingerprint"] = std::string(fingerprint);
   manifest["step"] = step;
-  manifest["files"] = nlohmann::ordered_json::array(
-      {{{"name", kCheckpointWeightsFile}, {"size", bytes.size()}, {"sha256", sha256_hex(bytes)}}});
+  manifest["ranks"] = ranks;
+  manifest["files"] = nlohmann::ordered_json::array();
+  for (const CheckpointFile &file : files)
+    manifest["files"].push_back(
+        {{"name", file.name}, {"size", file.size}, {"sha256", file.sha256}});
   manifest["producer"] = producer_string();
   std::string text = manifest.dump(2) + "\n";
-  return write_file_atomically(
+  RETURN_IF_ERROR(write_file_atomically(
       (fs::path(dir) / kCheckpointManifestFile).string(),
-      llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
+      llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size())));
+  // The commit is durable: the previous checkpoint's files can go.
+  std::error_code error;
+  for (const auto &entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.starts_with("model") && name.ends_with(".safetensors");
+    const bool listed = std::any_of(files.begin(), files.end(),
+                                    [&](const CheckpointFile &f) { return f.name == name; });
+    if (ours && !listed) fs::remove(entry.path(), error);
+  }
+  return Status::ok();
+}
+
+Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
+                        std::string_view fingerprint, int64_t step) {
+  ASSIGN_OR_RETURN(CheckpointFile file,
+                   write_checkpoint_file(dir, checkpoint_file_name(step, 0, 1), tensors));
+  return commit_checkpoint(dir, fingerprint, step, 1, {file});
 }
 
 Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint) {
@@ -82,10 +112,13 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
         short_digest(expected_fingerprint),
         "; resume with the plan that wrote it (same model and options)");
 
+  const nlohmann::json *ranks = field("ranks");
+  if (ranks != nullptr && (!ranks->is_number_integer() || ranks->get<int64_t>() < 1))
+    return invalid_argument(manifest_path, ": field ranks is not a positive count");
+  checkpoint.ranks = ranks ? static_cast<int>(ranks->get<int64_t>()) : 1;
   const nlohmann::json *files = field("files");
-  if (files == nullptr || !files->is_array())
-    return invalid_argument(manifest_path, ": field files is missing or not a list");
-  bool has_weights = false;
+  if (files == nullptr || !files->is_array() || files->empty())
+    return invalid_argument(manifest_path, ": field files is missing, empty or not a list");
   for (size_t i = 0; i < files->size(); ++i) {
     const nlohmann::json &entry = (*files)[i];
     std::string where = str_cat(manifest_path, ": field files[", i, "]");
@@ -94,9 +127,11 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
         !entry.contains("sha256") || !entry["sha256"].is_string())
       return invalid_argument(where, " needs name (string), size (count) and sha256 (string)");
     std::string name = entry["name"].get<std::string>();
-    if (name != kCheckpointWeightsFile)
-      return invalid_argument(where, ".name is '", name, "'; expected '", kCheckpointWeightsFile,
-                              "'");
+    // A plain file name in the folder: no paths, nothing hidden.
+    if (name.empty() || name.find('/') != std::string::npos || name.front() == '.' ||
+        !name.ends_with(".safetensors"))
+      return invalid_argument(where, ".name is '", name,
+                              "'; expected a .safetensors file name in the checkpoint folder");
     std::string path = (fs::path(dir) / name).string();
     if (!fs::exists(path, error))
       return not_found(path, ": missing (listed in ", manifest_path, ")");
@@ -109,18 +144,20 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
     if (digest != entry["sha256"].get<std::string>())
       return data_loss(path, ": SHA-256 ", short_digest(digest), " does not match the manifest's ",
                        short_digest(entry["sha256"].get<std::string>()), " (corrupt?)");
-    has_weights = true;
+    auto tensors = read_safetensors(path);
+    if (!tensors.is_ok()) {
+      if (tensors.status().message().find(path) == std::string::npos)
+        return tensors.status().with_context(path);
+      return tensors.status();
+    }
+    for (auto &[tensor_name, value] : *tensors) {
+      auto [it, fresh] = checkpoint.file_of.emplace(tensor_name, name);
+      if (!fresh)
+        return data_loss(path, ": tensor '", tensor_name, "' is also in ", it->second,
+                         "; a checkpoint holds each tensor once");
+      checkpoint.tensors.emplace(tensor_name, std::move(value));
+    }
   }
-  if (!has_weights)
-    return invalid_argument(manifest_path, ": field files does not list ", kCheckpointWeightsFile);
-  std::string weights = (fs::path(dir) / kCheckpointWeightsFile).string();
-  auto tensors = read_safetensors(weights);
-  if (!tensors.is_ok()) {
-    if (tensors.status().message().find(weights) == std::string::npos)
-      return tensors.status().with_context(weights);
-    return tensors.status();
-  }
-  checkpoint.tensors = std::move(tensors).value();
   return checkpoint;
 }
 

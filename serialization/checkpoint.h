@@ -1,34 +1,63 @@
 // Training checkpoints: a folder holding
-//   model.safetensors  every parameter and state tensor (optimizer moments,
+//   model-step<K>.safetensors (one process) or
+//   model-step<K>-rank<R>-of<N>.safetensors (one per rank of N)
+//                      the parameter and state tensors (optimizer moments,
 //                      "optimizer.step"), keyed by tensor name; any safetensors
-//                      reader (PyTorch, Hugging Face) can load it;
-//   manifest.json      format version, the plan fingerprint, the step count and,
-//                      per file, its size and SHA-256.
-// Both are written through a temporary file, fsync and rename, the manifest
-// last, so a folder whose manifest verifies is a complete checkpoint; a save
-// interrupted after the weights but before the manifest leaves a manifest whose
-// checksum no longer matches, which reading refuses.
+//                      reader (PyTorch, Hugging Face) can load them. A tensor
+//                      that ZeRO-1 keeps in pieces is stored as its flat pieces
+//                      "<name>@shard<i>of<n>", one per holder;
+//   manifest.json      format version, the plan fingerprint, the step count,
+//                      the number of ranks and, per file, its size and SHA-256.
+// Every file is written through a temporary file, fsync and rename. The data
+// files of a step have names of their own, and the manifest is replaced only
+// after all of them are durable (every rank's), so a save interrupted at any
+// point leaves the previous manifest and the files it lists intact: the
+// previous checkpoint stays loadable. Files no manifest lists any more are
+// removed after the commit. Version 1 folders (one model.safetensors) still
+// read.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "graph/host_tensor.h"
 
 namespace strata::serialization {
 
-inline constexpr int kCheckpointFormatVersion = 1;
-inline constexpr const char *kCheckpointWeightsFile = "model.safetensors";
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char *kCheckpointManifestFile = "manifest.json";
 
 struct Checkpoint {
-  int64_t step = 0;        // training steps completed
-  std::string fingerprint; // of the plan that wrote it
-  std::map<std::string, HostTensor> tensors;
+  int64_t step = 0;                           // training steps completed
+  std::string fingerprint;                    // of the plan that wrote it
+  int ranks = 1;                              // processes that wrote it
+  std::map<std::string, HostTensor> tensors;  // from every file, pieces as stored
+  std::map<std::string, std::string> file_of; // tensor name -> the file it came from
 };
 
-// Writes `tensors` and the manifest into folder `dir` (created if missing).
+// One data file of a checkpoint, as the manifest lists it.
+struct CheckpointFile {
+  std::string name;
+  uint64_t size = 0;
+  std::string sha256;
+};
+
+// "model-step5.safetensors", "model-step5-rank1-of4.safetensors".
+std::string checkpoint_file_name(int64_t step, int rank, int ranks);
+
+// Writes `tensors` durably into `dir`/`name` (`dir` is created if missing) and
+// returns its manifest entry, checksummed from what is on disk.
+Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::string &name,
+                                             const std::map<std::string, HostTensor> &tensors);
+
+// Replaces the manifest (atomically) with one listing `files`, then removes
+// the data files of earlier checkpoints.
+Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
+                         int ranks, const std::vector<CheckpointFile> &files);
+
+// One process's checkpoint: one data file, then the commit.
 Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
                         std::string_view fingerprint, int64_t step);
 

@@ -42,6 +42,8 @@ struct RunArgs {
   // Pipeline plans only.
   std::string trace;     // write a Chrome / Perfetto trace of every device here
   double timeout_s = 30; // bound on every wait between devices
+  // Under an MPI launcher (mpirun -np N): plan devices each rank runs.
+  int devices_per_rank = 1;
 };
 // Runs a model or a plan; a training plan trains (train_command).
 Status run_command(const RunArgs &args, std::ostream &out);

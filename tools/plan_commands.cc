@@ -1,5 +1,6 @@
 // `strata compile` (model -> plan), the plan side of `strata inspect` and
 // `strata convert`, and the training mode of `strata run`.
+#include <signal.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -10,12 +11,14 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
+#include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
 #include "serialization/file_io.h"
@@ -553,7 +556,135 @@ Status convert_plan(const std::string &in, const std::string &out_path, std::ost
   return Status::ok();
 }
 
+namespace {
+
+// STRATA_FAULT, for the failure tests: "<kind>:<device>:<step>:<instruction>"
+// with kind error|stall|kill|exit|stop (the device does it on reaching that
+// instruction of that step), "nostart:<rank>" (that rank never joins) or
+// "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file of that
+// step is written, before the commit).
+struct EnvFault {
+  std::optional<runtime::PipelineRunnerOptions::Fault> fault;
+  int nostart_rank = -1;
+  int ckpt_kill_rank = -1;
+  int64_t ckpt_kill_step = -1;
+};
+
+Result<EnvFault> fault_from_env() {
+  EnvFault result;
+  const char *text = std::getenv("STRATA_FAULT");
+  if (text == nullptr || *text == '\0') return result;
+  std::vector<std::string> parts;
+  std::string part;
+  for (const char *c = text;; ++c) {
+    if (*c == ':' || *c == '\0') {
+      parts.push_back(part);
+      part.clear();
+      if (*c == '\0') break;
+    } else {
+      part += *c;
+    }
+  }
+  auto number = [&](size_t i) -> int64_t {
+    int64_t value = -1;
+    const std::string &p = parts[i];
+    auto [end, error] = std::from_chars(p.data(), p.data() + p.size(), value);
+    return error == std::errc() && end == p.data() + p.size() ? value : -1;
+  };
+  const std::string usage = str_cat(
+      "STRATA_FAULT='", text,
+      "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, nostart:<rank> or "
+      "ckptkill:<rank>:<step>");
+  if (parts.size() == 2 && parts[0] == "nostart" && number(1) >= 0) {
+    result.nostart_rank = static_cast<int>(number(1));
+    return result;
+  }
+  if (parts.size() == 3 && parts[0] == "ckptkill" && number(1) >= 0 && number(2) >= 1) {
+    result.ckpt_kill_rank = static_cast<int>(number(1));
+    result.ckpt_kill_step = number(2);
+    return result;
+  }
+  using Kind = runtime::PipelineRunnerOptions::Fault::Kind;
+  const std::map<std::string, Kind> kinds = {{"error", Kind::kError},
+                                             {"stall", Kind::kStall},
+                                             {"kill", Kind::kKill},
+                                             {"exit", Kind::kExit},
+                                             {"stop", Kind::kStop}};
+  if (parts.size() != 4 || !kinds.contains(parts[0]) || number(1) < 0 || number(2) < 1 ||
+      number(3) < 0)
+    return invalid_argument(usage);
+  runtime::PipelineRunnerOptions::Fault fault;
+  fault.kind = kinds.at(parts[0]);
+  fault.device = static_cast<int>(number(1));
+  fault.step = number(2);
+  fault.instruction = static_cast<size_t>(number(3));
+  fault.stall = std::chrono::hours(1);
+  result.fault = fault;
+  return result;
+}
+
+// "t.json" for rank 0, "t.rank2.json" for rank 2.
+std::string per_rank_path(const std::string &path, int rank) {
+  if (rank == 0) return path;
+  fs::path p(path);
+  return (p.parent_path() / str_cat(p.stem().string(), ".rank", rank, p.extension().string()))
+      .string();
+}
+
+Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interactive,
+                const std::shared_ptr<runtime::MpiWorld> &world, const EnvFault &fault);
+
+} // namespace
+
 Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool interactive) {
+  ASSIGN_OR_RETURN(EnvFault env_fault, fault_from_env());
+  const auto launch = runtime::detect_mpi_launch();
+  if (!launch || launch->size == 1) {
+    if (args.devices_per_rank != 1)
+      return invalid_argument("--devices-per-rank splits a plan over MPI ranks; start strata with "
+                              "an MPI launcher (mpirun -np N strata run ...)");
+    return train_on(args, std::move(plan), out, interactive, nullptr, env_fault);
+  }
+  if (!plan.pipeline)
+    return failed_precondition("the launcher started ", launch->size, " ranks but ", args.model,
+                               " is a one-device plan; compile it for several devices (--mesh "
+                               "DPx1xPP) or run it without mpirun");
+  if (!(args.timeout_s > 0) || args.timeout_s > 86400)
+    return invalid_argument("--timeout must be between 0 and 86400 seconds, got ", args.timeout_s);
+  if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
+  runtime::MpiWorldOptions options;
+  options.devices_per_rank = args.devices_per_rank;
+  options.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
+  ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
+                   runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
+  Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string());
+  if (status.is_ok()) {
+    // Rank 0 speaks for the job.
+    std::ostream silent(nullptr);
+    status = train_on(args, std::move(plan), world->rank() == 0 ? out : silent,
+                      /*interactive=*/false, world, env_fault);
+  }
+  if (status.is_ok()) {
+    world->finish(false);
+    return status;
+  }
+  // Tell the other ranks (unless the failure came from them), report, and let
+  // the launcher end the job.
+  world->fail(status);
+  out.flush();
+  if (runtime::claim_failure_report())
+    std::cerr << str_cat("strata: error: rank ", world->rank(), " of ", world->size(), ": ",
+                         status.message(), "\n");
+  std::cerr.flush();
+  world->finish(true);
+  return status;
+}
+
+namespace {
+
+Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interactive,
+                const std::shared_ptr<runtime::MpiWorld> &world, const EnvFault &fault) {
   if (args.steps < 1) return invalid_argument("--steps must be at least 1");
   if (args.log_every < 1) return invalid_argument("--log-every must be at least 1");
   if (args.checkpoint_every < 0) return invalid_argument("--checkpoint-every must be at least 0");
@@ -577,6 +708,12 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   runtime::TrainerOptions options;
   options.model_dir = folder_of(args.model);
   options.fingerprint = plan.fingerprint;
+  if (fault.ckpt_kill_rank == (world ? world->rank() : 0)) {
+    const int64_t at = fault.ckpt_kill_step;
+    options.checkpoint_file_written = [at](int64_t step) {
+      if (step == at) raise(SIGKILL);
+    };
+  }
   std::string model_name = plan.graph.name();
   runtime::PipelineRunner *pipeline = nullptr;
   std::unique_ptr<runtime::StepRunner> runner;
@@ -584,6 +721,8 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
     runtime::PipelineRunnerOptions pipeline_options;
     pipeline_options.model_dir = options.model_dir;
     pipeline_options.trace = !args.trace.empty();
+    pipeline_options.world = world;
+    pipeline_options.fault = fault.fault;
     pipeline_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
     auto created = runtime::PipelineRunner::create(plan, pipeline_options);
@@ -605,7 +744,11 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
       << ", " << plan.loss_kind << ", " << plan.optimizer << ")\n";
   if (plan.pipeline)
     out << "pipeline   " << plan.pipeline->stages << " stages x " << plan.pipeline->microbatches
-        << " micro-batches (" << plan.pipeline->schedule << "), one CPU thread per device\n";
+        << " micro-batches (" << plan.pipeline->schedule << "), "
+        << (world ? str_cat(world->size(), " MPI ranks x ", args.devices_per_rank, " CPU thread",
+                            args.devices_per_rank == 1 ? "" : "s", " (devices)")
+                  : std::string("one CPU thread per device"))
+        << "\n";
   out << "data       " << trainer.data().description << "\n";
   if (!args.resume.empty()) {
     RETURN_IF_ERROR(trainer.restore_checkpoint(args.resume));
@@ -626,7 +769,7 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
   // The trace of a failed run is the most useful one: write what was recorded.
   auto write_trace = [&]() -> Status {
     if (pipeline == nullptr || args.trace.empty()) return Status::ok();
-    return write_text(args.trace, pipeline->trace_json());
+    return write_text(per_rank_path(args.trace, world ? world->rank() : 0), pipeline->trace_json());
   };
   while (trainer.step() < args.steps) {
     auto stepped = trainer.train_step();
@@ -674,5 +817,7 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
       << " steps/s); loss " << format_loss(first_loss) << " -> " << format_loss(last_loss) << "\n";
   return Status::ok();
 }
+
+} // namespace
 
 } // namespace strata::tools

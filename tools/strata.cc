@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ops/registry.h"
+#include "runtime/mpi_world.h"
 #include "serialization/model_io.h"
 #include "tools/commands.h"
 #include "tools/model_stats.h"
@@ -293,7 +294,8 @@ void add_run(CLI::App &app, Action &action) {
                   "stacked on a new first dim (default: 8 fixed synthetic batches)")
       ->type_name("DIR");
   sub->add_option("--checkpoint", args.checkpoint,
-                  "training plan: save model.safetensors + manifest.json here at the end")
+                  "training plan: save the weights + manifest.json here at the end (the "
+                  "previous save stays loadable until the new one is complete)")
       ->type_name("DIR");
   sub->add_option("--checkpoint-every", args.checkpoint_every,
                   "training plan: also save every K steps (needs --checkpoint)")
@@ -311,6 +313,11 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_option("--timeout", args.timeout_s,
                   "pipeline plan: seconds any device waits for another before the run fails")
       ->capture_default_str();
+  sub->add_option("--devices-per-rank", args.devices_per_rank,
+                  "pipeline plan under mpirun: plan devices each rank runs as threads "
+                  "(ranks x this = the plan's devices)")
+      ->check(at_least(1))
+      ->capture_default_str();
   sub->footer("Without --input, floating inputs are drawn from normal(0, 1) and index inputs\n"
               "(e.g. token ids) from the range they index. Prints the median and minimum time\n"
               "per run, the planned activation memory, and a checksum of each output.\n\n"
@@ -321,7 +328,13 @@ void add_run(CLI::App &app, Action &action) {
               "the interrupted one stopped.\n"
               "  strata run train.splan --steps 100 --log-every 10 --checkpoint ckpt\n"
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
-              "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy");
+              "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
+              "Several processes (Open MPI): the same plan, one device per rank, or\n"
+              "--devices-per-rank K threads per rank; rank 0 prints, every rank checks that\n"
+              "all run the same plan and strata, and a lost rank ends the whole job.\n"
+              "  mpirun -np 4 strata run pp.splan --steps 5\n"
+              "  mpirun -np 2 strata run pp.splan --steps 5 --devices-per-rank 2\n"
+              "  mpirun -np 8 --hostfile hosts strata run pp.splan --checkpoint /shared/ck");
   sub->callback([&action] {
     action = [] {
       args.interactive = isatty(STDOUT_FILENO) != 0;
@@ -524,6 +537,7 @@ std::string command_path(const CLI::App &app) {
 
 int main(int argc, char **argv) {
   using namespace strata::tools;
+  const auto launch = strata::runtime::detect_mpi_launch();
   CLI::App app("strata: a graph-compiled dataflow engine for distributed deep learning.\n"
                "Models are graphs of ops; strata builds, converts, inspects and runs them.",
                "strata");
@@ -569,7 +583,13 @@ int main(int argc, char **argv) {
   strata::Status status = action();
   if (!status.is_ok()) {
     std::cout.flush();
-    std::cerr << "strata: error: " << one_line(status.message()) << '\n';
+    if (!strata::runtime::claim_failure_report()) return kExitFailure;
+    // One write: under mpirun, several ranks' messages share one terminal.
+    std::cerr << strata::str_cat(
+                     "strata: error: ",
+                     launch && launch->size > 1 ? strata::str_cat("rank ", launch->rank, ": ") : "",
+                     one_line(status.message()), "\n")
+              << std::flush;
     return kExitFailure;
   }
   return 0;

@@ -703,7 +703,7 @@ TEST(CheckpointTest, RoundTripAndRefusals) {
   EXPECT_NE(wrong_plan.status().message().find("fingerprint"), std::string::npos);
 
   // Corrupt one byte of the weights: the checksum names the file.
-  std::string weights = ck + "/model.safetensors";
+  std::string weights = ck + "/model-step7.safetensors";
   {
     std::fstream file(weights, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(-1, std::ios::end);
@@ -711,19 +711,67 @@ TEST(CheckpointTest, RoundTripAndRefusals) {
   }
   auto corrupt = read_checkpoint(ck, "abc");
   ASSERT_FALSE(corrupt.is_ok());
-  EXPECT_NE(corrupt.status().message().find("model.safetensors"), std::string::npos);
+  EXPECT_NE(corrupt.status().message().find("model-step7.safetensors"), std::string::npos);
   EXPECT_NE(corrupt.status().message().find("SHA-256"), std::string::npos);
 
   // Truncated weights: the size names the file.
   std::filesystem::resize_file(weights, 20);
   auto truncated = read_checkpoint(ck, "abc");
   ASSERT_FALSE(truncated.is_ok());
-  EXPECT_NE(truncated.status().message().find("model.safetensors"), std::string::npos);
+  EXPECT_NE(truncated.status().message().find("model-step7.safetensors"), std::string::npos);
   EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos);
 
   auto missing = read_checkpoint(dir.file("nothing"), "abc");
   ASSERT_FALSE(missing.is_ok());
   EXPECT_NE(missing.status().message().find("manifest.json"), std::string::npos);
+}
+
+// A save cut short after its data files leaves the previous checkpoint whole;
+// the next commit removes files no manifest lists.
+TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  w.as<float>()[0] = 1;
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 3).is_ok());
+  // Step 4: rank 0 of 2 wrote its file, then the job died before the commit.
+  w.as<float>()[0] = 2;
+  ASSERT_TRUE(write_checkpoint_file(ck, checkpoint_file_name(4, 0, 2), {{"w", w}}).is_ok());
+  auto previous = read_checkpoint(ck, "f");
+  ASSERT_TRUE(previous.is_ok()) << previous.status().message();
+  EXPECT_EQ(previous->step, 3);
+  EXPECT_EQ(previous->tensors.at("w").as<float>()[0], 1.0f);
+
+  // Two ranks' files, committed: both read, the stale ones are gone.
+  HostTensor b = HostTensor::zeros({DType::kF32, {2}});
+  auto a_file = write_checkpoint_file(ck, checkpoint_file_name(5, 0, 2), {{"w", w}});
+  auto b_file = write_checkpoint_file(ck, checkpoint_file_name(5, 1, 2), {{"b", b}});
+  ASSERT_TRUE(a_file.is_ok() && b_file.is_ok());
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 5, 2, {*a_file, *b_file}).is_ok());
+  auto both = read_checkpoint(ck, "f");
+  ASSERT_TRUE(both.is_ok()) << both.status().message();
+  EXPECT_EQ(both->step, 5);
+  EXPECT_EQ(both->ranks, 2);
+  EXPECT_EQ(both->tensors.size(), 2u);
+  EXPECT_EQ(both->file_of.at("b"), checkpoint_file_name(5, 1, 2));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/" + checkpoint_file_name(3, 0, 1)));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/" + checkpoint_file_name(4, 0, 2)));
+
+  // A tensor in two files, and a file name that leaves the folder, are refused.
+  auto again = write_checkpoint_file(ck, checkpoint_file_name(6, 1, 2), {{"w", w}});
+  ASSERT_TRUE(again.is_ok());
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 6, 2, {*a_file, *again}).is_ok());
+  auto twice = read_checkpoint(ck, "f");
+  ASSERT_FALSE(twice.is_ok());
+  EXPECT_NE(twice.status().message().find("tensor 'w' is also in"), std::string::npos)
+      << twice.status().message();
+  CheckpointFile escape = *a_file;
+  escape.name = "../elsewhere.safetensors";
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 7, 1, {escape}).is_ok());
+  auto escaped = read_checkpoint(ck, "f");
+  ASSERT_FALSE(escaped.is_ok());
+  EXPECT_NE(escaped.status().message().find("files[0].name"), std::string::npos)
+      << escaped.status().message();
 }
 
 TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {
@@ -736,7 +784,7 @@ TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {
   int rc = testing::run_python(
       "import json, struct, numpy as np\n"
       "b = open('" +
-          dir.file("ck/model.safetensors") +
+          dir.file("ck/model-step1.safetensors") +
           "', 'rb').read()\n"
           "n = struct.unpack('<Q', b[:8])[0]\n"
           "h = json.loads(b[8:8 + n])\n"

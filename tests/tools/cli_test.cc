@@ -498,7 +498,10 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
       strata({"run", "t.splan", "--steps", "6", "--resume", "part", "--checkpoint", "part"});
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("resumed    part at step 3"), std::string::npos) << resumed.out;
-  EXPECT_EQ(read_file(path("full/model.safetensors")), read_file(path("part/model.safetensors")));
+  EXPECT_EQ(read_file(path("full/model-step6.safetensors")),
+            read_file(path("part/model-step6.safetensors")));
+  // Only the last checkpoint's file is left.
+  EXPECT_FALSE(fs::exists(path("part/model-step3.safetensors")));
   // The losses of steps 4..6 are the same too.
   std::vector<double> a = printed_losses(straight.out), b = printed_losses(resumed.out);
   ASSERT_EQ(a.size(), 6u);
@@ -515,10 +518,10 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
       0);
   expect_one_line_error(strata({"run", "other.splan", "--steps", "8", "--resume", "part"}),
                         "fingerprint");
-  std::string weights = read_file(path("part/model.safetensors"));
-  write_file(path("part/model.safetensors"), weights.substr(0, weights.size() / 2));
+  std::string weights = read_file(path("part/model-step6.safetensors"));
+  write_file(path("part/model-step6.safetensors"), weights.substr(0, weights.size() / 2));
   expect_one_line_error(strata({"run", "t.splan", "--steps", "8", "--resume", "part"}),
-                        "model.safetensors");
+                        "model-step6.safetensors");
 }
 
 TEST_F(CliTest, GptTrainingFromTheIssue) {

@@ -1,0 +1,1203 @@
+#include "runtime/mpi_world.h"
+
+// The C API only: the deprecated C++ bindings do not compile warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace strata::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI tags of the control communicator.
+constexpr int kTagHeader = 1;
+constexpr int kTagHeartbeat = 2;
+constexpr int kTagAbort = 3;
+constexpr int kTagAlive = 4;
+// Payloads larger than this go as several messages (MPI counts are ints).
+constexpr size_t kMaxChunk = size_t{1} << 30;
+
+struct Header {
+  uint64_t tag = 0;
+  int32_t src = 0; // endpoint: a device, or -1 - rank for a process
+  int32_t dst = 0;
+  uint64_t bytes = 0;
+  uint32_t seq = 0; // MPI tag of the payload on the data communicator
+  uint32_t unused = 0;
+};
+
+// Where a device is: what heartbeats carry.
+struct Position {
+  int64_t step = 0;
+  int64_t instruction = -1;
+};
+
+// The launcher's SIGTERM: the handler only writes the signal number to a
+// pipe; the signal thread reads it and does the work.
+int g_signal_pipe[2] = {-1, -1};
+std::atomic<MpiWorld::Impl *> g_impl{nullptr};
+
+extern "C" void on_signal(int signal) {
+  const char byte = static_cast<char>(signal);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+std::string format_duration(std::chrono::milliseconds duration) {
+  if (duration.count() % 1000 == 0) return str_cat(duration.count() / 1000, " s");
+  return str_cat(duration.count(), " ms");
+}
+
+std::string with_what(std::string operation, std::string_view what) {
+  if (what.empty()) return operation;
+  return str_cat(operation, " (", what, ")");
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+int env_ms(const char *name, int fallback) {
+  const char *v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+// Written by the signal thread; async-signal-safe output.
+void write_stderr(const std::string &text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(2, text.data() + done, text.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+}
+
+} // namespace
+
+bool mpi_built() { return true; }
+
+// ---------------------------------------------------------------------------
+
+class MpiWorld::Impl {
+public:
+  Impl(int devices, const MpiWorldOptions &options) : devices_(devices), options_(options) {}
+
+  // A receive a device posted: waits for its header, then its payload.
+  struct Posted {
+    int src = 0, dst = 0;
+    uint64_t tag = 0;
+    void *data = nullptr;
+    size_t bytes = 0;
+    std::string what;
+    bool matched = false; // its header arrived
+    bool done = false;
+    bool abandoned = false; // the waiter gave up (the world failed): keep off `data`
+    Status error;
+  };
+  // A header that arrived before its receive was posted, with the payload when
+  // the sender is on this rank.
+  struct Arrived {
+    Header header;
+    int src_rank = 0;
+    std::vector<std::byte> local;
+  };
+  struct OutMessage {
+    Header header;
+    int dst_rank = 0;
+    std::vector<std::byte> payload;
+    std::vector<MPI_Request> requests;
+  };
+  // A payload on its way. It lands in `staging`, owned here, and is copied to
+  // the receiver's buffer only if the receiver still waits for it: after a
+  // failure the buffer may be gone while MPI still delivers.
+  struct InRecv {
+    std::shared_ptr<Posted> posted;
+    int src_rank = 0;
+    uint32_t seq = 0;
+    std::vector<MPI_Request> requests;
+    std::vector<std::byte> staging;
+  };
+
+  // ---- set-up -------------------------------------------------------------
+
+  Status init() {
+    // Bounded start-up: MPI_Init waits for every rank of the job.
+    std::mutex init_mutex;
+    std::condition_variable init_cv;
+    bool init_done = false;
+    const auto launch = detect_mpi_launch();
+    const int my_rank = launch ? launch->rank : 0, job = launch ? launch->size : 1;
+    std::thread watchdog([&] {
+      std::unique_lock lock(init_mutex);
+      if (!init_cv.wait_for(lock, options_.timeout, [&] { return init_done; })) {
+        if (claim_failure_report())
+          write_stderr(str_cat("strata: error: rank ", my_rank, " of ", job, " (host ", host_name(),
+                               "): MPI start-up did not finish within ",
+                               format_duration(options_.timeout),
+                               ": at least one rank of the job never started or cannot reach "
+                               "this one (MPI_Init waits for all ",
+                               job,
+                               " ranks); check that every host can run strata and reach the "
+                               "others\n"));
+        std::_Exit(1);
+      }
+    });
+    // Catch the launcher's SIGTERM from here on, MPI_Init included.
+    if (g_signal_pipe[0] < 0 && ::pipe(g_signal_pipe) == 0) {
+      struct sigaction action = {};
+      action.sa_handler = on_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      sigaction(SIGTERM, &action, nullptr);
+      sigaction(SIGINT, &action, nullptr);
+      std::thread([my_rank, job] { signal_loop(my_rank, job); }).detach();
+    }
+    // Open MPI's shared-memory transport reads large messages straight from
+    // the sender's memory; if the sender has died, that read crashes the
+    // receiver. Copy through shared memory instead, so a survivor can report.
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", /*overwrite=*/0);
+    int provided = 0;
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    {
+      std::lock_guard lock(init_mutex);
+      init_done = true;
+    }
+    init_cv.notify_all();
+    watchdog.join();
+    if (rc != MPI_SUCCESS) return internal_error("MPI_Init_thread failed (code ", rc, ")");
+    if (provided < MPI_THREAD_SERIALIZED)
+      return failed_precondition("the MPI library offers thread level ", provided,
+                                 "; strata needs MPI_THREAD_SERIALIZED");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &data_);
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    void *tag_ub = nullptr;
+    int has = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has);
+    tag_limit_ = has ? *static_cast<int *>(tag_ub) : 32767;
+    host_ = host_name();
+    const int k = options_.devices_per_rank;
+    if (k < 1) return invalid_argument("--devices-per-rank must be at least 1, got ", k);
+    const std::string plan =
+        str_cat("the plan has ", devices_, " device", devices_ == 1 ? "" : "s");
+    if (devices_ % k != 0)
+      layout_error_ =
+          str_cat(plan, ", which do not split into ranks of ", k, " (--devices-per-rank)");
+    else if (devices_ / k != ranks_)
+      layout_error_ =
+          str_cat(plan, "; with ", k, " device", k == 1 ? "" : "s", " per rank it needs ",
+                  devices_ / k, " ranks, but the launcher started ", ranks_,
+                  devices_ % ranks_ == 0 ? str_cat(" (run with -np ", devices_ / k,
+                                                   ", or keep -np and pass --devices-per-rank ",
+                                                   devices_ / ranks_, ")")
+                                         : str_cat(" (run with -np ", devices_ / k, ")"));
+    labels_.assign(static_cast<size_t>(devices_), {});
+    positions_.assign(static_cast<size_t>(std::max(devices_, ranks_ * k)), {});
+    last_heard_.assign(static_cast<size_t>(ranks_), Clock::now());
+    heard_.assign(static_cast<size_t>(ranks_), false);
+    next_seq_.assign(static_cast<size_t>(ranks_), 0);
+    alive_.assign(static_cast<size_t>(ranks_), false);
+    progress_ = std::thread([this] { progress_loop(); });
+    return Status::ok();
+  }
+
+  // From now on the signal thread asks this world who is lost.
+  void start_signal_thread() { g_impl = this; }
+
+  // ---- names --------------------------------------------------------------
+
+  int rank_of(int endpoint) const {
+    return endpoint < 0 ? -1 - endpoint : endpoint / options_.devices_per_rank;
+  }
+  bool local(int endpoint) const { return rank_of(endpoint) == rank_; }
+
+  std::string endpoint_name_locked(int endpoint) const {
+    if (endpoint < 0) return str_cat("rank ", -1 - endpoint);
+    const std::string &label = labels_[static_cast<size_t>(endpoint)];
+    std::string name = label.empty() ? str_cat("device ", endpoint)
+                                     : str_cat("device ", endpoint, " (", label, ")");
+    if (ranks_ > 1) name += str_cat(" on rank ", rank_of(endpoint));
+    return name;
+  }
+
+  // "send to device 3 (stage 3) on rank 3 (activation ...)"; the tag only when
+  // nothing better describes the message.
+  std::string operation_text(std::string_view verb, int peer, uint64_t tag,
+                             std::string_view what) const {
+    if (what.empty()) return str_cat(verb, " ", endpoint_name_locked(peer), ", tag ", tag);
+    return str_cat(verb, " ", endpoint_name_locked(peer), " (", what, ")");
+  }
+
+  // "rank 1 is lost: ..." for the ranks nothing was heard from for `quiet`
+  // or longer, with where they were; empty when there are none.
+  std::string lost_ranks_locked(Clock::time_point now, std::chrono::milliseconds quiet) const {
+    std::string text;
+    for (int r = 0; r < ranks_; ++r) {
+      const auto silence = now - last_heard_[static_cast<size_t>(r)];
+      if (r == rank_ || silence < quiet) continue;
+      text += str_cat(text.empty() ? "" : "; ", "rank ", r, " is lost: nothing heard from it for ",
+                      format_seconds(std::chrono::duration<double>(silence).count()),
+                      " (stopped, hung or unreachable); ", whereabouts_locked(r));
+    }
+    return text;
+  }
+
+  // "rank 1 (host h, devices 2-3): last reported step 4, instruction 17 (send
+  // 'x' ...) 0.3 s ago"
+  std::string whereabouts_locked(int rank) const {
+    std::string text = str_cat("rank ", rank, " (devices ");
+    const int k = options_.devices_per_rank;
+    text += k == 1 ? str_cat(rank) : str_cat(rank * k, "-", rank * k + k - 1);
+    text += ")";
+    if (!heard_[static_cast<size_t>(rank)]) return text + " never reported";
+    const double ago =
+        std::chrono::duration<double>(Clock::now() - last_heard_[static_cast<size_t>(rank)])
+            .count();
+    std::string at;
+    for (int d = rank * k; d < rank * k + k; ++d) {
+      const Position &p = positions_[static_cast<size_t>(d)];
+      if (!at.empty()) at += "; ";
+      if (k > 1) at += str_cat("device ", d, " ");
+      if (p.instruction < 0) {
+        at += p.step == 0 ? std::string("start-up") : str_cat("the end of step ", p.step);
+      } else {
+        at += str_cat("step ", p.step, ", instruction ", p.instruction);
+        if (describe_) at += str_cat(" (", describe_(d, p.instruction), ")");
+      }
+    }
+    return str_cat(text, " was last heard from ", format_seconds(ago), " ago, at ", at);
+  }
+
+  // ---- failure ------------------------------------------------------------
+
+  // Records the world's first failure. `root` is what the failing call
+  // returns; `cascade` what every other call reports. `tell` sends it to the
+  // other ranks.
+  void set_failure_locked(Status root, const std::string &cascade, bool tell) {
+    if (failed_) return;
+    failed_ = true;
+    cascade_ = Status(root.code(), cascade);
+    failure_ = std::move(root);
+    if (tell) abort_to_send_ = cascade;
+    cv_.notify_all();
+  }
+
+  Status fail_locked(int endpoint, StatusCode code, const std::string &operation,
+                     const std::string &problem) {
+    const std::string name = endpoint_name_locked(endpoint);
+    Status error(code, str_cat(name, ": ", operation, ": ", problem));
+    set_failure_locked(error, str_cat(name, " failed: ", operation, ": ", problem), true);
+    return error;
+  }
+
+  Status cascaded_locked(int endpoint, const std::string &operation) const {
+    return Status(cascade_.code(), str_cat(endpoint_name_locked(endpoint), ": ", operation, ": ",
+                                           cascade_.message()));
+  }
+
+  void fail(const Status &reason) {
+    std::lock_guard lock(mutex_);
+    std::string text = str_cat("rank ", rank_, ": ", reason.message());
+    set_failure_locked(Status(reason.code(), text), text, true);
+  }
+
+  void fail_device(int device, const Status &error) {
+    std::lock_guard lock(mutex_);
+    const std::string name = endpoint_name_locked(device);
+    set_failure_locked(Status(error.code(), str_cat(name, ": ", error.message())),
+                       str_cat(name, " failed: ", error.message()), true);
+  }
+
+  Status failure() const {
+    std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
+  // ---- point to point ------------------------------------------------------
+
+  Status send(int src, int dst, const void *data, size_t bytes, uint64_t tag,
+              std::string_view what) {
+    std::unique_lock lock(mutex_);
+    const std::string operation = operation_text("send to", dst, tag, what);
+    if (failed_) return cascaded_locked(src, operation);
+    if (dst < -ranks_ || dst >= devices_ || dst == src)
+      return fail_locked(src, StatusCode::kInvalidArgument, operation, "no such peer");
+    Header header{tag, src, dst, bytes, 0, 0};
+    if (local(dst)) {
+      deliver_locked(header, rank_, data);
+      return Status::ok();
+    }
+    const int dst_rank = rank_of(dst);
+    header.seq =
+        next_seq_[static_cast<size_t>(dst_rank)]++ % static_cast<uint32_t>(std::max(tag_limit_, 1));
+    auto message = std::make_unique<OutMessage>();
+    message->header = header;
+    message->dst_rank = dst_rank;
+    message->payload.resize(bytes);
+    if (bytes) std::memcpy(message->payload.data(), data, bytes);
+    outbox_.push_back(std::move(message));
+    return Status::ok();
+  }
+
+  // A header (and, from this rank, its payload) reached destination `dst`.
+  void deliver_locked(const Header &header, int src_rank, const void *local_data) {
+    auto &posted = posted_[header.dst];
+    for (auto it = posted.begin(); it != posted.end(); ++it) {
+      Posted &p = **it;
+      if (p.matched || p.src != header.src || p.tag != header.tag) continue;
+      p.matched = true;
+      if (p.bytes != header.bytes) {
+        p.error = fail_locked(
+            p.dst, StatusCode::kInvalidArgument, operation_text("recv from", p.src, p.tag, p.what),
+            str_cat("the sender sent ", header.bytes, " bytes, the receiver expects ", p.bytes));
+        p.done = true;
+        posted.erase(it);
+        cv_.notify_all();
+        return;
+      }
+      if (src_rank == rank_) {
+        if (p.bytes) std::memcpy(p.data, local_data, p.bytes);
+        p.done = true;
+        cv_.notify_all();
+      } else {
+        to_receive_.push_back({*it, src_rank, header.seq, {}, {}});
+      }
+      posted.erase(it);
+      return;
+    }
+    Arrived arrived{header, src_rank, {}};
+    if (src_rank == rank_ && header.bytes) {
+      arrived.local.resize(header.bytes);
+      std::memcpy(arrived.local.data(), local_data, header.bytes);
+    }
+    arrived_[header.dst].push_back(std::move(arrived));
+  }
+
+  std::shared_ptr<Posted> post(int dst, int src, void *data, size_t bytes, uint64_t tag,
+                               std::string_view what, Status *error) {
+    std::lock_guard lock(mutex_);
+    const std::string operation = operation_text("recv from", src, tag, what);
+    if (failed_) {
+      *error = cascaded_locked(dst, operation);
+      return nullptr;
+    }
+    if (src < -ranks_ || src >= devices_ || src == dst) {
+      *error = fail_locked(dst, StatusCode::kInvalidArgument, operation, "no such peer");
+      return nullptr;
+    }
+    auto p = std::make_shared<Posted>();
+    p->src = src;
+    p->dst = dst;
+    p->tag = tag;
+    p->data = data;
+    p->bytes = bytes;
+    p->what = std::string(what);
+    auto &arrived = arrived_[dst];
+    for (auto it = arrived.begin(); it != arrived.end(); ++it) {
+      if (it->header.src != src || it->header.tag != tag) continue;
+      Arrived a = std::move(*it);
+      arrived.erase(it);
+      posted_[dst].push_front(p); // deliver_locked matches it first
+      deliver_locked(a.header, a.src_rank, a.local.data());
+      if (p->done && !p->error.is_ok()) {
+        *error = p->error;
+        return nullptr;
+      }
+      return p;
+    }
+    posted_[dst].push_back(p);
+    return p;
+  }
+
+  Status wait(const std::shared_ptr<Posted> &p) {
+    std::unique_lock lock(mutex_);
+    const std::string operation = operation_text("recv from", p->src, p->tag, p->what);
+    const auto deadline = Clock::now() + options_.timeout;
+    while (!p->done && !failed_) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !p->done && !failed_) {
+        p->abandoned = true;
+        // A rank that went silent is the cause: the error leads with it.
+        const std::string lost = lost_ranks_locked(
+            Clock::now(), std::max(std::chrono::milliseconds(1000), 10 * options_.heartbeat));
+        if (!lost.empty()) {
+          const std::string name = endpoint_name_locked(p->dst);
+          const std::string text =
+              str_cat(lost, " (", name, " timed out after ", format_duration(options_.timeout),
+                      " in ", operation, ")");
+          set_failure_locked(Status(StatusCode::kDeadlineExceeded, text), text, true);
+          return Status(StatusCode::kDeadlineExceeded, text);
+        }
+        std::string problem = str_cat("timed out after ", format_duration(options_.timeout));
+        const int peer_rank = rank_of(p->src);
+        if (peer_rank != rank_) problem += str_cat("; ", whereabouts_locked(peer_rank));
+        return fail_locked(p->dst, StatusCode::kDeadlineExceeded, operation, problem);
+      }
+    }
+    if (p->done) return p->error;
+    p->abandoned = true;
+    return cascaded_locked(p->dst, operation);
+  }
+
+  void abandon(const std::shared_ptr<Posted> &p) {
+    std::lock_guard lock(mutex_);
+    p->abandoned = true;
+  }
+
+  bool ready(const std::shared_ptr<Posted> &p) {
+    std::lock_guard lock(mutex_);
+    return p->done || failed_;
+  }
+
+  // ---- progress thread -----------------------------------------------------
+
+  void progress_loop() {
+    auto last_beat = Clock::now() - options_.heartbeat;
+    int idle = 0;
+    while (true) {
+      bool busy = false;
+      std::vector<std::unique_ptr<OutMessage>> to_send;
+      std::vector<InRecv> to_post;
+      std::string abort_text;
+      bool stop = false, ping = false;
+      {
+        std::lock_guard lock(mutex_);
+        to_send.swap(outbox_);
+        to_post.swap(to_receive_);
+        abort_text.swap(abort_to_send_);
+        stop = stop_;
+        ping = ping_;
+        ping_ = false;
+      }
+      for (auto &message : to_send) {
+        busy = true;
+        start_send(*message);
+        sending_.push_back(std::move(message));
+      }
+      for (InRecv &in : to_post) {
+        busy = true;
+        in.staging.resize(in.posted->bytes);
+        std::byte *base = in.staging.data();
+        for (size_t off = 0; off < in.posted->bytes; off += kMaxChunk) {
+          const size_t n = std::min(kMaxChunk, in.posted->bytes - off);
+          MPI_Request request;
+          MPI_Irecv(base + off, static_cast<int>(n), MPI_BYTE, in.src_rank,
+                    static_cast<int>(in.seq), data_, &request);
+          in.requests.push_back(request);
+        }
+        receiving_.push_back(std::move(in));
+      }
+      if (!abort_text.empty()) {
+        for (int r = 0; r < ranks_; ++r) {
+          if (r == rank_) continue;
+          auto message = std::make_unique<OutMessage>();
+          message->payload.assign(reinterpret_cast<const std::byte *>(abort_text.data()),
+                                  reinterpret_cast<const std::byte *>(abort_text.data()) +
+                                      abort_text.size());
+          MPI_Request request;
+          MPI_Isend(message->payload.data(), static_cast<int>(message->payload.size()), MPI_BYTE, r,
+                    kTagAbort, control_, &request);
+          message->requests.push_back(request);
+          control_sends_.push_back(std::move(message));
+        }
+      }
+      if (ping) {
+        for (int r = 0; r < ranks_; ++r) {
+          if (r == rank_) continue;
+          auto message = std::make_unique<OutMessage>();
+          message->payload.resize(1);
+          MPI_Request request;
+          MPI_Isend(message->payload.data(), 1, MPI_BYTE, r, kTagAlive, control_, &request);
+          message->requests.push_back(request);
+          control_sends_.push_back(std::move(message));
+        }
+      }
+      busy |= test_sends(sending_);
+      busy |= test_sends(control_sends_);
+      in_flight_ = sending_.size() + control_sends_.size();
+      busy |= test_receives();
+      busy |= poll_control();
+      const auto now = Clock::now();
+      bool moved = false, new_step = false;
+      {
+        std::lock_guard lock(mutex_);
+        moved = moved_;
+        new_step = new_step_;
+      }
+      // A beat every `heartbeat`, and sooner (a quarter of it) when a device
+      // moved on, so the others know where this rank was if it dies.
+      if (now - last_beat >= options_.heartbeat || new_step ||
+          (moved && now - last_beat >= options_.heartbeat / 4)) {
+        last_beat = now;
+        send_heartbeats();
+        check_lost(now);
+      }
+      if (stop && sending_.empty() && receiving_.empty()) break;
+      if (busy) {
+        idle = 0;
+      } else {
+        // Back off while nothing moves: from spinning to 200 us naps.
+        idle = std::min(idle + 1, 200);
+        if (idle > 20)
+          std::this_thread::sleep_for(std::chrono::microseconds(idle));
+        else
+          std::this_thread::yield();
+      }
+    }
+  }
+
+  void start_send(OutMessage &message) {
+    MPI_Request request;
+    MPI_Isend(&message.header, sizeof(Header), MPI_BYTE, message.dst_rank, kTagHeader, control_,
+              &request);
+    message.requests.push_back(request);
+    for (size_t off = 0; off < message.payload.size(); off += kMaxChunk) {
+      const size_t n = std::min(kMaxChunk, message.payload.size() - off);
+      MPI_Isend(message.payload.data() + off, static_cast<int>(n), MPI_BYTE, message.dst_rank,
+                static_cast<int>(message.header.seq), data_, &request);
+      message.requests.push_back(request);
+    }
+  }
+
+  static bool all_done(std::vector<MPI_Request> &requests) {
+    int done = 0;
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    return done != 0;
+  }
+
+  bool test_sends(std::list<std::unique_ptr<OutMessage>> &list) {
+    bool any = false;
+    for (auto it = list.begin(); it != list.end();) {
+      if (all_done((*it)->requests)) {
+        it = list.erase(it);
+        any = true;
+      } else {
+        ++it;
+      }
+    }
+    return any;
+  }
+
+  bool test_receives() {
+    bool any = false;
+    for (auto it = receiving_.begin(); it != receiving_.end();) {
+      if (all_done(it->requests)) {
+        {
+          std::lock_guard lock(mutex_);
+          Posted &p = *it->posted;
+          if (!p.abandoned && p.bytes) std::memcpy(p.data, it->staging.data(), p.bytes);
+          p.done = true;
+        }
+        cv_.notify_all();
+        it = receiving_.erase(it);
+        any = true;
+      } else {
+        ++it;
+      }
+    }
+    return any;
+  }
+
+  // Receives whatever control messages arrived: headers, heartbeats, aborts,
+  // liveness answers.
+  bool poll_control() {
+    bool any = false;
+    for (int round = 0; round < 64; ++round) {
+      int flag = 0;
+      MPI_Message handle;
+      MPI_Status status;
+      MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &handle, &status);
+      if (!flag) break;
+      any = true;
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      std::vector<std::byte> buffer(static_cast<size_t>(std::max(count, 1)));
+      MPI_Mrecv(buffer.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE);
+      const int from = status.MPI_SOURCE;
+      std::lock_guard lock(mutex_);
+      last_heard_[static_cast<size_t>(from)] = Clock::now();
+      heard_[static_cast<size_t>(from)] = true;
+      switch (status.MPI_TAG) {
+      case kTagHeader: {
+        Header header;
+        if (static_cast<size_t>(count) != sizeof header) break;
+        std::memcpy(&header, buffer.data(), sizeof header);
+        deliver_locked(header, from, nullptr);
+        break;
+      }
+      case kTagHeartbeat: {
+        const size_t k = static_cast<size_t>(options_.devices_per_rank);
+        if (static_cast<size_t>(count) != k * sizeof(Position)) break;
+        std::memcpy(&positions_[static_cast<size_t>(from) * k], buffer.data(),
+                    k * sizeof(Position));
+        break;
+      }
+      case kTagAbort: {
+        std::string text(reinterpret_cast<const char *>(buffer.data()), static_cast<size_t>(count));
+        set_failure_locked(Status(StatusCode::kInternal, text), text, false);
+        break;
+      }
+      case kTagAlive: alive_[static_cast<size_t>(from)] = true; break;
+      default: break;
+      }
+    }
+    return any;
+  }
+
+  void send_heartbeats() {
+    std::vector<std::byte> payload;
+    {
+      std::lock_guard lock(mutex_);
+      const size_t k = static_cast<size_t>(options_.devices_per_rank);
+      moved_ = new_step_ = false;
+      payload.resize(k * sizeof(Position));
+      std::memcpy(payload.data(), &positions_[static_cast<size_t>(rank_) * k], payload.size());
+    }
+    for (int r = 0; r < ranks_; ++r) {
+      if (r == rank_) continue;
+      auto message = std::make_unique<OutMessage>();
+      message->payload = payload;
+      MPI_Request request;
+      MPI_Isend(message->payload.data(), static_cast<int>(message->payload.size()), MPI_BYTE, r,
+                kTagHeartbeat, control_, &request);
+      message->requests.push_back(request);
+      control_sends_.push_back(std::move(message));
+    }
+  }
+
+  // A rank not heard from for the timeout is lost: it stopped, hung or can no
+  // longer reach this one.
+  void check_lost(Clock::time_point now) {
+    std::lock_guard lock(mutex_);
+    if (failed_) return;
+    const std::string lost = lost_ranks_locked(now, options_.timeout);
+    if (!lost.empty()) set_failure_locked(Status(StatusCode::kDeadlineExceeded, lost), lost, true);
+  }
+
+  // ---- the launcher's SIGTERM ----------------------------------------------
+
+  static void signal_loop(int my_rank, int job) {
+    char byte = 0;
+    while (::read(g_signal_pipe[0], &byte, 1) != 1) {
+    }
+    const int signal = byte;
+    if (!claim_failure_report()) std::_Exit(1);
+    Impl *impl = g_impl.load();
+    if (impl == nullptr)
+      write_stderr(str_cat("strata: error: rank ", my_rank, " of ", job, " (host ", host_name(),
+                           "): stopped by the launcher (", signal == SIGINT ? "SIGINT" : "SIGTERM",
+                           ") before this rank had joined the job or after it left\n"));
+    else
+      write_stderr(impl->termination_report(signal));
+    std::_Exit(1);
+  }
+
+  // Asks every rank whether it is alive (they all got the same SIGTERM), and
+  // names those that do not answer within a few hundred milliseconds: the
+  // launcher sends SIGKILL one second after SIGTERM.
+  std::string termination_report(int signal) {
+    {
+      // Answers that came before this rank's own SIGTERM count too.
+      std::lock_guard lock(mutex_);
+      ping_ = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(env_ms("STRATA_DEBUG_ALIVE_MS", 400)));
+    std::lock_guard lock(mutex_);
+    std::string lost;
+    for (int r = 0; r < ranks_; ++r) {
+      if (r == rank_ || alive_[static_cast<size_t>(r)]) continue;
+      lost += str_cat(lost.empty() ? "" : "; ", whereabouts_locked(r));
+    }
+    std::string here;
+    const int k = options_.devices_per_rank;
+    for (int d = rank_ * k; d < rank_ * k + k; ++d) {
+      const Position &p = positions_[static_cast<size_t>(d)];
+      here +=
+          str_cat(here.empty() ? "" : "; ", endpoint_name_locked(d), " was at ",
+                  p.instruction < 0 ? str_cat("the end of step ", p.step)
+                                    : str_cat("step ", p.step, ", instruction ", p.instruction));
+      if (p.instruction >= 0 && describe_) here += str_cat(" (", describe_(d, p.instruction), ")");
+    }
+    std::string text =
+        str_cat("strata: error: rank ", rank_, " of ", ranks_, " (host ", host_,
+                "): stopped by the launcher (", signal == SIGINT ? "SIGINT" : "SIGTERM", ")");
+    if (failed_)
+      text += str_cat(" after the job failed: ", failure_.message());
+    else if (!lost.empty())
+      text += str_cat(" because a rank was lost: ", lost);
+    else
+      text += ": every rank answered, so the job was interrupted, not broken";
+    return str_cat(text, ". ", here, "\n");
+  }
+
+  // ---- process group --------------------------------------------------------
+
+  Status process_send(int to, const std::string &data, std::string_view what) {
+    const uint64_t size = data.size();
+    RETURN_IF_ERROR(send(-1 - rank_, -1 - to, &size, sizeof size, 1, what));
+    return send(-1 - rank_, -1 - to, data.data(), data.size(), 2, what);
+  }
+  Status process_recv(int from, std::string *data, std::string_view what) {
+    uint64_t size = 0;
+    Status error;
+    auto p = post(-1 - rank_, -1 - from, &size, sizeof size, 1, what, &error);
+    if (!p) return error;
+    RETURN_IF_ERROR(wait(p));
+    if (size > (uint64_t{1} << 32)) return internal_error("rank ", from, " sent ", size, " bytes");
+    data->assign(size, '\0');
+    p = post(-1 - rank_, -1 - from, data->data(), size, 2, what, &error);
+    if (!p) return error;
+    return wait(p);
+  }
+
+  // Stops the progress thread once this rank's messages are delivered.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    if (progress_.joinable()) progress_.join();
+  }
+
+  // Waits (bounded) until this rank's sends are out of its hands.
+  void drain(std::chrono::milliseconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::lock_guard lock(mutex_);
+      if (outbox_.empty() && abort_to_send_.empty() && in_flight_ == 0) break;
+    }
+  }
+
+  const int devices_;
+  const MpiWorldOptions options_;
+  std::string layout_error_; // devices, devices per rank and ranks do not fit
+  int rank_ = 0, ranks_ = 1;
+  int tag_limit_ = 32767;
+  std::string host_;
+  MPI_Comm control_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL;
+  std::thread progress_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool failed_ = false, stop_ = false, ping_ = false, moved_ = false, new_step_ = false;
+  Status failure_, cascade_;
+  std::string abort_to_send_;
+  std::vector<std::string> labels_;
+  std::vector<Position> positions_;
+  std::vector<Clock::time_point> last_heard_;
+  std::vector<bool> heard_, alive_;
+  std::vector<uint32_t> next_seq_;
+  std::map<int, std::deque<std::shared_ptr<Posted>>> posted_;
+  std::map<int, std::deque<Arrived>> arrived_;
+  std::vector<std::unique_ptr<OutMessage>> outbox_;
+  std::vector<InRecv> to_receive_;
+  std::function<std::string(int, int64_t)> describe_;
+  std::atomic<size_t> in_flight_{0}; // messages the progress thread still sends
+  // Progress thread only.
+  std::list<std::unique_ptr<OutMessage>> sending_, control_sends_;
+  std::list<InRecv> receiving_;
+};
+
+// ---------------------------------------------------------------------------
+
+namespace {
+
+class MpiRequest : public Request {
+public:
+  MpiRequest(MpiWorld::Impl *world, std::shared_ptr<MpiWorld::Impl::Posted> posted, Status error)
+      : world_(world), posted_(std::move(posted)), error_(std::move(error)) {}
+  ~MpiRequest() override {
+    if (posted_) world_->abandon(posted_);
+  }
+  bool ready() override { return !posted_ || world_->ready(posted_); }
+  Status wait() override { return posted_ ? world_->wait(posted_) : error_; }
+
+private:
+  MpiWorld::Impl *world_;
+  std::shared_ptr<MpiWorld::Impl::Posted> posted_;
+  Status error_;
+};
+
+class DoneRequest : public Request {
+public:
+  explicit DoneRequest(Status status) : status_(std::move(status)) {}
+  bool ready() override { return true; }
+  Status wait() override { return status_; }
+
+private:
+  Status status_;
+};
+
+// One device's communicator. Collectives are point-to-point messages with
+// tags in their own space (the two top bits set, then a per-group sequence).
+class MpiCommunicator : public Communicator {
+public:
+  MpiCommunicator(MpiWorld::Impl *world, MpiWorld *owner, int device, int devices)
+      : world_(world), owner_(owner), device_(device), devices_(devices) {}
+
+  int rank() const override { return device_; }
+  int size() const override { return devices_; }
+  std::chrono::milliseconds timeout() const override { return owner_->timeout(); }
+  void set_label(std::string label) override { owner_->set_label(device_, std::move(label)); }
+  void abort(Status reason) override {
+    world_->fail_device(device_, Status(reason.code(), str_cat("aborted: ", reason.message())));
+  }
+
+protected:
+  Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
+                   std::string_view what) override {
+    if (peer >= devices_) return invalid_argument("send to device ", peer, ": no such device");
+    return world_->send(device_, peer, data, bytes, tag, what);
+  }
+  Status recv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
+                   std::string_view what) override {
+    if (peer >= devices_) return invalid_argument("recv from device ", peer, ": no such device");
+    Status error;
+    auto p = world_->post(device_, peer, data, bytes, tag, what, &error);
+    if (!p) return error;
+    return world_->wait(p);
+  }
+  std::unique_ptr<Request> isend_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
+                                      std::string_view what) override {
+    return std::make_unique<DoneRequest>(send_impl(data, bytes, peer, tag, what));
+  }
+  std::unique_ptr<Request> irecv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
+                                      std::string_view what) override {
+    if (peer >= devices_)
+      return std::make_unique<DoneRequest>(
+          invalid_argument("recv from device ", peer, ": no such device"));
+    Status error;
+    auto p = world_->post(device_, peer, data, bytes, tag, what, &error);
+    return std::make_unique<MpiRequest>(world_, std::move(p), std::move(error));
+  }
+
+  Status all_reduce_impl(void *data, std::size_t count, ReduceType type, const Group &group,
+                         std::string_view what) override {
+    const size_t width = type == ReduceType::kF32 ? 4 : 8;
+    ASSIGN_OR_RETURN(Group members, members_of(group));
+    const uint64_t tag = next_tag(members);
+    const std::string operation = with_what("all-reduce", what);
+    const int root = members.front();
+    const size_t bytes = count * width;
+    if (device_ != root) {
+      RETURN_IF_ERROR(send_impl(data, bytes, root, tag, operation));
+      return recv_impl(data, bytes, root, tag, operation);
+    }
+    // The root sums in increasing device order: its own values first.
+    std::vector<std::byte> other(bytes);
+    for (size_t m = 1; m < members.size(); ++m) {
+      RETURN_IF_ERROR(recv_impl(other.data(), bytes, members[m], tag, operation));
+      if (type == ReduceType::kF32)
+        add<float>(data, other.data(), count);
+      else
+        add<double>(data, other.data(), count);
+    }
+    for (size_t m = 1; m < members.size(); ++m)
+      RETURN_IF_ERROR(send_impl(data, bytes, members[m], tag, operation));
+    return Status::ok();
+  }
+
+  Status reduce_scatter_impl(const void *input, std::size_t input_count, void *output,
+                             std::size_t output_count, ReduceType type, const Group &group,
+                             std::string_view what) override {
+    ASSIGN_OR_RETURN(Group members, members_of(group));
+    if (input_count != output_count * members.size())
+      return invalid_argument("reduce-scatter of ", input_count, " elements over ", members.size(),
+                              " devices into ", output_count);
+    const size_t width = type == ReduceType::kF32 ? 4 : 8;
+    std::vector<std::byte> sum(input_count * width);
+    if (!sum.empty()) std::memcpy(sum.data(), input, sum.size());
+    RETURN_IF_ERROR(all_reduce_impl(sum.data(), input_count, type, members, what));
+    const size_t position =
+        static_cast<size_t>(std::find(members.begin(), members.end(), device_) - members.begin());
+    if (output_count)
+      std::memcpy(output, sum.data() + position * output_count * width, output_count * width);
+    return Status::ok();
+  }
+
+  Status all_gather_impl(const void *input, std::size_t bytes, void *output, const Group &group,
+                         std::string_view what) override {
+    ASSIGN_OR_RETURN(Group members, members_of(group));
+    const uint64_t tag = next_tag(members);
+    const std::string operation = with_what("all-gather", what);
+    auto *out = static_cast<std::byte *>(output);
+    const size_t position =
+        static_cast<size_t>(std::find(members.begin(), members.end(), device_) - members.begin());
+    if (bytes) std::memcpy(out + position * bytes, input, bytes);
+    for (int peer : members)
+      if (peer != device_) RETURN_IF_ERROR(send_impl(input, bytes, peer, tag, operation));
+    for (size_t m = 0; m < members.size(); ++m)
+      if (members[m] != device_)
+        RETURN_IF_ERROR(recv_impl(out + m * bytes, bytes, members[m], tag, operation));
+    return Status::ok();
+  }
+
+  Status broadcast_impl(void *data, std::size_t bytes, int root, const Group &group,
+                        std::string_view what) override {
+    ASSIGN_OR_RETURN(Group members, members_of(group));
+    if (std::find(members.begin(), members.end(), root) == members.end())
+      return invalid_argument("broadcast from device ", root, ", which is not in the group");
+    const uint64_t tag = next_tag(members);
+    const std::string operation = with_what("broadcast", what);
+    if (device_ != root) return recv_impl(data, bytes, root, tag, operation);
+    for (int peer : members)
+      if (peer != device_) RETURN_IF_ERROR(send_impl(data, bytes, peer, tag, operation));
+    return Status::ok();
+  }
+
+  Status barrier_impl(const Group &group, std::string_view what) override {
+    float token = 0;
+    return all_reduce_impl(&token, 1, ReduceType::kF32, group, with_what("barrier", what));
+  }
+
+private:
+  template <typename T> static void add(void *into, const void *from, size_t count) {
+    auto *a = static_cast<T *>(into);
+    const auto *b = static_cast<const T *>(from);
+    for (size_t i = 0; i < count; ++i)
+      a[i] += b[i];
+  }
+
+  Result<Group> members_of(const Group &group) const {
+    Group members = group;
+    if (members.empty())
+      for (int d = 0; d < devices_; ++d)
+        members.push_back(d);
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] < 0 || members[i] >= devices_ || (i > 0 && members[i] <= members[i - 1]))
+        return invalid_argument("group members must be increasing device indices");
+    if (std::find(members.begin(), members.end(), device_) == members.end())
+      return invalid_argument("device ", device_, " is not in the group");
+    return members;
+  }
+
+  uint64_t next_tag(const Group &members) {
+    uint64_t hash = 1469598103934665603ull;
+    for (int m : members)
+      hash = (hash ^ static_cast<uint64_t>(m)) * 1099511628211ull;
+    const uint32_t seq = sequence_[members]++;
+    return (uint64_t{3} << 62) | ((hash & 0x3fffffffull) << 32) | seq;
+  }
+
+  MpiWorld::Impl *world_;
+  MpiWorld *owner_;
+  int device_, devices_;
+  std::map<Group, uint32_t> sequence_;
+};
+
+MpiWorld *g_world = nullptr;
+
+} // namespace
+
+// ---------------------------------------------------------------------------
+
+MpiWorld::MpiWorld(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MpiWorld::~MpiWorld() {
+  if (g_world == this) g_world = nullptr;
+  if (g_impl == impl_.get()) g_impl = nullptr;
+  impl_->stop();
+}
+
+Result<std::shared_ptr<MpiWorld>> MpiWorld::create(int num_devices,
+                                                   const MpiWorldOptions &options) {
+  if (g_world != nullptr) return failed_precondition("this process already joined an MPI job");
+  if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
+  if (num_devices < 1) return invalid_argument("the plan has no devices");
+  auto impl = std::make_unique<Impl>(num_devices, options);
+  RETURN_IF_ERROR(impl->init());
+  std::shared_ptr<MpiWorld> world(new MpiWorld(std::move(impl)));
+  g_world = world.get();
+  world->impl_->start_signal_thread();
+  return world;
+}
+
+int MpiWorld::num_devices() const { return impl_->devices_; }
+bool MpiWorld::is_local(int device) const { return impl_->local(device); }
+std::chrono::milliseconds MpiWorld::timeout() const { return impl_->options_.timeout; }
+int MpiWorld::rank() const { return impl_->rank_; }
+int MpiWorld::size() const { return impl_->ranks_; }
+
+void MpiWorld::report(int device, int64_t step, int64_t instruction) {
+  std::lock_guard lock(impl_->mutex_);
+  auto &position = impl_->positions_[static_cast<size_t>(device)];
+  // A new step is news the other ranks hear at once; other moves within a
+  // quarter heartbeat.
+  if (position.step != step) impl_->new_step_ = true;
+  position = {step, instruction};
+  impl_->moved_ = true;
+}
+
+void MpiWorld::set_describer(std::function<std::string(int, int64_t)> describe) {
+  std::lock_guard lock(impl_->mutex_);
+  impl_->describe_ = std::move(describe);
+}
+
+void MpiWorld::set_label(int device, std::string label) {
+  std::lock_guard lock(impl_->mutex_);
+  impl_->labels_[static_cast<size_t>(device)] = std::move(label);
+}
+
+void MpiWorld::fail(const Status &reason) { impl_->fail(reason); }
+Status MpiWorld::failure() const { return impl_->failure(); }
+std::string MpiWorld::termination_report() { return impl_->termination_report(SIGTERM); }
+
+Status MpiWorld::run(const std::function<Status(int device, Communicator &)> &body) {
+  RETURN_IF_ERROR(failure());
+  std::vector<int> locals;
+  for (int d = 0; d < impl_->devices_; ++d)
+    if (is_local(d)) locals.push_back(d);
+  std::vector<std::thread> threads;
+  for (int device : locals) {
+    threads.emplace_back([&, device] {
+      MpiCommunicator comm(impl_.get(), this, device, impl_->devices_);
+      Status status;
+      try {
+        status = body(device, comm);
+      } catch (const std::exception &error) {
+        status = internal_error("threw an exception: ", error.what());
+      }
+      if (!status.is_ok()) impl_->fail_device(device, status);
+    });
+  }
+  for (std::thread &thread : threads)
+    thread.join();
+  return failure();
+}
+
+Status MpiWorld::gather(const std::string &mine, std::vector<std::string> *all,
+                        std::string_view what) {
+  all->clear();
+  if (rank() != 0) return impl_->process_send(0, mine, what);
+  all->push_back(mine);
+  for (int r = 1; r < size(); ++r) {
+    std::string data;
+    RETURN_IF_ERROR(impl_->process_recv(r, &data, what));
+    all->push_back(std::move(data));
+  }
+  return Status::ok();
+}
+
+Status MpiWorld::broadcast(std::string *data, std::string_view what) {
+  if (rank() != 0) return impl_->process_recv(0, data, what);
+  for (int r = 1; r < size(); ++r)
+    RETURN_IF_ERROR(impl_->process_send(r, *data, what));
+  return Status::ok();
+}
+
+Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan) {
+  nlohmann::ordered_json mine = {
+      {"strata version", STRATA_VERSION},
+      {"plan fingerprint", fingerprint},
+      {"world size", size()},
+      {"plan devices", impl_->devices_},
+      {"devices per rank", impl_->options_.devices_per_rank},
+      {"timeout (ms)", static_cast<int64_t>(impl_->options_.timeout.count())},
+  };
+  std::vector<std::string> all;
+  RETURN_IF_ERROR(
+      gather(str_cat(mine.dump(), "\n", plan, "\n", impl_->host_), &all, "start-up agreement"));
+  std::string verdict;
+  if (rank() == 0) {
+    std::vector<nlohmann::ordered_json> fields;
+    std::vector<std::string> plans, hosts;
+    for (const std::string &entry : all) {
+      const size_t a = entry.find('\n'), b = entry.rfind('\n');
+      fields.push_back(nlohmann::ordered_json::parse(entry.substr(0, a), nullptr, false));
+      plans.push_back(entry.substr(a + 1, b - a - 1));
+      hosts.push_back(entry.substr(b + 1));
+    }
+    for (const auto &[key, value] : mine.items()) {
+      // Group the ranks by what they have.
+      std::map<std::string, std::vector<int>> by_value;
+      for (size_t r = 0; r < fields.size(); ++r) {
+        const auto &f = fields[r];
+        by_value[f.is_object() && f.contains(key) ? f[key].dump() : "(nothing)"].push_back(
+            static_cast<int>(r));
+      }
+      if (by_value.size() == 1) continue;
+      std::string differs = str_cat("the ranks disagree on the ", key, ":");
+      for (const auto &[v, ranks] : by_value) {
+        std::string list;
+        for (int r : ranks)
+          list += str_cat(list.empty() ? "" : ", ", r, " (", plans[static_cast<size_t>(r)], " on ",
+                          hosts[static_cast<size_t>(r)], ")");
+        differs += str_cat(" rank", ranks.size() == 1 ? " " : "s ", list, " ha",
+                           ranks.size() == 1 ? "s " : "ve ", v, ";");
+      }
+      differs.pop_back();
+      verdict += str_cat(verdict.empty() ? "" : "; ", differs);
+    }
+    if (verdict.empty() && !impl_->layout_error_.empty()) verdict = impl_->layout_error_;
+    if (!verdict.empty()) verdict += "; every rank must run the same plan with the same strata";
+  }
+  RETURN_IF_ERROR(broadcast(&verdict, "start-up agreement"));
+  if (!verdict.empty()) return failed_precondition("start-up check failed: ", verdict);
+  return Status::ok();
+}
+
+void MpiWorld::finish(bool failed) {
+  if (!failed && failure().is_ok()) {
+    // Everyone reaches here before anyone finalizes: a rank finalizing early
+    // would look like a lost rank to the others.
+    std::string token = "done";
+    std::vector<std::string> all;
+    Status status = gather(token, &all, "finish");
+    if (status.is_ok()) status = broadcast(&token, "finish");
+    if (status.is_ok()) {
+      impl_->stop();
+      // MPI_Finalize waits for every rank; bound it like every other wait.
+      const auto limit = impl_->options_.timeout;
+      const int me = rank();
+      std::thread([limit, me] {
+        std::this_thread::sleep_for(limit);
+        if (claim_failure_report())
+          write_stderr(str_cat("strata: error: rank ", me, ": MPI_Finalize did not finish within ",
+                               format_duration(limit), "; a rank was lost after the run\n"));
+        std::_Exit(1);
+      }).detach();
+      MPI_Finalize();
+      return;
+    }
+    if (claim_failure_report()) write_stderr(str_cat("strata: error: ", status.message(), "\n"));
+  }
+  claim_failure_report();
+  // Give the failure report time to leave this rank, then let the launcher end
+  // the job.
+  impl_->drain(std::chrono::milliseconds(500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+} // namespace strata::runtime

@@ -1,0 +1,126 @@
+// MpiWorld: the devices of a plan spread over the ranks of an MPI job.
+//
+// Open MPI (or any MPI) launches the processes (`mpirun -np N strata run ...`,
+// or `srun` under Slurm) and carries their messages; strata adds the
+// plan's view on top: rank r runs devices [r k, (r + 1) k) for k devices per
+// rank, each on its own thread with a Communicator.
+//
+// Transport. One progress thread per process makes every MPI call after
+// MPI_Init (MPI_THREAD_SERIALIZED is all it needs), so device threads never
+// block inside MPI and every wait they make is a condition-variable wait
+// bounded by the timeout. A message between devices of different ranks is a
+// small header (source and destination device, the 64-bit plan tag, the byte
+// count, a sequence number) followed by the payload, sent with MPI tag = the
+// sequence number. The receiver matches headers to posted receives by
+// (source device, tag) in posting order, the Communicator contract, and only
+// then receives the payload straight into the destination buffer. Messages
+// between devices of the same rank never touch MPI. Collectives are built
+// from these point-to-point messages (gather to the group's first member, sum
+// in device order, send back), so their results are bitwise those of the
+// threaded run; the plan's ring and tree algorithms (runtime/collectives.h) run
+// over them the same way.
+//
+// Failure. Every rank sends a heartbeat with where each of its devices is
+// (step, instruction) every `heartbeat`. The first failure on any rank (a
+// timeout, an error, an abort) is sent to every other rank, which fails with
+// it at once; a rank nobody has heard from for the timeout (stopped, hung,
+// partitioned) is declared lost, with the step and instruction it last
+// reported. When one rank dies (SIGKILL, a crash, an exit), the launcher sends
+// SIGTERM to the others: each then asks the others whether they are alive,
+// names the ranks that do not answer as lost (with where they last were) and
+// exits non-zero, before the launcher's SIGKILL. A start-up that does not
+// finish within the timeout (a rank that never started) ends the rank with an
+// error saying so.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/device_world.h"
+#include "runtime/local_communicator.h"
+
+namespace strata::runtime {
+
+// Whether this build has MPI.
+bool mpi_built();
+
+// The rank and size an MPI launcher gave this process, from its environment
+// (Open MPI's OMPI_COMM_WORLD_*, PMIx's PMIX_RANK, Slurm's PMI_*); none when
+// the process was started without a launcher.
+struct MpiLaunch {
+  int rank = 0;
+  int size = 1;
+};
+std::optional<MpiLaunch> detect_mpi_launch();
+
+// One report per failed process: true for the first caller (who then prints
+// the error), false afterwards. The launcher's SIGTERM and the main thread
+// both report failures; this keeps it to one message.
+bool claim_failure_report();
+
+struct MpiWorldOptions {
+  int devices_per_rank = 1;
+  std::chrono::milliseconds timeout = kDefaultCommunicatorTimeout;
+  std::chrono::milliseconds heartbeat{100};
+};
+
+class MpiWorld : public DeviceWorld, public ProcessGroup {
+public:
+  // Joins the MPI job (MPI_Init, bounded by the timeout) for a plan of
+  // `num_devices` devices; the job must have num_devices / devices_per_rank
+  // ranks. One per process.
+  static Result<std::shared_ptr<MpiWorld>> create(int num_devices, const MpiWorldOptions &options);
+  ~MpiWorld() override;
+
+  // DeviceWorld.
+  int num_devices() const override;
+  bool is_local(int device) const override;
+  std::chrono::milliseconds timeout() const override;
+  Status run(const std::function<Status(int device, Communicator &)> &body) override;
+  void report(int device, int64_t step, int64_t instruction) override;
+  ProcessGroup *processes() override { return this; }
+
+  // ProcessGroup.
+  int rank() const override;
+  int size() const override;
+  Status gather(const std::string &mine, std::vector<std::string> *all,
+                std::string_view what) override;
+  Status broadcast(std::string *data, std::string_view what) override;
+
+  // Describes instruction `instruction` of `device` in failure reports.
+  void set_describer(std::function<std::string(int device, int64_t instruction)> describe) override;
+  // Names this process's devices in errors ("device 2 (stage 1)").
+  void set_label(int device, std::string label);
+
+  // The start-up agreement, before anything else: every rank sends its strata
+  // version, plan fingerprint (and file name), world size and layout to rank
+  // 0, which checks them and tells every rank the verdict. An error names the
+  // ranks on each side of every difference.
+  Status agree(const std::string &fingerprint, const std::string &plan);
+
+  // Ends the world from this process; the other ranks fail with `reason`.
+  void fail(const Status &reason);
+  Status failure() const;
+
+  // Leaves the job. After success: waits for every rank (bounded), then
+  // MPI_Finalize. After a failure (`failed`): gives the failure report a moment
+  // to reach the other ranks, then ends this process with exit status 1
+  // without finalizing, so the launcher ends the rest of the job; it does not
+  // return.
+  void finish(bool failed);
+
+  // The error the launcher's SIGTERM leaves, once the world has worked out
+  // who is lost; printed by the signal thread. Exposed for tests.
+  std::string termination_report();
+
+  class Impl;
+
+private:
+  explicit MpiWorld(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace strata::runtime

@@ -1,0 +1,352 @@
+// The `mpi` suite: strata run under mpirun, as users start it. Each test
+// compiles plans with the strata binary, runs them threaded and over MPI
+// ranks (Open MPI, --oversubscribe), and compares losses and checkpoints bit
+// for bit; the failure tests inject a fault on one rank (STRATA_FAULT) and
+// check that every surviving rank ends with an error naming the lost rank,
+// within the timeout plus 10 s. Skipped, saying why, without mpirun or
+// without an MPI build.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "runtime/mpi_world.h"
+#include "serialization/checkpoint.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string read_file(const fs::path &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path strata_binary() {
+  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return fs::path(root) / "tools/strata";
+  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "tools/strata";
+}
+
+std::string quote(const std::string &arg) {
+  std::string out = "'";
+  for (char c : arg)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string mpirun_path() {
+  if (const char *path = std::getenv("STRATA_MPIRUN"); path && *path) return path;
+  for (const char *dir : {"/usr/bin", "/usr/local/bin"})
+    if (fs::exists(fs::path(dir) / "mpirun")) return (fs::path(dir) / "mpirun").string();
+  return {};
+}
+
+// "step 3/3  loss 2.6554" lines -> the losses as printed.
+std::vector<std::string> losses(const std::string &out) {
+  std::vector<std::string> found;
+  std::regex line(R"(step \d+/\d+  loss (\S+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+       ++it)
+    found.push_back((*it)[1]);
+  return found;
+}
+
+int count_of(const std::string &text, const std::string &what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+class MpiTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!runtime::mpi_built()) GTEST_SKIP() << "strata was built without MPI (no Open MPI found)";
+    if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (scripts/setup adds it)";
+    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / str_cat("strata_mpi_", ::getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
+  }
+
+  Outcome shell(const std::string &command) {
+    const auto start = std::chrono::steady_clock::now();
+    // mpirun refuses root without these; CI containers run as root.
+    std::string line = "cd " + quote(dir_.string()) +
+                       " && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 && " +
+                       command + " >stdout.txt 2>stderr.txt";
+    int status = std::system(line.c_str());
+    Outcome o;
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = read_file(dir_ / "stdout.txt");
+    o.err = read_file(dir_ / "stderr.txt");
+    return o;
+  }
+
+  std::string strata_command(const std::vector<std::string> &args) {
+    std::string command = quote(strata_binary().string());
+    for (const std::string &arg : args)
+      command += " " + quote(arg);
+    return command;
+  }
+
+  Outcome strata(const std::vector<std::string> &args) { return shell(strata_command(args)); }
+
+  // `mpirun -np N strata args...`, bounded by `limit` seconds in all.
+  Outcome mpirun(int ranks, const std::vector<std::string> &args, int limit = 120,
+                 const std::string &env = "") {
+    return shell(str_cat(env, " timeout -k 5 ", limit, " ", quote(mpirun_path()),
+                         " --oversubscribe -np ", ranks, " ", strata_command(args)));
+  }
+
+  void compile(const std::string &model, const std::string &plan,
+               const std::vector<std::string> &options) {
+    std::vector<std::string> args = {"compile", model, "--train", "-o", plan};
+    args.insert(args.end(), options.begin(), options.end());
+    Outcome o = strata(args);
+    ASSERT_EQ(o.code, 0) << o.err;
+  }
+
+  void zoo(const std::vector<std::string> &args) {
+    Outcome o = strata(args);
+    ASSERT_EQ(o.code, 0) << o.err;
+  }
+
+  // Every tensor of two checkpoints, bitwise (pieces put back together).
+  void expect_same_checkpoints(const std::string &a, const std::string &b) {
+    auto left = serialization::read_checkpoint((dir_ / a).string(), "");
+    auto right = serialization::read_checkpoint((dir_ / b).string(), "");
+    ASSERT_TRUE(left.is_ok()) << left.status().message();
+    ASSERT_TRUE(right.is_ok()) << right.status().message();
+    EXPECT_EQ(left->step, right->step);
+    EXPECT_EQ(left->fingerprint, right->fingerprint);
+    auto whole = [](const serialization::Checkpoint &c) {
+      std::map<std::string, std::string> bytes;
+      std::map<std::string, std::map<int, std::string>> pieces;
+      for (const auto &[name, t] : c.tensors) {
+        std::string data(reinterpret_cast<const char *>(t.data()), t.size_bytes());
+        const size_t at = name.rfind("@shard");
+        if (at == std::string::npos) {
+          bytes[name] = data;
+          continue;
+        }
+        pieces[name.substr(0, at)][std::atoi(name.c_str() + at + 6)] = data;
+      }
+      for (const auto &[name, parts] : pieces)
+        for (const auto &[i, data] : parts)
+          bytes[name] += data;
+      return bytes;
+    };
+    auto l = whole(*left), r = whole(*right);
+    ASSERT_EQ(l.size(), r.size());
+    for (const auto &[name, data] : l) {
+      ASSERT_TRUE(r.contains(name)) << name;
+      EXPECT_TRUE(r.at(name) == data) << "tensor '" << name << "' differs";
+    }
+  }
+
+  // Threaded run vs `ranks` MPI ranks: the same losses, bitwise the same
+  // checkpoint after 3 steps.
+  void expect_equivalent(const std::string &plan, int ranks, std::vector<std::string> extra = {}) {
+    Outcome threads = strata({"run", plan, "--steps", "3", "--checkpoint", "ck_threads"});
+    ASSERT_EQ(threads.code, 0) << threads.err;
+    std::vector<std::string> args = {"run", plan, "--steps", "3", "--checkpoint", "ck_mpi"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Outcome mpi = mpirun(ranks, args);
+    ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
+    EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
+    EXPECT_EQ(losses(mpi.out).size(), 3u) << mpi.out;
+    expect_same_checkpoints("ck_threads", "ck_mpi");
+    auto manifest = serialization::read_checkpoint((dir_ / "ck_mpi").string(), "");
+    ASSERT_TRUE(manifest.is_ok());
+    EXPECT_EQ(manifest->ranks, ranks);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(MpiTest, MlpPipelineAndDataParallelMatchThreads) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "pp2.splan", {"--mesh", "1x1x2", "--microbatches", "4"});
+  compile("mlp.strata", "dp2pp2.splan", {"--mesh", "2x1x2", "--microbatches", "2"});
+  expect_equivalent("pp2.splan", 2);
+  fs::remove_all(dir_ / "ck_mpi");
+  fs::remove_all(dir_ / "ck_threads");
+  expect_equivalent("dp2pp2.splan", 4);
+  fs::remove_all(dir_ / "ck_mpi");
+  fs::remove_all(dir_ / "ck_threads");
+  // Two devices per rank: threads inside ranks, MPI between them.
+  expect_equivalent("dp2pp2.splan", 2, {"--devices-per-rank", "2"});
+}
+
+TEST_F(MpiTest, MlpZeroShardsMatchThreads) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile(
+      "mlp.strata", "zero.splan",
+      {"--mesh", "2x1x1", "--microbatches", "2", "--zero", "1", "--optimizer", "adamw:lr=1e-3"});
+  expect_equivalent("zero.splan", 2);
+  // Each rank wrote its own pieces of the sharded optimizer state.
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck_mpi").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok());
+  int pieces = 0;
+  for (const auto &[name, file] : checkpoint->file_of)
+    if (name.find("@shard") != std::string::npos) ++pieces;
+  EXPECT_GT(pieces, 0);
+}
+
+TEST_F(MpiTest, GptPipelinesMatchThreads) {
+  zoo({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab",
+       "128", "--batch", "8", "-o", "gpt.strata"});
+  compile("gpt.strata", "pp4.splan", {"--mesh", "1x1x4", "--microbatches", "4"});
+  expect_equivalent("pp4.splan", 4);
+  fs::remove_all(dir_ / "ck_mpi");
+  fs::remove_all(dir_ / "ck_threads");
+  compile("gpt.strata", "dp2pp2.splan",
+          {"--mesh", "2x1x2", "--microbatches", "2", "--schedule", "gpipe"});
+  expect_equivalent("dp2pp2.splan", 2, {"--devices-per-rank", "2"});
+}
+
+TEST_F(MpiTest, ResumesAcrossWorldSizes) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "dp.splan", {"--mesh", "2x1x2", "--microbatches", "2"});
+  Outcome straight = strata({"run", "dp.splan", "--steps", "4", "--checkpoint", "ck_straight"});
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  // 2 steps on 4 ranks, 1 on 2 ranks, 1 in one process: the same weights.
+  Outcome a = mpirun(4, {"run", "dp.splan", "--steps", "2", "--checkpoint", "ck"});
+  ASSERT_EQ(a.code, 0) << a.err;
+  Outcome b = mpirun(2, {"run", "dp.splan", "--steps", "3", "--resume", "ck", "--checkpoint", "ck",
+                         "--devices-per-rank", "2"});
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("resumed    ck at step 2"), std::string::npos) << b.out;
+  Outcome c = strata({"run", "dp.splan", "--steps", "4", "--resume", "ck", "--checkpoint", "ck"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  expect_same_checkpoints("ck_straight", "ck");
+  EXPECT_EQ(losses(straight.out).back(), losses(c.out).back());
+}
+
+TEST_F(MpiTest, MismatchedPlanEndsEveryRank) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "a.splan", {"--mesh", "1x1x2", "--microbatches", "2"});
+  compile("mlp.strata", "b.splan", {"--mesh", "1x1x2", "--microbatches", "4"});
+  Outcome o = shell(str_cat("timeout -k 5 60 ", quote(mpirun_path()), " --oversubscribe -np 1 ",
+                            strata_command({"run", "a.splan", "--timeout", "5"}), " : -np 1 ",
+                            strata_command({"run", "b.splan", "--timeout", "5"})));
+  EXPECT_NE(o.code, 0);
+  EXPECT_LT(o.seconds, 15.0);
+  // Both ranks say what differs and who has what.
+  EXPECT_EQ(count_of(o.err, "the ranks disagree on the plan fingerprint"), 2) << o.err;
+  EXPECT_NE(o.err.find("rank 0 (a.splan"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("rank 1 (b.splan"), std::string::npos) << o.err;
+}
+
+TEST_F(MpiTest, WrongRankCountIsRefused) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "pp4.splan", {"--mesh", "1x1x4", "--microbatches", "4"});
+  Outcome o = mpirun(2, {"run", "pp4.splan", "--timeout", "5"}, 60);
+  EXPECT_NE(o.code, 0);
+  EXPECT_EQ(count_of(o.err, "needs 4 ranks, but the launcher started 2"), 2) << o.err;
+  EXPECT_NE(o.err.find("--devices-per-rank 2"), std::string::npos) << o.err;
+}
+
+// The injected faults: device 1 (rank 1) at step 2, instruction 3.
+class MpiFailureTest : public MpiTest {
+protected:
+  void SetUp() override {
+    MpiTest::SetUp();
+    if (IsSkipped()) return;
+    zoo({"zoo", "mlp", "-o", "mlp.strata"});
+    compile("mlp.strata", "dp.splan", {"--mesh", "2x1x2", "--microbatches", "2"});
+  }
+  static constexpr int kTimeout = 4;
+  Outcome run_with_fault(const std::string &fault) {
+    return mpirun(4, {"run", "dp.splan", "--steps", "5", "--timeout", str_cat(kTimeout)},
+                  kTimeout + 30, "STRATA_FAULT=" + fault);
+  }
+  // Every rank but `lost` printed one error that names rank `lost`.
+  void expect_survivors_report(const Outcome &o, int lost, const std::string &must_mention) {
+    EXPECT_NE(o.code, 0);
+    EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
+    for (int r = 0; r < 4; ++r) {
+      if (r == lost) continue;
+      std::regex line(str_cat("strata: error: rank ", r, " of 4[^\\n]*"));
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(o.err, m, line)) << "rank " << r << " said nothing:\n" << o.err;
+      const std::string text = m.str();
+      EXPECT_NE(text.find(str_cat("rank ", lost, " ")), std::string::npos) << text;
+      EXPECT_NE(text.find(must_mention), std::string::npos) << text;
+      EXPECT_NE(text.find("step "), std::string::npos) << text;
+      EXPECT_NE(text.find("instruction "), std::string::npos) << text;
+    }
+  }
+};
+
+TEST_F(MpiFailureTest, KilledRankIsNamedByEverySurvivor) {
+  Outcome o = run_with_fault("kill:1:2:3");
+  expect_survivors_report(o, 1, "a rank was lost: rank 1");
+}
+
+TEST_F(MpiFailureTest, RankThatExitsIsNamedByEverySurvivor) {
+  Outcome o = run_with_fault("exit:1:2:3");
+  expect_survivors_report(o, 1, "a rank was lost: rank 1");
+}
+
+TEST_F(MpiFailureTest, StalledRankIsDeclaredLost) {
+  Outcome o = run_with_fault("stop:1:2:3");
+  expect_survivors_report(o, 1, "rank 1 is lost: nothing heard from it for ");
+  EXPECT_GE(o.seconds, kTimeout * 0.9);
+}
+
+TEST_F(MpiFailureTest, ErrorOnOneRankEndsEveryRank) {
+  Outcome o = run_with_fault("error:1:2:3");
+  expect_survivors_report(o, 1, "device 1 (stage 0 replica 1) on rank 1 failed");
+  EXPECT_NE(o.err.find("injected fault"), std::string::npos) << o.err;
+}
+
+TEST_F(MpiFailureTest, RankThatNeverStartsEndsTheJob) {
+  Outcome o = run_with_fault("nostart:2");
+  EXPECT_NE(o.code, 0);
+  EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
+  EXPECT_GE(count_of(o.err, "MPI start-up did not finish within 4 s"), 1) << o.err;
+  EXPECT_NE(o.err.find("never started"), std::string::npos) << o.err;
+}
+
+TEST_F(MpiFailureTest, KillDuringCheckpointKeepsThePreviousOne) {
+  // Rank 2 dies after writing its file of the step-2 checkpoint, before the
+  // commit: step 1's checkpoint stays, and a run resumes from it.
+  Outcome o = mpirun(4,
+                     {"run", "dp.splan", "--steps", "3", "--checkpoint", "ck", "--checkpoint-every",
+                      "1", "--timeout", str_cat(kTimeout)},
+                     kTimeout + 30, "STRATA_FAULT=ckptkill:2:2");
+  EXPECT_NE(o.code, 0);
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.status().message();
+  EXPECT_EQ(checkpoint->step, 1);
+  Outcome resumed = mpirun(4, {"run", "dp.splan", "--steps", "3", "--resume", "ck"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed    ck at step 1"), std::string::npos) << resumed.out;
+  Outcome straight = strata({"run", "dp.splan", "--steps", "3"});
+  EXPECT_EQ(losses(resumed.out).back(), losses(straight.out).back());
+}
+
+} // namespace
+} // namespace strata
