@@ -415,7 +415,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
         using Kind = PipelineRunnerOptions::Fault::Kind;
         switch (fault->kind) {
         case Kind::kError:
-          return internal_error("instruction ", i, " (", op.what, "): injected fault");
+          return internal_error("step ", step, ", instruction ", i, " (", op.what,
+                                "): injected fault");
         case Kind::kStall: std::this_thread::sleep_for(fault->stall); break;
         case Kind::kKill: raise(SIGKILL); break;
         case Kind::kExit: std::_Exit(0);
@@ -485,7 +486,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       }
       }
       if (!status.is_ok())
-        return std::move(status).with_context(str_cat("instruction ", i, " (", op.what, ")"));
+        return std::move(status).with_context(
+            str_cat("step ", step, ", instruction ", i, " (", op.what, ")"));
       if (options_.trace) {
         const auto end = std::chrono::steady_clock::now();
         spans.push_back({static_cast<uint32_t>(i),

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -268,6 +269,27 @@ TEST_F(MpiTest, WrongRankCountIsRefused) {
   EXPECT_NE(o.err.find("--devices-per-rank 2"), std::string::npos) << o.err;
 }
 
+// NCCL's bootstrap: rank 0's unique id reaches every rank intact.
+TEST_F(MpiTest, UniqueIdReachesEveryRank) {
+  const fs::path probe = strata_binary().parent_path().parent_path() / "tests/tools/mpi_probe";
+  ASSERT_TRUE(fs::exists(probe)) << probe;
+  Outcome o = shell(str_cat("timeout -k 5 60 ", quote(mpirun_path()), " --oversubscribe -np 3 ",
+                            quote(probe.string())));
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  std::regex line(R"(rank (\d) of 3: id ([0-9a-f]+) \((\d+) bytes\))");
+  std::set<std::string> ids;
+  int ranks = 0;
+  for (auto it = std::sregex_iterator(o.out.begin(), o.out.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    ++ranks;
+    ids.insert((*it)[2]);
+    EXPECT_EQ((*it)[3], "128");
+  }
+  EXPECT_EQ(ranks, 3) << o.out;
+  EXPECT_EQ(ids.size(), 1u) << o.out;
+  EXPECT_NE(*ids.begin(), std::string(256, '0'));
+}
+
 // The injected faults: device 1 (rank 1) at step 2, instruction 3.
 class MpiFailureTest : public MpiTest {
 protected:
@@ -283,7 +305,10 @@ protected:
                   kTimeout + 30, "STRATA_FAULT=" + fault);
   }
   // Every rank but `lost` printed one error that names rank `lost`.
-  void expect_survivors_report(const Outcome &o, int lost, const std::string &must_mention) {
+  // `whereabouts`: the rank died silently, so the report says where it was
+  // last heard from; otherwise its own error names the step and instruction.
+  void expect_survivors_report(const Outcome &o, int lost, const std::string &must_mention,
+                               bool whereabouts = true) {
     EXPECT_NE(o.code, 0);
     EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
     for (int r = 0; r < 4; ++r) {
@@ -294,8 +319,17 @@ protected:
       const std::string text = m.str();
       EXPECT_NE(text.find(str_cat("rank ", lost, " ")), std::string::npos) << text;
       EXPECT_NE(text.find(must_mention), std::string::npos) << text;
-      EXPECT_NE(text.find("step "), std::string::npos) << text;
-      EXPECT_NE(text.find("instruction "), std::string::npos) << text;
+      // Where the lost rank was: an instruction of a step, or between steps
+      // when that was its last report.
+      if (!whereabouts) {
+        EXPECT_NE(text.find("step 2, instruction 3 ("), std::string::npos) << text;
+        continue;
+      }
+      EXPECT_TRUE(std::regex_search(
+          text, std::regex(str_cat(
+                    "rank ", lost, R"( \(devices \d+\) was last heard from [0-9.]+ s ago, at )",
+                    R"((step \d+, instruction \d+ \(|the end of step \d+|start-up))"))))
+          << text;
     }
   }
 };
@@ -318,7 +352,7 @@ TEST_F(MpiFailureTest, StalledRankIsDeclaredLost) {
 
 TEST_F(MpiFailureTest, ErrorOnOneRankEndsEveryRank) {
   Outcome o = run_with_fault("error:1:2:3");
-  expect_survivors_report(o, 1, "device 1 (stage 0 replica 1) on rank 1 failed");
+  expect_survivors_report(o, 1, "device 1 (stage 0 replica 1) on rank 1 failed", false);
   EXPECT_NE(o.err.find("injected fault"), std::string::npos) << o.err;
 }
 
