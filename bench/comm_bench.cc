@@ -10,15 +10,18 @@
 //              bytes of f32 over all P devices; bound 2 (P - 1) (alpha +
 //              n / (P beta)) (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with
-// MPI alone); without them beta is this process's memcpy bandwidth and alpha
-// 0, the limit for threads sharing memory. Prints a markdown table with the
+// MPI alone); without them they are the limits for threads sharing memory:
+// alpha half the round trip of two threads spinning on one atomic, beta this
+// process's memcpy bandwidth. Prints a markdown table with the
 // ratio measured / bound per size (1.0 is the bound).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/collectives.h"
@@ -46,6 +49,29 @@ double memcpy_bandwidth() {
     best = std::min(best, seconds_since(start));
   }
   return static_cast<double>(n) / best;
+}
+
+// Half the round trip of a flag between two spinning threads: how fast one
+// core can tell another anything.
+double spin_latency() {
+  std::atomic<int> flag{0};
+  const int rounds = 20000;
+  std::thread other([&] {
+    for (int i = 0; i < rounds; ++i) {
+      while (flag.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      flag.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  auto start = Clock::now();
+  for (int i = 0; i < rounds; ++i) {
+    flag.store(2 * i + 1, std::memory_order_release);
+    while (flag.load(std::memory_order_acquire) != 2 * i + 2) {
+    }
+  }
+  const double t = seconds_since(start) / rounds / 2;
+  other.join();
+  return t;
 }
 
 std::string human(size_t bytes) {
@@ -131,7 +157,10 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "comm_bench: needs 2 or more devices\n");
     return 2;
   }
-  if (beta <= 0) beta = memcpy_bandwidth();
+  if (beta <= 0) {
+    beta = memcpy_bandwidth();
+    if (!mpi) alpha = spin_latency();
+  }
   const size_t max_bytes = max_mib << 20;
   std::vector<Row> rows;
   Status status;
@@ -161,7 +190,7 @@ int main(int argc, char **argv) {
   if (speaker) {
     std::printf("%s communicator, %d devices; bound: alpha %.2e s, beta %.2f GB/s (%s)\n\n",
                 mpi ? "MPI" : "local", ranks, alpha, beta / 1e9,
-                alpha > 0 ? "MPI ping-pong, mpi_alpha_beta" : "memcpy, alpha 0");
+                mpi ? "MPI ping-pong, mpi_alpha_beta" : "spinning threads, memcpy");
     std::printf("| size | send/recv | bound | ratio | all-reduce (ring) | bound | ratio |\n");
     std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Row &row : rows) {

@@ -363,7 +363,7 @@ public:
     auto message = std::make_unique<OutMessage>();
     message->header = header;
     message->dst_rank = dst_rank;
-    message->payload.resize(bytes);
+    message->payload = take_buffer(bytes);
     if (bytes) std::memcpy(message->payload.data(), data, bytes);
     outbox_.push_back(std::move(message));
     return Status::ok();
@@ -443,6 +443,11 @@ public:
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("recv from", p->src, p->tag, p->what);
     const auto deadline = Clock::now() + options_.timeout;
+    ++waiters_;
+    struct Leave {
+      int &count;
+      ~Leave() { --count; }
+    } leave{waiters_};
     while (!p->done && !failed_) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !p->done && !failed_) {
         p->abandoned = true;
@@ -478,6 +483,33 @@ public:
     return p->done || failed_;
   }
 
+  // ---- buffers ---------------------------------------------------------------
+
+  // Payload copies are recycled by size: a training step sends the same sizes
+  // every step, and fresh memory costs a page fault per page.
+  std::vector<std::byte> take_buffer(size_t bytes) {
+    {
+      std::lock_guard lock(pool_mutex_);
+      auto it = pool_.find(bytes);
+      if (it != pool_.end()) {
+        std::vector<std::byte> buffer = std::move(it->second);
+        pool_.erase(it);
+        pooled_bytes_ -= bytes;
+        return buffer;
+      }
+    }
+    return std::vector<std::byte>(bytes);
+  }
+
+  void give_buffer(std::vector<std::byte> buffer) {
+    constexpr size_t kSmall = 4096, kMaxPooled = size_t{1} << 30;
+    if (buffer.size() < kSmall) return; // cheap to make
+    std::lock_guard lock(pool_mutex_);
+    if (pooled_bytes_ + buffer.size() > kMaxPooled || pool_.count(buffer.size()) >= 8) return;
+    pooled_bytes_ += buffer.size();
+    pool_.emplace(buffer.size(), std::move(buffer));
+  }
+
   // ---- progress thread -----------------------------------------------------
 
   void progress_loop() {
@@ -505,7 +537,7 @@ public:
       }
       for (InRecv &in : to_post) {
         busy = true;
-        in.staging.resize(in.posted->bytes);
+        in.staging = take_buffer(in.posted->bytes);
         std::byte *base = in.staging.data();
         for (size_t off = 0; off < in.posted->bytes; off += kMaxChunk) {
           const size_t n = std::min(kMaxChunk, in.posted->bytes - off);
@@ -547,11 +579,12 @@ public:
       busy |= test_receives();
       busy |= poll_control();
       const auto now = Clock::now();
-      bool moved = false, new_step = false;
+      bool moved = false, new_step = false, waited_on = false;
       {
         std::lock_guard lock(mutex_);
         moved = moved_;
         new_step = new_step_;
+        waited_on = waiters_ > 0 || !outbox_.empty();
       }
       // A beat every `heartbeat`, and sooner (a quarter of it) when a device
       // moved on, so the others know where this rank was if it dies.
@@ -562,7 +595,11 @@ public:
         check_lost(now);
       }
       if (stop && sending_.empty() && receiving_.empty()) break;
-      if (busy) {
+      // While a transfer is in flight MPI needs this thread to keep polling
+      // (large messages move in fragments, each needing a poll on both sides).
+      // So does a device waiting for a message: its header is found only by
+      // polling.
+      if (busy || waited_on || !sending_.empty() || !receiving_.empty()) {
         idle = 0;
       } else {
         // Back off while nothing moves: from spinning to 200 us naps.
@@ -598,6 +635,7 @@ public:
     bool any = false;
     for (auto it = list.begin(); it != list.end();) {
       if (all_done((*it)->requests)) {
+        give_buffer(std::move((*it)->payload));
         it = list.erase(it);
         any = true;
       } else {
@@ -617,6 +655,7 @@ public:
           if (!p.abandoned && p.bytes) std::memcpy(p.data, it->staging.data(), p.bytes);
           p.done = true;
         }
+        give_buffer(std::move(it->staging));
         cv_.notify_all();
         it = receiving_.erase(it);
         any = true;
@@ -810,6 +849,10 @@ public:
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool failed_ = false, stop_ = false, ping_ = false, moved_ = false, new_step_ = false;
+  int waiters_ = 0; // device threads blocked in wait()
+  std::mutex pool_mutex_;
+  std::multimap<size_t, std::vector<std::byte>> pool_;
+  size_t pooled_bytes_ = 0;
   Status failure_, cascade_;
   std::string abort_to_send_;
   std::vector<std::string> labels_;
