@@ -1,4 +1,5 @@
 // What every build knows about MPI launches, with or without MPI itself.
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -29,7 +30,12 @@ std::optional<MpiLaunch> detect_mpi_launch() {
   };
   for (const auto &[rank_var, size_var] : vars) {
     int rank = env_int(rank_var, -1), size = env_int(size_var, -1);
-    if (rank >= 0 && size >= 1 && rank < size) return MpiLaunch{rank, size};
+    if (rank >= 0 && size >= 1 && rank < size) {
+      int local = -1;
+      for (const char *var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+        if (local < 0) local = env_int(var, -1);
+      return MpiLaunch{rank, size, std::max(local, 0)};
+    }
   }
   return std::nullopt;
 }

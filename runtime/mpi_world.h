@@ -53,6 +53,10 @@ bool mpi_built();
 struct MpiLaunch {
   int rank = 0;
   int size = 1;
+  // This rank's index among the ranks on its node (the GPU a CUDA rank
+  // takes), from OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
+  // MPI_LOCALRANKID; 0 when the launcher does not say.
+  int local_rank = 0;
 };
 std::optional<MpiLaunch> detect_mpi_launch();
 

@@ -1,5 +1,8 @@
 #include "runtime/nccl_bootstrap.h"
 
+#include <cstring>
+#include <thread>
+
 #include "strata_config.h"
 
 #if STRATA_HAVE_NCCL
@@ -33,6 +36,51 @@ Result<std::string> nccl_unique_id() {
     return failed_precondition("ncclGetUniqueId failed: ", ncclGetErrorString(result));
   return std::string(id.internal, sizeof id.internal);
 #else
+  return unimplemented("this strata was built without NCCL");
+#endif
+}
+
+Result<std::unique_ptr<NcclComm>> nccl_init_rank(const std::string &id, int ranks, int rank,
+                                                 std::chrono::milliseconds timeout) {
+#if STRATA_HAVE_NCCL
+  ncclUniqueId unique;
+  if (id.size() != sizeof unique.internal)
+    return invalid_argument("an NCCL unique id has ", sizeof unique.internal, " bytes, got ",
+                            id.size());
+  std::memcpy(unique.internal, id.data(), id.size());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, ranks, unique, rank, &config);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (result == ncclInProgress && comm != nullptr) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(comm);
+      return deadline_exceeded("NCCL communicator init (rank ", rank, " of ", ranks,
+                               ") did not finish within ", timeout.count(), " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ncclCommGetAsyncError(comm, &result);
+  }
+  if (result != ncclSuccess) {
+    std::string detail = ncclGetLastError(comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return failed_precondition("NCCL communicator init (rank ", rank, " of ", ranks,
+                               ") failed: ", ncclGetErrorString(result), detail.empty() ? "" : ": ",
+                               detail);
+  }
+  class Comm : public NcclComm {
+  public:
+    explicit Comm(ncclComm_t comm) : comm_(comm) {}
+    ~Comm() override { ncclCommDestroy(comm_); }
+    void *handle() const override { return comm_; }
+
+  private:
+    ncclComm_t comm_;
+  };
+  return std::unique_ptr<NcclComm>(new Comm(comm));
+#else
+  (void)id, (void)ranks, (void)rank, (void)timeout;
   return unimplemented("this strata was built without NCCL");
 #endif
 }

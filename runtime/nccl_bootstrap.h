@@ -6,7 +6,9 @@
 // the communicator).
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "runtime/device_world.h"
@@ -24,5 +26,20 @@ Result<std::string> share_unique_id(ProcessGroup &processes,
 // ncclGetUniqueId, as bytes (an error naming NCCL's reason where it fails, or
 // saying the build has no NCCL).
 Result<std::string> nccl_unique_id();
+
+// An NCCL communicator (ncclComm_t); destroying it destroys the communicator.
+class NcclComm {
+public:
+  virtual ~NcclComm() = default;
+  virtual void *handle() const = 0; // the ncclComm_t
+};
+
+// ncclCommInitRank for rank `rank` of `ranks` on the current CUDA device, from
+// the shared id, without blocking: NCCL's non-blocking init is polled until it
+// completes, fails (an error naming NCCL's reason: no GPU, a network error) or
+// runs past `timeout` (then aborted, so no rank hangs on another that never
+// joins).
+Result<std::unique_ptr<NcclComm>> nccl_init_rank(const std::string &id, int ranks, int rank,
+                                                 std::chrono::milliseconds timeout);
 
 } // namespace strata::runtime

@@ -48,6 +48,15 @@ int main() {
   }
   std::printf("rank %d of %d: id %s (%zu bytes)\n", (*world)->rank(), (*world)->size(), hex.c_str(),
               id->size());
+  // Each rank makes its communicator from the id: on a GPU machine it works;
+  // without one every rank must fail promptly with NCCL's reason.
+  if (!(*world)->broadcast(&source, "id source").is_ok()) (*world)->finish(true);
+  if (source == "nccl") {
+    auto comm =
+        nccl_init_rank(*id, (*world)->size(), (*world)->rank(), std::chrono::milliseconds(10'000));
+    std::printf("rank %d nccl init: %s\n", (*world)->rank(),
+                comm.is_ok() ? "ok" : comm.status().message().c_str());
+  }
   std::fflush(stdout);
   (*world)->finish(false);
   return 0;

@@ -15,10 +15,12 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "runtime/mpi_world.h"
+#include "runtime/nccl_bootstrap.h"
 #include "serialization/checkpoint.h"
 
 namespace strata {
@@ -186,6 +188,36 @@ protected:
   fs::path dir_;
 };
 
+// What the launcher's environment says, without a launcher.
+TEST(MpiLaunchTest, ReadsTheLaunchersEnvironment) {
+  for (const char *var :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+    unsetenv(var);
+  EXPECT_FALSE(runtime::detect_mpi_launch());
+  setenv("PMI_RANK", "3", 1);
+  setenv("PMI_SIZE", "8", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  auto slurm = runtime::detect_mpi_launch();
+  ASSERT_TRUE(slurm);
+  EXPECT_EQ(slurm->rank, 3);
+  EXPECT_EQ(slurm->size, 8);
+  EXPECT_EQ(slurm->local_rank, 1);
+  setenv("PMI_RANK", "8", 1); // out of range: not a launch
+  EXPECT_FALSE(runtime::detect_mpi_launch());
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  auto ompi = runtime::detect_mpi_launch();
+  ASSERT_TRUE(ompi);
+  EXPECT_EQ(ompi->rank, 2);
+  EXPECT_EQ(ompi->size, 4);
+  EXPECT_EQ(ompi->local_rank, 0);
+  for (const char *var : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    unsetenv(var);
+}
+
 TEST_F(MpiTest, MlpPipelineAndDataParallelMatchThreads) {
   zoo({"zoo", "mlp", "-o", "mlp.strata"});
   compile("mlp.strata", "pp2.splan", {"--mesh", "1x1x2", "--microbatches", "4"});
@@ -288,6 +320,16 @@ TEST_F(MpiTest, UniqueIdReachesEveryRank) {
   EXPECT_EQ(ranks, 3) << o.out;
   EXPECT_EQ(ids.size(), 1u) << o.out;
   EXPECT_NE(*ids.begin(), std::string(256, '0'));
+  // With NCCL each rank then makes its communicator from the id: it works on a
+  // GPU machine; elsewhere every rank fails at once with NCCL's reason.
+  if (!runtime::nccl_built() || o.out.find("nccl init") == std::string::npos) return;
+  std::regex init(R"(rank \d nccl init: (ok|NCCL communicator init \(rank \d of 3\) failed: .+))");
+  int inits = 0;
+  for (auto it = std::sregex_iterator(o.out.begin(), o.out.end(), init);
+       it != std::sregex_iterator(); ++it)
+    ++inits;
+  EXPECT_EQ(inits, 3) << o.out;
+  EXPECT_LT(o.seconds, 20.0);
 }
 
 // The injected faults: device 1 (rank 1) at step 2, instruction 3.
@@ -305,12 +347,29 @@ protected:
                   kTimeout + 30, "STRATA_FAULT=" + fault);
   }
   // Every rank but `lost` printed one error that names rank `lost`.
+  // No process of the job outlives it: mpirun ended every rank. (Every
+  // process the test starts works in its scratch folder.)
+  void expect_no_orphans() {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::string left;
+    std::error_code error;
+    for (const auto &entry : fs::directory_iterator("/proc", error)) {
+      const std::string pid = entry.path().filename().string();
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::error_code ignored;
+      if (fs::read_symlink(entry.path() / "cwd", ignored) == dir_)
+        left += str_cat(pid, " (", read_file(entry.path() / "comm"), ") ");
+    }
+    EXPECT_TRUE(left.empty()) << "processes left behind: " << left;
+  }
+
   // `whereabouts`: the rank died silently, so the report says where it was
   // last heard from; otherwise its own error names the step and instruction.
   void expect_survivors_report(const Outcome &o, int lost, const std::string &must_mention,
                                bool whereabouts = true) {
     EXPECT_NE(o.code, 0);
     EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
+    expect_no_orphans();
     for (int r = 0; r < 4; ++r) {
       if (r == lost) continue;
       std::regex line(str_cat("strata: error: rank ", r, " of 4[^\\n]*"));
@@ -361,6 +420,7 @@ TEST_F(MpiFailureTest, RankThatNeverStartsEndsTheJob) {
   EXPECT_NE(o.code, 0);
   EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
   EXPECT_GE(count_of(o.err, "MPI start-up did not finish within 4 s"), 1) << o.err;
+  expect_no_orphans();
   EXPECT_NE(o.err.find("never started"), std::string::npos) << o.err;
 }
 
