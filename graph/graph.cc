@@ -163,6 +163,18 @@ Result<NodeId> Graph::add_node(Node node) {
   return id;
 }
 
+Status Graph::rename_tensor(TensorId id, std::string name) {
+  if (id >= tensors_.size()) return out_of_range("tensor index ", id, " is past the graph");
+  if (tensors_[id].name == name) return Status::ok();
+  if (name.empty()) return invalid_argument("a tensor name cannot be empty");
+  if (tensor_by_name_.count(name))
+    return already_exists("a tensor named '", name, "' already exists");
+  tensor_by_name_.erase(tensors_[id].name);
+  tensor_by_name_[name] = id;
+  tensors_[id].name = std::move(name);
+  return Status::ok();
+}
+
 std::optional<TensorId> Graph::find_tensor(std::string_view name) const {
   auto it = tensor_by_name_.find(name);
   if (it == tensor_by_name_.end()) return std::nullopt;

@@ -167,6 +167,9 @@ public:
   llvm::ArrayRef<Node> nodes() const { return nodes_; }
 
   std::optional<TensorId> find_tensor(std::string_view name) const;
+  // Gives tensor `id` a new name, unique in the graph (importers keep the
+  // source's value names this way).
+  Status rename_tensor(TensorId id, std::string name);
   std::optional<NodeId> find_node(std::string_view name) const;
 
   // Graph inputs (fed at every run) and outputs (returned), in order.

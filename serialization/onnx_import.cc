@@ -1,0 +1,960 @@
+#include "serialization/onnx_import.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+
+#include "graph/builder.h"
+#include "graph/host_tensor.h"
+#include "ops/registry.h"
+#include "serialization/file_io.h"
+
+namespace strata::serialization {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kMaxModelBytes = uint64_t{2} << 30; // protobuf's own limit
+constexpr int kMinOpset = 11, kMaxOpset = 17;
+
+std::string shape_text(llvm::ArrayRef<int64_t> dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    text += str_cat(i ? ", " : "", dims[i]);
+  return text + "]";
+}
+
+Result<DType> dtype_of(int32_t type, const std::string &where) {
+  switch (type) {
+  case onnx::TensorProto::FLOAT: return DType::kF32;
+  case onnx::TensorProto::FLOAT16: return DType::kF16;
+  case onnx::TensorProto::BFLOAT16: return DType::kBF16;
+  case onnx::TensorProto::INT32: return DType::kI32;
+  case onnx::TensorProto::INT64: return DType::kI64;
+  case onnx::TensorProto::BOOL: return DType::kBool;
+  default: break;
+  }
+  const std::string name =
+      onnx::TensorProto::DataType_IsValid(type)
+          ? onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(type))
+          : str_cat("type ", type);
+  return unimplemented(where, ": element type ", name,
+                       " (strata imports float, float16, bfloat16, int32, int64, bool)");
+}
+
+// The values of an integer tensor (i32 or i64), for shape-like inputs.
+std::vector<int64_t> ints_of(const HostTensor &t) {
+  std::vector<int64_t> out;
+  const int64_t n = t.type.num_elements();
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(t.type.dtype == DType::kI32 ? t.as<int32_t>()[i] : t.as<int64_t>()[i]);
+  return out;
+}
+
+double scalar_of(const HostTensor &t) {
+  switch (t.type.dtype) {
+  case DType::kF32: return t.as<float>()[0];
+  case DType::kI32: return t.as<int32_t>()[0];
+  case DType::kI64: return static_cast<double>(t.as<int64_t>()[0]);
+  case DType::kF16: return f16_to_float(t.as<uint16_t>()[0]);
+  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[0]);
+  case DType::kBool: return t.as<uint8_t>()[0];
+  }
+  return 0;
+}
+
+HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
+  Shape shape;
+  if (!scalar) shape.push_back(static_cast<int64_t>(values.size()));
+  HostTensor t = HostTensor::zeros({DType::kI64, shape});
+  for (size_t i = 0; i < values.size(); ++i)
+    t.as<int64_t>()[i] = values[i];
+  return t;
+}
+
+class Importer {
+public:
+  Importer(const onnx::ModelProto &model, const OnnxImportOptions &options, fs::path dir,
+           std::string file)
+      : model_(model), options_(options), dir_(std::move(dir)), file_(std::move(file)),
+        builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
+                 ops::OpRegistry::global()) {}
+
+  Result<Graph> run() {
+    RETURN_IF_ERROR(check_opset());
+    const onnx::GraphProto &graph = model_.graph();
+    for (const onnx::TensorProto &init : graph.initializer()) {
+      ASSIGN_OR_RETURN(HostTensor value,
+                       tensor_of(init, str_cat("initializer '", init.name(), "'")));
+      known_[init.name()] = std::move(value);
+      initializers_.insert(init.name());
+    }
+    RETURN_IF_ERROR(add_inputs());
+    ASSIGN_OR_RETURN(std::vector<const onnx::NodeProto *> order, topological_order());
+    RETURN_IF_ERROR(check_supported(order));
+    for (const onnx::NodeProto *node : order) {
+      Status status = convert(*node);
+      if (!status.is_ok())
+        return status.with_context(str_cat(file_, ": node '", label(*node), "'"));
+      if (!builder_.status().is_ok())
+        return builder_.status().with_context(str_cat(file_, ": node '", label(*node), "'"));
+    }
+    std::set<std::string> output_names;
+    for (const onnx::ValueInfoProto &output : graph.output()) {
+      ASSIGN_OR_RETURN(TensorId id, value(output.name()));
+      builder_.output(id);
+      output_names.insert(output.name());
+    }
+    ASSIGN_OR_RETURN(Graph result, std::move(builder_).finish());
+    // Keep the ONNX value names: always for the graph outputs (moving aside a
+    // tensor the builder happened to give that name), elsewhere where free.
+    for (const auto &[name, id] : ids_) {
+      auto taken = result.find_tensor(name);
+      if (taken && *taken == id) continue;
+      if (taken && output_names.contains(name))
+        RETURN_IF_ERROR(result.rename_tensor(*taken, str_cat(name, ".node")));
+      else if (taken)
+        continue;
+      RETURN_IF_ERROR(result.rename_tensor(id, name));
+    }
+    return result;
+  }
+
+private:
+  using Attrs = std::vector<Attribute>;
+
+  static std::string label(const onnx::NodeProto &node) {
+    return node.name().empty()
+               ? str_cat(node.op_type(), " -> ", node.output_size() ? node.output(0) : "")
+               : node.name();
+  }
+
+  Status check_opset() {
+    opset_ = -1;
+    for (const auto &import : model_.opset_import())
+      if (import.domain().empty() || import.domain() == "ai.onnx")
+        opset_ = static_cast<int>(import.version());
+    if (opset_ < 0) return invalid_argument(file_, ": no ONNX opset is imported (opset_import)");
+    if (opset_ < kMinOpset || opset_ > kMaxOpset)
+      return unimplemented(file_, ": opset ", opset_, "; strata imports opsets ", kMinOpset, " to ",
+                           kMaxOpset, " (re-export with opset_version in that range)");
+    return Status::ok();
+  }
+
+  // ---- tensors --------------------------------------------------------------
+
+  Result<HostTensor> tensor_of(const onnx::TensorProto &proto, const std::string &where) {
+    ASSIGN_OR_RETURN(DType dtype, dtype_of(proto.data_type(), where));
+    Shape shape;
+    for (int64_t d : proto.dims()) {
+      if (d < 0) return invalid_argument(file_, ": ", where, " has a negative dim");
+      shape.push_back(d);
+    }
+    HostTensor t = HostTensor::zeros({dtype, shape});
+    const size_t bytes = t.size_bytes();
+    const size_t n = static_cast<size_t>(t.type.num_elements());
+    auto mismatch = [&](size_t got, const char *field) {
+      return invalid_argument(file_, ": ", where, " is ", t.type.to_string(), " (", bytes,
+                              " bytes) but its ", field, " holds ", got,
+                              field == std::string("raw_data") ? " bytes" : " values");
+    };
+    if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
+      RETURN_IF_ERROR(read_external(proto, where, t));
+    } else if (proto.has_raw_data()) {
+      if (proto.raw_data().size() != bytes) return mismatch(proto.raw_data().size(), "raw_data");
+      if (bytes) std::memcpy(t.data(), proto.raw_data().data(), bytes);
+    } else if (dtype == DType::kF32) {
+      if (static_cast<size_t>(proto.float_data_size()) != n)
+        return mismatch(static_cast<size_t>(proto.float_data_size()), "float_data");
+      std::copy(proto.float_data().begin(), proto.float_data().end(), t.as<float>());
+    } else if (dtype == DType::kI64) {
+      if (static_cast<size_t>(proto.int64_data_size()) != n)
+        return mismatch(static_cast<size_t>(proto.int64_data_size()), "int64_data");
+      std::copy(proto.int64_data().begin(), proto.int64_data().end(), t.as<int64_t>());
+    } else {
+      // int32_data carries int32, bool, float16 and bfloat16 (as bits).
+      if (static_cast<size_t>(proto.int32_data_size()) != n)
+        return mismatch(static_cast<size_t>(proto.int32_data_size()), "int32_data");
+      for (size_t i = 0; i < n; ++i) {
+        const int32_t v = proto.int32_data(static_cast<int>(i));
+        if (dtype == DType::kI32)
+          t.as<int32_t>()[i] = v;
+        else if (dtype == DType::kBool)
+          t.as<uint8_t>()[i] = v != 0;
+        else
+          t.as<uint16_t>()[i] = static_cast<uint16_t>(v);
+      }
+    }
+    return t;
+  }
+
+  // External data, read only from a regular file inside the model's folder.
+  Status read_external(const onnx::TensorProto &proto, const std::string &where, HostTensor &t) {
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const auto &entry : proto.external_data()) {
+      auto number = [&](int64_t *out) -> Status {
+        errno = 0;
+        char *end = nullptr;
+        long long v = std::strtoll(entry.value().c_str(), &end, 10);
+        if (entry.value().empty() || *end != '\0' || errno != 0 || v < 0)
+          return invalid_argument(file_, ": ", where, ": external_data ", entry.key(), " '",
+                                  entry.value(), "' is not a count");
+        *out = v;
+        return Status::ok();
+      };
+      if (entry.key() == "location")
+        location = entry.value();
+      else if (entry.key() == "offset")
+        RETURN_IF_ERROR(number(&offset));
+      else if (entry.key() == "length")
+        RETURN_IF_ERROR(number(&length));
+    }
+    const std::string what = str_cat(file_, ": ", where, ": external data '", location, "'");
+    const fs::path rel(location);
+    if (location.empty()) return invalid_argument(what, " has no location");
+    if (rel.is_absolute())
+      return invalid_argument(what,
+                              " is an absolute path; only files in the model's folder are read");
+    for (const auto &part : rel)
+      if (part == "..") return invalid_argument(what, " leaves the model's folder ('..')");
+    std::error_code error;
+    const fs::path folder = fs::canonical(dir_, error);
+    if (error) return io_error(what, ": cannot resolve the model's folder: ", error.message());
+    const fs::path full = fs::canonical(dir_ / rel, error);
+    if (error) return not_found(what, ": no such file in ", folder.string());
+    auto [end, ignored] = std::mismatch(folder.begin(), folder.end(), full.begin(), full.end());
+    if (end != folder.end())
+      return invalid_argument(what, " resolves to ", full.string(),
+                              ", outside the model's folder (a symbolic link?)");
+    if (!fs::is_regular_file(full, error)) return invalid_argument(what, " is not a regular file");
+    const uint64_t size = fs::file_size(full, error);
+    const uint64_t bytes = t.size_bytes();
+    if (length >= 0 && static_cast<uint64_t>(length) != bytes)
+      return invalid_argument(what, ": length ", length, " but ", t.type.to_string(), " needs ",
+                              bytes, " bytes");
+    if (static_cast<uint64_t>(offset) > size || bytes > size - static_cast<uint64_t>(offset))
+      return invalid_argument(what, ": offset ", offset, " + ", bytes, " bytes is past its end (",
+                              size, " bytes)");
+    std::ifstream in(full, std::ios::binary);
+    in.seekg(offset);
+    if (bytes && !in.read(reinterpret_cast<char *>(t.data()), static_cast<std::streamsize>(bytes)))
+      return io_error(what, ": read failed");
+    return Status::ok();
+  }
+
+  // ---- graph inputs and order ----------------------------------------------
+
+  Status add_inputs() {
+    std::set<std::string> names;
+    for (const onnx::ValueInfoProto &input : model_.graph().input()) {
+      if (initializers_.contains(input.name())) continue; // an old exporter's habit
+      names.insert(input.name());
+      const std::string where = str_cat(file_, ": graph input '", input.name(), "'");
+      if (!input.type().has_tensor_type()) return unimplemented(where, " is not a tensor");
+      const auto &type = input.type().tensor_type();
+      ASSIGN_OR_RETURN(DType dtype, dtype_of(type.elem_type(), where));
+      Shape shape;
+      bool dynamic = !type.has_shape();
+      for (const auto &dim : type.shape().dim()) {
+        if (dim.has_dim_value() && dim.dim_value() >= 0)
+          shape.push_back(dim.dim_value());
+        else {
+          dynamic = true;
+          shape.push_back(-1);
+        }
+      }
+      auto given = options_.input_shapes.find(input.name());
+      if (given != options_.input_shapes.end()) {
+        if (type.has_shape() && given->second.size() != shape.size())
+          return invalid_argument(where, " has rank ", shape.size(), " but --input-shape gives ",
+                                  shape_text(given->second));
+        for (size_t i = 0; i < shape.size(); ++i)
+          if (shape[i] >= 0 && shape[i] != given->second[i])
+            return invalid_argument(where, " has dim ", i, " = ", shape[i],
+                                    " but --input-shape gives ", given->second[i]);
+        shape.assign(given->second.begin(), given->second.end());
+      } else if (dynamic) {
+        return invalid_argument(where, " has dynamic dims ", shape_text(shape),
+                                "; fix them with --input-shape ", input.name(), "=",
+                                "<d0>x<d1>...");
+      }
+      ids_[input.name()] = builder_.input(input.name(), dtype, shape);
+    }
+    for (const auto &[name, dims] : options_.input_shapes)
+      if (!names.contains(name))
+        return invalid_argument("--input-shape names '", name, "', which is not a graph input of ",
+                                file_);
+    return Status::ok();
+  }
+
+  Result<std::vector<const onnx::NodeProto *>> topological_order() {
+    const auto &nodes = model_.graph().node();
+    std::map<std::string, int> producer;
+    for (int i = 0; i < nodes.size(); ++i)
+      for (const std::string &out : nodes[i].output())
+        if (!out.empty()) producer[out] = i;
+    std::vector<int> pending(static_cast<size_t>(nodes.size()), 0);
+    std::vector<std::vector<int>> readers(static_cast<size_t>(nodes.size()));
+    for (int i = 0; i < nodes.size(); ++i) {
+      for (const std::string &in : nodes[i].input()) {
+        if (in.empty() || known_.contains(in) || ids_.contains(in)) continue;
+        auto it = producer.find(in);
+        if (it == producer.end())
+          return invalid_argument(file_, ": node '", label(nodes[i]), "' reads '", in,
+                                  "', which no node, graph input or initializer provides");
+        ++pending[static_cast<size_t>(i)];
+        readers[static_cast<size_t>(it->second)].push_back(i);
+      }
+    }
+    std::deque<int> ready;
+    for (int i = 0; i < nodes.size(); ++i)
+      if (pending[static_cast<size_t>(i)] == 0) ready.push_back(i);
+    std::vector<const onnx::NodeProto *> order;
+    while (!ready.empty()) {
+      const int i = ready.front();
+      ready.pop_front();
+      order.push_back(&nodes[i]);
+      for (int r : readers[static_cast<size_t>(i)])
+        if (--pending[static_cast<size_t>(r)] == 0) ready.push_back(r);
+    }
+    if (order.size() != static_cast<size_t>(nodes.size())) {
+      std::string stuck;
+      for (int i = 0; i < nodes.size(); ++i)
+        if (pending[static_cast<size_t>(i)] > 0)
+          stuck += str_cat(stuck.empty() ? "" : ", ", "'", label(nodes[i]), "'");
+      return invalid_argument(file_,
+                              ": the graph has a cycle; these nodes are on it or wait "
+                              "for it: ",
+                              stuck);
+    }
+    return order;
+  }
+
+  // ---- op support ----------------------------------------------------------
+
+  static const std::map<std::string, std::string> &same_name_ops() {
+    // ONNX op -> strata op, where inputs and outputs carry over unchanged.
+    static const std::map<std::string, std::string> ops = {
+        {"Add", "Add"},         {"Sub", "Sub"},
+        {"Mul", "Mul"},         {"Div", "Div"},
+        {"Pow", "Pow"},         {"Neg", "Neg"},
+        {"Sqrt", "Sqrt"},       {"Exp", "Exp"},
+        {"Log", "Log"},         {"Erf", "Erf"},
+        {"Relu", "Relu"},       {"Tanh", "Tanh"},
+        {"Sigmoid", "Sigmoid"}, {"Identity", "Identity"},
+        {"MatMul", "MatMul"},   {"GlobalAveragePool", "GlobalAveragePool"},
+    };
+    return ops;
+  }
+
+  bool supported(const std::string &op) const {
+    static const std::set<std::string> others = {
+        "Constant",
+        "Shape",
+        "ConstantOfShape",
+        "Range",
+        "Size",
+        "Gemm",
+        "Conv",
+        "MaxPool",
+        "AveragePool",
+        "BatchNormalization",
+        "Flatten",
+        "Reshape",
+        "Transpose",
+        "Concat",
+        "Split",
+        "Slice",
+        "Squeeze",
+        "Unsqueeze",
+        "Gather",
+        "Expand",
+        "Softmax",
+        "LogSoftmax",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "Clip",
+        "Cast",
+        "Dropout",
+        "LayerNormalization",
+        "Pad",
+    };
+    return same_name_ops().contains(op) || others.contains(op);
+  }
+
+  Status check_supported(const std::vector<const onnx::NodeProto *> &order) {
+    std::map<std::string, std::vector<std::string>> missing;
+    for (const onnx::NodeProto *node : order) {
+      const bool domain_ok = node->domain().empty() || node->domain() == "ai.onnx";
+      if (!domain_ok || !supported(node->op_type()))
+        missing[domain_ok ? node->op_type() : str_cat(node->domain(), ".", node->op_type())]
+            .push_back(label(*node));
+    }
+    if (missing.empty()) return Status::ok();
+    std::string text;
+    for (const auto &[op, nodes] : missing) {
+      text += str_cat(text.empty() ? "" : "; ", op, " (node", nodes.size() == 1 ? " " : "s ");
+      for (size_t i = 0; i < nodes.size() && i < 8; ++i)
+        text += str_cat(i ? ", " : "", "'", nodes[i], "'");
+      if (nodes.size() > 8) text += str_cat(", and ", nodes.size() - 8, " more");
+      text += ")";
+    }
+    return unimplemented(file_, ": ", missing.size(), " ONNX op", missing.size() == 1 ? "" : "s",
+                         " strata does not support: ", text);
+  }
+
+  // ---- values --------------------------------------------------------------
+
+  const HostTensor *known(const std::string &name) const {
+    auto it = known_.find(name);
+    return it == known_.end() ? nullptr : &it->second;
+  }
+
+  // The graph tensor of a value; a known one becomes a parameter (a floating
+  // initializer: a weight) or a constant the first time a node reads it.
+  Result<TensorId> value(const std::string &name) {
+    auto it = ids_.find(name);
+    if (it != ids_.end()) return it->second;
+    const HostTensor *k = known(name);
+    if (k == nullptr) return invalid_argument("value '", name, "' is not defined");
+    auto blob = Blob::copy_of(k->data(), k->size_bytes());
+    const bool weight = initializers_.contains(name) &&
+                        (k->type.dtype == DType::kF32 || k->type.dtype == DType::kF16 ||
+                         k->type.dtype == DType::kBF16);
+    TensorId id = weight ? builder_.parameter(name, k->type.dtype, k->type.shape, blob)
+                         : builder_.constant(name, k->type.dtype, k->type.shape, blob);
+    ids_[name] = id;
+    return id;
+  }
+
+  Result<TensorType> type_of(const std::string &name) {
+    if (const HostTensor *k = known(name)) return k->type;
+    ASSIGN_OR_RETURN(TensorId id, value(name));
+    return builder_.type(id);
+  }
+
+  // Adds strata op `op` over the ONNX values `inputs`, naming its outputs
+  // `outputs`. When every input is known the op runs now, with strata's own
+  // kernel, and its outputs are known too (constant folding).
+  Status emit(std::string_view op, const std::vector<std::string> &inputs, Attrs attrs,
+              const std::vector<std::string> &outputs, const std::string &node_name) {
+    const bool all_known = std::all_of(inputs.begin(), inputs.end(),
+                                       [&](const std::string &in) { return known(in) != nullptr; });
+    if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs);
+    std::vector<TensorId> ids;
+    for (const std::string &in : inputs) {
+      ASSIGN_OR_RETURN(TensorId id, value(in));
+      ids.push_back(id);
+    }
+    auto outs = builder_.op(op, ids, std::move(attrs), node_name);
+    RETURN_IF_ERROR(builder_.status());
+    if (outs.size() < outputs.size())
+      return internal_error(op, " made ", outs.size(), " outputs, the node has ", outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (!outputs[i].empty()) ids_[outputs[i]] = outs[i];
+    return Status::ok();
+  }
+
+  Status fold(std::string_view op, const std::vector<std::string> &inputs, Attrs attrs,
+              const std::vector<std::string> &outputs) {
+    const ops::OpRegistry &registry = ops::OpRegistry::global();
+    GraphBuilder scratch("fold", registry);
+    std::vector<TensorId> ids;
+    for (const std::string &in : inputs) {
+      const HostTensor &k = *known(in);
+      ids.push_back(scratch.constant(str_cat("c", ids.size()), k.type.dtype, k.type.shape,
+                                     Blob::copy_of(k.data(), k.size_bytes())));
+    }
+    auto outs = scratch.op(op, ids, std::move(attrs));
+    RETURN_IF_ERROR(scratch.status());
+    const Graph &g = scratch.graph();
+    const Node &node = g.node(g.num_nodes() - 1);
+    const ops::OpDef *def = registry.find(op);
+    if (def == nullptr || def->cpu_kernel == nullptr)
+      return unimplemented("folding ", op, ": no CPU kernel");
+    std::vector<ops::ConstTensorView> in_views;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      in_views.push_back({known(inputs[i])->data(), &g.tensor(ids[i]).type});
+    std::vector<HostTensor> results;
+    std::vector<ops::TensorView> out_views;
+    for (TensorId id : outs)
+      results.push_back(HostTensor::zeros(g.tensor(id).type));
+    for (size_t i = 0; i < outs.size(); ++i)
+      out_views.push_back(
+          {results[i].size_bytes() ? results[i].data() : nullptr, &g.tensor(outs[i]).type});
+    ops::KernelContext context{node, *def, in_views, out_views};
+    RETURN_IF_ERROR(def->cpu_kernel(context).with_context(str_cat("folding ", op)));
+    for (size_t i = 0; i < outputs.size() && i < results.size(); ++i)
+      if (!outputs[i].empty()) known_[outputs[i]] = std::move(results[i]);
+    return Status::ok();
+  }
+
+  void set_known(const onnx::NodeProto &node, int output, HostTensor value) {
+    if (output < node.output_size() && !node.output(output).empty())
+      known_[node.output(output)] = std::move(value);
+  }
+
+  // ---- attributes ----------------------------------------------------------
+
+  static const onnx::AttributeProto *attr(const onnx::NodeProto &node, std::string_view name) {
+    for (const auto &a : node.attribute())
+      if (a.name() == name) return &a;
+    return nullptr;
+  }
+  static int64_t attr_int(const onnx::NodeProto &node, std::string_view name, int64_t fallback) {
+    const auto *a = attr(node, name);
+    return a ? a->i() : fallback;
+  }
+  static double attr_float(const onnx::NodeProto &node, std::string_view name, double fallback) {
+    const auto *a = attr(node, name);
+    return a ? a->f() : fallback;
+  }
+  static std::optional<std::vector<int64_t>> attr_ints(const onnx::NodeProto &node,
+                                                       std::string_view name) {
+    const auto *a = attr(node, name);
+    if (a == nullptr) return std::nullopt;
+    return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+  }
+  static std::string attr_string(const onnx::NodeProto &node, std::string_view name,
+                                 std::string fallback) {
+    const auto *a = attr(node, name);
+    return a ? a->s() : fallback;
+  }
+
+  std::string input(const onnx::NodeProto &node, int i) const {
+    return i < node.input_size() ? node.input(i) : std::string();
+  }
+
+  // A shape-like input that must be known at import (Reshape's shape, ...).
+  Result<std::vector<int64_t>> known_ints(const onnx::NodeProto &node, int i, const char *what) {
+    const HostTensor *k = known(input(node, i));
+    if (k == nullptr)
+      return unimplemented("its ", what, " input '", input(node, i),
+                           "' is computed at run time; strata needs it fixed at import (give "
+                           "--input-shape for dynamic inputs)");
+    if (k->type.dtype != DType::kI64 && k->type.dtype != DType::kI32)
+      return invalid_argument("its ", what, " input is ", k->type.to_string(), ", not integers");
+    return ints_of(*k);
+  }
+
+  // ---- conversion ----------------------------------------------------------
+
+  Status convert(const onnx::NodeProto &n) {
+    const std::string &op = n.op_type();
+    const std::string name = n.name();
+    std::vector<std::string> ins(n.input().begin(), n.input().end());
+    std::vector<std::string> outs(n.output().begin(), n.output().end());
+    auto one = [&](std::string_view strata_op, std::vector<std::string> inputs, Attrs attrs = {}) {
+      return emit(strata_op, inputs, std::move(attrs), {outs.at(0)}, name);
+    };
+
+    if (auto it = same_name_ops().find(op); it != same_name_ops().end())
+      return one(it->second, ins);
+
+    if (op == "Constant") {
+      if (const auto *a = attr(n, "value")) {
+        ASSIGN_OR_RETURN(HostTensor t, tensor_of(a->t(), "its value"));
+        set_known(n, 0, std::move(t));
+      } else if (const auto *f = attr(n, "value_float")) {
+        HostTensor t = HostTensor::zeros({DType::kF32, {}});
+        t.as<float>()[0] = f->f();
+        set_known(n, 0, std::move(t));
+      } else if (const auto *i = attr(n, "value_int")) {
+        set_known(n, 0, i64_tensor({i->i()}, true));
+      } else if (const auto *is = attr(n, "value_ints")) {
+        set_known(n, 0, i64_tensor({is->ints().begin(), is->ints().end()}));
+      } else if (const auto *fs_ = attr(n, "value_floats")) {
+        HostTensor t = HostTensor::zeros({DType::kF32, {fs_->floats_size()}});
+        std::copy(fs_->floats().begin(), fs_->floats().end(), t.as<float>());
+        set_known(n, 0, std::move(t));
+      } else {
+        return unimplemented("a Constant without value, value_float(s) or value_int(s)");
+      }
+      return Status::ok();
+    }
+    if (op == "Shape") {
+      ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
+      std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
+      const int64_t rank = static_cast<int64_t>(dims.size());
+      int64_t start = attr_int(n, "start", 0), end = attr_int(n, "end", rank);
+      if (start < 0) start += rank;
+      if (end < 0) end += rank;
+      start = std::clamp<int64_t>(start, 0, rank);
+      end = std::clamp<int64_t>(end, start, rank);
+      set_known(n, 0, i64_tensor({dims.begin() + start, dims.begin() + end}));
+      return Status::ok();
+    }
+    if (op == "Size") {
+      ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
+      set_known(n, 0, i64_tensor({type.num_elements()}, true));
+      return Status::ok();
+    }
+    if (op == "ConstantOfShape") {
+      ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 0, "shape"));
+      HostTensor fill = HostTensor::zeros({DType::kF32, {1}});
+      if (const auto *a = attr(n, "value")) {
+        ASSIGN_OR_RETURN(fill, tensor_of(a->t(), "its value"));
+      }
+      HostTensor t = HostTensor::zeros({fill.type.dtype, Shape(shape.begin(), shape.end())});
+      const size_t width = dtype_size(fill.type.dtype);
+      for (int64_t i = 0; i < t.type.num_elements(); ++i)
+        std::memcpy(t.data() + static_cast<size_t>(i) * width, fill.data(), width);
+      set_known(n, 0, std::move(t));
+      return Status::ok();
+    }
+    if (op == "Range") {
+      for (int i = 0; i < 3; ++i)
+        if (known(input(n, i)) == nullptr)
+          return unimplemented("Range over values computed at run time");
+      const HostTensor &start = *known(ins[0]);
+      const double s = scalar_of(start), l = scalar_of(*known(ins[1])),
+                   d = scalar_of(*known(ins[2]));
+      if (d == 0) return invalid_argument("Range with delta 0");
+      const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((l - s) / d)));
+      HostTensor t = HostTensor::zeros({start.type.dtype, {count}});
+      for (int64_t i = 0; i < count; ++i) {
+        const double v = s + static_cast<double>(i) * d;
+        if (start.type.dtype == DType::kI64)
+          t.as<int64_t>()[i] = static_cast<int64_t>(v);
+        else if (start.type.dtype == DType::kI32)
+          t.as<int32_t>()[i] = static_cast<int32_t>(v);
+        else
+          t.as<float>()[i] = static_cast<float>(v);
+      }
+      set_known(n, 0, std::move(t));
+      return Status::ok();
+    }
+    if (op == "Gemm") {
+      std::vector<std::string> inputs = {ins.at(0), ins.at(1)};
+      if (!input(n, 2).empty()) inputs.push_back(ins[2]);
+      return one("Gemm", inputs,
+                 {{"alpha", attr_float(n, "alpha", 1.0)},
+                  {"beta", attr_float(n, "beta", 1.0)},
+                  {"trans_a", attr_int(n, "transA", 0)},
+                  {"trans_b", attr_int(n, "transB", 0)}});
+    }
+    if (op == "Conv" || op == "MaxPool" || op == "AveragePool") return convert_window(n, ins, outs);
+    if (op == "BatchNormalization") {
+      if (outs.size() > 1 && std::any_of(outs.begin() + 1, outs.end(),
+                                         [](const std::string &o) { return !o.empty(); }))
+        return unimplemented("training-mode BatchNormalization outputs (running mean/var)");
+      return one("BatchNormalization", {ins.at(0), ins.at(1), ins.at(2), ins.at(3), ins.at(4)},
+                 {{"epsilon", attr_float(n, "epsilon", 1e-5)},
+                  {"momentum", 1.0 - attr_float(n, "momentum", 0.9)}});
+    }
+    if (op == "Flatten") return one("Flatten", {ins.at(0)}, {{"axis", attr_int(n, "axis", 1)}});
+    if (op == "Pad") return convert_pad(n, ins, outs);
+    if (op == "Reshape") {
+      ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 1, "shape"));
+      if (attr_int(n, "allowzero", 0) != 0 &&
+          std::find(shape.begin(), shape.end(), 0) != shape.end())
+        return unimplemented("Reshape with allowzero = 1 and a 0 in the shape");
+      return one("Reshape", {ins.at(0)}, {{"shape", shape}});
+    }
+    if (op == "Transpose") {
+      Attrs attrs;
+      if (auto perm = attr_ints(n, "perm")) attrs.push_back({"perm", *perm});
+      return one("Transpose", {ins.at(0)}, std::move(attrs));
+    }
+    if (op == "Concat") return one("Concat", ins, {{"axis", attr_int(n, "axis", 0)}});
+    if (op == "Split") return convert_split(n, ins, outs);
+    if (op == "Slice") {
+      ASSIGN_OR_RETURN(std::vector<int64_t> starts, known_ints(n, 1, "starts"));
+      ASSIGN_OR_RETURN(std::vector<int64_t> ends, known_ints(n, 2, "ends"));
+      Attrs attrs = {{"starts", starts}, {"ends", ends}};
+      if (!input(n, 3).empty()) {
+        ASSIGN_OR_RETURN(std::vector<int64_t> axes, known_ints(n, 3, "axes"));
+        attrs.push_back({"axes", axes});
+      }
+      if (!input(n, 4).empty()) {
+        ASSIGN_OR_RETURN(std::vector<int64_t> steps, known_ints(n, 4, "steps"));
+        attrs.push_back({"steps", steps});
+      }
+      return one("Slice", {ins.at(0)}, std::move(attrs));
+    }
+    if (op == "Squeeze" || op == "Unsqueeze") {
+      std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
+      if (!input(n, 1).empty()) {
+        ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
+        axes = from_input;
+      }
+      Attrs attrs;
+      if (axes)
+        attrs.push_back({"axes", *axes});
+      else if (op == "Unsqueeze")
+        return invalid_argument("Unsqueeze without axes");
+      return one(op, {ins.at(0)}, std::move(attrs));
+    }
+    if (op == "Gather")
+      return one("Gather", {ins.at(0), ins.at(1)}, {{"axis", attr_int(n, "axis", 0)}});
+    if (op == "Expand") {
+      ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 1, "shape"));
+      return one("Expand", {ins.at(0)}, {{"shape", shape}});
+    }
+    if (op == "Softmax" || op == "LogSoftmax") {
+      ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
+      const int64_t rank = type.rank();
+      int64_t axis = attr_int(n, "axis", opset_ < 13 ? 1 : -1);
+      if (axis < 0) axis += rank;
+      if (opset_ >= 13 || axis == rank - 1) return one(op, {ins.at(0)}, {{"axis", axis}});
+      // Before opset 13 the input is viewed as 2-D at `axis` and normalized over
+      // the trailing block: flatten, normalize the last dim, restore.
+      const std::string flat = str_cat(outs[0], ".flat"), normed = str_cat(outs[0], ".normed");
+      RETURN_IF_ERROR(emit("Flatten", {ins[0]}, {{"axis", axis}}, {flat}, name + ".flatten"));
+      RETURN_IF_ERROR(emit(op, {flat}, {{"axis", int64_t{-1}}}, {normed}, name));
+      return emit("Reshape", {normed},
+                  {{"shape", std::vector<int64_t>(type.shape.begin(), type.shape.end())}},
+                  {outs[0]}, name + ".restore");
+    }
+    if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax") {
+      std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
+      if (!input(n, 1).empty()) {
+        ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
+        axes = from_input;
+      }
+      if (attr_int(n, "noop_with_empty_axes", 0) != 0 && (!axes || axes->empty()))
+        return one("Identity", {ins.at(0)});
+      Attrs attrs = {{"keepdims", attr_int(n, "keepdims", 1)}};
+      if (axes) attrs.push_back({"axes", *axes});
+      return one(op, {ins.at(0)}, std::move(attrs));
+    }
+    if (op == "Clip") {
+      Attrs attrs;
+      auto bound = [&](int i, const char *key) -> Status {
+        if (input(n, i).empty()) return Status::ok();
+        const HostTensor *k = known(input(n, i));
+        if (k == nullptr) return unimplemented("a Clip ", key, " computed at run time");
+        attrs.push_back({key, scalar_of(*k)});
+        return Status::ok();
+      };
+      if (opset_ < 11) {
+        if (const auto *a = attr(n, "min")) attrs.push_back({"min", static_cast<double>(a->f())});
+        if (const auto *a = attr(n, "max")) attrs.push_back({"max", static_cast<double>(a->f())});
+      } else {
+        RETURN_IF_ERROR(bound(1, "min"));
+        RETURN_IF_ERROR(bound(2, "max"));
+      }
+      return one("Clip", {ins.at(0)}, std::move(attrs));
+    }
+    if (op == "Cast") {
+      ASSIGN_OR_RETURN(DType to, dtype_of(static_cast<int32_t>(attr_int(n, "to", 0)), "its 'to'"));
+      return one("Cast", {ins.at(0)}, {{"to", std::string(dtype_name(to))}});
+    }
+    if (op == "Dropout") {
+      // Inference: the identity (the mask output, if read, is all true).
+      if (outs.size() > 1 && !outs[1].empty()) return unimplemented("Dropout's mask output");
+      return one("Identity", {ins.at(0)});
+    }
+    if (op == "LayerNormalization") {
+      if (outs.size() > 1 && std::any_of(outs.begin() + 1, outs.end(),
+                                         [](const std::string &o) { return !o.empty(); }))
+        return unimplemented("LayerNormalization's mean / inverse-std outputs");
+      if (input(n, 2).empty()) return unimplemented("LayerNormalization without a bias input");
+      return one("LayerNorm", {ins.at(0), ins.at(1), ins.at(2)},
+                 {{"axis", attr_int(n, "axis", -1)}, {"epsilon", attr_float(n, "epsilon", 1e-5)}});
+    }
+    return unimplemented("op ", op);
+  }
+
+  Status convert_window(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                        const std::vector<std::string> &outs) {
+    const std::string &op = n.op_type();
+    ASSIGN_OR_RETURN(TensorType x, type_of(ins.at(0)));
+    if (x.rank() != 4)
+      return unimplemented(op, " over ", x.to_string(), " (strata has the 2-D form, rank-4 input)");
+    std::vector<int64_t> kernel;
+    if (op == "Conv") {
+      ASSIGN_OR_RETURN(TensorType w, type_of(ins.at(1)));
+      kernel = {w.shape[2], w.shape[3]};
+    } else {
+      auto k = attr_ints(n, "kernel_shape");
+      if (!k || k->size() != 2) return invalid_argument(op, " needs a 2-D kernel_shape");
+      kernel = *k;
+    }
+    std::vector<int64_t> strides = attr_ints(n, "strides").value_or(std::vector<int64_t>{1, 1});
+    std::vector<int64_t> dilations = attr_ints(n, "dilations").value_or(std::vector<int64_t>{1, 1});
+    std::vector<int64_t> pads = attr_ints(n, "pads").value_or(std::vector<int64_t>{0, 0, 0, 0});
+    const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      // Output = ceil(input / stride); the padding splits, the extra one at the
+      // end (UPPER) or the start (LOWER).
+      for (int d = 0; d < 2; ++d) {
+        const int64_t in = x.shape[2 + d], s = strides[d];
+        const int64_t out = (in + s - 1) / s;
+        const int64_t total =
+            std::max<int64_t>(0, (out - 1) * s + (kernel[d] - 1) * dilations[d] + 1 - in);
+        const int64_t small = total / 2, big = total - small;
+        pads[d] = auto_pad == "SAME_UPPER" ? small : big;
+        pads[2 + d] = auto_pad == "SAME_UPPER" ? big : small;
+      }
+    } else if (auto_pad == "VALID") {
+      pads = {0, 0, 0, 0};
+    } else if (auto_pad != "NOTSET") {
+      return invalid_argument(op, " auto_pad '", auto_pad, "'");
+    }
+    if (op == "Conv") {
+      std::vector<std::string> inputs = {ins.at(0), ins.at(1)};
+      if (!input(n, 2).empty()) inputs.push_back(ins[2]);
+      return emit("Conv2d", inputs,
+                  {{"strides", strides},
+                   {"pads", pads},
+                   {"dilations", dilations},
+                   {"group", attr_int(n, "group", 1)}},
+                  {outs.at(0)}, n.name());
+    }
+    if (op == "MaxPool") {
+      if (outs.size() > 1 && !outs[1].empty()) return unimplemented("MaxPool's Indices output");
+      return emit("MaxPool2d", {ins.at(0)},
+                  {{"kernel_shape", kernel},
+                   {"strides", strides},
+                   {"pads", pads},
+                   {"dilations", dilations},
+                   {"ceil_mode", attr_int(n, "ceil_mode", 0)}},
+                  {outs.at(0)}, n.name());
+    }
+    return emit("AveragePool2d", {ins.at(0)},
+                {{"kernel_shape", kernel},
+                 {"strides", strides},
+                 {"pads", pads},
+                 {"ceil_mode", attr_int(n, "ceil_mode", 0)},
+                 {"count_include_pad", attr_int(n, "count_include_pad", 0)}},
+                {outs.at(0)}, n.name());
+  }
+
+  // Constant-mode Pad: along each padded axis, Concat blocks of the pad value
+  // before and after (negative pads crop with Slice).
+  Status convert_pad(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                     const std::vector<std::string> &outs) {
+    const std::string mode = attr_string(n, "mode", "constant");
+    if (mode != "constant") return unimplemented("Pad mode '", mode, "' (only constant)");
+    ASSIGN_OR_RETURN(TensorType x, type_of(ins.at(0)));
+    std::vector<int64_t> pads;
+    if (opset_ < 11) {
+      pads = attr_ints(n, "pads").value_or(std::vector<int64_t>{});
+    } else {
+      ASSIGN_OR_RETURN(pads, known_ints(n, 1, "pads"));
+    }
+    const int64_t rank = x.rank();
+    std::vector<int64_t> axes;
+    if (!input(n, 3).empty()) {
+      ASSIGN_OR_RETURN(axes, known_ints(n, 3, "axes"));
+    } else {
+      for (int64_t a = 0; a < rank; ++a)
+        axes.push_back(a);
+    }
+    if (pads.size() != 2 * axes.size())
+      return invalid_argument("Pad has ", pads.size(), " pads for ", axes.size(), " axes");
+    double fill = 0;
+    if (!input(n, 2).empty()) {
+      const HostTensor *k = known(input(n, 2));
+      if (k == nullptr) return unimplemented("a Pad value computed at run time");
+      fill = scalar_of(*k);
+    }
+    std::string current = ins[0];
+    Shape shape = x.shape;
+    const size_t count = axes.size();
+    for (size_t i = 0; i < count; ++i) {
+      int64_t axis = axes[i] < 0 ? axes[i] + rank : axes[i];
+      const int64_t before = pads[i], after = pads[count + i];
+      if (before == 0 && after == 0) continue;
+      const std::string step = str_cat(outs[0], ".pad", axis);
+      if (before < 0 || after < 0) {
+        RETURN_IF_ERROR(
+            emit("Slice", {current},
+                 {{"starts", std::vector<int64_t>{std::max<int64_t>(0, -before)}},
+                  {"ends", std::vector<int64_t>{shape[axis] - std::max<int64_t>(0, -after)}},
+                  {"axes", std::vector<int64_t>{axis}}},
+                 {step + ".crop"}, n.name() + ".crop" + std::to_string(axis)));
+        current = step + ".crop";
+        shape[axis] -= std::max<int64_t>(0, -before) + std::max<int64_t>(0, -after);
+      }
+      std::vector<std::string> parts;
+      for (int64_t size :
+           {std::max<int64_t>(0, before), int64_t{-1}, std::max<int64_t>(0, after)}) {
+        if (size == -1) {
+          parts.push_back(current);
+          continue;
+        }
+        if (size == 0) continue;
+        Shape block = shape;
+        block[axis] = size;
+        HostTensor t = HostTensor::zeros({x.dtype, block});
+        if (x.dtype != DType::kF32 && fill != 0)
+          return unimplemented("Pad of ", x.to_string(), " with a non-zero value");
+        for (int64_t e = 0; e < t.type.num_elements() && x.dtype == DType::kF32; ++e)
+          t.as<float>()[e] = static_cast<float>(fill);
+        const std::string name = str_cat(step, parts.empty() ? ".before" : ".after");
+        known_[name] = std::move(t);
+        parts.push_back(name);
+      }
+      shape[axis] += std::max<int64_t>(0, before) + std::max<int64_t>(0, after);
+      const std::string next = i + 1 == count ? outs[0] : step;
+      RETURN_IF_ERROR(emit("Concat", parts, {{"axis", axis}}, {next},
+                           n.name() + ".pad" + std::to_string(axis)));
+      current = next;
+    }
+    if (current != outs[0]) return emit("Identity", {current}, {}, {outs[0]}, n.name());
+    return Status::ok();
+  }
+
+  Status convert_split(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                       const std::vector<std::string> &outs) {
+    ASSIGN_OR_RETURN(TensorType x, type_of(ins.at(0)));
+    int64_t axis = attr_int(n, "axis", 0);
+    if (axis < 0) axis += x.rank();
+    if (axis < 0 || axis >= x.rank()) return invalid_argument("Split axis out of range");
+    std::optional<std::vector<int64_t>> sizes = attr_ints(n, "split");
+    if (!input(n, 1).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "split"));
+      sizes = from_input;
+    }
+    if (!sizes) {
+      // Equal parts, the last one smaller if the dim does not divide (opset 18's rule).
+      const int64_t parts = static_cast<int64_t>(outs.size()), dim = x.shape[axis];
+      const int64_t each = (dim + parts - 1) / parts;
+      sizes.emplace();
+      for (int64_t p = 0, left = dim; p < parts; ++p, left -= each)
+        sizes->push_back(std::min(each, left));
+    }
+    return emit("Split", {ins.at(0)}, {{"axis", axis}, {"split", *sizes}}, outs, n.name());
+  }
+
+  const onnx::ModelProto &model_;
+  const OnnxImportOptions &options_;
+  const fs::path dir_;
+  const std::string file_;
+  GraphBuilder builder_;
+  int opset_ = 0;
+  std::map<std::string, HostTensor> known_;
+  std::set<std::string> initializers_;
+  std::map<std::string, TensorId> ids_;
+};
+
+} // namespace
+
+bool onnx_import_built() { return true; }
+
+Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options) {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path, kMaxModelBytes));
+  onnx::ModelProto model;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return data_loss(path, ": not a valid ONNX model (the protobuf does not parse: truncated or "
+                           "not an .onnx file)");
+  if (!model.has_graph()) return invalid_argument(path, ": the model has no graph");
+  Importer importer(
+      model, options,
+      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path(), path);
+  return importer.run();
+}
+
+} // namespace strata::serialization

@@ -1,0 +1,38 @@
+// ONNX import: an ONNX model file (opsets 11 to 17) becomes a strata Graph.
+//
+// - Initializers become parameters (floating point) or constants (integers);
+//   external-data initializers are read only from regular files inside the
+//   model's folder (no absolute paths, no "..", no symlink leading out), with
+//   offset and length checked against the file and the tensor's size.
+// - Shapes are static: every graph input needs fixed dims, from the file or
+//   from `input_shapes` (`--input-shape name=1x3x224x224`).
+// - Nodes whose inputs are all known at import (Shape of a static tensor,
+//   Constant, ConstantOfShape, Range, and any op over constants) are folded to
+//   constants with strata's own kernels, so shape-computing subgraphs vanish
+//   and shape inputs (Reshape, Expand, Slice, Split, Unsqueeze, ...) become
+//   the static attributes strata ops take.
+// - An op strata cannot express is an error listing every such op with its
+//   nodes, all at once. Malformed files (truncated protobuf, initializer sizes
+//   that disagree with their dims, cycles, external paths that escape) are
+//   refused with the cause, naming the node, tensor or file.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace strata::serialization {
+
+struct OnnxImportOptions {
+  // Fixes the dims of graph inputs, by input name.
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+};
+
+// Whether this build can import ONNX (built with libonnx).
+bool onnx_import_built();
+
+Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options = {});
+
+} // namespace strata::serialization

@@ -1,0 +1,234 @@
+// ONNX import end to end: the fixtures of tests/fixtures/onnx (exported from
+// PyTorch 1.13 by make_fixtures.py, with PyTorch's outputs and gradients) are
+// imported with `strata import`, run with `strata run`, trained one SGD step
+// with `strata compile --train` + `strata run`, and compared with PyTorch's
+// numbers; the malformed fixtures must be refused with their named cause.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "serialization/checkpoint.h"
+#include "serialization/model_io.h"
+#include "serialization/npy.h"
+#include "serialization/onnx_import.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string quote(const std::string &arg) {
+  std::string out = "'";
+  for (char c : arg)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+fs::path build_root() {
+  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return root;
+  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path();
+}
+
+fs::path fixtures() {
+  const char *source = std::getenv("STRATA_SOURCE_ROOT");
+  return fs::path(source ? source : ".") / "tests/fixtures/onnx";
+}
+
+// Largest |a - b| over max(1e-4, largest |b|): a relative error of the tensor.
+double relative_error(const HostTensor &a, const HostTensor &b) {
+  double worst = 0, scale = 1e-4;
+  const int64_t n = b.type.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(double(a.as<float>()[i]) - double(b.as<float>()[i])));
+    scale = std::max(scale, std::fabs(double(b.as<float>()[i])));
+  }
+  return worst / scale;
+}
+
+class OnnxTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!serialization::onnx_import_built())
+      GTEST_SKIP() << "strata was built without ONNX (libonnx-dev, libprotobuf-dev)";
+    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / str_cat("strata_onnx_", ::getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
+  }
+
+  Outcome strata(const std::vector<std::string> &args) {
+    std::string command =
+        "cd " + quote(dir_.string()) + " && " + quote((build_root() / "tools/strata").string());
+    for (const std::string &arg : args)
+      command += " " + quote(arg);
+    command += " >stdout.txt 2>stderr.txt";
+    const int status = std::system(command.c_str());
+    Outcome o;
+    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = slurp(dir_ / "stdout.txt");
+    o.err = slurp(dir_ / "stderr.txt");
+    return o;
+  }
+
+  HostTensor npy(const fs::path &path) {
+    auto t = serialization::read_npy(path.string());
+    EXPECT_TRUE(t.is_ok()) << t.status().message();
+    return t.is_ok() ? *t : HostTensor{};
+  }
+
+  // Imports fixture `name`, runs it on the fixture's input, and compares the
+  // output with PyTorch's.
+  void expect_matches_torch(const std::string &name, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"import", (fixtures() / (name + ".onnx")).string(), "-o",
+                                     name + ".strata"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Outcome imported = strata(args);
+    ASSERT_EQ(imported.code, 0) << imported.err;
+    Outcome ran =
+        strata({"run", name + ".strata", "--input",
+                "input=" + (fixtures() / (name + ".input.npy")).string(), "--output", "out.npy"});
+    ASSERT_EQ(ran.code, 0) << ran.err;
+    HostTensor ours = npy(dir_ / "out.npy"), theirs = npy(fixtures() / (name + ".output.npy"));
+    ASSERT_EQ(ours.type, theirs.type);
+    EXPECT_LT(relative_error(ours, theirs), 1e-4) << name;
+  }
+
+  void expect_refused(const std::string &name, const std::string &cause) {
+    Outcome o = strata({"import", (fixtures() / (name + ".onnx")).string(), "-o", "x.strata"});
+    EXPECT_NE(o.code, 0) << name;
+    EXPECT_NE(o.err.find(cause), std::string::npos) << name << ": " << o.err;
+    EXPECT_FALSE(fs::exists(dir_ / "x.strata")) << name << " left a half-written model";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(OnnxTest, MlpMatchesTorch) { expect_matches_torch("mlp"); }
+
+// Grouped, dilated and strided convolutions, batch norm with running stats,
+// ReLU6 (Clip), max and average pooling (with the Pad PyTorch emits), a
+// residual add, Flatten and Gemm; opset 11.
+TEST_F(OnnxTest, ConvNetMatchesTorch) { expect_matches_torch("convnet"); }
+
+// A GPT block at opset 13 (decomposed LayerNorm, a dynamic batch axis fixed
+// with --input-shape, shape arithmetic folded) and at opset 17
+// (LayerNormalization); embeddings, Split, attention, erf and tanh GELU.
+TEST_F(OnnxTest, TransformerBlockMatchesTorch) {
+  expect_matches_torch("block13", {"--input-shape", "input=2x8"});
+  expect_matches_torch("block17");
+  // The folded shape subgraph leaves no Shape-computing nodes behind.
+  auto graph = serialization::load_model((dir_ / "block13.strata").string());
+  ASSERT_TRUE(graph.is_ok());
+  for (const Node &node : graph->nodes())
+    EXPECT_NE(node.op, "Constant") << node.name;
+}
+
+// One SGD step (lr = 1) on mean((y - target)^2) moves each weight by exactly
+// PyTorch's gradient.
+TEST_F(OnnxTest, ImportedMlpTrainsWithTorchsGradients) {
+  ASSERT_EQ(strata({"import", (fixtures() / "mlp.onnx").string(), "-o", "mlp.strata"}).code, 0);
+  Outcome compiled = strata({"compile", "mlp.strata", "--train", "--loss", "mse", "--optimizer",
+                             "sgd:lr=1", "-o", "t.splan"});
+  ASSERT_EQ(compiled.code, 0) << compiled.err;
+  // --data: the one batch, stacked.
+  fs::create_directories(dir_ / "data");
+  for (const auto &[file, input] : {std::pair<std::string, std::string>{"mlp.input.npy", "input"},
+                                    {"mlp.target.npy", "targets"}}) {
+    HostTensor t = npy(fixtures() / file);
+    t.type.shape.insert(t.type.shape.begin(), 1);
+    ASSERT_TRUE(serialization::write_npy((dir_ / "data" / (input + ".npy")).string(), t).is_ok());
+  }
+  Outcome trained =
+      strata({"run", "t.splan", "--steps", "1", "--data", "data", "--checkpoint", "ck"});
+  ASSERT_EQ(trained.code, 0) << trained.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(trained.out, m, std::regex(R"(loss ([0-9.]+))"))) << trained.out;
+  const double torch_loss = npy(fixtures() / "mlp.loss.npy").as<float>()[0];
+  EXPECT_NEAR(std::stod(m[1]), torch_loss, 1e-3 * torch_loss);
+
+  auto model = serialization::load_model((dir_ / "mlp.strata").string());
+  auto after = serialization::read_checkpoint((dir_ / "ck").string(), "");
+  ASSERT_TRUE(model.is_ok() && after.is_ok());
+  int compared = 0;
+  for (const std::string param : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}) {
+    auto id = model->find_tensor(param);
+    ASSERT_TRUE(id) << param << " is not a tensor of the imported model";
+    const Tensor &before = model->tensor(*id);
+    const HostTensor &now = after->tensors.at(param);
+    HostTensor grad = HostTensor::zeros(now.type);
+    for (int64_t i = 0; i < now.type.num_elements(); ++i)
+      grad.as<float>()[i] =
+          reinterpret_cast<const float *>(before.data->data())[i] - now.as<float>()[i];
+    HostTensor torch_grad = npy(fixtures() / ("mlp.grad." + param + ".npy"));
+    ASSERT_EQ(grad.type, torch_grad.type) << param;
+    EXPECT_LT(relative_error(grad, torch_grad), 1e-4) << param;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+}
+
+TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
+  expect_refused("bad_initializer",
+                 "initializer 'w' is f32[2, 3] (24 bytes) but its raw_data holds 20 bytes");
+  expect_refused("cycle", "the graph has a cycle");
+  expect_refused(
+      "unsupported",
+      "2 ONNX ops strata does not support: HardSwish (node 'hs'); Mod (nodes 'mod1', 'mod2')");
+  expect_refused("external_escape", "external data '../weights.bin' leaves the model's folder");
+  expect_refused("external_absolute", "is an absolute path");
+  expect_refused("external_past_end", "offset 8 + 24 bytes is past its end (24 bytes)");
+  expect_refused("dynamic",
+                 "graph input 'x' has dynamic dims [-1, 3]; fix them with --input-shape");
+  // Truncated at every 97th byte: never a crash, always the parse error or a
+  // named structural one.
+  const std::string whole = slurp(fixtures() / "mlp.onnx");
+  for (size_t size = 0; size < whole.size(); size += 97) {
+    std::ofstream(dir_ / "cut.onnx", std::ios::binary) << whole.substr(0, size);
+    Outcome o = strata({"import", "cut.onnx", "-o", "x.strata"});
+    EXPECT_NE(o.code, 0) << size;
+    EXPECT_TRUE(o.err.starts_with("strata: error: cut.onnx")) << size << ": " << o.err;
+  }
+}
+
+TEST_F(OnnxTest, ExternalDataIsReadFromTheModelsFolder) {
+  Outcome ok = strata({"import", (fixtures() / "external_ok.onnx").string(), "-o", "e.strata"});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  // A symbolic link inside the folder that points outside is refused.
+  fs::create_directories(dir_ / "m");
+  fs::copy_file(fixtures() / "external_ok.onnx", dir_ / "m/model.onnx");
+  fs::copy_file(fixtures() / "weights.bin", dir_ / "outside.bin");
+  fs::create_symlink(dir_ / "outside.bin", dir_ / "m/weights.bin");
+  Outcome link = strata({"import", "m/model.onnx", "-o", "x.strata"});
+  EXPECT_NE(link.code, 0);
+  EXPECT_NE(link.err.find("outside the model's folder"), std::string::npos) << link.err;
+  // A wrong --input-shape name is named.
+  Outcome name = strata({"import", (fixtures() / "mlp.onnx").string(), "--input-shape", "nope=1x2",
+                         "-o", "x.strata"});
+  EXPECT_NE(name.code, 0);
+  EXPECT_NE(name.err.find("--input-shape names 'nope'"), std::string::npos) << name.err;
+}
+
+} // namespace
+} // namespace strata
