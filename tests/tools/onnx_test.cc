@@ -189,6 +189,42 @@ TEST_F(OnnxTest, ImportedMlpTrainsWithTorchsGradients) {
   EXPECT_EQ(compared, 4);
 }
 
+// torchvision's ResNet-18 and MobileNetV2, exported fresh (random weights,
+// seed 0) when the machine has PyTorch and torchvision (Debian's
+// python3-torch, python3-torchvision); too large to commit.
+TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
+  const std::string python = "/usr/bin/python3";
+  if (std::system((python + " -c 'import torch, torchvision' >/dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "no PyTorch + torchvision for " << python
+                 << " (apt install python3-torch python3-torchvision)";
+  const std::string script =
+      "import sys, torch, torchvision, numpy as np\n"
+      "for name in ['resnet18', 'mobilenet_v2']:\n"
+      "    torch.manual_seed(0)\n"
+      "    m = getattr(torchvision.models, name)().eval()\n"
+      "    x = torch.randn(1, 3, 224, 224)\n"
+      "    torch.onnx.export(m, (x,), name + '.onnx', opset_version=13,\n"
+      "                      input_names=['input'], output_names=['output'])\n"
+      "    np.save(name + '.input.npy', x.numpy())\n"
+      "    with torch.no_grad(): np.save(name + '.output.npy', m(x).numpy())\n";
+  std::ofstream(dir_ / "export.py") << script;
+  ASSERT_EQ(
+      std::system(
+          ("cd " + quote(dir_.string()) + " && " + python + " export.py >export.log 2>&1").c_str()),
+      0)
+      << slurp(dir_ / "export.log");
+  for (const std::string name : {"resnet18", "mobilenet_v2"}) {
+    Outcome imported = strata({"import", name + ".onnx", "-o", name + ".strata"});
+    ASSERT_EQ(imported.code, 0) << imported.err;
+    Outcome ran = strata({"run", name + ".strata", "--input", "input=" + name + ".input.npy",
+                          "--output", name + ".out.npy"});
+    ASSERT_EQ(ran.code, 0) << ran.err;
+    HostTensor ours = npy(dir_ / (name + ".out.npy")), theirs = npy(dir_ / (name + ".output.npy"));
+    ASSERT_EQ(ours.type, theirs.type);
+    EXPECT_LT(relative_error(ours, theirs), 1e-4) << name;
+  }
+}
+
 TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   expect_refused("bad_initializer",
                  "initializer 'w' is f32[2, 3] (24 bytes) but its raw_data holds 20 bytes");
