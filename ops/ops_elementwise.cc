@@ -10,6 +10,7 @@
 // is a plain loop the compiler vectorizes. Equal shapes and scalar operands
 // collapse to a single such loop.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -752,6 +753,55 @@ Status cast_kernel(const KernelContext &context) {
   return Status::ok();
 }
 
+// Where: Y = condition ? X : Z, the three broadcast together. Any element type
+// for X and Z (copied as bytes).
+Status where_kernel(const KernelContext &context) {
+  const TensorView &y = context.outputs[0];
+  const Shape &out = y.type->shape;
+  const size_t rank = out.size();
+  std::array<Shape, 3> strides;
+  for (size_t k = 0; k < 3; ++k)
+    strides[k] = aligned_strides(context.inputs[k].type->shape, rank);
+  const size_t width = dtype_size(y.dtype());
+  const auto *cond = reinterpret_cast<const uint8_t *>(context.inputs[0].data);
+  const auto *x = reinterpret_cast<const std::byte *>(context.inputs[1].data);
+  const auto *z = reinterpret_cast<const std::byte *>(context.inputs[2].data);
+  auto *dst = reinterpret_cast<std::byte *>(y.data);
+  const int64_t n = y.num_elements();
+  Shape index(rank, 0);
+  std::array<int64_t, 3> at = {0, 0, 0};
+  for (int64_t e = 0; e < n; ++e) {
+    const std::byte *src = cond[at[0]] ? x + at[1] * static_cast<int64_t>(width)
+                                       : z + at[2] * static_cast<int64_t>(width);
+    std::memcpy(dst + e * static_cast<int64_t>(width), src, width);
+    // Advance the multi-index, innermost first.
+    for (size_t d = rank; d-- > 0;) {
+      ++index[d];
+      for (size_t k = 0; k < 3; ++k)
+        at[k] += strides[k][d];
+      if (index[d] < out[d]) break;
+      for (size_t k = 0; k < 3; ++k)
+        at[k] -= strides[k][d] * out[d];
+      index[d] = 0;
+    }
+  }
+  return Status::ok();
+}
+
+Result<TypeList> infer_where(const Node &, const OpDef &def, llvm::ArrayRef<TensorType> inputs) {
+  if (inputs[0].dtype != DType::kBool)
+    return invalid_argument(def.name, ": input 0 (the condition) must be bool, got ",
+                            inputs[0].to_string());
+  if (inputs[1].dtype != inputs[2].dtype)
+    return invalid_argument(def.name, ": inputs 1 and 2 must have one dtype, got ",
+                            inputs[1].to_string(), " and ", inputs[2].to_string());
+  Result<Shape> shape = broadcast_shapes(inputs[0].shape, inputs[1].shape);
+  if (shape.is_ok()) shape = broadcast_shapes(*shape, inputs[2].shape);
+  if (!shape.is_ok())
+    return std::move(shape).take_status().with_context(str_cat(def.name, ": inputs"));
+  return one(inputs[1].dtype, std::move(*shape));
+}
+
 // ---------------------------------------------------------------------------
 // Gradient rules
 
@@ -785,6 +835,18 @@ Status sub_grad(GradContext &c) {
     set_reduced(c, 1, dy, "b");
     c.input_grads[1] = c.builder.op1("Neg", {c.input_grads[1]}, {}, c.grad_name("b.neg"));
   }
+  return Status::ok();
+}
+
+// The gradient flows to X where the condition holds and to Z elsewhere.
+Status where_grad(GradContext &c) {
+  GraphBuilder &b = c.builder;
+  const TensorId dy = c.output_grads[0];
+  const TensorId zero = scalar_of(c, 0.0, c.type(dy).dtype, "zero");
+  if (c.needs_input_grad[1])
+    set_reduced(c, 1, b.op1("Where", {c.input(0), dy, zero}, {}, c.grad_name("x.where")), "x");
+  if (c.needs_input_grad[2])
+    set_reduced(c, 2, b.op1("Where", {c.input(0), zero, dy}, {}, c.grad_name("z.where")), "z");
   return Status::ok();
 }
 
@@ -959,6 +1021,15 @@ std::vector<OpDef> make_table() {
   table.push_back(
       binary("Pow", "C = A ^ B with NumPy broadcasting", binary_kernel<BinaryOp::kPow>, pow_grad));
   table.push_back(unary("Neg", "Y = -X", neg_kernel, neg_grad, infer_neg));
+  table.push_back(OpDef{"Where",
+                        "Y = X where the condition holds, else Z, broadcast together",
+                        3,
+                        3,
+                        {},
+                        infer_where,
+                        nullptr,
+                        where_kernel,
+                        where_grad});
   table.push_back(unary("Sqrt", "Y = sqrt(X)", sqrt_kernel, sqrt_grad));
   table.push_back(unary("Exp", "Y = e^X", exp_kernel, exp_grad));
   table.push_back(unary("Log", "Y = ln(X)", log_kernel, log_grad));

@@ -387,6 +387,16 @@ private:
         "Dropout",
         "LayerNormalization",
         "Pad",
+        "Where",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "Trilu",
     };
     return same_name_ops().contains(op) || others.contains(op);
   }
@@ -653,6 +663,10 @@ private:
     }
     if (op == "Flatten") return one("Flatten", {ins.at(0)}, {{"axis", attr_int(n, "axis", 1)}});
     if (op == "Pad") return convert_pad(n, ins, outs);
+    if (op == "Where") return one("Where", {ins.at(0), ins.at(1), ins.at(2)});
+    if (op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
+        op == "GreaterOrEqual" || op == "Not" || op == "And" || op == "Or" || op == "Trilu")
+      return fold_logic(n, ins);
     if (op == "Reshape") {
       ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 1, "shape"));
       if (attr_int(n, "allowzero", 0) != 0 &&
@@ -828,6 +842,85 @@ private:
                  {"ceil_mode", attr_int(n, "ceil_mode", 0)},
                  {"count_include_pad", attr_int(n, "count_include_pad", 0)}},
                 {outs.at(0)}, n.name());
+  }
+
+  // Comparisons, logic and Trilu have no strata op: they are folded when their
+  // inputs are known at import (masks built from shapes and constants), and
+  // refused otherwise.
+  Status fold_logic(const onnx::NodeProto &n, const std::vector<std::string> &ins) {
+    const std::string &op = n.op_type();
+    std::vector<const HostTensor *> args;
+    for (const std::string &in : ins) {
+      if (in.empty()) continue;
+      const HostTensor *k = known(in);
+      if (k == nullptr)
+        return unimplemented(op, " over '", in, "', which is computed at run time (strata folds ",
+                             op, " only over values known at import)");
+      args.push_back(k);
+    }
+    if (op == "Trilu") {
+      const HostTensor &x = *args.at(0);
+      if (x.type.rank() < 2) return invalid_argument("Trilu of ", x.type.to_string());
+      const int64_t k = args.size() > 1 ? ints_of(*args[1]).at(0) : 0;
+      const bool upper = attr_int(n, "upper", 1) != 0;
+      HostTensor y = HostTensor::zeros(x.type);
+      const int64_t rows = x.type.shape[x.type.rank() - 2], cols = x.type.shape.back();
+      const size_t width = dtype_size(x.type.dtype);
+      for (int64_t e = 0; e < x.type.num_elements(); ++e) {
+        const int64_t i = (e / cols) % rows, j = e % cols;
+        if (upper ? j - i >= k : j - i <= k)
+          std::memcpy(y.data() + e * static_cast<int64_t>(width),
+                      x.data() + e * static_cast<int64_t>(width), width);
+      }
+      set_known(n, 0, std::move(y));
+      return Status::ok();
+    }
+    Shape shape = args[0]->type.shape;
+    for (size_t a = 1; a < args.size(); ++a) {
+      ASSIGN_OR_RETURN(shape, broadcast_shapes(shape, args[a]->type.shape));
+    }
+    HostTensor y = HostTensor::zeros({DType::kBool, shape});
+    const int64_t total = y.type.num_elements();
+    const Shape out_strides = contiguous_strides(shape);
+    for (int64_t e = 0; e < total; ++e) {
+      double v[2] = {0, 0};
+      for (size_t a = 0; a < args.size(); ++a) {
+        // The element of argument a that output element e reads.
+        const Shape &dims = args[a]->type.shape;
+        const Shape own = contiguous_strides(dims);
+        const size_t offset = shape.size() - dims.size();
+        int64_t at = 0;
+        for (size_t d = 0; d < dims.size(); ++d) {
+          const int64_t i = (e / out_strides[offset + d]) % shape[offset + d];
+          if (dims[d] != 1) at += i * own[d];
+        }
+        HostTensor one = HostTensor::zeros({args[a]->type.dtype, {}});
+        std::memcpy(one.data(),
+                    args[a]->data() + at * static_cast<int64_t>(dtype_size(one.type.dtype)),
+                    dtype_size(one.type.dtype));
+        v[a] = scalar_of(one);
+      }
+      bool r = false;
+      if (op == "Equal")
+        r = v[0] == v[1];
+      else if (op == "Less")
+        r = v[0] < v[1];
+      else if (op == "Greater")
+        r = v[0] > v[1];
+      else if (op == "LessOrEqual")
+        r = v[0] <= v[1];
+      else if (op == "GreaterOrEqual")
+        r = v[0] >= v[1];
+      else if (op == "Not")
+        r = v[0] == 0;
+      else if (op == "And")
+        r = v[0] != 0 && v[1] != 0;
+      else if (op == "Or")
+        r = v[0] != 0 || v[1] != 0;
+      y.as<uint8_t>()[e] = r;
+    }
+    set_known(n, 0, std::move(y));
+    return Status::ok();
   }
 
   // Constant-mode Pad: along each padded axis, Concat blocks of the pad value

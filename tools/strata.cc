@@ -612,6 +612,7 @@ int main(int argc, char **argv) {
              "  strata inspect gpt.strata                              # parameters, FLOPs\n"
              "  strata run gpt.strata --output logits.npy              # run it on the CPU\n"
              "  strata convert gpt.strata -o gpt.json                  # readable form\n"
+             "  strata import resnet18.onnx -o resnet18.strata         # from ONNX (PyTorch)\n"
              "  strata compile gpt.strata --train --optimizer adamw:lr=1e-3 -o t.splan\n"
              "  strata run t.splan --steps 30                          # train it\n"
              "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 -o pp.splan\n"

@@ -292,3 +292,22 @@ TEST(BackwardHelperTest, RejectMismatchedInputs) {
 
 } // namespace
 } // namespace strata
+
+namespace strata {
+namespace {
+
+// Where: the gradient goes to X where the condition holds, to Z elsewhere, each
+// summed back over its broadcast dims.
+TEST(ElementwiseGradTest, WhereRoutesByTheCondition) {
+  HostTensor cond = HostTensor::zeros({DType::kBool, {2, 1, 4}});
+  for (int i = 0; i < 8; ++i)
+    cond.as<uint8_t>()[i] = (i * 5) % 3 == 0;
+  check_gradients(
+      [](GraphBuilder &b, llvm::ArrayRef<TensorId> x) {
+        return b.op1("Where", {x[0], x[1], x[2]});
+      },
+      {cond, normal({2, 3, 4}, 7), normal({4}, 8)});
+}
+
+} // namespace
+} // namespace strata

@@ -8,6 +8,8 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include "graph/host_tensor.h"
+
 #include "tests/ops/op_test_util.h"
 
 namespace strata::ops {
@@ -432,3 +434,44 @@ TEST(ElementwiseTest, HarnessCatchesOverrunsAndUnwrittenOutputs) {
 
 } // namespace
 } // namespace strata::ops
+
+namespace strata {
+namespace {
+
+TEST(ElementwiseTest, WhereBroadcastsAllThreeInputs) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  GraphBuilder b("where", registry);
+  HostTensor cond = HostTensor::zeros({DType::kBool, {3, 1}});
+  cond.as<uint8_t>()[0] = 1;
+  cond.as<uint8_t>()[2] = 1;
+  HostTensor x = HostTensor::zeros({DType::kI64, {1, 4}});
+  for (int i = 0; i < 4; ++i)
+    x.as<int64_t>()[i] = 10 + i;
+  HostTensor z = HostTensor::zeros({DType::kI64, {}});
+  z.as<int64_t>()[0] = -1;
+  TensorId c = b.constant("c", DType::kBool, {3, 1}, cond.blob);
+  TensorId xi = b.constant("x", DType::kI64, {1, 4}, x.blob);
+  TensorId zi = b.constant("z", DType::kI64, {}, z.blob);
+  TensorId y = b.op1("Where", {c, xi, zi});
+  ASSERT_TRUE(b.status().is_ok()) << b.status().message();
+  EXPECT_EQ(b.type(y).to_string(), "i64[3, 4]");
+  const Node &node = b.graph().node(0);
+  const ops::OpDef *def = registry.find("Where");
+  std::vector<ops::ConstTensorView> in = {
+      {cond.data(), &b.type(c)}, {x.data(), &b.type(xi)}, {z.data(), &b.type(zi)}};
+  HostTensor out = HostTensor::zeros(b.type(y));
+  std::vector<ops::TensorView> outs = {{out.data(), &b.type(y)}};
+  ASSERT_TRUE(def->cpu_kernel({node, *def, in, outs}).is_ok());
+  const int64_t expected[12] = {10, 11, 12, 13, -1, -1, -1, -1, 10, 11, 12, 13};
+  for (int i = 0; i < 12; ++i)
+    EXPECT_EQ(out.as<int64_t>()[i], expected[i]) << i;
+  // A condition that is not bool is refused.
+  GraphBuilder bad("bad", registry);
+  TensorId f = bad.constant("f", DType::kI64, {1, 4}, x.blob);
+  bad.op1("Where", {f, f, f});
+  EXPECT_NE(bad.status().message().find("must be bool"), std::string::npos)
+      << bad.status().message();
+}
+
+} // namespace
+} // namespace strata

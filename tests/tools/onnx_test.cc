@@ -138,6 +138,9 @@ TEST_F(OnnxTest, ConvNetMatchesTorch) { expect_matches_torch("convnet"); }
 TEST_F(OnnxTest, TransformerBlockMatchesTorch) {
   expect_matches_torch("block13", {"--input-shape", "input=2x8"});
   expect_matches_torch("block17");
+  // A mask built from the sequence length (Trilu, Equal: folded) and applied
+  // with masked_fill (Where).
+  expect_matches_torch("masked14");
   // The folded shape subgraph leaves no Shape-computing nodes behind.
   auto graph = serialization::load_model((dir_ / "block13.strata").string());
   ASSERT_TRUE(graph.is_ok());
