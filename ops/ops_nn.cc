@@ -819,21 +819,62 @@ OpCost batch_norm_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> i
 }
 
 // Mean and 1/sqrt(biased variance + epsilon) of channel c, two passes in double.
+// Per-channel sums in double over the rows of one channel. Eight independent
+// accumulators per row (combined in a fixed order) let the compiler keep the
+// adds in vector registers instead of one long dependency chain; the order is
+// fixed, so results are the same run to run.
+constexpr int kLanes = 8;
+
+// sum of x over channel c of X [N, C, inner].
+double channel_sum(const float *x, int64_t batch, int64_t channels, int64_t inner, int64_t c) {
+  double lanes[kLanes] = {};
+  double tail = 0;
+  for (int64_t n = 0; n < batch; ++n) {
+    const float *row = x + (n * channels + c) * inner;
+    int64_t i = 0;
+    for (; i + kLanes <= inner; i += kLanes)
+      for (int l = 0; l < kLanes; ++l)
+        lanes[l] += row[i + l];
+    for (; i < inner; ++i)
+      tail += row[i];
+  }
+  double sum = tail;
+  for (double lane : lanes)
+    sum += lane;
+  return sum;
+}
+
+// sum of (x - mean)^2 over channel c.
+double channel_squares(const float *x, int64_t batch, int64_t channels, int64_t inner, int64_t c,
+                       double mean) {
+  double lanes[kLanes] = {};
+  double tail = 0;
+  for (int64_t n = 0; n < batch; ++n) {
+    const float *row = x + (n * channels + c) * inner;
+    int64_t i = 0;
+    for (; i + kLanes <= inner; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double d = row[i + l] - mean;
+        lanes[l] += d * d;
+      }
+    for (; i < inner; ++i) {
+      const double d = row[i] - mean;
+      tail += d * d;
+    }
+  }
+  double sum = tail;
+  for (double lane : lanes)
+    sum += lane;
+  return sum;
+}
+
+// The batch mean and 1 / sqrt(biased var + epsilon) of channel c, two passes in
+// double.
 std::pair<double, double> channel_stats(const float *x, int64_t batch, int64_t channels,
                                         int64_t inner, int64_t c, double epsilon) {
   const double count = static_cast<double>(batch * inner);
-  double sum = 0;
-  for (int64_t n = 0; n < batch; ++n)
-    for (int64_t i = 0; i < inner; ++i)
-      sum += x[(n * channels + c) * inner + i];
-  const double mean = count == 0 ? 0.0 : sum / count;
-  double squares = 0;
-  for (int64_t n = 0; n < batch; ++n)
-    for (int64_t i = 0; i < inner; ++i) {
-      const double d = x[(n * channels + c) * inner + i] - mean;
-      squares += d * d;
-    }
-  const double var = count == 0 ? 0.0 : squares / count;
+  const double mean = count == 0 ? 0.0 : channel_sum(x, batch, channels, inner, c) / count;
+  const double var = count == 0 ? 0.0 : channel_squares(x, batch, channels, inner, c, mean) / count;
   return {mean, 1.0 / std::sqrt(var + epsilon)};
 }
 
@@ -907,17 +948,8 @@ Status batch_norm_stats_kernel(const KernelContext &context) {
   float *var_out = context.outputs[1].as<float>();
   for (int64_t c = 0; c < channels; ++c) {
     // The same two passes in double as channel_stats.
-    double sum = 0;
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < inner; ++i)
-        sum += in[(n * channels + c) * inner + i];
-    const double mean = sum / count;
-    double squares = 0;
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < inner; ++i) {
-        const double d = in[(n * channels + c) * inner + i] - mean;
-        squares += d * d;
-      }
+    const double mean = channel_sum(in, batch, channels, inner, c) / count;
+    const double squares = channel_squares(in, batch, channels, inner, c, mean);
     mean_out[c] = static_cast<float>(mean);
     var_out[c] = static_cast<float>(squares / (count - 1.0));
   }
@@ -1365,25 +1397,47 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
   float *dbias = context.outputs[2].as<float>();
   for (int64_t c = 0; c < channels; ++c) {
     auto [mean, rstd] = channel_stats(in, batch, channels, inner, c, epsilon);
-    double sum_g = 0, sum_gx = 0;
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t k = (n * channels + c) * inner + i;
-        sum_g += dy[k];
-        sum_gx += static_cast<double>(dy[k]) * ((in[k] - mean) * rstd);
+    // sum(dY) and sum(dY * xhat) = rstd * sum(dY * (X - mean)), lane-wise.
+    double g_lanes[kLanes] = {}, gx_lanes[kLanes] = {};
+    double sum_g = 0, sum_gd = 0;
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t base = (n * channels + c) * inner;
+      int64_t i = 0;
+      for (; i + kLanes <= inner; i += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const double g = dy[base + i + l];
+          g_lanes[l] += g;
+          gx_lanes[l] += g * (in[base + i + l] - mean);
+        }
+      for (; i < inner; ++i) {
+        sum_g += dy[base + i];
+        sum_gd += static_cast<double>(dy[base + i]) * (in[base + i] - mean);
       }
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      sum_g += g_lanes[l];
+      sum_gd += gx_lanes[l];
+    }
+    const double sum_gx = sum_gd * rstd;
     dscale[c] = static_cast<float>(sum_gx);
     dbias[c] = static_cast<float>(sum_g);
     if (count == 0) continue;
     // dX = scale * rstd * (dY - mean(dY) - xhat * mean(dY * xhat)).
     const double mean_g = sum_g / count, mean_gx = sum_gx / count;
+    // dX = a * dY + b * (X - mean) + d, the coefficients folded per channel in
+    // double, then one f32 multiply-add chain per element that vectorizes.
     const double factor = static_cast<double>(scale[c]) * rstd;
-    for (int64_t n = 0; n < batch; ++n)
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t k = (n * channels + c) * inner + i;
-        const double xhat = (in[k] - mean) * rstd;
-        dx[k] = static_cast<float>(factor * (dy[k] - mean_g - xhat * mean_gx));
-      }
+    const double xcoef = -factor * rstd * mean_gx;
+    // X is centred in f32 first (x - m is exact near the mean), so a large
+    // mean does not cancel away the small terms.
+    const float m = static_cast<float>(mean);
+    const float a = static_cast<float>(factor), b = static_cast<float>(xcoef);
+    const float d = static_cast<float>(factor * (-mean_g) - xcoef * (mean - m));
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t base = (n * channels + c) * inner;
+      for (int64_t i = 0; i < inner; ++i)
+        dx[base + i] = a * dy[base + i] + b * (in[base + i] - m) + d;
+    }
   }
   return Status::ok();
 }
