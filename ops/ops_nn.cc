@@ -819,53 +819,59 @@ OpCost batch_norm_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> i
 }
 
 // Mean and 1/sqrt(biased variance + epsilon) of channel c, two passes in double.
-// Per-channel sums in double over the rows of one channel. Eight independent
-// accumulators per row (combined in a fixed order) let the compiler keep the
-// adds in vector registers instead of one long dependency chain; the order is
-// fixed, so results are the same run to run.
+// Per-channel sums over the rows of one channel: each block of kBlockSum
+// elements is summed in f32 across kLanes independent lanes (the compiler keeps
+// them in one vector register), and the block totals in double. The order is
+// fixed, so results are the same run to run; a lane adds kBlockSum / kLanes
+// terms in f32 before its total joins the double sum.
 constexpr int kLanes = 8;
+constexpr int64_t kBlockSum = 256;
 
-// sum of x over channel c of X [N, C, inner].
+// The sum of f(row[i], other[i]) over a row.
+template <typename F> double row_sum(const float *row, const float *other, int64_t inner, F f) {
+  double total = 0;
+  int64_t i = 0;
+  for (; i + kBlockSum <= inner; i += kBlockSum) {
+    float lanes[kLanes] = {};
+    for (int64_t j = 0; j < kBlockSum; j += kLanes)
+      for (int l = 0; l < kLanes; ++l)
+        lanes[l] += f(row[i + j + l], other[i + j + l]);
+    double block = 0;
+    for (float lane : lanes)
+      block += lane;
+    total += block;
+  }
+  for (; i < inner; ++i)
+    total += static_cast<double>(f(row[i], other[i]));
+  return total;
+}
+
+// The sum of x over channel c of X [N, C, inner].
 double channel_sum(const float *x, int64_t batch, int64_t channels, int64_t inner, int64_t c) {
-  double lanes[kLanes] = {};
-  double tail = 0;
+  double sum = 0;
   for (int64_t n = 0; n < batch; ++n) {
     const float *row = x + (n * channels + c) * inner;
-    int64_t i = 0;
-    for (; i + kLanes <= inner; i += kLanes)
-      for (int l = 0; l < kLanes; ++l)
-        lanes[l] += row[i + l];
-    for (; i < inner; ++i)
-      tail += row[i];
+    sum += row_sum(row, row, inner, [](float v, float) { return v; });
   }
-  double sum = tail;
-  for (double lane : lanes)
-    sum += lane;
   return sum;
 }
 
-// sum of (x - mean)^2 over channel c.
+// The sum of (x - mean)^2 over channel c. The difference is taken from the
+// f32 mean m (exact near the mean) and corrected for mean - m exactly:
+// sum (x - mean)^2 = sum (x - m)^2 - count (mean - m)^2.
 double channel_squares(const float *x, int64_t batch, int64_t channels, int64_t inner, int64_t c,
                        double mean) {
-  double lanes[kLanes] = {};
-  double tail = 0;
+  const float m = static_cast<float>(mean);
+  double sum = 0;
   for (int64_t n = 0; n < batch; ++n) {
     const float *row = x + (n * channels + c) * inner;
-    int64_t i = 0;
-    for (; i + kLanes <= inner; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) {
-        const double d = row[i + l] - mean;
-        lanes[l] += d * d;
-      }
-    for (; i < inner; ++i) {
-      const double d = row[i] - mean;
-      tail += d * d;
-    }
+    sum += row_sum(row, row, inner, [m](float v, float) {
+      const float d = v - m;
+      return d * d;
+    });
   }
-  double sum = tail;
-  for (double lane : lanes)
-    sum += lane;
-  return sum;
+  const double offset = mean - static_cast<double>(m);
+  return std::max(0.0, sum - static_cast<double>(batch * inner) * offset * offset);
 }
 
 // The batch mean and 1 / sqrt(biased var + epsilon) of channel c, two passes in
@@ -1397,27 +1403,16 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
   float *dbias = context.outputs[2].as<float>();
   for (int64_t c = 0; c < channels; ++c) {
     auto [mean, rstd] = channel_stats(in, batch, channels, inner, c, epsilon);
-    // sum(dY) and sum(dY * xhat) = rstd * sum(dY * (X - mean)), lane-wise.
-    double g_lanes[kLanes] = {}, gx_lanes[kLanes] = {};
+    // sum(dY) and sum(dY * xhat) = rstd * (sum(dY * (X - m)) - (mean - m) sum(dY)),
+    // m the f32 mean, with the blocked sums above.
+    const float m = static_cast<float>(mean);
     double sum_g = 0, sum_gd = 0;
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t base = (n * channels + c) * inner;
-      int64_t i = 0;
-      for (; i + kLanes <= inner; i += kLanes)
-        for (int l = 0; l < kLanes; ++l) {
-          const double g = dy[base + i + l];
-          g_lanes[l] += g;
-          gx_lanes[l] += g * (in[base + i + l] - mean);
-        }
-      for (; i < inner; ++i) {
-        sum_g += dy[base + i];
-        sum_gd += static_cast<double>(dy[base + i]) * (in[base + i] - mean);
-      }
+      sum_g += row_sum(dy + base, dy + base, inner, [](float g, float) { return g; });
+      sum_gd += row_sum(dy + base, in + base, inner, [m](float g, float v) { return g * (v - m); });
     }
-    for (int l = 0; l < kLanes; ++l) {
-      sum_g += g_lanes[l];
-      sum_gd += gx_lanes[l];
-    }
+    sum_gd -= sum_g * (mean - static_cast<double>(m));
     const double sum_gx = sum_gd * rstd;
     dscale[c] = static_cast<float>(sum_gx);
     dbias[c] = static_cast<float>(sum_g);
@@ -1430,7 +1425,6 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
     const double xcoef = -factor * rstd * mean_gx;
     // X is centred in f32 first (x - m is exact near the mean), so a large
     // mean does not cancel away the small terms.
-    const float m = static_cast<float>(mean);
     const float a = static_cast<float>(factor), b = static_cast<float>(xcoef);
     const float d = static_cast<float>(factor * (-mean_g) - xcoef * (mean - m));
     for (int64_t n = 0; n < batch; ++n) {

@@ -149,47 +149,58 @@ TEST_F(OnnxTest, TransformerBlockMatchesTorch) {
 }
 
 // One SGD step (lr = 1) on mean((y - target)^2) moves each weight by exactly
-// PyTorch's gradient.
-TEST_F(OnnxTest, ImportedMlpTrainsWithTorchsGradients) {
-  ASSERT_EQ(strata({"import", (fixtures() / "mlp.onnx").string(), "-o", "mlp.strata"}).code, 0);
-  Outcome compiled = strata({"compile", "mlp.strata", "--train", "--loss", "mse", "--optimizer",
-                             "sgd:lr=1", "-o", "t.splan"});
-  ASSERT_EQ(compiled.code, 0) << compiled.err;
-  // --data: the one batch, stacked.
-  fs::create_directories(dir_ / "data");
-  for (const auto &[file, input] : {std::pair<std::string, std::string>{"mlp.input.npy", "input"},
-                                    {"mlp.target.npy", "targets"}}) {
-    HostTensor t = npy(fixtures() / file);
-    t.type.shape.insert(t.type.shape.begin(), 1);
-    ASSERT_TRUE(serialization::write_npy((dir_ / "data" / (input + ".npy")).string(), t).is_ok());
-  }
-  Outcome trained =
-      strata({"run", "t.splan", "--steps", "1", "--data", "data", "--checkpoint", "ck"});
-  ASSERT_EQ(trained.code, 0) << trained.err;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(trained.out, m, std::regex(R"(loss ([0-9.]+))"))) << trained.out;
-  const double torch_loss = npy(fixtures() / "mlp.loss.npy").as<float>()[0];
-  EXPECT_NEAR(std::stod(m[1]), torch_loss, 1e-3 * torch_loss);
+// PyTorch's gradient (batch norm in training mode, on the batch's statistics).
+class OnnxTrainingTest : public OnnxTest {
+protected:
+  void expect_torch_gradients(const std::string &name, const std::vector<std::string> &params) {
+    ASSERT_EQ(strata({"import", (fixtures() / (name + ".onnx")).string(), "-o", "m.strata"}).code,
+              0);
+    Outcome compiled = strata({"compile", "m.strata", "--train", "--loss", "mse", "--optimizer",
+                               "sgd:lr=1", "-o", "t.splan"});
+    ASSERT_EQ(compiled.code, 0) << compiled.err;
+    // --data: the one batch, stacked.
+    fs::create_directories(dir_ / "data");
+    for (const auto &[file, input] :
+         {std::pair<std::string, std::string>{".input.npy", "input"}, {".target.npy", "targets"}}) {
+      HostTensor t = npy(fixtures() / (name + file));
+      t.type.shape.insert(t.type.shape.begin(), 1);
+      ASSERT_TRUE(serialization::write_npy((dir_ / "data" / (input + ".npy")).string(), t).is_ok());
+    }
+    Outcome trained =
+        strata({"run", "t.splan", "--steps", "1", "--data", "data", "--checkpoint", "ck"});
+    ASSERT_EQ(trained.code, 0) << trained.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(trained.out, m, std::regex(R"(loss ([0-9.]+))"))) << trained.out;
+    const double torch_loss = npy(fixtures() / (name + ".loss.npy")).as<float>()[0];
+    EXPECT_NEAR(std::stod(m[1]), torch_loss, 1e-3 * torch_loss);
 
-  auto model = serialization::load_model((dir_ / "mlp.strata").string());
-  auto after = serialization::read_checkpoint((dir_ / "ck").string(), "");
-  ASSERT_TRUE(model.is_ok() && after.is_ok());
-  int compared = 0;
-  for (const std::string param : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}) {
-    auto id = model->find_tensor(param);
-    ASSERT_TRUE(id) << param << " is not a tensor of the imported model";
-    const Tensor &before = model->tensor(*id);
-    const HostTensor &now = after->tensors.at(param);
-    HostTensor grad = HostTensor::zeros(now.type);
-    for (int64_t i = 0; i < now.type.num_elements(); ++i)
-      grad.as<float>()[i] =
-          reinterpret_cast<const float *>(before.data->data())[i] - now.as<float>()[i];
-    HostTensor torch_grad = npy(fixtures() / ("mlp.grad." + param + ".npy"));
-    ASSERT_EQ(grad.type, torch_grad.type) << param;
-    EXPECT_LT(relative_error(grad, torch_grad), 1e-4) << param;
-    ++compared;
+    auto model = serialization::load_model((dir_ / "m.strata").string());
+    auto after = serialization::read_checkpoint((dir_ / "ck").string(), "");
+    ASSERT_TRUE(model.is_ok() && after.is_ok());
+    for (const std::string &param : params) {
+      auto id = model->find_tensor(param);
+      ASSERT_TRUE(id) << param << " is not a tensor of the imported model";
+      const Tensor &before = model->tensor(*id);
+      ASSERT_TRUE(after->tensors.contains(param)) << param;
+      const HostTensor &now = after->tensors.at(param);
+      HostTensor grad = HostTensor::zeros(now.type);
+      const auto *w0 = reinterpret_cast<const float *>(before.data->data());
+      for (int64_t i = 0; i < now.type.num_elements(); ++i)
+        grad.as<float>()[i] = w0[i] - now.as<float>()[i];
+      HostTensor torch_grad = npy(fixtures() / (name + ".grad." + param + ".npy"));
+      ASSERT_EQ(grad.type, torch_grad.type) << param;
+      EXPECT_LT(relative_error(grad, torch_grad), 1e-4) << param;
+    }
   }
-  EXPECT_EQ(compared, 4);
+};
+
+TEST_F(OnnxTrainingTest, ImportedMlpTrainsWithTorchsGradients) {
+  expect_torch_gradients("mlp", {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+}
+
+TEST_F(OnnxTrainingTest, ImportedConvNetTrainsWithTorchsGradients) {
+  expect_torch_gradients("convnet", {"stem.weight", "bn.weight", "bn.bias", "dw.weight", "dw.bias",
+                                     "pw.weight", "pw.bias", "fc.weight", "fc.bias"});
 }
 
 // torchvision's ResNet-18 and MobileNetV2, exported fresh (random weights,
