@@ -693,6 +693,18 @@ void max_pool_grad_2x2_stride_2(const float *dy, const float *x, float *dx, int6
   }
 }
 
+// The taps k in [0, kernel) of a window starting at `start` (stride already
+// applied, padding subtracted) with dilation `dilation` that land inside
+// [0, size): [first, last). Clipping once per window keeps the tap loops free
+// of bounds checks.
+inline std::pair<int64_t, int64_t> valid_taps(int64_t start, int64_t kernel, int64_t dilation,
+                                              int64_t size) {
+  const int64_t first = start >= 0 ? 0 : (-start + dilation - 1) / dilation;
+  const int64_t last =
+      size - start <= 0 ? 0 : std::min(kernel, (size - start + dilation - 1) / dilation);
+  return {first, std::max(first, last)};
+}
+
 template <bool kMax> Status pool_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0}));
   AttrReader attrs = context.attrs();
@@ -724,14 +736,13 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
         if constexpr (kMax) {
           // Padding acts as -inf: taps outside the input are skipped. NaN wins.
           float best = -std::numeric_limits<float>::infinity();
-          for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
-            const int64_t iy = y0 + ky * w.dilation_h;
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
-              const int64_t ix = x0 + kx * w.dilation_w;
-              if (ix < 0 || ix >= wd) continue;
-              float v = src[iy * wd + ix];
-              if (v > best || std::isnan(v)) best = v;
+          const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+          const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+          for (int64_t ky = ky0; ky < ky1; ++ky) {
+            const float *row = src + (y0 + ky * w.dilation_h) * wd + x0;
+            for (int64_t kx = kx0; kx < kx1; ++kx) {
+              const float v = row[kx * w.dilation_w];
+              best = (v > best || v != v) ? v : best;
             }
           }
           dst[oy * out_w + ox] = best;
@@ -1308,16 +1319,16 @@ template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
           const float *src = x_data + plane * h * wd;
           int64_t best_index = -1;
           float best = -std::numeric_limits<float>::infinity();
-          for (int64_t ky = 0; ky < w.kernel_h; ++ky) {
-            const int64_t iy = y0 + ky * w.dilation_h;
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t kx = 0; kx < w.kernel_w; ++kx) {
-              const int64_t ix = x0 + kx * w.dilation_w;
-              if (ix < 0 || ix >= wd) continue;
-              const float v = src[iy * wd + ix];
-              if (best_index < 0 || v > best || std::isnan(v)) {
+          const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+          const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+          for (int64_t ky = ky0; ky < ky1; ++ky) {
+            const int64_t base = (y0 + ky * w.dilation_h) * wd + x0;
+            for (int64_t kx = kx0; kx < kx1; ++kx) {
+              const int64_t at = base + kx * w.dilation_w;
+              const float v = src[at];
+              if (best_index < 0 || v > best || v != v) {
                 best = v;
-                best_index = iy * wd + ix;
+                best_index = at;
               }
             }
           }
