@@ -429,6 +429,14 @@ private:
     return it == known_.end() ? nullptr : &it->second;
   }
 
+  // A floating-point initializer: a weight, made a trainable parameter.
+  bool is_weight(const std::string &name) const {
+    const HostTensor *k = known(name);
+    return k != nullptr && initializers_.contains(name) &&
+           (k->type.dtype == DType::kF32 || k->type.dtype == DType::kF16 ||
+            k->type.dtype == DType::kBF16);
+  }
+
   // The graph tensor of a value; a known one becomes a parameter (a floating
   // initializer: a weight) or a constant the first time a node reads it.
   Result<TensorId> value(const std::string &name) {
@@ -437,9 +445,7 @@ private:
     const HostTensor *k = known(name);
     if (k == nullptr) return invalid_argument("value '", name, "' is not defined");
     auto blob = Blob::copy_of(k->data(), k->size_bytes());
-    const bool weight = initializers_.contains(name) &&
-                        (k->type.dtype == DType::kF32 || k->type.dtype == DType::kF16 ||
-                         k->type.dtype == DType::kBF16);
+    const bool weight = is_weight(name);
     TensorId id = weight ? builder_.parameter(name, k->type.dtype, k->type.shape, blob)
                          : builder_.constant(name, k->type.dtype, k->type.shape, blob);
     ids_[name] = id;
@@ -457,8 +463,12 @@ private:
   // kernel, and its outputs are known too (constant folding).
   Status emit(std::string_view op, const std::vector<std::string> &inputs, Attrs attrs,
               const std::vector<std::string> &outputs, const std::string &node_name) {
-    const bool all_known = std::all_of(inputs.begin(), inputs.end(),
-                                       [&](const std::string &in) { return known(in) != nullptr; });
+    // Weights are never folded away: an op reading one stays in the graph so the
+    // weight stays a trainable parameter (a positional embedding's Gather of
+    // fixed positions, say).
+    const bool all_known = std::all_of(inputs.begin(), inputs.end(), [&](const std::string &in) {
+      return known(in) != nullptr && !is_weight(in);
+    });
     if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs);
     std::vector<TensorId> ids;
     for (const std::string &in : inputs) {

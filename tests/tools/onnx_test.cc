@@ -198,6 +198,21 @@ TEST_F(OnnxTrainingTest, ImportedMlpTrainsWithTorchsGradients) {
   expect_torch_gradients("mlp", {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
 }
 
+// Embeddings (Gather), LayerNormalization, attention with Split and the
+// masked softmax, both GELUs: every parameter's gradient.
+TEST_F(OnnxTrainingTest, ImportedTransformerBlocksTrainWithTorchsGradients) {
+  const std::vector<std::string> block = {"wte.weight",  "wpe.weight", "ln1.weight",  "ln1.bias",
+                                          "qkv.weight",  "qkv.bias",   "proj.weight", "proj.bias",
+                                          "ln2.weight",  "ln2.bias",   "up.weight",   "up.bias",
+                                          "down.weight", "down.bias",  "head.weight", "head.bias"};
+  expect_torch_gradients("block17", block);
+  fs::remove_all(dir_ / "data");
+  fs::remove_all(dir_ / "ck");
+  expect_torch_gradients("masked14",
+                         {"wte.weight", "wpe.weight", "ln1.weight", "ln1.bias", "qkv.weight",
+                          "qkv.bias", "proj.weight", "proj.bias", "head.weight", "head.bias"});
+}
+
 TEST_F(OnnxTrainingTest, ImportedConvNetTrainsWithTorchsGradients) {
   expect_torch_gradients("convnet", {"stem.weight", "bn.weight", "bn.bias", "dw.weight", "dw.bias",
                                      "pw.weight", "pw.bias", "fc.weight", "fc.bias"});
