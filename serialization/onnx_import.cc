@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "graph/builder.h"
 #include "graph/host_tensor.h"
@@ -82,10 +83,10 @@ HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
 class Importer {
 public:
   Importer(const onnx::ModelProto &model, const OnnxImportOptions &options, fs::path dir,
-           std::string file)
+           std::string file, std::vector<std::string> *warnings)
       : model_(model), options_(options), dir_(std::move(dir)), file_(std::move(file)),
-        builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
-                 ops::OpRegistry::global()) {}
+        warnings_(warnings), builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
+                                      ops::OpRegistry::global()) {}
 
   Result<Graph> run() {
     RETURN_IF_ERROR(check_opset());
@@ -96,8 +97,13 @@ public:
       known_[init.name()] = std::move(value);
       initializers_.insert(init.name());
     }
+    for (const std::string &name : options_.constants)
+      if (!initializers_.contains(name))
+        return invalid_argument("--constant names '", name, "', which is not an initializer of ",
+                                file_);
     RETURN_IF_ERROR(add_inputs());
     ASSIGN_OR_RETURN(std::vector<const onnx::NodeProto *> order, topological_order());
+    warn_about_merged_initializers(order);
     RETURN_IF_ERROR(check_supported(order));
     for (const onnx::NodeProto *node : order) {
       Status status = convert(*node);
@@ -429,10 +435,37 @@ private:
     return it == known_.end() ? nullptr : &it->second;
   }
 
+  // Exporters merge initializers with equal contents (two fresh LayerNorms'
+  // scales, say): the merged one then feeds the same input of several nodes of
+  // one op, and training ties what the source model kept apart.
+  void warn_about_merged_initializers(const std::vector<const onnx::NodeProto *> &order) {
+    if (warnings_ == nullptr) return;
+    std::map<std::tuple<std::string, std::string, int>, std::vector<std::string>> uses;
+    for (const onnx::NodeProto *node : order)
+      for (int i = 0; i < node->input_size(); ++i)
+        if (initializers_.contains(node->input(i)) && !options_.constants.contains(node->input(i)))
+          uses[{node->input(i), node->op_type(), i}].push_back(label(*node));
+    for (const auto &[key, nodes] : uses) {
+      const auto &[name, op, slot] = key;
+      const HostTensor *k = known(name);
+      const bool floating = k && (k->type.dtype == DType::kF32 || k->type.dtype == DType::kF16 ||
+                                  k->type.dtype == DType::kBF16);
+      if (nodes.size() < 2 || !floating || op == "Gather") continue;
+      std::string list;
+      for (size_t i = 0; i < nodes.size() && i < 4; ++i)
+        list += str_cat(i ? ", " : "", "'", nodes[i], "'");
+      warnings_->push_back(
+          str_cat("initializer '", name, "' feeds input ", slot, " of ", nodes.size(), " ", op,
+                  " nodes (", list, nodes.size() > 4 ? ", ..." : "",
+                  "); they share one trainable tensor. If the exporter merged equal initializers, "
+                  "perturb the weights before exporting or expect them to train together"));
+    }
+  }
+
   // A floating-point initializer: a weight, made a trainable parameter.
   bool is_weight(const std::string &name) const {
     const HostTensor *k = known(name);
-    return k != nullptr && initializers_.contains(name) &&
+    return k != nullptr && initializers_.contains(name) && !options_.constants.contains(name) &&
            (k->type.dtype == DType::kF32 || k->type.dtype == DType::kF16 ||
             k->type.dtype == DType::kBF16);
   }
@@ -1035,6 +1068,7 @@ private:
   const OnnxImportOptions &options_;
   const fs::path dir_;
   const std::string file_;
+  std::vector<std::string> *warnings_;
   GraphBuilder builder_;
   int opset_ = 0;
   std::map<std::string, HostTensor> known_;
@@ -1046,7 +1080,8 @@ private:
 
 bool onnx_import_built() { return true; }
 
-Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options) {
+Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options,
+                          std::vector<std::string> *warnings) {
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path, kMaxModelBytes));
   onnx::ModelProto model;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
@@ -1054,9 +1089,10 @@ Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &opti
     return data_loss(path, ": not a valid ONNX model (the protobuf does not parse: truncated or "
                            "not an .onnx file)");
   if (!model.has_graph()) return invalid_argument(path, ": the model has no graph");
-  Importer importer(
-      model, options,
-      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path(), path);
+  Importer importer(model, options,
+                    fs::path(path).parent_path().empty() ? fs::path(".")
+                                                         : fs::path(path).parent_path(),
+                    path, warnings);
   return importer.run();
 }
 

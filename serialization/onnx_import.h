@@ -18,6 +18,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,19 @@ namespace strata::serialization {
 struct OnnxImportOptions {
   // Fixes the dims of graph inputs, by input name.
   std::map<std::string, std::vector<int64_t>> input_shapes;
+  // Floating initializers to import as constants, not trainable parameters
+  // (buffers such as an attention mask, which ONNX stores like weights).
+  std::set<std::string> constants;
 };
 
 // Whether this build can import ONNX (built with libonnx).
 bool onnx_import_built();
 
-Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options = {});
+// `warnings` (optional) receives what the user should know but that does not
+// stop the import: one initializer feeding the same input of several nodes of
+// one op (exporters merge initializers with equal contents, which ties weights
+// that were separate in the source model).
+Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options = {},
+                          std::vector<std::string> *warnings = nullptr);
 
 } // namespace strata::serialization

@@ -239,7 +239,7 @@ Result<std::vector<int64_t>> parse_dims(const std::string &text, const std::stri
 
 void add_import(CLI::App &app, Action &action) {
   static std::string in, out;
-  static std::vector<std::string> shapes;
+  static std::vector<std::string> shapes, constants;
   CLI::App *sub =
       app.add_subcommand("import", "Import an ONNX model (opsets 11-17) as a strata model");
   sub->add_option("MODEL", in, "the .onnx file (external data beside it)")->required();
@@ -250,6 +250,10 @@ void add_import(CLI::App &app, Action &action) {
                   "fix a graph input's dims, NAME=D0xD1x... (repeatable); needed for dynamic "
                   "dims such as a batch axis")
       ->type_name("NAME=DIMS");
+  sub->add_option("--constant", constants,
+                  "import this floating initializer as a constant, not a trainable weight "
+                  "(a buffer such as an attention mask; repeatable)")
+      ->type_name("NAME");
   sub->footer(
       "Initializers become weights; shape computations (Shape, Gather on shapes,\n"
       "Concat, ConstantOfShape, Range, Constant ...) are folded at import, so the\n"
@@ -268,7 +272,11 @@ void add_import(CLI::App &app, Action &action) {
         ASSIGN_OR_RETURN(auto dims, parse_dims(spec.substr(eq + 1), spec));
         options.input_shapes[spec.substr(0, eq)] = dims;
       }
-      ASSIGN_OR_RETURN(Graph graph, serialization::import_onnx(in, options));
+      options.constants.insert(constants.begin(), constants.end());
+      std::vector<std::string> warnings;
+      ASSIGN_OR_RETURN(Graph graph, serialization::import_onnx(in, options, &warnings));
+      for (const std::string &warning : warnings)
+        std::cerr << "strata: warning: " << in << ": " << warning << "\n";
       RETURN_IF_ERROR(serialization::save_model(graph, out));
       std::cout << "wrote " << out << " (" << graph.num_nodes() << " nodes, "
                 << grouped(graph.num_parameters()) << " parameters) from " << in << "\n";

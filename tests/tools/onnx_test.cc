@@ -277,6 +277,28 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   }
 }
 
+// The exporter merged equal initializers: the import says so; --constant keeps
+// a buffer out of the trainable weights.
+TEST_F(OnnxTest, MergedInitializersAreReportedAndBuffersCanBeConstants) {
+  const std::string model = (fixtures() / "merged.onnx").string();
+  Outcome plain = strata({"import", model, "-o", "a.strata"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.err.find("strata: warning: "), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("share one trainable tensor"), std::string::npos) << plain.err;
+  Outcome frozen = strata({"import", model, "--constant", "m", "-o", "b.strata"});
+  ASSERT_EQ(frozen.code, 0) << frozen.err;
+  auto a = serialization::load_model((dir_ / "a.strata").string());
+  auto b = serialization::load_model((dir_ / "b.strata").string());
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(a->tensor(*a->find_tensor("m")).kind, TensorKind::kParameter);
+  EXPECT_EQ(b->tensor(*b->find_tensor("m")).kind, TensorKind::kConstant);
+  Outcome unknown = strata({"import", model, "--constant", "nope", "-o", "c.strata"});
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_NE(unknown.err.find("--constant names 'nope', which is not an initializer"),
+            std::string::npos)
+      << unknown.err;
+}
+
 TEST_F(OnnxTest, ExternalDataIsReadFromTheModelsFolder) {
   Outcome ok = strata({"import", (fixtures() / "external_ok.onnx").string(), "-o", "e.strata"});
   ASSERT_EQ(ok.code, 0) << ok.err;
