@@ -24,7 +24,10 @@ Status ring_reduce_scatter(Communicator &comm, std::span<float> data, const Grou
                            uint64_t tag, std::string_view what) {
   const size_t p = group.size(), n = data.size();
   const int next = group[(i + 1) % p], prev = group[(i + p - 1) % p];
-  std::vector<float> incoming(n / p + 1);
+  // One scratch chunk per thread, kept across calls: a fresh one would cost a
+  // page fault per page every step.
+  thread_local std::vector<float> incoming;
+  if (incoming.size() < n / p + 1) incoming.resize(n / p + 1);
   for (size_t s = 0; s + 1 < p; ++s) {
     const size_t out = (i + 2 * p - s - 1) % p, in = (i + 2 * p - s - 2) % p;
     const size_t out_begin = chunk_begin(n, p, out), out_end = chunk_begin(n, p, out + 1);

@@ -19,6 +19,50 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Bytes = std::vector<std::byte>;
 
+// Message copies recycled by size across worlds (a pipeline makes a fresh
+// world per step and sends the same sizes every step); fresh memory would cost
+// a page fault per page. At most 8 buffers per size and 1 GiB in all.
+class BufferPool {
+public:
+  static BufferPool &global() {
+    static BufferPool pool;
+    return pool;
+  }
+  Bytes take(std::size_t bytes) {
+    {
+      std::lock_guard lock(mutex_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        Bytes buffer = std::move(it->second);
+        free_.erase(it);
+        held_ -= bytes;
+        return buffer;
+      }
+    }
+    return Bytes(bytes);
+  }
+  void give(Bytes buffer) {
+    constexpr std::size_t kSmall = 4096, kMaxHeld = std::size_t{1} << 30;
+    if (buffer.size() < kSmall) return;
+    std::lock_guard lock(mutex_);
+    if (held_ + buffer.size() > kMaxHeld || free_.count(buffer.size()) >= 8) return;
+    held_ += buffer.size();
+    free_.emplace(buffer.size(), std::move(buffer));
+  }
+
+private:
+  std::mutex mutex_;
+  std::multimap<std::size_t, Bytes> free_;
+  std::size_t held_ = 0;
+};
+
+// A send's copy of the data, in a recycled buffer.
+Bytes message_copy(const void *data, std::size_t bytes) {
+  Bytes out = BufferPool::global().take(bytes);
+  if (bytes > 0) std::memcpy(out.data(), data, bytes);
+  return out;
+}
+
 Bytes copy_bytes(const void *data, std::size_t bytes) {
   Bytes out(bytes);
   if (bytes > 0) std::memcpy(out.data(), data, bytes);
@@ -230,7 +274,7 @@ public:
     if (!valid_peer(peer)) {
       return reject(rank, p2p_operation("send to", peer, tag, what), no_such_device(peer));
     }
-    Message message{copy_bytes(data, bytes), std::string(what)};
+    Message message{message_copy(data, bytes), std::string(what)};
     std::lock_guard lock(mutex_);
     if (failed_) return cascaded_locked(rank, p2p_operation("send to", peer, tag, what));
     const ChannelKey key{rank, peer, tag};
@@ -304,6 +348,7 @@ public:
       }
     }
     if (bytes > 0) std::memcpy(data, message.data.data(), bytes);
+    BufferPool::global().give(std::move(message.data));
     return Status::ok();
   }
 
