@@ -162,14 +162,7 @@ Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(Graph graph,
 const HostTensor &CpuExecutor::value(TensorId id) const { return state_->weights[id]; }
 
 Status CpuExecutor::assign(TensorId id, const HostTensor &value) {
-  if (id >= graph_.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
-  const Tensor &tensor = graph_.tensor(id);
-  if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
-    return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
-                            tensor_kind_name(tensor.kind));
-  if (!(value.type == tensor.type))
-    return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
-                            "', which is ", tensor.type.to_string());
+  RETURN_IF_ERROR(check_assignable(graph_, id, value));
   if (value.size_bytes() > 0)
     std::memcpy(state_->weights[id].data(), value.data(), value.size_bytes());
   return Status::ok();

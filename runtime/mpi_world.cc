@@ -1112,7 +1112,6 @@ void MpiWorld::set_label(int device, std::string label) {
 
 void MpiWorld::fail(const Status &reason) { impl_->fail(reason); }
 Status MpiWorld::failure() const { return impl_->failure(); }
-std::string MpiWorld::termination_report() { return impl_->termination_report(SIGTERM); }
 
 Status MpiWorld::run(const std::function<Status(int device, Communicator &)> &body) {
   RETURN_IF_ERROR(failure());

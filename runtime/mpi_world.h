@@ -116,10 +116,6 @@ public:
   // return.
   void finish(bool failed);
 
-  // The error the launcher's SIGTERM leaves, once the world has worked out
-  // who is lost; printed by the signal thread. Exposed for tests.
-  std::string termination_report();
-
   class Impl;
 
 private:

@@ -36,6 +36,5 @@ void MpiWorld::fail(const Status &) {}
 Status MpiWorld::failure() const { return Status::ok(); }
 void MpiWorld::finish(bool) {}
 Status MpiWorld::agree(const std::string &, const std::string &) { return Status::ok(); }
-std::string MpiWorld::termination_report() { return {}; }
 
 } // namespace strata::runtime

@@ -561,14 +561,8 @@ const HostTensor &PipelineRunner::value(TensorId id) const {
 }
 
 Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
-  if (id >= graph_.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
+  RETURN_IF_ERROR(check_assignable(graph_, id, value));
   const Tensor &tensor = graph_.tensor(id);
-  if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
-    return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
-                            tensor_kind_name(tensor.kind));
-  if (!(value.type == tensor.type))
-    return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
-                            "', which is ", tensor.type.to_string());
   bool held = false;
   for (auto &device : devices_) {
     auto it = device->weights.find(id);

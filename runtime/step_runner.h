@@ -29,6 +29,9 @@ public:
   virtual const HostTensor &value(TensorId id) const = 0;
   // Replaces a parameter or state tensor's value (resuming from a checkpoint).
   virtual Status assign(TensorId id, const HostTensor &value) = 0;
+  // What every assign() checks first: `id` is a parameter or state tensor of
+  // `graph` and `value` has its type.
+  static Status check_assignable(const Graph &graph, TensorId id, const HostTensor &value);
 
   // The processes of a multi-process run; null when this process runs it all.
   virtual ProcessGroup *processes() const { return nullptr; }

@@ -38,6 +38,18 @@ std::string stacked_type_text(const TensorType &type) {
 
 } // namespace
 
+Status StepRunner::check_assignable(const Graph &graph, TensorId id, const HostTensor &value) {
+  if (id >= graph.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
+  const Tensor &tensor = graph.tensor(id);
+  if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
+    return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
+                            tensor_kind_name(tensor.kind));
+  if (!(value.type == tensor.type))
+    return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
+                            "', which is ", tensor.type.to_string());
+  return Status::ok();
+}
+
 std::vector<TensorType> StepRunner::batch_types() const {
   std::vector<TensorType> types;
   for (TensorId id : graph().inputs())

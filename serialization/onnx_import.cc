@@ -59,17 +59,20 @@ std::vector<int64_t> ints_of(const HostTensor &t) {
   return out;
 }
 
-double scalar_of(const HostTensor &t) {
+// Element `i` of a tensor as a double, whatever its dtype.
+double element_of(const HostTensor &t, int64_t i) {
   switch (t.type.dtype) {
-  case DType::kF32: return t.as<float>()[0];
-  case DType::kI32: return t.as<int32_t>()[0];
-  case DType::kI64: return static_cast<double>(t.as<int64_t>()[0]);
-  case DType::kF16: return f16_to_float(t.as<uint16_t>()[0]);
-  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[0]);
-  case DType::kBool: return t.as<uint8_t>()[0];
+  case DType::kF32: return t.as<float>()[i];
+  case DType::kI32: return t.as<int32_t>()[i];
+  case DType::kI64: return static_cast<double>(t.as<int64_t>()[i]);
+  case DType::kF16: return f16_to_float(t.as<uint16_t>()[i]);
+  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[i]);
+  case DType::kBool: return t.as<uint8_t>()[i];
   }
   return 0;
 }
+
+double scalar_of(const HostTensor &t) { return element_of(t, 0); }
 
 HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
   Shape shape;
@@ -925,23 +928,21 @@ private:
     HostTensor y = HostTensor::zeros({DType::kBool, shape});
     const int64_t total = y.type.num_elements();
     const Shape out_strides = contiguous_strides(shape);
+    std::vector<Shape> own;
+    for (const HostTensor *arg : args)
+      own.push_back(contiguous_strides(arg->type.shape));
     for (int64_t e = 0; e < total; ++e) {
       double v[2] = {0, 0};
       for (size_t a = 0; a < args.size(); ++a) {
         // The element of argument a that output element e reads.
         const Shape &dims = args[a]->type.shape;
-        const Shape own = contiguous_strides(dims);
         const size_t offset = shape.size() - dims.size();
         int64_t at = 0;
         for (size_t d = 0; d < dims.size(); ++d) {
           const int64_t i = (e / out_strides[offset + d]) % shape[offset + d];
-          if (dims[d] != 1) at += i * own[d];
+          if (dims[d] != 1) at += i * own[a][d];
         }
-        HostTensor one = HostTensor::zeros({args[a]->type.dtype, {}});
-        std::memcpy(one.data(),
-                    args[a]->data() + at * static_cast<int64_t>(dtype_size(one.type.dtype)),
-                    dtype_size(one.type.dtype));
-        v[a] = scalar_of(one);
+        v[a] = element_of(*args[a], at);
       }
       bool r = false;
       if (op == "Equal")

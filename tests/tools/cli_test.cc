@@ -16,45 +16,17 @@
 #include "ops/registry.h"
 #include "serialization/model_io.h"
 #include "serialization/npy.h"
+#include "tests/tools/cli_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string read_file(const fs::path &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void write_file(const fs::path &path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
-
-fs::path strata_binary() {
-  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return fs::path(root) / "tools/strata";
-  // Run by hand: the test sits in <build>/tests/tools.
-  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "tools/strata";
-}
-
-std::string quote(const std::string &arg) {
-  std::string out = "'";
-  for (char c : arg) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
+using testing::Outcome;
+using testing::quote;
+using testing::read_file;
+using testing::strata_binary;
+using testing::write_file;
 
 class CliTest : public ::testing::Test {
 protected:
@@ -71,17 +43,12 @@ protected:
   }
 
   // Runs `strata args...` in the scratch folder.
+  // Runs `strata args...` in the scratch folder.
   Outcome strata(const std::vector<std::string> &args) {
-    std::string command = "cd " + quote(dir_.string()) + " && " + quote(strata_binary().string());
+    std::string command = quote(strata_binary().string());
     for (const std::string &arg : args)
       command += " " + quote(arg);
-    command += " >stdout.txt 2>stderr.txt";
-    int status = std::system(command.c_str());
-    Outcome outcome;
-    outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    outcome.out = read_file(dir_ / "stdout.txt");
-    outcome.err = read_file(dir_ / "stderr.txt");
-    return outcome;
+    return testing::run_in(dir_, command);
   }
 
   fs::path path(const std::string &name) const { return dir_ / name; }

@@ -22,36 +22,16 @@
 #include "runtime/mpi_world.h"
 #include "runtime/nccl_bootstrap.h"
 #include "serialization/checkpoint.h"
+#include "tests/tools/cli_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-  double seconds = 0;
-};
-
-std::string read_file(const fs::path &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-fs::path strata_binary() {
-  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return fs::path(root) / "tools/strata";
-  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path() / "tools/strata";
-}
-
-std::string quote(const std::string &arg) {
-  std::string out = "'";
-  for (char c : arg)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using testing::Outcome;
+using testing::quote;
+using testing::read_file;
+using testing::strata_binary;
 
 std::string mpirun_path() {
   if (const char *path = std::getenv("STRATA_MPIRUN"); path && *path) return path;
@@ -92,18 +72,9 @@ protected:
   }
 
   Outcome shell(const std::string &command) {
-    const auto start = std::chrono::steady_clock::now();
     // mpirun refuses root without these; CI containers run as root.
-    std::string line = "cd " + quote(dir_.string()) +
-                       " && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 && " +
-                       command + " >stdout.txt 2>stderr.txt";
-    int status = std::system(line.c_str());
-    Outcome o;
-    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    o.out = read_file(dir_ / "stdout.txt");
-    o.err = read_file(dir_ / "stderr.txt");
-    return o;
+    return testing::run_in(
+        dir_, "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 && " + command);
   }
 
   std::string strata_command(const std::vector<std::string> &args) {

@@ -18,35 +18,16 @@
 #include "serialization/model_io.h"
 #include "serialization/npy.h"
 #include "serialization/onnx_import.h"
+#include "tests/tools/cli_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Outcome {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string quote(const std::string &arg) {
-  std::string out = "'";
-  for (char c : arg)
-    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-fs::path build_root() {
-  if (const char *root = std::getenv("STRATA_BUILD_ROOT")) return root;
-  return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path();
-}
+using testing::Outcome;
+using testing::quote;
+using testing::read_file;
+using testing::strata_binary;
 
 fs::path fixtures() {
   const char *source = std::getenv("STRATA_SOURCE_ROOT");
@@ -79,17 +60,10 @@ protected:
   }
 
   Outcome strata(const std::vector<std::string> &args) {
-    std::string command =
-        "cd " + quote(dir_.string()) + " && " + quote((build_root() / "tools/strata").string());
+    std::string command = quote(strata_binary().string());
     for (const std::string &arg : args)
       command += " " + quote(arg);
-    command += " >stdout.txt 2>stderr.txt";
-    const int status = std::system(command.c_str());
-    Outcome o;
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    o.out = slurp(dir_ / "stdout.txt");
-    o.err = slurp(dir_ / "stderr.txt");
-    return o;
+    return testing::run_in(dir_, command);
   }
 
   HostTensor npy(const fs::path &path) {
@@ -241,7 +215,7 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
       std::system(
           ("cd " + quote(dir_.string()) + " && " + python + " export.py >export.log 2>&1").c_str()),
       0)
-      << slurp(dir_ / "export.log");
+      << read_file(dir_ / "export.log");
   for (const std::string name : {"resnet18", "mobilenet_v2"}) {
     Outcome imported = strata({"import", name + ".onnx", "-o", name + ".strata"});
     ASSERT_EQ(imported.code, 0) << imported.err;
@@ -268,7 +242,7 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
                  "graph input 'x' has dynamic dims [-1, 3]; fix them with --input-shape");
   // Truncated at every 97th byte: never a crash, always the parse error or a
   // named structural one.
-  const std::string whole = slurp(fixtures() / "mlp.onnx");
+  const std::string whole = read_file(fixtures() / "mlp.onnx");
   for (size_t size = 0; size < whole.size(); size += 97) {
     std::ofstream(dir_ / "cut.onnx", std::ios::binary) << whole.substr(0, size);
     Outcome o = strata({"import", "cut.onnx", "-o", "x.strata"});
