@@ -58,7 +58,8 @@ OpCost elementwise_cost(const Node &, const OpDef &, llvm::ArrayRef<TensorType> 
 }
 
 OpRegistry::OpRegistry() {
-  for (auto table : {elementwise_ops(), shape_ops(), reduction_ops(), nn_ops(), optimizer_ops()})
+  for (auto table :
+       {elementwise_ops(), shape_ops(), reduction_ops(), nn_ops(), optimizer_ops(), parallel_ops()})
     for (const OpDef &def : table)
       sorted_.push_back(&def);
   std::sort(sorted_.begin(), sorted_.end(),

@@ -165,6 +165,7 @@ std::span<const OpDef> shape_ops();
 std::span<const OpDef> reduction_ops();
 std::span<const OpDef> nn_ops();
 std::span<const OpDef> optimizer_ops();
+std::span<const OpDef> parallel_ops(); // ops_parallel.cc: tensor-parallel communication
 
 // Helpers for infer functions and kernels.
 

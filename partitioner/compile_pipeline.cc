@@ -1,5 +1,6 @@
 #include "partitioner/compile_pipeline.h"
 
+#include <algorithm>
 #include <map>
 
 #include "graph/builder.h"
@@ -7,6 +8,7 @@
 #include "ops/registry.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/stage_partition.h"
+#include "partitioner/tensor_parallel.h"
 #include "passes/split_batch.h"
 
 namespace strata::partitioner {
@@ -56,6 +58,44 @@ double parameter_state_factor(const passes::OptimizerSpec &spec) {
 
 } // namespace
 
+int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
+                               std::vector<std::vector<int32_t>> &groups) {
+  using serialization::InstrKind;
+  std::vector<serialization::PlanProgram> expanded;
+  const auto group_count = static_cast<int32_t>(groups.size());
+  for (const auto &program : programs)
+    for (int m = 0; m < members; ++m) {
+      serialization::PlanProgram copy = program;
+      copy.device = program.device * static_cast<uint32_t>(members) + static_cast<uint32_t>(m);
+      for (auto &instr : copy.instructions) {
+        if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv)
+          instr.peer = instr.peer * members + m;
+        else if (instr.peer >= 0)
+          instr.peer = instr.peer * members + m; // a data-parallel group
+      }
+      if (copy.shard_group >= 0) copy.shard_group = copy.shard_group * members + m;
+      expanded.push_back(std::move(copy));
+    }
+  std::vector<std::vector<int32_t>> regrouped;
+  for (int32_t g = 0; g < group_count; ++g)
+    for (int m = 0; m < members; ++m) {
+      std::vector<int32_t> group;
+      for (int32_t d : groups[static_cast<size_t>(g)])
+        group.push_back(d * members + m);
+      regrouped.push_back(std::move(group));
+    }
+  const auto begin = static_cast<int32_t>(regrouped.size());
+  for (const auto &program : programs) {
+    std::vector<int32_t> group;
+    for (int m = 0; m < members; ++m)
+      group.push_back(static_cast<int32_t>(program.device) * members + m);
+    regrouped.push_back(std::move(group));
+  }
+  programs = std::move(expanded);
+  groups = std::move(regrouped);
+  return begin;
+}
+
 Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster) {
   if (!plan.pipeline) return invalid_argument("the plan is not a pipeline plan");
   if (cluster.num_devices() < static_cast<int>(plan.programs.size()))
@@ -68,7 +108,8 @@ Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterS
 Result<serialization::Plan> compile_pipeline(const Graph &forward,
                                              const passes::TrainingOptions &training,
                                              const PipelineCompileOptions &options) {
-  const int P = options.stages, M = options.microbatches, DP = options.data_parallel;
+  const int P = options.stages, M = options.microbatches, DP = options.data_parallel,
+            TP = options.tensor_parallel;
   if (P < 1) return invalid_argument("--mesh: the pipeline needs at least 1 stage, got ", P);
   if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
   if (DP < 1)
@@ -78,15 +119,39 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   if (options.zero == 1 && DP < 2)
     return invalid_argument("--zero 1 shards the optimizer state over data-parallel replicas; "
                             "the mesh has one (use --mesh DPxTPxPP with DP >= 2)");
-  const int devices = P * DP;
+  if (TP < 1)
+    return invalid_argument("--mesh: tensor parallelism needs at least 1 device, got ", TP);
+  const int devices = P * DP * TP;
   const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
   if (cluster.num_devices() < devices)
     return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
-                            " devices; ", DP, " replica(s) of a ", P, "-stage pipeline need ",
-                            devices);
+                            " devices; ", DP, " replica(s) of a ", P, "-stage pipeline",
+                            TP > 1 ? str_cat(" over ", TP, "-device tensor-parallel groups") : "",
+                            " need ", devices);
 
   ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * DP));
+  std::vector<serialization::PlanShard> shards;
+  if (TP > 1) {
+    TensorParallelOptions tp;
+    tp.parts = TP;
+    tp.device = cluster.device;
+    std::vector<int> members;
+    for (int m = 0; m < TP; ++m)
+      members.push_back(m);
+    tp.link = link_for_group(cluster, members);
+    auto sharded = shard_tensor_parallel(micro, tp);
+    if (!sharded.is_ok()) return sharded.status().with_context("tensor parallelism");
+    micro = std::move(sharded->local);
+    shards = std::move(sharded->shards);
+  }
   ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
+  if (TP > 1) {
+    for (const Node &node : graph.nodes())
+      if (node.op == "GlobalNormScale")
+        return unimplemented("gradient clipping (clip=...) with tensor parallelism is not built "
+                             "yet: the norm would need the pieces' sums over each group");
+    shards = with_optimizer_state(graph, std::move(shards));
+  }
 
   std::vector<double> measured;
   if (options.profile) {
@@ -101,7 +166,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.node_time = [&](const Graph &g, NodeId id) {
     return measured.empty() ? node_time(g, id, cluster.device) : measured[id];
   };
-  const LinkSpec &link = link_between(cluster, 0, P > 1 ? DP : 0); // stage 0 to stage 1
+  const LinkSpec &link = link_between(cluster, 0, P > 1 ? DP * TP : 0); // stage 0 to stage 1
   partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
   partition.link_latency = link.latency_s;
   partition.training = true;
@@ -130,9 +195,10 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   lowering.data_parallel = DP;
   lowering.zero = options.zero;
   lowering.schedule = options.schedule;
-  const auto groups = pipeline_groups(lowering);
+  auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
                    lower_pipeline(graph, placed.node_stage, lowering));
+  const int32_t tp_groups_begin = TP > 1 ? expand_tensor_parallel(TP, programs, groups) : -1;
   // Each data-parallel group reduces with the algorithm (ring or binomial tree)
   // the cost model prices lowest for everything it reduces in a step.
   std::vector<std::string> algorithms;
@@ -148,8 +214,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
     const auto &program = programs[static_cast<size_t>(groups[g].front())];
     for (const auto &instr : program.instructions) {
-      if (instr.kind != serialization::InstrKind::kAllReduce &&
-          instr.kind != serialization::InstrKind::kReduceScatter)
+      if ((instr.kind != serialization::InstrKind::kAllReduce &&
+           instr.kind != serialization::InstrKind::kReduceScatter) ||
+          instr.peer != static_cast<int32_t>(g))
         continue;
       const auto bytes = static_cast<double>(graph.tensor(instr.index).type.size_bytes());
       const int p = static_cast<int>(members.size());
@@ -158,10 +225,18 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     }
   }
   const bool use_tree = tree < ring;
-  for (const auto &group : groups) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // Tensor-parallel groups use the communicator's own collectives.
+    if (tp_groups_begin >= 0 && static_cast<int32_t>(g) >= tp_groups_begin) {
+      algorithms.push_back("");
+      continue;
+    }
     algorithms.push_back(use_tree ? "tree" : "ring");
-    algorithm_of[group] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
+    algorithm_of[groups[g]] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
   }
+  if (std::all_of(algorithms.begin(), algorithms.end(),
+                  [](const std::string &a) { return a.empty(); }))
+    algorithms.clear();
   // ZeRO-1 that shards nothing is a plain data-parallel plan; say why.
   if (options.zero == 1) {
     bool sharded = false;
@@ -216,6 +291,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   pipeline.microbatches = M;
   pipeline.data_parallel = DP;
   pipeline.zero = options.zero;
+  pipeline.tensor_parallel = TP;
+  pipeline.tp_groups_begin = tp_groups_begin;
+  pipeline.shards = std::move(shards);
   pipeline.groups = groups;
   pipeline.group_algorithms = algorithms;
   pipeline.schedule = std::string(schedule_name(options.schedule));

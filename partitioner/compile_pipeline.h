@@ -30,6 +30,10 @@ struct PipelineCompileOptions {
   int data_parallel = 1;
   // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1).
   int zero = 0;
+  // Members of every tensor-parallel group (--mesh DPxTPxPP): the forward graph
+  // is split over them (partitioner/tensor_parallel.h); tp is innermost in the
+  // device numbering.
+  int tensor_parallel = 1;
   Schedule schedule = Schedule::k1F1B;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;
@@ -49,6 +53,13 @@ struct PipelineCompileOptions {
 Result<serialization::Plan> compile_pipeline(const Graph &forward,
                                              const passes::TrainingOptions &training,
                                              const PipelineCompileOptions &options);
+
+// Tensor parallelism: every program of a (stage, replica) becomes `members`
+// copies (device d -> d * members + m) with their sends, receives and groups
+// moved to member m's; one tensor-parallel group per (stage, replica) is
+// appended to `groups`. Returns the index of the first of those.
+int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
+                               std::vector<std::vector<int32_t>> &groups);
 
 // Re-predicts a pipeline plan's step for `cluster` (strata simulate).
 Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster);

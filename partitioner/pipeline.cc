@@ -540,8 +540,24 @@ SimulationCosts zero_costs() {
 SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
   SimulationCosts costs;
   std::vector<double> times(graph.num_nodes());
-  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    const Node &node = graph.node(id);
     times[id] = node_time(graph, id, cluster.device);
+    // Tensor-parallel collectives run over a group of consecutive devices (tp
+    // is innermost in the mesh).
+    if (node.op == "TpAllReduce" || node.op == "TpAllGather") {
+      const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
+      std::vector<int> members;
+      for (int m = 0; m < parts; ++m)
+        members.push_back(m);
+      const LinkSpec &link = link_for_group(cluster, members);
+      const auto bytes = static_cast<double>(graph.tensor(node.outputs[0]).type.size_bytes());
+      times[id] = node.op == "TpAllReduce"
+                      ? all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing,
+                                        reduce_bytes_per_second(cluster.device, DType::kF32))
+                      : all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing);
+    }
+  }
   costs.compute = [times = std::move(times)](NodeId id) { return times[id]; };
   costs.transfer = [cluster](int src, int dst, double bytes) {
     return transfer_time(bytes, link_between(cluster, src, dst));
@@ -902,27 +918,55 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
   };
   std::map<std::tuple<int, int, int32_t, TensorId>, size_t> rows;
   std::vector<TransferReason> out;
+  // A new row for (from, to, group, tensor), or null when it exists (counted again).
+  auto new_row = [&](int from, int to, int32_t group, TensorId tensor) -> TransferReason * {
+    auto [it, fresh] = rows.try_emplace(std::make_tuple(from, to, group, tensor), out.size());
+    if (!fresh) {
+      ++out[it->second].count;
+      return nullptr;
+    }
+    TransferReason &row = out.emplace_back();
+    row.from = from;
+    row.to = to;
+    row.group = group;
+    row.tensor = tensor;
+    row.count = 1;
+    row.bytes = static_cast<double>(graph.tensor(tensor).type.size_bytes());
+    return &row;
+  };
   for (size_t d = 0; d < programs.size(); ++d)
     for (const PlanInstruction &instr : programs[d].instructions) {
+      if (instr.kind == InstrKind::kCompute) {
+        // Tensor-parallel collectives are nodes of the graph, run over the
+        // device's group of `parts` consecutive devices; one row per group.
+        const Node &node = graph.node(instr.index);
+        if (node.op != "TpAllReduce" && node.op != "TpAllGather") continue;
+        const auto parts = static_cast<int32_t>(node.int_attr("parts").value_or(1));
+        const auto base = static_cast<int32_t>(d) - static_cast<int32_t>(d) % parts;
+        if (base != static_cast<int32_t>(d)) continue;
+        int32_t group = -1;
+        for (size_t g = 0; g < groups.size() && group < 0; ++g)
+          if (groups[g].size() == static_cast<size_t>(parts) && groups[g].front() == base &&
+              groups[g].back() == base + parts - 1)
+            group = static_cast<int32_t>(g);
+        TransferReason *row = new_row(static_cast<int>(d), -1, group, node.outputs[0]);
+        if (row == nullptr) continue;
+        const AttrValue *why = node.find_attr("why");
+        const std::string reason =
+            why && std::holds_alternative<std::string>(*why) ? std::get<std::string>(*why) : "";
+        row->why = str_cat(node.op, ": ", reason.empty() ? node_text(instr.index) : reason);
+        if (costs.compute) row->seconds = costs.compute(instr.index);
+        continue;
+      }
       if (instr.kind != InstrKind::kSend && !is_collective(instr.kind)) continue;
       const bool reduce = is_collective(instr.kind);
       if (reduce && static_cast<size_t>(instr.peer) < groups.size() &&
           groups[static_cast<size_t>(instr.peer)].front() != static_cast<int32_t>(d))
         continue; // one row per group, from its first member
-      const auto key = std::make_tuple(static_cast<int>(d), reduce ? -1 : instr.peer,
-                                       reduce ? instr.peer : -1, instr.index);
-      auto [it, fresh] = rows.try_emplace(key, out.size());
-      if (!fresh) {
-        ++out[it->second].count;
-        continue;
-      }
-      TransferReason row;
-      row.from = static_cast<int>(d);
-      row.to = reduce ? -1 : instr.peer;
-      row.group = reduce ? instr.peer : -1;
-      row.tensor = instr.index;
-      row.count = 1;
-      row.bytes = static_cast<double>(graph.tensor(instr.index).type.size_bytes());
+      TransferReason *added = new_row(static_cast<int>(d), reduce ? -1 : instr.peer,
+                                      reduce ? instr.peer : -1, instr.index);
+      if (added == nullptr) continue;
+      TransferReason &row = *added;
       const NodeId producer = graph.tensor(instr.index).producer;
       const std::string made = producer == kNoNode ? std::string("an input") : node_text(producer);
       if (reduce) {
@@ -962,7 +1006,6 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         }
         if (costs.transfer) row.seconds = costs.transfer(row.from, row.to, row.bytes);
       }
-      out.push_back(std::move(row));
     }
   return out;
 }

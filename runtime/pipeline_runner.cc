@@ -12,6 +12,7 @@
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
+#include "partitioner/tensor_parallel.h"
 #include "runtime/collectives.h"
 #include "runtime/executor.h"
 
@@ -48,6 +49,11 @@ struct PipelineRunner::Device {
     // Collectives: the plan's algorithm for the group (ring or tree, over
     // point-to-point messages with tag `tag`), or none: the communicator's own.
     std::optional<CollectiveAlgo> algo;
+    // A tensor-parallel node (TpCopy ...) run over `group`; `peer` is this
+    // device's position in it. All-gathers land in `gathered` first.
+    enum class Tp : uint8_t { kNone, kCopy, kAllReduce, kAllGather, kSplit } tp = Tp::kNone;
+    std::vector<std::byte> gathered;
+    Status run_tensor_parallel(Communicator &comm);
   };
   int index = 0;
   std::shared_ptr<Blob> arena;
@@ -62,6 +68,69 @@ struct PipelineRunner::Device {
 
 PipelineRunner::~PipelineRunner() = default;
 
+namespace {
+
+// The pieces of a split along `axis` (viewed as [outer, n / outer]): the full
+// tensor is [rows, parts, run] and piece r is [rows, run] (runs in bytes).
+struct PieceLayout {
+  size_t rows = 1, run = 0;
+};
+PieceLayout piece_layout(const Node &node, const TensorType &piece) {
+  const int64_t axis = node.int_attr("axis").value_or(0);
+  const int64_t outer = node.int_attr("outer").value_or(1);
+  const auto a = static_cast<size_t>(axis < 0 ? axis + piece.rank() : axis);
+  PieceLayout layout;
+  size_t after = 1;
+  for (size_t d = 0; d < static_cast<size_t>(piece.rank()); ++d) {
+    const auto n = static_cast<size_t>(piece.shape[d]);
+    if (d < a) layout.rows *= n;
+    if (d > a) after *= n;
+  }
+  layout.rows *= static_cast<size_t>(outer);
+  layout.run = static_cast<size_t>(piece.shape[a]) / static_cast<size_t>(outer) * after *
+               dtype_size(piece.dtype);
+  return layout;
+}
+
+} // namespace
+
+Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
+  const ops::ConstTensorView &in = inputs[0];
+  const ops::TensorView &out = outputs[0];
+  const auto in_bytes = static_cast<size_t>(in.type->size_bytes());
+  const auto *src = static_cast<const std::byte *>(in.data);
+  auto *dst = static_cast<std::byte *>(out.data);
+  const size_t parts = group.size();
+  switch (tp) {
+  case Tp::kNone: break;
+  case Tp::kCopy:
+    if (in_bytes) std::memcpy(dst, src, in_bytes);
+    return Status::ok();
+  case Tp::kAllReduce:
+    if (in_bytes) std::memcpy(dst, src, in_bytes);
+    return comm.all_reduce(
+        std::span<float>(reinterpret_cast<float *>(dst), in_bytes / sizeof(float)), group, what);
+  case Tp::kAllGather: {
+    // The members' pieces arrive one after another; each row interleaves them.
+    RETURN_IF_ERROR(comm.all_gather(src, in_bytes, gathered.data(), group, what));
+    const PieceLayout layout = piece_layout(*node, *in.type);
+    for (size_t r = 0; r < parts; ++r)
+      for (size_t row = 0; row < layout.rows && layout.run; ++row)
+        std::memcpy(dst + (row * parts + r) * layout.run,
+                    gathered.data() + (r * layout.rows + row) * layout.run, layout.run);
+    return Status::ok();
+  }
+  case Tp::kSplit: {
+    const PieceLayout layout = piece_layout(*node, *out.type);
+    const auto r = static_cast<size_t>(peer);
+    for (size_t row = 0; row < layout.rows && layout.run; ++row)
+      std::memcpy(dst + row * layout.run, src + (row * parts + r) * layout.run, layout.run);
+    return Status::ok();
+  }
+  }
+  return internal_error("not a tensor-parallel node");
+}
+
 Result<std::unique_ptr<PipelineRunner>>
 PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOptions &options) {
   if (!plan.pipeline)
@@ -72,6 +141,13 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   runner->graph_ = plan.graph;
   runner->microbatches_ = plan.pipeline->microbatches;
   runner->data_parallel_ = plan.pipeline->data_parallel;
+  runner->tensor_parallel_ = plan.pipeline->tensor_parallel;
+  runner->tp_groups_begin_ = plan.pipeline->tp_groups_begin;
+  for (const serialization::PlanShard &shard : plan.pipeline->shards) {
+    auto id = plan.graph.find_tensor(shard.tensor);
+    if (!id) return invalid_argument("pipeline plan: shard of unknown tensor '", shard.tensor, "'");
+    runner->tp_shards_.emplace(*id, shard);
+  }
   runner->programs_ = plan.programs;
   runner->groups_ = plan.pipeline->groups;
   const auto &algorithms = plan.pipeline->group_algorithms;
@@ -155,8 +231,22 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           group.begin());
       device->sharded.insert(program.sharded_holds.begin(), program.sharded_holds.end());
     }
+    const int tp_rank = device->index % runner->tensor_parallel_;
     for (TensorId id : program.holds) {
-      auto value = materialize(g.tensor(id), options.model_dir);
+      Result<HostTensor> value = HostTensor{};
+      if (auto shard = runner->tp_shards_.find(id); shard != runner->tp_shards_.end()) {
+        // This member's piece of the full tensor.
+        Tensor full = g.tensor(id);
+        full.type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
+        auto whole = materialize(full, options.model_dir);
+        if (!whole.is_ok()) return whole.status().with_context(where);
+        HostTensor piece = HostTensor::zeros(g.tensor(id).type);
+        partitioner::copy_piece(shard->second, runner->tensor_parallel_, tp_rank,
+                                dtype_size(full.type.dtype), whole->data(), piece.data(), true);
+        value = std::move(piece);
+      } else {
+        value = materialize(g.tensor(id), options.model_dir);
+      }
       if (!value.is_ok()) return value.status().with_context(where);
       if (device->sharded.contains(id)) {
         // Keep this device's shard only.
@@ -246,7 +336,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
               return invalid_argument(context, ": reads graph input '", tensor.name,
                                       "' once per step");
             // The global micro-batch: replica r of a stage runs r * M .. r * M + M - 1.
-            const auto replica = static_cast<int32_t>(program.device) % runner->data_parallel_;
+            const auto replica = static_cast<int32_t>(program.device) / runner->tensor_parallel_ %
+                                 runner->data_parallel_;
             op.patches.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(input_index[t]),
                                   replica * runner->microbatches_ + instr.microbatch});
             op.inputs.push_back({nullptr, &tensor.type});
@@ -264,6 +355,30 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
           auto [at, type] = view(t, data);
           op.outputs.push_back({at, type});
+        }
+        using Tp = Device::Op::Tp;
+        const std::string &name = op.node->op;
+        op.tp = name == "TpCopy"        ? Tp::kCopy
+                : name == "TpAllReduce" ? Tp::kAllReduce
+                : name == "TpAllGather" ? Tp::kAllGather
+                : name == "TpSplit"     ? Tp::kSplit
+                                        : Tp::kNone;
+        if (op.tp != Tp::kNone) {
+          const int64_t parts = op.node->int_attr("parts").value_or(1);
+          if (shard || parts != runner->tensor_parallel_ || runner->tp_groups_begin_ < 0)
+            return invalid_argument(
+                context, ": a tensor-parallel node of ", parts,
+                " parts in a plan of tensor_parallel = ", runner->tensor_parallel_);
+          if (op.inputs[0].type->dtype != DType::kF32)
+            return unimplemented(context, ": ", op.inputs[0].type->to_string(),
+                                 " (f32 only so far)");
+          const auto &group = runner->groups_.at(
+              static_cast<size_t>(runner->tp_groups_begin_ +
+                                  static_cast<int>(program.device) / runner->tensor_parallel_));
+          op.group.assign(group.begin(), group.end());
+          op.peer = static_cast<int>(program.device) % runner->tensor_parallel_;
+          if (op.tp == Tp::kAllGather)
+            op.gathered.resize(static_cast<size_t>(op.outputs[0].type->size_bytes()));
         }
         break;
       }
@@ -427,6 +542,10 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       Status status = Status::ok();
       switch (op.kind) {
       case InstrKind::kCompute: {
+        if (op.tp != Device::Op::Tp::kNone) {
+          status = op.run_tensor_parallel(comm);
+          break;
+        }
         ops::KernelContext context{*op.node, *op.def, op.inputs, op.outputs};
         status = op.def->cpu_kernel(context);
         break;
@@ -531,54 +650,103 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   return Status::ok();
 }
 
+int PipelineRunner::first_holder(TensorId id) const {
+  for (const auto &device : devices_)
+    if (device->weights.contains(id)) return device->index;
+  return -1;
+}
+
+HostTensor PipelineRunner::local_whole(const Device &device, TensorId id) const {
+  const HostTensor &mine = device.weights.at(id);
+  const TensorType &type = graph_.tensor(id).type;
+  HostTensor whole = HostTensor::zeros(type);
+  if (!device.sharded.contains(id)) {
+    if (mine.size_bytes()) std::memcpy(whole.data(), mine.data(), mine.size_bytes());
+    return whole;
+  }
+  // ZeRO-1: put it together from the shards of the device's group.
+  const int32_t group = programs_[static_cast<size_t>(device.index)].shard_group;
+  const size_t chunk =
+      static_cast<size_t>(type.size_bytes()) / static_cast<size_t>(device.shard_count);
+  for (const auto &other : devices_) {
+    auto it = other->weights.find(id);
+    if (!other->sharded.contains(id) || it == other->weights.end() ||
+        programs_[static_cast<size_t>(other->index)].shard_group != group)
+      continue;
+    if (chunk)
+      std::memcpy(whole.data() + chunk * static_cast<size_t>(other->shard_rank), it->second.data(),
+                  chunk);
+  }
+  return whole;
+}
+
+TensorType PipelineRunner::value_type(TensorId id) const {
+  TensorType type = graph_.tensor(id).type;
+  if (auto shard = tp_shards_.find(id); shard != tp_shards_.end())
+    type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
+  return type;
+}
+
 const HostTensor &PipelineRunner::value(TensorId id) const {
-  for (const auto &device : devices_) {
-    if (!device->sharded.contains(id)) continue;
-    // ZeRO-1: put the full tensor together from the shards of one group.
-    const TensorType &type = graph_.tensor(id).type;
-    HostTensor full = HostTensor::zeros(type);
-    const size_t chunk =
-        static_cast<size_t>(type.size_bytes()) / static_cast<size_t>(device->shard_count);
-    std::vector<bool> seen(static_cast<size_t>(device->shard_count), false);
-    for (const auto &other : devices_) {
-      auto it = other->weights.find(id);
-      if (!other->sharded.contains(id) || it == other->weights.end() ||
-          seen[static_cast<size_t>(other->shard_rank)])
-        continue;
-      seen[static_cast<size_t>(other->shard_rank)] = true;
-      if (chunk)
-        std::memcpy(full.data() + chunk * static_cast<size_t>(other->shard_rank), it->second.data(),
-                    chunk);
-    }
-    return assembled_[id] = std::move(full);
-  }
-  for (const auto &device : devices_) {
-    auto it = device->weights.find(id);
-    if (it != device->weights.end()) return it->second;
-  }
+  const int first = first_holder(id);
   static const HostTensor kNone;
-  return kNone;
+  if (first < 0) return kNone;
+  const Device &device = *devices_[static_cast<size_t>(first)];
+  auto shard = tp_shards_.find(id);
+  if (shard == tp_shards_.end()) {
+    if (!device.sharded.contains(id)) return device.weights.at(id);
+    return assembled_[id] = local_whole(device, id);
+  }
+  // Tensor parallelism: the pieces of the first holder's group, joined.
+  HostTensor full = HostTensor::zeros(value_type(id));
+  const int base = first - first % tensor_parallel_;
+  for (int m = 0; m < tensor_parallel_; ++m) {
+    HostTensor piece = local_whole(*devices_[static_cast<size_t>(base + m)], id);
+    partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(full.type.dtype),
+                            full.data(), piece.data(), false);
+  }
+  return assembled_[id] = std::move(full);
 }
 
 Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
-  RETURN_IF_ERROR(check_assignable(graph_, id, value));
+  const TensorType type = value_type(id);
+  RETURN_IF_ERROR(check_assignable(graph_, id, value, &type));
   const Tensor &tensor = graph_.tensor(id);
+  auto shard = tp_shards_.find(id);
   bool held = false;
   for (auto &device : devices_) {
     auto it = device->weights.find(id);
     if (it == device->weights.end()) continue;
     held = true;
+    // This device's whole copy: its tensor-parallel piece, or all of it.
+    HostTensor piece;
+    const HostTensor *whole = &value;
+    if (shard != tp_shards_.end()) {
+      piece = HostTensor::zeros(tensor.type);
+      partitioner::copy_piece(shard->second, tensor_parallel_, device->index % tensor_parallel_,
+                              dtype_size(type.dtype), const_cast<std::byte *>(value.data()),
+                              piece.data(), true);
+      whole = &piece;
+    }
     if (device->sharded.contains(id)) {
       const size_t chunk = it->second.size_bytes();
       if (chunk)
         std::memcpy(it->second.data(),
-                    value.data() + chunk * static_cast<size_t>(device->shard_rank), chunk);
+                    whole->data() + chunk * static_cast<size_t>(device->shard_rank), chunk);
       continue;
     }
-    if (value.size_bytes() > 0) std::memcpy(it->second.data(), value.data(), value.size_bytes());
+    if (whole->size_bytes() > 0) std::memcpy(it->second.data(), whole->data(), whole->size_bytes());
   }
   // Over several processes, a tensor only other processes hold is theirs to set.
   if (!held && all_local_) return not_found("no device of the pipeline holds '", tensor.name, "'");
+  return Status::ok();
+}
+
+Status PipelineRunner::checkpointable() const {
+  if (tensor_parallel_ > 1 && !all_local_)
+    return unimplemented("checkpoints of tensor-parallel plans run over several processes are "
+                         "not built yet (run the plan in one process, or without tensor "
+                         "parallelism)");
   return Status::ok();
 }
 

@@ -66,16 +66,20 @@ public:
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
   // From the first device holding the tensor.
   const HostTensor &value(TensorId id) const override;
+  // Tensor-parallel pieces are whole here: the full tensor's type.
+  TensorType value_type(TensorId id) const override;
   // To every device holding the tensor.
   Status assign(TensorId id, const HostTensor &value) override;
   // Over several processes: what this one writes (whole tensors it is the
   // first holder of; its shards of ZeRO-sharded ones).
   std::map<std::string, HostTensor> checkpoint_pieces() const override;
+  Status checkpointable() const override;
   ProcessGroup *processes() const override { return world_->processes(); }
 
   int num_devices() const { return static_cast<int>(programs_.size()); }
   int microbatches() const { return microbatches_; }
   int data_parallel() const { return data_parallel_; }
+  int tensor_parallel() const { return tensor_parallel_; }
   // Whether `device` runs in this process.
   bool is_local(int device) const { return world_->is_local(device); }
   // Peak activation bytes of each device (its arena).
@@ -92,6 +96,10 @@ private:
   Graph graph_;
   int microbatches_ = 1;
   int data_parallel_ = 1;
+  int tensor_parallel_ = 1;
+  int tp_groups_begin_ = -1;
+  // Tensor parallelism: tensors every member holds a piece of, by id.
+  std::map<TensorId, serialization::PlanShard> tp_shards_;
   std::vector<serialization::PlanProgram> programs_;
   std::vector<std::vector<int32_t>> groups_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -102,8 +110,11 @@ private:
   bool failed_ = false;
   std::chrono::steady_clock::time_point epoch_;
   std::vector<std::vector<partitioner::TraceSpan>> spans_;
-  // ZeRO-1: sharded tensors put together by value().
+  // ZeRO-1 shards and tensor-parallel pieces put together by value().
   mutable std::map<TensorId, HostTensor> assembled_;
+  // Device `device`'s whole (ZeRO-1 shards joined) copy of tensor `id`.
+  HostTensor local_whole(const Device &device, TensorId id) const;
+  int first_holder(TensorId id) const;
   // Per graph output: the device and buffer it is read from after a step.
   struct OutputSource {
     int device = 0;

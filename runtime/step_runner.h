@@ -27,11 +27,18 @@ public:
   virtual Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) = 0;
   // The current value of a parameter, state or constant tensor.
   virtual const HostTensor &value(TensorId id) const = 0;
-  // Replaces a parameter or state tensor's value (resuming from a checkpoint).
+  // The type value(id) has: the graph's, except for tensors a runner holds in
+  // tensor-parallel pieces (the full tensor's).
+  virtual TensorType value_type(TensorId id) const { return graph().tensor(id).type; }
+  // Replaces a parameter or state tensor's value (resuming from a checkpoint);
+  // `value` has value_type(id).
   virtual Status assign(TensorId id, const HostTensor &value) = 0;
   // What every assign() checks first: `id` is a parameter or state tensor of
-  // `graph` and `value` has its type.
-  static Status check_assignable(const Graph &graph, TensorId id, const HostTensor &value);
+  // `graph` and `value` has its type (or `type`, when given).
+  static Status check_assignable(const Graph &graph, TensorId id, const HostTensor &value,
+                                 const TensorType *type = nullptr);
+  // Whether checkpoint_pieces() can describe this run's state; an error says why not.
+  virtual Status checkpointable() const { return Status::ok(); }
 
   // The processes of a multi-process run; null when this process runs it all.
   virtual ProcessGroup *processes() const { return nullptr; }

@@ -38,15 +38,17 @@ std::string stacked_type_text(const TensorType &type) {
 
 } // namespace
 
-Status StepRunner::check_assignable(const Graph &graph, TensorId id, const HostTensor &value) {
+Status StepRunner::check_assignable(const Graph &graph, TensorId id, const HostTensor &value,
+                                    const TensorType *type) {
   if (id >= graph.num_tensors()) return out_of_range("tensor index ", id, " is past the graph");
   const Tensor &tensor = graph.tensor(id);
   if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState)
     return invalid_argument("cannot assign to '", tensor.name, "': it is a ",
                             tensor_kind_name(tensor.kind));
-  if (!(value.type == tensor.type))
+  const TensorType &want = type ? *type : tensor.type;
+  if (!(value.type == want))
     return invalid_argument("cannot assign ", value.type.to_string(), " to '", tensor.name,
-                            "', which is ", tensor.type.to_string());
+                            "', which is ", want.to_string());
   return Status::ok();
 }
 
@@ -184,6 +186,7 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
     if (options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
     return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file});
   }
+  RETURN_IF_ERROR(executor_->checkpointable().with_context(str_cat("checkpoint ", dir)));
   // Every rank writes its file; rank 0 commits the manifest only once all of
   // them are durable, then tells everyone how it went.
   const int rank = processes->rank(), ranks = processes->size();
@@ -295,10 +298,11 @@ Status Trainer::restore_checkpoint(const std::string &dir) {
     if (found == checkpoint.tensors.end())
       return not_found(file, ": tensor '", t.name, "' (", tensor_kind_name(t.kind), " ",
                        t.type.to_string(), ") is in none of the checkpoint's files");
-    if (!(found->second.type == t.type))
+    const TensorType want = executor_->value_type(id);
+    if (!(found->second.type == want))
       return invalid_argument(file_of(t.name), ": tensor '", t.name, "' is ",
                               found->second.type.to_string(), " but the plan has ",
-                              t.type.to_string());
+                              want.to_string());
   }
   for (TensorId id : persistent_) {
     Status assigned = executor_->assign(id, checkpoint.tensors.at(graph.tensor(id).name));

@@ -133,9 +133,20 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
       }
       groups = builder.CreateVector(entries);
     }
-    pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
-                                  boundaries, cluster_json, pp.predicted_step_s,
-                                  pp.predicted_bubble, pp.data_parallel, groups, pp.zero);
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Shard>>> shards;
+    if (!pp.shards.empty()) {
+      std::vector<flatbuffers::Offset<fb::Shard>> entries;
+      for (const PlanShard &shard : pp.shards) {
+        auto name = builder.CreateString(shard.tensor);
+        auto shape = builder.CreateVector(shard.full_shape);
+        entries.push_back(fb::CreateShard(builder, name, shape, shard.dim, shard.outer));
+      }
+      shards = builder.CreateVector(entries);
+    }
+    pipeline =
+        fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage, boundaries,
+                           cluster_json, pp.predicted_step_s, pp.predicted_bubble, pp.data_parallel,
+                           groups, pp.zero, pp.tensor_parallel, pp.tp_groups_begin, shards);
   }
   uint32_t version = pipelined ? kPipelinePlanVersion : 1;
   auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
@@ -257,6 +268,23 @@ std::string plan_json_text(const fb::Plan &plan) {
     if (pipe->data_parallel() != 1)
       obj.key("data_parallel") += std::to_string(pipe->data_parallel());
     if (pipe->zero() != 0) obj.key("zero") += std::to_string(pipe->zero());
+    if (pipe->tensor_parallel() != 1) {
+      obj.key("tensor_parallel") += std::to_string(pipe->tensor_parallel());
+      obj.key("tp_groups_begin") += std::to_string(pipe->tp_groups_begin());
+    }
+    if (pipe->shards() != nullptr) {
+      std::string &out = obj.key("shards");
+      out += "[";
+      for (uint32_t i = 0; i < pipe->shards()->size(); ++i) {
+        const fb::Shard *shard = pipe->shards()->Get(i);
+        out += i ? ", {\"tensor\": " : "{\"tensor\": ";
+        append_json_string(out, shard->tensor());
+        out += ", \"full_shape\": ";
+        append_number_list(out, shard->full_shape());
+        out += str_cat(", \"dim\": ", shard->dim(), ", \"outer\": ", shard->outer(), "}");
+      }
+      out += "]";
+    }
     if (pipe->groups() != nullptr) {
       std::string &out = obj.key("groups");
       out += "[";
@@ -311,12 +339,17 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   if (pipe.data_parallel < 1 || pipe.data_parallel > 1 << 20)
     return invalid_argument("field pipeline.data_parallel = ", pipe.data_parallel,
                             "; expected 1 or more replicas");
-  const int64_t total = int64_t{pipe.stages} * pipe.data_parallel;
+  pipe.tensor_parallel = q.tensor_parallel();
+  if (pipe.tensor_parallel < 1 || pipe.tensor_parallel > 1 << 20)
+    return invalid_argument("field pipeline.tensor_parallel = ", pipe.tensor_parallel,
+                            "; expected 1 or more members");
+  const int64_t total = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel;
   if (static_cast<size_t>(total) != num_devices || static_cast<size_t>(total) != num_programs)
     return invalid_argument("field pipeline.stages = ", pipe.stages,
-                            " x data_parallel = ", pipe.data_parallel, " but the plan has ",
+                            " x data_parallel = ", pipe.data_parallel,
+                            " x tensor_parallel = ", pipe.tensor_parallel, " but the plan has ",
                             num_devices, " devices and ", num_programs,
-                            " programs; a pipeline has one device per stage and replica");
+                            " programs; a pipeline has one device per stage, replica and member");
   pipe.zero = q.zero();
   if (pipe.zero != 0 && pipe.zero != 1)
     return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0 or 1");
@@ -347,6 +380,59 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
     if (std::all_of(pipe.group_algorithms.begin(), pipe.group_algorithms.end(),
                     [](const std::string &a) { return a.empty(); }))
       pipe.group_algorithms.clear();
+  }
+  pipe.tp_groups_begin = q.tp_groups_begin();
+  if (pipe.tensor_parallel > 1) {
+    const int64_t needed = int64_t{pipe.stages} * pipe.data_parallel;
+    if (pipe.tp_groups_begin < 0 ||
+        pipe.tp_groups_begin + needed > static_cast<int64_t>(pipe.groups.size()))
+      return invalid_argument("field pipeline.tp_groups_begin = ", pipe.tp_groups_begin, ": the ",
+                              needed, " tensor-parallel groups are not in pipeline.groups (",
+                              pipe.groups.size(), " groups)");
+    for (int64_t k = 0; k < needed; ++k) {
+      const auto &group = pipe.groups[static_cast<size_t>(pipe.tp_groups_begin + k)];
+      for (int32_t m = 0; m < pipe.tensor_parallel; ++m)
+        if (group.size() != static_cast<size_t>(pipe.tensor_parallel) ||
+            group[static_cast<size_t>(m)] != k * pipe.tensor_parallel + m)
+          return invalid_argument("field pipeline.groups[", pipe.tp_groups_begin + k,
+                                  "] is not the tensor-parallel group of devices ",
+                                  k * pipe.tensor_parallel, "..",
+                                  (k + 1) * pipe.tensor_parallel - 1);
+    }
+  } else if (pipe.tp_groups_begin != -1) {
+    return invalid_argument("field pipeline.tp_groups_begin is set without tensor parallelism");
+  }
+  if (q.shards() != nullptr) {
+    if (pipe.tensor_parallel < 2)
+      return invalid_argument("field pipeline.shards needs pipeline.tensor_parallel >= 2");
+    for (uint32_t i = 0; i < q.shards()->size(); ++i) {
+      const fb::Shard *s = q.shards()->Get(i);
+      const std::string at = str_cat("field pipeline.shards[", i, "]");
+      PlanShard shard;
+      shard.tensor = text_of(s->tensor());
+      if (s->full_shape() != nullptr) shard.full_shape = copy_numbers(*s->full_shape());
+      shard.dim = s->dim();
+      shard.outer = s->outer();
+      auto id = g.find_tensor(shard.tensor);
+      if (!id) return invalid_argument(at, " names tensor '", shard.tensor, "', not in the model");
+      const TensorType &piece = g.tensor(*id).type;
+      if (static_cast<int64_t>(shard.full_shape.size()) != piece.rank() || shard.dim < 0 ||
+          shard.dim >= static_cast<int32_t>(piece.rank()) || shard.outer < 1)
+        return invalid_argument(at, " ('", shard.tensor, "'): dim ", shard.dim,
+                                " and full shape do not fit ", piece.to_string());
+      for (size_t d = 0; d < static_cast<size_t>(piece.rank()); ++d) {
+        const int64_t full = shard.full_shape[d], want = static_cast<int32_t>(d) == shard.dim
+                                                             ? piece.shape[d] * pipe.tensor_parallel
+                                                             : piece.shape[d];
+        if (full != want || (static_cast<int32_t>(d) == shard.dim && full % shard.outer != 0) ||
+            (static_cast<int32_t>(d) == shard.dim &&
+             (full / shard.outer) % pipe.tensor_parallel != 0))
+          return invalid_argument(at, " ('", shard.tensor, "'): a full shape of dim ", d, " = ",
+                                  full, " does not fit the piece ", piece.to_string(), " cut in ",
+                                  pipe.tensor_parallel, " (outer ", shard.outer, ")");
+      }
+      pipe.shards.push_back(std::move(shard));
+    }
   }
   pipe.microbatches = q.microbatches();
   if (pipe.microbatches < 1)
@@ -394,7 +480,7 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
 // of order and offsets. `where` is "field programs[i]"; `program.device` is set.
 Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
                                 const std::string &where, PlanProgram &program) {
-  const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel,
+  const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
                 microbatches = pipe.microbatches;
   const int64_t self = program.device;
   if (self >= devices)

@@ -86,6 +86,19 @@ struct PlanProgram {
   friend bool operator==(const PlanProgram &, const PlanProgram &) = default;
 };
 
+// Tensor parallelism: a parameter (or its optimizer state) that every member
+// of a tensor-parallel group holds one piece of. The plan's graph declares the
+// piece's shape; member r holds piece r of the full tensor (`full_shape`) along
+// `dim`, viewed as [outer, n / outer] with the second factor cut in
+// tensor_parallel pieces (partitioner/tensor_parallel.h).
+struct PlanShard {
+  std::string tensor;
+  std::vector<int64_t> full_shape;
+  int32_t dim = 0;
+  int64_t outer = 1;
+  friend bool operator==(const PlanShard &, const PlanShard &) = default;
+};
+
 // How a pipeline plan splits the step (plan revision 2).
 struct PlanPipeline {
   int32_t stages = 1;                  // devices, one stage each
@@ -103,6 +116,13 @@ struct PlanPipeline {
   // Per group: "ring", "tree" or "" (the communicator's own); empty vector: all "".
   std::vector<std::string> group_algorithms;
   int32_t zero = 0; // 1: optimizer state sharded over each stage's replicas (ZeRO-1)
+  // Tensor parallelism (--mesh DPxTPxPP): device (stage * data_parallel + replica)
+  // * tensor_parallel + member. The members of a (stage, replica) run the same
+  // program on their pieces; the graph's Tp* nodes run over their group
+  // (`groups[tp_groups_begin + stage * data_parallel + replica]`).
+  int32_t tensor_parallel = 1;
+  int32_t tp_groups_begin = -1;
+  std::vector<PlanShard> shards;
   friend bool operator==(const PlanPipeline &, const PlanPipeline &) = default;
 };
 

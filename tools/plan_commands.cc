@@ -144,6 +144,17 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.group_algorithms.empty() ? std::string()
                                        : str_cat(" (", p.group_algorithms.front(), ")"))
         << "\n";
+  if (p.tensor_parallel > 1) {
+    std::map<std::string, int> collectives;
+    for (const Node &node : plan.graph.nodes())
+      if (node.op.rfind("Tp", 0) == 0) ++collectives[node.op];
+    out << "tensor par.  " << p.tensor_parallel << " devices per group (device = (stage x "
+        << p.data_parallel << " + replica) x " << p.tensor_parallel << " + member); "
+        << p.shards.size() << " tensors held in pieces; per micro-batch:";
+    for (const auto &[op, count] : collectives)
+      out << " " << count << " " << op;
+    out << "\n";
+  }
   out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
       << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)
       << ")\n";
@@ -154,7 +165,7 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
     out << "\n";
   }
   std::vector<StageRow> rows = stage_rows(plan);
-  out << (p.data_parallel > 1 ? "device" : "stage ")
+  out << (p.data_parallel > 1 || p.tensor_parallel > 1 ? "device" : "stage ")
       << " nodes    parameters   FLOPs/step   peak act.  predicted busy  sends/step\n";
   for (size_t d = 0; d < rows.size(); ++d) {
     const StageRow &r = rows[d];
@@ -200,6 +211,9 @@ void print_plan_summary(const Plan &plan, std::ostream &out) {
     n.flops = flops;
     out << "batch        inputs above are one micro-batch; a step takes "
         << plan.pipeline->microbatches * plan.pipeline->data_parallel << " of them\n";
+    if (plan.pipeline->tensor_parallel > 1)
+      out << "pieces       parameters and FLOPs above are one member's of each "
+          << plan.pipeline->tensor_parallel << "-device tensor-parallel group\n";
   }
   out << "FLOPs        " << human_flops(n.flops) << (train ? " per step" : " per run") << "\n";
   if (plan.pipeline) {
@@ -241,7 +255,7 @@ struct Mesh {
   int dp = 1, tp = 1, pp = 1;
 };
 
-// --mesh DPxTPxPP, refusing what is not built yet (tensor parallelism).
+// --mesh DPxTPxPP.
 Result<Mesh> parse_mesh(const std::string &mesh) {
   if (mesh.empty()) return Mesh{};
   std::vector<int64_t> dims;
@@ -260,13 +274,9 @@ Result<Mesh> parse_mesh(const std::string &mesh) {
   }
   if (dims.size() != 3)
     return invalid_argument("--mesh '", mesh, "': expected three sizes DPxTPxPP, e.g. 1x1x4");
-  if (dims[1] != 1)
-    return unimplemented("--mesh '", mesh,
-                         "': tensor parallelism is not built yet; use DPx1xPP (data-parallel "
-                         "replicas of a pipeline)");
-  if (dims[0] * dims[2] > 4096)
+  if (dims[0] > 4096 || dims[1] > 4096 || dims[2] > 4096 || dims[0] * dims[1] * dims[2] > 4096)
     return invalid_argument("--mesh '", mesh, "': at most 4096 devices");
-  return Mesh{static_cast<int>(dims[0]), 1, static_cast<int>(dims[2])};
+  return Mesh{static_cast<int>(dims[0]), static_cast<int>(dims[1]), static_cast<int>(dims[2])};
 }
 
 Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &args) {
@@ -274,6 +284,7 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   ASSIGN_OR_RETURN(Mesh mesh, parse_mesh(args.mesh));
   options.stages = mesh.pp;
   options.data_parallel = mesh.dp;
+  options.tensor_parallel = mesh.tp;
   if (args.microbatches < 0 || args.microbatches > 1 << 20)
     return invalid_argument("--microbatches must be between 1 and 1048576, got ",
                             args.microbatches);
@@ -325,8 +336,10 @@ void print_search(const partitioner::AutoResult &result, std::ostream &out) {
 std::string pipeline_options_text(const Plan &plan) {
   const serialization::PlanPipeline &p = *plan.pipeline;
   std::string text =
-      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel, "\nzero=", p.zero,
-              "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule, "\nboundaries=");
+      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
+              p.tensor_parallel > 1 ? str_cat("\ntensor_parallel=", p.tensor_parallel) : "",
+              "\nzero=", p.zero, "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule,
+              "\nboundaries=");
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";

@@ -443,7 +443,8 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("FILE");
   sub->add_option("--mesh", args.mesh,
                   "device mesh DPxTPxPP: PP pipeline stages, each replicated DP times (data "
-                  "parallelism; gradients all-reduced); TP must be 1 for now")
+                  "parallelism; gradients all-reduced), each replica split over TP devices "
+                  "(tensor parallelism)")
       ->needs(train)
       ->type_name("DPxTPxPP");
   sub->add_option("--microbatches", args.microbatches,
@@ -524,7 +525,12 @@ void add_compile(CLI::App &app, Action &action) {
       "takes 1/DP of the batch and gradients are summed over the replicas (ring or\n"
       "tree, whichever the cost model prefers). --zero 1 also shards the optimizer\n"
       "state over the replicas (ZeRO-1). --auto searches all of this for N devices.\n"
-      "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n"
+      "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n\n"
+      "Tensor parallelism: --mesh DPxTPxPP with TP > 1 splits every stage's work over\n"
+      "TP devices. Nothing is annotated: the compiler picks each tensor's split by the\n"
+      "cost model (on a GPT: Megatron-LM's column/row split, attention by heads, one\n"
+      "all-reduce per block each way); `strata inspect --comm` says why each one is there.\n"
+      "  strata compile gpt.strata --train --mesh 1x2x2 --microbatches 4 -o tp.splan\n"
       "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
 }

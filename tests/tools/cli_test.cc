@@ -572,6 +572,15 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   EXPECT_NE(simulate.out.find("bubble"), std::string::npos) << simulate.out;
 }
 
+// `steps` losses printed by both runs, equal to 1e-4 (as printed).
+void expect_same_losses(const Outcome &run, const Outcome &one, size_t steps) {
+  std::vector<double> got = printed_losses(run.out), want = printed_losses(one.out);
+  ASSERT_EQ(got.size(), steps) << run.out;
+  ASSERT_EQ(want.size(), steps) << one.out;
+  for (size_t i = 0; i < steps; ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4) << run.out << one.out;
+}
+
 // --mesh 2x1x2: two replicas of a two-stage pipeline on four device threads
 // train like one device on the whole batch.
 TEST_F(CliTest, DataParallelPipeline) {
@@ -601,11 +610,33 @@ TEST_F(CliTest, DataParallelPipeline) {
             0);
   Outcome one = strata({"run", "one.splan", "--steps", "4"});
   ASSERT_EQ(one.code, 0) << one.err;
-  std::vector<double> got = printed_losses(run.out), want = printed_losses(one.out);
-  ASSERT_EQ(got.size(), 4u) << run.out;
-  ASSERT_EQ(want.size(), 4u) << one.out;
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-4) << run.out << one.out;
+  expect_same_losses(run, one, 4);
+}
+
+// --mesh 2x2x2: tensor-parallel groups of two inside a data-parallel pipeline
+// (eight device threads) train like one device; inspect says what is split.
+TEST_F(CliTest, TensorParallelMesh) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "8",
+                    "--vocab", "64", "--batch", "8", "-o", "g.strata"})
+                .code,
+            0);
+  Outcome compile = strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "--mesh",
+                            "2x2x2", "--microbatches", "2", "-o", "tp.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  EXPECT_NE(compile.out.find("tensor par.  2 devices per group"), std::string::npos) << compile.out;
+  EXPECT_NE(compile.out.find(" TpAll"), std::string::npos) << compile.out;
+  Outcome comm = strata({"inspect", "tp.splan", "--comm"});
+  ASSERT_EQ(comm.code, 0) << comm.err;
+  EXPECT_NE(comm.out.find("  TpAll"), std::string::npos) << comm.out;
+  Outcome run = strata({"run", "tp.splan", "--steps", "3"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  ASSERT_EQ(
+      strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "-o", "one.splan"})
+          .code,
+      0);
+  Outcome one = strata({"run", "one.splan", "--steps", "3"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  expect_same_losses(run, one, 3);
 }
 
 TEST_F(CliTest, AutoSearchExplainsAndTrains) {
@@ -632,9 +663,9 @@ TEST_F(CliTest, PipelineOptionErrors) {
   ASSERT_EQ(strata({"zoo", "mlp", "--batch", "6", "-o", "m.strata"}).code, 0);
   expect_one_line_error(strata({"compile", "m.strata", "--mesh", "1x1x2", "-o", "p.splan"}),
                         "--mesh");
-  expect_one_line_error(
-      strata({"compile", "m.strata", "--train", "--mesh", "1x2x2", "-o", "p.splan"}),
-      "tensor parallelism is not built yet");
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--optimizer",
+                                "adamw:lr=1e-3,clip=1", "--mesh", "1x2x2", "-o", "p.splan"}),
+                        "gradient clipping (clip=...) with tensor parallelism is not built yet");
   expect_one_line_error(
       strata({"compile", "m.strata", "--train", "--mesh", "1x1", "-o", "p.splan"}), "DPxTPxPP");
   expect_one_line_error(

@@ -1,0 +1,197 @@
+// Tensor-parallel communication ops (partitioner/tensor_parallel.h inserts them).
+//
+// A tensor-parallel plan gives every device of a tensor-parallel group the same
+// local graph; these four ops are where the devices of the group meet. Their
+// meaning is defined over the group of `parts` devices, and their gradients are
+// each other (Megatron-LM's f and g operators, plus gather and scatter):
+//
+//   TpCopy(x)       y = x (x replicated);          dx = TpAllReduce(dy)
+//   TpAllReduce(x)  y = sum over the group of x;   dx = dy
+//   TpAllGather(x)  y = the members' x joined along `axis`;   dx = TpSplit(dy)
+//   TpSplit(x)      y = this member's part of x along `axis`; dx = TpAllGather(dy)
+//
+// A split along `axis` with `outer` = o views the axis (size n) as [o, n / o] and
+// cuts the second factor into `parts` equal pieces: member r holds, for every
+// one of the o outer rows, elements [r n / (o parts), (r + 1) n / (o parts)).
+// o = 1 is the plain contiguous split; o = 3 splits a fused [Q | K | V] axis by
+// heads.
+//
+// Only the pipeline runner runs them on a group (runtime/pipeline_runner.cc);
+// the CPU kernel here is the one-member group (parts = 1), a copy.
+#include <cstring>
+
+#include "ops/registry.h"
+
+namespace strata::ops {
+namespace {
+
+using TypeList = llvm::SmallVector<TensorType, 2>;
+
+Result<int64_t> parts_of(const Node &node, const OpDef &def) {
+  const int64_t parts = AttrReader(node, def).get_int("parts");
+  if (parts < 1) return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
+  return parts;
+}
+
+Result<TypeList> infer_reduce(const Node &node, const OpDef &def,
+                              llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(parts_of(node, def).status());
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  return TypeList{inputs[0]};
+}
+
+// Resizes `axis` of the input: times parts (gather) or divided by parts (split).
+Result<TypeList> infer_resize(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
+                              bool gather) {
+  ASSIGN_OR_RETURN(const int64_t parts, parts_of(node, def));
+  const AttrReader attrs(node, def);
+  TensorType out = inputs[0];
+  ASSIGN_OR_RETURN(const int64_t axis, normalize_axis(attrs.get_int("axis"), out.rank(), "axis"));
+  const int64_t outer = attrs.get_int("outer");
+  int64_t &dim = out.shape[static_cast<size_t>(axis)];
+  if (outer < 1 || dim % outer != 0)
+    return invalid_argument(def.name, ": outer ", outer, " does not divide dim ", axis, " (", dim,
+                            ") of ", inputs[0].to_string());
+  if (gather) {
+    dim *= parts;
+  } else {
+    if ((dim / outer) % parts != 0)
+      return invalid_argument(def.name, ": dim ", axis, " of ", inputs[0].to_string(),
+                              " does not split into ", parts, " parts (outer ", outer, ")");
+    dim /= parts;
+  }
+  return TypeList{out};
+}
+
+Result<TypeList> infer_gather(const Node &node, const OpDef &def,
+                              llvm::ArrayRef<TensorType> inputs) {
+  return infer_resize(node, def, inputs, true);
+}
+Result<TypeList> infer_split(const Node &node, const OpDef &def,
+                             llvm::ArrayRef<TensorType> inputs) {
+  return infer_resize(node, def, inputs, false);
+}
+
+// Moves bytes only; the cost model prices the communication itself.
+OpCost move_only(const Node &, const OpDef &, llvm::ArrayRef<TensorType> inputs,
+                 llvm::ArrayRef<TensorType> outputs) {
+  OpCost cost;
+  for (const TensorType &t : inputs)
+    cost.bytes_read += static_cast<double>(t.size_bytes());
+  for (const TensorType &t : outputs)
+    cost.bytes_written += static_cast<double>(t.size_bytes());
+  return cost;
+}
+
+Status single_member_kernel(const KernelContext &context) {
+  if (context.attrs().get_int("parts") != 1)
+    return failed_precondition(context.def.name, " '", context.node.name,
+                               "' needs its tensor-parallel group (only a pipeline plan's devices "
+                               "run it)");
+  std::memcpy(context.outputs[0].data, context.inputs[0].data,
+              static_cast<size_t>(context.inputs[0].type->size_bytes()));
+  return Status::ok();
+}
+
+std::vector<Attribute> same_attrs(const GradContext &c, bool with_axis) {
+  const AttrReader attrs = c.attrs();
+  std::vector<Attribute> out = {{"parts", attrs.get_int("parts")}};
+  const std::string why = attrs.get_string("why");
+  out.push_back({"why", why.empty() ? std::string() : str_cat("backward of: ", why)});
+  if (with_axis) {
+    out.push_back({"axis", attrs.get_int("axis")});
+    out.push_back({"outer", attrs.get_int("outer")});
+  }
+  return out;
+}
+
+Status copy_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] = c.builder.op1("TpAllReduce", {c.output_grads[0]}, same_attrs(c, false),
+                                     c.grad_name("all_reduce"));
+  return Status::ok();
+}
+
+Status all_reduce_grad(GradContext &c) {
+  if (c.needs_input_grad[0]) c.input_grads[0] = c.output_grads[0];
+  return Status::ok();
+}
+
+Status all_gather_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] =
+        c.builder.op1("TpSplit", {c.output_grads[0]}, same_attrs(c, true), c.grad_name("split"));
+  return Status::ok();
+}
+
+Status split_grad(GradContext &c) {
+  if (c.needs_input_grad[0])
+    c.input_grads[0] = c.builder.op1("TpAllGather", {c.output_grads[0]}, same_attrs(c, true),
+                                     c.grad_name("all_gather"));
+  return Status::ok();
+}
+
+AttrSpec parts_attr() {
+  return {"parts", AttrType::kInt, std::nullopt, "devices of the tensor-parallel group"};
+}
+AttrSpec why_attr() {
+  return {"why", AttrType::kString, AttrValue(std::string()),
+          "why the compiler put it there (strata inspect --comm shows it)"};
+}
+AttrSpec axis_attr() { return {"axis", AttrType::kInt, AttrValue(int64_t{0}), "the split dim"}; }
+AttrSpec outer_attr() {
+  return {"outer", AttrType::kInt, AttrValue(int64_t{1}),
+          "the dim is viewed as [outer, n / outer]; the second factor is split"};
+}
+
+std::vector<OpDef> make_table() {
+  std::vector<OpDef> table;
+  table.push_back(OpDef{"TpCopy",
+                        "Y = X, a replicated tensor entering a tensor-parallel region; the "
+                        "gradient is summed over the group",
+                        1,
+                        1,
+                        {parts_attr(), why_attr()},
+                        infer_reduce,
+                        move_only,
+                        single_member_kernel,
+                        copy_grad});
+  table.push_back(OpDef{"TpAllReduce",
+                        "Y = the sum of X over the tensor-parallel group (partial sums become "
+                        "whole); the gradient passes through",
+                        1,
+                        1,
+                        {parts_attr(), why_attr()},
+                        infer_reduce,
+                        move_only,
+                        single_member_kernel,
+                        all_reduce_grad});
+  table.push_back(OpDef{"TpAllGather",
+                        "Y = the members' X joined along axis (split pieces become whole)",
+                        1,
+                        1,
+                        {parts_attr(), axis_attr(), outer_attr(), why_attr()},
+                        infer_gather,
+                        move_only,
+                        single_member_kernel,
+                        all_gather_grad});
+  table.push_back(OpDef{"TpSplit",
+                        "Y = this member's piece of X along axis",
+                        1,
+                        1,
+                        {parts_attr(), axis_attr(), outer_attr(), why_attr()},
+                        infer_split,
+                        move_only,
+                        single_member_kernel,
+                        split_grad});
+  return table;
+}
+
+} // namespace
+
+std::span<const OpDef> parallel_ops() {
+  static const std::vector<OpDef> table = make_table();
+  return table;
+}
+
+} // namespace strata::ops

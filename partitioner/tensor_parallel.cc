@@ -1,0 +1,767 @@
+#include "partitioner/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include "graph/verifier.h"
+#include "ops/registry.h"
+#include "partitioner/cost_model.h"
+
+namespace strata::partitioner {
+
+std::string ShardSpec::to_string() const {
+  switch (kind) {
+  case Kind::kReplicated: return "R";
+  case Kind::kPartial: return "P";
+  case Kind::kSplit: break;
+  }
+  return outer == 1 ? str_cat("S(", dim, ")") : str_cat("S(", dim, "/", outer, ")");
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+using Kind = ShardSpec::Kind;
+
+int64_t product(llvm::ArrayRef<int64_t> dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i)
+    p *= dims[i];
+  return p;
+}
+
+// A rule's choice for one node: the spec each input must arrive in and the spec
+// of each output.
+struct Strategy {
+  std::vector<ShardSpec> in;
+  std::vector<ShardSpec> out;
+  std::string rule;
+  bool splits() const {
+    return std::any_of(out.begin(), out.end(),
+                       [](const ShardSpec &s) { return s.kind != Kind::kReplicated; });
+  }
+};
+
+// A possibly negative axis made non-negative, or `fallback` when out of range.
+int axis_or(int64_t axis, int64_t rank, int fallback) {
+  auto normalized = ops::normalize_axis(axis, rank, "axis");
+  return normalized.is_ok() ? static_cast<int>(*normalized) : fallback;
+}
+
+bool is_elementwise(std::string_view op) {
+  static const std::set<std::string_view> kOps = {
+      "Add", "Sub",  "Mul",  "Div",     "Pow",  "Neg",  "Sqrt",     "Exp",  "Log",
+      "Erf", "Relu", "Tanh", "Sigmoid", "Gelu", "Clip", "Identity", "Cast", "Where"};
+  return kOps.contains(op);
+}
+
+bool is_reshape(std::string_view op) {
+  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
+}
+
+// The dims of `in` and `out` (same element count) grouped where their prefix
+// products meet: pairs of [begin, end) ranges.
+std::vector<std::pair<std::pair<size_t, size_t>, std::pair<size_t, size_t>>>
+reshape_groups(llvm::ArrayRef<int64_t> in, llvm::ArrayRef<int64_t> out) {
+  std::vector<std::pair<std::pair<size_t, size_t>, std::pair<size_t, size_t>>> groups;
+  size_t i = 0, j = 0;
+  while (i < in.size() && j < out.size()) {
+    size_t i0 = i, j0 = j;
+    int64_t a = in[i++], b = out[j++];
+    while (a != b && i <= in.size() && j <= out.size()) {
+      if (a < b && i < in.size())
+        a *= in[i++];
+      else if (b < a && j < out.size())
+        b *= out[j++];
+      else
+        break;
+    }
+    if (a != b) break;
+    groups.push_back({{i0, i}, {j0, j}});
+  }
+  return groups;
+}
+
+class Sharder {
+public:
+  Sharder(const Graph &graph, const TensorParallelOptions &options)
+      : g_(graph), t_(options.parts), options_(options), registry_(ops::OpRegistry::global()),
+        gamma_(reduce_bytes_per_second(options.device, DType::kF32)) {}
+
+  Result<TensorParallelResult> run();
+
+private:
+  const TensorType &type(TensorId id) const { return g_.tensor(id).type; }
+  bool valid_split(const TensorType &ty, int d, int64_t o) const {
+    if (d < 0 || d >= static_cast<int>(ty.rank()) || o < 1) return false;
+    const int64_t n = ty.shape[static_cast<size_t>(d)];
+    return n % o == 0 && (n / o) % t_ == 0 && n / o >= t_;
+  }
+  std::vector<ShardSpec> split_specs(const TensorType &ty) const {
+    std::vector<ShardSpec> specs;
+    for (int d = 0; d < static_cast<int>(ty.rank()); ++d)
+      for (int64_t o : outers_)
+        if (valid_split(ty, d, o)) specs.push_back(ShardSpec::split(d, o));
+    return specs;
+  }
+  double bytes(TensorId id) const { return static_cast<double>(type(id).size_bytes()); }
+  double all_reduce(TensorId id) const {
+    return all_reduce_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing, gamma_);
+  }
+  double all_gather(TensorId id) const {
+    return all_gather_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing);
+  }
+  bool is_parameter(TensorId id) const {
+    const Tensor &t = g_.tensor(id);
+    // Pieces are cut from initializers; imported weights (data) stay whole.
+    return t.kind == TensorKind::kParameter && t.data == nullptr && !t.external &&
+           t.initializer.kind != Initializer::Kind::kNone;
+  }
+  // The cost of turning `id` from `from` into `to`, forward and backward;
+  // infinity where the pass does not do it. `fallback` allows R -> S for
+  // activations (a slice), which the search itself never starts.
+  double arrive(TensorId id, const ShardSpec &from, const ShardSpec &to, bool fallback) const;
+  std::optional<ShardSpec> map_reshape(const TensorType &in, const ShardSpec &spec,
+                                       const TensorType &out) const;
+  std::vector<Strategy> strategies(NodeId id) const;
+  void collect_outers();
+  // Cheapest arrival of `input` in `want`, with the spec it comes from.
+  std::pair<double, ShardSpec> best_arrival(TensorId input, const ShardSpec &want) const;
+  double strategy_cost(NodeId id, const Strategy &s) const;
+
+  const Graph &g_;
+  const int t_;
+  const TensorParallelOptions &options_;
+  const ops::OpRegistry &registry_;
+  const double gamma_;
+  std::vector<int64_t> outers_{1};
+  std::vector<bool> needs_grad_;
+  // Per tensor: the specs it can be had in and the excess cost over its
+  // cheapest (the common upstream cost cancels out between the choices).
+  std::vector<std::map<ShardSpec, double>> table_;
+  std::vector<std::vector<Strategy>> node_strategies_;
+  std::vector<double> node_time_;
+};
+
+double Sharder::arrive(TensorId id, const ShardSpec &from, const ShardSpec &to,
+                       bool fallback) const {
+  if (from == to) return 0;
+  const bool grad = needs_grad_[id];
+  if (to.kind == Kind::kReplicated) {
+    if (from.kind == Kind::kPartial) return all_reduce(id);
+    if (from.kind == Kind::kSplit) return all_gather(id); // backward: a slice
+  }
+  if (to.kind == Kind::kSplit && from.kind == Kind::kReplicated &&
+      (fallback || g_.tensor(id).kind != TensorKind::kIntermediate))
+    return grad ? all_gather(id) : 0.0; // a slice; backward: gather the gradient
+  if (fallback && to.kind == Kind::kSplit)
+    return arrive(id, from, ShardSpec::replicated(), true) +
+           arrive(id, ShardSpec::replicated(), to, true);
+  return kInf;
+}
+
+std::optional<ShardSpec> Sharder::map_reshape(const TensorType &in, const ShardSpec &spec,
+                                              const TensorType &out) const {
+  if (spec.kind != Kind::kSplit) return spec;
+  const auto d = static_cast<size_t>(spec.dim);
+  // Member r holds the flat elements i with (i mod L) in [r L / t, (r + 1) L / t)
+  // in every one of A blocks: a reshape keeps flat positions, so the same (A, L)
+  // must be a split of some output dim.
+  const int64_t A = product(in.shape, 0, d) * spec.outer;
+  const int64_t L =
+      in.shape[d] / spec.outer * product(in.shape, d + 1, static_cast<size_t>(in.rank()));
+  for (size_t e = 0; e < static_cast<size_t>(out.rank()); ++e) {
+    const int64_t before = product(out.shape, 0, e);
+    if (A % before != 0) continue;
+    const int64_t o = A / before;
+    if (out.shape[e] % o != 0) continue;
+    const int64_t m = out.shape[e] / o;
+    if (m % t_ != 0 || m < t_ ||
+        m * product(out.shape, e + 1, static_cast<size_t>(out.rank())) != L)
+      continue;
+    return ShardSpec::split(static_cast<int>(e), o);
+  }
+  return std::nullopt;
+}
+
+void Sharder::collect_outers() {
+  std::set<int64_t> outers = {1};
+  for (const Node &node : g_.nodes()) {
+    if (!is_reshape(node.op)) continue;
+    const auto &in = type(node.inputs[0]).shape;
+    const auto &out = type(node.outputs[0]).shape;
+    for (const auto &[a, b] : reshape_groups(in, out)) {
+      // One dim on one side, several on the other: the prefix products of the
+      // several are the ways that dim is viewed.
+      auto add = [&](llvm::ArrayRef<int64_t> dims, std::pair<size_t, size_t> range) {
+        int64_t p = 1;
+        for (size_t k = range.first; k + 1 < range.second; ++k)
+          outers.insert(p *= dims[k]);
+      };
+      if (a.second - a.first == 1) add(out, b);
+      if (b.second - b.first == 1) add(in, a);
+    }
+  }
+  outers_.assign(outers.begin(), outers.end());
+}
+
+std::vector<Strategy> Sharder::strategies(NodeId id) const {
+  const Node &node = g_.node(id);
+  const ops::OpDef *def = registry_.find(node.op);
+  std::vector<Strategy> out;
+  auto all = [&](Kind kind) {
+    Strategy s;
+    s.in.assign(node.inputs.size(), kind == Kind::kPartial ? ShardSpec::partial() : ShardSpec{});
+    s.out.assign(node.outputs.size(), kind == Kind::kPartial ? ShardSpec::partial() : ShardSpec{});
+    return s;
+  };
+  Strategy replicated = all(Kind::kReplicated);
+  replicated.rule = "replicated";
+  out.push_back(replicated);
+  if (def == nullptr || node.outputs.empty()) return out;
+  const ops::AttrReader attrs(node, *def);
+  const TensorType &y = type(node.outputs[0]);
+  const int r = static_cast<int>(y.rank());
+  const std::string &op = node.op;
+
+  if (is_elementwise(op) && node.outputs.size() == 1) {
+    for (const ShardSpec &spec : split_specs(y)) {
+      Strategy s;
+      s.rule = "elementwise, split like its inputs";
+      for (TensorId in : node.inputs) {
+        const TensorType &x = type(in);
+        const int di = spec.dim - (r - static_cast<int>(x.rank()));
+        if (di >= 0 && x.shape[static_cast<size_t>(di)] == y.shape[static_cast<size_t>(spec.dim)])
+          s.in.push_back(ShardSpec::split(di, spec.outer));
+        else
+          s.in.push_back(ShardSpec::replicated());
+      }
+      s.out = {spec};
+      out.push_back(std::move(s));
+    }
+    auto same_shape = [&](TensorId in) { return type(in).shape == y.shape; };
+    if ((op == "Add" || op == "Sub") &&
+        std::all_of(node.inputs.begin(), node.inputs.end(), same_shape)) {
+      Strategy s = all(Kind::kPartial);
+      s.rule = "sum of partial sums";
+      out.push_back(std::move(s));
+    }
+    if (op == "Neg" || op == "Identity") {
+      Strategy s = all(Kind::kPartial);
+      s.rule = "linear in a partial sum";
+      out.push_back(std::move(s));
+    }
+    if (op == "Mul" || op == "Div") {
+      for (size_t k = 0; k < node.inputs.size(); ++k) {
+        if (op == "Div" && k == 1) break;
+        if (!same_shape(node.inputs[k])) continue;
+        Strategy s = all(Kind::kReplicated);
+        s.in[k] = ShardSpec::partial();
+        s.out = {ShardSpec::partial()};
+        s.rule = "linear in a partial sum";
+        out.push_back(std::move(s));
+      }
+    }
+    return out;
+  }
+
+  if (is_reshape(op)) {
+    const TensorType &x = type(node.inputs[0]);
+    for (const ShardSpec &spec : split_specs(x)) {
+      auto mapped = map_reshape(x, spec, y);
+      if (!mapped) continue;
+      out.push_back({{spec}, {*mapped}, "reshape, the split follows the flattening"});
+    }
+    out.push_back({{ShardSpec::partial()}, {ShardSpec::partial()}, "reshape of a partial sum"});
+    return out;
+  }
+
+  if (op == "Transpose") {
+    std::vector<int64_t> perm = attrs.get_ints("perm");
+    if (perm.empty())
+      for (int k = r - 1; k >= 0; --k)
+        perm.push_back(k);
+    for (const ShardSpec &spec : split_specs(type(node.inputs[0]))) {
+      const auto at = std::find(perm.begin(), perm.end(), spec.dim) - perm.begin();
+      if (at >= r) continue;
+      out.push_back({{spec},
+                     {ShardSpec::split(static_cast<int>(at), spec.outer)},
+                     "transpose, the split follows its dim"});
+    }
+    out.push_back({{ShardSpec::partial()}, {ShardSpec::partial()}, "transpose of a partial sum"});
+    return out;
+  }
+
+  if (op == "Split" || op == "Concat") {
+    const int axis = axis_or(attrs.get_int("axis"), r, -1);
+    // Every operand (the same rank) split along another dim: split alike.
+    for (const ShardSpec &spec : split_specs(type(node.inputs[0]))) {
+      if (spec.dim == axis) continue;
+      bool ok = true;
+      for (TensorId t : node.inputs)
+        ok = ok && valid_split(type(t), spec.dim, spec.outer);
+      for (TensorId t : node.outputs)
+        ok = ok && valid_split(type(t), spec.dim, spec.outer);
+      if (!ok) continue;
+      Strategy s;
+      s.in.assign(node.inputs.size(), spec);
+      s.out.assign(node.outputs.size(), spec);
+      s.rule = str_cat(op, " along another dim");
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  if (op == "Softmax" || op == "LogSoftmax" || op == "LayerNorm") {
+    const int axis = axis_or(attrs.get_int("axis"), r, 0);
+    for (const ShardSpec &spec : split_specs(y)) {
+      // Softmax normalizes one dim; LayerNorm every dim from `axis` on.
+      if (op == "LayerNorm" ? spec.dim >= axis : spec.dim == axis) continue;
+      Strategy s;
+      s.in.assign(node.inputs.size(), ShardSpec::replicated());
+      s.in[0] = spec;
+      s.out = {spec};
+      s.rule = "normalization along an unsplit dim";
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  if (op == "MaxPool2d" || op == "AveragePool2d" || op == "GlobalAveragePool") {
+    for (const ShardSpec &spec : split_specs(y))
+      if (spec.dim <= 1) out.push_back({{spec}, {spec}, "pooling per channel"});
+    return out;
+  }
+
+  if (op == "MatMul" || op == "Gemm") {
+    const TensorType &a = type(node.inputs[0]);
+    const TensorType &b = type(node.inputs[1]);
+    if (a.rank() < 2 || b.rank() < 2) return out;
+    const bool ta = attrs.get_int("trans_a") != 0, tb = attrs.get_int("trans_b") != 0;
+    const int ra = static_cast<int>(a.rank()), rb = static_cast<int>(b.rank());
+    const int a_m = ta ? ra - 1 : ra - 2, a_k = ta ? ra - 2 : ra - 1;
+    const int b_k = tb ? rb - 1 : rb - 2, b_n = tb ? rb - 2 : rb - 1;
+    const bool has_c = node.inputs.size() > 2;
+    const TensorType *c = has_c ? &type(node.inputs[2]) : nullptr;
+    // C (Gemm) broadcast to the output: split along `dim` of Y where it has it.
+    auto c_spec = [&](const ShardSpec &ys) {
+      const int dc = ys.dim - (r - static_cast<int>(c->rank()));
+      if (dc >= 0 && c->shape[static_cast<size_t>(dc)] == y.shape[static_cast<size_t>(ys.dim)])
+        return ShardSpec::split(dc, ys.outer);
+      return ShardSpec::replicated();
+    };
+    auto push = [&](ShardSpec sa, ShardSpec sb, ShardSpec sy, std::string rule) {
+      Strategy s{{sa, sb}, {sy}, std::move(rule)};
+      if (has_c) s.in.push_back(sy.is_split() ? c_spec(sy) : ShardSpec::replicated());
+      out.push_back(std::move(s));
+    };
+    for (int64_t o : outers_) {
+      if (valid_split(b, b_n, o))
+        push(ShardSpec::replicated(), ShardSpec::split(b_n, o), ShardSpec::split(r - 1, o),
+             "column split (B by columns)");
+      if (valid_split(a, a_m, o))
+        push(ShardSpec::split(a_m, o), ShardSpec::replicated(), ShardSpec::split(r - 2, o),
+             "row split of A");
+      if (!has_c && valid_split(a, a_k, o) && valid_split(b, b_k, o))
+        push(ShardSpec::split(a_k, o), ShardSpec::split(b_k, o), ShardSpec::partial(),
+             "row split (the contracted dim; partial sums)");
+    }
+    // Batch dims (attention heads): both operands split alike where they have the dim.
+    for (int d = 0; d + 2 < r; ++d)
+      for (int64_t o : outers_) {
+        if (!valid_split(y, d, o)) continue;
+        auto operand = [&](const TensorType &x) {
+          const int dx = d - (r - static_cast<int>(x.rank()));
+          if (dx >= 0 && dx + 2 < static_cast<int>(x.rank()) &&
+              x.shape[static_cast<size_t>(dx)] == y.shape[static_cast<size_t>(d)])
+            return ShardSpec::split(dx, o);
+          return ShardSpec::replicated();
+        };
+        push(operand(a), operand(b), ShardSpec::split(d, o), "batch dims (heads) split");
+      }
+    return out;
+  }
+
+  if (op == "Conv2d") {
+    const int64_t group = attrs.get_int("group");
+    const TensorType &w = type(node.inputs[1]);
+    const bool has_bias = node.inputs.size() > 2;
+    for (int64_t o : outers_) {
+      if (group == 1 && valid_split(w, 0, o)) {
+        Strategy s{{ShardSpec::replicated(), ShardSpec::split(0, o)},
+                   {ShardSpec::split(1, o)},
+                   "output channels split"};
+        if (has_bias) s.in.push_back(ShardSpec::split(0, o));
+        out.push_back(std::move(s));
+      }
+      if (group == 1 && !has_bias && valid_split(w, 1, o))
+        out.push_back({{ShardSpec::split(1, o), ShardSpec::split(1, o)},
+                       {ShardSpec::partial()},
+                       "input channels split (partial sums)"});
+      if (valid_split(y, 0, o)) {
+        Strategy s{{ShardSpec::split(0, o), ShardSpec::replicated()},
+                   {ShardSpec::split(0, o)},
+                   "batch split"};
+        if (has_bias) s.in.push_back(ShardSpec::replicated());
+        out.push_back(std::move(s));
+      }
+    }
+    return out;
+  }
+
+  if (op == "Gather" && node.inputs.size() == 2) {
+    const TensorType &data = type(node.inputs[0]);
+    const TensorType &indices = type(node.inputs[1]);
+    const int axis = axis_or(attrs.get_int("axis"), static_cast<int64_t>(data.rank()), 0);
+    const int ri = static_cast<int>(indices.rank());
+    for (const ShardSpec &spec : split_specs(data)) {
+      if (spec.dim == axis) continue;
+      const int e = spec.dim < axis ? spec.dim : spec.dim - 1 + ri;
+      out.push_back({{spec, ShardSpec::replicated()},
+                     {ShardSpec::split(e, spec.outer)},
+                     "gather from a table split along another dim"});
+    }
+    for (const ShardSpec &spec : split_specs(indices))
+      out.push_back({{ShardSpec::replicated(), spec},
+                     {ShardSpec::split(axis + spec.dim, spec.outer)},
+                     "gather with split indices"});
+    return out;
+  }
+  return out;
+}
+
+std::pair<double, ShardSpec> Sharder::best_arrival(TensorId input, const ShardSpec &want) const {
+  double best = kInf;
+  ShardSpec from;
+  for (const auto &[spec, excess] : table_[input]) {
+    const double c = excess + arrive(input, spec, want, false);
+    if (c < best) best = c, from = spec;
+  }
+  return {best, from};
+}
+
+double Sharder::strategy_cost(NodeId id, const Strategy &s) const {
+  const Node &node = g_.node(id);
+  double cost = s.splits() ? node_time_[id] / t_ : node_time_[id];
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const TensorId in = node.inputs[i];
+    cost += best_arrival(in, s.in[i]).first;
+    // A replicated operand of split work gets partial gradients: TpCopy sums them.
+    if (s.splits() && s.in[i].kind == Kind::kReplicated && needs_grad_[in]) cost += all_reduce(in);
+    if (cost == kInf) return kInf;
+  }
+  return cost;
+}
+
+Result<TensorParallelResult> Sharder::run() {
+  if (!g_.updates().empty())
+    return unimplemented("tensor parallelism: the forward graph has state updates");
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, g_.topological_order());
+  collect_outers();
+
+  // Which tensors carry a gradient (depend on a trainable parameter).
+  needs_grad_.assign(g_.num_tensors(), false);
+  for (TensorId id = 0; id < g_.num_tensors(); ++id)
+    needs_grad_[id] =
+        g_.tensor(id).kind == TensorKind::kParameter && is_floating(g_.tensor(id).type.dtype);
+  for (NodeId id : order) {
+    bool any = false;
+    for (TensorId in : g_.node(id).inputs)
+      any = any || needs_grad_[in];
+    for (TensorId out : g_.node(id).outputs)
+      needs_grad_[out] = any && is_floating(type(out).dtype);
+  }
+
+  // Forward: the cost table of every tensor.
+  table_.assign(g_.num_tensors(), {});
+  for (TensorId id = 0; id < g_.num_tensors(); ++id) {
+    if (g_.tensor(id).producer != kNoNode) continue;
+    table_[id][ShardSpec::replicated()] = 0;
+    if (is_parameter(id))
+      for (const ShardSpec &spec : split_specs(type(id)))
+        table_[id][spec] = 0;
+  }
+  node_strategies_.assign(g_.num_nodes(), {});
+  node_time_.assign(g_.num_nodes(), 0);
+  for (NodeId id : order) {
+    node_time_[id] = partitioner::node_time(g_, id, options_.device);
+    node_strategies_[id] = strategies(id);
+    const Node &node = g_.node(id);
+    for (const Strategy &s : node_strategies_[id]) {
+      const double c = strategy_cost(id, s);
+      if (c == kInf) continue;
+      for (size_t k = 0; k < node.outputs.size(); ++k) {
+        auto [it, fresh] = table_[node.outputs[k]].emplace(s.out[k], c);
+        if (!fresh) it->second = std::min(it->second, c);
+      }
+    }
+    for (TensorId out : node.outputs) {
+      auto &entries = table_[out];
+      if (entries.empty())
+        return internal_error("tensor parallelism: no rule fits '", node.name, "'");
+      double least = kInf;
+      for (const auto &[spec, c] : entries)
+        least = std::min(least, c);
+      for (auto &[spec, c] : entries)
+        c -= least;
+    }
+  }
+
+  // Backward: the spec of every tensor, from what its readers want.
+  std::vector<std::vector<ShardSpec>> demands(g_.num_tensors());
+  for (TensorId out : g_.outputs())
+    demands[out].push_back(ShardSpec::replicated());
+  std::vector<ShardSpec> chosen(g_.num_tensors());
+  std::vector<int> strategy_of(g_.num_nodes(), 0);
+  auto serve = [&](TensorId id, const ShardSpec &spec) {
+    double c = 0;
+    for (const ShardSpec &want : demands[id])
+      c += arrive(id, spec, want, true);
+    return c;
+  };
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const NodeId id = *it;
+    const Node &node = g_.node(id);
+    double best = kInf;
+    int pick = 0;
+    const auto &candidates = node_strategies_[id];
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      double c = strategy_cost(id, candidates[k]);
+      for (size_t o = 0; o < node.outputs.size() && c < kInf; ++o)
+        c += serve(node.outputs[o], candidates[k].out[o]);
+      if (c < best) best = c, pick = static_cast<int>(k);
+    }
+    strategy_of[id] = pick;
+    const Strategy &s = candidates[static_cast<size_t>(pick)];
+    for (size_t o = 0; o < node.outputs.size(); ++o)
+      chosen[node.outputs[o]] = s.out[o];
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      demands[node.inputs[i]].push_back(s.in[i]);
+  }
+  // Sources: parameters are stored in the spec that serves their readers best.
+  for (TensorId id = 0; id < g_.num_tensors(); ++id) {
+    if (g_.tensor(id).producer != kNoNode) continue;
+    chosen[id] = ShardSpec::replicated();
+    if (!is_parameter(id)) continue;
+    double best = serve(id, ShardSpec::replicated());
+    for (const ShardSpec &want : demands[id]) {
+      const double c = serve(id, want);
+      if (c < best) best = c, chosen[id] = want;
+    }
+  }
+
+  // The local graph.
+  TensorParallelResult result;
+  Graph local(g_.name());
+  auto local_type = [&](TensorId id) {
+    TensorType ty = type(id);
+    if (chosen[id].is_split()) ty.shape[static_cast<size_t>(chosen[id].dim)] /= t_;
+    return ty;
+  };
+  std::vector<TensorId> base(g_.num_tensors(), kInvalidTensor);
+  std::map<std::pair<TensorId, ShardSpec>, TensorId> converted;
+  std::map<TensorId, TensorId> copied;
+  Status status = Status::ok();
+  auto add_node = [&](std::string op, std::vector<TensorId> inputs, std::vector<Attribute> attrs,
+                      std::string name, std::vector<std::string> output_names) {
+    Node node;
+    node.name = local.unique_name(name);
+    node.op = std::move(op);
+    for (Attribute &a : attrs)
+      node.set_attr(std::move(a.name), std::move(a.value));
+    llvm::SmallVector<TensorType, 4> in_types;
+    for (TensorId in : inputs) {
+      node.inputs.push_back(in);
+      in_types.push_back(local.tensor(in).type);
+    }
+    auto types = registry_.infer_types(node, in_types);
+    if (!types.is_ok()) {
+      status = types.status().with_context(str_cat("tensor parallelism: node '", node.name, "'"));
+      return std::vector<TensorId>{};
+    }
+    std::vector<TensorId> outs;
+    for (size_t k = 0; k < types->size(); ++k) {
+      Tensor t;
+      t.name =
+          k < output_names.size() ? output_names[k] : local.unique_name(str_cat(node.name, ":", k));
+      t.type = (*types)[k];
+      auto added = local.add_tensor(std::move(t));
+      if (!added.is_ok()) {
+        status = added.status();
+        return std::vector<TensorId>{};
+      }
+      outs.push_back(*added);
+      node.outputs.push_back(*added);
+    }
+    if (auto added = local.add_node(std::move(node)); !added.is_ok()) status = added.status();
+    return outs;
+  };
+  auto describe = [&](NodeId id) {
+    if (id == kNoNode) return std::string("the graph output");
+    const Node &node = g_.node(id);
+    return str_cat("'", node.name, "' (", node.op, ", ",
+                   node_strategies_[id][static_cast<size_t>(strategy_of[id])].rule, ")");
+  };
+  // Tensor `id` (global) in spec `want` for `reader`, converting from its chosen spec.
+  std::function<TensorId(TensorId, const ShardSpec &, NodeId)> get = [&](TensorId id,
+                                                                         const ShardSpec &want,
+                                                                         NodeId reader) {
+    const ShardSpec &have = chosen[id];
+    if (have == want || !status.is_ok()) return base[id];
+    auto key = std::make_pair(id, want);
+    if (auto found = converted.find(key); found != converted.end()) return found->second;
+    const std::string &name = g_.tensor(id).name;
+    const NodeId producer = g_.tensor(id).producer;
+    const std::string why =
+        str_cat("'", name, "' is ", have.kind == Kind::kPartial ? "partial sums" : "split ",
+                have.is_split() ? have.to_string() : "", " from ",
+                producer == kNoNode ? std::string("its source") : describe(producer), "; ",
+                describe(reader), " reads it ", want.to_string());
+    TensorId made = kInvalidTensor;
+    if (want.kind == Kind::kReplicated && have.kind == Kind::kPartial) {
+      auto outs = add_node("TpAllReduce", {base[id]}, {{"parts", int64_t{t_}}, {"why", why}},
+                           name + ".tp_all_reduce", {local.unique_name(name + ".tp_all_reduce")});
+      made = outs.empty() ? kInvalidTensor : outs[0];
+    } else if (want.kind == Kind::kReplicated && have.is_split()) {
+      auto outs = add_node("TpAllGather", {base[id]},
+                           {{"parts", int64_t{t_}},
+                            {"axis", int64_t{have.dim}},
+                            {"outer", have.outer},
+                            {"why", why}},
+                           name + ".tp_all_gather", {local.unique_name(name + ".tp_all_gather")});
+      made = outs.empty() ? kInvalidTensor : outs[0];
+    } else if (want.is_split()) {
+      const TensorId whole = get(id, ShardSpec::replicated(), reader);
+      if (!status.is_ok()) return kInvalidTensor;
+      auto outs = add_node("TpSplit", {whole},
+                           {{"parts", int64_t{t_}},
+                            {"axis", int64_t{want.dim}},
+                            {"outer", want.outer},
+                            {"why", why}},
+                           name + ".tp_split", {local.unique_name(name + ".tp_split")});
+      made = outs.empty() ? kInvalidTensor : outs[0];
+    } else {
+      status = internal_error("tensor parallelism: cannot turn '", name, "' from ",
+                              have.to_string(), " into ", want.to_string());
+    }
+    converted[key] = made;
+    return made;
+  };
+
+  for (TensorId id = 0; id < g_.num_tensors(); ++id) {
+    const Tensor &t = g_.tensor(id);
+    if (t.producer != kNoNode) continue;
+    Tensor copy = t;
+    copy.type = local_type(id);
+    copy.producer = kNoNode;
+    ASSIGN_OR_RETURN(base[id], local.add_tensor(std::move(copy)));
+    if (chosen[id].is_split())
+      result.shards.push_back(
+          {t.name, {t.type.shape.begin(), t.type.shape.end()}, chosen[id].dim, chosen[id].outer});
+  }
+  for (TensorId in : g_.inputs())
+    local.add_input(base[in]);
+  for (NodeId id : order) {
+    const Node &node = g_.node(id);
+    const Strategy &s = node_strategies_[id][static_cast<size_t>(strategy_of[id])];
+    result.rules[node.name] = s.rule;
+    std::vector<TensorId> inputs;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const TensorId in = node.inputs[i];
+      TensorId local_in = get(in, s.in[i], id);
+      if (s.splits() && s.in[i].kind == Kind::kReplicated && needs_grad_[in]) {
+        // Split work reading a replicated tensor: its gradient is summed over the group.
+        auto found = copied.find(local_in);
+        if (found == copied.end()) {
+          const std::string name = local.tensor(local_in).name + ".tp_copy";
+          const std::string why = str_cat("'", g_.tensor(in).name, "' is read whole by ",
+                                          describe(id), ", whose gradients for it are partial");
+          auto outs = add_node("TpCopy", {local_in}, {{"parts", int64_t{t_}}, {"why", why}}, name,
+                               {local.unique_name(name)});
+          found = copied.emplace(local_in, outs.empty() ? kInvalidTensor : outs[0]).first;
+        }
+        local_in = found->second;
+      }
+      inputs.push_back(local_in);
+    }
+    RETURN_IF_ERROR(status);
+    std::vector<Attribute> attrs = node.attrs;
+    if (node.op == "Reshape")
+      for (Attribute &a : attrs)
+        if (a.name == "shape") {
+          const TensorType ty = local_type(node.outputs[0]);
+          a.value = std::vector<int64_t>(ty.shape.begin(), ty.shape.end());
+        }
+    std::vector<std::string> names;
+    for (TensorId out : node.outputs)
+      names.push_back(g_.tensor(out).name);
+    auto outs = add_node(node.op, inputs, std::move(attrs), node.name, names);
+    RETURN_IF_ERROR(status);
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const TensorId out = node.outputs[k];
+      base[out] = outs[k];
+      if (!(local.tensor(outs[k]).type == local_type(out)))
+        return internal_error("tensor parallelism: node '", node.name, "' (", node.op, ", ", s.rule,
+                              ") gives ", local.tensor(outs[k]).type.to_string(), " for '",
+                              g_.tensor(out).name, "' (", chosen[out].to_string(), " of ",
+                              type(out).to_string(), ")");
+    }
+  }
+  for (TensorId out : g_.outputs()) {
+    const TensorId whole = get(out, ShardSpec::replicated(), kNoNode);
+    RETURN_IF_ERROR(status);
+    local.add_output(whole);
+  }
+  for (TensorId id = 0; id < g_.num_tensors(); ++id)
+    result.specs[g_.tensor(id).name] = chosen[id];
+  RETURN_IF_ERROR(verify_graph(local, registry_).with_context("tensor-parallel local graph"));
+  result.local = std::move(local);
+  return result;
+}
+
+} // namespace
+
+Result<TensorParallelResult> shard_tensor_parallel(const Graph &forward,
+                                                   const TensorParallelOptions &options) {
+  if (options.parts < 1)
+    return invalid_argument("tensor parallelism needs at least 1 device, got ", options.parts);
+  Sharder sharder(forward, options);
+  return sharder.run();
+}
+
+std::vector<TensorShard> with_optimizer_state(const Graph &training,
+                                              std::vector<TensorShard> shards) {
+  const size_t n = shards.size();
+  for (size_t i = 0; i < n; ++i)
+    for (const char *suffix : {".momentum", ".adam_m", ".adam_v"}) {
+      TensorShard state = shards[i];
+      state.tensor += suffix;
+      if (training.find_tensor(state.tensor)) shards.push_back(std::move(state));
+    }
+  return shards;
+}
+
+void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_bytes,
+                std::byte *full, std::byte *piece, bool to_piece) {
+  const auto d = static_cast<size_t>(shard.dim);
+  const auto &shape = shard.full_shape;
+  // The full tensor as [before * outer, parts, m, after]; the piece as
+  // [before * outer, m, after].
+  const int64_t rows = product(shape, 0, d) * shard.outer;
+  const int64_t m = shape[d] / shard.outer / parts;
+  const size_t run = static_cast<size_t>(m * product(shape, d + 1, shape.size())) * element_bytes;
+  for (int64_t row = 0; row < rows; ++row) {
+    std::byte *f = full + (static_cast<size_t>(row * parts + rank)) * run;
+    std::byte *p = piece + static_cast<size_t>(row) * run;
+    if (run == 0) continue;
+    if (to_piece)
+      std::memcpy(p, f, run);
+    else
+      std::memcpy(f, p, run);
+  }
+}
+
+} // namespace strata::partitioner

@@ -1,0 +1,92 @@
+// Tensor parallelism: the forward graph split over the `parts` devices of a
+// tensor-parallel group.
+//
+// Every tensor gets a sharding spec over the group: replicated (R: every member
+// holds all of it), split (S: member r holds piece r along one dim) or partial
+// (P: every member holds a summand; the value is their sum). Each op has
+// sharding rules: the specs of inputs it accepts and the spec of the outputs it
+// then produces (MatMul: column split R x S(1) -> S(-1), row split S(-1) x S(0) ->
+// P, heads as batch dims; elementwise ops follow their inputs; LayerNorm and
+// Softmax along non-normalized dims; Conv2d by output channels; reshapes map a
+// split through their flattening; ...). Any op accepts all-R.
+//
+// Nothing is annotated by hand. The pass picks a spec for every tensor by
+// dynamic programming over the graph in topological order: for each tensor and
+// each spec, the cheapest way to have it in that spec, charging every rule its
+// compute time (divided by `parts` when the work is split) and every change of
+// spec its collective on the group's link, forward and backward (an all-reduce
+// for P -> R and for the gradient of a replicated tensor read by split work,
+// an all-gather for S -> R). Parameters may be stored in any spec for free; an
+// activation never goes from R to S by itself (the group splits the model; the
+// data-parallel axis splits the batch), so splits start at the parameters. The
+// choices are then read back from the graph outputs, which must be R. On a GPT
+// this finds Megatron-LM's pattern: the QKV and first MLP projections split by
+// columns (QKV by heads: a split of the fused [Q | K | V] axis with outer 3), the
+// attention by heads, the output and second MLP projections by rows, and one
+// all-reduce after each block.
+//
+// The result is one local graph that every member runs: parameters at their
+// piece's shape, activations at their local shape, and the communication as
+// graph ops (TpCopy, TpAllReduce, TpAllGather, TpSplit; ops/ops_parallel.cc)
+// whose gradients are each other, so autodiff and the optimizer apply to the
+// local graph unchanged.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "partitioner/cluster.h"
+#include "serialization/plan_io.h"
+
+namespace strata::partitioner {
+
+struct ShardSpec {
+  enum class Kind : uint8_t { kReplicated, kSplit, kPartial };
+  Kind kind = Kind::kReplicated;
+  int dim = 0;       // split: the dim
+  int64_t outer = 1; // split: the dim viewed as [outer, n / outer]; the second factor is cut
+  static ShardSpec replicated() { return {}; }
+  static ShardSpec partial() { return {Kind::kPartial, 0, 1}; }
+  static ShardSpec split(int dim, int64_t outer = 1) { return {Kind::kSplit, dim, outer}; }
+  bool is_split() const { return kind == Kind::kSplit; }
+  std::string to_string() const; // "R", "P", "S(2)", "S(2/3)" (outer 3)
+  friend bool operator==(const ShardSpec &, const ShardSpec &) = default;
+  friend auto operator<=>(const ShardSpec &, const ShardSpec &) = default;
+};
+
+// A parameter held in pieces: member r of the group holds piece r of the full
+// tensor along `dim` (with `outer`, as ShardSpec).
+using TensorShard = serialization::PlanShard;
+
+struct TensorParallelOptions {
+  int parts = 2;
+  DeviceSpec device; // compute is priced on it
+  LinkSpec link;     // the group's link
+};
+
+struct TensorParallelResult {
+  Graph local; // what every member runs
+  std::vector<TensorShard> shards;
+  // The chosen spec of every forward tensor, by name (for inspection and tests).
+  std::map<std::string, ShardSpec> specs;
+  // The chosen rule of every forward node, by name ("column split", ...).
+  std::map<std::string, std::string> rules;
+};
+
+// Errors: parts < 1, a forward graph with state updates.
+Result<TensorParallelResult> shard_tensor_parallel(const Graph &forward,
+                                                   const TensorParallelOptions &options);
+
+// The optimizer state of a sharded parameter is sharded like it: adds the
+// shards of "<param>.momentum", ".adam_m" and ".adam_v" when `training` has them.
+std::vector<TensorShard> with_optimizer_state(const Graph &training,
+                                              std::vector<TensorShard> shards);
+
+// Copies piece `rank` of a full tensor of shape shard.full_shape out of `full`
+// into `piece` (to_piece) or back (!to_piece); elements of `element_bytes`.
+void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_bytes,
+                std::byte *full, std::byte *piece, bool to_piece);
+
+} // namespace strata::partitioner
