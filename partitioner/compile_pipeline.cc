@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "graph/builder.h"
 #include "graph/verifier.h"
@@ -46,6 +47,79 @@ Status split_clip_norm(Graph &graph, std::vector<int> &node_stage) {
     RETURN_IF_ERROR(verify_graph(graph, registry).with_context("splitting " + name));
   }
   return Status::ok();
+}
+
+// Gradient clipping under tensor parallelism: a member's gradients of
+// parameters held in pieces are pieces too, so their squares are summed over
+// the group (TpAllReduce of the SumOfSquares pair); replicated parameters'
+// gradients are whole on every member and count once. Runs after
+// split_clip_norm: every GlobalNormScale becomes NormScale of per-stage
+// SumOfSquares, each split into its pieces' part and its whole part.
+Status split_clip_norm_over_pieces(Graph &graph, std::vector<int> &node_stage, int members,
+                                   const std::vector<serialization::PlanShard> &shards) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  std::set<std::string> in_pieces;
+  for (const auto &shard : shards)
+    in_pieces.insert(shard.tensor);
+  // The gradient each "<param>.clipped_grad" multiplies belongs to <param>.
+  std::map<TensorId, bool> piece_gradient;
+  static constexpr std::string_view kSuffix = ".clipped_grad";
+  for (const Node &node : graph.nodes())
+    if (node.op == "Mul" && node.name.ends_with(kSuffix))
+      piece_gradient[node.inputs[0]] =
+          in_pieces.contains(node.name.substr(0, node.name.size() - kSuffix.size()));
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    if (graph.node(id).op != "GlobalNormScale") continue;
+    // One stage: NormScale of a single SumOfSquares.
+    const std::vector<TensorId> grads(graph.node(id).inputs.begin(), graph.node(id).inputs.end());
+    GraphBuilder builder(std::move(graph), registry);
+    const TensorId sum =
+        builder.op1("SumOfSquares", grads, {}, str_cat(builder.graph().node(id).name, ".stage0"));
+    ASSIGN_OR_RETURN(graph, std::move(builder).finish());
+    node_stage.push_back(node_stage[id]);
+    Node &clip = graph.mutable_node(id);
+    clip.op = "NormScale";
+    clip.inputs.assign({sum});
+  }
+  const auto consumers = graph.consumers();
+  const NodeId original_nodes = static_cast<NodeId>(graph.num_nodes());
+  for (NodeId id = 0; id < original_nodes; ++id) {
+    if (graph.node(id).op != "SumOfSquares") continue;
+    std::vector<TensorId> pieces, whole;
+    for (TensorId g : graph.node(id).inputs) {
+      auto it = piece_gradient.find(g);
+      if (it == piece_gradient.end())
+        return internal_error("clipping: '", graph.tensor(g).name, "' is not a clipped gradient");
+      (it->second ? pieces : whole).push_back(g);
+    }
+    if (pieces.empty()) continue;
+    const TensorId partial = graph.node(id).outputs[0];
+    const auto &readers = consumers[partial];
+    if (readers.size() != 1 || graph.node(readers[0]).op != "NormScale")
+      return internal_error("clipping: '", graph.tensor(partial).name,
+                            "' is not read by NormScale");
+    const NodeId norm = readers[0];
+    const std::string name = graph.node(id).name;
+    GraphBuilder builder(std::move(graph), registry);
+    const TensorId summed = builder.op1(
+        "TpAllReduce", {partial},
+        {{"parts", int64_t{members}},
+         {"why", str_cat("the squares of gradient pieces of this stage, summed over the group "
+                         "for the clipping norm")}},
+        name + ".tp_all_reduce");
+    node_stage.push_back(node_stage[id]);
+    TensorId rest = kInvalidTensor;
+    if (!whole.empty()) {
+      rest = builder.op1("SumOfSquares", whole, {}, name + ".whole");
+      node_stage.push_back(node_stage[id]);
+    }
+    ASSIGN_OR_RETURN(graph, std::move(builder).finish());
+    graph.mutable_node(id).inputs.assign(pieces.begin(), pieces.end());
+    Node &norm_node = graph.mutable_node(norm);
+    std::replace(norm_node.inputs.begin(), norm_node.inputs.end(), partial, summed);
+    if (rest != kInvalidTensor) norm_node.inputs.push_back(rest);
+  }
+  return verify_graph(graph, registry).with_context("clipping over tensor-parallel pieces");
 }
 
 // Bytes a stage holds per parameter byte: weights, gradients and the optimizer's
@@ -145,13 +219,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     shards = std::move(sharded->shards);
   }
   ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
-  if (TP > 1) {
-    for (const Node &node : graph.nodes())
-      if (node.op == "GlobalNormScale")
-        return unimplemented("gradient clipping (clip=...) with tensor parallelism is not built "
-                             "yet: the norm would need the pieces' sums over each group");
-    shards = with_optimizer_state(graph, std::move(shards));
-  }
+  if (TP > 1) shards = with_optimizer_state(graph, std::move(shards));
 
   std::vector<double> measured;
   if (options.profile) {
@@ -180,6 +248,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
   RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage));
+  if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
   // Costs of the graph as it now is (the split added nodes, which the profile
   // did not time: they get their roofline time).
   SimulationCosts costs = cluster_costs(graph, cluster);

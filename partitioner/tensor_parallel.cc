@@ -728,6 +728,14 @@ Result<TensorParallelResult> shard_tensor_parallel(const Graph &forward,
                                                    const TensorParallelOptions &options) {
   if (options.parts < 1)
     return invalid_argument("tensor parallelism needs at least 1 device, got ", options.parts);
+  if (options.parts == 1) {
+    // One member holds everything.
+    TensorParallelResult whole;
+    whole.local = forward;
+    for (const Tensor &t : forward.tensors())
+      whole.specs[t.name] = ShardSpec::replicated();
+    return whole;
+  }
   Sharder sharder(forward, options);
   return sharder.run();
 }

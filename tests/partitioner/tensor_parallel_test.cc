@@ -88,5 +88,68 @@ TEST(TensorParallelTest, FindsTheMegatronPatternOnTheGpt) {
   }
 }
 
+// A piece of a split with outer 3 (a fused [Q | K | V] axis): member r holds,
+// of each third, its r-th part; joining the pieces gives back the tensor.
+TEST(TensorParallelTest, PiecesCutAndJoinAlongAStridedDim) {
+  const std::vector<int64_t> shape = {2, 12, 3};
+  TensorShard shard{"w", shape, 1, 3};
+  const int parts = 2;
+  std::vector<float> full(2 * 12 * 3);
+  for (size_t i = 0; i < full.size(); ++i)
+    full[i] = static_cast<float>(i);
+  std::vector<std::vector<float>> pieces(parts, std::vector<float>(full.size() / parts));
+  for (int r = 0; r < parts; ++r)
+    copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(full.data()),
+               reinterpret_cast<std::byte *>(pieces[static_cast<size_t>(r)].data()), true);
+  // Piece r is [2, 6, 3]: dim 1 index 2 * o + j of the piece is 4 * o + 2 * r + j of the full.
+  for (int r = 0; r < parts; ++r)
+    for (int64_t a = 0; a < 2; ++a)
+      for (int64_t o = 0; o < 3; ++o)
+        for (int64_t j = 0; j < 2; ++j)
+          for (int64_t c = 0; c < 3; ++c) {
+            const float got =
+                pieces[static_cast<size_t>(r)][static_cast<size_t>((a * 6 + o * 2 + j) * 3 + c)];
+            const float want = full[static_cast<size_t>((a * 12 + o * 4 + r * 2 + j) * 3 + c)];
+            ASSERT_EQ(got, want) << r << " " << a << " " << o << " " << j << " " << c;
+          }
+  std::vector<float> joined(full.size(), -1);
+  for (int r = 0; r < parts; ++r)
+    copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(joined.data()),
+               reinterpret_cast<std::byte *>(pieces[static_cast<size_t>(r)].data()), false);
+  EXPECT_EQ(joined, full);
+}
+
+// With the pieces known, the local graph is what one member runs: the ops of
+// the forward graph at local shapes plus the Tp* collectives, every one with
+// the reason it is there.
+TEST(TensorParallelTest, LocalGraphCollectivesSayWhy) {
+  Graph g = gpt(1, 1024, 16, 512, 4);
+  auto result = shard_tensor_parallel(g, on_h100(2));
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  for (const Node &node : result->local.nodes()) {
+    if (node.op.rfind("Tp", 0) != 0) continue;
+    const AttrValue *why = node.find_attr("why");
+    ASSERT_NE(why, nullptr) << node.name;
+    EXPECT_FALSE(std::get<std::string>(*why).empty()) << node.name;
+  }
+  const Node &reduce = result->local.node(*result->local.find_node("layer0.mlp.fc2.tp_all_reduce"));
+  EXPECT_NE(std::get<std::string>(*reduce.find_attr("why")).find("row split"), std::string::npos);
+  // Same node names, inputs and outputs as the forward graph.
+  EXPECT_EQ(result->local.inputs().size(), g.inputs().size());
+  EXPECT_EQ(result->local.outputs().size(), g.outputs().size());
+  EXPECT_EQ(result->local.tensor(result->local.outputs()[0]).type, g.tensor(g.outputs()[0]).type);
+  for (const Node &node : g.nodes())
+    EXPECT_TRUE(result->local.find_node(node.name).has_value()) << node.name;
+}
+
+// One member is no tensor parallelism; a model of ops without rules stays replicated.
+TEST(TensorParallelTest, OneMemberAndUnknownOpsStayWhole) {
+  EXPECT_FALSE(
+      shard_tensor_parallel(gpt(1, 64, 4, 8, 2), TensorParallelOptions{0, {}, {}}).is_ok());
+  auto result = shard_tensor_parallel(gpt(1, 64, 4, 8, 2), on_h100(1));
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  EXPECT_TRUE(result->shards.empty());
+}
+
 } // namespace
 } // namespace strata::partitioner
