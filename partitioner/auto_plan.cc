@@ -31,15 +31,20 @@ std::string percent_text(double fraction) {
   return text;
 }
 
-// Bytes moved per step: sends and all-reduces of every device.
+// Bytes moved per step: sends and collectives of every device (tensor-parallel
+// ones are nodes of the graph).
 double comm_bytes(const serialization::Plan &plan) {
   double bytes = 0;
   for (const auto &program : plan.programs)
     for (const auto &instr : program.instructions)
-      if (instr.kind == serialization::InstrKind::kSend ||
-          instr.kind == serialization::InstrKind::kAllReduce ||
-          instr.kind == serialization::InstrKind::kReduceScatter ||
-          instr.kind == serialization::InstrKind::kAllGather)
+      if (instr.kind == serialization::InstrKind::kCompute) {
+        const Node &node = plan.graph.node(instr.index);
+        if (node.op == "TpAllReduce" || node.op == "TpAllGather")
+          bytes += static_cast<double>(plan.graph.tensor(node.outputs[0]).type.size_bytes());
+      } else if (instr.kind == serialization::InstrKind::kSend ||
+                 instr.kind == serialization::InstrKind::kAllReduce ||
+                 instr.kind == serialization::InstrKind::kReduceScatter ||
+                 instr.kind == serialization::InstrKind::kAllGather)
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());
   return bytes;
 }
@@ -47,8 +52,8 @@ double comm_bytes(const serialization::Plan &plan) {
 } // namespace
 
 std::string AutoCandidate::label() const {
-  return str_cat("dp=", data_parallel, " pp=", stages, " M=", microbatches, " ",
-                 schedule_name(schedule), zero ? " zero1" : "");
+  return str_cat("dp=", data_parallel, " tp=", tensor_parallel, " pp=", stages, " M=", microbatches,
+                 " ", schedule_name(schedule), zero ? " zero1" : "");
 }
 
 int64_t device_memory(const serialization::Plan &plan, size_t device) {
@@ -81,57 +86,61 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
 
   AutoResult result;
   std::vector<serialization::Plan> plans;
-  for (int dp = 1; dp <= N; ++dp) {
-    if (N % dp != 0 || batch % dp != 0) continue;
-    const int pp = N / dp;
-    const int64_t local = batch / dp;
-    std::vector<int> microbatches;
-    for (int64_t m = 1; m <= std::min<int64_t>(local, options.max_microbatches); m *= 2)
-      if (local % m == 0) microbatches.push_back(static_cast<int>(m));
-    if (local <= options.max_microbatches &&
-        std::find(microbatches.begin(), microbatches.end(), local) == microbatches.end())
-      microbatches.push_back(static_cast<int>(local));
-    for (int M : microbatches) {
-      // With one stage or one micro-batch both schedules are the same program.
-      std::vector<Schedule> schedules = {Schedule::k1F1B};
-      if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
-      std::vector<int> zeros = {0};
-      if (dp > 1) zeros.push_back(1);
-      for (int zero : zeros)
-        for (Schedule schedule : schedules) {
-          AutoCandidate c;
-          c.data_parallel = dp;
-          c.stages = pp;
-          c.microbatches = M;
-          c.schedule = schedule;
-          c.zero = zero;
-          PipelineCompileOptions compile;
-          compile.zero = zero;
-          compile.stages = pp;
-          compile.data_parallel = dp;
-          compile.microbatches = M;
-          compile.schedule = schedule;
-          compile.cluster = options.cluster;
-          compile.check_memory = false; // checked below, over the whole device
-          compile.profile = options.profile;
-          auto plan = compile_pipeline(forward, training, compile);
-          if (!plan.is_ok()) {
-            c.error = plan.status().message();
+  const int per_node = std::max(1, options.cluster.devices_per_node);
+  for (int tp = 1; tp <= std::min(N, per_node); tp *= 2)
+    for (int dp = 1; dp <= N / tp; ++dp) {
+      if (N % (dp * tp) != 0 || batch % dp != 0) continue;
+      const int pp = N / (dp * tp);
+      const int64_t local = batch / dp;
+      std::vector<int> microbatches;
+      for (int64_t m = 1; m <= std::min<int64_t>(local, options.max_microbatches); m *= 2)
+        if (local % m == 0) microbatches.push_back(static_cast<int>(m));
+      if (local <= options.max_microbatches &&
+          std::find(microbatches.begin(), microbatches.end(), local) == microbatches.end())
+        microbatches.push_back(static_cast<int>(local));
+      for (int M : microbatches) {
+        // With one stage or one micro-batch both schedules are the same program.
+        std::vector<Schedule> schedules = {Schedule::k1F1B};
+        if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
+        std::vector<int> zeros = {0};
+        if (dp > 1) zeros.push_back(1);
+        for (int zero : zeros)
+          for (Schedule schedule : schedules) {
+            AutoCandidate c;
+            c.data_parallel = dp;
+            c.tensor_parallel = tp;
+            c.stages = pp;
+            c.microbatches = M;
+            c.schedule = schedule;
+            c.zero = zero;
+            PipelineCompileOptions compile;
+            compile.zero = zero;
+            compile.stages = pp;
+            compile.data_parallel = dp;
+            compile.tensor_parallel = tp;
+            compile.microbatches = M;
+            compile.schedule = schedule;
+            compile.cluster = options.cluster;
+            compile.check_memory = false; // checked below, over the whole device
+            compile.profile = options.profile;
+            auto plan = compile_pipeline(forward, training, compile);
+            if (!plan.is_ok()) {
+              c.error = plan.status().message();
+              result.candidates.push_back(std::move(c));
+              plans.emplace_back();
+              continue;
+            }
+            c.step_s = plan->pipeline->predicted_step_s;
+            c.bubble = plan->pipeline->predicted_bubble;
+            for (size_t d = 0; d < plan->programs.size(); ++d)
+              c.memory = std::max(c.memory, device_memory(*plan, d));
+            c.comm_bytes = comm_bytes(*plan);
+            c.fits = capacity <= 0 || c.memory <= capacity;
             result.candidates.push_back(std::move(c));
-            plans.emplace_back();
-            continue;
+            plans.push_back(std::move(plan).value());
           }
-          c.step_s = plan->pipeline->predicted_step_s;
-          c.bubble = plan->pipeline->predicted_bubble;
-          for (size_t d = 0; d < plan->programs.size(); ++d)
-            c.memory = std::max(c.memory, device_memory(*plan, d));
-          c.comm_bytes = comm_bytes(*plan);
-          c.fits = capacity <= 0 || c.memory <= capacity;
-          result.candidates.push_back(std::move(c));
-          plans.push_back(std::move(plan).value());
-        }
+      }
     }
-  }
   if (result.candidates.empty())
     return invalid_argument("--auto: no way to split a batch of ", batch, " over ", N,
                             " devices (data parallelism needs the batch to divide)");

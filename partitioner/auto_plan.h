@@ -2,8 +2,11 @@
 // setup and N devices of a cluster, try every way to spend the devices that
 // strata can run today and keep the fastest plan that fits in memory.
 //
-// Search space (tensor parallelism is not built yet, so TP = 1):
-//   DP x PP = N                     every factorization of the device count
+// Search space:
+//   DP x TP x PP = N                every factorization of the device count with
+//                                   TP a power of two within one node (tensor
+//                                   parallelism talks every layer: it stays on
+//                                   the fastest links)
 //   M                               micro-batches per replica: every power of two
 //                                   (and the whole local batch) dividing the
 //                                   replica's batch, up to 64
@@ -37,6 +40,7 @@ struct AutoOptions {
 
 struct AutoCandidate {
   int data_parallel = 1;
+  int tensor_parallel = 1;
   int stages = 1;
   int microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
@@ -47,7 +51,7 @@ struct AutoCandidate {
   double comm_bytes = 0; // sent and all-reduced per step, all devices
   bool fits = false;
   std::string error;         // why it could not be compiled (then the numbers are 0)
-  std::string label() const; // "dp=2 pp=4 M=8 1f1b"
+  std::string label() const; // "dp=2 tp=2 pp=4 M=8 1f1b"
 };
 
 struct AutoResult {

@@ -137,8 +137,10 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
       << p.microbatches << " micro-batch" << (p.microbatches == 1 ? "" : "es") << ", schedule "
       << p.schedule << ", costs for cluster '" << cluster_name << "'\n";
   if (p.data_parallel > 1)
-    out << "data par.    " << p.data_parallel << " replicas of every stage (device = stage x "
-        << p.data_parallel << " + replica); gradients "
+    out << "data par.    " << p.data_parallel << " replicas of every stage (device = "
+        << (p.tensor_parallel > 1 ? "(stage x " : "stage x ") << p.data_parallel << " + replica"
+        << (p.tensor_parallel > 1 ? str_cat(") x ", p.tensor_parallel, " + member") : "")
+        << "); gradients "
         << (p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
                         : "all-reduced per stage")
         << (p.group_algorithms.empty() ? std::string()
@@ -314,11 +316,12 @@ void print_search(const partitioner::AutoResult &result, std::ostream &out) {
   std::snprintf(seconds, sizeof seconds, "%.2f s", result.search_seconds);
   out << "search       " << result.candidates.size() << " candidates compiled and simulated in "
       << seconds << "; " << fitting << " fit in memory\n";
-  out << "rank  candidate                 predicted step   bubble   memory/device   moved/step\n";
+  out << "rank  candidate                       predicted step   bubble   memory/device   "
+         "moved/step\n";
   for (size_t i = 0; i < result.candidates.size() && i < 8; ++i) {
     const auto &c = result.candidates[i];
     std::string label = c.label();
-    label.resize(std::max<size_t>(label.size(), 24), ' ');
+    label.resize(std::max<size_t>(label.size(), 30), ' ');
     if (!c.error.empty()) {
       out << pad(std::to_string(i + 1), 4) << "  " << label << "  error: " << c.error << "\n";
       continue;

@@ -472,7 +472,7 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPx1xPP), micro-batches, schedule and ZeRO-1 for --devices devices; "
+      "search the mesh (DPxTPxPP), micro-batches, schedule and ZeRO-1 for --devices devices; "
       "keep the fastest predicted plan that fits in memory");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use (default: every device of --cluster)")

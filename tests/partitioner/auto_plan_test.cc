@@ -35,13 +35,15 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
   options.devices = 4;
   auto result = auto_plan(gpt(), training(), options);
   ASSERT_TRUE(result.is_ok()) << result.status().message();
-  std::set<std::pair<int, int>> meshes;
+  std::set<std::tuple<int, int, int>> meshes;
   for (const AutoCandidate &c : result->candidates) {
     EXPECT_TRUE(c.error.empty()) << c.label() << ": " << c.error;
-    EXPECT_EQ(c.data_parallel * c.stages, 4) << c.label();
-    meshes.insert({c.data_parallel, c.stages});
+    EXPECT_EQ(c.data_parallel * c.tensor_parallel * c.stages, 4) << c.label();
+    meshes.insert({c.data_parallel, c.tensor_parallel, c.stages});
   }
-  EXPECT_EQ(meshes, (std::set<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}));
+  // Every DP x TP x PP = 4 with TP within a node (this cluster: one node of 4).
+  EXPECT_EQ(meshes, (std::set<std::tuple<int, int, int>>{
+                        {1, 1, 4}, {2, 1, 2}, {4, 1, 1}, {1, 2, 2}, {2, 2, 1}, {1, 4, 1}}));
   // Micro-batches: powers of two dividing each replica's batch (8 / dp).
   EXPECT_TRUE(std::any_of(result->candidates.begin(), result->candidates.end(), [](const auto &c) {
     return c.data_parallel == 1 && c.microbatches == 8;
@@ -54,6 +56,7 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
   // The plan is the winner's, and what the search measured.
   EXPECT_EQ(result->plan.pipeline->stages, best.stages);
   EXPECT_EQ(result->plan.pipeline->data_parallel, best.data_parallel);
+  EXPECT_EQ(result->plan.pipeline->tensor_parallel, best.tensor_parallel);
   EXPECT_EQ(result->plan.pipeline->microbatches, best.microbatches);
   EXPECT_DOUBLE_EQ(result->plan.pipeline->predicted_step_s, best.step_s);
   int64_t memory = 0;
