@@ -3,6 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <set>
+
+#include "ops/registry.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/stage_partition.h"
+#include "partitioner/tensor_parallel.h"
+#include "passes/split_batch.h"
 
 namespace strata::partitioner {
 
@@ -49,6 +57,160 @@ double comm_bytes(const serialization::Plan &plan) {
   return bytes;
 }
 
+// Bytes a stage holds per parameter byte: weights, gradients and optimizer
+// state (sharded over `dp` replicas with ZeRO-1).
+double state_factor(const passes::OptimizerSpec &spec, int zero, int dp) {
+  using Kind = passes::OptimizerSpec::Kind;
+  const double state =
+      spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW ? 2.0 : (spec.momentum > 0 ? 1.0 : 0.0);
+  return 2.0 + (zero == 1 ? state / dp : state);
+}
+
+// The estimate of a candidate (see auto_plan.h), for every ZeRO setting at once.
+struct Estimate {
+  double step_s = 0, bubble = 0, comm_bytes = 0;
+  int64_t memory[2] = {0, 0}; // ZeRO off, on
+};
+
+// What the estimates take from one training graph per tensor-parallel degree
+// (its structure, not its sizes, matters): the forward tensors the backward
+// pass reads (what a stage keeps per micro-batch in flight), and how much
+// longer backward takes than forward.
+struct Structure {
+  std::set<std::string> saved;
+  double backward_factor = 2.0;
+};
+
+Result<Structure> training_structure(const Graph &local, const passes::TrainingOptions &training,
+                                     const std::function<double(const Graph &, NodeId)> &time) {
+  ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(local, training));
+  Structure s;
+  double forward = 0, backward = 0;
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    const Node &node = graph.node(id);
+    if (local.find_node(node.name)) {
+      forward += time(graph, id);
+      continue;
+    }
+    // Backward: everything but the loss and the optimizer.
+    const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
+    if (node.name.find(".grad") != std::string::npos && def && !def->once_per_step)
+      backward += time(graph, id);
+    for (TensorId in : node.inputs) {
+      const Tensor &t = graph.tensor(in);
+      if (t.kind == TensorKind::kIntermediate && local.find_tensor(t.name)) s.saved.insert(t.name);
+    }
+  }
+  if (forward > 0 && backward > 0) s.backward_factor = backward / forward;
+  return s;
+}
+
+// What the estimates reuse: the local forward graph per (micro-batches x
+// replicas, TP) and the training structure per TP.
+struct EstimateCache {
+  std::map<std::pair<int64_t, int>, Graph> local;
+  std::map<int, Structure> structure;
+};
+
+Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &training,
+                          const ClusterSpec &cluster, int dp, int tp, int pp, int M,
+                          bool mixed_precision, EstimateCache &cache) {
+  DeviceSpec device = cluster.device;
+  if (mixed_precision) device.peak_flops.f32 = device.peak_flops.bf16;
+  const double activation_scale = mixed_precision ? 0.5 : 1.0;
+  auto members = [](int count, int stride) {
+    std::vector<int> m;
+    for (int k = 0; k < count; ++k)
+      m.push_back(k * stride);
+    return m;
+  };
+  const LinkSpec tp_link = link_for_group(cluster, members(tp, 1));
+  const double gamma = reduce_bytes_per_second(device, DType::kF32);
+  const auto key = std::make_pair(int64_t{M} * dp, tp);
+  if (!cache.local.contains(key)) {
+    ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * dp));
+    if (tp > 1) {
+      TensorParallelOptions options;
+      options.parts = tp;
+      options.device = device;
+      options.link = tp_link;
+      ASSIGN_OR_RETURN(TensorParallelResult sharded, shard_tensor_parallel(micro, options));
+      micro = std::move(sharded.local);
+    }
+    cache.local.emplace(key, std::move(micro));
+  }
+  const Graph &micro = cache.local.at(key);
+  std::function<double(const Graph &, NodeId)> time = [&](const Graph &g, NodeId id) {
+    const Node &node = g.node(id);
+    // A collective or its backward: the item time is node_time x 3 (forward and
+    // twice that backward), and each moves its bytes once, one way or the other.
+    const auto bytes = static_cast<double>(g.tensor(node.outputs[0]).type.size_bytes());
+    if (node.op == "TpAllReduce" || node.op == "TpCopy")
+      return all_reduce_time(bytes, tp, tp_link, CollectiveAlgorithm::kRing, gamma) / 3;
+    if (node.op == "TpAllGather" || node.op == "TpSplit")
+      return all_gather_time(bytes * (node.op == "TpSplit" ? tp : 1), tp, tp_link,
+                             CollectiveAlgorithm::kRing) /
+             3;
+    return node_time(g, id, device);
+  };
+  if (!cache.structure.contains(tp)) {
+    ASSIGN_OR_RETURN(cache.structure[tp], training_structure(micro, training, time));
+  }
+  const Structure &structure = cache.structure.at(tp);
+  const std::set<std::string> &kept = structure.saved;
+  StagePartitionOptions partition;
+  partition.node_time = time;
+  partition.backward_factor = structure.backward_factor;
+  const LinkSpec &link = link_between(cluster, 0, pp > 1 ? dp * tp : 0);
+  partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
+  partition.link_latency = link.latency_s;
+  partition.training = true;
+  partition.parameter_state_factor = state_factor(training.optimizer, 0, dp);
+  partition.microbatches = M;
+  partition.narrowest_only = true;
+  partition.kept = [&kept](const Graph &g, TensorId id) {
+    return kept.contains(g.tensor(id).name);
+  };
+  ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(micro, pp, partition));
+  Estimate e;
+  double sum = 0, slowest = 0, reduce = 0, update = 0, busy = 0;
+  const LinkSpec dp_link = link_for_group(cluster, members(dp, tp));
+  const double bandwidth = device.memory_bandwidth * device.memory_efficiency;
+  const double touched = state_factor(training.optimizer, 0, 1) * 2 - 1; // read all, write but g
+  // Per stage: the gradients' collectives (one per parameter, as the runtime
+  // does them) and the optimizer updates (memory bound, one launch each).
+  std::vector<double> stage_reduce(stages.stages.size(), 0), stage_update(stages.stages.size(), 0);
+  for (TensorId id = 0; id < micro.num_tensors(); ++id) {
+    const int s = stages.tensor_stage[id];
+    if (s < 0 || micro.tensor(id).kind != TensorKind::kParameter) continue;
+    const auto bytes = static_cast<double>(micro.tensor(id).type.size_bytes());
+    if (dp > 1)
+      stage_reduce[static_cast<size_t>(s)] +=
+          all_reduce_time(bytes, dp, dp_link, CollectiveAlgorithm::kRing, gamma);
+    stage_update[static_cast<size_t>(s)] +=
+        device.launch_overhead_s + (bandwidth > 0 ? bytes * touched / bandwidth : 0.0);
+  }
+  for (size_t k = 0; k < stages.stages.size(); ++k) {
+    const StageInfo &stage = stages.stages[k];
+    sum += stage.time;
+    slowest = std::max(slowest, stage.time);
+    busy += M * stage.compute_time;
+    reduce = std::max(reduce, stage_reduce[k]);
+    update = std::max(update, stage_update[k]);
+    e.comm_bytes += 2.0 * stage.activation_bytes * M * dp * tp; // rough: activations both ways
+    e.comm_bytes += dp > 1 ? stage.parameter_bytes * dp * tp : 0;
+    for (int zero : {0, 1}) {
+      const double bytes = stage.parameter_bytes * state_factor(training.optimizer, zero, dp) +
+                           stage.in_flight * stage.activation_bytes * activation_scale;
+      e.memory[zero] = std::max(e.memory[zero], static_cast<int64_t>(bytes));
+    }
+  }
+  const double pipe = sum + (M - 1) * slowest;
+  e.step_s = pipe + reduce + update;
+  e.bubble = e.step_s > 0 ? std::max(0.0, 1 - busy / (pp * e.step_s)) : 0;
+  return e;
+}
+
 } // namespace
 
 std::string AutoCandidate::label() const {
@@ -86,6 +248,8 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
 
   AutoResult result;
   std::vector<serialization::Plan> plans;
+  const bool estimating = N > options.exact_devices;
+  EstimateCache cache;
   const int per_node = std::max(1, options.cluster.devices_per_node);
   for (int tp = 1; tp <= std::min(N, per_node); tp *= 2)
     for (int dp = 1; dp <= N / tp; ++dp) {
@@ -99,11 +263,36 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
           std::find(microbatches.begin(), microbatches.end(), local) == microbatches.end())
         microbatches.push_back(static_cast<int>(local));
       for (int M : microbatches) {
+        std::vector<int> zeros = {0};
+        if (dp > 1) zeros.push_back(1);
+        if (estimating) {
+          auto e = estimate(forward, training, options.cluster, dp, tp, pp, M,
+                            options.mixed_precision, cache);
+          for (int zero : zeros) {
+            AutoCandidate c;
+            c.data_parallel = dp;
+            c.tensor_parallel = tp;
+            c.stages = pp;
+            c.microbatches = M;
+            c.zero = zero;
+            c.estimated = true;
+            if (!e.is_ok()) {
+              c.error = e.status().message();
+            } else {
+              c.step_s = e->step_s;
+              c.bubble = e->bubble;
+              c.memory = e->memory[zero];
+              c.comm_bytes = e->comm_bytes;
+              c.fits = capacity <= 0 || c.memory <= capacity;
+            }
+            result.candidates.push_back(std::move(c));
+            plans.emplace_back();
+          }
+          continue;
+        }
         // With one stage or one micro-batch both schedules are the same program.
         std::vector<Schedule> schedules = {Schedule::k1F1B};
         if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
-        std::vector<int> zeros = {0};
-        if (dp > 1) zeros.push_back(1);
         for (int zero : zeros)
           for (Schedule schedule : schedules) {
             AutoCandidate c;
@@ -175,7 +364,26 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         " per device; the smallest needs ", bytes_text(static_cast<double>(best.memory)), " (",
         best.label(), "). Use more devices, a smaller batch, or a device with more memory");
   result.winner = 0;
-  result.plan = std::move(sorted_plans.front());
+  if (!best.estimated) {
+    result.plan = std::move(sorted_plans.front());
+    result.planned = true;
+  } else if (options.compile_winner) {
+    PipelineCompileOptions compile;
+    compile.zero = best.zero;
+    compile.stages = best.stages;
+    compile.data_parallel = best.data_parallel;
+    compile.tensor_parallel = best.tensor_parallel;
+    compile.microbatches = best.microbatches;
+    compile.schedule = best.schedule;
+    compile.cluster = options.cluster;
+    compile.check_memory = false;
+    compile.profile = options.profile;
+    auto plan = compile_pipeline(forward, training, compile);
+    if (!plan.is_ok())
+      return plan.status().with_context(str_cat("--auto: the winner, ", best.label()));
+    result.plan = std::move(plan).value();
+    result.planned = true;
+  }
 
   // Why: against the runner-up that fits, else the best that does not.
   const AutoCandidate *other = nullptr;

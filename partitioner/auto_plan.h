@@ -18,6 +18,22 @@
 // the weights, optimizer state and constants the device holds. A candidate fits
 // when every device's memory is within the cluster device's capacity.
 //
+// Above `exact_devices` devices (64 by default) compiling every candidate for
+// every device would take minutes, so candidates are estimated instead, from
+// the stage search alone: the forward graph at the candidate's micro-batch size
+// (tensor-parallel rewrite included) split into stages by partition_stages,
+// then
+//   step   = sum of stage times + (M - 1) x the slowest stage      (1F1B's
+//            critical path: fill, steady state, drain)
+//          + the slowest stage's data-parallel gradient all-reduce (ring, over
+//            the replicas' link; ZeRO-1's reduce-scatter + all-gather moves the
+//            same bytes)
+//          + the slowest stage's optimizer update (memory bound)
+//   memory = parameters x (weights, gradients, optimizer state; the state / DP
+//            under ZeRO-1) + the activations of min(P - s, M) micro-batches.
+// GPipe is left out there: it takes the same time as 1F1B with more memory. Only
+// the winner is then compiled for real (unless compile_winner is off).
+//
 // The winner is the fitting candidate with the smallest predicted step (ties:
 // less memory, then fewer micro-batches). The explanation compares it with the
 // runner-up: step time, bubble, bytes moved per step, memory.
@@ -36,6 +52,14 @@ struct AutoOptions {
   // As PipelineCompileOptions::profile: measured node times for every candidate.
   std::function<Result<std::vector<double>>(const Graph &training)> profile;
   int max_microbatches = 64;
+  // Devices above which candidates are estimated rather than compiled.
+  int exact_devices = 64;
+  // Whether to compile the winner into AutoResult::plan.
+  bool compile_winner = true;
+  // Estimates only, a what-if for mixed precision (bf16 arithmetic at the
+  // device's bf16 peak, activations kept in bf16; weights, gradients and
+  // optimizer state stay f32). The compiler itself builds f32 plans.
+  bool mixed_precision = false;
 };
 
 struct AutoCandidate {
@@ -50,6 +74,7 @@ struct AutoCandidate {
   int64_t memory = 0;    // the largest device's bytes: arena + held tensors
   double comm_bytes = 0; // sent and all-reduced per step, all devices
   bool fits = false;
+  bool estimated = false;    // scored by the estimate, not compiled
   std::string error;         // why it could not be compiled (then the numbers are 0)
   std::string label() const; // "dp=2 tp=2 pp=4 M=8 1f1b"
 };
@@ -58,8 +83,9 @@ struct AutoResult {
   // Every candidate tried: fitting ones by predicted step, then the rest.
   std::vector<AutoCandidate> candidates;
   size_t winner = 0;        // index into candidates
-  serialization::Plan plan; // the winner's plan
-  std::string reason;       // why the winner won, one or two sentences
+  serialization::Plan plan; // the winner's plan (when compiled)
+  bool planned = false;
+  std::string reason; // why the winner won, one or two sentences
   double search_seconds = 0;
 };
 

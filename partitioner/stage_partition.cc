@@ -441,7 +441,8 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     item.time = t * time_scale;
     if (options.training) {
       for (TensorId o : graph.node(id).outputs)
-        item.activation_bytes += tensor_bytes(graph.tensor(o));
+        if (!options.kept || options.kept(graph, o))
+          item.activation_bytes += tensor_bytes(graph.tensor(o));
     }
   }
 
@@ -535,6 +536,11 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
       std::vector<long> counts(count_at.begin(), count_at.end() - 1);
       std::sort(counts.begin(), counts.end());
       const long threshold = counts[static_cast<size_t>(stages - 2)];
+      if (options.narrowest_only && threshold > counts.front())
+        return invalid_argument(
+            where, ": ", std::count(counts.begin(), counts.end(), counts.front()),
+            " cut positions where the fewest activations cross (layer boundaries); ", stages,
+            " stages need ", stages - 1);
       for (size_t i = 0; i + 1 < n; ++i) {
         if (count_at[i] > threshold) problem.items[i].cut_cost = kUnlimited;
       }

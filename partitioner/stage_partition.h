@@ -121,6 +121,9 @@ struct StagePartitionOptions {
   // 1 for inference.
   double parameter_state_factor = 4.0;
   double memory_capacity = kUnlimited; // bytes per device
+  // Whether a forward node's output is kept for the backward pass (and so counts
+  // as activation memory); empty: every output is.
+  std::function<bool(const Graph &, TensorId)> kept;
   // Micro-batches per step; stage s keeps min(stages - s, microbatches) of them in
   // flight (1F1B). 0: as many as stages. Activation bytes are those of the graph's
   // tensors, i.e. the graph is taken to be built at micro-batch size.
@@ -128,6 +131,9 @@ struct StagePartitionOptions {
   // Overrides the above: micro-batches in flight per stage (one entry per stage).
   std::vector<int> in_flight;
   CutPoints cut_points = CutPoints::kNarrowest;
+  // With kNarrowest: never widen; fewer narrowest positions than stages - 1 is
+  // an error (the plan search skips such stage counts: they cut inside layers).
+  bool narrowest_only = false;
   // --stage-boundaries: names of forward nodes after which to cut (stages - 1 of
   // them, in topological order). Empty: search.
   std::vector<std::string> manual_boundaries;

@@ -314,7 +314,11 @@ void print_search(const partitioner::AutoResult &result, std::ostream &out) {
                                      [](const auto &c) { return c.error.empty() && c.fits; });
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.2f s", result.search_seconds);
-  out << "search       " << result.candidates.size() << " candidates compiled and simulated in "
+  const bool estimated = !result.candidates.empty() && result.candidates.front().estimated;
+  out << "search       " << result.candidates.size()
+      << (estimated ? " candidates estimated from the stage search (too many devices to compile "
+                      "each) in "
+                    : " candidates compiled and simulated in ")
       << seconds << "; " << fitting << " fit in memory\n";
   out << "rank  candidate                       predicted step   bubble   memory/device   "
          "moved/step\n";

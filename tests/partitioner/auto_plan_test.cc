@@ -2,6 +2,7 @@
 // winner is the fastest predicted plan that fits, and memory limits change the
 // choice or end in an error naming the smallest memory needed.
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -98,6 +99,46 @@ TEST(AutoPlanTest, MemoryLimitsChangeTheChoice) {
       << none.status().message();
   EXPECT_NE(none.status().message().find("the smallest needs"), std::string::npos)
       << none.status().message();
+}
+
+// Above exact_devices the candidates are estimated from the stage search; the
+// winner is then compiled for real, and the estimate is close to what the
+// simulator predicts for the compiled plan.
+TEST(AutoPlanTest, LargeSearchesEstimateAndCompileTheWinner) {
+  AutoOptions options;
+  options.cluster = default_cpu_cluster(8);
+  options.devices = 8;
+  options.exact_devices = 4;
+  auto result = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  for (const AutoCandidate &c : result->candidates) {
+    EXPECT_TRUE(c.estimated) << c.label();
+    EXPECT_EQ(c.data_parallel * c.tensor_parallel * c.stages, 8) << c.label();
+  }
+  const AutoCandidate &best = result->candidates[result->winner];
+  ASSERT_TRUE(result->planned);
+  EXPECT_EQ(result->plan.pipeline->stages, best.stages);
+  EXPECT_EQ(result->plan.pipeline->tensor_parallel, best.tensor_parallel);
+  // Against the exact search (every candidate compiled and simulated): the
+  // same winner, and every estimate within 1.5x of the simulated step.
+  options.exact_devices = 64;
+  auto exact = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(exact.is_ok()) << exact.status().message();
+  EXPECT_EQ(exact->candidates[exact->winner].label(), best.label());
+  std::map<std::string, double> estimated;
+  for (const AutoCandidate &c : result->candidates)
+    estimated[c.label()] = c.step_s;
+  for (const AutoCandidate &c : exact->candidates) {
+    if (!c.error.empty() || !estimated.contains(c.label())) continue;
+    EXPECT_GT(estimated[c.label()], c.step_s / 1.5) << c.label();
+    EXPECT_LT(estimated[c.label()], c.step_s * 1.5) << c.label();
+  }
+  options.exact_devices = 4;
+  // Not compiling the winner leaves no plan.
+  options.compile_winner = false;
+  auto unplanned = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(unplanned.is_ok());
+  EXPECT_FALSE(unplanned->planned);
 }
 
 TEST(AutoPlanTest, RefusesMoreDevicesThanTheCluster) {
