@@ -10,6 +10,7 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/stage_partition.h"
 #include "partitioner/tensor_parallel.h"
+#include "passes/recompute.h"
 #include "passes/split_batch.h"
 
 namespace strata::partitioner {
@@ -82,8 +83,12 @@ struct Structure {
 };
 
 Result<Structure> training_structure(const Graph &local, const passes::TrainingOptions &training,
-                                     const std::function<double(const Graph &, NodeId)> &time) {
+                                     const std::function<double(const Graph &, NodeId)> &time,
+                                     bool recompute) {
   ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(local, training));
+  if (recompute) {
+    ASSIGN_OR_RETURN(graph, passes::recompute_activations(graph));
+  }
   Structure s;
   double forward = 0, backward = 0;
   for (NodeId id = 0; id < graph.num_nodes(); ++id) {
@@ -94,7 +99,9 @@ Result<Structure> training_structure(const Graph &local, const passes::TrainingO
     }
     // Backward: everything but the loss and the optimizer.
     const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
-    if (node.name.find(".grad") != std::string::npos && def && !def->once_per_step)
+    if ((node.name.find(".grad") != std::string::npos ||
+         node.name.ends_with(passes::kRecomputeSuffix)) &&
+        def && !def->once_per_step)
       backward += time(graph, id);
     for (TensorId in : node.inputs) {
       const Tensor &t = graph.tensor(in);
@@ -109,12 +116,12 @@ Result<Structure> training_structure(const Graph &local, const passes::TrainingO
 // replicas, TP) and the training structure per TP.
 struct EstimateCache {
   std::map<std::pair<int64_t, int>, Graph> local;
-  std::map<int, Structure> structure;
+  std::map<std::pair<int, bool>, Structure> structure; // per (TP, recompute)
 };
 
 Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &training,
                           const ClusterSpec &cluster, int dp, int tp, int pp, int M,
-                          bool mixed_precision, EstimateCache &cache) {
+                          bool mixed_precision, bool recompute, EstimateCache &cache) {
   DeviceSpec device = cluster.device;
   if (mixed_precision) device.peak_flops.f32 = device.peak_flops.bf16;
   const double activation_scale = mixed_precision ? 0.5 : 1.0;
@@ -153,10 +160,12 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
              3;
     return node_time(g, id, device);
   };
-  if (!cache.structure.contains(tp)) {
-    ASSIGN_OR_RETURN(cache.structure[tp], training_structure(micro, training, time));
+  const auto structure_key = std::make_pair(tp, recompute);
+  if (!cache.structure.contains(structure_key)) {
+    ASSIGN_OR_RETURN(cache.structure[structure_key],
+                     training_structure(micro, training, time, recompute));
   }
-  const Structure &structure = cache.structure.at(tp);
+  const Structure &structure = cache.structure.at(structure_key);
   const std::set<std::string> &kept = structure.saved;
   StagePartitionOptions partition;
   partition.node_time = time;
@@ -215,7 +224,7 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
 
 std::string AutoCandidate::label() const {
   return str_cat("dp=", data_parallel, " tp=", tensor_parallel, " pp=", stages, " M=", microbatches,
-                 " ", schedule_name(schedule), zero ? " zero1" : "");
+                 " ", schedule_name(schedule), zero ? " zero1" : "", recompute ? " recompute" : "");
 }
 
 int64_t device_memory(const serialization::Plan &plan, size_t device) {
@@ -266,27 +275,35 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         std::vector<int> zeros = {0};
         if (dp > 1) zeros.push_back(1);
         if (estimating) {
-          auto e = estimate(forward, training, options.cluster, dp, tp, pp, M,
-                            options.mixed_precision, cache);
-          for (int zero : zeros) {
-            AutoCandidate c;
-            c.data_parallel = dp;
-            c.tensor_parallel = tp;
-            c.stages = pp;
-            c.microbatches = M;
-            c.zero = zero;
-            c.estimated = true;
-            if (!e.is_ok()) {
-              c.error = e.status().message();
-            } else {
-              c.step_s = e->step_s;
-              c.bubble = e->bubble;
-              c.memory = e->memory[zero];
-              c.comm_bytes = e->comm_bytes;
-              c.fits = capacity <= 0 || c.memory <= capacity;
+          // Recomputation only ever costs time: tried when a plan without it
+          // does not fit.
+          for (bool recompute : {false, true}) {
+            auto e = estimate(forward, training, options.cluster, dp, tp, pp, M,
+                              options.mixed_precision, recompute, cache);
+            bool all_fit = true;
+            for (int zero : zeros) {
+              AutoCandidate c;
+              c.data_parallel = dp;
+              c.tensor_parallel = tp;
+              c.stages = pp;
+              c.microbatches = M;
+              c.zero = zero;
+              c.recompute = recompute;
+              c.estimated = true;
+              if (!e.is_ok()) {
+                c.error = e.status().message();
+              } else {
+                c.step_s = e->step_s;
+                c.bubble = e->bubble;
+                c.memory = e->memory[zero];
+                c.comm_bytes = e->comm_bytes;
+                c.fits = capacity <= 0 || c.memory <= capacity;
+              }
+              all_fit = all_fit && (c.fits || !c.error.empty());
+              result.candidates.push_back(std::move(c));
+              plans.emplace_back();
             }
-            result.candidates.push_back(std::move(c));
-            plans.emplace_back();
+            if (all_fit) break;
           }
           continue;
         }
@@ -294,40 +311,46 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         std::vector<Schedule> schedules = {Schedule::k1F1B};
         if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
         for (int zero : zeros)
-          for (Schedule schedule : schedules) {
-            AutoCandidate c;
-            c.data_parallel = dp;
-            c.tensor_parallel = tp;
-            c.stages = pp;
-            c.microbatches = M;
-            c.schedule = schedule;
-            c.zero = zero;
-            PipelineCompileOptions compile;
-            compile.zero = zero;
-            compile.stages = pp;
-            compile.data_parallel = dp;
-            compile.tensor_parallel = tp;
-            compile.microbatches = M;
-            compile.schedule = schedule;
-            compile.cluster = options.cluster;
-            compile.check_memory = false; // checked below, over the whole device
-            compile.profile = options.profile;
-            auto plan = compile_pipeline(forward, training, compile);
-            if (!plan.is_ok()) {
-              c.error = plan.status().message();
+          for (Schedule schedule : schedules)
+            for (bool recompute : {false, true}) {
+              AutoCandidate c;
+              c.data_parallel = dp;
+              c.tensor_parallel = tp;
+              c.stages = pp;
+              c.microbatches = M;
+              c.schedule = schedule;
+              c.zero = zero;
+              c.recompute = recompute;
+              PipelineCompileOptions compile;
+              compile.zero = zero;
+              compile.recompute = recompute;
+              compile.stages = pp;
+              compile.data_parallel = dp;
+              compile.tensor_parallel = tp;
+              compile.microbatches = M;
+              compile.schedule = schedule;
+              compile.cluster = options.cluster;
+              compile.check_memory = false; // checked below, over the whole device
+              compile.profile = options.profile;
+              auto plan = compile_pipeline(forward, training, compile);
+              if (!plan.is_ok()) {
+                c.error = plan.status().message();
+                result.candidates.push_back(std::move(c));
+                plans.emplace_back();
+                break;
+              }
+              c.step_s = plan->pipeline->predicted_step_s;
+              c.bubble = plan->pipeline->predicted_bubble;
+              for (size_t d = 0; d < plan->programs.size(); ++d)
+                c.memory = std::max(c.memory, device_memory(*plan, d));
+              c.comm_bytes = comm_bytes(*plan);
+              c.fits = capacity <= 0 || c.memory <= capacity;
+              const bool fits = c.fits;
               result.candidates.push_back(std::move(c));
-              plans.emplace_back();
-              continue;
+              plans.push_back(std::move(plan).value());
+              // Recomputation only ever costs time: tried when this does not fit.
+              if (fits) break;
             }
-            c.step_s = plan->pipeline->predicted_step_s;
-            c.bubble = plan->pipeline->predicted_bubble;
-            for (size_t d = 0; d < plan->programs.size(); ++d)
-              c.memory = std::max(c.memory, device_memory(*plan, d));
-            c.comm_bytes = comm_bytes(*plan);
-            c.fits = capacity <= 0 || c.memory <= capacity;
-            result.candidates.push_back(std::move(c));
-            plans.push_back(std::move(plan).value());
-          }
       }
     }
   if (result.candidates.empty())
@@ -370,6 +393,7 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
   } else if (options.compile_winner) {
     PipelineCompileOptions compile;
     compile.zero = best.zero;
+    compile.recompute = best.recompute;
     compile.stages = best.stages;
     compile.data_parallel = best.data_parallel;
     compile.tensor_parallel = best.tensor_parallel;

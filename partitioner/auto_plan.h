@@ -12,6 +12,8 @@
 //                                   replica's batch, up to 64
 //   schedule                        1F1B and GPipe when PP > 1 and M > 1
 //   ZeRO-1                          off and on when DP > 1
+//   recomputation                   when the candidate without it does not fit
+//                                   (passes/recompute.h: it only costs time)
 // Each candidate is compiled for real (compile_pipeline: stage search, lowering,
 // memory plans, deadlock check) and scored by the simulator's predicted step
 // time. Its memory per device is what the plan says: the activation arena plus
@@ -68,11 +70,12 @@ struct AutoCandidate {
   int stages = 1;
   int microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
-  int zero = 0;          // 1: ZeRO-1 optimizer-state sharding
-  double step_s = 0;     // predicted
-  double bubble = 0;     // predicted
-  int64_t memory = 0;    // the largest device's bytes: arena + held tensors
-  double comm_bytes = 0; // sent and all-reduced per step, all devices
+  int zero = 0;           // 1: ZeRO-1 optimizer-state sharding
+  bool recompute = false; // activation recomputation (tried when the plan without does not fit)
+  double step_s = 0;      // predicted
+  double bubble = 0;      // predicted
+  int64_t memory = 0;     // the largest device's bytes: arena + held tensors
+  double comm_bytes = 0;  // sent and all-reduced per step, all devices
   bool fits = false;
   bool estimated = false;    // scored by the estimate, not compiled
   std::string error;         // why it could not be compiled (then the numbers are 0)

@@ -10,6 +10,7 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/stage_partition.h"
 #include "partitioner/tensor_parallel.h"
+#include "passes/recompute.h"
 #include "passes/split_batch.h"
 
 namespace strata::partitioner {
@@ -220,6 +221,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   }
   ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
   if (TP > 1) shards = with_optimizer_state(graph, std::move(shards));
+  if (options.recompute) {
+    auto recomputed = passes::recompute_activations(graph);
+    if (!recomputed.is_ok()) return recomputed.status().with_context("--recompute");
+    graph = std::move(recomputed).value();
+  }
 
   std::vector<double> measured;
   if (options.profile) {
@@ -243,6 +249,30 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
                                   ? static_cast<double>(cluster.device.memory_bytes)
                                   : kUnlimited;
   partition.microbatches = M;
+  // A stage keeps per micro-batch in flight the forward activations backward
+  // reads (with --recompute: the checkpoints between layers).
+  std::vector<bool> kept(graph.num_tensors(), false);
+  {
+    std::vector<bool> forward(graph.num_nodes(), false);
+    std::vector<TensorId> stack(graph.outputs().begin(), graph.outputs().end());
+    std::vector<bool> seen(graph.num_tensors(), false);
+    while (!stack.empty()) {
+      const TensorId t = stack.back();
+      stack.pop_back();
+      if (seen[t]) continue;
+      seen[t] = true;
+      const NodeId p = graph.tensor(t).producer;
+      if (p == kNoNode || forward[p]) continue;
+      forward[p] = true;
+      for (TensorId in : graph.node(p).inputs)
+        stack.push_back(in);
+    }
+    for (NodeId id = 0; id < graph.num_nodes(); ++id)
+      if (!forward[id])
+        for (TensorId in : graph.node(id).inputs)
+          kept[in] = true;
+  }
+  partition.kept = [&kept](const Graph &, TensorId id) { return kept[id]; };
   if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
   partition.manual_boundaries = options.stage_boundaries;
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));

@@ -34,6 +34,9 @@ struct PipelineCompileOptions {
   // is split over them (partitioner/tensor_parallel.h); tp is innermost in the
   // device numbering.
   int tensor_parallel = 1;
+  // --recompute: keep only the activations between layers for backward and
+  // recompute the rest (passes/recompute.h).
+  bool recompute = false;
   Schedule schedule = Schedule::k1F1B;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;

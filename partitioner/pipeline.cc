@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -10,6 +11,7 @@
 #include "partitioner/cost_model.h"
 #include "passes/optimizer.h"
 #include "passes/plan_memory.h"
+#include "passes/recompute.h"
 
 namespace strata::partitioner {
 
@@ -315,6 +317,49 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
 
 } // namespace
 
+namespace {
+
+// Recomputing clones (passes/recompute.h) run just before their first reader in
+// the stage's backward block, so recomputed activations live briefly. A clone
+// that another stage reads keeps its topological place.
+std::vector<NodeId> just_in_time(const Graph &graph, const std::vector<NodeId> &bwd,
+                                 const std::vector<NodeId> &producer,
+                                 const std::vector<int> &node_stage, int stage) {
+  std::vector<char> in_block(graph.num_nodes(), 0), clone(graph.num_nodes(), 0),
+      done(graph.num_nodes(), 0);
+  bool any = false;
+  for (NodeId id : bwd) {
+    in_block[id] = 1;
+    clone[id] = graph.node(id).name.ends_with(passes::kRecomputeSuffix);
+    any = any || clone[id];
+  }
+  if (!any) return bwd;
+  const auto consumers = graph.consumers();
+  auto read_elsewhere = [&](NodeId id) {
+    for (TensorId out : graph.node(id).outputs)
+      for (NodeId c : consumers[out])
+        if (node_stage[c] != stage) return true;
+    return false;
+  };
+  std::vector<NodeId> out;
+  std::function<void(NodeId)> emit = [&](NodeId id) {
+    if (done[id]) return;
+    done[id] = 1;
+    for (TensorId in : graph.node(id).inputs) {
+      const NodeId p = producer[in];
+      if (p != kNoNode && in_block[p] && clone[p]) emit(p);
+    }
+    out.push_back(id);
+  };
+  for (NodeId id : bwd)
+    if (!clone[id] || read_elsewhere(id)) emit(id);
+  for (NodeId id : bwd)
+    emit(id); // clones nothing reads
+  return out;
+}
+
+} // namespace
+
 Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
                                                 const std::vector<int> &node_stage,
                                                 const PipelineOptions &options) {
@@ -429,6 +474,7 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       case Phase::kStep: step.push_back(id); break;
       }
     }
+    bwd = just_in_time(graph, bwd, producer, node_stage, s);
     auto run_block = [&](const std::vector<NodeId> &nodes, int32_t mb) {
       for (NodeId id : nodes) {
         b.compute(id, mb);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 
 #include <llvm/ADT/StringMap.h>
@@ -673,6 +674,13 @@ Result<TrainingStages> assign_training_nodes(const Graph &training,
     const Node &node = training.node(id);
     int stage = -1;
     if (auto it = forward_stage.find(node.name); it != forward_stage.end()) stage = it->second;
+    if (stage < 0 && node.name.ends_with(".recompute")) {
+      // A recomputing clone (passes/recompute.h) runs where its original does.
+      const std::string_view original =
+          std::string_view(node.name).substr(0, node.name.size() - std::strlen(".recompute"));
+      if (std::optional<NodeId> x = training.find_node(original); x && *x != id)
+        stage = resolve(*x);
+    }
     if (stage < 0 && node.name.ends_with(".grad.accumulate")) {
       // The sum of a tensor's gradient contributions runs where they are all
       // computed when that is one stage: at a stage boundary only the sum then

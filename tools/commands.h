@@ -63,6 +63,7 @@ struct CompileArgs {
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline
   int64_t zero = 0;                          // 1: shard the optimizer state over the replicas
+  bool recompute = false;                    // recompute activations in backward
   // --auto: search the mesh, micro-batches and schedule for `devices` devices.
   bool auto_plan = false;
   int64_t devices = 0;  // 0: every device of the cluster

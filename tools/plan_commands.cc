@@ -18,6 +18,7 @@
 #include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
+#include "passes/recompute.h"
 #include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
@@ -126,6 +127,13 @@ std::string pad(std::string text, size_t width) {
   return text;
 }
 
+// Forward nodes a plan recomputes in backward (--recompute).
+size_t recomputed_nodes(const Graph &graph) {
+  return static_cast<size_t>(
+      std::count_if(graph.nodes().begin(), graph.nodes().end(),
+                    [](const Node &n) { return n.name.ends_with(passes::kRecomputeSuffix); }));
+}
+
 void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   const serialization::PlanPipeline &p = *plan.pipeline;
   const double formula =
@@ -146,6 +154,9 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.group_algorithms.empty() ? std::string()
                                        : str_cat(" (", p.group_algorithms.front(), ")"))
         << "\n";
+  if (const size_t recomputed = recomputed_nodes(plan.graph); recomputed > 0)
+    out << "recompute    " << recomputed
+        << " forward nodes recomputed in backward; activations kept between layers only\n";
   if (p.tensor_parallel > 1) {
     std::map<std::string, int> collectives;
     for (const Node &node : plan.graph.nodes())
@@ -301,6 +312,7 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   }
   options.stage_boundaries = args.stage_boundaries;
   options.zero = static_cast<int>(args.zero);
+  options.recompute = args.recompute;
   if (args.profile) {
     // One GEMM thread, as each pipeline device thread runs with.
     options.profile = runtime::profile_node_times;
@@ -349,6 +361,7 @@ std::string pipeline_options_text(const Plan &plan) {
               "\nboundaries=");
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
+  if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
 }
 
@@ -434,7 +447,7 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   std::string options_text;
   const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
                          !args.stage_boundaries.empty() || args.profile || args.auto_plan ||
-                         args.zero > 0;
+                         args.zero > 0 || args.recompute;
   if (pipelined && !args.train)
     return invalid_argument(
         "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "

@@ -486,6 +486,11 @@ void add_compile(CLI::App &app, Action &action) {
                   "reduce-scatter gradients, update a shard, all-gather parameters)")
       ->check(CLI::Range(0, 1))
       ->needs(train);
+  sub->add_flag("--recompute", args.recompute,
+                "activation recomputation: keep only the activations between layers for the "
+                "backward pass and recompute the rest (about one more forward pass, much less "
+                "activation memory)")
+      ->needs(train);
   sub->add_flag("--profile", args.profile,
                 "time every node of the training step on this CPU and balance and predict with "
                 "those times instead of the cluster's roofline");
@@ -493,6 +498,7 @@ void add_compile(CLI::App &app, Action &action) {
       ->excludes(sub->get_option("--microbatches"))
       ->excludes(sub->get_option("--schedule"))
       ->excludes(sub->get_option("--stage-boundaries"))
+      ->excludes(sub->get_option("--recompute"))
       ->needs(train);
   sub->footer(
       "A training plan adds an input 'labels' (i64, the output's shape without its last\n"

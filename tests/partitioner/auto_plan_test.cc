@@ -91,19 +91,25 @@ TEST(AutoPlanTest, MemoryLimitsChangeTheChoice) {
   EXPECT_TRUE(std::any_of(tight->candidates.begin(), tight->candidates.end(),
                           [](const auto &c) { return !c.fits; }));
 
-  // Below every candidate: an error with the smallest memory any plan needs.
+  // Under every plan without recomputation: recomputation makes one fit.
   options.cluster.device.memory_bytes = smallest - 1;
+  auto recomputing = auto_plan(gpt(), training(), options);
+  ASSERT_TRUE(recomputing.is_ok()) << recomputing.status().message();
+  EXPECT_TRUE(recomputing->candidates[recomputing->winner].recompute);
+  EXPECT_LT(recomputing->candidates[recomputing->winner].memory, smallest);
+
+  // Below every candidate: an error with the smallest memory any plan needs.
+  options.cluster.device.memory_bytes = 1024;
   auto none = auto_plan(gpt(), training(), options);
   ASSERT_FALSE(none.is_ok());
   EXPECT_NE(none.status().message().find("no plan for 4 devices fits in"), std::string::npos)
       << none.status().message();
   EXPECT_NE(none.status().message().find("the smallest needs"), std::string::npos)
       << none.status().message();
+  EXPECT_NE(none.status().message().find("recompute"), std::string::npos)
+      << none.status().message();
 }
 
-// Above exact_devices the candidates are estimated from the stage search; the
-// winner is then compiled for real, and the estimate is close to what the
-// simulator predicts for the compiled plan.
 TEST(AutoPlanTest, LargeSearchesEstimateAndCompileTheWinner) {
   AutoOptions options;
   options.cluster = default_cpu_cluster(8);

@@ -95,8 +95,10 @@ TrainRun reference(const Graph &forward, const passes::TrainingOptions &options)
 
 Result<serialization::Plan> compile(const Graph &forward, const passes::TrainingOptions &options,
                                     int stages, int microbatches, Schedule schedule,
-                                    int data_parallel = 1, int zero = 0, int tensor_parallel = 1) {
+                                    int data_parallel = 1, int zero = 0, int tensor_parallel = 1,
+                                    bool recompute = false) {
   partitioner::PipelineCompileOptions pipeline;
+  pipeline.recompute = recompute;
   pipeline.zero = zero;
   pipeline.tensor_parallel = tensor_parallel;
   pipeline.stages = stages;
@@ -108,9 +110,9 @@ Result<serialization::Plan> compile(const Graph &forward, const passes::Training
 
 TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options, int stages,
                    int microbatches, Schedule schedule, int data_parallel = 1, int zero = 0,
-                   int tensor_parallel = 1) {
+                   int tensor_parallel = 1, bool recompute = false) {
   auto plan = compile(forward, options, stages, microbatches, schedule, data_parallel, zero,
-                      tensor_parallel);
+                      tensor_parallel, recompute);
   EXPECT_TRUE(plan.is_ok()) << plan.status().message();
   if (!plan.is_ok()) return {};
   auto runner = PipelineRunner::create(*plan);
@@ -436,6 +438,31 @@ TEST_F(PipelineTest, TensorParallelClipsLikeOneDevice) {
   // Without the group sum the clip would differ: one device's unclipped run is far.
   const TrainRun unclipped = reference(gpt(), training());
   EXPECT_GT(std::abs(unclipped.losses.back() - want.losses.back()), 1e-4);
+}
+
+// --recompute: the same kernels on the same inputs, later; bitwise the same
+// training on every mesh, and less activation memory on every device of a
+// pipeline with micro-batches in flight.
+TEST_F(PipelineTest, RecomputeIsBitwiseAndNeedsLessMemory) {
+  for (const Graph &forward : {mlp(), gpt()}) {
+    const auto options = training("adamw:lr=0.01");
+    for (int tp : {1, 2})
+      for (int pp : {1, 2})
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+          const std::string what = str_cat(forward.name(), " tp=", tp, " pp=", pp, " ",
+                                           partitioner::schedule_name(schedule));
+          expect_bitwise(pipelined(forward, options, pp, 4, schedule, 1, 0, tp, true),
+                         pipelined(forward, options, pp, 4, schedule, 1, 0, tp, false), what);
+        }
+  }
+  auto plain = compile(gpt(), training(), 2, 4, Schedule::k1F1B);
+  auto recomputed = compile(gpt(), training(), 2, 4, Schedule::k1F1B, 1, 0, 1, true);
+  ASSERT_TRUE(plain.is_ok() && recomputed.is_ok());
+  for (size_t d = 0; d < plain->programs.size(); ++d)
+    EXPECT_LT(recomputed->programs[d].arena_bytes, plain->programs[d].arena_bytes) << d;
+  // Data parallelism and ZeRO-1 with recomputation still match one device.
+  expect_close(pipelined(gpt(), training(), 2, 2, Schedule::k1F1B, 2, 1, 1, true),
+               reference(gpt(), training()), 1e-5, "gpt dp=2 pp=2 zero1 recompute");
 }
 
 TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
