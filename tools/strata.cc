@@ -472,8 +472,9 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPxTPxPP), micro-batches, schedule and ZeRO-1 for --devices devices; "
-      "keep the fastest predicted plan that fits in memory");
+      "search the mesh (DPxTPxPP), micro-batches, schedule, ZeRO-1 and recomputation for "
+      "--devices devices; keep the fastest predicted plan that fits in memory (above 64 "
+      "devices candidates are estimated from the stage search, and only the winner compiled)");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use (default: every device of --cluster)")
       ->needs(auto_flag)
@@ -530,13 +531,17 @@ void add_compile(CLI::App &app, Action &action) {
       "Data parallelism: --mesh DPx1xPP replicates each stage DP times; each replica\n"
       "takes 1/DP of the batch and gradients are summed over the replicas (ring or\n"
       "tree, whichever the cost model prefers). --zero 1 also shards the optimizer\n"
-      "state over the replicas (ZeRO-1). --auto searches all of this for N devices.\n"
+      "state over the replicas (ZeRO-1).\n"
       "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n\n"
       "Tensor parallelism: --mesh DPxTPxPP with TP > 1 splits every stage's work over\n"
       "TP devices. Nothing is annotated: the compiler picks each tensor's split by the\n"
       "cost model (on a GPT: Megatron-LM's column/row split, attention by heads, one\n"
       "all-reduce per block each way); `strata inspect --comm` says why each one is there.\n"
-      "  strata compile gpt.strata --train --mesh 1x2x2 --microbatches 4 -o tp.splan\n"
+      "  strata compile gpt.strata --train --mesh 1x2x2 --microbatches 4 -o tp.splan\n\n"
+      "Memory: --recompute keeps only the activations between layers for backward and\n"
+      "recomputes the rest (same results, about one more forward pass).\n"
+      "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 16 --recompute -o r.splan\n\n"
+      "--auto searches all of the above for N devices of a cluster and explains its choice.\n"
       "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
 }
