@@ -639,6 +639,29 @@ TEST_F(CliTest, TensorParallelMesh) {
   expect_same_losses(run, one, 3);
 }
 
+// --recompute: the plan says what it recomputes, needs less activation memory
+// and prints the same losses.
+TEST_F(CliTest, RecomputeKeepsTheLosses) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16",
+                    "--vocab", "64", "--batch", "8", "-o", "g.strata"})
+                .code,
+            0);
+  Outcome plain = strata({"compile", "g.strata", "--train", "--mesh", "1x1x2", "--microbatches",
+                          "4", "-o", "p.splan"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  Outcome recompute = strata({"compile", "g.strata", "--train", "--mesh", "1x1x2", "--microbatches",
+                              "4", "--recompute", "-o", "r.splan"});
+  ASSERT_EQ(recompute.code, 0) << recompute.err;
+  EXPECT_NE(recompute.out.find("forward nodes recomputed in backward"), std::string::npos)
+      << recompute.out;
+  Outcome a = strata({"run", "p.splan", "--steps", "3"});
+  Outcome b = strata({"run", "r.splan", "--steps", "3"});
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(printed_losses(a.out), printed_losses(b.out)) << a.out << b.out;
+  expect_one_line_error(strata({"compile", "g.strata", "--recompute", "-o", "x.splan"}), "--train");
+}
+
 TEST_F(CliTest, AutoSearchExplainsAndTrains) {
   ASSERT_EQ(strata({"zoo", "gpt", "--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "8",
                     "--vocab", "64", "--batch", "8", "-o", "m.strata"})
