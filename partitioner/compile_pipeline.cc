@@ -171,12 +171,50 @@ int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgr
   return begin;
 }
 
+void price_with_algorithms(SimulationCosts &costs, const ClusterSpec &cluster,
+                           const std::vector<std::vector<int32_t>> &groups,
+                           const std::vector<std::string> &algorithms) {
+  std::map<std::vector<int32_t>, CollectiveAlgorithm> algorithm_of;
+  for (size_t g = 0; g < groups.size() && g < algorithms.size(); ++g) {
+    if (algorithms[g] == "ring") algorithm_of[groups[g]] = CollectiveAlgorithm::kRing;
+    if (algorithms[g] == "tree") algorithm_of[groups[g]] = CollectiveAlgorithm::kTree;
+  }
+  if (algorithm_of.empty()) return; // the communicator's own: priced at its best
+  auto priced = [cluster, algorithm_of](Collective kind) {
+    return [cluster, algorithm_of, kind](const std::vector<int32_t> &devices, double bytes) {
+      std::vector<int> members(devices.begin(), devices.end());
+      auto it = algorithm_of.find(devices);
+      const CollectiveAlgorithm algorithm =
+          it == algorithm_of.end() || kind == Collective::kAllGather ? CollectiveAlgorithm::kRing
+                                                                     : it->second;
+      // A tree reduce-scatter is a whole tree all-reduce (runtime/collectives.h).
+      const Collective priced_kind =
+          kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree
+              ? Collective::kAllReduce
+              : kind;
+      return collective_time(priced_kind, bytes, static_cast<int>(members.size()),
+                             link_for_group(cluster, members), algorithm,
+                             reduce_bytes_per_second(cluster.device, DType::kF32));
+    };
+  };
+  costs.all_reduce = priced(Collective::kAllReduce);
+  costs.reduce_scatter = priced(Collective::kReduceScatter);
+  costs.all_gather = priced(Collective::kAllGather);
+}
+
+SimulationCosts plan_costs(const serialization::Plan &plan, const ClusterSpec &cluster) {
+  SimulationCosts costs = cluster_costs(plan.graph, cluster);
+  if (plan.pipeline)
+    price_with_algorithms(costs, cluster, plan.pipeline->groups, plan.pipeline->group_algorithms);
+  return costs;
+}
+
 Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster) {
   if (!plan.pipeline) return invalid_argument("the plan is not a pipeline plan");
   if (cluster.num_devices() < static_cast<int>(plan.programs.size()))
     return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
                             " devices; the plan needs ", plan.programs.size());
-  return simulate_pipeline(plan.graph, plan.programs, cluster_costs(plan.graph, cluster),
+  return simulate_pipeline(plan.graph, plan.programs, plan_costs(plan, cluster),
                            plan.pipeline->groups);
 }
 
@@ -301,7 +339,6 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   // Each data-parallel group reduces with the algorithm (ring or binomial tree)
   // the cost model prices lowest for everything it reduces in a step.
   std::vector<std::string> algorithms;
-  std::map<std::vector<int32_t>, CollectiveAlgorithm> algorithm_of;
   // One algorithm for every group, priced over everything the plan reduces in a
   // step: the sums then associate the same way whatever the pipeline depth (with
   // three or more replicas the ring and the tree add in different orders), so
@@ -331,7 +368,6 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
       continue;
     }
     algorithms.push_back(use_tree ? "tree" : "ring");
-    algorithm_of[groups[g]] = use_tree ? CollectiveAlgorithm::kTree : CollectiveAlgorithm::kRing;
   }
   if (std::all_of(algorithms.begin(), algorithms.end(),
                   [](const std::string &a) { return a.empty(); }))
@@ -349,28 +385,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
           " replicas divide; with clip=... the update reads the "
           "clipped gradient, which ZeRO-1 does not shard yet)");
   }
-  if (!algorithm_of.empty()) {
-    auto priced = [&cluster, algorithm_of](Collective kind) {
-      return [&cluster, algorithm_of, kind](const std::vector<int32_t> &devices, double bytes) {
-        std::vector<int> members(devices.begin(), devices.end());
-        auto it = algorithm_of.find(devices);
-        const CollectiveAlgorithm algorithm =
-            it == algorithm_of.end() || kind == Collective::kAllGather ? CollectiveAlgorithm::kRing
-                                                                       : it->second;
-        // A tree reduce-scatter is a whole tree all-reduce (runtime/collectives.h).
-        const Collective priced_kind =
-            kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree
-                ? Collective::kAllReduce
-                : kind;
-        return collective_time(priced_kind, bytes, static_cast<int>(members.size()),
-                               link_for_group(cluster, members), algorithm,
-                               reduce_bytes_per_second(cluster.device, DType::kF32));
-      };
-    };
-    costs.all_reduce = priced(Collective::kAllReduce);
-    costs.reduce_scatter = priced(Collective::kReduceScatter);
-    costs.all_gather = priced(Collective::kAllGather);
-  }
+  price_with_algorithms(costs, cluster, groups, algorithms);
 
   RETURN_IF_ERROR(check_deadlock(graph, programs, groups).with_context("check-deadlock"));
   ASSIGN_OR_RETURN(Simulation sim, simulate_pipeline(graph, programs, costs, groups));

@@ -64,7 +64,16 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
 int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
                                std::vector<std::vector<int32_t>> &groups);
 
-// Re-predicts a pipeline plan's step for `cluster` (strata simulate).
+// Prices the collectives of `groups` with the algorithm the plan recorded for
+// each ("ring" or "tree"; others keep the cost model's best).
+void price_with_algorithms(SimulationCosts &costs, const ClusterSpec &cluster,
+                           const std::vector<std::vector<int32_t>> &groups,
+                           const std::vector<std::string> &algorithms);
+// cluster_costs with the plan's collective algorithms.
+SimulationCosts plan_costs(const serialization::Plan &plan, const ClusterSpec &cluster);
+
+// Re-predicts a pipeline plan's step for `cluster` (strata simulate), pricing
+// collectives with the plan's algorithms.
 Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster);
 
 } // namespace strata::partitioner

@@ -559,9 +559,8 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
       return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
     ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
                      partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
-    const auto rows =
-        partitioner::explain_transfers(plan.graph, plan.programs, plan.pipeline->groups,
-                                       partitioner::cluster_costs(plan.graph, cluster));
+    const auto rows = partitioner::explain_transfers(
+        plan.graph, plan.programs, plan.pipeline->groups, partitioner::plan_costs(plan, cluster));
     out << "transfers    " << rows.size() << " (per step; predicted time of one on '"
         << cluster.name << "')\n";
     out << "  from -> to   tensor                          size x count     time each  why\n";

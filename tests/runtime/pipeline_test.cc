@@ -465,6 +465,20 @@ TEST_F(PipelineTest, RecomputeIsBitwiseAndNeedsLessMemory) {
                reference(gpt(), training()), 1e-5, "gpt dp=2 pp=2 zero1 recompute");
 }
 
+// strata simulate on the plan's own cluster reproduces compile's prediction:
+// both price each group's collectives with the algorithm the plan records.
+TEST_F(PipelineTest, SimulateReproducesTheCompiledPrediction) {
+  for (int zero : {0, 1}) {
+    auto plan = compile(gpt(), training(), 2, 2, Schedule::k1F1B, 2, zero, 2);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    auto cluster = partitioner::parse_cluster(plan->pipeline->cluster_json, "plan");
+    ASSERT_TRUE(cluster.is_ok()) << cluster.status().message();
+    auto sim = partitioner::simulate_plan(*plan, *cluster);
+    ASSERT_TRUE(sim.is_ok()) << sim.status().message();
+    EXPECT_DOUBLE_EQ(sim->step_time, plan->pipeline->predicted_step_s) << zero;
+  }
+}
+
 TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 1, 2, Schedule::k1F1B, 2, 1);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
