@@ -79,6 +79,7 @@ struct Estimate {
 // longer backward takes than forward.
 struct Structure {
   std::set<std::string> saved;
+  std::set<std::string> forward; // every forward tensor of that graph
   double backward_factor = 2.0;
 };
 
@@ -95,6 +96,8 @@ Result<Structure> training_structure(const Graph &local, const passes::TrainingO
     const Node &node = graph.node(id);
     if (local.find_node(node.name)) {
       forward += time(graph, id);
+      for (TensorId out : node.outputs)
+        s.forward.insert(graph.tensor(out).name);
       continue;
     }
     // Backward: everything but the loss and the optimizer.
@@ -177,8 +180,11 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   partition.parameter_state_factor = state_factor(training.optimizer, 0, dp);
   partition.microbatches = M;
   partition.narrowest_only = true;
-  partition.kept = [&kept](const Graph &g, TensorId id) {
-    return kept.contains(g.tensor(id).name);
+  // Another micro-batch size may choose other splits (other Tp* nodes): what
+  // the structure does not know counts as kept.
+  partition.kept = [&kept, &structure](const Graph &g, TensorId id) {
+    const std::string &name = g.tensor(id).name;
+    return kept.contains(name) || !structure.forward.contains(name);
   };
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(micro, pp, partition));
   Estimate e;
@@ -218,6 +224,22 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   e.step_s = pipe + reduce + update;
   e.bubble = e.step_s > 0 ? std::max(0.0, 1 - busy / (pp * e.step_s)) : 0;
   return e;
+}
+
+// How compile_pipeline builds candidate `c`.
+PipelineCompileOptions compile_options(const AutoCandidate &c, const AutoOptions &options) {
+  PipelineCompileOptions compile;
+  compile.zero = c.zero;
+  compile.recompute = c.recompute;
+  compile.stages = c.stages;
+  compile.data_parallel = c.data_parallel;
+  compile.tensor_parallel = c.tensor_parallel;
+  compile.microbatches = c.microbatches;
+  compile.schedule = c.schedule;
+  compile.cluster = options.cluster;
+  compile.check_memory = false; // the search checks memory over the whole device
+  compile.profile = options.profile;
+  return compile;
 }
 
 } // namespace
@@ -275,6 +297,8 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         std::vector<int> zeros = {0};
         if (dp > 1) zeros.push_back(1);
         if (estimating) {
+          // ZeRO-1 does not shard updates that read clipped gradients.
+          if (training.optimizer.clip_norm > 0) zeros = {0};
           // Recomputation only ever costs time: tried when a plan without it
           // does not fit.
           for (bool recompute : {false, true}) {
@@ -282,13 +306,7 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
                               options.mixed_precision, recompute, cache);
             bool all_fit = true;
             for (int zero : zeros) {
-              AutoCandidate c;
-              c.data_parallel = dp;
-              c.tensor_parallel = tp;
-              c.stages = pp;
-              c.microbatches = M;
-              c.zero = zero;
-              c.recompute = recompute;
+              AutoCandidate c{dp, tp, pp, M, Schedule::k1F1B, zero, recompute};
               c.estimated = true;
               if (!e.is_ok()) {
                 c.error = e.status().message();
@@ -313,26 +331,8 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         for (int zero : zeros)
           for (Schedule schedule : schedules)
             for (bool recompute : {false, true}) {
-              AutoCandidate c;
-              c.data_parallel = dp;
-              c.tensor_parallel = tp;
-              c.stages = pp;
-              c.microbatches = M;
-              c.schedule = schedule;
-              c.zero = zero;
-              c.recompute = recompute;
-              PipelineCompileOptions compile;
-              compile.zero = zero;
-              compile.recompute = recompute;
-              compile.stages = pp;
-              compile.data_parallel = dp;
-              compile.tensor_parallel = tp;
-              compile.microbatches = M;
-              compile.schedule = schedule;
-              compile.cluster = options.cluster;
-              compile.check_memory = false; // checked below, over the whole device
-              compile.profile = options.profile;
-              auto plan = compile_pipeline(forward, training, compile);
+              AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
+              auto plan = compile_pipeline(forward, training, compile_options(c, options));
               if (!plan.is_ok()) {
                 c.error = plan.status().message();
                 result.candidates.push_back(std::move(c));
@@ -391,43 +391,43 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
     result.plan = std::move(sorted_plans.front());
     result.planned = true;
   } else if (options.compile_winner) {
-    PipelineCompileOptions compile;
-    compile.zero = best.zero;
-    compile.recompute = best.recompute;
-    compile.stages = best.stages;
-    compile.data_parallel = best.data_parallel;
-    compile.tensor_parallel = best.tensor_parallel;
-    compile.microbatches = best.microbatches;
-    compile.schedule = best.schedule;
-    compile.cluster = options.cluster;
-    compile.check_memory = false;
-    compile.profile = options.profile;
-    auto plan = compile_pipeline(forward, training, compile);
-    if (!plan.is_ok())
-      return plan.status().with_context(str_cat("--auto: the winner, ", best.label()));
-    result.plan = std::move(plan).value();
-    result.planned = true;
+    // The estimate's winner, or the next that compiles.
+    Status first_error = Status::ok();
+    for (size_t i = 0; i < result.candidates.size() && !result.planned; ++i) {
+      const AutoCandidate &c = result.candidates[i];
+      if (!c.error.empty() || !c.fits) break;
+      auto plan = compile_pipeline(forward, training, compile_options(c, options));
+      if (!plan.is_ok()) {
+        if (first_error.is_ok()) first_error = plan.status().with_context(c.label());
+        result.candidates[i].error = plan.status().message();
+        continue;
+      }
+      result.plan = std::move(plan).value();
+      result.planned = true;
+      result.winner = i;
+    }
+    if (!result.planned) return first_error.with_context("--auto: no fitting candidate compiles");
   }
-
   // Why: against the runner-up that fits, else the best that does not.
+  const AutoCandidate &chosen = result.candidates[result.winner];
   const AutoCandidate *other = nullptr;
-  for (size_t i = 1; i < result.candidates.size() && other == nullptr; ++i)
-    if (result.candidates[i].error.empty()) other = &result.candidates[i];
+  for (size_t i = 0; i < result.candidates.size() && other == nullptr; ++i)
+    if (i != result.winner && result.candidates[i].error.empty()) other = &result.candidates[i];
   if (other == nullptr) {
-    result.reason = str_cat(best.label(), " is the only plan that compiles.");
+    result.reason = str_cat(chosen.label(), " is the only plan that compiles.");
   } else if (!other->fits) {
     result.reason =
-        str_cat(best.label(), " is the fastest plan that fits; ", other->label(), " needs ",
+        str_cat(chosen.label(), " is the fastest plan that fits; ", other->label(), " needs ",
                 bytes_text(static_cast<double>(other->memory)), " per device, over the ",
                 bytes_text(static_cast<double>(capacity)), " there are.");
   } else {
     result.reason = str_cat(
-        best.label(), " wins: predicted step ", ms_text(best.step_s), " against ",
+        chosen.label(), " wins: predicted step ", ms_text(chosen.step_s), " against ",
         ms_text(other->step_s), " for the runner-up, ", other->label(), " (",
-        percent_text(other->step_s > 0 ? 1 - best.step_s / other->step_s : 0), " faster); bubble ",
-        percent_text(best.bubble), " against ", percent_text(other->bubble), ", ",
-        bytes_text(best.comm_bytes), " against ", bytes_text(other->comm_bytes),
-        " moved per step, ", bytes_text(static_cast<double>(best.memory)), " against ",
+        percent_text(other->step_s > 0 ? 1 - chosen.step_s / other->step_s : 0),
+        " faster); bubble ", percent_text(chosen.bubble), " against ", percent_text(other->bubble),
+        ", ", bytes_text(chosen.comm_bytes), " against ", bytes_text(other->comm_bytes),
+        " moved per step, ", bytes_text(static_cast<double>(chosen.memory)), " against ",
         bytes_text(static_cast<double>(other->memory)), " on the fullest device.");
   }
   return result;

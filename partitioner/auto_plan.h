@@ -78,7 +78,7 @@ struct AutoCandidate {
   double comm_bytes = 0;  // sent and all-reduced per step, all devices
   bool fits = false;
   bool estimated = false;    // scored by the estimate, not compiled
-  std::string error;         // why it could not be compiled (then the numbers are 0)
+  std::string error{};       // why it could not be compiled (then the numbers are 0)
   std::string label() const; // "dp=2 tp=2 pp=4 M=8 1f1b"
 };
 

@@ -291,20 +291,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   // reads (with --recompute: the checkpoints between layers).
   std::vector<bool> kept(graph.num_tensors(), false);
   {
-    std::vector<bool> forward(graph.num_nodes(), false);
-    std::vector<TensorId> stack(graph.outputs().begin(), graph.outputs().end());
-    std::vector<bool> seen(graph.num_tensors(), false);
-    while (!stack.empty()) {
-      const TensorId t = stack.back();
-      stack.pop_back();
-      if (seen[t]) continue;
-      seen[t] = true;
-      const NodeId p = graph.tensor(t).producer;
-      if (p == kNoNode || forward[p]) continue;
-      forward[p] = true;
-      for (TensorId in : graph.node(p).inputs)
-        stack.push_back(in);
-    }
+    const std::vector<bool> forward = passes::forward_part(graph);
     for (NodeId id = 0; id < graph.num_nodes(); ++id)
       if (!forward[id])
         for (TensorId in : graph.node(id).inputs)

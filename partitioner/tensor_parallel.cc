@@ -155,7 +155,8 @@ double Sharder::arrive(TensorId id, const ShardSpec &from, const ShardSpec &to,
     if (from.kind == Kind::kSplit) return all_gather(id); // backward: a slice
   }
   if (to.kind == Kind::kSplit && from.kind == Kind::kReplicated &&
-      (fallback || g_.tensor(id).kind != TensorKind::kIntermediate))
+      (fallback || g_.tensor(id).kind == TensorKind::kParameter ||
+       g_.tensor(id).kind == TensorKind::kConstant))
     return grad ? all_gather(id) : 0.0; // a slice; backward: gather the gradient
   if (fallback && to.kind == Kind::kSplit)
     return arrive(id, from, ShardSpec::replicated(), true) +
@@ -695,10 +696,18 @@ Result<TensorParallelResult> Sharder::run() {
           const TensorType ty = local_type(node.outputs[0]);
           a.value = std::vector<int64_t>(ty.shape.begin(), ty.shape.end());
         }
+    std::string op = node.op;
+    if (is_reshape(op) && op != "Reshape" && s.in[0].is_split()) {
+      // Squeeze's "every size-1 dim" or Flatten's axis would read the piece's
+      // shape; a Reshape to the local shape says exactly what is meant.
+      op = "Reshape";
+      const TensorType ty = local_type(node.outputs[0]);
+      attrs = {{"shape", std::vector<int64_t>(ty.shape.begin(), ty.shape.end())}};
+    }
     std::vector<std::string> names;
     for (TensorId out : node.outputs)
       names.push_back(g_.tensor(out).name);
-    auto outs = add_node(node.op, inputs, std::move(attrs), node.name, names);
+    auto outs = add_node(op, inputs, std::move(attrs), node.name, names);
     RETURN_IF_ERROR(status);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       const TensorId out = node.outputs[k];

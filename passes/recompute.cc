@@ -9,6 +9,24 @@
 
 namespace strata::passes {
 
+std::vector<bool> forward_part(const Graph &training) {
+  std::vector<bool> forward(training.num_nodes(), false);
+  std::vector<TensorId> stack(training.outputs().begin(), training.outputs().end());
+  std::vector<bool> seen(training.num_tensors(), false);
+  while (!stack.empty()) {
+    const TensorId t = stack.back();
+    stack.pop_back();
+    if (seen[t]) continue;
+    seen[t] = true;
+    const NodeId p = training.tensor(t).producer;
+    if (p == kNoNode || forward[p]) continue;
+    forward[p] = true;
+    for (TensorId in : training.node(p).inputs)
+      stack.push_back(in);
+  }
+  return forward;
+}
+
 Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats) {
   if (training.outputs().empty())
     return invalid_argument("recomputation: the training graph '", training.name(),
@@ -16,23 +34,7 @@ Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   ASSIGN_OR_RETURN(std::vector<NodeId> order, training.topological_order());
 
-  // The forward part: what the loss depends on.
-  std::vector<bool> forward(training.num_nodes(), false);
-  {
-    std::vector<TensorId> stack = {training.outputs()[0]};
-    std::vector<bool> seen(training.num_tensors(), false);
-    while (!stack.empty()) {
-      const TensorId t = stack.back();
-      stack.pop_back();
-      if (seen[t]) continue;
-      seen[t] = true;
-      const NodeId p = training.tensor(t).producer;
-      if (p == kNoNode || forward[p]) continue;
-      forward[p] = true;
-      for (TensorId in : training.node(p).inputs)
-        stack.push_back(in);
-    }
-  }
+  const std::vector<bool> forward = forward_part(training);
   std::vector<NodeId> fwd;
   std::vector<size_t> position(training.num_nodes(), SIZE_MAX);
   for (NodeId id : order)

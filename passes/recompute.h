@@ -33,6 +33,10 @@ struct RecomputeStats {
 // Errors: no loss. A graph with nothing to recompute is returned unchanged.
 Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats = nullptr);
 
+// The forward part of a training graph: the nodes its outputs (the loss)
+// depend on, by NodeId.
+std::vector<bool> forward_part(const Graph &training);
+
 // The suffix of recomputing clones' names.
 inline constexpr std::string_view kRecomputeSuffix = ".recompute";
 

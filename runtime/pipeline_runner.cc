@@ -146,7 +146,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   for (const serialization::PlanShard &shard : plan.pipeline->shards) {
     auto id = plan.graph.find_tensor(shard.tensor);
     if (!id) return invalid_argument("pipeline plan: shard of unknown tensor '", shard.tensor, "'");
-    runner->tp_shards_.emplace(*id, shard);
+    if (!runner->tp_shards_.emplace(*id, shard).second)
+      return invalid_argument("pipeline plan: two shards of tensor '", shard.tensor, "'");
   }
   runner->programs_ = plan.programs;
   runner->groups_ = plan.pipeline->groups;
@@ -369,7 +370,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             return invalid_argument(
                 context, ": a tensor-parallel node of ", parts,
                 " parts in a plan of tensor_parallel = ", runner->tensor_parallel_);
-          if (op.inputs[0].type->dtype != DType::kF32)
+          if (op.tp == Tp::kAllReduce && op.inputs[0].type->dtype != DType::kF32)
             return unimplemented(context, ": ", op.inputs[0].type->to_string(),
                                  " (f32 only so far)");
           const auto &group = runner->groups_.at(
@@ -697,9 +698,12 @@ const HostTensor &PipelineRunner::value(TensorId id) const {
     if (!device.sharded.contains(id)) return device.weights.at(id);
     return assembled_[id] = local_whole(device, id);
   }
-  // Tensor parallelism: the pieces of the first holder's group, joined.
-  HostTensor full = HostTensor::zeros(value_type(id));
+  // Tensor parallelism: the pieces of the first holder's group, joined (only
+  // where this process runs every member; see checkpointable()).
   const int base = first - first % tensor_parallel_;
+  for (int m = 0; m < tensor_parallel_; ++m)
+    if (!world_->is_local(base + m)) return kNone;
+  HostTensor full = HostTensor::zeros(value_type(id));
   for (int m = 0; m < tensor_parallel_; ++m) {
     HostTensor piece = local_whole(*devices_[static_cast<size_t>(base + m)], id);
     partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(full.type.dtype),
