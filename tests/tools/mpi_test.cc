@@ -230,6 +230,28 @@ TEST_F(MpiTest, GptPipelinesMatchThreads) {
   expect_equivalent("dp2pp2.splan", 2, {"--devices-per-rank", "2"});
 }
 
+// Tensor-parallel groups across ranks: the same losses as threads. Their
+// checkpoints are refused before training (not built yet over processes).
+TEST_F(MpiTest, TensorParallelMatchesThreads) {
+  zoo({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "8", "--vocab",
+       "64", "--batch", "8", "-o", "gpt.strata"});
+  compile("gpt.strata", "tp.splan", {"--mesh", "1x2x2", "--microbatches", "2"});
+  Outcome threads = strata({"run", "tp.splan", "--steps", "3"});
+  ASSERT_EQ(threads.code, 0) << threads.err;
+  Outcome mpi = mpirun(4, {"run", "tp.splan", "--steps", "3"});
+  ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
+  EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
+  EXPECT_EQ(losses(mpi.out).size(), 3u) << mpi.out;
+  Outcome refused = mpirun(
+      2, {"run", "tp.splan", "--steps", "3", "--devices-per-rank", "2", "--checkpoint", "ck"});
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("--checkpoint ck: checkpoints of tensor-parallel plans"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_EQ(losses(refused.out).size(), 0u) << "refused before the first step";
+  EXPECT_FALSE(fs::exists(dir_ / "ck"));
+}
+
 TEST_F(MpiTest, ResumesAcrossWorldSizes) {
   zoo({"zoo", "mlp", "-o", "mlp.strata"});
   compile("mlp.strata", "dp.splan", {"--mesh", "2x1x2", "--microbatches", "2"});
