@@ -617,10 +617,12 @@ Result<TensorParallelResult> Sharder::run() {
     const std::string &name = g_.tensor(id).name;
     const NodeId producer = g_.tensor(id).producer;
     const std::string why =
-        str_cat("'", name, "' is ", have.kind == Kind::kPartial ? "partial sums" : "split ",
-                have.is_split() ? have.to_string() : "", " from ",
-                producer == kNoNode ? std::string("its source") : describe(producer), "; ",
-                describe(reader), " reads it ", want.to_string());
+        str_cat("'", name, "' is ",
+                have.kind == Kind::kPartial ? std::string("partial sums")
+                : have.is_split()           ? "split " + have.to_string()
+                                            : std::string("whole (R)"),
+                " from ", producer == kNoNode ? std::string("its source") : describe(producer),
+                "; ", describe(reader), " reads it ", want.to_string());
     TensorId made = kInvalidTensor;
     if (want.kind == Kind::kReplicated && have.kind == Kind::kPartial) {
       auto outs = add_node("TpAllReduce", {base[id]}, {{"parts", int64_t{t_}}, {"why", why}},

@@ -781,7 +781,14 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
       << ", " << plan.loss_kind << ", " << plan.optimizer << ")\n";
   if (plan.pipeline)
     out << "pipeline   " << plan.pipeline->stages << " stages x " << plan.pipeline->microbatches
-        << " micro-batches (" << plan.pipeline->schedule << "), "
+        << " micro-batches (" << plan.pipeline->schedule << ")"
+        << (plan.pipeline->data_parallel > 1
+                ? str_cat(" x ", plan.pipeline->data_parallel, " replicas")
+                : std::string())
+        << (plan.pipeline->tensor_parallel > 1
+                ? str_cat(" x ", plan.pipeline->tensor_parallel, "-device tensor-parallel groups")
+                : std::string())
+        << ", "
         << (world ? str_cat(world->size(), " MPI ranks x ", args.devices_per_rank, " CPU thread",
                             args.devices_per_rank == 1 ? "" : "s", " (devices)")
                   : std::string("one CPU thread per device"))
