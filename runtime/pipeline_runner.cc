@@ -746,12 +746,27 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
   return Status::ok();
 }
 
-Status PipelineRunner::checkpointable() const {
-  if (tensor_parallel_ > 1 && !all_local_)
-    return unimplemented("checkpoints of tensor-parallel plans run over several processes are "
-                         "not built yet (run the plan in one process, or without tensor "
-                         "parallelism)");
-  return Status::ok();
+Result<HostTensor> PipelineRunner::join_pieces(TensorId id,
+                                               const std::vector<HostTensor> &pieces) const {
+  auto shard = tp_shards_.find(id);
+  const Tensor &tensor = graph_.tensor(id);
+  if (shard == tp_shards_.end())
+    return invalid_argument("'", tensor.name,
+                            "' is not held in tensor-parallel pieces by this plan");
+  if (pieces.size() != static_cast<size_t>(tensor_parallel_))
+    return invalid_argument("'", tensor.name, "' has ", pieces.size(),
+                            " tensor-parallel pieces; the plan cuts it in ", tensor_parallel_);
+  HostTensor full = HostTensor::zeros(value_type(id));
+  for (size_t m = 0; m < pieces.size(); ++m) {
+    if (!(pieces[m].type == tensor.type))
+      return invalid_argument("piece ", m, " of '", tensor.name, "' is ",
+                              pieces[m].type.to_string(), "; the plan's pieces are ",
+                              tensor.type.to_string());
+    partitioner::copy_piece(shard->second, tensor_parallel_, static_cast<int>(m),
+                            dtype_size(full.type.dtype), full.data(),
+                            const_cast<std::byte *>(pieces[m].data()), false);
+  }
+  return full;
 }
 
 std::map<std::string, HostTensor> PipelineRunner::checkpoint_pieces() const {
@@ -771,21 +786,30 @@ std::map<std::string, HostTensor> PipelineRunner::checkpoint_pieces() const {
           programs_[d].holds.end())
         first = static_cast<int>(d);
     if (first < 0) continue;
-    const auto &program = programs_[static_cast<size_t>(first)];
-    const bool sharded = std::find(program.sharded_holds.begin(), program.sharded_holds.end(),
-                                   id) != program.sharded_holds.end();
-    if (!sharded) {
-      if (!world_->is_local(first)) continue;
-      pieces.emplace(tensor.name, copy_of(devices_[static_cast<size_t>(first)]->weights.at(id)));
-      continue;
-    }
-    for (const auto &device : devices_) {
-      if (!world_->is_local(device->index) ||
-          programs_[static_cast<size_t>(device->index)].shard_group != program.shard_group ||
-          !device->sharded.contains(id))
+    // Tensor parallelism: every member of the first holder's group writes its
+    // piece, "<name>@tp<m>of<T>" (join_pieces puts them together).
+    const bool in_pieces = tp_shards_.contains(id);
+    const int base = in_pieces ? first - first % tensor_parallel_ : first;
+    for (int m = 0; m < (in_pieces ? tensor_parallel_ : 1); ++m) {
+      const int holder = base + m;
+      const std::string name =
+          in_pieces ? str_cat(tensor.name, "@tp", m, "of", tensor_parallel_) : tensor.name;
+      const auto &program = programs_[static_cast<size_t>(holder)];
+      const bool sharded = std::find(program.sharded_holds.begin(), program.sharded_holds.end(),
+                                     id) != program.sharded_holds.end();
+      if (!sharded) {
+        if (!world_->is_local(holder)) continue;
+        pieces.emplace(name, copy_of(devices_[static_cast<size_t>(holder)]->weights.at(id)));
         continue;
-      pieces.emplace(str_cat(tensor.name, "@shard", device->shard_rank, "of", device->shard_count),
-                     copy_of(device->weights.at(id)));
+      }
+      for (const auto &device : devices_) {
+        if (!world_->is_local(device->index) ||
+            programs_[static_cast<size_t>(device->index)].shard_group != program.shard_group ||
+            !device->sharded.contains(id))
+          continue;
+        pieces.emplace(str_cat(name, "@shard", device->shard_rank, "of", device->shard_count),
+                       copy_of(device->weights.at(id)));
+      }
     }
   }
   return pieces;

@@ -73,7 +73,7 @@ public:
   // Over several processes: what this one writes (whole tensors it is the
   // first holder of; its shards of ZeRO-sharded ones).
   std::map<std::string, HostTensor> checkpoint_pieces() const override;
-  Status checkpointable() const override;
+  Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
   ProcessGroup *processes() const override { return world_->processes(); }
 
   int num_devices() const { return static_cast<int>(programs_.size()); }

@@ -39,12 +39,18 @@ public:
                                  const TensorType *type = nullptr);
   // Whether checkpoint_pieces() can describe this run's state; an error says why not.
   virtual Status checkpointable() const { return Status::ok(); }
+  // Tensor `id` put together from its tensor-parallel pieces ("<name>@tp<m>of<T>"
+  // in checkpoint_pieces(), in member order).
+  virtual Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const {
+    return invalid_argument("this run holds no tensor in tensor-parallel pieces");
+  }
 
   // The processes of a multi-process run; null when this process runs it all.
   virtual ProcessGroup *processes() const { return nullptr; }
   // Over several processes: the parameter and state tensors this process
   // writes to a checkpoint, by name; a shard of a tensor that several devices
-  // hold in pieces is named "<name>@shard<i>of<n>". Unused otherwise.
+  // hold in pieces is named "<name>@shard<i>of<n>", a tensor-parallel piece
+  // "<name>@tp<m>of<T>" (possibly itself in shards). Unused otherwise.
   virtual std::map<std::string, HostTensor> checkpoint_pieces() const { return {}; }
 };
 

@@ -260,7 +260,8 @@ Status Trainer::restore_checkpoint(const std::string &dir) {
   std::string file = (fs::path(dir) / serialization::kCheckpointManifestFile).string();
   for (const auto &[base, parts] : pieces) {
     const int64_t n = piece_count.at(base);
-    auto id = graph.find_tensor(base);
+    // A tensor-parallel piece's shards join into the piece (the plan's type).
+    auto id = graph.find_tensor(base.substr(0, base.find("@tp")));
     if (!id || !is_persistent(graph.tensor(*id)))
       return invalid_argument(file_of(parts.begin()->second), ": tensor '", base,
                               "' is not a parameter or state tensor of the plan");
@@ -285,6 +286,40 @@ Status Trainer::restore_checkpoint(const std::string &dir) {
       checkpoint.tensors.erase(name);
     checkpoint.tensors.emplace(base, std::move(whole));
     checkpoint.file_of[base] = checkpoint.file_of[parts.begin()->second];
+  }
+  // Tensor-parallel pieces ("<name>@tp<m>of<T>"): joined by the runner, which
+  // knows how the plan cuts them.
+  std::map<std::string, std::map<int64_t, std::string>> tp_pieces;
+  for (const auto &[name, value] : checkpoint.tensors) {
+    const size_t at = name.rfind("@tp");
+    if (at == std::string::npos) continue;
+    long long m = -1, t = -1;
+    char tail = 0;
+    if (std::sscanf(name.c_str() + at, "@tp%lldof%lld%c", &m, &t, &tail) != 2 || m < 0 || t < 1 ||
+        m >= t)
+      return invalid_argument(file_of(name), ": tensor '", name,
+                              "' looks like a piece but is not <name>@tp<m>of<T>");
+    tp_pieces[name.substr(0, at)][m] = name;
+  }
+  for (const auto &[base, parts] : tp_pieces) {
+    auto id = graph.find_tensor(base);
+    if (!id || !is_persistent(graph.tensor(*id)))
+      return invalid_argument(file_of(parts.begin()->second), ": tensor '", base,
+                              "' is not a parameter or state tensor of the plan");
+    std::vector<HostTensor> ordered;
+    int64_t expected = 0;
+    for (const auto &[m, name] : parts) {
+      if (m != expected++)
+        return not_found(file, ": tensor '", base, "' lacks tensor-parallel piece ", expected - 1,
+                         " (a rank's file is missing?)");
+      ordered.push_back(checkpoint.tensors.at(name));
+    }
+    auto joined = executor_->join_pieces(*id, ordered);
+    if (!joined.is_ok()) return joined.status().with_context(file_of(parts.begin()->second));
+    checkpoint.file_of[base] = checkpoint.file_of[parts.begin()->second];
+    for (const auto &[m, name] : parts)
+      checkpoint.tensors.erase(name);
+    checkpoint.tensors.emplace(base, std::move(joined).value());
   }
   for (const auto &[name, value] : checkpoint.tensors) {
     auto id = graph.find_tensor(name);

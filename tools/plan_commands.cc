@@ -759,11 +759,6 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
     auto created = runtime::PipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
-    // Refuse before training, not after it, what could not be saved.
-    if (!args.checkpoint.empty() || !args.resume.empty())
-      RETURN_IF_ERROR((*created)->checkpointable().with_context(
-          str_cat(args.checkpoint.empty() ? "--resume " : "--checkpoint ",
-                  args.checkpoint.empty() ? args.resume : args.checkpoint)));
     pipeline = created->get();
     runner = std::move(created).value();
   } else {

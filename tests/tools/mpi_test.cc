@@ -230,26 +230,42 @@ TEST_F(MpiTest, GptPipelinesMatchThreads) {
   expect_equivalent("dp2pp2.splan", 2, {"--devices-per-rank", "2"});
 }
 
-// Tensor-parallel groups across ranks: the same losses as threads. Their
-// checkpoints are refused before training (not built yet over processes).
-TEST_F(MpiTest, TensorParallelMatchesThreads) {
+// Tensor-parallel groups across ranks: the same losses as threads, and
+// checkpoints whose pieces ("<name>@tp<m>of<T>", with ZeRO-1 also
+// "...@shard<i>of<n>") resume in one process, and the other way round.
+TEST_F(MpiTest, TensorParallelMatchesThreadsAndResumesAcross) {
   zoo({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "8", "--vocab",
        "64", "--batch", "8", "-o", "gpt.strata"});
   compile("gpt.strata", "tp.splan", {"--mesh", "1x2x2", "--microbatches", "2"});
-  Outcome threads = strata({"run", "tp.splan", "--steps", "3"});
-  ASSERT_EQ(threads.code, 0) << threads.err;
-  Outcome mpi = mpirun(4, {"run", "tp.splan", "--steps", "3"});
-  ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
-  EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
-  EXPECT_EQ(losses(mpi.out).size(), 3u) << mpi.out;
-  Outcome refused = mpirun(
-      2, {"run", "tp.splan", "--steps", "3", "--devices-per-rank", "2", "--checkpoint", "ck"});
-  EXPECT_NE(refused.code, 0);
-  EXPECT_NE(refused.err.find("--checkpoint ck: checkpoints of tensor-parallel plans"),
-            std::string::npos)
-      << refused.err;
-  EXPECT_EQ(losses(refused.out).size(), 0u) << "refused before the first step";
-  EXPECT_FALSE(fs::exists(dir_ / "ck"));
+  compile("gpt.strata", "tpz.splan",
+          {"--mesh", "2x2x1", "--zero", "1", "--optimizer", "adamw:lr=1e-3"});
+  for (const char *plan : {"tp.splan", "tpz.splan"}) {
+    Outcome threads = strata({"run", plan, "--steps", "4"});
+    ASSERT_EQ(threads.code, 0) << threads.err;
+    const std::vector<std::string> all = losses(threads.out);
+    ASSERT_EQ(all.size(), 4u) << threads.out;
+    fs::remove_all(dir_ / "ck");
+    Outcome mpi = mpirun(4, {"run", plan, "--steps", "3", "--checkpoint", "ck"});
+    ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
+    EXPECT_EQ(losses(mpi.out), std::vector<std::string>(all.begin(), all.begin() + 3)) << plan;
+    // The ranks' pieces, resumed by threads.
+    Outcome resumed = strata({"run", plan, "--steps", "4", "--resume", "ck"});
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_EQ(losses(resumed.out), std::vector<std::string>{all[3]}) << plan << resumed.out;
+    // Whole tensors from threads, resumed by ranks.
+    fs::remove_all(dir_ / "ck_threads");
+    ASSERT_EQ(strata({"run", plan, "--steps", "3", "--checkpoint", "ck_threads"}).code, 0);
+    Outcome back = mpirun(
+        2, {"run", plan, "--steps", "4", "--resume", "ck_threads", "--devices-per-rank", "2"});
+    ASSERT_EQ(back.code, 0) << back.out << back.err;
+    EXPECT_EQ(losses(back.out), std::vector<std::string>{all[3]}) << plan << back.out;
+  }
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok());
+  int nested = 0;
+  for (const auto &[name, file] : checkpoint->file_of)
+    nested += name.find("@tp") != std::string::npos && name.find("@shard") != std::string::npos;
+  EXPECT_GT(nested, 0) << "ZeRO-1 shards of tensor-parallel pieces";
 }
 
 TEST_F(MpiTest, ResumesAcrossWorldSizes) {
