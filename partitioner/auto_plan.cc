@@ -58,15 +58,6 @@ double comm_bytes(const serialization::Plan &plan) {
   return bytes;
 }
 
-// Bytes a stage holds per parameter byte: weights, gradients and optimizer
-// state (sharded over `dp` replicas with ZeRO-1).
-double state_factor(const passes::OptimizerSpec &spec, int zero, int dp) {
-  using Kind = passes::OptimizerSpec::Kind;
-  const double state =
-      spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW ? 2.0 : (spec.momentum > 0 ? 1.0 : 0.0);
-  return 2.0 + (zero == 1 ? state / dp : state);
-}
-
 // The estimate of a candidate (see auto_plan.h), for every ZeRO setting at once.
 struct Estimate {
   double step_s = 0, bubble = 0, comm_bytes = 0;
@@ -151,16 +142,10 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   }
   const Graph &micro = cache.local.at(key);
   std::function<double(const Graph &, NodeId)> time = [&](const Graph &g, NodeId id) {
-    const Node &node = g.node(id);
-    // A collective or its backward: the item time is node_time x 3 (forward and
-    // twice that backward), and each moves its bytes once, one way or the other.
-    const auto bytes = static_cast<double>(g.tensor(node.outputs[0]).type.size_bytes());
-    if (node.op == "TpAllReduce" || node.op == "TpCopy")
-      return all_reduce_time(bytes, tp, tp_link, CollectiveAlgorithm::kRing, gamma) / 3;
-    if (node.op == "TpAllGather" || node.op == "TpSplit")
-      return all_gather_time(bytes * (node.op == "TpSplit" ? tp : 1), tp, tp_link,
-                             CollectiveAlgorithm::kRing) /
-             3;
+    // A collective, forward or backward: the stage search multiplies item
+    // times by 3 (forward, and twice that backward).
+    const TensorParallelTime comm = tensor_parallel_time(g, id, cluster);
+    if (comm.forward + comm.backward > 0) return (comm.forward + comm.backward) / 3;
     return node_time(g, id, device);
   };
   const auto structure_key = std::make_pair(tp, recompute);
@@ -177,7 +162,7 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
   partition.link_latency = link.latency_s;
   partition.training = true;
-  partition.parameter_state_factor = state_factor(training.optimizer, 0, dp);
+  partition.parameter_state_factor = parameter_state_factor(training.optimizer, 0, dp);
   partition.microbatches = M;
   partition.narrowest_only = true;
   // Another micro-batch size may choose other splits (other Tp* nodes): what
@@ -191,7 +176,8 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   double sum = 0, slowest = 0, reduce = 0, update = 0, busy = 0;
   const LinkSpec dp_link = link_for_group(cluster, members(dp, tp));
   const double bandwidth = device.memory_bandwidth * device.memory_efficiency;
-  const double touched = state_factor(training.optimizer, 0, 1) * 2 - 1; // read all, write but g
+  const double touched =
+      parameter_state_factor(training.optimizer, 0, 1) * 2 - 1; // read all, write but g
   // Per stage: the gradients' collectives (one per parameter, as the runtime
   // does them) and the optimizer updates (memory bound, one launch each).
   std::vector<double> stage_reduce(stages.stages.size(), 0), stage_update(stages.stages.size(), 0);
@@ -215,8 +201,9 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     e.comm_bytes += 2.0 * stage.activation_bytes * M * dp * tp; // rough: activations both ways
     e.comm_bytes += dp > 1 ? stage.parameter_bytes * dp * tp : 0;
     for (int zero : {0, 1}) {
-      const double bytes = stage.parameter_bytes * state_factor(training.optimizer, zero, dp) +
-                           stage.in_flight * stage.activation_bytes * activation_scale;
+      const double bytes =
+          stage.parameter_bytes * parameter_state_factor(training.optimizer, zero, dp) +
+          stage.in_flight * stage.activation_bytes * activation_scale;
       e.memory[zero] = std::max(e.memory[zero], static_cast<int64_t>(bytes));
     }
   }

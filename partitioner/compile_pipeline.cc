@@ -21,7 +21,9 @@ namespace {
 // several stages would pull every gradient to its stage once per step. Each
 // stage instead sums its own gradients' squares (SumOfSquares) and the clip
 // node becomes NormScale of those pairs: eight bytes per stage cross.
-Status split_clip_norm(Graph &graph, std::vector<int> &node_stage) {
+// With `always` (tensor parallelism) a one-stage clip is rewritten too, so
+// split_clip_norm_over_pieces finds every norm as per-stage SumOfSquares.
+Status split_clip_norm(Graph &graph, std::vector<int> &node_stage, bool always) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   for (NodeId id = 0; id < graph.num_nodes(); ++id) {
     if (graph.node(id).op != "GlobalNormScale") continue;
@@ -30,7 +32,7 @@ Status split_clip_norm(Graph &graph, std::vector<int> &node_stage) {
       const NodeId producer = graph.tensor(in).producer;
       by_stage[producer == kNoNode ? node_stage[id] : node_stage[producer]].push_back(in);
     }
-    if (by_stage.size() < 2) continue;
+    if (by_stage.size() < 2 && !always) continue;
     const std::string name = graph.node(id).name;
     GraphBuilder builder(std::move(graph), registry);
     std::vector<TensorId> partials;
@@ -54,8 +56,8 @@ Status split_clip_norm(Graph &graph, std::vector<int> &node_stage) {
 // parameters held in pieces are pieces too, so their squares are summed over
 // the group (TpAllReduce of the SumOfSquares pair); replicated parameters'
 // gradients are whole on every member and count once. Runs after
-// split_clip_norm: every GlobalNormScale becomes NormScale of per-stage
-// SumOfSquares, each split into its pieces' part and its whole part.
+// split_clip_norm(always), which left NormScale of per-stage SumOfSquares:
+// each is split into its pieces' part and its whole part.
 Status split_clip_norm_over_pieces(Graph &graph, std::vector<int> &node_stage, int members,
                                    const std::vector<serialization::PlanShard> &shards) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
@@ -69,19 +71,6 @@ Status split_clip_norm_over_pieces(Graph &graph, std::vector<int> &node_stage, i
     if (node.op == "Mul" && node.name.ends_with(kSuffix))
       piece_gradient[node.inputs[0]] =
           in_pieces.contains(node.name.substr(0, node.name.size() - kSuffix.size()));
-  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
-    if (graph.node(id).op != "GlobalNormScale") continue;
-    // One stage: NormScale of a single SumOfSquares.
-    const std::vector<TensorId> grads(graph.node(id).inputs.begin(), graph.node(id).inputs.end());
-    GraphBuilder builder(std::move(graph), registry);
-    const TensorId sum =
-        builder.op1("SumOfSquares", grads, {}, str_cat(builder.graph().node(id).name, ".stage0"));
-    ASSIGN_OR_RETURN(graph, std::move(builder).finish());
-    node_stage.push_back(node_stage[id]);
-    Node &clip = graph.mutable_node(id);
-    clip.op = "NormScale";
-    clip.inputs.assign({sum});
-  }
   const auto consumers = graph.consumers();
   const NodeId original_nodes = static_cast<NodeId>(graph.num_nodes());
   for (NodeId id = 0; id < original_nodes; ++id) {
@@ -123,15 +112,14 @@ Status split_clip_norm_over_pieces(Graph &graph, std::vector<int> &node_stage, i
   return verify_graph(graph, registry).with_context("clipping over tensor-parallel pieces");
 }
 
-// Bytes a stage holds per parameter byte: weights, gradients and the optimizer's
-// per-parameter state.
-double parameter_state_factor(const passes::OptimizerSpec &spec) {
-  using Kind = passes::OptimizerSpec::Kind;
-  if (spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW) return 4.0;
-  return spec.momentum > 0 ? 3.0 : 2.0;
-}
-
 } // namespace
+
+double parameter_state_factor(const passes::OptimizerSpec &spec, int zero, int dp) {
+  using Kind = passes::OptimizerSpec::Kind;
+  const double state =
+      spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW ? 2.0 : (spec.momentum > 0 ? 1.0 : 0.0);
+  return 2.0 + (zero == 1 ? state / dp : state);
+}
 
 int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
                                std::vector<std::vector<int32_t>> &groups) {
@@ -276,7 +264,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   }
   StagePartitionOptions partition;
   partition.node_time = [&](const Graph &g, NodeId id) {
-    return measured.empty() ? node_time(g, id, cluster.device) : measured[id];
+    return measured.empty() ? node_seconds(g, id, cluster) : measured[id];
   };
   const LinkSpec &link = link_between(cluster, 0, P > 1 ? DP * TP : 0); // stage 0 to stage 1
   partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
@@ -302,14 +290,14 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.manual_boundaries = options.stage_boundaries;
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
-  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage));
+  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1));
   if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
   // Costs of the graph as it now is (the split added nodes, which the profile
   // did not time: they get their roofline time).
   SimulationCosts costs = cluster_costs(graph, cluster);
   if (!measured.empty()) {
     for (NodeId id = static_cast<NodeId>(measured.size()); id < graph.num_nodes(); ++id)
-      measured.push_back(node_time(graph, id, cluster.device));
+      measured.push_back(node_seconds(graph, id, cluster));
     costs.compute = [&measured](NodeId id) { return measured[id]; };
   }
 

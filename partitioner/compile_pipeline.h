@@ -51,6 +51,11 @@ struct PipelineCompileOptions {
   std::function<Result<std::vector<double>>(const Graph &training)> profile;
 };
 
+// Bytes a device holds per parameter byte: the weights, their gradients and
+// the optimizer's per-parameter state (that state / dp when ZeRO-1 shards it
+// over dp replicas).
+double parameter_state_factor(const passes::OptimizerSpec &spec, int zero = 0, int dp = 1);
+
 // A training plan (mode, graph, loss, optimizer, devices, programs, pipeline).
 // The caller fills in the fingerprints. Errors name the option or the node.
 Result<serialization::Plan> compile_pipeline(const Graph &forward,

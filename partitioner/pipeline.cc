@@ -583,27 +583,39 @@ SimulationCosts zero_costs() {
   return costs;
 }
 
+TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster) {
+  const Node &node = graph.node(id);
+  const bool reduce = node.op == "TpAllReduce" || node.op == "TpCopy";
+  const bool gather = node.op == "TpAllGather" || node.op == "TpSplit";
+  if (!reduce && !gather) return {};
+  // The group: `parts` consecutive devices (tp is innermost in the mesh).
+  const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
+  std::vector<int> members;
+  for (int m = 0; m < parts; ++m)
+    members.push_back(m);
+  const LinkSpec &link = link_for_group(cluster, members);
+  // The whole tensor's bytes: a split's input, the others' output.
+  const TensorId whole = node.op == "TpSplit" ? node.inputs[0] : node.outputs[0];
+  const auto bytes = static_cast<double>(graph.tensor(whole).type.size_bytes());
+  const double seconds = reduce
+                             ? all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing,
+                                               reduce_bytes_per_second(cluster.device, DType::kF32))
+                             : all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing);
+  // TpCopy and TpSplit communicate only in their backward (their gradients).
+  if (node.op == "TpCopy" || node.op == "TpSplit") return {0, seconds};
+  return {seconds, 0};
+}
+
+double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster) {
+  const double collective = tensor_parallel_time(graph, id, cluster).forward;
+  return collective > 0 ? collective : node_time(graph, id, cluster.device);
+}
+
 SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster) {
   SimulationCosts costs;
   std::vector<double> times(graph.num_nodes());
-  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
-    const Node &node = graph.node(id);
-    times[id] = node_time(graph, id, cluster.device);
-    // Tensor-parallel collectives run over a group of consecutive devices (tp
-    // is innermost in the mesh).
-    if (node.op == "TpAllReduce" || node.op == "TpAllGather") {
-      const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
-      std::vector<int> members;
-      for (int m = 0; m < parts; ++m)
-        members.push_back(m);
-      const LinkSpec &link = link_for_group(cluster, members);
-      const auto bytes = static_cast<double>(graph.tensor(node.outputs[0]).type.size_bytes());
-      times[id] = node.op == "TpAllReduce"
-                      ? all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing,
-                                        reduce_bytes_per_second(cluster.device, DType::kF32))
-                      : all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing);
-    }
-  }
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    times[id] = node_seconds(graph, id, cluster);
   costs.compute = [times = std::move(times)](NodeId id) { return times[id]; };
   costs.transfer = [cluster](int src, int dst, double bytes) {
     return transfer_time(bytes, link_between(cluster, src, dst));

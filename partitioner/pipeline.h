@@ -133,6 +133,18 @@ struct SimulationCosts {
   std::function<double(const std::vector<int32_t> &devices, double bytes)> all_gather;
 };
 
+// A tensor-parallel node's communication (TpAllReduce, TpAllGather; TpCopy and
+// TpSplit communicate in their backward), ring-priced over its group of
+// `parts` consecutive devices of the cluster; zero for other nodes.
+struct TensorParallelTime {
+  double forward = 0;
+  double backward = 0;
+};
+TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster);
+// One execution of a node: its collective's forward time for a tensor-parallel
+// collective, else the roofline on the cluster's device.
+double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster);
+
 // Zero costs: what check_deadlock uses.
 SimulationCosts zero_costs();
 // Roofline node times on the cluster's device, alpha-beta transfers over the

@@ -699,7 +699,8 @@ const HostTensor &PipelineRunner::value(TensorId id) const {
     return assembled_[id] = local_whole(device, id);
   }
   // Tensor parallelism: the pieces of the first holder's group, joined (only
-  // where this process runs every member; see checkpointable()).
+  // where this process runs every member; checkpoints over several processes
+  // go through checkpoint_pieces()).
   const int base = first - first % tensor_parallel_;
   for (int m = 0; m < tensor_parallel_; ++m)
     if (!world_->is_local(base + m)) return kNone;

@@ -37,8 +37,6 @@ public:
   // `graph` and `value` has its type (or `type`, when given).
   static Status check_assignable(const Graph &graph, TensorId id, const HostTensor &value,
                                  const TensorType *type = nullptr);
-  // Whether checkpoint_pieces() can describe this run's state; an error says why not.
-  virtual Status checkpointable() const { return Status::ok(); }
   // Tensor `id` put together from its tensor-parallel pieces ("<name>@tp<m>of<T>"
   // in checkpoint_pieces(), in member order).
   virtual Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const {

@@ -186,7 +186,6 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
     if (options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
     return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file});
   }
-  RETURN_IF_ERROR(executor_->checkpointable().with_context(str_cat("checkpoint ", dir)));
   // Every rank writes its file; rank 0 commits the manifest only once all of
   // them are durable, then tells everyone how it went.
   const int rank = processes->rank(), ranks = processes->size();
