@@ -57,7 +57,7 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
     double start = 1e300, end = 0, busy = 0;
     for (int d = 0; d < P; ++d)
       for (const auto &span : spans[static_cast<size_t>(d)]) {
-        if (span.step != step) continue;
+        if (span.step != step || span.stream) continue;
         start = std::min(start, span.start_s);
         end = std::max(end, span.end_s);
         const auto &instr = plan.programs[static_cast<size_t>(d)].instructions[span.instruction];

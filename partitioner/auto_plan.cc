@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -51,16 +52,21 @@ double comm_bytes(const serialization::Plan &plan) {
         if (node.op == "TpAllReduce" || node.op == "TpAllGather")
           bytes += static_cast<double>(plan.graph.tensor(node.outputs[0]).type.size_bytes());
       } else if (instr.kind == serialization::InstrKind::kSend ||
-                 instr.kind == serialization::InstrKind::kAllReduce ||
-                 instr.kind == serialization::InstrKind::kReduceScatter ||
-                 instr.kind == serialization::InstrKind::kAllGather)
+                 instr.kind == serialization::InstrKind::kAllGather) {
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());
+      } else {
+        for (TensorId t : reduced_tensors(program, instr))
+          bytes += static_cast<double>(plan.graph.tensor(t).type.size_bytes());
+      }
   return bytes;
 }
 
 // The estimate of a candidate (see auto_plan.h), for every ZeRO setting at once.
 struct Estimate {
   double step_s = 0, bubble = 0, comm_bytes = 0;
+  // What ZeRO-1 changes in the step: the parameters' all-gathers (one per
+  // parameter, after the update) less the updates' (DP - 1) / DP it saves.
+  double zero_delta_s = 0;
   int64_t memory[2] = {0, 0}; // ZeRO off, on
 };
 
@@ -115,7 +121,8 @@ struct EstimateCache {
 
 Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &training,
                           const ClusterSpec &cluster, int dp, int tp, int pp, int M,
-                          bool mixed_precision, bool recompute, EstimateCache &cache) {
+                          bool mixed_precision, bool recompute, int64_t bucket_bytes,
+                          EstimateCache &cache) {
   DeviceSpec device = cluster.device;
   if (mixed_precision) device.peak_flops.f32 = device.peak_flops.bf16;
   const double activation_scale = mixed_precision ? 0.5 : 1.0;
@@ -178,20 +185,37 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   const double bandwidth = device.memory_bandwidth * device.memory_efficiency;
   const double touched =
       parameter_state_factor(training.optimizer, 0, 1) * 2 - 1; // read all, write but g
-  // Per stage: the gradients' collectives (one per parameter, as the runtime
-  // does them) and the optimizer updates (memory bound, one launch each).
-  std::vector<double> stage_reduce(stages.stages.size(), 0), stage_update(stages.stages.size(), 0);
+  // Per stage: the gradients' collectives and the optimizer updates (memory
+  // bound, one launch each). Without buckets the runtime reduces one parameter
+  // at a time after backward; with them, in buckets of about bucket_bytes
+  // started during the last micro-batch's backward, so only what outlasts that
+  // backward shows, and at least the last bucket (the first layers').
+  const size_t num_stages = stages.stages.size();
+  std::vector<double> stage_reduce(num_stages, 0), stage_update(num_stages, 0),
+      stage_grad_bytes(num_stages, 0);
   for (TensorId id = 0; id < micro.num_tensors(); ++id) {
     const int s = stages.tensor_stage[id];
     if (s < 0 || micro.tensor(id).kind != TensorKind::kParameter) continue;
     const auto bytes = static_cast<double>(micro.tensor(id).type.size_bytes());
-    if (dp > 1)
+    stage_grad_bytes[static_cast<size_t>(s)] += bytes;
+    if (dp > 1 && bucket_bytes <= 0)
       stage_reduce[static_cast<size_t>(s)] +=
           all_reduce_time(bytes, dp, dp_link, CollectiveAlgorithm::kRing, gamma);
     stage_update[static_cast<size_t>(s)] +=
         device.launch_overhead_s + (bandwidth > 0 ? bytes * touched / bandwidth : 0.0);
   }
-  for (size_t k = 0; k < stages.stages.size(); ++k) {
+  if (dp > 1 && bucket_bytes > 0)
+    for (size_t k = 0; k < num_stages; ++k) {
+      const double bytes = stage_grad_bytes[k];
+      if (bytes <= 0) continue;
+      const double buckets = std::ceil(bytes / static_cast<double>(bucket_bytes));
+      const double one =
+          all_reduce_time(bytes / buckets, dp, dp_link, CollectiveAlgorithm::kRing, gamma);
+      const double backward = stages.stages[k].compute_time * structure.backward_factor /
+                              (1 + structure.backward_factor);
+      stage_reduce[k] = std::max(one, buckets * one - backward);
+    }
+  for (size_t k = 0; k < num_stages; ++k) {
     const StageInfo &stage = stages.stages[k];
     sum += stage.time;
     slowest = std::max(slowest, stage.time);
@@ -206,6 +230,17 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
           stage.in_flight * stage.activation_bytes * activation_scale;
       e.memory[zero] = std::max(e.memory[zero], static_cast<int64_t>(bytes));
     }
+  }
+  if (dp > 1) {
+    std::vector<double> gather(num_stages, 0);
+    for (TensorId id = 0; id < micro.num_tensors(); ++id) {
+      const int s = stages.tensor_stage[id];
+      if (s < 0 || micro.tensor(id).kind != TensorKind::kParameter) continue;
+      gather[static_cast<size_t>(s)] +=
+          all_gather_time(static_cast<double>(micro.tensor(id).type.size_bytes()), dp, dp_link,
+                          CollectiveAlgorithm::kRing);
+    }
+    e.zero_delta_s = *std::max_element(gather.begin(), gather.end()) - update * (dp - 1) / dp;
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;
@@ -226,6 +261,7 @@ PipelineCompileOptions compile_options(const AutoCandidate &c, const AutoOptions
   compile.cluster = options.cluster;
   compile.check_memory = false; // the search checks memory over the whole device
   compile.profile = options.profile;
+  compile.bucket_bytes = options.bucket_bytes;
   return compile;
 }
 
@@ -290,7 +326,7 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
           // does not fit.
           for (bool recompute : {false, true}) {
             auto e = estimate(forward, training, options.cluster, dp, tp, pp, M,
-                              options.mixed_precision, recompute, cache);
+                              options.mixed_precision, recompute, options.bucket_bytes, cache);
             bool all_fit = true;
             for (int zero : zeros) {
               AutoCandidate c{dp, tp, pp, M, Schedule::k1F1B, zero, recompute};
@@ -298,7 +334,7 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
               if (!e.is_ok()) {
                 c.error = e.status().message();
               } else {
-                c.step_s = e->step_s;
+                c.step_s = e->step_s + (zero == 1 ? e->zero_delta_s : 0.0);
                 c.bubble = e->bubble;
                 c.memory = e->memory[zero];
                 c.comm_bytes = e->comm_bytes;

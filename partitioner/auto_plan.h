@@ -62,6 +62,8 @@ struct AutoOptions {
   // device's bf16 peak, activations kept in bf16; weights, gradients and
   // optimizer state stay f32). The compiler itself builds f32 plans.
   bool mixed_precision = false;
+  // As PipelineCompileOptions::bucket_bytes, for the compiled candidates.
+  int64_t bucket_bytes = kDefaultBucketBytes;
 };
 
 struct AutoCandidate {

@@ -306,6 +306,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   lowering.microbatches = M;
   lowering.data_parallel = DP;
   lowering.zero = options.zero;
+  lowering.bucket_bytes = options.bucket_bytes;
   lowering.schedule = options.schedule;
   auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
@@ -325,11 +326,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
     const auto &program = programs[static_cast<size_t>(groups[g].front())];
     for (const auto &instr : program.instructions) {
-      if ((instr.kind != serialization::InstrKind::kAllReduce &&
-           instr.kind != serialization::InstrKind::kReduceScatter) ||
-          instr.peer != static_cast<int32_t>(g))
-        continue;
-      const auto bytes = static_cast<double>(graph.tensor(instr.index).type.size_bytes());
+      const std::vector<TensorId> reduced = reduced_tensors(program, instr);
+      if (reduced.empty() || instr.peer != static_cast<int32_t>(g)) continue;
+      double bytes = 0;
+      for (TensorId t : reduced)
+        bytes += static_cast<double>(graph.tensor(t).type.size_bytes());
       const int p = static_cast<int>(members.size());
       ring += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kRing, gamma);
       tree += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kTree, gamma);
@@ -374,12 +375,13 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     plan.devices.push_back({static_cast<uint32_t>(d), "cpu"});
   for (size_t d = 0; d < programs.size(); ++d)
     programs[d].predicted_busy_s = sim.busy[d];
-  plan.programs = std::move(programs);
   serialization::PlanPipeline pipeline;
   pipeline.stages = P;
   pipeline.microbatches = M;
   pipeline.data_parallel = DP;
   pipeline.zero = options.zero;
+  for (const auto &program : programs)
+    if (!program.buckets.empty()) pipeline.bucket_bytes = options.bucket_bytes;
   pipeline.tensor_parallel = TP;
   pipeline.tp_groups_begin = tp_groups_begin;
   pipeline.shards = std::move(shards);
@@ -391,6 +393,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   pipeline.cluster_json = cluster_to_json(cluster);
   pipeline.predicted_step_s = sim.step_time;
   pipeline.predicted_bubble = sim.bubble;
+  plan.programs = std::move(programs);
   plan.pipeline = std::move(pipeline);
   plan.graph = std::move(graph);
   return plan;

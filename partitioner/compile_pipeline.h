@@ -30,6 +30,10 @@ struct PipelineCompileOptions {
   int data_parallel = 1;
   // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1).
   int zero = 0;
+  // --bucket-mb: with data parallelism, gradients are summed over the replicas
+  // in buckets of about this many bytes, overlapping backward; 0: one blocking
+  // collective per gradient at the step (PipelineOptions::bucket_bytes).
+  int64_t bucket_bytes = kDefaultBucketBytes;
   // Members of every tensor-parallel group (--mesh DPxTPxPP): the forward graph
   // is split over them (partitioner/tensor_parallel.h); tp is innermost in the
   // device numbering.

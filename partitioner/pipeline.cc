@@ -39,10 +39,16 @@ namespace {
 // Instructions that run over a group of devices (peer = group index).
 bool is_grouped(InstrKind kind) {
   return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
-         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard;
+         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
+         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
+}
+bool is_bucket(InstrKind kind) {
+  return kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
 }
 // The grouped instructions every member must reach together.
-bool is_collective(InstrKind kind) { return is_grouped(kind) && kind != InstrKind::kComputeShard; }
+bool is_collective(InstrKind kind) {
+  return is_grouped(kind) && kind != InstrKind::kComputeShard && !is_bucket(kind);
+}
 
 bool is_intermediate(const Graph &graph, TensorId id) {
   return graph.tensor(id).kind == TensorKind::kIntermediate;
@@ -87,8 +93,20 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
     if (instr.index < graph.updates().size())
       return str_cat("update ", tensor_name(graph.updates()[instr.index].target));
     return str_cat("update ", instr.index);
+  case InstrKind::kStartBucket:
+    return str_cat("start gradient bucket ", instr.index, " over group ", instr.peer);
+  case InstrKind::kWaitBucket:
+    return str_cat("wait for gradient bucket ", instr.index, " over group ", instr.peer);
   }
   return "unknown instruction";
+}
+
+std::vector<TensorId> reduced_tensors(const PlanProgram &program, const PlanInstruction &instr) {
+  if (instr.kind == InstrKind::kAllReduce || instr.kind == InstrKind::kReduceScatter)
+    return {instr.index};
+  if (instr.kind == InstrKind::kStartBucket && instr.index < program.buckets.size())
+    return program.buckets[instr.index].tensors;
+  return {};
 }
 
 Result<StepPhases> analyze_phases(const Graph &graph, int microbatches) {
@@ -287,6 +305,12 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
     case InstrKind::kUpdate:
       RETURN_IF_ERROR(touch(key(graph.updates()[instr.index].value, -1), i, instr));
       break;
+    case InstrKind::kStartBucket:
+    case InstrKind::kWaitBucket:
+      // The communication stream reads and writes the buffers in between.
+      for (TensorId t : program.buckets.at(instr.index).tensors)
+        RETURN_IF_ERROR(touch(key(t, -1), i, instr));
+      break;
     }
   }
   // Graph outputs are read after the step.
@@ -356,6 +380,66 @@ std::vector<NodeId> just_in_time(const Graph &graph, const std::vector<NodeId> &
   for (NodeId id : bwd)
     emit(id); // clones nothing reads
   return out;
+}
+
+// Groups the accumulated tensors stage `stage` computes into buckets of about
+// `bucket_bytes` (one tensor may exceed it), in the order they become final,
+// and starts each bucket right after the last instruction of the micro-batch
+// blocks that touches its tensors (the last micro-batch's producer or its
+// accumulation): the reduction then runs while the device computes the rest
+// of that micro-batch's backward. ZeRO-1's sharded gradients get buckets of
+// their own (reduce-scatter). Group `stage` is the stage's replicas.
+void add_buckets(const Graph &graph, const StepPhases &phases, const std::vector<NodeId> &producer,
+                 const std::vector<int> &node_stage, int stage, int microbatches,
+                 int64_t bucket_bytes, const std::vector<bool> &sharded_grad,
+                 PlanProgram &program) {
+  std::vector<bool> reduced(graph.num_tensors(), false);
+  for (TensorId t : phases.accumulated)
+    reduced[t] = node_stage[producer[t]] == stage;
+  // The last instruction touching each reduced tensor's final buffers.
+  std::map<TensorId, size_t> last;
+  auto &instrs = program.instructions;
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const PlanInstruction &instr = instrs[i];
+    auto mark = [&](TensorId t) {
+      if (reduced[t]) last[t] = i;
+    };
+    if (instr.kind == InstrKind::kAccumulate) {
+      mark(instr.index);
+    } else if (instr.microbatch == microbatches - 1) {
+      if (instr.kind == InstrKind::kCompute) {
+        for (TensorId t : graph.node(instr.index).inputs)
+          mark(t);
+        for (TensorId t : graph.node(instr.index).outputs)
+          mark(t);
+      } else if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv) {
+        mark(instr.index);
+      }
+    }
+  }
+  std::vector<std::pair<size_t, TensorId>> ready;
+  for (const auto &[t, i] : last)
+    ready.emplace_back(i, t);
+  std::sort(ready.begin(), ready.end());
+  // Buckets in ready order; each starts after the instruction of its last tensor.
+  std::vector<size_t> start_after;
+  int64_t bytes = 0;
+  for (const auto &[i, t] : ready) {
+    const int64_t size = graph.tensor(t).type.size_bytes();
+    const bool scatter = sharded_grad[t];
+    if (program.buckets.empty() || program.buckets.back().reduce_scatter != scatter ||
+        bytes + size > bucket_bytes) {
+      program.buckets.push_back({{}, scatter});
+      start_after.push_back(i);
+      bytes = 0;
+    }
+    program.buckets.back().tensors.push_back(t);
+    start_after.back() = i;
+    bytes += size;
+  }
+  for (size_t k = program.buckets.size(); k-- > 0;)
+    instrs.insert(instrs.begin() + static_cast<std::ptrdiff_t>(start_after[k] + 1),
+                  PlanInstruction{InstrKind::kStartBucket, -1, static_cast<uint32_t>(k), stage});
 }
 
 } // namespace
@@ -502,14 +586,30 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       for (int k = M - warmup; k < M; ++k)
         run_block(bwd, k);
     }
-    // 2. Once per step: the means, what other stages read of them, the step nodes.
-    for (TensorId t : phases.accumulated) {
-      if (node_stage[producer[t]] != s) continue;
-      if (DP > 1)
-        b.add(sharded_grad[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
+    // Gradient buckets, started as soon as their tensors are final.
+    if (DP > 1 && options.bucket_bytes > 0)
+      add_buckets(graph, phases, producer, node_stage, s, M, options.bucket_bytes, sharded_grad,
+                  b.program());
+    // 2. Once per step: the sums over the replicas, the means, what other
+    // stages read of them, the step nodes.
+    auto finish = [&](TensorId t) {
       if (M * DP > 1) b.add(InstrKind::kScale, t);
       for (int peer : step_readers[t])
         b.send(t, -1, peer);
+    };
+    std::vector<bool> bucketed(graph.num_tensors(), false);
+    for (uint32_t k = 0; k < b.program().buckets.size(); ++k) {
+      b.add(InstrKind::kWaitBucket, k, -1, s);
+      for (TensorId t : b.program().buckets[k].tensors) {
+        bucketed[t] = true;
+        finish(t);
+      }
+    }
+    for (TensorId t : phases.accumulated) {
+      if (node_stage[producer[t]] != s || bucketed[t]) continue;
+      if (DP > 1)
+        b.add(sharded_grad[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
+      finish(t);
     }
     for (NodeId id : step) {
       if (sharded_node[id]) {
@@ -654,6 +754,10 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
         return invalid_argument("device ", d, " instruction ", i, " (",
                                 describe_instruction(graph, instr),
                                 "): the group does not include the device");
+      if (is_bucket(instr.kind) && instr.index >= programs[d].buckets.size())
+        return invalid_argument("device ", d, " instruction ", i, " (",
+                                describe_instruction(graph, instr), "): the program has ",
+                                programs[d].buckets.size(), " buckets");
       for (int32_t member : group)
         if (member < 0 || static_cast<size_t>(member) >= P)
           return invalid_argument("group ", instr.peer, " names device ", member,
@@ -684,6 +788,20 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
   };
   std::map<std::pair<int32_t, size_t>, Meeting> meetings;
   std::vector<std::map<int32_t, size_t>> collectives_done(P); // per device, per group
+  // Gradient buckets run on each device's communication stream: the k-th bucket
+  // started on a group begins once every member has started it and every
+  // member's stream is free, and a WaitBucket waits for its end.
+  struct BucketMeeting {
+    std::set<size_t> arrived;
+    double latest = 0;
+    double bytes = 0;
+    bool reduce_scatter = false;
+    double end = -1; // when reduced; -1 until every member has started it
+  };
+  std::map<std::pair<int32_t, size_t>, BucketMeeting> bucket_meetings;
+  std::vector<std::map<int32_t, size_t>> buckets_started(P);                // per device, per group
+  std::vector<std::map<uint32_t, std::pair<int32_t, size_t>>> bucket_of(P); // bucket -> meeting
+  std::vector<double> stream_free(P, 0.0);
 
   auto bytes_of = [&](TensorId t) {
     return t < graph.num_tensors() ? static_cast<double>(graph.tensor(t).type.size_bytes()) : 0.0;
@@ -751,8 +869,55 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
           ++collectives_done[d][instr.peer];
           break;
         }
+        case InstrKind::kStartBucket: {
+          const auto &group = groups[static_cast<size_t>(instr.peer)];
+          const auto &bucket = programs[d].buckets.at(instr.index);
+          double bytes = 0;
+          for (TensorId t : bucket.tensors)
+            bytes += bytes_of(t);
+          const std::pair<int32_t, size_t> key{instr.peer, buckets_started[d][instr.peer]++};
+          bucket_of[d][instr.index] = key;
+          BucketMeeting &meeting = bucket_meetings[key];
+          if (meeting.arrived.empty()) {
+            meeting.bytes = bytes;
+            meeting.reduce_scatter = bucket.reduce_scatter;
+          }
+          if (meeting.bytes != bytes || meeting.reduce_scatter != bucket.reduce_scatter)
+            return failed_precondition(
+                "mismatched gradient bucket: device ", d, " instruction ", pc[d], " (",
+                describe_instruction(graph, instr), ") starts ", bytes, " bytes (",
+                bucket.reduce_scatter ? "reduce-scatter" : "all-reduce", ") as bucket number ",
+                key.second, " of group ", instr.peer, ", but device ", *meeting.arrived.begin(),
+                " started ", meeting.bytes, " bytes (",
+                meeting.reduce_scatter ? "reduce-scatter" : "all-reduce", ")");
+          meeting.arrived.insert(d);
+          meeting.latest = std::max(meeting.latest, start);
+          if (meeting.arrived.size() == group.size()) {
+            double begin = meeting.latest;
+            for (int32_t m : group)
+              begin = std::max(begin, stream_free[static_cast<size_t>(m)]);
+            const auto &cost = bucket.reduce_scatter ? costs.reduce_scatter : costs.all_reduce;
+            meeting.end = begin + (cost ? cost(group, bytes) : 0.0);
+            for (int32_t m : group)
+              stream_free[static_cast<size_t>(m)] = meeting.end;
+          }
+          break; // the device goes on at once
+        }
+        case InstrKind::kWaitBucket: {
+          auto it = bucket_of[d].find(instr.index);
+          if (it == bucket_of[d].end())
+            return failed_precondition("device ", d, " instruction ", pc[d], " (",
+                                       describe_instruction(graph, instr),
+                                       ") waits for a bucket it never started");
+          const BucketMeeting &meeting = bucket_meetings[it->second];
+          if (meeting.end < 0) goto blocked;
+          end = std::max(start, meeting.end);
+          break;
+        }
         }
         sim.devices[d][pc[d]] = {start, end};
+        // Waiting for a bucket is exposed communication, busy like a blocking
+        // all-reduce; the bubble is the pipeline's idle time.
         if (instr.kind != InstrKind::kRecv) sim.busy[d] += end - start;
         clock[d] = end;
         ++pc[d];
@@ -762,6 +927,14 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
     }
   }
 
+  // The members that reached the collective or bucket device d waits at.
+  auto arrived_at = [&](size_t d, const PlanInstruction &instr) -> const std::set<size_t> * {
+    if (instr.kind == InstrKind::kWaitBucket)
+      return &bucket_meetings[bucket_of[d][instr.index]].arrived;
+    if (is_collective(instr.kind))
+      return &meetings[{instr.peer, collectives_done[d][instr.peer]}].arrived;
+    return nullptr;
+  };
   // Deadlock: follow the chain of waits from the first stuck device (device d
   // waits for its receive's peer, which may itself wait for another) to its end:
   // a peer that never sends, or the first device seen twice (a cycle). Report
@@ -776,13 +949,12 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
       seen[d] = true;
       const PlanInstruction &waiting = programs[d].instructions[pc[d]];
       auto next = static_cast<size_t>(waiting.peer);
-      if (is_collective(waiting.kind)) {
-        // A collective waits for the first member that has not arrived.
-        const auto &group = groups[static_cast<size_t>(waiting.peer)];
-        const Meeting &meeting = meetings[{waiting.peer, collectives_done[d][waiting.peer]}];
+      if (const std::set<size_t> *arrived = arrived_at(d, waiting)) {
+        // A collective or a bucket waits for the first member that has not
+        // arrived (started it).
         next = P;
-        for (int32_t member : group)
-          if (!meeting.arrived.contains(static_cast<size_t>(member))) {
+        for (int32_t member : groups[static_cast<size_t>(waiting.peer)])
+          if (!arrived->contains(static_cast<size_t>(member))) {
             next = static_cast<size_t>(member);
             break;
           }
@@ -800,18 +972,19 @@ Result<Simulation> simulate_pipeline(const Graph &graph, const std::vector<PlanP
       if (pc[e] < programs[e].instructions.size()) ++stuck;
     std::string head = str_cat("deadlock: device ", d, " instruction ", pc[d], " (",
                                describe_instruction(graph, instr), ") waits forever");
-    if (is_collective(instr.kind)) {
-      const auto &group = groups[static_cast<size_t>(instr.peer)];
-      const Meeting &meeting = meetings[{instr.peer, collectives_done[d][instr.peer]}];
-      for (int32_t member : group) {
+    if (const std::set<size_t> *arrived = arrived_at(d, instr)) {
+      const bool bucket = instr.kind == InstrKind::kWaitBucket;
+      for (int32_t member : groups[static_cast<size_t>(instr.peer)]) {
         const auto m = static_cast<size_t>(member);
-        if (meeting.arrived.contains(m)) continue;
+        if (arrived->contains(m)) continue;
         return failed_precondition(
             head, ": device ", m, " of the group ",
             pc[m] < programs[m].instructions.size()
                 ? str_cat("is blocked at instruction ", pc[m], " (",
-                          describe_instruction(graph, programs[m].instructions[pc[m]]), ")")
-                : std::string("has finished without it"),
+                          describe_instruction(graph, programs[m].instructions[pc[m]]), ")",
+                          bucket ? " without having started it" : "")
+                : std::string(bucket ? "has finished without starting it"
+                                     : "has finished without it"),
             " (", stuck, " devices stuck)");
       }
     }
@@ -909,14 +1082,29 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
               str_cat("\"step\": ", step, ", \"instructions\": ", count));
       count = 0;
     };
+    bool stream_named = false;
     for (const TraceSpan &span : spans[d]) {
       if (span.instruction >= instrs.size()) continue;
       const PlanInstruction &instr = instrs[span.instruction];
+      if (span.stream) {
+        // The communication stream: track programs.size() + d.
+        const int track = static_cast<int>(programs.size() + d);
+        if (!stream_named)
+          out +=
+              str_cat(",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": ", track,
+                      ", \"args\": {\"name\": \"device ", d, " communication\"}}");
+        stream_named = true;
+        std::string name = describe_instruction(graph, instr);
+        if (name.starts_with("start ")) name = name.substr(6);
+        event(name, "collective", track, span.start_s, span.end_s,
+              str_cat("\"step\": ", span.step));
+        continue;
+      }
       if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv ||
-          is_collective(instr.kind)) {
-        // A receive or collective may wait: it ends the block. A send is a copy
-        // inside it.
-        if (instr.kind != InstrKind::kSend) flush();
+          is_collective(instr.kind) || is_bucket(instr.kind)) {
+        // A receive, collective or bucket wait may wait: it ends the block. A
+        // send (a copy) and a bucket start (a hand-over) are inside it.
+        if (instr.kind != InstrKind::kSend && instr.kind != InstrKind::kStartBucket) flush();
         const char *kind = instr.kind == InstrKind::kSend   ? "send"
                            : instr.kind == InstrKind::kRecv ? "recv"
                                                             : "collective";
@@ -1014,6 +1202,36 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
             why && std::holds_alternative<std::string>(*why) ? std::get<std::string>(*why) : "";
         row->why = str_cat(node.op, ": ", reason.empty() ? node_text(instr.index) : reason);
         if (costs.compute) row->seconds = costs.compute(instr.index);
+        continue;
+      }
+      if (instr.kind == InstrKind::kStartBucket) {
+        // One row per bucket and group, from its first member.
+        const auto &group = groups.at(static_cast<size_t>(instr.peer));
+        const auto &bucket = programs[d].buckets.at(instr.index);
+        if (group.front() != static_cast<int32_t>(d)) continue;
+        TransferReason *row = new_row(static_cast<int>(d), -1, instr.peer, bucket.tensors[0]);
+        if (row == nullptr) continue;
+        row->bytes = 0;
+        std::string names;
+        for (size_t k = 0; k < bucket.tensors.size(); ++k) {
+          row->bytes += static_cast<double>(graph.tensor(bucket.tensors[k]).type.size_bytes());
+          if (k < 3)
+            names += str_cat(k ? ", " : "", "'", graph.tensor(bucket.tensors[k]).name, "'");
+        }
+        if (bucket.tensors.size() > 3)
+          names += str_cat(" and ", bucket.tensors.size() - 3, " more");
+        std::string members;
+        for (int32_t m : group)
+          members += str_cat(members.empty() ? "" : ", ", m);
+        row->why =
+            str_cat("gradient bucket ", instr.index, " (", bucket.tensors.size(),
+                    bucket.tensors.size() == 1 ? " tensor: " : " tensors: ", names,
+                    "), summed over the replicas (devices ", members, ")",
+                    bucket.reduce_scatter ? ", each keeping the shards it updates (ZeRO-1)" : "",
+                    "; started when its last tensor is final, overlapping the rest of "
+                    "backward");
+        const auto &cost = bucket.reduce_scatter ? costs.reduce_scatter : costs.all_reduce;
+        if (cost) row->seconds = cost(group, row->bytes);
         continue;
       }
       if (instr.kind != InstrKind::kSend && !is_collective(instr.kind)) continue;

@@ -28,7 +28,13 @@
 //     micro-batch and sent right after its producer; accumulation follows the
 //     producer;
 //  2. the per-step part: scale the accumulated tensors, send those another stage
-//     reads, run the step nodes (receiving and sending across stages likewise);
+//     reads, run the step nodes (receiving and sending across stages likewise).
+//     With data parallelism the accumulated tensors are first summed over the
+//     stage's replicas: in gradient buckets (PipelineOptions::bucket_bytes), each
+//     started (StartBucket) right after the last instruction of the micro-batch
+//     blocks that touches its tensors, and waited for (WaitBucket) here, so the
+//     reduction of late layers' gradients overlaps the backward of early ones;
+//     or, without buckets, by one blocking collective per tensor here;
 //  3. state updates: the stage computing a new value sends it to every other
 //     stage holding a copy of the target (a tied embedding, the step counter),
 //     and each holder applies it.
@@ -72,6 +78,9 @@ struct StepPhases {
 // is not floating point.
 Result<StepPhases> analyze_phases(const Graph &graph, int microbatches);
 
+// PyTorch DDP's default bucket size (bucket_cap_mb = 25).
+inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
+
 struct PipelineOptions {
   int stages = 1;
   int microbatches = 1;
@@ -86,6 +95,12 @@ struct PipelineOptions {
   // all-reduced, the new parameter all-gathered, and the state is held as
   // shards. Tensors whose size DP does not divide stay replicated.
   int zero = 0;
+  // With data_parallel > 1: the gradients (and other accumulated tensors) are
+  // reduced in buckets of about this many bytes, each started on the device's
+  // communication stream as soon as its last tensor is final (in the last
+  // micro-batch's backward, so later layers' buckets go first) and waited for
+  // before the step. 0: one blocking collective per tensor at the step.
+  int64_t bucket_bytes = kDefaultBucketBytes;
   Schedule schedule = Schedule::k1F1B;
   int64_t alignment = 64;
 };
@@ -145,6 +160,11 @@ TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const Clu
 // collective, else the roofline on the cluster's device.
 double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster);
 
+// The accumulated tensors an instruction sums over its group: the tensor of an
+// AllReduce or ReduceScatter, a StartBucket's bucket; none for others.
+std::vector<TensorId> reduced_tensors(const serialization::PlanProgram &program,
+                                      const serialization::PlanInstruction &instr);
+
 // Zero costs: what check_deadlock uses.
 SimulationCosts zero_costs();
 // Roofline node times on the cluster's device, alpha-beta transfers over the
@@ -190,6 +210,9 @@ struct TraceSpan {
   double start_s = 0;
   double end_s = 0;
   int64_t step = 0;
+  // Work of the device's communication stream (a StartBucket's reduction),
+  // shown on a track of its own.
+  bool stream = false;
 };
 
 // A Chrome / Perfetto trace (JSON, "traceEvents") of what each device did: one

@@ -46,6 +46,14 @@ public:
   // Returns the world's first failure (naming its device) or ok. After a
   // failure the world is spent: later runs fail at once.
   virtual Status run(const std::function<Status(int device, Communicator &)> &body) = 0;
+  // The same, with a second communicator per device over an independent world
+  // (its own messages and collectives), for a device's communication stream;
+  // null where the world has none (then the body uses the first). A failure in
+  // either world must be reported through the first.
+  virtual Status
+  run_with_side(const std::function<Status(int device, Communicator &, Communicator *)> &body) {
+    return run([&](int device, Communicator &comm) { return body(device, comm, nullptr); });
+  }
   // Where a device is (step, instruction index; -1 between instructions), for
   // the failure reports of other processes. Cheap; called per instruction.
   virtual void report(int device, int64_t step, int64_t instruction) {}
@@ -64,6 +72,8 @@ public:
   bool is_local(int) const override { return true; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
   Status run(const std::function<Status(int device, Communicator &)> &body) override;
+  Status run_with_side(
+      const std::function<Status(int device, Communicator &, Communicator *)> &body) override;
 
 private:
   int devices_;

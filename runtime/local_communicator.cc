@@ -734,4 +734,18 @@ Status LocalDeviceWorld::run(const std::function<Status(int device, Communicator
   return run_on_threads(devices_, body, timeout_);
 }
 
+Status LocalDeviceWorld::run_with_side(
+    const std::function<Status(int device, Communicator &, Communicator *)> &body) {
+  ASSIGN_OR_RETURN(std::shared_ptr<LocalWorld> side, LocalWorld::create(devices_, timeout_));
+  std::vector<std::unique_ptr<Communicator>> sides;
+  for (int rank = 0; rank < devices_; ++rank)
+    sides.push_back(side->communicator(rank));
+  return run_on_threads(
+      devices_,
+      [&](int rank, Communicator &comm) {
+        return body(rank, comm, sides[static_cast<size_t>(rank)].get());
+      },
+      timeout_);
+}
+
 } // namespace strata::runtime

@@ -1,9 +1,11 @@
 #include "runtime/pipeline_runner.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -54,7 +56,28 @@ struct PipelineRunner::Device {
     enum class Tp : uint8_t { kNone, kCopy, kAllReduce, kAllGather, kSplit } tp = Tp::kNone;
     std::vector<std::byte> gathered;
     Status run_tensor_parallel(Communicator &comm);
+    uint32_t bucket = 0; // StartBucket, WaitBucket
   };
+  // A gradient bucket: its tensors' accumulated buffers, packed chunk by chunk
+  // (chunk c of every tensor, then chunk c + 1; runtime/collectives.h) into
+  // `staging`, reduced over `group` and unpacked.
+  struct Bucket {
+    struct Part {
+      float *data;
+      size_t count;
+    };
+    std::vector<Part> parts;
+    bool reduce_scatter = false;
+    Group group;
+    size_t position = 0;        // this device's in the group
+    std::vector<size_t> chunks; // group.size() + 1 offsets into the packed bucket
+    std::optional<CollectiveAlgo> algo;
+    uint64_t tag = 0;
+    std::string what;
+    Status reduce(Communicator &comm, std::vector<float> &staging) const;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<float> staging; // the largest bucket, packed
   int index = 0;
   std::shared_ptr<Blob> arena;
   std::map<TensorId, HostTensor> weights; // sharded ones hold only this device's shard
@@ -67,6 +90,137 @@ struct PipelineRunner::Device {
 };
 
 PipelineRunner::~PipelineRunner() = default;
+
+Status PipelineRunner::Device::Bucket::reduce(Communicator &comm,
+                                              std::vector<float> &staging) const {
+  const size_t p = group.size();
+  float *packed = staging.data();
+  for (size_t c = 0; c < p; ++c) {
+    size_t at = chunks[c];
+    for (const Part &part : parts) {
+      const size_t begin = chunk_begin(part.count, p, c), end = chunk_begin(part.count, p, c + 1);
+      std::copy(part.data + begin, part.data + end, packed + at);
+      at += end - begin;
+    }
+  }
+  const size_t n = chunks[p];
+  const std::span<float> all(packed, n);
+  Status status = Status::ok();
+  if (!reduce_scatter)
+    status = algo ? algo_all_reduce(comm, all, group, *algo, tag, what, chunks)
+                  : comm.all_reduce(all, group, what);
+  else if (algo)
+    status = algo_reduce_scatter(comm, all, group, *algo, tag, what, chunks);
+  else
+    status = comm.reduce_scatter(
+        all, std::span<float>(packed + chunks[position], chunks[position + 1] - chunks[position]),
+        group, what);
+  RETURN_IF_ERROR(status);
+  // An all-reduce's every chunk, a reduce-scatter's own (its shard of each tensor).
+  for (size_t c = 0; c < p; ++c) {
+    if (reduce_scatter && c != position) continue;
+    size_t at = chunks[c];
+    for (const Part &part : parts) {
+      const size_t begin = chunk_begin(part.count, p, c), end = chunk_begin(part.count, p, c + 1);
+      std::copy(packed + at, packed + at + (end - begin), part.data + begin);
+      at += end - begin;
+    }
+  }
+  return Status::ok();
+}
+
+namespace {
+
+// A device's communication stream: one thread that reduces the buckets handed
+// to it, in order, on the device's second communicator, while the device
+// thread computes. A failure aborts the device's main communicator too, so a
+// device waiting anywhere learns of it at once.
+class CommStream {
+public:
+  CommStream(Communicator &side, Communicator &main, std::vector<float> &staging, size_t buckets)
+      : side_(side), main_(main), staging_(staging), done_(buckets, 0),
+        thread_([this] { loop(); }) {}
+  ~CommStream() { stop(Status::ok()); }
+
+  // Reduces bucket `index` (started by instruction `instruction`) after the
+  // ones before it.
+  template <typename Bucket>
+  void start(const Bucket *bucket, uint32_t index, uint32_t instruction) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back([bucket, this, index, instruction] {
+      const auto begin = std::chrono::steady_clock::now();
+      Status status = bucket->reduce(side_, staging_);
+      const auto end = std::chrono::steady_clock::now();
+      std::lock_guard done_lock(mutex_);
+      if (!status.is_ok() && error_.is_ok()) error_ = status;
+      done_[index] = 1;
+      spans_.push_back({instruction, begin, end});
+    });
+    wake_.notify_all();
+  }
+  struct Span {
+    uint32_t instruction;
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  // What the stream did (read after stop()).
+  const std::vector<Span> &spans() const { return spans_; }
+  // Until bucket `index` is reduced; bounded by `timeout` (the reduction's own
+  // waits are bounded by the communicator's, so this is a backstop).
+  Status wait(uint32_t index, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    if (!wake_.wait_for(lock, timeout, [&] { return done_[index] != 0 || !error_.is_ok(); }))
+      return deadline_exceeded("the gradient bucket was not reduced within ", timeout.count(),
+                               " ms");
+    return error_;
+  }
+  // Ends the stream; with an error, first aborts the second world so a
+  // reduction waiting for other devices returns.
+  void stop(const Status &why) {
+    if (!thread_.joinable()) return;
+    if (!why.is_ok()) side_.abort(why);
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    thread_.join();
+  }
+
+private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      if (!error_.is_ok() && !aborted_) {
+        aborted_ = true;
+        const Status error = error_;
+        lock.unlock();
+        main_.abort(error);
+        lock.lock();
+      }
+      wake_.notify_all();
+    }
+  }
+  Communicator &side_;
+  Communicator &main_;
+  std::vector<float> &staging_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<char> done_;
+  std::vector<Span> spans_;
+  Status error_ = Status::ok();
+  bool stopping_ = false, aborted_ = false;
+  std::thread thread_;
+};
+
+} // namespace
 
 namespace {
 
@@ -264,6 +418,56 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
     for (const serialization::PlanSlot &slot : program.slots)
       slots[{slot.tensor, slot.microbatch}] = arena + slot.offset;
+    // Gradient buckets: the group comes from the instruction that starts each.
+    device->buckets.resize(program.buckets.size());
+    size_t largest = 0;
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const PlanInstruction &instr = program.instructions[i];
+      if (instr.kind != InstrKind::kStartBucket) continue;
+      const std::string context = str_cat(where, " instruction ", i, " (",
+                                          partitioner::describe_instruction(g, instr), ")");
+      if (instr.index >= program.buckets.size())
+        return invalid_argument(context, ": the program has ", program.buckets.size(), " buckets");
+      if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
+        return invalid_argument(context, ": no group ", instr.peer);
+      const serialization::PlanBucket &plan_bucket = program.buckets[instr.index];
+      Device::Bucket &bucket = device->buckets[instr.index];
+      const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
+      bucket.group.assign(group.begin(), group.end());
+      bucket.position = static_cast<size_t>(
+          std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
+          group.begin());
+      bucket.reduce_scatter = plan_bucket.reduce_scatter;
+      bucket.algo = algorithm_of(instr.peer);
+      bucket.tag = collective_tag(instr);
+      const size_t p = group.size();
+      std::string names;
+      for (TensorId t : plan_bucket.tensors) {
+        const TensorType &type = g.tensor(t).type;
+        if (type.dtype != DType::kF32)
+          return unimplemented(context, ": '", g.tensor(t).name, "' is ", type.to_string(),
+                               " (f32 only so far)");
+        auto it = slots.find({t, -1});
+        if (it == slots.end())
+          return invalid_argument(context, ": '", g.tensor(t).name,
+                                  "' (step) has no buffer in the plan");
+        const auto count = static_cast<size_t>(type.num_elements());
+        if (bucket.reduce_scatter && count % p != 0)
+          return invalid_argument(context, ": '", g.tensor(t).name, "' has ", count,
+                                  " elements, which ", p, " devices do not divide");
+        bucket.parts.push_back({reinterpret_cast<float *>(it->second), count});
+        names += str_cat(names.empty() ? "'" : ", '", g.tensor(t).name, "'");
+      }
+      bucket.what = str_cat("gradient bucket ", instr.index, ": ", names);
+      bucket.chunks.assign(p + 1, 0);
+      for (size_t c = 0; c < p; ++c) {
+        bucket.chunks[c + 1] = bucket.chunks[c];
+        for (const auto &part : bucket.parts)
+          bucket.chunks[c + 1] += chunk_begin(part.count, p, c + 1) - chunk_begin(part.count, p, c);
+      }
+      largest = std::max(largest, bucket.chunks[p]);
+    }
+    device->staging.assign(largest, 0.0f);
 
     for (size_t i = 0; i < program.instructions.size(); ++i) {
       const PlanInstruction &instr = program.instructions[i];
@@ -437,6 +641,12 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         op.bytes = static_cast<size_t>(type.size_bytes());
         break;
       }
+      case InstrKind::kStartBucket:
+      case InstrKind::kWaitBucket:
+        if (instr.index >= device->buckets.size() || device->buckets[instr.index].chunks.empty())
+          return invalid_argument(context, ": bucket ", instr.index, " is never started");
+        op.bucket = instr.index;
+        break;
       case InstrKind::kUpdate: {
         const StateUpdate &update = g.updates()[instr.index];
         ASSIGN_OR_RETURN(op.data, weight(update.target));
@@ -508,11 +718,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   if (steps_run_ == 0) epoch_ = std::chrono::steady_clock::now();
   const int64_t step = steps_run_ + 1;
 
-  auto body = [&](int rank, Communicator &comm) -> Status {
+  auto run_device = [&](int rank, Communicator &comm, CommStream *stream) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
-    comm.set_label(data_parallel_ == 1 ? str_cat("stage ", rank)
-                                       : str_cat("stage ", rank / data_parallel_, " replica ",
-                                                 rank % data_parallel_));
     ops::cpu::set_gemm_num_threads(options_.gemm_threads);
     for (Device::Op &op : device.ops)
       for (const Device::Op::InputPatch &patch : op.patches) {
@@ -586,6 +793,17 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
         status = op.def->cpu_kernel(context);
         break;
       }
+      case InstrKind::kStartBucket:
+        if (stream != nullptr)
+          stream->start(&device.buckets[op.bucket], op.bucket, static_cast<uint32_t>(i));
+        else
+          status = device.buckets[op.bucket].reduce(comm, device.staging);
+        break;
+      case InstrKind::kWaitBucket:
+        // The reduction's own waits are bounded by the timeout; twice it is
+        // a backstop.
+        if (stream != nullptr) status = stream->wait(op.bucket, 2 * world_->timeout());
+        break;
       case InstrKind::kReduceScatter:
       case InstrKind::kAllGather: {
         // In place: the shard of device `peer` (its rank) is its part of the buffer.
@@ -630,7 +848,31 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
     }
     return Status::ok();
   };
-  Status status = world_->run(body);
+  auto body = [&](int rank, Communicator &comm, Communicator *side) -> Status {
+    Device &device = *devices_[static_cast<size_t>(rank)];
+    const std::string label = data_parallel_ == 1 ? str_cat("stage ", rank)
+                                                  : str_cat("stage ", rank / data_parallel_,
+                                                            " replica ", rank % data_parallel_);
+    comm.set_label(label);
+    // Buckets run on the communication stream where the world gives a second
+    // communicator (threads); else (MPI) each is reduced when it is started.
+    std::optional<CommStream> stream;
+    if (side != nullptr && !device.buckets.empty()) {
+      side->set_label(label + " comm");
+      stream.emplace(*side, comm, device.staging, device.buckets.size());
+    }
+    Status result = run_device(rank, comm, stream ? &*stream : nullptr);
+    if (stream) {
+      stream->stop(result);
+      if (options_.trace)
+        for (const CommStream::Span &span : stream->spans())
+          spans_[static_cast<size_t>(rank)].push_back(
+              {span.instruction, std::chrono::duration<double>(span.begin - epoch_).count(),
+               std::chrono::duration<double>(span.end - epoch_).count(), step, true});
+    }
+    return result;
+  };
+  Status status = world_->run_with_side(body);
   if (!status.is_ok()) {
     failed_ = true;
     return status.with_context(str_cat("pipeline step ", step));

@@ -25,8 +25,9 @@ using namespace json_text;
 
 // The newest plan revision this build writes and reads. Revision 2 (pipeline
 // plans) is written only by plans with a pipeline; others stay revision 1.
-constexpr uint32_t kPlanVersion = 2;
+constexpr uint32_t kPlanVersion = 3;
 constexpr uint32_t kPipelinePlanVersion = 2;
+constexpr uint32_t kBucketPlanVersion = 3; // plans with gradient buckets
 constexpr uint64_t kMaxPlanBytes = FLATBUFFERS_MAX_BUFFER_SIZE - 1;
 constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
 
@@ -48,6 +49,10 @@ static_assert(static_cast<uint8_t>(InstrKind::kAllReduce) ==
               static_cast<uint8_t>(fb::InstrKind::AllReduce));
 static_assert(static_cast<uint8_t>(InstrKind::kComputeShard) ==
               static_cast<uint8_t>(fb::InstrKind::ComputeShard));
+static_assert(static_cast<uint8_t>(InstrKind::kStartBucket) ==
+              static_cast<uint8_t>(fb::InstrKind::StartBucket));
+static_assert(static_cast<uint8_t>(InstrKind::kWaitBucket) ==
+              static_cast<uint8_t>(fb::InstrKind::WaitBucket));
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -83,6 +88,7 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
   // Whatever else the Plan holds is written too, for the loader to refuse.
   const bool pipelined = plan.pipeline.has_value();
   std::vector<flatbuffers::Offset<fb::Program>> programs;
+  bool any_buckets = false;
   for (const PlanProgram &program : plan.programs) {
     flatbuffers::Offset<flatbuffers::Vector<uint32_t>> order;
     flatbuffers::Offset<flatbuffers::Vector<int64_t>> offsets;
@@ -109,9 +115,18 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
     if (pipelined || !program.holds.empty()) holds = builder.CreateVector(program.holds);
     flatbuffers::Offset<flatbuffers::Vector<uint32_t>> sharded;
     if (!program.sharded_holds.empty()) sharded = builder.CreateVector(program.sharded_holds);
-    programs.push_back(fb::CreateProgram(builder, program.device, order, program.arena_bytes,
-                                         offsets, instructions, slots, holds,
-                                         program.predicted_busy_s, sharded, program.shard_group));
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Bucket>>> buckets;
+    if (!program.buckets.empty()) {
+      std::vector<flatbuffers::Offset<fb::Bucket>> entries;
+      for (const PlanBucket &bucket : program.buckets)
+        entries.push_back(
+            fb::CreateBucket(builder, builder.CreateVector(bucket.tensors), bucket.reduce_scatter));
+      buckets = builder.CreateVector(entries);
+      any_buckets = true;
+    }
+    programs.push_back(fb::CreateProgram(
+        builder, program.device, order, program.arena_bytes, offsets, instructions, slots, holds,
+        program.predicted_busy_s, sharded, program.shard_group, buckets));
   }
   auto program_vector = builder.CreateVector(programs);
   auto producer = builder.CreateString(producer_string());
@@ -143,12 +158,12 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
       }
       shards = builder.CreateVector(entries);
     }
-    pipeline =
-        fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage, boundaries,
-                           cluster_json, pp.predicted_step_s, pp.predicted_bubble, pp.data_parallel,
-                           groups, pp.zero, pp.tensor_parallel, pp.tp_groups_begin, shards);
+    pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
+                                  boundaries, cluster_json, pp.predicted_step_s,
+                                  pp.predicted_bubble, pp.data_parallel, groups, pp.zero,
+                                  pp.tensor_parallel, pp.tp_groups_begin, shards, pp.bucket_bytes);
   }
-  uint32_t version = pipelined ? kPipelinePlanVersion : 1;
+  const uint32_t version = any_buckets ? kBucketPlanVersion : pipelined ? kPipelinePlanVersion : 1;
   auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
                              loss_kind, optimizer, model_fingerprint, fingerprint, device_vector,
                              program_vector, producer, pipeline);
@@ -252,6 +267,14 @@ std::string plan_json_text(const fb::Plan &plan) {
           append_double(obj.key("predicted_busy_s"), p.predicted_busy_s());
         if (p.sharded_holds()) append_number_list(obj.key("sharded_holds"), p.sharded_holds());
         if (p.shard_group() != -1) obj.key("shard_group") += std::to_string(p.shard_group());
+        if (p.buckets())
+          append_table_list(
+              obj.key("buckets"), p.buckets(), indent + 2, [&](const fb::Bucket &b, int) {
+                out += "{\"tensors\": ";
+                append_number_list(out, b.tensors());
+                out +=
+                    str_cat(", \"reduce_scatter\": ", b.reduce_scatter() ? "true" : "false", "}");
+              });
         obj.close();
       });
   append_json_string(root.key("producer"), plan.producer());
@@ -268,6 +291,7 @@ std::string plan_json_text(const fb::Plan &plan) {
     if (pipe->data_parallel() != 1)
       obj.key("data_parallel") += std::to_string(pipe->data_parallel());
     if (pipe->zero() != 0) obj.key("zero") += std::to_string(pipe->zero());
+    if (pipe->bucket_bytes() != 0) obj.key("bucket_bytes") += std::to_string(pipe->bucket_bytes());
     if (pipe->tensor_parallel() != 1) {
       obj.key("tensor_parallel") += std::to_string(pipe->tensor_parallel());
       obj.key("tp_groups_begin") += std::to_string(pipe->tp_groups_begin());
@@ -353,6 +377,9 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   pipe.zero = q.zero();
   if (pipe.zero != 0 && pipe.zero != 1)
     return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0 or 1");
+  pipe.bucket_bytes = q.bucket_bytes();
+  if (pipe.bucket_bytes < 0)
+    return invalid_argument("field pipeline.bucket_bytes = ", pipe.bucket_bytes, " is negative");
   if (q.groups() != nullptr) {
     for (uint32_t i = 0; i < q.groups()->size(); ++i) {
       std::vector<int32_t> devices;
@@ -476,6 +503,68 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   return pipe;
 }
 
+// A program's gradient buckets (revision 3), after its instructions: every
+// bucket is started once, over one group, and waited for once after that, by
+// the end of the program; its tensors are accumulated buffers of this device,
+// each in at most one bucket, and reduce-scatter buckets need ZeRO-1 and sizes
+// the group divides.
+Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
+                       const std::string &where, PlanProgram &program) {
+  const size_t count = size_of(q.buckets());
+  std::vector<int64_t> started(count, -1), waited(count, -1), group(count, -1);
+  for (size_t k = 0; k < program.instructions.size(); ++k) {
+    const PlanInstruction &instr = program.instructions[k];
+    if (instr.kind != InstrKind::kStartBucket && instr.kind != InstrKind::kWaitBucket) continue;
+    const std::string at = str_cat(where, ".instructions[", k, "]");
+    const bool start = instr.kind == InstrKind::kStartBucket;
+    auto &seen = start ? started : waited;
+    if (seen[instr.index] >= 0)
+      return invalid_argument(at, ": bucket ", instr.index, " is ",
+                              start ? "started" : "waited for", " twice (also at instruction ",
+                              seen[instr.index], ")");
+    if (!start && started[instr.index] < 0)
+      return invalid_argument(at, ": waits for bucket ", instr.index, " before it is started");
+    if (!start && group[instr.index] != instr.peer)
+      return invalid_argument(at, ": waits for bucket ", instr.index, " over group ", instr.peer,
+                              " but it was started over group ", group[instr.index]);
+    seen[instr.index] = static_cast<int64_t>(k);
+    group[instr.index] = instr.peer;
+  }
+  std::set<TensorId> bucketed;
+  for (size_t b = 0; b < count; ++b) {
+    const fb::Bucket &entry = *q.buckets()->Get(static_cast<flatbuffers::uoffset_t>(b));
+    const std::string at = str_cat(where, ".buckets[", b, "]");
+    if (started[b] < 0 || waited[b] < 0)
+      return invalid_argument(at, " is never ", started[b] < 0 ? "started" : "waited for");
+    PlanBucket bucket;
+    if (entry.tensors() != nullptr) bucket.tensors = copy_numbers(*entry.tensors());
+    bucket.reduce_scatter = entry.reduce_scatter();
+    if (bucket.tensors.empty()) return invalid_argument(at, " has no tensors");
+    if (bucket.reduce_scatter && pipe.zero != 1)
+      return invalid_argument(at, ": reduce_scatter needs pipeline.zero = 1");
+    const auto members = static_cast<int64_t>(pipe.groups[static_cast<size_t>(group[b])].size());
+    for (size_t k = 0; k < bucket.tensors.size(); ++k) {
+      const TensorId id = bucket.tensors[k];
+      if (id >= g.num_tensors())
+        return out_of_range(at, ".tensors[", k, "] = ", id,
+                            " is not a tensor index (the model has ", g.num_tensors(), " tensors)");
+      const Tensor &tensor = g.tensor(id);
+      if (tensor.kind != TensorKind::kIntermediate || tensor.type.dtype != DType::kF32)
+        return invalid_argument(at, ".tensors[", k, "]: '", tensor.name,
+                                "' is not an f32 intermediate; buckets reduce accumulated "
+                                "gradients");
+      if (!bucketed.insert(id).second)
+        return invalid_argument(at, ".tensors[", k, "]: '", tensor.name, "' is in two buckets");
+      if (bucket.reduce_scatter && tensor.type.num_elements() % members != 0)
+        return invalid_argument(at, ".tensors[", k, "]: '", tensor.name, "' has ",
+                                tensor.type.num_elements(), " elements, which ", members,
+                                " devices do not divide");
+    }
+    program.buckets.push_back(std::move(bucket));
+  }
+  return Status::ok();
+}
+
 // A pipeline plan's program (revision 2): instructions, slots and holds instead
 // of order and offsets. `where` is "field programs[i]"; `program.device` is set.
 Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
@@ -531,6 +620,12 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
         return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
                             " state updates");
       break;
+    case InstrKind::kStartBucket:
+    case InstrKind::kWaitBucket:
+      if (index >= size_of(q.buckets()))
+        return out_of_range(at, ": ", name, " ", index, ", but the program has ",
+                            size_of(q.buckets()), " buckets");
+      break;
     }
     if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
       std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
@@ -541,7 +636,8 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
         return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
     }
     const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
-                         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard;
+                         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
+                         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
     if (grouped) {
       if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
         return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
@@ -550,7 +646,9 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
       if (std::find(group.begin(), group.end(), self) == group.end())
         return invalid_argument(at, ": ", name, " over group ", peer,
                                 ", which does not include device ", self);
-      if (kind != InstrKind::kAllReduce && pipe.zero != 1)
+      const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
+                             kind == InstrKind::kComputeShard;
+      if (zero_only && pipe.zero != 1)
         return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
     }
     // Compute, send and recv run on a micro-batch or once per step (-1);
@@ -617,6 +715,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     return invalid_argument(where, ".shard_group = ", program.shard_group,
                             " without sharded_holds");
   }
+  RETURN_IF_ERROR(buckets_from_fb(q, g, pipe, where, program));
   for (size_t k = 0; k < program.sharded_holds.size(); ++k) {
     const TensorId id = program.sharded_holds[k];
     if (!std::binary_search(program.holds.begin(), program.holds.end(), id))
@@ -837,6 +936,8 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kReduceScatter: return "reduce-scatter";
   case InstrKind::kAllGather: return "all-gather";
   case InstrKind::kComputeShard: return "compute-shard";
+  case InstrKind::kStartBucket: return "start-bucket";
+  case InstrKind::kWaitBucket: return "wait-bucket";
   }
   return "unknown";
 }

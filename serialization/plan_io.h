@@ -44,6 +44,10 @@ enum class InstrKind : uint8_t {
   kReduceScatter = 7, // sum (index, -1) over group `peer`; the device keeps its shard
   kAllGather = 8,     // fill (index, -1) with every member's shard of it
   kComputeShard = 9,  // run node `index` on this device's shard of its operands
+  // Gradient buckets (plan revision 3), reduced on the device's communication
+  // stream while its computation goes on.
+  kStartBucket = 10, // start reducing program bucket `index` over group `peer`
+  kWaitBucket = 11,  // wait until bucket `index` (over group `peer`) is reduced
 };
 std::string_view instr_kind_name(InstrKind kind);
 
@@ -65,6 +69,15 @@ struct PlanSlot {
   friend bool operator==(const PlanSlot &, const PlanSlot &) = default;
 };
 
+// Accumulated buffers (tensor, -1) reduced over a data-parallel group as one
+// message: summed (all-reduce) or, with reduce_scatter (ZeRO-1), summed with
+// each device keeping its shard of every tensor.
+struct PlanBucket {
+  std::vector<TensorId> tensors;
+  bool reduce_scatter = false;
+  friend bool operator==(const PlanBucket &, const PlanBucket &) = default;
+};
+
 struct PlanProgram {
   uint32_t device = 0;
   std::vector<NodeId> order;    // a topological order of the plan's graph
@@ -83,6 +96,8 @@ struct PlanProgram {
   // over pipeline group `shard_group`.
   std::vector<TensorId> sharded_holds{};
   int32_t shard_group = -1;
+  // Gradient buckets of the StartBucket / WaitBucket instructions (revision 3).
+  std::vector<PlanBucket> buckets{};
   friend bool operator==(const PlanProgram &, const PlanProgram &) = default;
 };
 
@@ -123,6 +138,9 @@ struct PlanPipeline {
   int32_t tensor_parallel = 1;
   int32_t tp_groups_begin = -1;
   std::vector<PlanShard> shards;
+  // The gradient bucket size the programs' buckets were formed with (revision
+  // 3); 0: no buckets.
+  int64_t bucket_bytes = 0;
   friend bool operator==(const PlanPipeline &, const PlanPipeline &) = default;
 };
 

@@ -63,6 +63,7 @@ struct CompileArgs {
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline
   int64_t zero = 0;                          // 1: shard the optimizer state over the replicas
+  double bucket_mb = 25;                     // gradient bucket size in MiB; 0: no overlap
   bool recompute = false;                    // recompute activations in backward
   // --auto: search the mesh, micro-batches and schedule for `devices` devices.
   bool auto_plan = false;

@@ -95,8 +95,9 @@ std::vector<StageRow> stage_rows(const Plan &plan) {
         row.flops += registry.node_cost(g, instr.index).flops;
       } else if (instr.kind == serialization::InstrKind::kSend) {
         row.sent[instr.peer] += static_cast<double>(g.tensor(instr.index).type.size_bytes());
-      } else if (instr.kind == serialization::InstrKind::kAllReduce) {
-        row.reduced += static_cast<double>(g.tensor(instr.index).type.size_bytes());
+      } else {
+        for (TensorId t : partitioner::reduced_tensors(program, instr))
+          row.reduced += static_cast<double>(g.tensor(t).type.size_bytes());
       }
     }
     row.nodes = nodes.size();
@@ -154,6 +155,19 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.group_algorithms.empty() ? std::string()
                                        : str_cat(" (", p.group_algorithms.front(), ")"))
         << "\n";
+  if (p.bucket_bytes > 0) {
+    size_t buckets = 0, tensors = 0;
+    for (const auto &program : plan.programs) {
+      buckets = std::max(buckets, program.buckets.size());
+      for (const auto &bucket : program.buckets)
+        tensors += bucket.tensors.size();
+    }
+    out << "buckets      gradients summed in buckets of up to "
+        << human_bytes(static_cast<double>(p.bucket_bytes)) << " (at most " << buckets
+        << " per device, " << tensors
+        << " tensors in all), each started as soon as its last gradient is final, on a "
+           "communication stream overlapping the rest of backward\n";
+  }
   if (const size_t recomputed = recomputed_nodes(plan.graph); recomputed > 0)
     out << "recompute    " << recomputed
         << " forward nodes recomputed in backward; activations kept between layers only\n";
@@ -313,6 +327,9 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   options.stage_boundaries = args.stage_boundaries;
   options.zero = static_cast<int>(args.zero);
   options.recompute = args.recompute;
+  if (!(args.bucket_mb >= 0 && args.bucket_mb <= 1 << 20))
+    return invalid_argument("--bucket-mb must be between 0 and 1048576 MiB, got ", args.bucket_mb);
+  options.bucket_bytes = static_cast<int64_t>(args.bucket_mb * (1 << 20));
   if (args.profile) {
     // One GEMM thread, as each pipeline device thread runs with.
     options.profile = runtime::profile_node_times;
@@ -362,6 +379,7 @@ std::string pipeline_options_text(const Plan &plan) {
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
   if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
+  if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
 }
 
@@ -468,6 +486,7 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
                            : partitioner::default_cpu_cluster(
                                  args.devices > 0 ? static_cast<int>(args.devices) : 2);
       search.devices = static_cast<int>(args.devices);
+      search.bucket_bytes = pipeline.bucket_bytes;
       search.profile = pipeline.profile;
       auto found = partitioner::auto_plan(forward, options, search);
       if (!found.is_ok()) return found.status().with_context(args.model);

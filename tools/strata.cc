@@ -487,6 +487,14 @@ void add_compile(CLI::App &app, Action &action) {
                   "reduce-scatter gradients, update a shard, all-gather parameters)")
       ->check(CLI::Range(0, 1))
       ->needs(train);
+  sub->add_option("--bucket-mb", args.bucket_mb,
+                  "data parallelism: sum gradients over the replicas in buckets of about this "
+                  "many MiB, each started as soon as its gradients are final so the reduction "
+                  "overlaps the rest of backward (PyTorch DDP's default is 25); 0 reduces every "
+                  "gradient on its own at the end of backward")
+      ->default_val(25)
+      ->check(CLI::Range(0.0, 1048576.0))
+      ->needs(train);
   sub->add_flag("--recompute", args.recompute,
                 "activation recomputation: keep only the activations between layers for the "
                 "backward pass and recompute the rest (about one more forward pass, much less "
@@ -530,8 +538,9 @@ void add_compile(CLI::App &app, Action &action) {
       "  strata run pp.splan --steps 5 --trace t.json   # 4 device threads; Perfetto trace\n\n"
       "Data parallelism: --mesh DPx1xPP replicates each stage DP times; each replica\n"
       "takes 1/DP of the batch and gradients are summed over the replicas (ring or\n"
-      "tree, whichever the cost model prefers). --zero 1 also shards the optimizer\n"
-      "state over the replicas (ZeRO-1).\n"
+      "tree, whichever the cost model prefers), in buckets that overlap the rest of\n"
+      "backward (--bucket-mb). --zero 1 also shards the optimizer state over the\n"
+      "replicas (ZeRO-1).\n"
       "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n\n"
       "Tensor parallelism: --mesh DPxTPxPP with TP > 1 splits every stage's work over\n"
       "TP devices. Nothing is annotated: the compiler picks each tensor's split by the\n"
@@ -540,7 +549,8 @@ void add_compile(CLI::App &app, Action &action) {
       "  strata compile gpt.strata --train --mesh 1x2x2 --microbatches 4 -o tp.splan\n\n"
       "Memory: --recompute keeps only the activations between layers for backward and\n"
       "recomputes the rest (same results, about one more forward pass).\n"
-      "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 16 --recompute -o r.splan\n\n"
+      "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 16 --recompute -o "
+      "r.splan\n\n"
       "--auto searches all of the above for N devices of a cluster and explains its choice.\n"
       "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
   sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });

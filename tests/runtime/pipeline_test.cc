@@ -96,8 +96,10 @@ TrainRun reference(const Graph &forward, const passes::TrainingOptions &options)
 Result<serialization::Plan> compile(const Graph &forward, const passes::TrainingOptions &options,
                                     int stages, int microbatches, Schedule schedule,
                                     int data_parallel = 1, int zero = 0, int tensor_parallel = 1,
-                                    bool recompute = false) {
+                                    bool recompute = false,
+                                    int64_t bucket_bytes = partitioner::kDefaultBucketBytes) {
   partitioner::PipelineCompileOptions pipeline;
+  pipeline.bucket_bytes = bucket_bytes;
   pipeline.recompute = recompute;
   pipeline.zero = zero;
   pipeline.tensor_parallel = tensor_parallel;
@@ -108,6 +110,8 @@ Result<serialization::Plan> compile(const Graph &forward, const passes::Training
   return partitioner::compile_pipeline(forward, options, pipeline);
 }
 
+TrainRun run_plan(const serialization::Plan &plan);
+
 TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options, int stages,
                    int microbatches, Schedule schedule, int data_parallel = 1, int zero = 0,
                    int tensor_parallel = 1, bool recompute = false) {
@@ -115,11 +119,18 @@ TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options,
                       tensor_parallel, recompute);
   EXPECT_TRUE(plan.is_ok()) << plan.status().message();
   if (!plan.is_ok()) return {};
-  auto runner = PipelineRunner::create(*plan);
+  EXPECT_EQ(plan->programs.size(), static_cast<size_t>(stages * data_parallel * tensor_parallel));
+  return run_plan(*plan);
+}
+
+// Trains `plan` kSteps steps on the synthetic data.
+TrainRun run_plan(const serialization::Plan &plan) {
+  auto runner = PipelineRunner::create(plan);
   EXPECT_TRUE(runner.is_ok()) << runner.status().message();
   if (!runner.is_ok()) return {};
-  EXPECT_EQ((*runner)->num_devices(), stages * data_parallel * tensor_parallel);
-  Dataset data = synthetic_dataset(plan->graph, kDataSeed, 8, microbatches * data_parallel);
+  Dataset data =
+      synthetic_dataset(plan.graph, kDataSeed, 8,
+                        int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel);
   auto trainer = Trainer::create(std::move(runner).value(), "loss", std::move(data));
   EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
   if (!trainer.is_ok()) return {};
@@ -200,6 +211,34 @@ std::map<std::string, HostTensor> expect_resume_is_bitwise(const serialization::
   TrainRun a{{}, straight->state()}, b{{}, second->state()};
   expect_bitwise(b, a, what + ": resumed vs uninterrupted");
   return a.state;
+}
+
+// One step of `plan` in which `device` sleeps 1.5 s at `instruction`, with a
+// 300 ms timeout: the step's status, how long it took, and a second step's.
+struct StalledStep {
+  Status status;
+  std::chrono::steady_clock::duration elapsed{};
+  Status again;
+};
+StalledStep run_stalled(const serialization::Plan &plan, int device, size_t instruction) {
+  PipelineRunnerOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  PipelineRunnerOptions::Fault fault;
+  fault.kind = PipelineRunnerOptions::Fault::Kind::kStall;
+  fault.device = device;
+  fault.instruction = instruction;
+  fault.stall = std::chrono::milliseconds(1500);
+  options.fault = fault;
+  auto runner = *PipelineRunner::create(plan, options);
+  auto data = synthetic_dataset(
+      plan.graph, 0, 1, int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel);
+  std::vector<HostTensor> outputs;
+  StalledStep out;
+  const auto start = std::chrono::steady_clock::now();
+  out.status = runner->run(data.batches[0], &outputs);
+  out.elapsed = std::chrono::steady_clock::now() - start;
+  out.again = runner->run(data.batches[0], &outputs);
+  return out;
 }
 
 class PipelineTest : public ::testing::Test {
@@ -521,7 +560,8 @@ TEST_F(PipelineTest, ZeroOneThatShardsNothingIsRefused) {
 }
 
 TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
-  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B, 2);
+  // Without buckets: one blocking all-reduce per gradient.
+  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B, 2, 0, 1, false, 0);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   ASSERT_EQ(plan->programs.size(), 4u);
   ASSERT_EQ(plan->pipeline->groups.size(), 2u);
@@ -555,6 +595,143 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   EXPECT_NE(status.message().find("device 1 of the group has finished without it"),
             std::string::npos)
       << status.message();
+}
+
+// Gradient buckets: reduced on a communication stream while backward goes on,
+// with the same bits as reducing each gradient alone, for every algorithm.
+TEST_F(PipelineTest, GradientBucketsOverlapBackwardAndKeepTheBits) {
+  zoo::MlpOptions o;
+  o.batch = 12;
+  o.input = 12;
+  // Sizes 3 does not divide (16 x 5, 16): the ring's chunks of a packed
+  // bucket are not an even split of it.
+  o.hidden = {16, 16, 16};
+  o.classes = 5;
+  const Graph odd = *zoo::make_mlp(o);
+  o.hidden = {12, 12, 12};
+  o.classes = 6; // every size divisible by 2 and 3: ZeRO-1 shards all of them
+  const Graph even = *zoo::make_mlp(o);
+  const auto options = training("adamw:lr=0.01");
+  // 512-byte buckets: several per device (a layer's weight is 576 to 1024 bytes).
+  constexpr int64_t kSmall = 512;
+  for (const auto &[dp, pp, zero] :
+       std::vector<std::tuple<int, int, int>>{{2, 1, 0}, {2, 2, 0}, {3, 1, 0}, {3, 2, 1}}) {
+    const Graph &forward = zero == 1 ? even : odd;
+    for (const char *algorithm : {"", "ring", "tree"}) {
+      const std::string what = str_cat("dp=", dp, " pp=", pp, " zero=", zero, " '", algorithm, "'");
+      auto bucketed = compile(forward, options, pp, 2, Schedule::k1F1B, dp, zero, 1, false, kSmall);
+      auto plain = compile(forward, options, pp, 2, Schedule::k1F1B, dp, zero, 1, false, 0);
+      ASSERT_TRUE(bucketed.is_ok()) << what << ": " << bucketed.status().message();
+      ASSERT_TRUE(plain.is_ok()) << what << ": " << plain.status().message();
+      for (auto *plan : {&*bucketed, &*plain})
+        for (auto &name : plan->pipeline->group_algorithms)
+          name = algorithm;
+      EXPECT_EQ(bucketed->pipeline->bucket_bytes, kSmall);
+      EXPECT_EQ(plain->pipeline->bucket_bytes, 0);
+      for (const auto &program : bucketed->programs) {
+        ASSERT_GE(program.buckets.size(), 2u) << what;
+        const auto &instrs = program.instructions;
+        // The first bucket starts before the device's last backward computation,
+        // and every bucket is waited for before its tensors are scaled.
+        size_t first_start = instrs.size(), last_compute = 0;
+        for (size_t i = 0; i < instrs.size(); ++i) {
+          if (instrs[i].kind == serialization::InstrKind::kStartBucket)
+            first_start = std::min(first_start, i);
+          if (instrs[i].kind == serialization::InstrKind::kCompute && instrs[i].microbatch == 1)
+            last_compute = i;
+          if (instrs[i].kind == serialization::InstrKind::kScale) {
+            bool waited = false;
+            for (size_t j = 0; j < i && !waited; ++j)
+              if (instrs[j].kind == serialization::InstrKind::kWaitBucket)
+                for (TensorId t : program.buckets[instrs[j].index].tensors)
+                  waited = waited || t == instrs[i].index;
+            EXPECT_TRUE(waited) << what << ": device " << program.device << " scales '"
+                                << bucketed->graph.tensor(instrs[i].index).name
+                                << "' before its bucket is reduced";
+          }
+          EXPECT_NE(instrs[i].kind, serialization::InstrKind::kAllReduce) << what;
+        }
+        EXPECT_LT(first_start, last_compute) << what << ": device " << program.device;
+        if (zero == 1) {
+          bool scatters = false;
+          for (const auto &bucket : program.buckets)
+            scatters = scatters || bucket.reduce_scatter;
+          EXPECT_TRUE(scatters) << what;
+        }
+      }
+      expect_bitwise(run_plan(*bucketed), run_plan(*plain), what + ": buckets vs none");
+    }
+  }
+}
+
+// The simulator runs buckets on a stream of their own: on slow links the
+// bucketed plan is predicted faster than reducing after backward, and a
+// bucket one replica never starts is a named deadlock.
+TEST_F(PipelineTest, GradientBucketsArePredictedAndChecked) {
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.stages = 1;
+  pipeline.data_parallel = 2;
+  pipeline.microbatches = 1; // buckets overlap the last micro-batch's backward: all of it
+  pipeline.bucket_bytes = 4096;
+  partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(2);
+  cluster.intra_node.bandwidth_Bps = 2e8; // every gradient's sum costs about a layer's backward
+  pipeline.cluster = cluster;
+  auto bucketed = partitioner::compile_pipeline(gpt(), training(), pipeline);
+  pipeline.bucket_bytes = 0;
+  auto plain = partitioner::compile_pipeline(gpt(), training(), pipeline);
+  ASSERT_TRUE(bucketed.is_ok()) << bucketed.status().message();
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  EXPECT_LT(bucketed->pipeline->predicted_step_s, 0.9 * plain->pipeline->predicted_step_s)
+      << bucketed->pipeline->predicted_step_s << " vs " << plain->pipeline->predicted_step_s;
+
+  const auto &groups = bucketed->pipeline->groups;
+  auto is_start = [](const auto &i) { return i.kind == serialization::InstrKind::kStartBucket; };
+  auto is_wait = [](const auto &i) { return i.kind == serialization::InstrKind::kWaitBucket; };
+  // Device 1 never starts its last bucket (and never waits for it): device 0
+  // waits for it forever.
+  auto broken = bucketed->programs;
+  auto &instrs = broken[1].instructions;
+  instrs.erase(std::find_if(instrs.rbegin(), instrs.rend(), is_wait).base() - 1);
+  instrs.erase(std::find_if(instrs.rbegin(), instrs.rend(), is_start).base() - 1);
+  Status status = partitioner::check_deadlock(bucketed->graph, broken, groups);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("deadlock: device 0 instruction"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("wait for gradient bucket"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("device 1 of the group has finished without starting it"),
+            std::string::npos)
+      << status.message();
+  // Device 1 skips its first start: its second bucket meets device 0's first.
+  broken = bucketed->programs;
+  broken[1].instructions.erase(
+      std::find_if(broken[1].instructions.begin(), broken[1].instructions.end(), is_start));
+  status = partitioner::check_deadlock(bucketed->graph, broken, groups);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_TRUE(status.message().find("mismatched gradient bucket") != std::string::npos ||
+              status.message().find("waits for a bucket it never started") != std::string::npos)
+      << status.message();
+}
+
+// A replica that stalls before starting a bucket: the other replica's
+// communication stream gives up after the timeout, and the step ends with an
+// error naming the bucket instead of hanging.
+TEST_F(PipelineTest, StalledBucketEndsTheStepAfterTheTimeout) {
+  auto plan = compile(mlp(), training(), 1, 2, Schedule::k1F1B, 2, 0, 1, false, 1024);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  const auto &instrs = plan->programs[1].instructions;
+  const size_t start = static_cast<size_t>(
+      std::find_if(instrs.begin(), instrs.end(),
+                   [](const auto &i) { return i.kind == serialization::InstrKind::kStartBucket; }) -
+      instrs.begin());
+  ASSERT_LT(start, instrs.size());
+  const StalledStep stalled = run_stalled(*plan, 1, start);
+  const Status &status = stalled.status;
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("gradient bucket 0"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("timed out"), std::string::npos) << status.message();
+  EXPECT_LT(stalled.elapsed, std::chrono::milliseconds(1500 + 2000));
+  EXPECT_FALSE(stalled.again.is_ok());
 }
 
 TEST_F(PipelineTest, OneFOneBNeedsLessMemoryThanGPipe) {
@@ -712,20 +889,9 @@ TEST_F(PipelineTest, FailingDeviceEndsTheStepWithANamedError) {
 TEST_F(PipelineTest, StalledDeviceEndsTheStepAfterTheTimeout) {
   auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  PipelineRunnerOptions options;
-  options.timeout = std::chrono::milliseconds(300);
-  PipelineRunnerOptions::Fault fault;
-  fault.kind = PipelineRunnerOptions::Fault::Kind::kStall;
-  fault.device = 0;
-  fault.instruction = 0;
-  fault.stall = std::chrono::milliseconds(1500);
-  options.fault = fault;
-  auto runner = *PipelineRunner::create(*plan, options);
-  auto data = synthetic_dataset(plan->graph, 0, 1, 2);
-  std::vector<HostTensor> outputs;
-  const auto start = std::chrono::steady_clock::now();
-  Status status = runner->run(data.batches[0], &outputs);
-  const auto elapsed = std::chrono::steady_clock::now() - start;
+  const StalledStep stalled = run_stalled(*plan, 0, 0);
+  const Status &status = stalled.status;
+  const auto elapsed = stalled.elapsed;
   ASSERT_FALSE(status.is_ok());
   // Device 1 gives up waiting for device 0 after the timeout and names both.
   EXPECT_NE(status.message().find("device 1"), std::string::npos) << status.message();
@@ -752,6 +918,23 @@ TEST_F(PipelineTest, TraceShowsEveryDevice) {
   EXPECT_NE(trace.find("\"name\": \"optimizer\""), std::string::npos);
   for (const auto &spans : runner->spans())
     EXPECT_FALSE(spans.empty());
+
+  // Data parallelism: each device's communication stream has a track of its
+  // own with its buckets' reductions.
+  auto dp = compile(mlp(), training(), 1, 2, Schedule::k1F1B, 2, 0, 1, false, 1024);
+  ASSERT_TRUE(dp.is_ok()) << dp.status().message();
+  auto dp_runner = *PipelineRunner::create(*dp, options);
+  auto dp_data = synthetic_dataset(dp->graph, 0, 1, 4);
+  ASSERT_TRUE(dp_runner->run(dp_data.batches[0], &outputs).is_ok());
+  const std::string dp_trace = dp_runner->trace_json();
+  EXPECT_NE(dp_trace.find("\"device 1 communication\""), std::string::npos) << dp_trace;
+  EXPECT_NE(dp_trace.find("\"name\": \"gradient bucket 0 over group 0\""), std::string::npos)
+      << dp_trace;
+  EXPECT_NE(dp_trace.find("wait for gradient bucket 0"), std::string::npos) << dp_trace;
+  size_t stream_spans = 0;
+  for (const auto &span : dp_runner->spans()[1])
+    stream_spans += span.stream;
+  EXPECT_EQ(stream_spans, dp->programs[1].buckets.size());
 }
 
 TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {

@@ -409,10 +409,10 @@ TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
             std::string::npos)
       << refused.status().message();
   std::string newer = *pipeline_json;
-  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 3");
+  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 4");
   auto too_new = load_plan_from_json(newer, "new.splan.json", ".");
   ASSERT_FALSE(too_new.is_ok());
-  EXPECT_NE(too_new.status().message().find("plan version 3"), std::string::npos)
+  EXPECT_NE(too_new.status().message().find("plan version 4"), std::string::npos)
       << too_new.status().message();
 }
 
@@ -572,6 +572,24 @@ TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
                                                "]: send to device 1, which is itself"));
 }
 
+// An edit of a good plan and the text its load error must contain.
+struct Case {
+  std::function<void(Plan &)> edit;
+  std::string expected;
+};
+
+// Every edited plan fails to load (from its binary form) with its text.
+void expect_refused(const Plan &plan, const std::vector<Case> &cases) {
+  for (const Case &c : cases) {
+    Plan bad = plan;
+    c.edit(bad);
+    auto result = load_plan_from_buffer(*plan_to_flatbuffer(bad), "bad.splan", ".");
+    ASSERT_FALSE(result.is_ok()) << c.expected;
+    EXPECT_NE(result.status().message().find(c.expected), std::string::npos)
+        << result.status().message();
+  }
+}
+
 // Data parallelism: one stage replicated on two devices that all-reduce.
 Plan make_data_parallel_plan() {
   Plan plan = make_pipeline_plan(tiny_training_graph());
@@ -611,10 +629,6 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
   ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
   EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
 
-  struct Case {
-    std::function<void(Plan &)> edit;
-    std::string expected;
-  };
   const size_t last = plan.programs[1].instructions.size() - 1;
   std::vector<Case> cases = {
       {[](Plan &p) { p.pipeline->data_parallel = 0; }, "field pipeline.data_parallel = 0"},
@@ -649,14 +663,7 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
        "field programs[0].shard_group = 3"},
       {[](Plan &p) { p.programs[0].shard_group = 0; }, "shard_group = 0 without sharded_holds"},
   };
-  for (size_t k = 0; k < cases.size(); ++k) {
-    Plan bad = plan;
-    cases[k].edit(bad);
-    auto result = load_plan_from_buffer(*plan_to_flatbuffer(bad), "bad.splan", ".");
-    ASSERT_FALSE(result.is_ok()) << cases[k].expected;
-    EXPECT_NE(result.status().message().find(cases[k].expected), std::string::npos)
-        << result.status().message();
-  }
+  expect_refused(plan, cases);
   // A device outside the group it all-reduces over.
   Plan outside = plan;
   outside.pipeline->data_parallel = 3;
@@ -669,6 +676,69 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
       << result.status().message();
 }
 
+// Gradient buckets (revision 3): the data-parallel plan with its all-reduce
+// as a bucket started and waited for.
+TEST(PipelinePlanTest, GradientBucketsRoundTripAndAreChecked) {
+  Plan plan = make_data_parallel_plan();
+  const TensorId grad = plan.programs[0].slots[0].tensor;
+  for (auto &program : plan.programs) {
+    program.instructions.back() = {InstrKind::kStartBucket, -1, 0, 0};
+    program.instructions.push_back({InstrKind::kWaitBucket, -1, 0, 0});
+    program.buckets = {{{grad}, false}};
+  }
+  plan.pipeline->bucket_bytes = 1024;
+  auto bytes = plan_to_flatbuffer(plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  auto loaded = load_plan_from_buffer(*bytes, "buckets.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(*loaded->pipeline, *plan.pipeline);
+  EXPECT_EQ(loaded->programs, plan.programs);
+  auto json = plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok());
+  EXPECT_NE(json->find("\"plan_version\": 3"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"bucket_bytes\": 1024"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"buckets\": ["), std::string::npos) << *json;
+  EXPECT_NE(json->find(str_cat("{\"tensors\": [", grad, "], \"reduce_scatter\": false}")),
+            std::string::npos)
+      << *json;
+  EXPECT_NE(json->find("\"kind\": \"StartBucket\""), std::string::npos) << *json;
+  auto from_json = load_plan_from_json(*json, "buckets.splan.json", ".");
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
+  // Without buckets the same plan stays revision 2.
+  auto plain = plan_to_json(make_data_parallel_plan());
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_NE(plain->find("\"plan_version\": 2"), std::string::npos);
+
+  const size_t start = plan.programs[1].instructions.size() - 2, wait = start + 1;
+  const TensorId weight = plan.programs[1].holds[0];
+  std::vector<Case> cases = {
+      {[=](Plan &p) { p.programs[1].instructions[start].index = 1; },
+       str_cat("field programs[1].instructions[", start,
+               "]: start-bucket 1, but the program has 1 buckets")},
+      {[=](Plan &p) { p.programs[1].instructions.pop_back(); },
+       "field programs[1].buckets[0] is never waited for"},
+      {[=](Plan &p) {
+         std::swap(p.programs[1].instructions[start], p.programs[1].instructions[wait]);
+       },
+       "waits for bucket 0 before it is started"},
+      {[=](Plan &p) { p.programs[1].instructions.push_back(p.programs[1].instructions[wait]); },
+       "bucket 0 is waited for twice"},
+      {[=](Plan &p) { p.programs[1].buckets[0].tensors = {weight}; }, "is not an f32 intermediate"},
+      {[=](Plan &p) { p.programs[1].buckets.push_back(p.programs[1].buckets[0]); },
+       "field programs[1].buckets[1] is never started"},
+      {[=](Plan &p) {
+         p.programs[1].buckets[0].tensors = {grad, grad};
+       },
+       "is in two buckets"},
+      {[=](Plan &p) { p.programs[1].buckets[0].reduce_scatter = true; },
+       "reduce_scatter needs pipeline.zero = 1"},
+      {[=](Plan &p) { p.programs[1].buckets[0].tensors.clear(); }, "has no tensors"},
+      {[](Plan &p) { p.pipeline->bucket_bytes = -1; }, "field pipeline.bucket_bytes = -1"},
+  };
+  expect_refused(plan, cases);
+}
+
 TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kCompute), "compute");
   EXPECT_EQ(instr_kind_name(InstrKind::kSend), "send");
@@ -677,6 +747,8 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kScale), "scale");
   EXPECT_EQ(instr_kind_name(InstrKind::kUpdate), "update");
   EXPECT_EQ(instr_kind_name(InstrKind::kAllReduce), "all-reduce");
+  EXPECT_EQ(instr_kind_name(InstrKind::kStartBucket), "start-bucket");
+  EXPECT_EQ(instr_kind_name(InstrKind::kWaitBucket), "wait-bucket");
 }
 
 TEST(CheckpointTest, RoundTripAndRefusals) {

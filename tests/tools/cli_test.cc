@@ -611,6 +611,33 @@ TEST_F(CliTest, DataParallelPipeline) {
   Outcome one = strata({"run", "one.splan", "--steps", "4"});
   ASSERT_EQ(one.code, 0) << one.err;
   expect_same_losses(run, one, 4);
+
+  // Gradient buckets (on by default): --bucket-mb 0 reduces each gradient
+  // after backward instead, with the same bits; inspect --comm lists buckets.
+  EXPECT_NE(compile.out.find("buckets      gradients summed in buckets of up to 25.00 MiB"),
+            std::string::npos)
+      << compile.out;
+  Outcome small =
+      strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9", "--mesh",
+              "2x1x2", "--microbatches", "2", "--bucket-mb", "0.001", "-o", "small.splan"});
+  ASSERT_EQ(small.code, 0) << small.err;
+  Outcome comm = strata({"inspect", "small.splan", "--comm"});
+  ASSERT_EQ(comm.code, 0) << comm.err;
+  EXPECT_NE(comm.out.find("gradient bucket 1 ("), std::string::npos) << comm.out;
+  EXPECT_NE(comm.out.find("overlapping the rest of backward"), std::string::npos) << comm.out;
+  Outcome none =
+      strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9", "--mesh",
+              "2x1x2", "--microbatches", "2", "--bucket-mb", "0", "-o", "none.splan"});
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_EQ(none.out.find("buckets "), std::string::npos) << none.out;
+  for (const char *plan : {"small.splan", "none.splan"}) {
+    Outcome again = strata({"run", plan, "--steps", "4"});
+    ASSERT_EQ(again.code, 0) << again.err;
+    EXPECT_EQ(printed_losses(again.out), printed_losses(run.out)) << plan << again.out;
+  }
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "2x1x1", "--bucket-mb",
+                                "-1", "-o", "x.splan"}),
+                        "--bucket-mb");
 }
 
 // --mesh 2x2x2: tensor-parallel groups of two inside a data-parallel pipeline
