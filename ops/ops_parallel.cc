@@ -1,7 +1,7 @@
 // Tensor-parallel communication ops (partitioner/tensor_parallel.h inserts them).
 //
 // A tensor-parallel plan gives every device of a tensor-parallel group the same
-// local graph; these four ops are where the devices of the group meet. Their
+// local graph; these five ops are where the devices of the group meet. Their
 // meaning is defined over the group of `parts` devices, and their gradients are
 // each other (Megatron-LM's f and g operators, plus gather and scatter):
 //
@@ -9,6 +9,8 @@
 //   TpAllReduce(x)  y = sum over the group of x;   dx = dy
 //   TpAllGather(x)  y = the members' x joined along `axis`;   dx = TpSplit(dy)
 //   TpSplit(x)      y = this member's part of x along `axis`; dx = TpAllGather(dy)
+//   TpReduceScatter(x)  y = this member's part of the sum over the group of x
+//                   along `axis` (partial sums become split); dx = TpAllGather(dy)
 //
 // A split along `axis` with `outer` = o views the axis (size n) as [o, n / o] and
 // cuts the second factor into `parts` equal pieces: member r holds, for every
@@ -124,6 +126,12 @@ Status all_gather_grad(GradContext &c) {
   return Status::ok();
 }
 
+Result<TypeList> infer_reduce_scatter(const Node &node, const OpDef &def,
+                                      llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  return infer_resize(node, def, inputs, false);
+}
+
 Status split_grad(GradContext &c) {
   if (c.needs_input_grad[0])
     c.input_grads[0] = c.builder.op1("TpAllGather", {c.output_grads[0]}, same_attrs(c, true),
@@ -175,6 +183,16 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         all_gather_grad});
+  table.push_back(OpDef{"TpReduceScatter",
+                        "Y = this member's piece along axis of the sum of X over the group "
+                        "(partial sums become split)",
+                        1,
+                        1,
+                        {parts_attr(), axis_attr(), outer_attr(), why_attr()},
+                        infer_reduce_scatter,
+                        move_only,
+                        single_member_kernel,
+                        split_grad});
   table.push_back(OpDef{"TpSplit",
                         "Y = this member's piece of X along axis",
                         1,

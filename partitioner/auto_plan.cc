@@ -51,6 +51,8 @@ double comm_bytes(const serialization::Plan &plan) {
         const Node &node = plan.graph.node(instr.index);
         if (node.op == "TpAllReduce" || node.op == "TpAllGather")
           bytes += static_cast<double>(plan.graph.tensor(node.outputs[0]).type.size_bytes());
+        else if (node.op == "TpReduceScatter")
+          bytes += static_cast<double>(plan.graph.tensor(node.inputs[0]).type.size_bytes());
       } else if (instr.kind == serialization::InstrKind::kSend ||
                  instr.kind == serialization::InstrKind::kAllGather) {
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());

@@ -240,6 +240,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     for (int m = 0; m < TP; ++m)
       members.push_back(m);
     tp.link = link_for_group(cluster, members);
+    tp.split_activations = options.split_activations;
     auto sharded = shard_tensor_parallel(micro, tp);
     if (!sharded.is_ok()) return sharded.status().with_context("tensor parallelism");
     micro = std::move(sharded->local);

@@ -38,6 +38,8 @@ struct PipelineCompileOptions {
   // is split over them (partitioner/tensor_parallel.h); tp is innermost in the
   // device numbering.
   int tensor_parallel = 1;
+  // --split-activations: TensorParallelOptions::split_activations.
+  bool split_activations = false;
   // --recompute: keep only the activations between layers for backward and
   // recompute the rest (passes/recompute.h).
   bool recompute = false;

@@ -687,16 +687,21 @@ TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const Clu
   const Node &node = graph.node(id);
   const bool reduce = node.op == "TpAllReduce" || node.op == "TpCopy";
   const bool gather = node.op == "TpAllGather" || node.op == "TpSplit";
-  if (!reduce && !gather) return {};
+  const bool scatter = node.op == "TpReduceScatter";
+  if (!reduce && !gather && !scatter) return {};
   // The group: `parts` consecutive devices (tp is innermost in the mesh).
   const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
   std::vector<int> members;
   for (int m = 0; m < parts; ++m)
     members.push_back(m);
   const LinkSpec &link = link_for_group(cluster, members);
-  // The whole tensor's bytes: a split's input, the others' output.
-  const TensorId whole = node.op == "TpSplit" ? node.inputs[0] : node.outputs[0];
+  // The whole tensor's bytes: a split's or reduce-scatter's input, the others' output.
+  const TensorId whole = node.op == "TpSplit" || scatter ? node.inputs[0] : node.outputs[0];
   const auto bytes = static_cast<double>(graph.tensor(whole).type.size_bytes());
+  if (scatter) // backward: the gradient's all-gather
+    return {reduce_scatter_time(bytes, parts, link, CollectiveAlgorithm::kRing,
+                                reduce_bytes_per_second(cluster.device, DType::kF32)),
+            all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing)};
   const double seconds = reduce
                              ? all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing,
                                                reduce_bytes_per_second(cluster.device, DType::kF32))
@@ -1186,7 +1191,8 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         // Tensor-parallel collectives are nodes of the graph, run over the
         // device's group of `parts` consecutive devices; one row per group.
         const Node &node = graph.node(instr.index);
-        if (node.op != "TpAllReduce" && node.op != "TpAllGather") continue;
+        if (node.op != "TpAllReduce" && node.op != "TpAllGather" && node.op != "TpReduceScatter")
+          continue;
         const auto parts = static_cast<int32_t>(node.int_attr("parts").value_or(1));
         const auto base = static_cast<int32_t>(d) - static_cast<int32_t>(d) % parts;
         if (base != static_cast<int32_t>(d)) continue;

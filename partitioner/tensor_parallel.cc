@@ -114,6 +114,9 @@ private:
   double all_gather(TensorId id) const {
     return all_gather_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing);
   }
+  double reduce_scatter(TensorId id) const {
+    return reduce_scatter_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing, gamma_);
+  }
   bool is_parameter(TensorId id) const {
     const Tensor &t = g_.tensor(id);
     // Pieces are cut from initializers; imported weights (data) stay whole.
@@ -154,6 +157,8 @@ double Sharder::arrive(TensorId id, const ShardSpec &from, const ShardSpec &to,
     if (from.kind == Kind::kPartial) return all_reduce(id);
     if (from.kind == Kind::kSplit) return all_gather(id); // backward: a slice
   }
+  if (to.kind == Kind::kSplit && from.kind == Kind::kPartial && options_.split_activations)
+    return reduce_scatter(id) + (grad ? all_gather(id) : 0.0); // backward: gather the gradient
   if (to.kind == Kind::kSplit && from.kind == Kind::kReplicated &&
       (fallback || g_.tensor(id).kind == TensorKind::kParameter ||
        g_.tensor(id).kind == TensorKind::kConstant))
@@ -635,6 +640,15 @@ Result<TensorParallelResult> Sharder::run() {
                             {"outer", have.outer},
                             {"why", why}},
                            name + ".tp_all_gather", {local.unique_name(name + ".tp_all_gather")});
+      made = outs.empty() ? kInvalidTensor : outs[0];
+    } else if (want.is_split() && have.kind == Kind::kPartial) {
+      auto outs =
+          add_node("TpReduceScatter", {base[id]},
+                   {{"parts", int64_t{t_}},
+                    {"axis", int64_t{want.dim}},
+                    {"outer", want.outer},
+                    {"why", why}},
+                   name + ".tp_reduce_scatter", {local.unique_name(name + ".tp_reduce_scatter")});
       made = outs.empty() ? kInvalidTensor : outs[0];
     } else if (want.is_split()) {
       const TensorId whole = get(id, ShardSpec::replicated(), reader);

@@ -64,6 +64,12 @@ struct TensorParallelOptions {
   int parts = 2;
   DeviceSpec device; // compute is priced on it
   LinkSpec link;     // the group's link
+  // Whether partial sums may become split activations by a reduce-scatter
+  // (TpReduceScatter; its backward an all-gather), so that the elementwise work
+  // between blocks runs split too, as in Megatron-LM's sequence parallelism.
+  // Off, the search keeps Megatron-LM's plain pattern (an all-reduce after each
+  // block); a partial tensor that must be split is still reduce-scattered.
+  bool split_activations = false;
 };
 
 struct TensorParallelResult {

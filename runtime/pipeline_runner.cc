@@ -53,7 +53,14 @@ struct PipelineRunner::Device {
     std::optional<CollectiveAlgo> algo;
     // A tensor-parallel node (TpCopy ...) run over `group`; `peer` is this
     // device's position in it. All-gathers land in `gathered` first.
-    enum class Tp : uint8_t { kNone, kCopy, kAllReduce, kAllGather, kSplit } tp = Tp::kNone;
+    enum class Tp : uint8_t {
+      kNone,
+      kCopy,
+      kAllReduce,
+      kAllGather,
+      kSplit,
+      kReduceScatter
+    } tp = Tp::kNone;
     std::vector<std::byte> gathered;
     Status run_tensor_parallel(Communicator &comm);
     uint32_t bucket = 0; // StartBucket, WaitBucket
@@ -273,6 +280,19 @@ Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
         std::memcpy(dst + (row * parts + r) * layout.run,
                     gathered.data() + (r * layout.rows + row) * layout.run, layout.run);
     return Status::ok();
+  }
+  case Tp::kReduceScatter: {
+    // Every member's piece of the input, one after another, in `gathered`;
+    // the reduce-scatter leaves this member the sum of its own.
+    const PieceLayout layout = piece_layout(*node, *out.type);
+    for (size_t r = 0; r < parts; ++r)
+      for (size_t row = 0; row < layout.rows && layout.run; ++row)
+        std::memcpy(gathered.data() + (r * layout.rows + row) * layout.run,
+                    src + (row * parts + r) * layout.run, layout.run);
+    const size_t count = in_bytes / sizeof(float);
+    return comm.reduce_scatter(
+        std::span<const float>(reinterpret_cast<const float *>(gathered.data()), count),
+        std::span<float>(reinterpret_cast<float *>(dst), count / parts), group, what);
   }
   case Tp::kSplit: {
     const PieceLayout layout = piece_layout(*node, *out.type);
@@ -563,18 +583,20 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         }
         using Tp = Device::Op::Tp;
         const std::string &name = op.node->op;
-        op.tp = name == "TpCopy"        ? Tp::kCopy
-                : name == "TpAllReduce" ? Tp::kAllReduce
-                : name == "TpAllGather" ? Tp::kAllGather
-                : name == "TpSplit"     ? Tp::kSplit
-                                        : Tp::kNone;
+        op.tp = name == "TpCopy"            ? Tp::kCopy
+                : name == "TpAllReduce"     ? Tp::kAllReduce
+                : name == "TpAllGather"     ? Tp::kAllGather
+                : name == "TpSplit"         ? Tp::kSplit
+                : name == "TpReduceScatter" ? Tp::kReduceScatter
+                                            : Tp::kNone;
         if (op.tp != Tp::kNone) {
           const int64_t parts = op.node->int_attr("parts").value_or(1);
           if (shard || parts != runner->tensor_parallel_ || runner->tp_groups_begin_ < 0)
             return invalid_argument(
                 context, ": a tensor-parallel node of ", parts,
                 " parts in a plan of tensor_parallel = ", runner->tensor_parallel_);
-          if (op.tp == Tp::kAllReduce && op.inputs[0].type->dtype != DType::kF32)
+          if ((op.tp == Tp::kAllReduce || op.tp == Tp::kReduceScatter) &&
+              op.inputs[0].type->dtype != DType::kF32)
             return unimplemented(context, ": ", op.inputs[0].type->to_string(),
                                  " (f32 only so far)");
           const auto &group = runner->groups_.at(
@@ -584,6 +606,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           op.peer = static_cast<int>(program.device) % runner->tensor_parallel_;
           if (op.tp == Tp::kAllGather)
             op.gathered.resize(static_cast<size_t>(op.outputs[0].type->size_bytes()));
+          if (op.tp == Tp::kReduceScatter)
+            op.gathered.resize(static_cast<size_t>(op.inputs[0].type->size_bytes()));
         }
         break;
       }

@@ -65,6 +65,7 @@ struct CompileArgs {
   int64_t zero = 0;                          // 1: shard the optimizer state over the replicas
   double bucket_mb = 25;                     // gradient bucket size in MiB; 0: no overlap
   bool recompute = false;                    // recompute activations in backward
+  bool split_activations = false;            // TP: reduce-scatter partial sums into split ones
   // --auto: search the mesh, micro-batches and schedule for `devices` devices.
   bool auto_plan = false;
   int64_t devices = 0;  // 0: every device of the cluster

@@ -327,6 +327,7 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   options.stage_boundaries = args.stage_boundaries;
   options.zero = static_cast<int>(args.zero);
   options.recompute = args.recompute;
+  options.split_activations = args.split_activations;
   if (!(args.bucket_mb >= 0 && args.bucket_mb <= 1 << 20))
     return invalid_argument("--bucket-mb must be between 0 and 1048576 MiB, got ", args.bucket_mb);
   options.bucket_bytes = static_cast<int64_t>(args.bucket_mb * (1 << 20));
@@ -380,6 +381,11 @@ std::string pipeline_options_text(const Plan &plan) {
     text += str_cat(i ? "," : "", p.boundaries[i]);
   if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
   if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
+  for (const Node &node : plan.graph.nodes())
+    if (node.op == "TpReduceScatter") {
+      text += "\nsplit_activations=1";
+      break;
+    }
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
 }
 

@@ -487,6 +487,12 @@ void add_compile(CLI::App &app, Action &action) {
                   "reduce-scatter gradients, update a shard, all-gather parameters)")
       ->check(CLI::Range(0, 1))
       ->needs(train);
+  sub->add_flag("--split-activations", args.split_activations,
+                "tensor parallelism: let partial sums become split activations (reduce-scatter, "
+                "all-gather before the next whole use) where the cost model finds it cheaper, "
+                "so the work between blocks is split too, as in Megatron-LM's sequence "
+                "parallelism; without it every block ends in one all-reduce")
+      ->needs(train);
   sub->add_option("--bucket-mb", args.bucket_mb,
                   "data parallelism: sum gradients over the replicas in buckets of about this "
                   "many MiB, each started as soon as its gradients are final so the reduction "

@@ -88,6 +88,37 @@ TEST(TensorParallelTest, FindsTheMegatronPatternOnTheGpt) {
   }
 }
 
+// With split activations, partial sums may be reduce-scattered into split
+// activations instead of all-reduced: on the GPT every block's partial output
+// is, and each reduce-scatter's result is gathered before a whole use.
+TEST(TensorParallelTest, SplitActivationsReduceScatterPartialSums) {
+  const int64_t layers = 2;
+  Graph g = gpt(layers, 1024, 16, 512, 4);
+  TensorParallelOptions options = on_h100(2);
+  options.split_activations = true;
+  auto result = shard_tensor_parallel(g, options);
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  auto counts = count_ops(result->local);
+  EXPECT_EQ(counts["TpReduceScatter"], 2 * layers);
+  EXPECT_EQ(counts["TpAllReduce"], 0);
+  EXPECT_GE(counts["TpAllGather"], 2 * layers);
+  for (const Node &node : result->local.nodes()) {
+    if (node.op != "TpReduceScatter") continue;
+    EXPECT_TRUE(node.name.ends_with(".attn.proj.tp_reduce_scatter") ||
+                node.name.ends_with(".mlp.fc2.tp_reduce_scatter"))
+        << node.name;
+    const AttrValue *why = node.find_attr("why");
+    ASSERT_NE(why, nullptr) << node.name;
+    EXPECT_NE(std::get<std::string>(*why).find("partial sums"), std::string::npos) << node.name;
+    // The piece is half the partial tensor along the chosen dim.
+    const TensorType &in = result->local.tensor(node.inputs[0]).type;
+    const TensorType &out = result->local.tensor(node.outputs[0]).type;
+    EXPECT_EQ(in.num_elements(), 2 * out.num_elements()) << node.name;
+  }
+  EXPECT_EQ(result->specs.at("layer0.mlp.fc2"), ShardSpec::partial());
+  EXPECT_TRUE(result->specs.at("layer0.mlp.residual").is_split());
+}
+
 // A piece of a split with outer 3 (a fused [Q | K | V] axis): member r holds,
 // of each third, its r-th part; joining the pieces gives back the tensor.
 TEST(TensorParallelTest, PiecesCutAndJoinAlongAStridedDim) {

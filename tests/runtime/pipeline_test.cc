@@ -396,6 +396,28 @@ TEST_F(PipelineTest, EveryMeshMatchesOneDevice) {
   }
 }
 
+// --split-activations: reduce-scattered partial sums (TpReduceScatter, whose
+// backward is an all-gather) train like one device.
+TEST_F(PipelineTest, SplitActivationsMatchOneDevice) {
+  const Graph forward = gpt();
+  const auto options = training();
+  const TrainRun want = reference(forward, options);
+  for (int stages : {1, 2}) {
+    partitioner::PipelineCompileOptions pipeline;
+    pipeline.stages = stages;
+    pipeline.microbatches = 2;
+    pipeline.tensor_parallel = 2;
+    pipeline.split_activations = true;
+    auto plan = partitioner::compile_pipeline(forward, options, pipeline);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    int scatters = 0;
+    for (const Node &node : plan->graph.nodes())
+      scatters += node.op == "TpReduceScatter";
+    EXPECT_GT(scatters, 0) << "pp=" << stages;
+    expect_close(run_plan(*plan), want, 1e-5, str_cat("tp=2 pp=", stages, " split activations"));
+  }
+}
+
 TEST_F(PipelineTest, TensorParallelCheckpointsResumeBitwise) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B, 1, 0, 2);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();

@@ -664,6 +664,15 @@ TEST_F(CliTest, TensorParallelMesh) {
   Outcome one = strata({"run", "one.splan", "--steps", "3"});
   ASSERT_EQ(one.code, 0) << one.err;
   expect_same_losses(run, one, 3);
+  // --split-activations: partial sums reduce-scattered, the same losses.
+  Outcome split = strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "--mesh",
+                          "1x2x1", "--split-activations", "-o", "sa.splan"});
+  ASSERT_EQ(split.code, 0) << split.err;
+  Outcome split_comm = strata({"inspect", "sa.splan", "--comm"});
+  EXPECT_NE(split_comm.out.find("TpReduceScatter: "), std::string::npos) << split_comm.out;
+  Outcome split_run = strata({"run", "sa.splan", "--steps", "3"});
+  ASSERT_EQ(split_run.code, 0) << split_run.err;
+  expect_same_losses(split_run, one, 3);
 }
 
 // --recompute: the plan says what it recomputes, needs less activation memory
