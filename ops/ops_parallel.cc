@@ -1,7 +1,7 @@
 // Tensor-parallel communication ops (partitioner/tensor_parallel.h inserts them).
 //
 // A tensor-parallel plan gives every device of a tensor-parallel group the same
-// local graph; these five ops are where the devices of the group meet. Their
+// local graph; these six ops are where the devices of the group meet. Their
 // meaning is defined over the group of `parts` devices, and their gradients are
 // each other (Megatron-LM's f and g operators, plus gather and scatter):
 //
@@ -11,6 +11,8 @@
 //   TpSplit(x)      y = this member's part of x along `axis`; dx = TpAllGather(dy)
 //   TpReduceScatter(x)  y = this member's part of the sum over the group of x
 //                   along `axis` (partial sums become split); dx = TpAllGather(dy)
+//   TpAllToAll(x)   x is this member's piece along `from_axis`, y its piece of
+//                   the same tensor along `axis`; dx = TpAllToAll(dy) back
 //
 // A split along `axis` with `outer` = o views the axis (size n) as [o, n / o] and
 // cuts the second factor into `parts` equal pieces: member r holds, for every
@@ -132,6 +134,45 @@ Result<TypeList> infer_reduce_scatter(const Node &node, const OpDef &def,
   return infer_resize(node, def, inputs, false);
 }
 
+// A piece along `from_axis` (from_outer) becomes one along `axis` (outer):
+// `from_axis` grows by parts, `axis` shrinks by parts.
+Result<TypeList> infer_all_to_all(const Node &node, const OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(const int64_t parts, parts_of(node, def));
+  const AttrReader attrs(node, def);
+  TensorType out = inputs[0];
+  ASSIGN_OR_RETURN(const int64_t from,
+                   normalize_axis(attrs.get_int("from_axis"), out.rank(), "from_axis"));
+  ASSIGN_OR_RETURN(const int64_t to, normalize_axis(attrs.get_int("axis"), out.rank(), "axis"));
+  if (from == to)
+    return invalid_argument(def.name, ": from_axis and axis are both ", to,
+                            "; an all-to-all moves the split to another dim");
+  const int64_t from_outer = attrs.get_int("from_outer"), outer = attrs.get_int("outer");
+  int64_t &grow = out.shape[static_cast<size_t>(from)];
+  int64_t &shrink = out.shape[static_cast<size_t>(to)];
+  if (from_outer < 1 || grow % from_outer != 0 || outer < 1 || shrink % outer != 0 ||
+      (shrink / outer) % parts != 0)
+    return invalid_argument(def.name, ": dim ", to, " of ", inputs[0].to_string(),
+                            " does not split into ", parts, " parts (outer ", outer,
+                            "), or from_outer ", from_outer, " does not divide dim ", from);
+  grow *= parts;
+  shrink /= parts;
+  return TypeList{out};
+}
+
+Status all_to_all_grad(GradContext &c) {
+  if (!c.needs_input_grad[0]) return Status::ok();
+  const AttrReader attrs = c.attrs();
+  std::vector<Attribute> back = same_attrs(c, false);
+  back.push_back({"axis", attrs.get_int("from_axis")});
+  back.push_back({"outer", attrs.get_int("from_outer")});
+  back.push_back({"from_axis", attrs.get_int("axis")});
+  back.push_back({"from_outer", attrs.get_int("outer")});
+  c.input_grads[0] =
+      c.builder.op1("TpAllToAll", {c.output_grads[0]}, std::move(back), c.grad_name("all_to_all"));
+  return Status::ok();
+}
+
 Status split_grad(GradContext &c) {
   if (c.needs_input_grad[0])
     c.input_grads[0] = c.builder.op1("TpAllGather", {c.output_grads[0]}, same_attrs(c, true),
@@ -193,6 +234,22 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         split_grad});
+  table.push_back(OpDef{
+      "TpAllToAll",
+      "X is this member's piece along from_axis; Y is its piece of the same "
+      "tensor along axis (one split becomes another)",
+      1,
+      1,
+      {parts_attr(),
+       axis_attr(),
+       outer_attr(),
+       {"from_axis", AttrType::kInt, AttrValue(int64_t{0}), "the split dim of X"},
+       {"from_outer", AttrType::kInt, AttrValue(int64_t{1}), "outer of X's split (see outer)"},
+       why_attr()},
+      infer_all_to_all,
+      move_only,
+      single_member_kernel,
+      all_to_all_grad});
   table.push_back(OpDef{"TpSplit",
                         "Y = this member's piece of X along axis",
                         1,

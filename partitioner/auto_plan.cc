@@ -49,7 +49,7 @@ double comm_bytes(const serialization::Plan &plan) {
     for (const auto &instr : program.instructions)
       if (instr.kind == serialization::InstrKind::kCompute) {
         const Node &node = plan.graph.node(instr.index);
-        if (node.op == "TpAllReduce" || node.op == "TpAllGather")
+        if (node.op == "TpAllReduce" || node.op == "TpAllGather" || node.op == "TpAllToAll")
           bytes += static_cast<double>(plan.graph.tensor(node.outputs[0]).type.size_bytes());
         else if (node.op == "TpReduceScatter")
           bytes += static_cast<double>(plan.graph.tensor(node.inputs[0]).type.size_bytes());

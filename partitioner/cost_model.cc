@@ -119,6 +119,12 @@ double all_gather_time(double bytes, int p, const LinkSpec &link, CollectiveAlgo
   return 0;
 }
 
+double all_to_all_time(double bytes, int p, const LinkSpec &link) {
+  if (p <= 1 || bytes <= 0) return 0;
+  const double frac = static_cast<double>(p - 1) / (static_cast<double>(p) * p);
+  return (p - 1) * link.latency_s + frac * bytes / link.bandwidth_Bps;
+}
+
 double reduce_scatter_time(double bytes, int p, const LinkSpec &link, CollectiveAlgorithm algorithm,
                            double reduce_Bps) {
   if (p <= 1 || bytes <= 0) return 0;

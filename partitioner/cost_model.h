@@ -93,6 +93,11 @@ double all_reduce_time(double bytes, int p, const LinkSpec &link, CollectiveAlgo
 //                                     lg p a + ((p-1)/p) n b + lg p (a + n b)
 double all_gather_time(double bytes, int p, const LinkSpec &link, CollectiveAlgorithm algorithm);
 
+// All-to-all (a tensor of n bytes split over p members, resplit along another
+// dim): every member sends a 1/p-th of its piece to each other member, one
+// message each: (p-1) a + ((p-1)/p^2) n b.
+double all_to_all_time(double bytes, int p, const LinkSpec &link);
+
 // Reduce-scatter:
 //   ring                              (p-1) a + ((p-1)/p) n (b + g)
 //   recursive halving (the recursive-doubling and Rabenseifner entries)

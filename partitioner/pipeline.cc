@@ -688,7 +688,8 @@ TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const Clu
   const bool reduce = node.op == "TpAllReduce" || node.op == "TpCopy";
   const bool gather = node.op == "TpAllGather" || node.op == "TpSplit";
   const bool scatter = node.op == "TpReduceScatter";
-  if (!reduce && !gather && !scatter) return {};
+  const bool all_to_all = node.op == "TpAllToAll";
+  if (!reduce && !gather && !scatter && !all_to_all) return {};
   // The group: `parts` consecutive devices (tp is innermost in the mesh).
   const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
   std::vector<int> members;
@@ -698,6 +699,10 @@ TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const Clu
   // The whole tensor's bytes: a split's or reduce-scatter's input, the others' output.
   const TensorId whole = node.op == "TpSplit" || scatter ? node.inputs[0] : node.outputs[0];
   const auto bytes = static_cast<double>(graph.tensor(whole).type.size_bytes());
+  if (all_to_all) { // backward: the reverse all-to-all
+    const double seconds = all_to_all_time(bytes * parts, parts, link);
+    return {seconds, seconds};
+  }
   if (scatter) // backward: the gradient's all-gather
     return {reduce_scatter_time(bytes, parts, link, CollectiveAlgorithm::kRing,
                                 reduce_bytes_per_second(cluster.device, DType::kF32)),
@@ -1191,7 +1196,8 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         // Tensor-parallel collectives are nodes of the graph, run over the
         // device's group of `parts` consecutive devices; one row per group.
         const Node &node = graph.node(instr.index);
-        if (node.op != "TpAllReduce" && node.op != "TpAllGather" && node.op != "TpReduceScatter")
+        if (node.op != "TpAllReduce" && node.op != "TpAllGather" && node.op != "TpReduceScatter" &&
+            node.op != "TpAllToAll")
           continue;
         const auto parts = static_cast<int32_t>(node.int_attr("parts").value_or(1));
         const auto base = static_cast<int32_t>(d) - static_cast<int32_t>(d) % parts;

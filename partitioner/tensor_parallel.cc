@@ -114,6 +114,7 @@ private:
   double all_gather(TensorId id) const {
     return all_gather_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing);
   }
+  double all_to_all(TensorId id) const { return all_to_all_time(bytes(id), t_, options_.link); }
   double reduce_scatter(TensorId id) const {
     return reduce_scatter_time(bytes(id), t_, options_.link, CollectiveAlgorithm::kRing, gamma_);
   }
@@ -157,6 +158,8 @@ double Sharder::arrive(TensorId id, const ShardSpec &from, const ShardSpec &to,
     if (from.kind == Kind::kPartial) return all_reduce(id);
     if (from.kind == Kind::kSplit) return all_gather(id); // backward: a slice
   }
+  if (to.is_split() && from.is_split() && to.dim != from.dim)
+    return all_to_all(id) + (grad ? all_to_all(id) : 0.0); // backward: the reverse
   if (to.kind == Kind::kSplit && from.kind == Kind::kPartial && options_.split_activations)
     return reduce_scatter(id) + (grad ? all_gather(id) : 0.0); // backward: gather the gradient
   if (to.kind == Kind::kSplit && from.kind == Kind::kReplicated &&
@@ -640,6 +643,16 @@ Result<TensorParallelResult> Sharder::run() {
                             {"outer", have.outer},
                             {"why", why}},
                            name + ".tp_all_gather", {local.unique_name(name + ".tp_all_gather")});
+      made = outs.empty() ? kInvalidTensor : outs[0];
+    } else if (want.is_split() && have.is_split() && want.dim != have.dim) {
+      auto outs = add_node("TpAllToAll", {base[id]},
+                           {{"parts", int64_t{t_}},
+                            {"axis", int64_t{want.dim}},
+                            {"outer", want.outer},
+                            {"from_axis", int64_t{have.dim}},
+                            {"from_outer", have.outer},
+                            {"why", why}},
+                           name + ".tp_all_to_all", {local.unique_name(name + ".tp_all_to_all")});
       made = outs.empty() ? kInvalidTensor : outs[0];
     } else if (want.is_split() && have.kind == Kind::kPartial) {
       auto outs =

@@ -59,7 +59,8 @@ struct PipelineRunner::Device {
       kAllReduce,
       kAllGather,
       kSplit,
-      kReduceScatter
+      kReduceScatter,
+      kAllToAll
     } tp = Tp::kNone;
     std::vector<std::byte> gathered;
     Status run_tensor_parallel(Communicator &comm);
@@ -293,6 +294,41 @@ Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
     return comm.reduce_scatter(
         std::span<const float>(reinterpret_cast<const float *>(gathered.data()), count),
         std::span<float>(reinterpret_cast<float *>(dst), count / parts), group, what);
+  }
+  case Tp::kAllToAll: {
+    // Block j, for member j: this member's piece of the input cut along
+    // `axis`. Member j's block for this one is piece j of the output along
+    // `from_axis`. Sends copy, so every send goes before the receives.
+    const auto r = static_cast<size_t>(peer);
+    const size_t block = in_bytes / parts, element = dtype_size(in.type->dtype);
+    std::byte *outgoing = gathered.data(), *incoming = gathered.data() + in_bytes;
+    auto dim = [&](const char *name) {
+      const auto axis = static_cast<int32_t>(node->int_attr(name).value_or(0));
+      return axis < 0 ? axis + static_cast<int32_t>(in.type->rank()) : axis;
+    };
+    const serialization::PlanShard cut{"",
+                                       {in.type->shape.begin(), in.type->shape.end()},
+                                       dim("axis"),
+                                       node->int_attr("outer").value_or(1)};
+    const serialization::PlanShard place{"",
+                                         {out.type->shape.begin(), out.type->shape.end()},
+                                         dim("from_axis"),
+                                         node->int_attr("from_outer").value_or(1)};
+    for (size_t j = 0; j < parts; ++j)
+      partitioner::copy_piece(cut, static_cast<int>(parts), static_cast<int>(j), element,
+                              const_cast<std::byte *>(src), outgoing + j * block, true);
+    for (size_t j = 0; j < parts; ++j)
+      if (j != r) RETURN_IF_ERROR(comm.send(outgoing + j * block, block, group[j], tag, what));
+    for (size_t j = 0; j < parts; ++j) {
+      std::byte *from_j = outgoing + r * block;
+      if (j != r) {
+        from_j = incoming + j * block;
+        RETURN_IF_ERROR(comm.recv(from_j, block, group[j], tag, what));
+      }
+      partitioner::copy_piece(place, static_cast<int>(parts), static_cast<int>(j), element, dst,
+                              from_j, false);
+    }
+    return Status::ok();
   }
   case Tp::kSplit: {
     const PieceLayout layout = piece_layout(*node, *out.type);
@@ -588,6 +624,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
                 : name == "TpAllGather"     ? Tp::kAllGather
                 : name == "TpSplit"         ? Tp::kSplit
                 : name == "TpReduceScatter" ? Tp::kReduceScatter
+                : name == "TpAllToAll"      ? Tp::kAllToAll
                                             : Tp::kNone;
         if (op.tp != Tp::kNone) {
           const int64_t parts = op.node->int_attr("parts").value_or(1);
@@ -608,6 +645,12 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             op.gathered.resize(static_cast<size_t>(op.outputs[0].type->size_bytes()));
           if (op.tp == Tp::kReduceScatter)
             op.gathered.resize(static_cast<size_t>(op.inputs[0].type->size_bytes()));
+          if (op.tp == Tp::kAllToAll) {
+            // Outgoing blocks, then incoming ones; messages on the group's
+            // point-to-point channels, tagged by the node.
+            op.gathered.resize(2 * static_cast<size_t>(op.inputs[0].type->size_bytes()));
+            op.tag = (uint64_t{1} << 62) | instr.index;
+          }
         }
         break;
       }

@@ -108,6 +108,9 @@ TEST(OtherCollectives, ByHand) {
                   7 * a + 0.875 * n * (b + g));
   expect_near_rel(reduce_scatter_time(n, 8, kLink, CollectiveAlgorithm::kRabenseifner, 200e9),
                   3 * a + 0.875 * n * (b + g));
+  // All-to-all: 7 messages of n / 64 each: 7a + 7/64 n b; one member moves nothing.
+  expect_near_rel(all_to_all_time(n, 8, kLink), 7 * a + 7.0 / 64 * n * b);
+  EXPECT_EQ(all_to_all_time(n, 1, kLink), 0.0);
   // Broadcast, binomial tree: 3 (a + n b); scatter + ring all-gather: (3 + 7) a + 2 * 7/8 n b.
   expect_near_rel(broadcast_time(n, 8, kLink, CollectiveAlgorithm::kTree), 3 * (a + n * b));
   expect_near_rel(broadcast_time(n, 8, kLink, CollectiveAlgorithm::kRing), 10 * a + 1.75 * n * b);

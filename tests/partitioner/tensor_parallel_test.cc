@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "graph/builder.h"
+#include "ops/registry.h"
 #include "partitioner/tensor_parallel.h"
 #include "tools/zoo.h"
 
@@ -117,6 +119,38 @@ TEST(TensorParallelTest, SplitActivationsReduceScatterPartialSums) {
   }
   EXPECT_EQ(result->specs.at("layer0.mlp.fc2"), ShardSpec::partial());
   EXPECT_TRUE(result->specs.at("layer0.mlp.residual").is_split());
+}
+
+// A column-split projection followed by a softmax over the split dim: the
+// cheapest way to the softmax is an all-to-all that moves the split to the
+// rows (each member sends 3/16 of the activation, where an all-gather would
+// receive 3/4 of it), and the row-split result is gathered at the end.
+Graph projection_softmax(int64_t rows, int64_t in, int64_t width) {
+  GraphBuilder b("projection_softmax", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {rows, in});
+  TensorId w1 = b.parameter("w1", DType::kF32, {in, width},
+                            Initializer{Initializer::Kind::kNormal, 0.0, 0.1, 1});
+  TensorId w2 = b.parameter("w2", DType::kF32, {width, 8},
+                            Initializer{Initializer::Kind::kNormal, 0.0, 0.1, 2});
+  TensorId h = b.op1("MatMul", {x, w1}, {}, "proj");
+  TensorId p = b.op1("Softmax", {h}, {{"axis", int64_t{1}}}, "softmax");
+  b.output(b.op1("MatMul", {p, w2}, {}, "head"));
+  return *std::move(b).finish();
+}
+
+TEST(TensorParallelTest, AllToAllMovesASplitToAnotherDim) {
+  auto result = shard_tensor_parallel(projection_softmax(1024, 4096, 4096), on_h100(4));
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  EXPECT_EQ(result->specs.at("proj"), ShardSpec::split(1));
+  EXPECT_EQ(result->specs.at("softmax"), ShardSpec::split(0));
+  auto counts = count_ops(result->local);
+  EXPECT_EQ(counts["TpAllToAll"], 1);
+  for (const Node &node : result->local.nodes()) {
+    if (node.op != "TpAllToAll") continue;
+    EXPECT_EQ(node.int_attr("from_axis"), 1);
+    EXPECT_EQ(node.int_attr("axis"), 0);
+    EXPECT_EQ(result->local.tensor(node.outputs[0]).type.shape, (Shape{256, 4096}));
+  }
 }
 
 // A piece of a split with outer 3 (a fused [Q | K | V] axis): member r holds,
