@@ -902,11 +902,15 @@ private:
 };
 
 // One device's communicator. Collectives are point-to-point messages with
-// tags in their own space (the two top bits set, then a per-group sequence).
+// tags in their own space (the two top bits set, then the channel bit, then a
+// per-group sequence). Channel 1 is the device's communication stream (its
+// gradient buckets): its collectives count their own sequence, so they never
+// meet channel 0's on the same group. (Point-to-point tags are the caller's;
+// the plan keeps the two channels' apart.)
 class MpiCommunicator : public Communicator {
 public:
-  MpiCommunicator(MpiWorld::Impl *world, MpiWorld *owner, int device, int devices)
-      : world_(world), owner_(owner), device_(device), devices_(devices) {}
+  MpiCommunicator(MpiWorld::Impl *world, MpiWorld *owner, int device, int devices, int channel = 0)
+      : world_(world), owner_(owner), device_(device), devices_(devices), channel_(channel) {}
 
   int rank() const override { return device_; }
   int size() const override { return devices_; }
@@ -1049,12 +1053,13 @@ private:
     for (int m : members)
       hash = (hash ^ static_cast<uint64_t>(m)) * 1099511628211ull;
     const uint32_t seq = sequence_[members]++;
-    return (uint64_t{3} << 62) | ((hash & 0x3fffffffull) << 32) | seq;
+    return (uint64_t{3} << 62) | (static_cast<uint64_t>(channel_) << 61) |
+           ((hash & 0x1fffffffull) << 32) | seq;
   }
 
   MpiWorld::Impl *world_;
   MpiWorld *owner_;
-  int device_, devices_;
+  int device_, devices_, channel_;
   std::map<Group, uint32_t> sequence_;
 };
 
@@ -1114,6 +1119,12 @@ void MpiWorld::fail(const Status &reason) { impl_->fail(reason); }
 Status MpiWorld::failure() const { return impl_->failure(); }
 
 Status MpiWorld::run(const std::function<Status(int device, Communicator &)> &body) {
+  return run_with_side(
+      [&](int device, Communicator &comm, Communicator *) { return body(device, comm); });
+}
+
+Status MpiWorld::run_with_side(
+    const std::function<Status(int device, Communicator &, Communicator *)> &body) {
   RETURN_IF_ERROR(failure());
   std::vector<int> locals;
   for (int d = 0; d < impl_->devices_; ++d)
@@ -1122,9 +1133,10 @@ Status MpiWorld::run(const std::function<Status(int device, Communicator &)> &bo
   for (int device : locals) {
     threads.emplace_back([&, device] {
       MpiCommunicator comm(impl_.get(), this, device, impl_->devices_);
+      MpiCommunicator side(impl_.get(), this, device, impl_->devices_, 1);
       Status status;
       try {
-        status = body(device, comm);
+        status = body(device, comm, &side);
       } catch (const std::exception &error) {
         status = internal_error("threw an exception: ", error.what());
       }

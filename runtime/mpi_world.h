@@ -84,6 +84,10 @@ public:
   bool is_local(int device) const override;
   std::chrono::milliseconds timeout() const override;
   Status run(const std::function<Status(int device, Communicator &)> &body) override;
+  // The second communicator of a device is a second channel of the same
+  // ranks: its collectives are tagged apart from the first's.
+  Status run_with_side(
+      const std::function<Status(int device, Communicator &, Communicator *)> &body) override;
   void report(int device, int64_t step, int64_t instruction) override;
   ProcessGroup *processes() override { return this; }
 

@@ -21,6 +21,9 @@ std::chrono::milliseconds MpiWorld::timeout() const { return {}; }
 Status MpiWorld::run(const std::function<Status(int, Communicator &)> &) {
   return unimplemented("built without MPI");
 }
+Status MpiWorld::run_with_side(const std::function<Status(int, Communicator &, Communicator *)> &) {
+  return unimplemented("built without MPI");
+}
 void MpiWorld::report(int, int64_t, int64_t) {}
 int MpiWorld::rank() const { return 0; }
 int MpiWorld::size() const { return 1; }

@@ -922,12 +922,10 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
                                                             " replica ", rank % data_parallel_);
     comm.set_label(label);
     // Buckets run on the communication stream where the world gives a second
-    // communicator (threads); else (MPI) each is reduced when it is started.
+    // communicator (threads, MPI); else each is reduced when it is started.
     std::optional<CommStream> stream;
-    if (side != nullptr && !device.buckets.empty()) {
-      side->set_label(label + " comm");
+    if (side != nullptr && !device.buckets.empty())
       stream.emplace(*side, comm, device.staging, device.buckets.size());
-    }
     Status result = run_device(rank, comm, stream ? &*stream : nullptr);
     if (stream) {
       stream->stop(result);
