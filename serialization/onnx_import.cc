@@ -106,6 +106,7 @@ public:
                                 file_);
     RETURN_IF_ERROR(add_inputs());
     ASSIGN_OR_RETURN(std::vector<const onnx::NodeProto *> order, topological_order());
+    order = unmerge_initializers(std::move(order));
     warn_about_merged_initializers(order);
     RETURN_IF_ERROR(check_supported(order));
     for (const onnx::NodeProto *node : order) {
@@ -436,6 +437,33 @@ private:
   const HostTensor *known(const std::string &name) const {
     auto it = known_.find(name);
     return it == known_.end() ? nullptr : &it->second;
+  }
+
+  // PyTorch's exporter merges initializers with equal contents and gives each
+  // former owner an Identity of the survivor, named as the original ('bn1.bias'
+  // -> Identity -> 'layer4.1.bn2.bias'; even a fresh batch norm's running
+  // variance and another's weight, both ones). An Identity computes nothing,
+  // so its output becomes an initializer of its own with the same contents:
+  // what the source model had, trained (or updated) apart, and a constant
+  // only when --constant names it. Returns the nodes left to convert.
+  std::vector<const onnx::NodeProto *>
+  unmerge_initializers(std::vector<const onnx::NodeProto *> order) {
+    std::vector<const onnx::NodeProto *> rest;
+    for (const onnx::NodeProto *node : order) {
+      const bool alias = node->op_type() == "Identity" && node->input_size() == 1 &&
+                         node->output_size() == 1 && initializers_.contains(node->input(0)) &&
+                         !initializers_.contains(node->output(0));
+      if (!alias) {
+        rest.push_back(node);
+        continue;
+      }
+      const HostTensor &source = known_.at(node->input(0));
+      HostTensor copy = HostTensor::zeros(source.type);
+      if (copy.size_bytes()) std::memcpy(copy.data(), source.data(), copy.size_bytes());
+      known_[node->output(0)] = std::move(copy);
+      initializers_.insert(node->output(0));
+    }
+    return rest;
   }
 
   // Exporters merge initializers with equal contents (two fresh LayerNorms'

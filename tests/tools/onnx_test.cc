@@ -209,7 +209,12 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
       "    torch.onnx.export(m, (x,), name + '.onnx', opset_version=13,\n"
       "                      input_names=['input'], output_names=['output'])\n"
       "    np.save(name + '.input.npy', x.numpy())\n"
-      "    with torch.no_grad(): np.save(name + '.output.npy', m(x).numpy())\n";
+      "    with torch.no_grad(): np.save(name + '.output.npy', m(x).numpy())\n"
+      "    open(name + '.params', 'w').write(str(sum(p.numel() for p in m.parameters())))\n"
+      "    torch.onnx.export(m, (x,), name + '.train.onnx', opset_version=13,\n"
+      "                      input_names=['input'], output_names=['output'],\n"
+      "                      training=torch.onnx.TrainingMode.PRESERVE,\n"
+      "                      do_constant_folding=False)\n";
   std::ofstream(dir_ / "export.py") << script;
   ASSERT_EQ(
       std::system(
@@ -225,6 +230,19 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
     HostTensor ours = npy(dir_ / (name + ".out.npy")), theirs = npy(dir_ / (name + ".output.npy"));
     ASSERT_EQ(ours.type, theirs.type);
     EXPECT_LT(relative_error(ours, theirs), 1e-4) << name;
+    // Exported for training (batch norm kept), the training step compiles with
+    // PyTorch's trainable parameters: the exporter's merged batch-norm weights
+    // and running statistics are apart again.
+    Outcome for_training = strata({"import", name + ".train.onnx", "-o", name + ".train.strata"});
+    ASSERT_EQ(for_training.code, 0) << for_training.err;
+    Outcome train = strata({"compile", name + ".train.strata", "--train", "-o", name + ".splan"});
+    ASSERT_EQ(train.code, 0) << train.err;
+    std::string count = read_file(dir_ / (name + ".params"));
+    for (size_t at = count.size(); at > 3; at -= 3)
+      count.insert(at - 3, ",");
+    EXPECT_NE(train.out.find("parameters   " + count + " ("), std::string::npos)
+        << name << " has " << count << " parameters in PyTorch:\n"
+        << train.out;
   }
 }
 
@@ -251,21 +269,41 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   }
 }
 
-// The exporter merged equal initializers: the import says so; --constant keeps
-// a buffer out of the trainable weights.
+// PyTorch's exporter merged equal initializers (two fresh LayerNorms' weights
+// and a buffer of ones: 'm' -> Identity -> 'a.weight', 'b.weight'): the import
+// gives each Identity's output its own copy again, under the source model's
+// names, so they train apart; --constant keeps a buffer out of the trainable
+// weights. An initializer read directly by several nodes stays shared, with a
+// warning.
 TEST_F(OnnxTest, MergedInitializersAreReportedAndBuffersCanBeConstants) {
   const std::string model = (fixtures() / "merged.onnx").string();
   Outcome plain = strata({"import", model, "-o", "a.strata"});
   ASSERT_EQ(plain.code, 0) << plain.err;
-  EXPECT_NE(plain.err.find("strata: warning: "), std::string::npos) << plain.err;
-  EXPECT_NE(plain.err.find("share one trainable tensor"), std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("strata: warning: "), std::string::npos) << plain.err;
   Outcome frozen = strata({"import", model, "--constant", "m", "-o", "b.strata"});
   ASSERT_EQ(frozen.code, 0) << frozen.err;
   auto a = serialization::load_model((dir_ / "a.strata").string());
   auto b = serialization::load_model((dir_ / "b.strata").string());
   ASSERT_TRUE(a.is_ok() && b.is_ok());
+  for (const char *name : {"a.weight", "b.weight", "a.bias", "b.bias"}) {
+    auto id = a->find_tensor(name);
+    ASSERT_TRUE(id) << name;
+    EXPECT_EQ(a->tensor(*id).kind, TensorKind::kParameter) << name;
+    EXPECT_EQ(a->tensor(*id).producer, kNoNode) << name;
+    auto frozen_id = b->find_tensor(name);
+    ASSERT_TRUE(frozen_id) << name;
+    EXPECT_EQ(b->tensor(*frozen_id).kind, TensorKind::kParameter) << name;
+  }
   EXPECT_EQ(a->tensor(*a->find_tensor("m")).kind, TensorKind::kParameter);
   EXPECT_EQ(b->tensor(*b->find_tensor("m")).kind, TensorKind::kConstant);
+  Outcome shared =
+      strata({"import", (fixtures() / "shared_direct.onnx").string(), "-o", "s.strata"});
+  ASSERT_EQ(shared.code, 0) << shared.err;
+  EXPECT_NE(shared.err.find("strata: warning: "), std::string::npos) << shared.err;
+  EXPECT_NE(shared.err.find("initializer 's' feeds input 1 of 2 LayerNormalization nodes"),
+            std::string::npos)
+      << shared.err;
+  EXPECT_NE(shared.err.find("share one trainable tensor"), std::string::npos) << shared.err;
   Outcome unknown = strata({"import", model, "--constant", "nope", "-o", "c.strata"});
   EXPECT_NE(unknown.code, 0);
   EXPECT_NE(unknown.err.find("--constant names 'nope', which is not an initializer"),
