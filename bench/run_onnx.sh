@@ -22,8 +22,11 @@ echo
 echo "| model | threads | strata infer | PyTorch infer | ratio | strata train step | PyTorch train step | ratio |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 for name in resnet18 mobilenet_v2 gpt4; do
-  if [[ $name == gpt4 ]]; then shape=input=4x64; else shape=input=4x3x224x224; fi
-  "$strata" import "$work/$name.onnx" --input-shape "$shape" -o "$work/$name.strata" >/dev/null
+  # The GPT's causal mask is a buffer in PyTorch, not a parameter: --constant.
+  if [[ $name == gpt4 ]]; then shape=input=4x64; keep=(--constant mask); else
+    shape=input=4x3x224x224; keep=(); fi
+  "$strata" import "$work/$name.onnx" --input-shape "$shape" "${keep[@]}" \
+    -o "$work/$name.strata" >/dev/null
   "$strata" compile "$work/$name.strata" --train --loss softmax_cross_entropy \
     --optimizer sgd:lr=0.01 -o "$work/$name.splan" >/dev/null
   for threads in 1 2; do

@@ -182,7 +182,17 @@ template <BinaryOp kOp, typename T> Status binary_typed(const KernelContext &con
     if constexpr (kOp == BinaryOp::kSub) run([](T x, T z) { return x - z; });
     if constexpr (kOp == BinaryOp::kMul) run([](T x, T z) { return x * z; });
     if constexpr (kOp == BinaryOp::kDiv) run([](T x, T z) { return x / z; });
-    if constexpr (kOp == BinaryOp::kPow) run([](T x, T z) { return std::pow(x, z); });
+    if constexpr (kOp == BinaryOp::kPow) {
+      // A scalar exponent of 1 or 2 (a variance's square, its gradient's
+      // slope): the exact products PyTorch uses too, not a general pow.
+      const T e = b.num_elements() == 1 ? b.as<T>()[0] : T{0};
+      if (b.num_elements() == 1 && e == T{2})
+        run([](T x, T) { return x * x; });
+      else if (b.num_elements() == 1 && e == T{1})
+        run([](T x, T) { return x; });
+      else
+        run([](T x, T z) { return std::pow(x, z); });
+    }
   } else {
     if constexpr (kOp == BinaryOp::kAdd) run([](T x, T z) { return wrap_add(x, z); });
     if constexpr (kOp == BinaryOp::kSub) run([](T x, T z) { return wrap_sub(x, z); });

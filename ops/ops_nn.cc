@@ -705,6 +705,80 @@ inline std::pair<int64_t, int64_t> valid_taps(int64_t start, int64_t kernel, int
   return {first, std::max(first, last)};
 }
 
+// Outputs [lo, hi) of one axis whose whole window lies inside the input: there
+// the taps need no bounds checks and sit at fixed offsets from the window's
+// corner.
+struct Interior {
+  int64_t lo = 0, hi = 0;
+  bool contains(int64_t o) const { return o >= lo && o < hi; }
+};
+Interior interior(int64_t size, int64_t pad, int64_t stride, int64_t extent, int64_t outputs) {
+  Interior r;
+  r.lo = std::min(outputs, (pad + stride - 1) / stride);
+  r.hi = size - extent + pad < 0 ? 0 : std::min(outputs, (size - extent + pad) / stride + 1);
+  r.hi = std::max(r.hi, r.lo);
+  return r;
+}
+// The taps' offsets from a window's corner, in window order (rows, then columns).
+std::vector<int64_t> tap_offsets(const Window &w, int64_t row_size) {
+  std::vector<int64_t> offsets;
+  for (int64_t ky = 0; ky < w.kernel_h; ++ky)
+    for (int64_t kx = 0; kx < w.kernel_w; ++kx)
+      offsets.push_back(ky * w.dilation_h * row_size + kx * w.dilation_w);
+  return offsets;
+}
+
+// Max pooling of the interior outputs [first, last) of one output row whose
+// windows start at `corner` (the first output's) and `stride` apart: the taps
+// in window order with the generic rule (a later tap wins when strictly
+// larger, or NaN), four outputs at a time without branches, so the results
+// and the picked positions are bitwise the generic kernels'. `picked` (may be
+// null) receives each output's chosen offset from `base`.
+void max_pool_row(const float *base, int64_t corner, int64_t stride,
+                  const std::vector<int64_t> &taps, int64_t count, float *out, int32_t *picked) {
+  int64_t o = 0;
+#if defined(__SSE2__)
+  for (; o + 4 <= count; o += 4) {
+    const int64_t c = corner + o * stride;
+    auto load4 = [&](int64_t at) {
+      const float *p = base + c + at;
+      return _mm_set_ps(p[3 * stride], p[2 * stride], p[stride], p[0]);
+    };
+    __m128 best = load4(taps[0]);
+    __m128i where = _mm_set_epi32(static_cast<int32_t>(c + taps[0] + 3 * stride),
+                                  static_cast<int32_t>(c + taps[0] + 2 * stride),
+                                  static_cast<int32_t>(c + taps[0] + stride),
+                                  static_cast<int32_t>(c + taps[0]));
+    for (size_t t = 1; t < taps.size(); ++t) {
+      const __m128 v = load4(taps[t]);
+      const __m128 take = max_pool_takes4(v, best);
+      best = select4(take, v, best);
+      if (picked != nullptr) {
+        const __m128i at = _mm_set_epi32(static_cast<int32_t>(c + taps[t] + 3 * stride),
+                                         static_cast<int32_t>(c + taps[t] + 2 * stride),
+                                         static_cast<int32_t>(c + taps[t] + stride),
+                                         static_cast<int32_t>(c + taps[t]));
+        const __m128i mask = _mm_castps_si128(take);
+        where = _mm_or_si128(_mm_and_si128(mask, at), _mm_andnot_si128(mask, where));
+      }
+    }
+    if (out != nullptr) _mm_storeu_ps(out + o, best);
+    if (picked != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i *>(picked + o), where);
+  }
+#endif
+  for (; o < count; ++o) {
+    const int64_t c = corner + o * stride;
+    int64_t best_at = c + taps[0];
+    float best = base[best_at];
+    for (size_t t = 1; t < taps.size(); ++t) {
+      const float v = base[c + taps[t]];
+      if (max_pool_takes(v, best)) best = v, best_at = c + taps[t];
+    }
+    if (out != nullptr) out[o] = best;
+    if (picked != nullptr) picked[o] = static_cast<int32_t>(best_at);
+  }
+}
+
 template <bool kMax> Status pool_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0}));
   AttrReader attrs = context.attrs();
@@ -720,6 +794,9 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
   const int64_t out_h = y.shape()[2], out_w = y.shape()[3];
   const float *in = x.as<float>();
   float *out = y.as<float>();
+  const Interior rows = interior(h, w.pad_top, w.stride_h, w.extent_h(), out_h);
+  const Interior cols = interior(wd, w.pad_left, w.stride_w, w.extent_w(), out_w);
+  const std::vector<int64_t> taps = tap_offsets(w, wd);
   if constexpr (kMax) {
     if (is_plain_2x2_stride_2(w, h, wd, out_h, out_w)) {
       max_pool_2x2_stride_2(in, out, planes, h, wd, out_h, out_w);
@@ -731,9 +808,14 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
     float *dst = out + plane * out_h * out_w;
     for (int64_t oy = 0; oy < out_h; ++oy) {
       const int64_t y0 = oy * w.stride_h - w.pad_top;
+      if (kMax && rows.contains(oy) && cols.hi > cols.lo)
+        // The windows inside the input, without bounds checks.
+        max_pool_row(src, y0 * wd + cols.lo * w.stride_w - w.pad_left, w.stride_w, taps,
+                     cols.hi - cols.lo, dst + oy * out_w + cols.lo, nullptr);
       for (int64_t ox = 0; ox < out_w; ++ox) {
         const int64_t x0 = ox * w.stride_w - w.pad_left;
         if constexpr (kMax) {
+          if (rows.contains(oy) && cols.contains(ox)) continue;
           // Padding acts as -inf: taps outside the input are skipped. NaN wins.
           float best = -std::numeric_limits<float>::infinity();
           const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
@@ -1300,18 +1382,33 @@ template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
   const float *x_data = kMax ? context.inputs[1].as<float>() : nullptr;
   float *dx_data = dx_view.as<float>();
   std::fill(dx_data, dx_data + dx_view.num_elements(), 0.0f);
+  const Interior rows = interior(h, w.pad_top, w.stride_h, w.extent_h(), out_h);
+  const Interior cols = interior(wd, w.pad_left, w.stride_w, w.extent_w(), out_w);
+  const std::vector<int64_t> taps = tap_offsets(w, wd);
   if constexpr (kMax) {
     if (is_plain_2x2_stride_2(w, h, wd, out_h, out_w)) {
       max_pool_grad_2x2_stride_2(dy_data, x_data, dx_data, planes, h, wd, out_h, out_w);
       return Status::ok();
     }
   }
+  std::vector<int32_t> picked(static_cast<size_t>(std::max<int64_t>(cols.hi - cols.lo, 0)));
+  if (kMax && h * wd > std::numeric_limits<int32_t>::max()) picked.clear(); // offsets too large
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float *g = dy_data + plane * out_h * out_w;
     float *dst = dx_data + plane * h * wd;
     for (int64_t oy = 0; oy < out_h; ++oy) {
       const int64_t y0 = oy * w.stride_h - w.pad_top;
+      const bool fast_row = kMax && rows.contains(oy) && !picked.empty();
+      if (fast_row)
+        // The windows inside the input: their picked positions first; the
+        // gradients are then added in output order, as the generic loop does.
+        max_pool_row(x_data + plane * h * wd, y0 * wd + cols.lo * w.stride_w - w.pad_left,
+                     w.stride_w, taps, cols.hi - cols.lo, nullptr, picked.data());
       for (int64_t ox = 0; ox < out_w; ++ox) {
+        if (fast_row && cols.contains(ox)) {
+          dst[picked[static_cast<size_t>(ox - cols.lo)]] += g[oy * out_w + ox];
+          continue;
+        }
         const int64_t x0 = ox * w.stride_w - w.pad_left;
         const float grad = g[oy * out_w + ox];
         if constexpr (kMax) {

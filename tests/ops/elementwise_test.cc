@@ -1,6 +1,7 @@
 // Tests of the elementwise ops against plain references computed in double, with
 // guard bytes around every buffer (see op_test_util.h).
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numbers>
@@ -85,6 +86,33 @@ TEST(ElementwiseTest, BinaryF32MatchesReferenceWithBroadcasting) {
       ASSERT_EQ(c_out.type.shape, expected_shape) << c.op;
       expect_close(c_out, reference_binary(a, b, expected_shape, c.f), 1e-6, c.rtol,
                    str_cat(c.op, " ", shape_to_string(shapes.a), " ", shape_to_string(shapes.b)));
+    }
+  }
+}
+
+// A scalar exponent of 2 is the exact square and of 1 the value itself
+// (negative bases, zeros, infinities and NaN included); other exponents use pow.
+TEST(ElementwiseTest, PowBySquaringAndIdentity) {
+  const std::vector<double> values = {-3.5,
+                                      -1e-20,
+                                      -0.0,
+                                      0.0,
+                                      1.5,
+                                      1e20,
+                                      3e38,
+                                      std::numeric_limits<double>::infinity(),
+                                      -std::numeric_limits<double>::infinity(),
+                                      std::numeric_limits<double>::quiet_NaN()};
+  const auto n = static_cast<int64_t>(values.size());
+  TestTensor x = ops::testing::tensor(DType::kF32, {n}, values);
+  for (double e : {2.0, 1.0, 3.0}) {
+    TestTensor y = run_one("Pow", {x, ops::testing::tensor(DType::kF32, {}, {e})});
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x.as<float>()[i];
+      const float want = e == 2.0 ? v * v : e == 1.0 ? v : std::pow(v, 3.0f);
+      const float got = y.as<float>()[i];
+      EXPECT_TRUE(std::memcmp(&got, &want, sizeof got) == 0 || (got != got && want != want))
+          << v << " ^ " << e << ": " << got << " vs " << want;
     }
   }
 }

@@ -3,6 +3,7 @@
 // tests of the backward ops' kernels against plain loops in double.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -375,6 +376,42 @@ TEST(MaxPool2dGradKernel, RoutesToFirstMaximum) {
   // Windows (row-major): [1 5;5 3] -> (0,1); [5 5;3 0] -> (0,1); [5 2;0 2] -> (0,2);
   // [5 3;4 4] -> (1,0); [3 0;4 2] -> (2,1); [0 2;2 2] -> (1,3).
   expect_close(dx[0], {0, 3, 3, 0, 4, 0, 0, 6, 0, 5, 0, 0}, 0, 0, "dX");
+}
+
+// Wide rows take the vectorized path for windows inside the input: with ties
+// everywhere (values 0..2) and NaNs, each gradient goes where a plain scan of
+// the window puts it (the first maximum; a NaN wins), summed in output order.
+TEST(MaxPool2dGradKernel, WideRowsMatchTheScan) {
+  const int64_t planes = 2, h = 11, w = 37, k = 3, stride = 2, pad = 1;
+  const int64_t oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+  std::mt19937 rng(7);
+  TestTensor x = ops::testing::zeros(DType::kF32, {1, planes, h, w});
+  for (int64_t i = 0; i < planes * h * w; ++i)
+    x.as<float>()[i] =
+        rng() % 40 == 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(rng() % 3);
+  TestTensor dy = test_tensor({1, planes, oh, ow}, 8);
+  std::vector<float> want(static_cast<size_t>(planes * h * w), 0.0f);
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        int64_t at = -1;
+        float best = 0;
+        for (int64_t ky = 0; ky < k; ++ky)
+          for (int64_t kx = 0; kx < k; ++kx) {
+            const int64_t iy = oy * stride - pad + ky, ix = ox * stride - pad + kx;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            const float v = x.as<float>()[(p * h + iy) * w + ix];
+            if (at < 0 || v > best || v != v) best = v, at = (p * h + iy) * w + ix;
+          }
+        want[static_cast<size_t>(at)] += dy.as<float>()[(p * oh + oy) * ow + ox];
+      }
+  auto dx = run_twice("MaxPool2dGrad", {dy, x},
+                      {{"kernel_shape", std::vector<int64_t>{k, k}},
+                       {"strides", std::vector<int64_t>{stride, stride}},
+                       {"pads", std::vector<int64_t>{pad, pad, pad, pad}}});
+  ASSERT_EQ(dx.size(), 1u);
+  ASSERT_EQ(dx[0].num_elements(), planes * h * w);
+  EXPECT_EQ(std::memcmp(dx[0].bytes.data(), want.data(), want.size() * sizeof(float)), 0);
 }
 
 TEST(MaxPool2dGradKernel, PaddingNeverWins) {

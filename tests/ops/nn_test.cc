@@ -455,6 +455,11 @@ TEST(MaxPool2d, MatchesReference) {
       {{2, 3, 8, 12}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false},
       {{1, 2, 6, 19}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false},
       {{1, 2, 7, 21}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, true, false},
+      // Windows inside the input take a vectorized path, four outputs at a
+      // time (ResNet's 3x3 stride 2; stride 1 and dilation), borders the generic.
+      {{1, 2, 13, 29}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, false},
+      {{1, 1, 9, 20}, {3, 3}, {1, 1}, {1, 1, 1, 1}, {2, 2}, false, false},
+      {{1, 1, 8, 27}, {2, 3}, {1, 3}, {0, 2, 1, 0}, {1, 1}, true, false},
   };
   uint32_t seed = 400;
   for (const PoolCase &c : cases) {
