@@ -322,8 +322,9 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         std::vector<int> zeros = {0};
         if (dp > 1) zeros.push_back(1);
         if (estimating) {
-          // ZeRO-1 does not shard updates that read clipped gradients.
-          if (training.optimizer.clip_norm > 0) zeros = {0};
+          // With tensor parallelism ZeRO-1 does not shard updates that read
+          // clipped gradients.
+          if (training.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
           // Recomputation only ever costs time: tried when a plan without it
           // does not fit.
           for (bool recompute : {false, true}) {

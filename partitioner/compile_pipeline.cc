@@ -112,6 +112,45 @@ Status split_clip_norm_over_pieces(Graph &graph, std::vector<int> &node_stage, i
   return verify_graph(graph, registry).with_context("clipping over tensor-parallel pieces");
 }
 
+// Gradient clipping under ZeRO-1: a replica holds only its shard of a sharded
+// gradient, so the stage's SumOfSquares is split into one per gradient the
+// replicas divide (lower_pipeline runs each on the shard and sums the pairs
+// over the replicas) and one for the rest; NormScale reads them all. Runs
+// after split_clip_norm(always).
+Status split_clip_norm_over_shards(Graph &graph, std::vector<int> &node_stage, int replicas) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  const auto consumers = graph.consumers();
+  const NodeId original_nodes = static_cast<NodeId>(graph.num_nodes());
+  for (NodeId id = 0; id < original_nodes; ++id) {
+    if (graph.node(id).op != "SumOfSquares" || graph.node(id).inputs.size() < 2) continue;
+    const TensorId partial = graph.node(id).outputs[0];
+    const auto &readers = consumers[partial];
+    if (readers.size() != 1 || graph.node(readers[0]).op != "NormScale") continue;
+    std::vector<TensorId> divisible, rest;
+    for (TensorId g : graph.node(id).inputs) {
+      const int64_t n = graph.tensor(g).type.num_elements();
+      (n % replicas == 0 && n >= replicas ? divisible : rest).push_back(g);
+    }
+    if (divisible.empty()) continue;
+    const NodeId norm = readers[0];
+    const std::string name = graph.node(id).name;
+    // The stage's node keeps the rest, or else the first divisible gradient.
+    if (rest.empty()) rest.push_back(divisible.front()), divisible.erase(divisible.begin());
+    GraphBuilder builder(std::move(graph), registry);
+    std::vector<TensorId> pairs;
+    for (TensorId g : divisible) {
+      pairs.push_back(builder.op1("SumOfSquares", {g}, {}, str_cat(name, ".", builder.name(g))));
+      node_stage.push_back(node_stage[id]);
+    }
+    ASSIGN_OR_RETURN(graph, std::move(builder).finish());
+    graph.mutable_node(id).inputs.assign(rest.begin(), rest.end());
+    Node &norm_node = graph.mutable_node(norm);
+    auto at = std::find(norm_node.inputs.begin(), norm_node.inputs.end(), partial);
+    norm_node.inputs.insert(at + 1, pairs.begin(), pairs.end());
+  }
+  return verify_graph(graph, registry).with_context("clipping over ZeRO-1 shards");
+}
+
 } // namespace
 
 double parameter_state_factor(const passes::OptimizerSpec &spec, int zero, int dp) {
@@ -291,8 +330,12 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.manual_boundaries = options.stage_boundaries;
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
-  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1));
+  // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
+  // shards): the pieces' squares are summed over the group first.
+  const bool zero_clip = options.zero == 1 && DP > 1 && TP == 1;
+  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1 || zero_clip));
   if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
+  if (zero_clip) RETURN_IF_ERROR(split_clip_norm_over_shards(graph, placed.node_stage, DP));
   // Costs of the graph as it now is (the split added nodes, which the profile
   // did not time: they get their roofline time).
   SimulationCosts costs = cluster_costs(graph, cluster);
@@ -358,9 +401,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
       return invalid_argument(
           "--zero 1: no optimizer update can run on shards (each needs a gradient only it "
           "reads, and a size the ",
-          DP,
-          " replicas divide; with clip=... the update reads the "
-          "clipped gradient, which ZeRO-1 does not shard yet)");
+          DP, " replicas divide",
+          TP > 1 ? "; with clip=... and tensor parallelism ZeRO-1 does not shard yet" : "", ")");
   }
   price_with_algorithms(costs, cluster, groups, algorithms);
 

@@ -511,8 +511,11 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
   }
 
   // ZeRO-1: the optimizer updates that can run on shards, their gradients and
-  // the optimizer state they alone read.
-  std::vector<bool> sharded_node(graph.num_nodes(), false),
+  // the optimizer state they alone read. With clipping an update reads
+  // Mul(gradient, scale), which runs on the shard too, and the gradient's
+  // own SumOfSquares (split_clip_norm_over_shards) sums the shard's squares,
+  // then the pairs are summed over the replicas (`shard_sum`).
+  std::vector<bool> sharded_node(graph.num_nodes(), false), shard_sum(graph.num_nodes(), false),
       sharded_grad(graph.num_tensors(), false), sharded_state(graph.num_tensors(), false);
   if (options.zero == 1 && DP > 1) {
     const auto consumers = graph.consumers();
@@ -521,8 +524,27 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       if ((node.op != "AdamUpdate" && node.op != "SgdUpdate") || node.inputs.size() < 2) continue;
       const int64_t n = graph.tensor(node.inputs[0]).type.num_elements();
       if (n % DP != 0 || n < DP) continue;
-      const TensorId grad = node.inputs[1];
-      if (!accumulated[grad] || consumers[grad].size() != 1 ||
+      TensorId grad = node.inputs[1];
+      // Clipped: grad = Mul(gradient, scalar scale), read only here; the
+      // gradient read by it and by a SumOfSquares of it alone.
+      NodeId clip = kNoNode, squares = kNoNode;
+      if (!accumulated[grad] && producer[grad] != kNoNode &&
+          graph.node(producer[grad]).op == "Mul" && consumers[grad].size() == 1) {
+        const Node &mul = graph.node(producer[grad]);
+        const TensorId scale = mul.inputs.size() == 2 ? mul.inputs[1] : kInvalidTensor;
+        const TensorId raw = mul.inputs[0];
+        if (scale == kInvalidTensor || graph.tensor(scale).type.num_elements() != 1 ||
+            !accumulated[raw] || consumers[raw].size() != 2)
+          continue;
+        for (NodeId reader : consumers[raw])
+          if (reader != producer[grad] && graph.node(reader).op == "SumOfSquares" &&
+              graph.node(reader).inputs.size() == 1 && node_stage[reader] == node_stage[id])
+            squares = reader;
+        if (squares == kNoNode || node_stage[producer[grad]] != node_stage[id]) continue;
+        clip = producer[grad];
+        grad = raw;
+      }
+      if (!accumulated[grad] || consumers[grad].size() != (clip == kNoNode ? 1u : 2u) ||
           node_stage[producer[grad]] != node_stage[id])
         continue;
       bool ok = true;
@@ -543,6 +565,11 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       sharded_grad[grad] = true;
       for (TensorId t : states)
         sharded_state[t] = true;
+      if (clip != kNoNode) {
+        sharded_node[clip] = true;
+        sharded_node[squares] = true;
+        shard_sum[squares] = true;
+      }
     }
   }
 
@@ -612,7 +639,13 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       finish(t);
     }
     for (NodeId id : step) {
-      if (sharded_node[id]) {
+      if (shard_sum[id]) {
+        // The shard's squares, summed over the replicas.
+        b.compute_shard(id, s);
+        b.add(InstrKind::kAllReduce, graph.node(id).outputs[0], -1, s);
+      } else if (sharded_node[id] && graph.node(id).op == "Mul") {
+        b.compute_shard(id, s); // the clipped shard, read by the update
+      } else if (sharded_node[id]) {
         // The shard's update, then every replica's new parameter in full.
         b.compute_shard(id, s);
         b.add(InstrKind::kAllGather, graph.node(id).outputs[0], -1, s);

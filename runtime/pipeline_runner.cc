@@ -571,8 +571,9 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
               return invalid_argument(context, ": operand '", g.tensor(t).name, "' has ", e,
                                       " elements; a shard needs ", n, " or a scalar");
           }
+          // A reduction's (SumOfSquares's pair) is whole: what the shard adds.
           for (TensorId t : node.outputs)
-            if (g.tensor(t).type.num_elements() != n)
+            if (g.tensor(t).type.num_elements() != n && node.op != "SumOfSquares")
               return invalid_argument(context, ": output '", g.tensor(t).name,
                                       "' is not the size of the shard's operands");
           rank = std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
@@ -615,6 +616,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         for (TensorId t : op.node->outputs) {
           ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
           auto [at, type] = view(t, data);
+          if (op.node->op == "SumOfSquares") at = data, type = &g.tensor(t).type; // whole pair
           op.outputs.push_back({at, type});
         }
         using Tp = Device::Op::Tp;
