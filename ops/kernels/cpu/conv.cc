@@ -261,11 +261,17 @@ Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, cons
   return Status::ok();
 }
 
-// A backward convolution (data or weights) for one set of sizes, on the plain
-// NCHW / [M, C/group, kH, kW] layouts, so no reorders are needed.
+// A backward convolution (data or weights) for one set of sizes. Like the
+// forward, kernels larger than 1x1 run in the layouts oneDNN picks (blocked
+// channels), with reorders from and to the caller's plain NCHW / [M, C/group,
+// kH, kW] buffers; 1x1 ones run on the plain layouts as they are.
 struct CachedConvBackward {
   dnnl::primitive primitive;
-  dnnl::memory::desc src, weights, dst; // src / weights: whichever is the output is the diff
+  // The caller's layouts and the primitive's: `input` is dY, `other` is W (data)
+  // or X (weights), `output` is dX or dW.
+  dnnl::memory::desc user_input, user_other, user_output;
+  dnnl::memory::desc input, other, output;
+  std::optional<dnnl::reorder> input_reorder, other_reorder, output_reorder;
   dnnl::memory::desc scratchpad;
 };
 
@@ -291,7 +297,15 @@ private:
     const OnednnConvShapes shapes = onednn_shapes(p);
     const memory::dims &strides = shapes.strides, &dilates = shapes.dilates;
     const memory::dims &pad_l = shapes.pad_l, &pad_r = shapes.pad_r;
-    const memory::desc &src = shapes.src, &dst = shapes.dst, &weights = shapes.weights;
+    using tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::desc &user_src = shapes.src, &user_dst = shapes.dst;
+    const memory::desc &user_weights = shapes.weights;
+    const bool plain = p.kernel_h == 1 && p.kernel_w == 1; // as the forward
+    const memory::desc src = plain ? user_src : memory::desc(shapes.src_dims, f32, tag::any);
+    const memory::desc dst = plain ? user_dst : memory::desc(shapes.dst_dims, f32, tag::any);
+    const memory::desc weights =
+        plain ? user_weights : memory::desc(shapes.weight_dims, f32, tag::any);
     const auto algo = dnnl::algorithm::convolution_direct;
     // Backward primitives take the matching forward (training) one as a hint.
     dnnl::convolution_forward::primitive_desc hint(
@@ -300,20 +314,37 @@ private:
         cpu_engine());
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    CachedConvBackward out;
+    out.user_input = user_dst;
     if (kind == BackwardKind::kData) {
       dnnl::convolution_backward_data::primitive_desc desc(
           dnnl::convolution_backward_data::desc(algo, src, weights, dst, strides, dilates, pad_l,
                                                 pad_r),
           attr, cpu_engine(), hint);
-      return std::make_shared<CachedConvBackward>(CachedConvBackward{
-          dnnl::convolution_backward_data(desc), src, weights, dst, desc.scratchpad_desc()});
+      out.primitive = dnnl::convolution_backward_data(desc);
+      out.user_other = user_weights;
+      out.user_output = user_src;
+      out.input = desc.diff_dst_desc();
+      out.other = desc.weights_desc();
+      out.output = desc.diff_src_desc();
+      out.scratchpad = desc.scratchpad_desc();
+    } else {
+      dnnl::convolution_backward_weights::primitive_desc desc(
+          dnnl::convolution_backward_weights::desc(algo, src, weights, dst, strides, dilates, pad_l,
+                                                   pad_r),
+          attr, cpu_engine(), hint);
+      out.primitive = dnnl::convolution_backward_weights(desc);
+      out.user_other = user_src;
+      out.user_output = user_weights;
+      out.input = desc.diff_dst_desc();
+      out.other = desc.src_desc();
+      out.output = desc.diff_weights_desc();
+      out.scratchpad = desc.scratchpad_desc();
     }
-    dnnl::convolution_backward_weights::primitive_desc desc(
-        dnnl::convolution_backward_weights::desc(algo, src, weights, dst, strides, dilates, pad_l,
-                                                 pad_r),
-        attr, cpu_engine(), hint);
-    return std::make_shared<CachedConvBackward>(CachedConvBackward{
-        dnnl::convolution_backward_weights(desc), src, weights, dst, desc.scratchpad_desc()});
+    out.input_reorder = make_reorder(out.user_input, out.input);
+    out.other_reorder = make_reorder(out.user_other, out.other);
+    out.output_reorder = make_reorder(out.output, out.user_output);
+    return std::make_shared<CachedConvBackward>(std::move(out));
   }
 
   PrimitiveCache<CachedConvBackward> cache_;
@@ -327,18 +358,37 @@ Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const fl
     dnnl::stream stream(engine);
     AlignedBytes scratch_bytes(conv->scratchpad.get_size());
     dnnl::memory scratch(conv->scratchpad, engine, scratch_bytes.data);
-    dnnl::memory diff_dst(conv->dst, engine, const_cast<float *>(dy));
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, diff_dst},
+    // The caller's buffers, and the operands in the primitive's layouts
+    // (reordered copies where they differ).
+    dnnl::memory user_input(conv->user_input, engine, const_cast<float *>(dy));
+    dnnl::memory user_other(conv->user_other, engine, const_cast<float *>(other));
+    dnnl::memory user_output(conv->user_output, engine, out);
+    AlignedBytes input_bytes(conv->input_reorder ? conv->input.get_size() : 0);
+    AlignedBytes other_bytes(conv->other_reorder ? conv->other.get_size() : 0);
+    AlignedBytes output_bytes(conv->output_reorder ? conv->output.get_size() : 0);
+    if ((conv->input_reorder && input_bytes.data == nullptr) ||
+        (conv->other_reorder && other_bytes.data == nullptr) ||
+        (conv->output_reorder && output_bytes.data == nullptr))
+      return internal_error("out of memory for a convolution backward's reordered operands");
+    dnnl::memory input =
+        conv->input_reorder ? dnnl::memory(conv->input, engine, input_bytes.data) : user_input;
+    dnnl::memory other_memory =
+        conv->other_reorder ? dnnl::memory(conv->other, engine, other_bytes.data) : user_other;
+    dnnl::memory output =
+        conv->output_reorder ? dnnl::memory(conv->output, engine, output_bytes.data) : user_output;
+    if (conv->input_reorder) conv->input_reorder->execute(stream, user_input, input);
+    if (conv->other_reorder) conv->other_reorder->execute(stream, user_other, other_memory);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, input},
                                                {DNNL_ARG_SCRATCHPAD, scratch}};
     if (kind == BackwardKind::kData) {
-      args.emplace(DNNL_ARG_WEIGHTS,
-                   dnnl::memory(conv->weights, engine, const_cast<float *>(other)));
-      args.emplace(DNNL_ARG_DIFF_SRC, dnnl::memory(conv->src, engine, out));
+      args.emplace(DNNL_ARG_WEIGHTS, other_memory);
+      args.emplace(DNNL_ARG_DIFF_SRC, output);
     } else {
-      args.emplace(DNNL_ARG_SRC, dnnl::memory(conv->src, engine, const_cast<float *>(other)));
-      args.emplace(DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(conv->weights, engine, out));
+      args.emplace(DNNL_ARG_SRC, other_memory);
+      args.emplace(DNNL_ARG_DIFF_WEIGHTS, output);
     }
     conv->primitive.execute(stream, args);
+    if (conv->output_reorder) conv->output_reorder->execute(stream, output, user_output);
     stream.wait();
   } catch (const dnnl::error &e) {
     return internal_error("oneDNN convolution backward failed: ", e.what());
