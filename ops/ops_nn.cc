@@ -997,13 +997,18 @@ Status batch_norm_kernel(const KernelContext &context) {
     double rstd = 1.0 / std::sqrt(static_cast<double>(var[c]) + epsilon);
     if (training)
       std::tie(channel_mean, rstd) = channel_stats(in, batch, channels, inner, c, epsilon);
+    // X is centred in f32 first (x - m is exact near the mean): a channel
+    // whose mean is large against its spread would otherwise lose the
+    // normalized value in x * mul + add, two large terms that nearly cancel.
     const double factor = scale[c] * rstd;
+    const float m = static_cast<float>(channel_mean);
     const float mul = static_cast<float>(factor);
-    const float add = static_cast<float>(bias[c] - channel_mean * factor);
+    const float add =
+        static_cast<float>(bias[c] - (channel_mean - static_cast<double>(m)) * factor);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t base = (n * channels + c) * inner;
       for (int64_t i = 0; i < inner; ++i)
-        out[base + i] = in[base + i] * mul + add;
+        out[base + i] = (in[base + i] - m) * mul + add;
     }
   }
   return Status::ok();

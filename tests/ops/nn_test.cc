@@ -594,6 +594,40 @@ TEST(BatchNormalization, MatchesReference) {
                {"input 3 (mean)", "f32[4]", "[3]"});
 }
 
+// Training mode on channels whose mean is large against their spread (the
+// sums of non-negative activations deep in a ResNet): the normalized values
+// keep their precision, as with PyTorch's centred computation. Folding the
+// normalization into x * mul + add lost them to cancellation (errors of
+// several percent in the gradients of the layers before).
+TEST(BatchNormalization, TrainingKeepsChannelsWithLargeMeans) {
+  const Shape shape{2, 3, 7, 7};
+  std::mt19937 rng(710);
+  TestTensor x = random_tensor(kF32, shape, rng, -1, 1);
+  const double offsets[] = {0, 300, -5000};
+  for (int64_t i = 0; i < x.num_elements(); ++i)
+    x.set(i, offsets[(i / 49) % 3] + x.get(i) * 0.01);
+  TestTensor scale = random_tensor(kF32, {3}, rng, 0.5, 2);
+  TestTensor bias = random_tensor(kF32, {3}, rng);
+  TestTensor mean = random_tensor(kF32, {3}, rng), var = random_tensor(kF32, {3}, rng, 0.5, 2);
+  const double eps = 1e-5;
+  std::vector<double> want;
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    const int64_t ch = (i / 49) % 3;
+    double sum = 0, squares = 0;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t k = 0; k < 49; ++k)
+        sum += x.get((n * 3 + ch) * 49 + k);
+    const double mu = sum / 98;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t k = 0; k < 49; ++k)
+        squares += (x.get((n * 3 + ch) * 49 + k) - mu) * (x.get((n * 3 + ch) * 49 + k) - mu);
+    want.push_back((x.get(i) - mu) / std::sqrt(squares / 98 + eps) * scale.get(ch) + bias.get(ch));
+  }
+  TestTensor y = run_one("BatchNormalization", {x, scale, bias, mean, var},
+                         {float_attr("epsilon", eps), int_attr("training", 1)});
+  expect_close(y, want, 1e-3, 1e-3, "BatchNormalization (training), large means");
+}
+
 // ---------------------------------------------------------------------------
 // Losses
 

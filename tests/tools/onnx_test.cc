@@ -89,6 +89,55 @@ protected:
     EXPECT_LT(relative_error(ours, theirs), 1e-4) << name;
   }
 
+  // One SGD step (lr = 1) on mean((y - target)^2) moves each weight by exactly
+  // PyTorch's gradient (batch norm in training mode, on the batch's
+  // statistics): <name>.onnx, .input.npy, .target.npy, .loss.npy and
+  // .grad.<param>.npy in `folder`.
+  void expect_torch_gradients(const std::string &name, const std::vector<std::string> &params,
+                              const fs::path &folder = fixtures(),
+                              const std::map<std::string, double> &tolerances = {}) {
+    ASSERT_EQ(strata({"import", (folder / (name + ".onnx")).string(), "-o", "m.strata"}).code, 0);
+    Outcome compiled = strata({"compile", "m.strata", "--train", "--loss", "mse", "--optimizer",
+                               "sgd:lr=1", "-o", "t.splan"});
+    ASSERT_EQ(compiled.code, 0) << compiled.err;
+    // --data: the one batch, stacked.
+    fs::create_directories(dir_ / "data");
+    for (const auto &[file, input] :
+         {std::pair<std::string, std::string>{".input.npy", "input"}, {".target.npy", "targets"}}) {
+      HostTensor t = npy(folder / (name + file));
+      t.type.shape.insert(t.type.shape.begin(), 1);
+      ASSERT_TRUE(serialization::write_npy((dir_ / "data" / (input + ".npy")).string(), t).is_ok());
+    }
+    Outcome trained =
+        strata({"run", "t.splan", "--steps", "1", "--data", "data", "--checkpoint", "ck"});
+    ASSERT_EQ(trained.code, 0) << trained.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(trained.out, m, std::regex(R"(loss ([0-9.]+))"))) << trained.out;
+    const double torch_loss = npy(folder / (name + ".loss.npy")).as<float>()[0];
+    EXPECT_NEAR(std::stod(m[1]), torch_loss, 1e-3 * torch_loss) << name;
+
+    auto model = serialization::load_model((dir_ / "m.strata").string());
+    auto after = serialization::read_checkpoint((dir_ / "ck").string(), "");
+    ASSERT_TRUE(model.is_ok() && after.is_ok());
+    for (const std::string &param : params) {
+      auto id = model->find_tensor(param);
+      ASSERT_TRUE(id) << param << " is not a tensor of the imported model";
+      const Tensor &before = model->tensor(*id);
+      ASSERT_TRUE(after->tensors.contains(param)) << param;
+      const HostTensor &now = after->tensors.at(param);
+      HostTensor grad = HostTensor::zeros(now.type);
+      const auto *w0 = reinterpret_cast<const float *>(before.data->data());
+      for (int64_t i = 0; i < now.type.num_elements(); ++i)
+        grad.as<float>()[i] = w0[i] - now.as<float>()[i];
+      HostTensor torch_grad = npy(folder / (name + ".grad." + param + ".npy"));
+      ASSERT_EQ(grad.type, torch_grad.type) << param;
+      const auto tolerance = tolerances.find(param);
+      EXPECT_LT(relative_error(grad, torch_grad),
+                tolerance == tolerances.end() ? 1e-4 : tolerance->second)
+          << name << ": " << param;
+    }
+  }
+
   void expect_refused(const std::string &name, const std::string &cause) {
     Outcome o = strata({"import", (fixtures() / (name + ".onnx")).string(), "-o", "x.strata"});
     EXPECT_NE(o.code, 0) << name;
@@ -122,51 +171,8 @@ TEST_F(OnnxTest, TransformerBlockMatchesTorch) {
     EXPECT_NE(node.op, "Constant") << node.name;
 }
 
-// One SGD step (lr = 1) on mean((y - target)^2) moves each weight by exactly
-// PyTorch's gradient (batch norm in training mode, on the batch's statistics).
-class OnnxTrainingTest : public OnnxTest {
-protected:
-  void expect_torch_gradients(const std::string &name, const std::vector<std::string> &params) {
-    ASSERT_EQ(strata({"import", (fixtures() / (name + ".onnx")).string(), "-o", "m.strata"}).code,
-              0);
-    Outcome compiled = strata({"compile", "m.strata", "--train", "--loss", "mse", "--optimizer",
-                               "sgd:lr=1", "-o", "t.splan"});
-    ASSERT_EQ(compiled.code, 0) << compiled.err;
-    // --data: the one batch, stacked.
-    fs::create_directories(dir_ / "data");
-    for (const auto &[file, input] :
-         {std::pair<std::string, std::string>{".input.npy", "input"}, {".target.npy", "targets"}}) {
-      HostTensor t = npy(fixtures() / (name + file));
-      t.type.shape.insert(t.type.shape.begin(), 1);
-      ASSERT_TRUE(serialization::write_npy((dir_ / "data" / (input + ".npy")).string(), t).is_ok());
-    }
-    Outcome trained =
-        strata({"run", "t.splan", "--steps", "1", "--data", "data", "--checkpoint", "ck"});
-    ASSERT_EQ(trained.code, 0) << trained.err;
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(trained.out, m, std::regex(R"(loss ([0-9.]+))"))) << trained.out;
-    const double torch_loss = npy(fixtures() / (name + ".loss.npy")).as<float>()[0];
-    EXPECT_NEAR(std::stod(m[1]), torch_loss, 1e-3 * torch_loss);
-
-    auto model = serialization::load_model((dir_ / "m.strata").string());
-    auto after = serialization::read_checkpoint((dir_ / "ck").string(), "");
-    ASSERT_TRUE(model.is_ok() && after.is_ok());
-    for (const std::string &param : params) {
-      auto id = model->find_tensor(param);
-      ASSERT_TRUE(id) << param << " is not a tensor of the imported model";
-      const Tensor &before = model->tensor(*id);
-      ASSERT_TRUE(after->tensors.contains(param)) << param;
-      const HostTensor &now = after->tensors.at(param);
-      HostTensor grad = HostTensor::zeros(now.type);
-      const auto *w0 = reinterpret_cast<const float *>(before.data->data());
-      for (int64_t i = 0; i < now.type.num_elements(); ++i)
-        grad.as<float>()[i] = w0[i] - now.as<float>()[i];
-      HostTensor torch_grad = npy(fixtures() / (name + ".grad." + param + ".npy"));
-      ASSERT_EQ(grad.type, torch_grad.type) << param;
-      EXPECT_LT(relative_error(grad, torch_grad), 1e-4) << param;
-    }
-  }
-};
+// Training steps of imported models against PyTorch's gradients.
+class OnnxTrainingTest : public OnnxTest {};
 
 TEST_F(OnnxTrainingTest, ImportedMlpTrainsWithTorchsGradients) {
   expect_torch_gradients("mlp", {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
@@ -201,7 +207,7 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
     GTEST_SKIP() << "no PyTorch + torchvision for " << python
                  << " (apt install python3-torch python3-torchvision)";
   const std::string script =
-      "import sys, torch, torchvision, numpy as np\n"
+      "import copy, sys, torch, torchvision, numpy as np\n"
       "for name in ['resnet18', 'mobilenet_v2']:\n"
       "    torch.manual_seed(0)\n"
       "    m = getattr(torchvision.models, name)().eval()\n"
@@ -211,10 +217,31 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
       "    np.save(name + '.input.npy', x.numpy())\n"
       "    with torch.no_grad(): np.save(name + '.output.npy', m(x).numpy())\n"
       "    open(name + '.params', 'w').write(str(sum(p.numel() for p in m.parameters())))\n"
+      "    x = torch.randn(2, 3, 224, 224)\n"
+      "    t = torch.randn(2, 1000)\n"
       "    torch.onnx.export(m, (x,), name + '.train.onnx', opset_version=13,\n"
       "                      input_names=['input'], output_names=['output'],\n"
       "                      training=torch.onnx.TrainingMode.PRESERVE,\n"
-      "                      do_constant_folding=False)\n";
+      "                      do_constant_folding=False)\n"
+      "    np.save(name + '.train.input.npy', x.numpy())\n"
+      "    np.save(name + '.train.target.npy', t.numpy())\n"
+      "    if name == 'mobilenet_v2':  # ResNet-18: see below\n"
+      "        m.train()\n"
+      "        for d in m.modules():\n"
+      "            if isinstance(d, torch.nn.Dropout): d.eval()\n"
+      "        loss = torch.nn.functional.mse_loss(m(x), t)\n"
+      "        loss.backward()\n"
+      "        np.save(name + '.train.loss.npy', np.array([loss.item()], np.float32))\n"
+      "        for p, v in m.named_parameters():\n"
+      "            np.save(name + '.train.grad.' + p + '.npy', v.grad.numpy())\n"
+      "        # How far PyTorch's own f32 gradients are from f64 ones: deep nets'\n"
+      "        # early layers are ill-conditioned, and no f32 run gets closer.\n"
+      "        d = copy.deepcopy(m).double()\n"
+      "        torch.nn.functional.mse_loss(d(x.double()), t.double()).backward()\n"
+      "        with open(name + '.train.f32error', 'w') as f:\n"
+      "            for (p, v), (_, w) in zip(m.named_parameters(), d.named_parameters()):\n"
+      "                f.write('%s %.9g\\n' % (p, float((v.grad.double() - w.grad).abs().max() / "
+      "w.grad.abs().max())))\n";
   std::ofstream(dir_ / "export.py") << script;
   ASSERT_EQ(
       std::system(
@@ -244,6 +271,28 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
         << name << " has " << count << " parameters in PyTorch:\n"
         << train.out;
   }
+  // One training step (batch 2, batch norm on the batch's statistics) moves
+  // MobileNetV2's weights by PyTorch's gradients: the stem, depthwise
+  // convolutions, a batch norm the exporter had merged and the classifier.
+  // Each within 1e-4, or within 4x what separates PyTorch's own f32 gradient
+  // from its f64 one where the network is that ill-conditioned (the early
+  // layers, about 1%). ResNet-18 is not checked yet: its layer4.1.conv1 and
+  // bn1 gradients still differ from PyTorch's by a few percent, for a reason
+  // not found yet (its other layers match).
+  auto tolerances = [&](const std::string &name) {
+    std::map<std::string, double> out;
+    std::istringstream lines(read_file(dir_ / (name + ".f32error")));
+    std::string param;
+    double error = 0;
+    while (lines >> param >> error)
+      out[param] = std::max(1e-4, 4 * error);
+    return out;
+  };
+  expect_torch_gradients("mobilenet_v2.train",
+                         {"features.0.0.weight", "features.0.1.weight",
+                          "features.1.conv.0.0.weight", "features.18.1.bias", "classifier.1.weight",
+                          "classifier.1.bias"},
+                         dir_, tolerances("mobilenet_v2.train"));
 }
 
 TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
