@@ -49,10 +49,11 @@ double comm_bytes(const serialization::Plan &plan) {
     for (const auto &instr : program.instructions)
       if (instr.kind == serialization::InstrKind::kCompute) {
         const Node &node = plan.graph.node(instr.index);
-        if (node.op == "TpAllReduce" || node.op == "TpAllGather" || node.op == "TpAllToAll")
-          bytes += static_cast<double>(plan.graph.tensor(node.outputs[0]).type.size_bytes());
-        else if (node.op == "TpReduceScatter")
-          bytes += static_cast<double>(plan.graph.tensor(node.inputs[0]).type.size_bytes());
+        // The whole tensor: a reduce-scatter's input, the others' output.
+        if (communicates_forward(node))
+          bytes += static_cast<double>(
+              plan.graph.tensor(node.op == "TpReduceScatter" ? node.inputs[0] : node.outputs[0])
+                  .type.size_bytes());
       } else if (instr.kind == serialization::InstrKind::kSend ||
                  instr.kind == serialization::InstrKind::kAllGather) {
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());

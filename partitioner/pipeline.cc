@@ -514,9 +514,17 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
   // the optimizer state they alone read. With clipping an update reads
   // Mul(gradient, scale), which runs on the shard too, and the gradient's
   // own SumOfSquares (split_clip_norm_over_shards) sums the shard's squares,
-  // then the pairs are summed over the replicas (`shard_sum`).
-  std::vector<bool> sharded_node(graph.num_nodes(), false), shard_sum(graph.num_nodes(), false),
-      sharded_grad(graph.num_tensors(), false), sharded_state(graph.num_tensors(), false);
+  // then the pairs are summed over the replicas. Each runs as ComputeShard;
+  // what follows it depends on its role.
+  enum class Shard : uint8_t {
+    kNone,
+    kUpdate,  // then every replica's new parameter in full (AllGather)
+    kClip,    // the clipped shard, read by the update
+    kSquares, // the shard's squares, summed over the replicas (AllReduce)
+  };
+  std::vector<Shard> shard_role(graph.num_nodes(), Shard::kNone);
+  std::vector<bool> sharded_grad(graph.num_tensors(), false),
+      sharded_state(graph.num_tensors(), false);
   if (options.zero == 1 && DP > 1) {
     const auto consumers = graph.consumers();
     for (NodeId id = 0; id < graph.num_nodes(); ++id) {
@@ -561,14 +569,13 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       for (TensorId out : node.outputs)
         if (graph.tensor(out).type.num_elements() != n) ok = false;
       if (!ok) continue;
-      sharded_node[id] = true;
+      shard_role[id] = Shard::kUpdate;
       sharded_grad[grad] = true;
       for (TensorId t : states)
         sharded_state[t] = true;
       if (clip != kNoNode) {
-        sharded_node[clip] = true;
-        sharded_node[squares] = true;
-        shard_sum[squares] = true;
+        shard_role[clip] = Shard::kClip;
+        shard_role[squares] = Shard::kSquares;
       }
     }
   }
@@ -639,18 +646,14 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       finish(t);
     }
     for (NodeId id : step) {
-      if (shard_sum[id]) {
-        // The shard's squares, summed over the replicas.
-        b.compute_shard(id, s);
-        b.add(InstrKind::kAllReduce, graph.node(id).outputs[0], -1, s);
-      } else if (sharded_node[id] && graph.node(id).op == "Mul") {
-        b.compute_shard(id, s); // the clipped shard, read by the update
-      } else if (sharded_node[id]) {
-        // The shard's update, then every replica's new parameter in full.
-        b.compute_shard(id, s);
-        b.add(InstrKind::kAllGather, graph.node(id).outputs[0], -1, s);
-      } else {
+      if (shard_role[id] == Shard::kNone) {
         b.compute(id, -1);
+      } else {
+        b.compute_shard(id, s);
+        if (shard_role[id] == Shard::kSquares)
+          b.add(InstrKind::kAllReduce, graph.node(id).outputs[0], -1, s);
+        if (shard_role[id] == Shard::kUpdate)
+          b.add(InstrKind::kAllGather, graph.node(id).outputs[0], -1, s);
       }
       for (TensorId out : graph.node(id).outputs)
         for (int peer : step_readers[out])
@@ -714,6 +717,11 @@ SimulationCosts zero_costs() {
   costs.transfer = [](int, int, double) { return 0.0; };
   costs.local_copy = [](double) { return 0.0; };
   return costs;
+}
+
+bool communicates_forward(const Node &node) {
+  return node.op == "TpAllReduce" || node.op == "TpAllGather" || node.op == "TpReduceScatter" ||
+         node.op == "TpAllToAll";
 }
 
 TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster) {
@@ -1229,9 +1237,7 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         // Tensor-parallel collectives are nodes of the graph, run over the
         // device's group of `parts` consecutive devices; one row per group.
         const Node &node = graph.node(instr.index);
-        if (node.op != "TpAllReduce" && node.op != "TpAllGather" && node.op != "TpReduceScatter" &&
-            node.op != "TpAllToAll")
-          continue;
+        if (!communicates_forward(node)) continue;
         const auto parts = static_cast<int32_t>(node.int_attr("parts").value_or(1));
         const auto base = static_cast<int32_t>(d) - static_cast<int32_t>(d) % parts;
         if (base != static_cast<int32_t>(d)) continue;

@@ -156,6 +156,10 @@ struct TensorParallelTime {
   double backward = 0;
 };
 TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster);
+// Whether a node is a tensor-parallel collective that communicates in its
+// forward (TpAllReduce, TpAllGather, TpReduceScatter, TpAllToAll); TpCopy and
+// TpSplit communicate only in their backward, as the other four.
+bool communicates_forward(const Node &node);
 // One execution of a node: its collective's forward time for a tensor-parallel
 // collective, else the roofline on the cluster's device.
 double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster);

@@ -631,48 +631,36 @@ Result<TensorParallelResult> Sharder::run() {
                                             : std::string("whole (R)"),
                 " from ", producer == kNoNode ? std::string("its source") : describe(producer),
                 "; ", describe(reader), " reads it ", want.to_string());
+    // One collective node: `op` over `input`, with the group's size, the split
+    // attributes `split` names (the spec the op makes or reads) and `why`.
+    auto collective = [&](const char *op, const char *suffix, TensorId input,
+                          const std::vector<Attribute> &split) {
+      std::vector<Attribute> attrs = {{"parts", int64_t{t_}}};
+      attrs.insert(attrs.end(), split.begin(), split.end());
+      attrs.push_back({"why", why});
+      const std::string node = str_cat(name, ".tp_", suffix);
+      auto outs = add_node(op, {input}, std::move(attrs), node, {local.unique_name(node)});
+      return outs.empty() ? kInvalidTensor : outs[0];
+    };
+    auto axis = [](const ShardSpec &spec, const char *dim = "axis", const char *outer = "outer") {
+      return std::vector<Attribute>{{dim, int64_t{spec.dim}}, {outer, spec.outer}};
+    };
     TensorId made = kInvalidTensor;
     if (want.kind == Kind::kReplicated && have.kind == Kind::kPartial) {
-      auto outs = add_node("TpAllReduce", {base[id]}, {{"parts", int64_t{t_}}, {"why", why}},
-                           name + ".tp_all_reduce", {local.unique_name(name + ".tp_all_reduce")});
-      made = outs.empty() ? kInvalidTensor : outs[0];
+      made = collective("TpAllReduce", "all_reduce", base[id], {});
     } else if (want.kind == Kind::kReplicated && have.is_split()) {
-      auto outs = add_node("TpAllGather", {base[id]},
-                           {{"parts", int64_t{t_}},
-                            {"axis", int64_t{have.dim}},
-                            {"outer", have.outer},
-                            {"why", why}},
-                           name + ".tp_all_gather", {local.unique_name(name + ".tp_all_gather")});
-      made = outs.empty() ? kInvalidTensor : outs[0];
+      made = collective("TpAllGather", "all_gather", base[id], axis(have));
     } else if (want.is_split() && have.is_split() && want.dim != have.dim) {
-      auto outs = add_node("TpAllToAll", {base[id]},
-                           {{"parts", int64_t{t_}},
-                            {"axis", int64_t{want.dim}},
-                            {"outer", want.outer},
-                            {"from_axis", int64_t{have.dim}},
-                            {"from_outer", have.outer},
-                            {"why", why}},
-                           name + ".tp_all_to_all", {local.unique_name(name + ".tp_all_to_all")});
-      made = outs.empty() ? kInvalidTensor : outs[0];
+      std::vector<Attribute> attrs = axis(want);
+      for (Attribute &from : axis(have, "from_axis", "from_outer"))
+        attrs.push_back(std::move(from));
+      made = collective("TpAllToAll", "all_to_all", base[id], std::move(attrs));
     } else if (want.is_split() && have.kind == Kind::kPartial) {
-      auto outs =
-          add_node("TpReduceScatter", {base[id]},
-                   {{"parts", int64_t{t_}},
-                    {"axis", int64_t{want.dim}},
-                    {"outer", want.outer},
-                    {"why", why}},
-                   name + ".tp_reduce_scatter", {local.unique_name(name + ".tp_reduce_scatter")});
-      made = outs.empty() ? kInvalidTensor : outs[0];
+      made = collective("TpReduceScatter", "reduce_scatter", base[id], axis(want));
     } else if (want.is_split()) {
       const TensorId whole = get(id, ShardSpec::replicated(), reader);
       if (!status.is_ok()) return kInvalidTensor;
-      auto outs = add_node("TpSplit", {whole},
-                           {{"parts", int64_t{t_}},
-                            {"axis", int64_t{want.dim}},
-                            {"outer", want.outer},
-                            {"why", why}},
-                           name + ".tp_split", {local.unique_name(name + ".tp_split")});
-      made = outs.empty() ? kInvalidTensor : outs[0];
+      made = collective("TpSplit", "split", whole, axis(want));
     } else {
       status = internal_error("tensor parallelism: cannot turn '", name, "' from ",
                               have.to_string(), " into ", want.to_string());

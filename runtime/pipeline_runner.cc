@@ -103,14 +103,17 @@ Status PipelineRunner::Device::Bucket::reduce(Communicator &comm,
                                               std::vector<float> &staging) const {
   const size_t p = group.size();
   float *packed = staging.data();
-  for (size_t c = 0; c < p; ++c) {
+  // Chunk c of every part and where it sits in the packed bucket.
+  auto each_piece = [&](size_t c, auto &&fn) {
     size_t at = chunks[c];
     for (const Part &part : parts) {
       const size_t begin = chunk_begin(part.count, p, c), end = chunk_begin(part.count, p, c + 1);
-      std::copy(part.data + begin, part.data + end, packed + at);
+      fn(part.data + begin, end - begin, packed + at);
       at += end - begin;
     }
-  }
+  };
+  for (size_t c = 0; c < p; ++c)
+    each_piece(c, [](const float *from, size_t n, float *to) { std::copy(from, from + n, to); });
   const size_t n = chunks[p];
   const std::span<float> all(packed, n);
   Status status = Status::ok();
@@ -125,15 +128,9 @@ Status PipelineRunner::Device::Bucket::reduce(Communicator &comm,
         group, what);
   RETURN_IF_ERROR(status);
   // An all-reduce's every chunk, a reduce-scatter's own (its shard of each tensor).
-  for (size_t c = 0; c < p; ++c) {
-    if (reduce_scatter && c != position) continue;
-    size_t at = chunks[c];
-    for (const Part &part : parts) {
-      const size_t begin = chunk_begin(part.count, p, c), end = chunk_begin(part.count, p, c + 1);
-      std::copy(packed + at, packed + at + (end - begin), part.data + begin);
-      at += end - begin;
-    }
-  }
+  for (size_t c = 0; c < p; ++c)
+    if (!reduce_scatter || c == position)
+      each_piece(c, [](float *to, size_t n, const float *from) { std::copy(from, from + n, to); });
   return Status::ok();
 }
 
@@ -145,19 +142,17 @@ namespace {
 // device waiting anywhere learns of it at once.
 class CommStream {
 public:
-  CommStream(Communicator &side, Communicator &main, std::vector<float> &staging, size_t buckets)
-      : side_(side), main_(main), staging_(staging), done_(buckets, 0),
-        thread_([this] { loop(); }) {}
+  CommStream(Communicator &side, Communicator &main, size_t buckets)
+      : side_(side), main_(main), done_(buckets, 0), thread_([this] { loop(); }) {}
   ~CommStream() { stop(Status::ok()); }
 
-  // Reduces bucket `index` (started by instruction `instruction`) after the
-  // ones before it.
-  template <typename Bucket>
-  void start(const Bucket *bucket, uint32_t index, uint32_t instruction) {
+  // Runs `reduce` (bucket `index`, started by instruction `instruction`) on
+  // the second communicator after the buckets before it.
+  void start(std::function<Status(Communicator &)> reduce, uint32_t index, uint32_t instruction) {
     std::lock_guard lock(mutex_);
-    queue_.push_back([bucket, this, index, instruction] {
+    queue_.push_back([reduce = std::move(reduce), this, index, instruction] {
       const auto begin = std::chrono::steady_clock::now();
-      Status status = bucket->reduce(side_, staging_);
+      Status status = reduce(side_);
       const auto end = std::chrono::steady_clock::now();
       std::lock_guard done_lock(mutex_);
       if (!status.is_ok() && error_.is_ok()) error_ = status;
@@ -217,7 +212,6 @@ private:
   }
   Communicator &side_;
   Communicator &main_;
-  std::vector<float> &staging_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
@@ -864,7 +858,11 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       }
       case InstrKind::kStartBucket:
         if (stream != nullptr)
-          stream->start(&device.buckets[op.bucket], op.bucket, static_cast<uint32_t>(i));
+          stream->start(
+              [&device, &op](Communicator &side) {
+                return device.buckets[op.bucket].reduce(side, device.staging);
+              },
+              op.bucket, static_cast<uint32_t>(i));
         else
           status = device.buckets[op.bucket].reduce(comm, device.staging);
         break;
@@ -927,7 +925,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
     // communicator (threads, MPI); else each is reduced when it is started.
     std::optional<CommStream> stream;
     if (side != nullptr && !device.buckets.empty())
-      stream.emplace(*side, comm, device.staging, device.buckets.size());
+      stream.emplace(*side, comm, device.buckets.size());
     Status result = run_device(rank, comm, stream ? &*stream : nullptr);
     if (stream) {
       stream->stop(result);

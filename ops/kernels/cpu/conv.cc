@@ -216,6 +216,31 @@ struct AlignedBytes {
   void *data;
 };
 
+// An operand in a primitive's layout: the caller's buffer where the layouts
+// match (no reorder), else a copy in aligned memory of its own, filled from
+// the caller's buffer (an input) or written back to it (an output).
+class Operand {
+public:
+  Operand(const dnnl::memory &user, const dnnl::memory::desc &desc,
+          const std::optional<dnnl::reorder> &reorder)
+      : user_(user), reorder_(reorder), bytes_(reorder ? desc.get_size() : 0),
+        memory_(reorder ? dnnl::memory(desc, cpu_engine(), bytes_.data) : user) {}
+  bool allocated() const { return !reorder_ || bytes_.data != nullptr; }
+  dnnl::memory &memory() { return memory_; }
+  void fill(const dnnl::stream &stream) {
+    if (reorder_) reorder_->execute(stream, user_, memory_);
+  }
+  void write_back(const dnnl::stream &stream) {
+    if (reorder_) reorder_->execute(stream, memory_, user_);
+  }
+
+private:
+  dnnl::memory user_;
+  const std::optional<dnnl::reorder> &reorder_;
+  AlignedBytes bytes_;
+  dnnl::memory memory_;
+};
+
 Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, const float *bias,
                      float *y) {
   try {
@@ -227,33 +252,24 @@ Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, cons
     dnnl::memory user_weights(conv->user_weights, engine, const_cast<float *>(w));
     dnnl::memory user_dst(conv->user_dst, engine, y);
     // Operands in the primitive's layouts: the caller's buffers where they match.
-    AlignedBytes src_bytes(conv->src_reorder ? conv->desc.src_desc().get_size() : 0);
-    AlignedBytes weights_bytes(conv->weights_reorder ? conv->desc.weights_desc().get_size() : 0);
-    AlignedBytes dst_bytes(conv->dst_reorder ? conv->desc.dst_desc().get_size() : 0);
-    AlignedBytes scratch_bytes(conv->desc.scratchpad_desc().get_size());
-    if ((src_bytes.data == nullptr && conv->src_reorder) ||
-        (weights_bytes.data == nullptr && conv->weights_reorder) ||
-        (dst_bytes.data == nullptr && conv->dst_reorder))
+    Operand src(user_src, conv->desc.src_desc(), conv->src_reorder);
+    Operand weights(user_weights, conv->desc.weights_desc(), conv->weights_reorder);
+    Operand dst(user_dst, conv->desc.dst_desc(), conv->dst_reorder);
+    if (!src.allocated() || !weights.allocated() || !dst.allocated())
       return internal_error("out of memory for a convolution's reordered operands");
-    dnnl::memory src =
-        conv->src_reorder ? dnnl::memory(conv->desc.src_desc(), engine, src_bytes.data) : user_src;
-    dnnl::memory weights = conv->weights_reorder
-                               ? dnnl::memory(conv->desc.weights_desc(), engine, weights_bytes.data)
-                               : user_weights;
-    dnnl::memory dst =
-        conv->dst_reorder ? dnnl::memory(conv->desc.dst_desc(), engine, dst_bytes.data) : user_dst;
-    if (conv->src_reorder) conv->src_reorder->execute(stream, user_src, src);
-    if (conv->weights_reorder) conv->weights_reorder->execute(stream, user_weights, weights);
+    src.fill(stream);
+    weights.fill(stream);
+    AlignedBytes scratch_bytes(conv->desc.scratchpad_desc().get_size());
     dnnl::memory scratch(conv->desc.scratchpad_desc(), engine, scratch_bytes.data);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
-                                               {DNNL_ARG_WEIGHTS, weights},
-                                               {DNNL_ARG_DST, dst},
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src.memory()},
+                                               {DNNL_ARG_WEIGHTS, weights.memory()},
+                                               {DNNL_ARG_DST, dst.memory()},
                                                {DNNL_ARG_SCRATCHPAD, scratch}};
     if (bias != nullptr)
       args.emplace(DNNL_ARG_BIAS,
                    dnnl::memory(conv->desc.bias_desc(), engine, const_cast<float *>(bias)));
     conv->primitive.execute(stream, args);
-    if (conv->dst_reorder) conv->dst_reorder->execute(stream, dst, user_dst);
+    dst.write_back(stream);
     stream.wait();
   } catch (const dnnl::error &e) {
     return internal_error("oneDNN convolution failed: ", e.what());
@@ -363,32 +379,24 @@ Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const fl
     dnnl::memory user_input(conv->user_input, engine, const_cast<float *>(dy));
     dnnl::memory user_other(conv->user_other, engine, const_cast<float *>(other));
     dnnl::memory user_output(conv->user_output, engine, out);
-    AlignedBytes input_bytes(conv->input_reorder ? conv->input.get_size() : 0);
-    AlignedBytes other_bytes(conv->other_reorder ? conv->other.get_size() : 0);
-    AlignedBytes output_bytes(conv->output_reorder ? conv->output.get_size() : 0);
-    if ((conv->input_reorder && input_bytes.data == nullptr) ||
-        (conv->other_reorder && other_bytes.data == nullptr) ||
-        (conv->output_reorder && output_bytes.data == nullptr))
+    Operand input(user_input, conv->input, conv->input_reorder);
+    Operand other_operand(user_other, conv->other, conv->other_reorder);
+    Operand output(user_output, conv->output, conv->output_reorder);
+    if (!input.allocated() || !other_operand.allocated() || !output.allocated())
       return internal_error("out of memory for a convolution backward's reordered operands");
-    dnnl::memory input =
-        conv->input_reorder ? dnnl::memory(conv->input, engine, input_bytes.data) : user_input;
-    dnnl::memory other_memory =
-        conv->other_reorder ? dnnl::memory(conv->other, engine, other_bytes.data) : user_other;
-    dnnl::memory output =
-        conv->output_reorder ? dnnl::memory(conv->output, engine, output_bytes.data) : user_output;
-    if (conv->input_reorder) conv->input_reorder->execute(stream, user_input, input);
-    if (conv->other_reorder) conv->other_reorder->execute(stream, user_other, other_memory);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, input},
+    input.fill(stream);
+    other_operand.fill(stream);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, input.memory()},
                                                {DNNL_ARG_SCRATCHPAD, scratch}};
     if (kind == BackwardKind::kData) {
-      args.emplace(DNNL_ARG_WEIGHTS, other_memory);
-      args.emplace(DNNL_ARG_DIFF_SRC, output);
+      args.emplace(DNNL_ARG_WEIGHTS, other_operand.memory());
+      args.emplace(DNNL_ARG_DIFF_SRC, output.memory());
     } else {
-      args.emplace(DNNL_ARG_SRC, other_memory);
-      args.emplace(DNNL_ARG_DIFF_WEIGHTS, output);
+      args.emplace(DNNL_ARG_SRC, other_operand.memory());
+      args.emplace(DNNL_ARG_DIFF_WEIGHTS, output.memory());
     }
     conv->primitive.execute(stream, args);
-    if (conv->output_reorder) conv->output_reorder->execute(stream, output, user_output);
+    output.write_back(stream);
     stream.wait();
   } catch (const dnnl::error &e) {
     return internal_error("oneDNN convolution backward failed: ", e.what());
