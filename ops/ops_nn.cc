@@ -1063,10 +1063,8 @@ Status batch_norm_stats_kernel(const KernelContext &context) {
 // ---------------------------------------------------------------------------
 // SoftmaxCrossEntropy: loss = logsumexp(logits) - logits[label] per row.
 
-Result<TypeList> infer_softmax_cross_entropy(const Node &node, const OpDef &def,
-                                             llvm::ArrayRef<TensorType> inputs) {
-  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
-  const TensorType &logits = inputs[0], &labels = inputs[1];
+// Labels [...] (i32 or i64) for logits [..., classes] of rank >= 1.
+Status expect_labels_of(const OpDef &def, const TensorType &logits, const TensorType &labels) {
   if (logits.rank() < 1)
     return invalid_argument(def.name, ": input 0 (logits) must have rank >= 1 [..., C], got ",
                             describe(logits));
@@ -1078,6 +1076,14 @@ Result<TypeList> infer_softmax_cross_entropy(const Node &node, const OpDef &def,
     return invalid_argument(def.name, ": input 1 (labels) ", describe(labels),
                             " must have the logits' shape without the last dim, ",
                             shape_to_string(expected), " (logits ", describe(logits), ")");
+  return Status::ok();
+}
+
+Result<TypeList> infer_softmax_cross_entropy(const Node &node, const OpDef &def,
+                                             llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  const TensorType &logits = inputs[0], &labels = inputs[1];
+  RETURN_IF_ERROR(expect_labels_of(def, logits, labels));
   ASSIGN_OR_RETURN(Reduction reduction, read_reduction(def, AttrReader(node, def)));
   if (reduction == Reduction::kNone) return TypeList{TensorType{logits.dtype, labels.shape}};
   return TypeList{TensorType{logits.dtype, Shape{}}};
@@ -1620,6 +1626,220 @@ Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
   return softmax_cross_entropy_grad<int64_t>(context, reduction, ignore_index);
 }
 
+// ---------------------------------------------------------------------------
+// Vocabulary-parallel cross entropy (Megatron-LM's): the logits' last dim is
+// split over `parts` tensor-parallel members, member r holding classes
+// [r V / parts, (r + 1) V / parts). Three nodes replace SoftmaxCrossEntropy
+// (partitioner/tensor_parallel.cc):
+//
+//   stats = VocabParallelStats(piece, labels)  per row: the piece's max m_r,
+//           sum of exp(x - m_r), and the label's logit if the piece holds it
+//           (else 0)
+//   all   = TpAllGather(stats, axis -1)        every member's three, in order
+//   loss  = VocabParallelCrossEntropy(piece, labels, all)
+//           per row: m = max m_r, S = sum s_r exp(m_r - m), loss = m + log S - x[label]
+//
+// The loss is the same on every member; its gradient with respect to the
+// piece (VocabParallelCrossEntropyGrad) is softmax - onehot on the piece's
+// classes, with nothing to communicate. The piece is an input of the loss node
+// so that the gradient reaches it there; none flows through the statistics.
+
+Result<int64_t> read_parts(const Node &node, const OpDef &def) {
+  const int64_t parts = AttrReader(node, def).get_int("parts");
+  if (parts < 1) return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
+  return parts;
+}
+
+Result<TypeList> infer_vocab_parallel_stats(const Node &node, const OpDef &def,
+                                            llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(read_parts(node, def).status());
+  RETURN_IF_ERROR(expect_labels_of(def, inputs[0], inputs[1]));
+  TensorType stats{inputs[0].dtype, inputs[1].shape};
+  stats.shape.push_back(3);
+  return TypeList{stats};
+}
+
+// The loss node's inputs: the piece, the labels and every member's stats.
+Result<TypeList> infer_vocab_parallel_cross_entropy(const Node &node, const OpDef &def,
+                                                    llvm::ArrayRef<TensorType> inputs) {
+  RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  ASSIGN_OR_RETURN(const int64_t parts, read_parts(node, def));
+  RETURN_IF_ERROR(expect_labels_of(def, inputs[0], inputs[1]));
+  TensorType stats{inputs[0].dtype, inputs[1].shape};
+  stats.shape.push_back(3 * parts);
+  RETURN_IF_ERROR(expect_type(def, inputs, 2, stats, "stats"));
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(def, AttrReader(node, def)));
+  if (reduction == Reduction::kNone) return TypeList{TensorType{inputs[0].dtype, inputs[1].shape}};
+  return TypeList{TensorType{inputs[0].dtype, Shape{}}};
+}
+
+Result<TypeList> infer_vocab_parallel_cross_entropy_grad(const Node &node, const OpDef &def,
+                                                         llvm::ArrayRef<TensorType> inputs) {
+  ASSIGN_OR_RETURN(TypeList forward,
+                   infer_vocab_parallel_cross_entropy(node, def, inputs.drop_front()));
+  RETURN_IF_ERROR(expect_type(def, inputs, 0, forward[0], "dLoss"));
+  return TypeList{inputs[1]};
+}
+
+// This member's classes of a row, [first, first + classes), and the rows'
+// labels, checked against all parts * classes of them.
+struct VocabPiece {
+  int64_t classes = 0, first = 0, total = 0, rows = 0;
+};
+
+Result<VocabPiece> vocab_piece(const KernelContext &context) {
+  const int64_t parts = context.attrs().get_int("parts");
+  RETURN_IF_ERROR(expect_group(context, parts));
+  const ConstTensorView &logits = context.inputs[context.def.name.ends_with("Grad") ? 1 : 0];
+  VocabPiece piece;
+  piece.classes = logits.shape().back();
+  piece.first = parts == 1 ? 0 : piece.classes * context.member;
+  piece.total = piece.classes * parts;
+  piece.rows = piece.classes == 0 ? 0 : logits.num_elements() / piece.classes;
+  return piece;
+}
+
+Status check_label(const KernelContext &context, const VocabPiece &piece, int64_t label,
+                   int64_t row, int64_t ignore_index) {
+  if (label == ignore_index || (label >= 0 && label < piece.total)) return Status::ok();
+  return out_of_range(context.def.name, ": label ", label, " at position ", row, " is outside [0, ",
+                      piece.total, ") for ", piece.total, " classes and is not ignore_index (",
+                      ignore_index, ")");
+}
+
+template <typename Label> Status vocab_parallel_stats(const KernelContext &context) {
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
+  const int64_t ignore_index = context.attrs().get_int("ignore_index");
+  const float *x = context.inputs[0].as<float>();
+  const Label *labels = context.inputs[1].as<Label>();
+  float *out = context.outputs[0].as<float>();
+  for (int64_t r = 0; r < piece.rows; ++r, out += 3) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
+    const float *row = x + r * piece.classes;
+    float max = row[0];
+    for (int64_t c = 1; c < piece.classes; ++c)
+      max = std::max(max, row[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < piece.classes; ++c)
+      sum += std::exp(static_cast<double>(row[c]) - max);
+    const int64_t local = label - piece.first;
+    out[0] = max;
+    out[1] = static_cast<float>(sum);
+    out[2] = label != ignore_index && local >= 0 && local < piece.classes ? row[local] : 0.0f;
+  }
+  return Status::ok();
+}
+
+Status vocab_parallel_stats_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  if (context.inputs[1].dtype() == DType::kI32) return vocab_parallel_stats<int32_t>(context);
+  return vocab_parallel_stats<int64_t>(context);
+}
+
+// Row r's max over every class, log of the sum of exp(x - max), and label logit,
+// from every member's stats.
+struct RowSoftmax {
+  double max, log_sum, target;
+};
+RowSoftmax combine_stats(const float *stats, int64_t parts) {
+  float max = stats[0];
+  for (int64_t p = 1; p < parts; ++p)
+    max = std::max(max, stats[3 * p]);
+  double sum = 0, target = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    sum += static_cast<double>(stats[3 * p + 1]) *
+           std::exp(static_cast<double>(stats[3 * p]) - static_cast<double>(max));
+    target += stats[3 * p + 2];
+  }
+  return {max, std::log(sum), target};
+}
+
+template <typename Label> Status vocab_parallel_cross_entropy(const KernelContext &context) {
+  const AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
+  const int64_t parts = attrs.get_int("parts");
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
+  const Label *labels = context.inputs[1].as<Label>();
+  const float *stats = context.inputs[2].as<float>();
+  float *out = context.outputs[0].as<float>();
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < piece.rows; ++r) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
+    if (label == ignore_index) {
+      if (reduction == Reduction::kNone) out[r] = 0.0f;
+      continue;
+    }
+    const RowSoftmax row = combine_stats(stats + r * 3 * parts, parts);
+    const double loss = row.max + row.log_sum - row.target;
+    if (reduction == Reduction::kNone) out[r] = static_cast<float>(loss);
+    total += loss;
+    ++counted;
+  }
+  if (reduction == Reduction::kSum) out[0] = static_cast<float>(total);
+  if (reduction == Reduction::kMean)
+    out[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
+  return Status::ok();
+}
+
+Status vocab_parallel_cross_entropy_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 2}));
+  if (context.inputs[1].dtype() == DType::kI32)
+    return vocab_parallel_cross_entropy<int32_t>(context);
+  return vocab_parallel_cross_entropy<int64_t>(context);
+}
+
+template <typename Label> Status vocab_parallel_cross_entropy_grad(const KernelContext &context) {
+  const AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
+  const int64_t parts = attrs.get_int("parts");
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
+  const float *dloss = context.inputs[0].as<float>();
+  const float *x = context.inputs[1].as<float>();
+  const Label *labels = context.inputs[2].as<Label>();
+  const float *stats = context.inputs[3].as<float>();
+  float *dx = context.outputs[0].as<float>();
+  int64_t counted = 0;
+  for (int64_t r = 0; r < piece.rows; ++r) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
+    if (label != ignore_index) ++counted;
+  }
+  double shared = 0;
+  if (reduction == Reduction::kSum) shared = dloss[0];
+  if (reduction == Reduction::kMean && counted > 0)
+    shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
+  for (int64_t r = 0; r < piece.rows; ++r) {
+    float *out = dx + r * piece.classes;
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (label == ignore_index) {
+      std::fill(out, out + piece.classes, 0.0f);
+      continue;
+    }
+    const double weight = reduction == Reduction::kNone ? dloss[r] : shared;
+    const RowSoftmax row = combine_stats(stats + r * 3 * parts, parts);
+    const float *in = x + r * piece.classes;
+    const int64_t local = label - piece.first;
+    for (int64_t c = 0; c < piece.classes; ++c) {
+      const double p = std::exp(static_cast<double>(in[c]) - row.max - row.log_sum);
+      out[c] = static_cast<float>(weight * (p - (c == local ? 1.0 : 0.0)));
+    }
+  }
+  return Status::ok();
+}
+
+Status vocab_parallel_cross_entropy_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1, 3}));
+  if (context.inputs[2].dtype() == DType::kI32)
+    return vocab_parallel_cross_entropy_grad<int32_t>(context);
+  return vocab_parallel_cross_entropy_grad<int64_t>(context);
+}
+
 // MseLossGrad(dLoss, prediction, target) -> dPrediction, dTarget = -dPrediction.
 
 Result<TypeList> infer_mse_loss_grad(const Node &node, const OpDef &def,
@@ -1859,6 +2079,20 @@ Status softmax_cross_entropy_grad_rule(GradContext &c) {
   return Status::ok();
 }
 
+// The gradient reaches the piece through the loss node alone (see above).
+Status vocab_parallel_cross_entropy_grad_rule(GradContext &c) {
+  const TensorId dloss = c.output_grads[0];
+  if (dloss == kInvalidTensor || !c.needs_input_grad[0]) return Status::ok();
+  AttrReader attrs = c.attrs();
+  c.input_grads[0] =
+      c.builder.op1("VocabParallelCrossEntropyGrad", {dloss, c.input(0), c.input(1), c.input(2)},
+                    {{"parts", attrs.get_int("parts")},
+                     {"reduction", attrs.get_string("reduction")},
+                     {"ignore_index", attrs.get_int("ignore_index")}},
+                    c.grad_name("logits"));
+  return Status::ok();
+}
+
 Status mse_loss_grad_rule(GradContext &c) {
   const TensorId dloss = c.output_grads[0];
   if (dloss == kInvalidTensor) return Status::ok();
@@ -1999,6 +2233,29 @@ std::vector<OpDef> make_table() {
             softmax_cross_entropy_cost,
             softmax_cross_entropy_kernel,
             softmax_cross_entropy_grad_rule});
+  table.push_back(OpDef{"VocabParallelStats",
+                        "per row of this member's piece of vocabulary-split logits: its max, "
+                        "sum of exp(x - max) and the label's logit if the piece holds it (else 0)",
+                        2,
+                        2,
+                        {int_attr("parts", 1, "members the logits' last dim is split over"),
+                         int_attr("ignore_index", -100, "labels equal to it add nothing")},
+                        infer_vocab_parallel_stats,
+                        softmax_cross_entropy_cost,
+                        vocab_parallel_stats_kernel});
+  table.push_back(
+      OpDef{"VocabParallelCrossEntropy",
+            "SoftmaxCrossEntropy of logits split over the group by their last dim, from every "
+            "member's VocabParallelStats (input 2, gathered); input 0 is this member's piece",
+            3,
+            3,
+            {int_attr("parts", 1, "members the logits' last dim is split over"),
+             string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\""),
+             int_attr("ignore_index", -100, "labels equal to it add nothing and are not counted")},
+            infer_vocab_parallel_cross_entropy,
+            nullptr,
+            vocab_parallel_cross_entropy_kernel,
+            vocab_parallel_cross_entropy_grad_rule});
   table.push_back(OpDef{"MseLoss",
                         "squared difference of prediction and target, reduced",
                         2,
@@ -2096,6 +2353,18 @@ std::vector<OpDef> make_table() {
             infer_softmax_cross_entropy_grad,
             softmax_cross_entropy_cost,
             softmax_cross_entropy_grad_kernel});
+  table.push_back(
+      OpDef{"VocabParallelCrossEntropyGrad",
+            "gradient of VocabParallelCrossEntropy with respect to this member's "
+            "piece of the logits",
+            4,
+            4,
+            {int_attr("parts", 1, "members the logits' last dim is split over"),
+             string_attr("reduction", "mean", "\"mean\", \"sum\" or \"none\""),
+             int_attr("ignore_index", -100, "rows with this label get a zero gradient")},
+            infer_vocab_parallel_cross_entropy_grad,
+            softmax_cross_entropy_cost,
+            vocab_parallel_cross_entropy_grad_kernel});
   table.push_back(OpDef{"MseLossGrad",
                         "gradients of MseLoss: dPrediction and dTarget = -dPrediction",
                         3,

@@ -560,6 +560,8 @@ Result<TypeList> infer_gather(const Node &node, const OpDef &def,
   if (!is_integer(indices.dtype))
     return invalid_argument(def.name, ": input 1 (indices) must be i32 or i64, got ",
                             indices.to_string());
+  if (const int64_t parts = AttrReader(node, def).get_int("parts"); parts < 1)
+    return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
   Result<int64_t> axis = normalize_axis(AttrReader(node, def).get_int("axis"), data.rank(), "axis");
   if (!axis.is_ok())
     return std::move(axis).take_status().with_context(
@@ -586,14 +588,36 @@ Status check_indices(const KernelContext &context, const Index *index, int64_t c
   return Status::ok();
 }
 
+// A table split over `parts` members along the gathered axis: this member
+// holds rows [first, first + rows) of `bound` (parts * rows). Indices are
+// checked against the whole table; rows another member holds are zeros here
+// (the members' outputs sum to the whole gather: Megatron-LM's vocabulary-
+// parallel embedding).
+struct TablePiece {
+  int64_t bound = 0, first = 0, rows = 0;
+  // The row of this piece that index `value` names, or -1.
+  int64_t local(int64_t value) const {
+    if (value < 0) value += bound;
+    value -= first;
+    return value >= 0 && value < rows ? value : -1;
+  }
+};
+
+Result<TablePiece> table_piece(const KernelContext &context, int64_t rows) {
+  const int64_t parts = context.attrs().get_int("parts");
+  RETURN_IF_ERROR(expect_group(context, parts));
+  // parts 1: the whole table, whichever member reads it.
+  return TablePiece{rows * parts, parts == 1 ? 0 : rows * context.member, rows};
+}
+
 template <typename Index> Status gather_typed(const KernelContext &context, int64_t axis) {
   const ConstTensorView &data = context.inputs[0];
   const ConstTensorView &indices = context.inputs[1];
   const Index *index = indices.as<Index>();
   const int64_t count = indices.num_elements();
   llvm::ArrayRef<int64_t> shape = data.shape();
-  const int64_t bound = shape[axis];
-  RETURN_IF_ERROR(check_indices(context, index, count, axis, bound, "input 0", *data.type));
+  ASSIGN_OR_RETURN(const TablePiece piece, table_piece(context, shape[axis]));
+  RETURN_IF_ERROR(check_indices(context, index, count, axis, piece.bound, "input 0", *data.type));
   const int64_t esize = static_cast<int64_t>(element_size(data));
   const int64_t outer = product(shape.take_front(axis));
   const int64_t inner = product(shape.drop_front(axis + 1)) * esize;
@@ -601,11 +625,13 @@ template <typename Index> Status gather_typed(const KernelContext &context, int6
   auto *out = static_cast<std::byte *>(context.outputs[0].data);
   if (inner == 0) return Status::ok();
   for (int64_t o = 0; o < outer; ++o) {
-    const std::byte *block = in + o * bound * inner;
+    const std::byte *block = in + o * piece.rows * inner;
     for (int64_t i = 0; i < count; ++i) {
-      int64_t value = index[i];
-      if (value < 0) value += bound;
-      std::memcpy(out, block + value * inner, static_cast<size_t>(inner));
+      const int64_t row = piece.local(index[i]);
+      if (row >= 0)
+        std::memcpy(out, block + row * inner, static_cast<size_t>(inner));
+      else
+        std::memset(out, 0, static_cast<size_t>(inner));
       out += inner;
     }
   }
@@ -826,22 +852,22 @@ template <typename Index> Status gather_grad_typed(const KernelContext &context,
   const Index *index = indices.as<Index>();
   const int64_t count = indices.num_elements();
   llvm::ArrayRef<int64_t> shape = dx.shape();
-  const int64_t bound = shape[axis];
-  RETURN_IF_ERROR(check_indices(context, index, count, axis, bound, "the gradient", *dx.type));
+  ASSIGN_OR_RETURN(const TablePiece piece, table_piece(context, shape[axis]));
+  RETURN_IF_ERROR(
+      check_indices(context, index, count, axis, piece.bound, "the gradient", *dx.type));
   const int64_t outer = product(shape.take_front(axis));
   const int64_t inner = product(shape.drop_front(axis + 1));
   float *out = dx.as<float>();
   const float *in = dy.as<float>();
   std::fill(out, out + dx.num_elements(), 0.0f);
   for (int64_t o = 0; o < outer; ++o) {
-    float *block = out + o * bound * inner;
-    for (int64_t i = 0; i < count; ++i) {
-      int64_t value = index[i];
-      if (value < 0) value += bound;
-      float *row = block + value * inner;
+    float *block = out + o * piece.rows * inner;
+    for (int64_t i = 0; i < count; ++i, in += inner) {
+      const int64_t local = piece.local(index[i]);
+      if (local < 0) continue; // another member's row
+      float *row = block + local * inner;
       for (int64_t k = 0; k < inner; ++k)
         row[k] += in[k];
-      in += inner;
     }
   }
   return Status::ok();
@@ -956,10 +982,11 @@ Status slice_grad(GradContext &c) {
 // The data gets a scatter-add; the indices get nothing.
 Status gather_grad(GradContext &c) {
   if (!c.needs_input_grad[0]) return Status::ok();
-  c.input_grads[0] =
-      c.builder.op1("GatherGrad", {c.output_grads[0], c.input(1)},
-                    {{"axis", c.attrs().get_int("axis")}, {"shape", dims_of(c, c.input(0))}},
-                    c.grad_name("gather"));
+  c.input_grads[0] = c.builder.op1("GatherGrad", {c.output_grads[0], c.input(1)},
+                                   {{"axis", c.attrs().get_int("axis")},
+                                    {"shape", dims_of(c, c.input(0))},
+                                    {"parts", c.attrs().get_int("parts")}},
+                                   c.grad_name("gather"));
   return Status::ok();
 }
 
@@ -979,6 +1006,7 @@ Status no_inputs_grad(GradContext &) { return Status::ok(); }
 
 AttrValue ints(std::vector<int64_t> values) { return AttrValue{std::move(values)}; }
 AttrValue int_value(int64_t value) { return AttrValue{value}; }
+AttrSpec parts_attr(std::string_view doc) { return {"parts", AttrType::kInt, int_value(1), doc}; }
 
 std::vector<OpDef> make_table() {
   std::vector<OpDef> table;
@@ -1059,15 +1087,18 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         copy_kernel,
                         reshape_grad});
-  table.push_back(OpDef{"Gather",
-                        "Y = data indexed by indices along axis",
-                        2,
-                        2,
-                        {{"axis", AttrType::kInt, int_value(0), "axis of data to index"}},
-                        infer_gather,
-                        select_cost,
-                        gather_kernel,
-                        gather_grad});
+  table.push_back(
+      OpDef{"Gather",
+            "Y = data indexed by indices along axis",
+            2,
+            2,
+            {{"axis", AttrType::kInt, int_value(0), "axis of data to index"},
+             parts_attr("data is this member's piece of a table split along axis over parts "
+                        "tensor-parallel members; rows others hold give zeros")},
+            infer_gather,
+            select_cost,
+            gather_kernel,
+            gather_grad});
   table.push_back(
       OpDef{"Constant",
             "Y = a tensor given by attributes",
@@ -1106,7 +1137,8 @@ std::vector<OpDef> make_table() {
                         2,
                         2,
                         {{"axis", AttrType::kInt, int_value(0), "as Gather"},
-                         {"shape", AttrType::kInts, std::nullopt, "shape of Gather's data"}},
+                         {"shape", AttrType::kInts, std::nullopt, "shape of Gather's data"},
+                         parts_attr("as Gather: dData is this member's piece")},
                         infer_gather_grad,
                         gather_grad_cost,
                         gather_grad_kernel});

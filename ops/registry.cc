@@ -164,6 +164,18 @@ Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr
   return axis < 0 ? axis + rank : axis;
 }
 
+Status expect_group(const KernelContext &context, int64_t parts) {
+  if (parts < 1)
+    return invalid_argument(context.def.name, " '", context.node.name,
+                            "': parts must be at least 1, got ", parts);
+  if (parts != 1 && parts != context.group)
+    return failed_precondition(context.def.name, " '", context.node.name,
+                               "' reads this member's piece of a tensor split over ", parts,
+                               " tensor-parallel members, but runs in a group of ", context.group,
+                               " (only a pipeline plan's devices run it)");
+  return Status::ok();
+}
+
 Status expect_same_dtype(const OpDef &def, llvm::ArrayRef<TensorType> inputs) {
   for (size_t i = 1; i < inputs.size(); ++i)
     if (inputs[i].dtype != inputs[0].dtype)

@@ -75,8 +75,19 @@ struct KernelContext {
   const OpDef &def;
   llvm::ArrayRef<ConstTensorView> inputs;
   llvm::ArrayRef<TensorView> outputs;
+  // The device's tensor-parallel group: its size and this device's position in
+  // it. Ops whose inputs are this member's piece of a split tensor (Gather with
+  // parts > 1, VocabParallelStats, ...) read them; outside a tensor-parallel
+  // plan the group is this device alone.
+  int group = 1;
+  int member = 0;
   AttrReader attrs() const { return AttrReader(node, def); }
 };
+
+// For ops that take this member's piece of a tensor split over `parts`
+// members: an error unless the kernel runs in such a group (parts 1 runs
+// anywhere, as member 0 of 1).
+Status expect_group(const KernelContext &context, int64_t parts);
 
 using InferFn = Result<llvm::SmallVector<TensorType, 2>> (*)(const Node &node, const OpDef &def,
                                                              llvm::ArrayRef<TensorType> inputs);

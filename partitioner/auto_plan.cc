@@ -86,7 +86,7 @@ struct Structure {
 Result<Structure> training_structure(const Graph &local, const passes::TrainingOptions &training,
                                      const std::function<double(const Graph &, NodeId)> &time,
                                      bool recompute) {
-  ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(local, training));
+  ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph_from_loss(local, training));
   if (recompute) {
     ASSIGN_OR_RETURN(graph, passes::recompute_activations(graph));
   }
@@ -139,7 +139,9 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   const double gamma = reduce_bytes_per_second(device, DType::kF32);
   const auto key = std::make_pair(int64_t{M} * dp, tp);
   if (!cache.local.contains(key)) {
-    ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * dp));
+    ASSIGN_OR_RETURN(Graph split, passes::split_batch(forward, int64_t{M} * dp));
+    // With its loss: tensor parallelism may split it (vocabulary-parallel).
+    ASSIGN_OR_RETURN(Graph micro, passes::add_loss(split, training));
     if (tp > 1) {
       TensorParallelOptions options;
       options.parts = tp;

@@ -272,6 +272,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * DP));
   std::vector<serialization::PlanShard> shards;
   if (TP > 1) {
+    // The loss goes in first: over logits split by class it runs split too
+    // (Megatron-LM's vocabulary-parallel cross entropy).
+    ASSIGN_OR_RETURN(micro, passes::add_loss(micro, training));
     TensorParallelOptions tp;
     tp.parts = TP;
     tp.device = cluster.device;
@@ -285,7 +288,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     micro = std::move(sharded->local);
     shards = std::move(sharded->shards);
   }
-  ASSIGN_OR_RETURN(Graph graph, passes::make_training_graph(micro, training));
+  ASSIGN_OR_RETURN(Graph graph, TP > 1 ? passes::make_training_graph_from_loss(micro, training)
+                                       : passes::make_training_graph(micro, training));
   if (TP > 1) shards = with_optimizer_state(graph, std::move(shards));
   if (options.recompute) {
     auto recomputed = passes::recompute_activations(graph);

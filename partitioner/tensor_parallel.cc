@@ -39,9 +39,17 @@ struct Strategy {
   std::vector<ShardSpec> in;
   std::vector<ShardSpec> out;
   std::string rule;
+  // The local node's attributes that differ from the global one's (Gather's
+  // parts), and the rule's own communication, forward and backward.
+  std::vector<Attribute> attrs = {};
+  double communication = 0;
+  // SoftmaxCrossEntropy of vocabulary-split logits: three local nodes
+  // (ops/ops_nn.cc, VocabParallelCrossEntropy).
+  bool vocab_parallel_loss = false;
+  // Whether the work is split over the group (its time divided).
   bool splits() const {
-    return std::any_of(out.begin(), out.end(),
-                       [](const ShardSpec &s) { return s.kind != Kind::kReplicated; });
+    auto split = [](const ShardSpec &s) { return s.kind != Kind::kReplicated; };
+    return std::any_of(out.begin(), out.end(), split) || std::any_of(in.begin(), in.end(), split);
   }
 };
 
@@ -437,6 +445,33 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
       out.push_back({{ShardSpec::replicated(), spec},
                      {ShardSpec::split(axis + spec.dim, spec.outer)},
                      "gather with split indices"});
+    // Megatron-LM's vocabulary-parallel embedding: each member looks up the
+    // rows it holds, zeros for the others'.
+    if (valid_split(data, axis, 1)) {
+      Strategy s{{ShardSpec::split(axis), ShardSpec::replicated()},
+                 {ShardSpec::partial()},
+                 "gather from a table split by rows (each member's rows; partial sums)"};
+      s.attrs = {{"parts", int64_t{t_}}};
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  if (op == "SoftmaxCrossEntropy" && node.inputs.size() == 2) {
+    // Megatron-LM's vocabulary-parallel cross entropy: the logits stay split
+    // by class; the members exchange three numbers per row.
+    const TensorType &logits = type(node.inputs[0]);
+    if (valid_split(logits, static_cast<int>(logits.rank()) - 1, 1)) {
+      Strategy s{{ShardSpec::split(static_cast<int>(logits.rank()) - 1), ShardSpec::replicated()},
+                 {ShardSpec::replicated()},
+                 "cross entropy over logits split by class (per row: max, sum of "
+                 "exponentials and label logit gathered)"};
+      const double stats = static_cast<double>(type(node.inputs[1]).num_elements()) * 3 * t_ *
+                           static_cast<double>(dtype_size(logits.dtype));
+      s.communication = all_gather_time(stats, t_, options_.link, CollectiveAlgorithm::kRing);
+      s.vocab_parallel_loss = true;
+      out.push_back(std::move(s));
+    }
     return out;
   }
   return out;
@@ -454,7 +489,7 @@ std::pair<double, ShardSpec> Sharder::best_arrival(TensorId input, const ShardSp
 
 double Sharder::strategy_cost(NodeId id, const Strategy &s) const {
   const Node &node = g_.node(id);
-  double cost = s.splits() ? node_time_[id] / t_ : node_time_[id];
+  double cost = (s.splits() ? node_time_[id] / t_ : node_time_[id]) + s.communication;
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     const TensorId in = node.inputs[i];
     cost += best_arrival(in, s.in[i]).first;
@@ -531,6 +566,29 @@ Result<TensorParallelResult> Sharder::run() {
       c += arrive(id, spec, want, true);
     return c;
   };
+  // A parameter is stored once for all its readers (a tied embedding: the
+  // lookup and the output projection). What a reader's wanting it in `want`
+  // adds to the cheapest storage serving the readers decided so far.
+  auto storage = [&](TensorId id, const ShardSpec *extra) {
+    std::vector<ShardSpec> wants = demands[id];
+    if (extra != nullptr) wants.push_back(*extra);
+    double best = kInf;
+    for (const ShardSpec &stored : wants) {
+      double c = 0;
+      for (const ShardSpec &want : wants)
+        c += arrive(id, stored, want, true);
+      best = std::min(best, c);
+    }
+    return wants.empty() ? 0.0 : best;
+  };
+  auto storage_cost = [&](NodeId id, const Strategy &s) {
+    double c = 0;
+    const Node &node = g_.node(id);
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      if (is_parameter(node.inputs[i]) && !demands[node.inputs[i]].empty())
+        c += storage(node.inputs[i], &s.in[i]) - storage(node.inputs[i], nullptr);
+    return c;
+  };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const NodeId id = *it;
     const Node &node = g_.node(id);
@@ -538,7 +596,7 @@ Result<TensorParallelResult> Sharder::run() {
     int pick = 0;
     const auto &candidates = node_strategies_[id];
     for (size_t k = 0; k < candidates.size(); ++k) {
-      double c = strategy_cost(id, candidates[k]);
+      double c = strategy_cost(id, candidates[k]) + storage_cost(id, candidates[k]);
       for (size_t o = 0; o < node.outputs.size() && c < kInf; ++o)
         c += serve(node.outputs[o], candidates[k].out[o]);
       if (c < best) best = c, pick = static_cast<int>(k);
@@ -707,6 +765,14 @@ Result<TensorParallelResult> Sharder::run() {
     }
     RETURN_IF_ERROR(status);
     std::vector<Attribute> attrs = node.attrs;
+    for (const Attribute &a : s.attrs) {
+      auto at = std::find_if(attrs.begin(), attrs.end(),
+                             [&](const Attribute &b) { return b.name == a.name; });
+      if (at == attrs.end())
+        attrs.push_back(a);
+      else
+        *at = a;
+    }
     if (node.op == "Reshape")
       for (Attribute &a : attrs)
         if (a.name == "shape") {
@@ -724,6 +790,29 @@ Result<TensorParallelResult> Sharder::run() {
     std::vector<std::string> names;
     for (TensorId out : node.outputs)
       names.push_back(g_.tensor(out).name);
+    if (s.vocab_parallel_loss) {
+      // The members' per-row statistics, gathered; then the loss from them.
+      std::vector<Attribute> stats_attrs = {{"parts", int64_t{t_}}};
+      for (const Attribute &a : attrs)
+        if (a.name == "ignore_index") stats_attrs.push_back(a);
+      auto stats =
+          add_node("VocabParallelStats", inputs, std::move(stats_attrs), node.name + ".vocab_stats",
+                   {local.unique_name(node.name + ".vocab_stats")});
+      RETURN_IF_ERROR(status);
+      const auto rank = static_cast<int64_t>(local.tensor(stats[0]).type.rank());
+      const std::string why = str_cat("'", node.name, "' (", node.op, ", ", s.rule, ") reads '",
+                                      g_.tensor(node.inputs[0]).name,
+                                      "' split by class: every member's three numbers per row");
+      const std::string gathered_name = node.name + ".vocab_stats.tp_all_gather";
+      auto gathered = add_node(
+          "TpAllGather", stats,
+          {{"parts", int64_t{t_}}, {"axis", rank - 1}, {"outer", int64_t{1}}, {"why", why}},
+          gathered_name, {local.unique_name(gathered_name)});
+      RETURN_IF_ERROR(status);
+      inputs.push_back(gathered[0]);
+      op = "VocabParallelCrossEntropy";
+      attrs.push_back({"parts", int64_t{t_}});
+    }
     auto outs = add_node(op, inputs, std::move(attrs), node.name, names);
     RETURN_IF_ERROR(status);
     for (size_t k = 0; k < node.outputs.size(); ++k) {

@@ -8,7 +8,10 @@
 // then produces (MatMul: column split R x S(1) -> S(-1), row split S(-1) x S(0) ->
 // P, heads as batch dims; elementwise ops follow their inputs; LayerNorm and
 // Softmax along non-normalized dims; Conv2d by output channels; reshapes map a
-// split through their flattening; ...). Any op accepts all-R.
+// split through their flattening; Gather from a table split by rows -> P and
+// SoftmaxCrossEntropy of logits split by class -> R, Megatron-LM's vocabulary-
+// parallel embedding and loss; ...). Any op accepts all-R. The forward graph
+// may end in its loss (passes::add_loss), so that the loss runs split too.
 //
 // Nothing is annotated by hand. The pass picks a spec for every tensor by
 // dynamic programming over the graph in topological order: for each tensor and

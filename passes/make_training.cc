@@ -91,12 +91,14 @@ std::string TrainingOptions::to_string() const {
   return str_cat("loss=", loss, "\noutput=", output, "\noptimizer=", optimizer.to_string(), "\n");
 }
 
-Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &options) {
-  const std::string model = forward.name().empty() ? "the model" : "model '" + forward.name() + "'";
+namespace {
+
+// Checks `forward` and `options` for training; the output the loss reads.
+Result<TensorId> loss_output(const Graph &forward, const TrainingOptions &options,
+                             const std::string &model) {
   if (forward.outputs().empty()) return invalid_argument(model, " has no outputs to train");
   if (!forward.updates().empty())
     return invalid_argument(model, " already has state updates (is it a training graph already?)");
-
   TensorId output = forward.outputs()[0];
   if (!options.output.empty()) {
     auto found = forward.find_tensor(options.output);
@@ -104,22 +106,27 @@ Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &o
       return invalid_argument("--output '", options.output, "' is not a tensor of ", model);
     output = *found;
   }
-  const std::string &output_name = forward.tensor(output).name;
-  const TensorType output_type = forward.tensor(output).type;
+  const TensorType &output_type = forward.tensor(output).type;
   if (!is_floating(output_type.dtype))
-    return invalid_argument("--output '", output_name, "' of ", model, " is ",
+    return invalid_argument("--output '", forward.tensor(output).name, "' of ", model, " is ",
                             output_type.to_string(), "; a loss needs a floating-point output");
   for (const char *name : {"labels", "targets", "loss"})
     if (forward.find_tensor(name) || forward.find_node(name))
       return invalid_argument(model, " already has a tensor or node named '", name,
                               "', which training adds");
+  return output;
+}
 
-  const ops::OpRegistry &registry = ops::OpRegistry::global();
-  // BatchNormalization: training form and running-statistics updates first, so the
-  // running mean/var (now state) are not trainable parameters below.
-  Graph edited = forward;
-  RETURN_IF_ERROR(add_batch_norm_updates(edited, model));
-  GraphBuilder builder(std::move(edited), registry);
+std::string model_name(const Graph &graph) {
+  return graph.name().empty() ? "the model" : "model '" + graph.name() + "'";
+}
+
+// `graph` with the loss of `output` appended; its outputs become [loss].
+Result<Graph> append_loss(Graph graph, TensorId output, const TrainingOptions &options,
+                          const std::string &model) {
+  const std::string output_name = graph.tensor(output).name;
+  const TensorType output_type = graph.tensor(output).type;
+  GraphBuilder builder(std::move(graph), ops::OpRegistry::global());
   TensorId loss = kInvalidTensor;
   if (options.loss == "softmax_cross_entropy") {
     if (output_type.rank() < 1)
@@ -140,9 +147,17 @@ Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &o
   auto built = std::move(builder).finish();
   if (!built.is_ok())
     return built.status().with_context(str_cat("--loss ", options.loss, " on ", model));
-  Graph graph = std::move(built).value();
-  graph.set_outputs({loss});
+  Graph out = std::move(built).value();
+  out.set_outputs({loss});
+  return out;
+}
 
+// The backward pass of the loss (the first output) over the trainable
+// parameters, and the optimizer step.
+Result<Graph> append_backward_and_step(Graph graph, const TrainingOptions &options,
+                                       const std::string &model) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  const TensorId loss = graph.outputs()[0];
   std::vector<TensorId> targets = trainable_parameters(graph);
   if (targets.empty()) return invalid_argument(model, " has no trainable (float) parameters");
   auto gradients = append_backward(graph, loss, targets);
@@ -155,6 +170,37 @@ Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &o
   Status verified = verify_graph(graph, registry);
   if (!verified.is_ok()) return verified.with_context(str_cat("training graph of ", model));
   return graph;
+}
+
+} // namespace
+
+Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &options) {
+  const std::string model = model_name(forward);
+  ASSIGN_OR_RETURN(const TensorId output, loss_output(forward, options, model));
+  // BatchNormalization: training form and running-statistics updates first, so the
+  // running mean/var (now state) are not trainable parameters below.
+  Graph edited = forward;
+  RETURN_IF_ERROR(add_batch_norm_updates(edited, model));
+  ASSIGN_OR_RETURN(Graph graph, append_loss(std::move(edited), output, options, model));
+  return append_backward_and_step(std::move(graph), options, model);
+}
+
+Result<Graph> add_loss(const Graph &forward, const TrainingOptions &options) {
+  const std::string model = model_name(forward);
+  ASSIGN_OR_RETURN(const TensorId output, loss_output(forward, options, model));
+  return append_loss(forward, output, options, model);
+}
+
+Result<Graph> make_training_graph_from_loss(const Graph &with_loss,
+                                            const TrainingOptions &options) {
+  const std::string model = model_name(with_loss);
+  if (with_loss.outputs().size() != 1 || with_loss.tensor(with_loss.outputs()[0]).name != "loss")
+    return invalid_argument(model, " does not end in the loss add_loss makes");
+  if (!with_loss.updates().empty())
+    return invalid_argument(model, " already has state updates (is it a training graph already?)");
+  Graph edited = with_loss;
+  RETURN_IF_ERROR(add_batch_norm_updates(edited, model));
+  return append_backward_and_step(std::move(edited), options, model);
 }
 
 } // namespace strata::passes

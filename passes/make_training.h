@@ -41,4 +41,13 @@ struct TrainingOptions {
 // Errors name the option at fault and the model.
 Result<Graph> make_training_graph(const Graph &forward, const TrainingOptions &options);
 
+// The same in two halves, for passes that work on the forward graph with its
+// loss (tensor parallelism splits the loss over vocabulary-split logits):
+// add_loss appends the labels or targets input and the loss node, and makes
+// the outputs [loss]; make_training_graph_from_loss adds the rest (batch-norm
+// training form, backward, optimizer) to such a graph, possibly transformed
+// since.
+Result<Graph> add_loss(const Graph &forward, const TrainingOptions &options);
+Result<Graph> make_training_graph_from_loss(const Graph &with_loss, const TrainingOptions &options);
+
 } // namespace strata::passes

@@ -73,12 +73,17 @@ std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed, int64_t
       const Node &node = graph.node(user);
       if (node.inputs.size() < 2 || node.inputs[1] != input) continue;
       const TensorType &first = graph.tensor(node.inputs[0]).type;
+      // A tensor-parallel member's piece of the table or logits: the whole
+      // has `parts` of them.
+      const int64_t parts = std::max<int64_t>(1, node.int_attr("parts").value_or(1));
       if (node.op == "Gather") {
         int64_t axis = node.int_attr("axis").value_or(0);
         if (axis < 0) axis += first.rank();
-        if (axis >= 0 && axis < first.rank()) tighten(first.shape[axis]);
-      } else if (node.op == "SoftmaxCrossEntropy" && first.rank() > 0) {
-        tighten(first.shape.back());
+        if (axis >= 0 && axis < first.rank()) tighten(first.shape[axis] * parts);
+      } else if ((node.op == "SoftmaxCrossEntropy" || node.op == "VocabParallelStats" ||
+                  node.op == "VocabParallelCrossEntropy") &&
+                 first.rank() > 0) {
+        tighten(first.shape.back() * parts);
       }
     }
     return bound;

@@ -717,6 +717,65 @@ TEST(SoftmaxCrossEntropy, IgnoreIndexAndErrors) {
                {"reduction", "avg"});
 }
 
+// The vocabulary-parallel cross entropy: each member's statistics of its
+// piece of the logits, gathered, give every member SoftmaxCrossEntropy's loss
+// of the whole logits, and the members' gradient pieces join into its gradient.
+TEST(VocabParallelCrossEntropy, MembersPiecesGiveTheWholeLossAndGradient) {
+  std::mt19937 rng(9090);
+  TestTensor logits = random_tensor(kF32, {3, 4, 12}, rng, -8.0, 8.0);
+  std::vector<double> labels;
+  for (int i = 0; i < 12; ++i)
+    labels.push_back(i % 5 == 2 ? -100 : static_cast<double>(rng() % 12));
+  for (DType label_type : {DType::kI64, DType::kI32}) {
+    TestTensor label_tensor = tensor(label_type, {3, 4}, labels);
+    for (const char *reduction : {"mean", "sum", "none"}) {
+      TestTensor whole = run_one("SoftmaxCrossEntropy", {logits, label_tensor},
+                                 {string_attr("reduction", reduction)});
+      TestTensor dloss = random_tensor(kF32, whole.type.shape, rng, 0.5, 1.5);
+      TestTensor whole_grad = run_one("SoftmaxCrossEntropyGrad", {dloss, logits, label_tensor},
+                                      {string_attr("reduction", reduction)});
+      for (int64_t parts : {2, 3, 4}) {
+        const std::string what = str_cat(reduction, ", ", parts, " parts");
+        std::vector<TestTensor> pieces, stats;
+        for (int r = 0; r < parts; ++r) {
+          pieces.push_back(piece_of(logits, 2, parts, r));
+          stats.push_back(run_one("VocabParallelStats", {pieces.back(), label_tensor},
+                                  {int_attr("parts", parts)}, Member{static_cast<int>(parts), r}));
+          EXPECT_EQ(stats.back().type.shape, (Shape{3, 4, 3})) << what;
+        }
+        // What TpAllGather along the last dim gives every member.
+        TestTensor gathered = tensor(kF32, {3, 4, 3 * parts}, joined(stats, 2));
+        std::vector<TestTensor> grads;
+        for (int r = 0; r < parts; ++r) {
+          const Member member{static_cast<int>(parts), r};
+          const std::vector<Attribute> attrs = {int_attr("parts", parts),
+                                                string_attr("reduction", reduction)};
+          TestTensor loss = run_one("VocabParallelCrossEntropy",
+                                    {pieces[r], label_tensor, gathered}, attrs, member);
+          expect_close(loss, whole.values(), 1e-6, 1e-6, what + " loss");
+          grads.push_back(run_one("VocabParallelCrossEntropyGrad",
+                                  {dloss, pieces[r], label_tensor, gathered}, attrs, member));
+        }
+        expect_close(whole_grad, joined(grads, 2), 1e-7, 1e-5, what + " gradient");
+      }
+    }
+  }
+  // Labels are checked against every class; the group must be the split's.
+  TestTensor piece = piece_of(logits, 2, 2, 0);
+  RunResult bad = run_op("VocabParallelStats",
+                         {piece, tensor(DType::kI64, {3, 4}, std::vector<double>(12, 12))},
+                         {int_attr("parts", 2)}, Member{2, 0});
+  expect_error(bad.status, {"VocabParallelStats", "label 12", "[0, 12)"});
+  bad = run_op("VocabParallelStats", {piece, tensor(DType::kI64, {3, 4}, labels)},
+               {int_attr("parts", 2)});
+  expect_error(bad.status, {"split over 2", "group of 1"});
+  expect_error(infer("VocabParallelCrossEntropy",
+                     {piece.type, TensorType{DType::kI64, {3, 4}}, TensorType{kF32, {3, 4, 3}}},
+                     {int_attr("parts", 2)})
+                   .status(),
+               {"stats", "f32[3, 4, 6]"});
+}
+
 TEST(MseLoss, MatchesReference) {
   std::mt19937 rng(900);
   TestTensor p = random_tensor(kF32, {3, 4, 5}, rng);

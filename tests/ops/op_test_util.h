@@ -162,11 +162,16 @@ struct GuardedBuffer {
   }
 };
 
+// A kernel's tensor-parallel group (KernelContext::group, member).
+struct Member {
+  int group = 1, member = 0;
+};
+
 // Runs `def`'s CPU kernel on `inputs` with outputs of `output_types`, checking
 // guards and input immutability.
 inline RunResult run_kernel(const OpDef &def, const Node &node,
                             const std::vector<TestTensor> &inputs,
-                            llvm::ArrayRef<TensorType> output_types) {
+                            llvm::ArrayRef<TensorType> output_types, Member member = {}) {
   RunResult result;
   std::vector<GuardedBuffer> in_buffers, out_buffers;
   in_buffers.reserve(inputs.size());
@@ -183,7 +188,7 @@ inline RunResult run_kernel(const OpDef &def, const Node &node,
     out_buffers.emplace_back(static_cast<size_t>(type.size_bytes()), kPoisonByte);
   for (size_t i = 0; i < output_types.size(); ++i)
     out_views.push_back(TensorView{out_buffers[i].body(), &output_types[i]});
-  KernelContext context{node, def, in_views, out_views};
+  KernelContext context{node, def, in_views, out_views, member.group, member.member};
   result.status = def.cpu_kernel(context);
   for (size_t i = 0; i < inputs.size(); ++i) {
     EXPECT_EQ(in_buffers[i].damaged_guard(), 0)
@@ -206,7 +211,7 @@ inline RunResult run_kernel(const OpDef &def, const Node &node,
 // Infers output types through the registry and runs the op's CPU kernel. An
 // inference error comes back as the status, with no outputs.
 inline RunResult run_op(std::string_view op, const std::vector<TestTensor> &inputs,
-                        std::vector<Attribute> attrs = {}) {
+                        std::vector<Attribute> attrs = {}, Member member = {}) {
   const OpDef *def = OpRegistry::global().find(op);
   if (def == nullptr) return {not_found("op ", op, " is not registered"), {}};
   Node node = make_node(op, std::move(attrs));
@@ -215,13 +220,13 @@ inline RunResult run_op(std::string_view op, const std::vector<TestTensor> &inpu
       OpRegistry::global().infer_types(node, input_types);
   if (!types.is_ok()) return {types.status(), {}};
   if (def->cpu_kernel == nullptr) return {unimplemented(op, " has no CPU kernel"), {}};
-  return run_kernel(*def, node, inputs, *types);
+  return run_kernel(*def, node, inputs, *types, member);
 }
 
 // Runs an op that must succeed with exactly one output; returns that output.
 inline TestTensor run_one(std::string_view op, const std::vector<TestTensor> &inputs,
-                          std::vector<Attribute> attrs = {}) {
-  RunResult result = run_op(op, inputs, std::move(attrs));
+                          std::vector<Attribute> attrs = {}, Member member = {}) {
+  RunResult result = run_op(op, inputs, std::move(attrs), member);
   EXPECT_TRUE(result.status.is_ok()) << op << ": " << result.status.to_string();
   EXPECT_EQ(result.outputs.size(), 1u) << op;
   if (result.outputs.empty()) return TestTensor{};
@@ -257,6 +262,42 @@ inline void expect_same_tensor(const TestTensor &actual, const TestTensor &expec
                                std::string_view what = "") {
   EXPECT_EQ(actual.type.to_string(), expected.type.to_string()) << what;
   EXPECT_TRUE(actual.bytes == expected.bytes) << what << ": bytes differ";
+}
+
+// Piece `r` of `parts` of `t` along `axis` (f32 or integer elements), and the
+// pieces joined back along it.
+inline TestTensor piece_of(const TestTensor &t, int64_t axis, int64_t parts, int64_t r) {
+  const Shape &shape = t.type.shape;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    outer *= shape[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d)
+    inner *= shape[d];
+  const int64_t n = shape[static_cast<size_t>(axis)], m = n / parts;
+  Shape piece_shape = shape;
+  piece_shape[static_cast<size_t>(axis)] = m;
+  TestTensor out = zeros(t.type.dtype, piece_shape);
+  int64_t k = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = r * m; i < (r + 1) * m; ++i)
+      for (int64_t j = 0; j < inner; ++j)
+        out.set(k++, t.get((o * n + i) * inner + j));
+  return out;
+}
+inline std::vector<double> joined(const std::vector<TestTensor> &pieces, int64_t axis) {
+  const Shape &shape = pieces[0].type.shape;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d)
+    outer *= shape[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d)
+    inner *= shape[d];
+  const int64_t m = shape[static_cast<size_t>(axis)];
+  std::vector<double> out;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const TestTensor &p : pieces)
+      for (int64_t i = 0; i < m * inner; ++i)
+        out.push_back(p.get(o * m * inner + i));
+  return out;
 }
 
 // Expects an error whose message contains every one of `parts`.

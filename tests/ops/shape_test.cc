@@ -357,6 +357,53 @@ TEST(ShapeTest, GatherOutOfRangeIndexIsAnError) {
   expect_error(run_op("Gather", {data, i32}).status, {"Gather", "-7", "size 4"});
 }
 
+// A table split by rows over `parts` members (Megatron-LM's vocabulary-parallel
+// embedding): each member's lookups hold its rows and zeros for the others',
+// so the members' outputs sum to the whole table's; the gradient's pieces join
+// into the whole gradient. Indices are checked against the whole table.
+TEST(ShapeTest, GatherFromATableSplitByRowsSumsToTheWholeGather) {
+  std::mt19937 rng(4242);
+  for (int64_t axis : {0, 1}) {
+    const Shape shape = axis == 0 ? Shape{12, 3} : Shape{2, 12, 3};
+    TestTensor table = random_tensor(DType::kF32, shape, rng);
+    TestTensor indices = typed_tensor<int64_t>(DType::kI64, {2, 4}, {0, 11, -1, 5, 6, -12, 3, 5});
+    TestTensor whole = run_one("Gather", {table, indices}, {int_attr("axis", axis)});
+    TestTensor dy = random_tensor(DType::kF32, whole.type.shape, rng);
+    const std::vector<int64_t> dims(shape.begin(), shape.end());
+    TestTensor whole_grad =
+        run_one("GatherGrad", {dy, indices}, {int_attr("axis", axis), ints_attr("shape", dims)});
+    for (int64_t parts : {2, 3, 4}) {
+      const std::string what = str_cat("axis ", axis, ", ", parts, " parts");
+      std::vector<double> sum(static_cast<size_t>(whole.num_elements()), 0.0);
+      std::vector<TestTensor> grads;
+      std::vector<int64_t> piece_dims = dims;
+      piece_dims[static_cast<size_t>(axis)] /= parts;
+      for (int r = 0; r < parts; ++r) {
+        const Member member{static_cast<int>(parts), r};
+        TestTensor mine = run_one("Gather", {piece_of(table, axis, parts, r), indices},
+                                  {int_attr("axis", axis), int_attr("parts", parts)}, member);
+        for (int64_t i = 0; i < mine.num_elements(); ++i)
+          sum[static_cast<size_t>(i)] += mine.get(i);
+        grads.push_back(run_one(
+            "GatherGrad", {dy, indices},
+            {int_attr("axis", axis), ints_attr("shape", piece_dims), int_attr("parts", parts)},
+            member));
+      }
+      // One member holds each row: the sum is exact.
+      expect_close(whole, sum, 0, 0, what);
+      expect_close(whole_grad, joined(grads, axis), 0, 0, what + " gradient");
+    }
+  }
+  // Indices beyond the whole table, and a member outside its group.
+  TestTensor piece = zeros(DType::kF32, {6, 3});
+  RunResult bad = run_op("Gather", {piece, typed_tensor<int64_t>(DType::kI64, {1}, {12})},
+                         {int_attr("parts", 2)}, Member{2, 1});
+  expect_error(bad.status, {"Gather", "12", "size 12"});
+  bad = run_op("Gather", {piece, typed_tensor<int64_t>(DType::kI64, {1}, {0})},
+               {int_attr("parts", 2)});
+  expect_error(bad.status, {"Gather", "split over 2", "group of 1"});
+}
+
 TEST(ShapeTest, ConstantWritesValuesInEveryDtype) {
   const std::vector<double> values = {0, 1.5, -2, 3.75, 100, -0.25};
   for (DType dtype : kAllDTypes) {

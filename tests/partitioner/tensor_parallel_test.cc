@@ -8,6 +8,7 @@
 #include "graph/builder.h"
 #include "ops/registry.h"
 #include "partitioner/tensor_parallel.h"
+#include "passes/make_training.h"
 #include "tools/zoo.h"
 
 namespace strata::partitioner {
@@ -18,13 +19,14 @@ std::string source_root() {
   return root ? root : ".";
 }
 
-Graph gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t batch) {
+Graph gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t batch,
+          int64_t vocab = 512) {
   zoo::GptOptions o;
   o.layers = layers;
   o.hidden = hidden;
   o.heads = heads;
   o.seq = seq;
-  o.vocab = 512;
+  o.vocab = vocab;
   o.batch = batch;
   return *zoo::make_gpt(o);
 }
@@ -205,6 +207,55 @@ TEST(TensorParallelTest, LocalGraphCollectivesSayWhy) {
   EXPECT_EQ(result->local.tensor(result->local.outputs()[0]).type, g.tensor(g.outputs()[0]).type);
   for (const Node &node : g.nodes())
     EXPECT_TRUE(result->local.find_node(node.name).has_value()) << node.name;
+}
+
+// With the loss in the graph and a vocabulary large against the hidden size
+// (GPT-2's 50257 against 768 to 1600), the search finds Megatron-LM's
+// vocabulary-parallel embedding and cross entropy: the tied table is stored
+// split by rows, the lookup gives partial sums (one more all-reduce), and the
+// logits stay split by class into the loss, whose members exchange three
+// numbers per row instead of gathering the logits.
+TEST(TensorParallelTest, FindsTheVocabularyParallelEmbeddingAndLoss) {
+  for (int parts : {2, 4}) {
+    const int64_t layers = 2;
+    Graph g = gpt(layers, 1024, 16, 512, 4, 32768);
+    passes::TrainingOptions training;
+    auto with_loss = passes::add_loss(g, training);
+    ASSERT_TRUE(with_loss.is_ok()) << with_loss.status().message();
+    auto result = shard_tensor_parallel(*with_loss, on_h100(parts));
+    ASSERT_TRUE(result.is_ok()) << result.status().message();
+    EXPECT_EQ(result->specs.at("wte"), ShardSpec::split(0)) << parts;
+    EXPECT_EQ(result->specs.at("embed.tokens"), ShardSpec::partial()) << parts;
+    EXPECT_EQ(result->specs.at("logits"), ShardSpec::split(2)) << parts;
+    EXPECT_EQ(result->specs.at("loss"), ShardSpec::replicated()) << parts;
+    EXPECT_EQ(result->rules.at("embed.tokens"),
+              "gather from a table split by rows (each member's rows; partial sums)");
+    EXPECT_EQ(result->rules.at("logits"), "column split (B by columns)");
+    const Graph &local = result->local;
+    const Node &lookup = local.node(*local.find_node("embed.tokens"));
+    EXPECT_EQ(lookup.int_attr("parts"), parts);
+    EXPECT_EQ(local.tensor(*local.find_tensor("wte")).type.shape, (Shape{32768 / parts, 1024}));
+    EXPECT_EQ(local.tensor(*local.find_tensor("logits")).type.shape,
+              (Shape{4, 512, 32768 / parts}));
+    EXPECT_EQ(local.node(*local.find_node("loss")).op, "VocabParallelCrossEntropy");
+    auto counts = count_ops(local);
+    EXPECT_EQ(counts["VocabParallelStats"], 1);
+    // The lookup's partial sums are all-reduced; the logits are never
+    // gathered: the loss's one gather is its statistics, 3 numbers per row.
+    EXPECT_TRUE(local.find_node("embed.tokens.tp_all_reduce").has_value());
+    EXPECT_EQ(counts["TpAllReduce"], 2 * layers + 1) << parts; // the blocks' and the lookup's
+    int stats_gathers = 0;
+    for (const Node &node : local.nodes()) {
+      if (node.op != "TpAllGather") continue;
+      EXPECT_NE(local.tensor(node.inputs[0]).name, "logits") << parts;
+      if (local.tensor(node.outputs[0]).type.shape == Shape{4, 512, 3 * parts}) ++stats_gathers;
+    }
+    EXPECT_EQ(stats_gathers, 1) << parts;
+  }
+  // Without the loss in the graph, the logits are an output and whole.
+  auto result = shard_tensor_parallel(gpt(2, 1024, 16, 512, 4, 32768), on_h100(2));
+  ASSERT_TRUE(result.is_ok()) << result.status().message();
+  EXPECT_EQ(count_ops(result->local)["VocabParallelStats"], 0);
 }
 
 // One member is no tensor parallelism; a model of ops without rules stays replicated.
