@@ -92,10 +92,13 @@ protected:
   // One SGD step (lr = 1) on mean((y - target)^2) moves each weight by exactly
   // PyTorch's gradient (batch norm in training mode, on the batch's
   // statistics): <name>.onnx, .input.npy, .target.npy, .loss.npy and
-  // .grad.<param>.npy in `folder`.
+  // .grad.<param>.npy in `folder`. With `alternates`, a parameter may instead
+  // be within alternates[param] of .grad2.<param>.npy, a second f32 PyTorch
+  // run's gradient (see TorchvisionNetworksMatchTorch).
   void expect_torch_gradients(const std::string &name, const std::vector<std::string> &params,
                               const fs::path &folder = fixtures(),
-                              const std::map<std::string, double> &tolerances = {}) {
+                              const std::map<std::string, double> &tolerances = {},
+                              const std::map<std::string, double> &alternates = {}) {
     ASSERT_EQ(strata({"import", (folder / (name + ".onnx")).string(), "-o", "m.strata"}).code, 0);
     Outcome compiled = strata({"compile", "m.strata", "--train", "--loss", "mse", "--optimizer",
                                "sgd:lr=1", "-o", "t.splan"});
@@ -132,9 +135,18 @@ protected:
       HostTensor torch_grad = npy(folder / (name + ".grad." + param + ".npy"));
       ASSERT_EQ(grad.type, torch_grad.type) << param;
       const auto tolerance = tolerances.find(param);
-      EXPECT_LT(relative_error(grad, torch_grad),
-                tolerance == tolerances.end() ? 1e-4 : tolerance->second)
-          << name << ": " << param;
+      const double error = relative_error(grad, torch_grad);
+      const double allowed = tolerance == tolerances.end() ? 1e-4 : tolerance->second;
+      const auto alternate = alternates.find(param);
+      if (error < allowed || alternate == alternates.end()) {
+        EXPECT_LT(error, allowed) << name << ": " << param;
+        continue;
+      }
+      HostTensor other = npy(folder / (name + ".grad2." + param + ".npy"));
+      ASSERT_EQ(grad.type, other.type) << param;
+      EXPECT_LT(relative_error(grad, other), alternate->second)
+          << name << ": " << param << " (" << error << " from PyTorch's first f32 gradient, "
+          << allowed << " allowed)";
     }
   }
 
@@ -225,23 +237,38 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
       "                      do_constant_folding=False)\n"
       "    np.save(name + '.train.input.npy', x.numpy())\n"
       "    np.save(name + '.train.target.npy', t.numpy())\n"
-      "    if name == 'mobilenet_v2':  # ResNet-18: see below\n"
-      "        m.train()\n"
-      "        for d in m.modules():\n"
-      "            if isinstance(d, torch.nn.Dropout): d.eval()\n"
-      "        loss = torch.nn.functional.mse_loss(m(x), t)\n"
-      "        loss.backward()\n"
-      "        np.save(name + '.train.loss.npy', np.array([loss.item()], np.float32))\n"
-      "        for p, v in m.named_parameters():\n"
-      "            np.save(name + '.train.grad.' + p + '.npy', v.grad.numpy())\n"
-      "        # How far PyTorch's own f32 gradients are from f64 ones: deep nets'\n"
-      "        # early layers are ill-conditioned, and no f32 run gets closer.\n"
-      "        d = copy.deepcopy(m).double()\n"
-      "        torch.nn.functional.mse_loss(d(x.double()), t.double()).backward()\n"
-      "        with open(name + '.train.f32error', 'w') as f:\n"
-      "            for (p, v), (_, w) in zip(m.named_parameters(), d.named_parameters()):\n"
-      "                f.write('%s %.9g\\n' % (p, float((v.grad.double() - w.grad).abs().max() / "
-      "w.grad.abs().max())))\n";
+      "    w0 = {p: v.detach().clone() for p, v in m.named_parameters()}\n"
+      "    m.train()\n"
+      "    for d in m.modules():\n"
+      "        if isinstance(d, torch.nn.Dropout): d.eval()\n"
+      "    # PyTorch's gradients in f32 twice (its default convolutions, and with\n"
+      "    # oneDNN off: other summation orders) and in f64. A ReLU input within f32\n"
+      "    # rounding of 0 takes either side in an f32 run and its gradient jumps\n"
+      "    # (ResNet-18's layer4.1.bn1 has one at +3e-6 in f64: oneDNN's f32 keeps\n"
+      "    # it, PyTorch's own f32 without oneDNN and strata drop it, and\n"
+      "    # layer4.1.conv1.weight moves 5.5%), so strata must match one of the two.\n"
+      "    def grads(model, x, t, mkldnn=True):\n"
+      "        model.zero_grad()\n"
+      "        with torch.backends.mkldnn.flags(enabled=mkldnn):\n"
+      "            loss = torch.nn.functional.mse_loss(model(x), t)\n"
+      "            loss.backward()\n"
+      "        return loss.item(), {p: v.grad.clone() for p, v in model.named_parameters()}\n"
+      "    loss, g32 = grads(m, x, t)\n"
+      "    np.save(name + '.train.loss.npy', np.array([loss], np.float32))\n"
+      "    _, g32b = grads(m, x, t, mkldnn=False)\n"
+      "    _, g64 = grads(copy.deepcopy(m).double(), x.double(), t.double())\n"
+      "    # Each f32 run's distance from f64 (deep nets' early layers are\n"
+      "    # ill-conditioned, and no f32 run gets closer), and the bound on the\n"
+      "    # rounding of w - g to f32 that reading a gradient back as w_before -\n"
+      "    # w_after adds (a batch norm's weight of 1 against a gradient of 1e-4).\n"
+      "    rel = lambda a, b: float((a.double() - b).abs().max() / b.abs().max())\n"
+      "    with open(name + '.train.f32error', 'w') as f:\n"
+      "        for p, w in g64.items():\n"
+      "            np.save(name + '.train.grad.' + p + '.npy', g32[p].numpy())\n"
+      "            np.save(name + '.train.grad2.' + p + '.npy', g32b[p].numpy())\n"
+      "            after = (w0[p] - g32[p]).numpy()\n"
+      "            floor = float(np.spacing(np.abs(after)).max() / 2 / w.abs().max())\n"
+      "            f.write('%s %.9g %.9g %.9g\\n' % (p, rel(g32[p], w), rel(g32b[p], w), floor))\n";
   std::ofstream(dir_ / "export.py") << script;
   ASSERT_EQ(
       std::system(
@@ -272,27 +299,35 @@ TEST_F(OnnxTest, TorchvisionNetworksMatchTorch) {
         << train.out;
   }
   // One training step (batch 2, batch norm on the batch's statistics) moves
-  // MobileNetV2's weights by PyTorch's gradients: the stem, depthwise
-  // convolutions, a batch norm the exporter had merged and the classifier.
-  // Each within 1e-4, or within 4x what separates PyTorch's own f32 gradient
-  // from its f64 one where the network is that ill-conditioned (the early
-  // layers, about 1%). ResNet-18 is not checked yet: its layer4.1.conv1 and
-  // bn1 gradients still differ from PyTorch's by a few percent, for a reason
-  // not found yet (its other layers match).
-  auto tolerances = [&](const std::string &name) {
+  // the weights by PyTorch's gradients: MobileNetV2's stem, depthwise
+  // convolutions, a batch norm the exporter had merged and the classifier;
+  // ResNet-18's stem, a deep block with a ReLU input at f32 rounding of 0
+  // (layer4.1.bn1) and the classifier. Each within 1e-4, or within 4x what
+  // separates that PyTorch f32 gradient from the f64 one where the network is
+  // that ill-conditioned (the early layers, about 1%), or within twice the
+  // rounding of reading the gradient back from the weights, of one of
+  // PyTorch's two f32 runs.
+  auto tolerances = [&](const std::string &name, int run) {
     std::map<std::string, double> out;
     std::istringstream lines(read_file(dir_ / (name + ".f32error")));
     std::string param;
-    double error = 0;
-    while (lines >> param >> error)
-      out[param] = std::max(1e-4, 4 * error);
+    double error[2] = {0, 0}, floor = 0;
+    while (lines >> param >> error[0] >> error[1] >> floor)
+      out[param] = std::max({1e-4, 4 * error[run], 2 * floor});
     return out;
   };
-  expect_torch_gradients("mobilenet_v2.train",
-                         {"features.0.0.weight", "features.0.1.weight",
-                          "features.1.conv.0.0.weight", "features.18.1.bias", "classifier.1.weight",
-                          "classifier.1.bias"},
-                         dir_, tolerances("mobilenet_v2.train"));
+  expect_torch_gradients(
+      "mobilenet_v2.train",
+      {"features.0.0.weight", "features.0.1.weight", "features.1.conv.0.0.weight",
+       "features.18.1.bias", "classifier.1.weight", "classifier.1.bias"},
+      dir_, tolerances("mobilenet_v2.train", 0), tolerances("mobilenet_v2.train", 1));
+  fs::remove_all(dir_ / "data");
+  fs::remove_all(dir_ / "ck");
+  expect_torch_gradients("resnet18.train",
+                         {"conv1.weight", "bn1.weight", "layer1.1.conv1.weight",
+                          "layer4.0.conv2.weight", "layer4.1.conv1.weight", "layer4.1.bn1.weight",
+                          "layer4.1.bn1.bias", "layer4.1.bn2.bias", "fc.weight", "fc.bias"},
+                         dir_, tolerances("resnet18.train", 0), tolerances("resnet18.train", 1));
 }
 
 TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
