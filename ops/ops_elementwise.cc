@@ -18,6 +18,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/kernels/cpu/parallel.h"
 #include "ops/registry.h"
 
 namespace strata::ops {
@@ -77,9 +78,11 @@ BroadcastPlan plan_broadcast(llvm::ArrayRef<int64_t> a, llvm::ArrayRef<int64_t> 
 // need a scalar epilogue.
 constexpr int64_t kBlock = 8;
 
-// out[i] = f(x[i])
+// Elements per thread below which splitting a map costs more than it saves.
+constexpr int64_t kGrain = int64_t{1} << 15;
+
 template <typename In, typename Out, typename F>
-inline void map_unary(const In *__restrict x, Out *__restrict out, int64_t n, F f) {
+inline void map_unary_run(const In *__restrict x, Out *__restrict out, int64_t n, F f) {
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock)
     for (int64_t j = 0; j < kBlock; ++j)
@@ -88,16 +91,31 @@ inline void map_unary(const In *__restrict x, Out *__restrict out, int64_t n, F 
     out[i] = f(x[i]);
 }
 
-// out[i] = f(a[i], b[i])
+// out[i] = f(x[i]), large maps split over the CPU threads.
+template <typename In, typename Out, typename F>
+inline void map_unary(const In *x, Out *out, int64_t n, F f) {
+  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    map_unary_run(x + begin, out + begin, end - begin, f);
+  });
+}
+
 template <typename T, typename F>
-inline void map_binary(const T *__restrict a, const T *__restrict b, T *__restrict out, int64_t n,
-                       F f) {
+inline void map_binary_run(const T *__restrict a, const T *__restrict b, T *__restrict out,
+                           int64_t n, F f) {
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock)
     for (int64_t j = 0; j < kBlock; ++j)
       out[i + j] = f(a[i + j], b[i + j]);
   for (; i < n; ++i)
     out[i] = f(a[i], b[i]);
+}
+
+// out[i] = f(a[i], b[i]), large maps split over the CPU threads.
+template <typename T, typename F>
+inline void map_binary(const T *a, const T *b, T *out, int64_t n, F f) {
+  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    map_binary_run(a + begin, b + begin, out + begin, end - begin, f);
+  });
 }
 
 // out[i] = f(a[i * step_a], b[i * step_b]) for i < n, where each step is 0 or 1.

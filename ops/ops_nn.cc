@@ -21,6 +21,7 @@
 
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
+#include "ops/kernels/cpu/parallel.h"
 #include "ops/registry.h"
 
 namespace strata::ops {
@@ -803,50 +804,56 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
       return Status::ok();
     }
   }
-  for (int64_t plane = 0; plane < planes; ++plane) {
-    const float *src = in + plane * h * wd;
-    float *dst = out + plane * out_h * out_w;
-    for (int64_t oy = 0; oy < out_h; ++oy) {
-      const int64_t y0 = oy * w.stride_h - w.pad_top;
-      if (kMax && rows.contains(oy) && cols.hi > cols.lo)
-        // The windows inside the input, without bounds checks.
-        max_pool_row(src, y0 * wd + cols.lo * w.stride_w - w.pad_left, w.stride_w, taps,
-                     cols.hi - cols.lo, dst + oy * out_w + cols.lo, nullptr);
-      for (int64_t ox = 0; ox < out_w; ++ox) {
-        const int64_t x0 = ox * w.stride_w - w.pad_left;
-        if constexpr (kMax) {
-          if (rows.contains(oy) && cols.contains(ox)) continue;
-          // Padding acts as -inf: taps outside the input are skipped. NaN wins.
-          float best = -std::numeric_limits<float>::infinity();
-          const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
-          const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
-          for (int64_t ky = ky0; ky < ky1; ++ky) {
-            const float *row = src + (y0 + ky * w.dilation_h) * wd + x0;
-            for (int64_t kx = kx0; kx < kx1; ++kx) {
-              const float v = row[kx * w.dilation_w];
-              best = (v > best || v != v) ? v : best;
+  // Planes split over the CPU threads (each plane's arithmetic is the same).
+  const int64_t plane_size = std::max<int64_t>(1, h * wd);
+  cpu::parallel_for(
+      planes, std::max<int64_t>(1, (int64_t{1} << 15) / plane_size),
+      [&](int64_t first, int64_t last) {
+        for (int64_t plane = first; plane < last; ++plane) {
+          const float *src = in + plane * h * wd;
+          float *dst = out + plane * out_h * out_w;
+          for (int64_t oy = 0; oy < out_h; ++oy) {
+            const int64_t y0 = oy * w.stride_h - w.pad_top;
+            if (kMax && rows.contains(oy) && cols.hi > cols.lo)
+              // The windows inside the input, without bounds checks.
+              max_pool_row(src, y0 * wd + cols.lo * w.stride_w - w.pad_left, w.stride_w, taps,
+                           cols.hi - cols.lo, dst + oy * out_w + cols.lo, nullptr);
+            for (int64_t ox = 0; ox < out_w; ++ox) {
+              const int64_t x0 = ox * w.stride_w - w.pad_left;
+              if constexpr (kMax) {
+                if (rows.contains(oy) && cols.contains(ox)) continue;
+                // Padding acts as -inf: taps outside the input are skipped. NaN wins.
+                float best = -std::numeric_limits<float>::infinity();
+                const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+                const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+                for (int64_t ky = ky0; ky < ky1; ++ky) {
+                  const float *row = src + (y0 + ky * w.dilation_h) * wd + x0;
+                  for (int64_t kx = kx0; kx < kx1; ++kx) {
+                    const float v = row[kx * w.dilation_w];
+                    best = (v > best || v != v) ? v : best;
+                  }
+                }
+                dst[oy * out_w + ox] = best;
+              } else {
+                // The window clipped to the padded input counts with count_include_pad
+                // (ceil mode's overhang past the end padding never counts); clipped to
+                // the input itself without.
+                const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+                const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+                const int64_t padded_count = (y1 - y0) * (x1 - x0);
+                const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+                const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+                double sum = 0;
+                for (int64_t iy = ys; iy < ye; ++iy)
+                  for (int64_t ix = xs; ix < xe; ++ix)
+                    sum += src[iy * wd + ix];
+                const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+                dst[oy * out_w + ox] = static_cast<float>(sum / static_cast<double>(count));
+              }
             }
           }
-          dst[oy * out_w + ox] = best;
-        } else {
-          // The window clipped to the padded input counts with count_include_pad
-          // (ceil mode's overhang past the end padding never counts); clipped to
-          // the input itself without.
-          const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
-          const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
-          const int64_t padded_count = (y1 - y0) * (x1 - x0);
-          const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
-          const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
-          double sum = 0;
-          for (int64_t iy = ys; iy < ye; ++iy)
-            for (int64_t ix = xs; ix < xe; ++ix)
-              sum += src[iy * wd + ix];
-          const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
-          dst[oy * out_w + ox] = static_cast<float>(sum / static_cast<double>(count));
         }
-      }
-    }
-  }
+      });
   return Status::ok();
 }
 
@@ -977,6 +984,18 @@ std::pair<double, double> channel_stats(const float *x, int64_t batch, int64_t c
   return {mean, 1.0 / std::sqrt(var + epsilon)};
 }
 
+// body(c) for every channel c of X [batch, channels, inner], channels split
+// over the CPU threads (each channel's arithmetic is the same on any number).
+template <typename Body>
+void for_channels(int64_t batch, int64_t channels, int64_t inner, Body body) {
+  const int64_t per_channel = std::max<int64_t>(1, batch * inner);
+  cpu::parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 15) / per_channel),
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t c = begin; c < end; ++c)
+                        body(c);
+                    });
+}
+
 Status batch_norm_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0, 1, 2, 3, 4}));
   const double epsilon = context.attrs().get_float("epsilon");
@@ -990,7 +1009,7 @@ Status batch_norm_kernel(const KernelContext &context) {
   const float *in = x.as<float>();
   float *out = context.outputs[0].as<float>();
   ASSIGN_OR_RETURN(bool training, read_flag(context.def, context.attrs(), "training"));
-  for (int64_t c = 0; c < channels; ++c) {
+  for_channels(batch, channels, inner, [&](int64_t c) {
     // Fold the normalization into one multiply-add per element. Training uses the
     // batch's own statistics instead of the mean and var inputs.
     double channel_mean = mean[c];
@@ -1010,7 +1029,7 @@ Status batch_norm_kernel(const KernelContext &context) {
       for (int64_t i = 0; i < inner; ++i)
         out[base + i] = (in[base + i] - m) * mul + add;
     }
-  }
+  });
   return Status::ok();
 }
 
@@ -1050,13 +1069,13 @@ Status batch_norm_stats_kernel(const KernelContext &context) {
   const float *in = x.as<float>();
   float *mean_out = context.outputs[0].as<float>();
   float *var_out = context.outputs[1].as<float>();
-  for (int64_t c = 0; c < channels; ++c) {
+  for_channels(batch, channels, inner, [&](int64_t c) {
     // The same two passes in double as channel_stats.
     const double mean = channel_sum(in, batch, channels, inner, c) / count;
     const double squares = channel_squares(in, batch, channels, inner, c, mean);
     mean_out[c] = static_cast<float>(mean);
     var_out[c] = static_cast<float>(squares / (count - 1.0));
-  }
+  });
   return Status::ok();
 }
 
@@ -1402,63 +1421,70 @@ template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
       return Status::ok();
     }
   }
-  std::vector<int32_t> picked(static_cast<size_t>(std::max<int64_t>(cols.hi - cols.lo, 0)));
-  if (kMax && h * wd > std::numeric_limits<int32_t>::max()) picked.clear(); // offsets too large
-  for (int64_t plane = 0; plane < planes; ++plane) {
-    const float *g = dy_data + plane * out_h * out_w;
-    float *dst = dx_data + plane * h * wd;
-    for (int64_t oy = 0; oy < out_h; ++oy) {
-      const int64_t y0 = oy * w.stride_h - w.pad_top;
-      const bool fast_row = kMax && rows.contains(oy) && !picked.empty();
-      if (fast_row)
-        // The windows inside the input: their picked positions first; the
-        // gradients are then added in output order, as the generic loop does.
-        max_pool_row(x_data + plane * h * wd, y0 * wd + cols.lo * w.stride_w - w.pad_left,
-                     w.stride_w, taps, cols.hi - cols.lo, nullptr, picked.data());
-      for (int64_t ox = 0; ox < out_w; ++ox) {
-        if (fast_row && cols.contains(ox)) {
-          dst[picked[static_cast<size_t>(ox - cols.lo)]] += g[oy * out_w + ox];
-          continue;
-        }
-        const int64_t x0 = ox * w.stride_w - w.pad_left;
-        const float grad = g[oy * out_w + ox];
-        if constexpr (kMax) {
-          // The forward's scan: a later tap wins only when strictly larger (or NaN).
-          const float *src = x_data + plane * h * wd;
-          int64_t best_index = -1;
-          float best = -std::numeric_limits<float>::infinity();
-          const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
-          const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
-          for (int64_t ky = ky0; ky < ky1; ++ky) {
-            const int64_t base = (y0 + ky * w.dilation_h) * wd + x0;
-            for (int64_t kx = kx0; kx < kx1; ++kx) {
-              const int64_t at = base + kx * w.dilation_w;
-              const float v = src[at];
-              if (best_index < 0 || v > best || v != v) {
-                best = v;
-                best_index = at;
+  // Planes split over the CPU threads (each plane's arithmetic is the same).
+  const int64_t plane_size = std::max<int64_t>(1, h * wd);
+  cpu::parallel_for(
+      planes, std::max<int64_t>(1, (int64_t{1} << 15) / plane_size),
+      [&](int64_t first, int64_t last) {
+        std::vector<int32_t> picked(static_cast<size_t>(std::max<int64_t>(cols.hi - cols.lo, 0)));
+        if (kMax && h * wd > std::numeric_limits<int32_t>::max())
+          picked.clear(); // offsets too large
+        for (int64_t plane = first; plane < last; ++plane) {
+          const float *g = dy_data + plane * out_h * out_w;
+          float *dst = dx_data + plane * h * wd;
+          for (int64_t oy = 0; oy < out_h; ++oy) {
+            const int64_t y0 = oy * w.stride_h - w.pad_top;
+            const bool fast_row = kMax && rows.contains(oy) && !picked.empty();
+            if (fast_row)
+              // The windows inside the input: their picked positions first; the
+              // gradients are then added in output order, as the generic loop does.
+              max_pool_row(x_data + plane * h * wd, y0 * wd + cols.lo * w.stride_w - w.pad_left,
+                           w.stride_w, taps, cols.hi - cols.lo, nullptr, picked.data());
+            for (int64_t ox = 0; ox < out_w; ++ox) {
+              if (fast_row && cols.contains(ox)) {
+                dst[picked[static_cast<size_t>(ox - cols.lo)]] += g[oy * out_w + ox];
+                continue;
+              }
+              const int64_t x0 = ox * w.stride_w - w.pad_left;
+              const float grad = g[oy * out_w + ox];
+              if constexpr (kMax) {
+                // The forward's scan: a later tap wins only when strictly larger (or NaN).
+                const float *src = x_data + plane * h * wd;
+                int64_t best_index = -1;
+                float best = -std::numeric_limits<float>::infinity();
+                const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+                const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+                for (int64_t ky = ky0; ky < ky1; ++ky) {
+                  const int64_t base = (y0 + ky * w.dilation_h) * wd + x0;
+                  for (int64_t kx = kx0; kx < kx1; ++kx) {
+                    const int64_t at = base + kx * w.dilation_w;
+                    const float v = src[at];
+                    if (best_index < 0 || v > best || v != v) {
+                      best = v;
+                      best_index = at;
+                    }
+                  }
+                }
+                if (best_index >= 0) dst[best_index] += grad;
+              } else {
+                // The forward's divisor, then an equal share to every input in the window.
+                const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+                const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+                const int64_t padded_count = (y1 - y0) * (x1 - x0);
+                const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+                const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+                const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+                if (count <= 0) continue;
+                const float share =
+                    static_cast<float>(static_cast<double>(grad) / static_cast<double>(count));
+                for (int64_t iy = ys; iy < ye; ++iy)
+                  for (int64_t ix = xs; ix < xe; ++ix)
+                    dst[iy * wd + ix] += share;
               }
             }
           }
-          if (best_index >= 0) dst[best_index] += grad;
-        } else {
-          // The forward's divisor, then an equal share to every input in the window.
-          const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
-          const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
-          const int64_t padded_count = (y1 - y0) * (x1 - x0);
-          const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
-          const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
-          const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
-          if (count <= 0) continue;
-          const float share =
-              static_cast<float>(static_cast<double>(grad) / static_cast<double>(count));
-          for (int64_t iy = ys; iy < ye; ++iy)
-            for (int64_t ix = xs; ix < xe; ++ix)
-              dst[iy * wd + ix] += share;
         }
-      }
-    }
-  }
+      });
   return Status::ok();
 }
 
@@ -1520,7 +1546,7 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
   float *dx = context.outputs[0].as<float>();
   float *dscale = context.outputs[1].as<float>();
   float *dbias = context.outputs[2].as<float>();
-  for (int64_t c = 0; c < channels; ++c) {
+  for_channels(batch, channels, inner, [&](int64_t c) {
     auto [mean, rstd] = channel_stats(in, batch, channels, inner, c, epsilon);
     // sum(dY) and sum(dY * xhat) = rstd * (sum(dY * (X - m)) - (mean - m) sum(dY)),
     // m the f32 mean, with the blocked sums above.
@@ -1535,7 +1561,7 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
     const double sum_gx = sum_gd * rstd;
     dscale[c] = static_cast<float>(sum_gx);
     dbias[c] = static_cast<float>(sum_g);
-    if (count == 0) continue;
+    if (count == 0) return;
     // dX = scale * rstd * (dY - mean(dY) - xhat * mean(dY * xhat)).
     const double mean_g = sum_g / count, mean_gx = sum_gx / count;
     // dX = a * dY + b * (X - mean) + d, the coefficients folded per channel in
@@ -1551,7 +1577,7 @@ Status batch_norm_grad_kernel(const KernelContext &context) {
       for (int64_t i = 0; i < inner; ++i)
         dx[base + i] = a * dy[base + i] + b * (in[base + i] - m) + d;
     }
-  }
+  });
   return Status::ok();
 }
 

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "ops/kernels/cpu/parallel.h"
 #include "ops/registry.h"
 
 namespace strata::ops {
@@ -99,6 +100,13 @@ OpCost sgd_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> i
   return cost;
 }
 
+// Elements per thread below which splitting an update costs more than it saves.
+constexpr int64_t kGrain = int64_t{1} << 15;
+
+void sgd_range(const KernelContext &context, int64_t begin, int64_t end, float momentum,
+               float weight_decay, float keep, bool nesterov, float neg_lr, bool has_buffer,
+               bool first);
+
 Status sgd_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(f32_only(context));
   AttrReader attrs = context.attrs();
@@ -112,20 +120,32 @@ Status sgd_kernel(const KernelContext &context) {
   // input every step blends (the same when dampening is 0 and the buffer is zero).
   const bool first = context.inputs.size() >= 5 && read_i64_scalar(context.inputs[4]) == 0;
 
-  const float *__restrict param = context.inputs[0].as<float>();
-  const float *__restrict grad = context.inputs[1].as<float>();
-  float *__restrict new_param = context.outputs[0].as<float>();
   const int64_t n = context.inputs[0].num_elements();
+  // Elements [begin, end); large parameters split over the CPU threads.
+  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+    sgd_range(context, begin, end, momentum, weight_decay, keep, nesterov, neg_lr, has_buffer,
+              first);
+  });
+  return Status::ok();
+}
+
+void sgd_range(const KernelContext &context, int64_t begin, int64_t end, float momentum,
+               float weight_decay, float keep, bool nesterov, float neg_lr, bool has_buffer,
+               bool first) {
+  const float *__restrict param = context.inputs[0].as<float>() + begin;
+  const float *__restrict grad = context.inputs[1].as<float>() + begin;
+  float *__restrict new_param = context.outputs[0].as<float>() + begin;
+  const int64_t n = end - begin;
   if (!has_buffer) {
     for (int64_t i = 0; i < n; ++i) {
       float g = grad[i];
       if (weight_decay != 0) g = g + weight_decay * param[i];
       new_param[i] = param[i] + neg_lr * g;
     }
-    return Status::ok();
+    return;
   }
-  const float *__restrict buf = context.inputs[3].as<float>();
-  float *__restrict new_buf = context.outputs[1].as<float>();
+  const float *__restrict buf = context.inputs[3].as<float>() + begin;
+  float *__restrict new_buf = context.outputs[1].as<float>() + begin;
   for (int64_t i = 0; i < n; ++i) {
     float g = grad[i];
     if (weight_decay != 0) g = g + weight_decay * param[i];
@@ -140,7 +160,6 @@ Status sgd_kernel(const KernelContext &context) {
     const float d = nesterov ? g + momentum * b : b;
     new_param[i] = param[i] + neg_lr * d;
   }
-  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -264,13 +283,15 @@ Status adam_kernel(const KernelContext &context) {
   const int64_t n = context.inputs[0].num_elements();
   const AdamScalars k{
       decay, wd, b1, b2, one_minus_b1, one_minus_b2, bias_correction2_sqrt, eps, neg_step_size};
-  const AdamArrays a{param, grad, m, v, new_param, new_m, new_v};
-  if (decoupled)
-    adam_loop<AdamDecay::kDecoupled>(k, a, n);
-  else if (wd != 0)
-    adam_loop<AdamDecay::kL2>(k, a, n);
-  else
-    adam_loop<AdamDecay::kNone>(k, a, n);
+  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    const AdamArrays a{param + b, grad + b, m + b, v + b, new_param + b, new_m + b, new_v + b};
+    if (decoupled)
+      adam_loop<AdamDecay::kDecoupled>(k, a, e - b);
+    else if (wd != 0)
+      adam_loop<AdamDecay::kL2>(k, a, e - b);
+    else
+      adam_loop<AdamDecay::kNone>(k, a, e - b);
+  });
   return Status::ok();
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/kernels/cpu/conv.h"
+#include "ops/kernels/cpu/gemm.h"
 #include "tests/ops/op_test_util.h"
 #include "tests/passes/grad_check.h"
 
@@ -585,6 +586,56 @@ TEST(BatchNormalizationTraining, UsesBatchStatistics) {
       }
   }
   expect_close(y, expected, 1e-5, 1e-5, "Y");
+}
+
+// The kernels that split their work over the CPU threads (elementwise maps,
+// batch norm by channel, pooling by plane, the optimizer updates by element)
+// give the same bits on one thread and on three: each element's arithmetic
+// does not depend on how the work is cut.
+TEST(CpuThreads, KernelsGiveTheSameBitsOnAnyThreadCount) {
+  std::mt19937 rng(31);
+  using ops::testing::random_tensor;
+  TestTensor x = random_tensor(DType::kF32, {4, 24, 30, 30}, rng, -2.0, 3.0);
+  TestTensor dy = random_tensor(DType::kF32, {4, 24, 30, 30}, rng);
+  TestTensor pooled_dy = random_tensor(DType::kF32, {4, 24, 15, 15}, rng);
+  TestTensor scale = random_tensor(DType::kF32, {24}, rng, 0.5, 1.5);
+  TestTensor bias = random_tensor(DType::kF32, {24}, rng);
+  TestTensor v = random_tensor(DType::kF32, {4, 24, 30, 30}, rng, 0.1, 1.0);
+  TestTensor lr = ops::testing::tensor(DType::kF32, {}, {0.1});
+  TestTensor step = ops::testing::tensor(DType::kI64, {}, {3});
+  const std::vector<Attribute> pool = {{"kernel_shape", std::vector<int64_t>{3, 3}},
+                                       {"strides", std::vector<int64_t>{2, 2}},
+                                       {"pads", std::vector<int64_t>{1, 1, 1, 1}}};
+  auto all = [&] {
+    std::vector<TestTensor> out;
+    auto keep = [&](const char *op, const std::vector<TestTensor> &in,
+                    std::vector<Attribute> attrs = {}) {
+      auto result = run_op(op, in, std::move(attrs));
+      EXPECT_TRUE(result.status.is_ok()) << op << ": " << result.status.message();
+      for (TestTensor &t : result.outputs)
+        out.push_back(std::move(t));
+    };
+    keep("BatchNormalization", {x, scale, bias, scale, scale}, {{"training", int64_t{1}}});
+    keep("BatchNormStats", {x});
+    keep("BatchNormalizationGrad", {dy, x, scale});
+    keep("MaxPool2d", {x}, pool);
+    keep("MaxPool2dGrad", {pooled_dy, x}, pool);
+    keep("AveragePool2d", {x}, pool);
+    keep("Relu", {x});
+    keep("ReluGrad", {dy, x});
+    keep("Add", {x, dy});
+    keep("SgdUpdate", {x, dy, lr, dy, step}, {{"momentum", 0.9}});
+    keep("AdamUpdate", {x, dy, dy, v, lr, step}, {{"decoupled", int64_t{1}}});
+    return out;
+  };
+  ops::cpu::set_gemm_num_threads(1);
+  const std::vector<TestTensor> one = all();
+  ops::cpu::set_gemm_num_threads(3);
+  const std::vector<TestTensor> three = all();
+  ops::cpu::set_gemm_num_threads(0);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i)
+    ops::testing::expect_same_tensor(three[i], one[i], "output " + std::to_string(i));
 }
 
 TEST(SoftmaxCrossEntropyGradKernel, MatchesReference) {
