@@ -269,6 +269,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
                             TP > 1 ? str_cat(" over ", TP, "-device tensor-parallel groups") : "",
                             " need ", devices);
 
+  if (options.profile && TP > 1)
+    return unimplemented("--profile times each node on this machine as one device; a ", TP,
+                         "-device tensor-parallel plan's nodes meet their group (Tp* collectives, "
+                         "pieces), which one device cannot run: leave --profile out and the cost "
+                         "model prices them");
   ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * DP));
   std::vector<serialization::PlanShard> shards;
   if (TP > 1) {

@@ -485,6 +485,16 @@ TEST_F(PipelineTest, VocabularyParallelEmbeddingAndLossMatchOneDevice) {
     EXPECT_EQ(g.tensor(*g.find_tensor("logits")).type.shape.back(), o.vocab / m.tp) << what;
     expect_close(run_plan(*plan), want, 1e-5, what);
   }
+  // --profile times nodes on one device, which cannot run a member's: refused by name.
+  partitioner::PipelineCompileOptions profiled;
+  profiled.tensor_parallel = 2;
+  profiled.profile = [](const Graph &g) -> Result<std::vector<double>> {
+    return std::vector<double>(g.num_nodes(), 1e-6);
+  };
+  auto refused = partitioner::compile_pipeline(forward, options, profiled);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("--profile"), std::string::npos)
+      << refused.status().message();
 }
 
 TEST_F(PipelineTest, TensorParallelCheckpointsResumeBitwise) {
