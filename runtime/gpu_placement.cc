@@ -1,0 +1,106 @@
+#include "runtime/gpu_placement.h"
+
+#include <charconv>
+#include <set>
+
+namespace strata::runtime {
+
+const char *gpu_transport_name(GpuTransport transport) {
+  return transport == GpuTransport::kNccl ? "nccl" : "device copies";
+}
+
+GpuTransport GpuPlacement::link(int a, int b) const {
+  return gpu_of_device[static_cast<size_t>(a)] == gpu_of_device[static_cast<size_t>(b)]
+             ? GpuTransport::kDeviceCopy
+             : GpuTransport::kNccl;
+}
+
+Result<GpuPlacement> place_on_gpus(int devices, const std::vector<std::vector<int32_t>> &groups,
+                                   int gpus, const std::vector<int> &gpu_list) {
+  if (devices < 1) return invalid_argument("the plan has no devices to place on GPUs");
+  if (gpus < 1)
+    return failed_precondition("no CUDA GPU is visible to place the plan's ", devices,
+                               " device(s) on (CUDA_VISIBLE_DEVICES, driver)");
+  GpuPlacement placement;
+  if (gpu_list.empty()) {
+    for (int d = 0; d < devices; ++d)
+      placement.gpu_of_device.push_back(d % gpus);
+  } else {
+    if (static_cast<int>(gpu_list.size()) != devices)
+      return invalid_argument("--gpus lists ", gpu_list.size(), " GPU(s); the plan has ", devices,
+                              " devices and needs one GPU index per device");
+    for (size_t d = 0; d < gpu_list.size(); ++d)
+      if (gpu_list[d] < 0 || gpu_list[d] >= gpus)
+        return invalid_argument("--gpus: plan device ", d, " is given GPU ", gpu_list[d],
+                                ", but this machine shows ", gpus, " GPU(s) (0 to ", gpus - 1, ")");
+    placement.gpu_of_device = gpu_list;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int32_t> seen_on(static_cast<size_t>(gpus), -1);
+    GpuTransport transport = GpuTransport::kNccl;
+    std::string why = "every member on its own GPU";
+    for (int32_t device : groups[g]) {
+      if (device < 0 || device >= devices)
+        return invalid_argument("group ", g, " names device ", device, "; the plan has ", devices);
+      const int gpu = placement.gpu_of_device[static_cast<size_t>(device)];
+      int32_t &first = seen_on[static_cast<size_t>(gpu)];
+      if (first >= 0 && transport == GpuTransport::kNccl) {
+        transport = GpuTransport::kDeviceCopy;
+        why = str_cat("devices ", first, " and ", device, " share GPU ", gpu,
+                      ", and NCCL refuses two ranks of a communicator on one GPU");
+      }
+      if (first < 0) first = device;
+    }
+    placement.group_transport.push_back(transport);
+    placement.group_why.push_back(std::move(why));
+  }
+  return placement;
+}
+
+Result<std::vector<int>> parse_gpu_list(std::string_view text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = text.find(',', at);
+    const std::string_view entry =
+        text.substr(at, comma == std::string_view::npos ? std::string_view::npos : comma - at);
+    int value = -1;
+    const auto [end, error] = std::from_chars(entry.data(), entry.data() + entry.size(), value);
+    if (entry.empty() || error != std::errc() || end != entry.data() + entry.size() || value < 0)
+      return invalid_argument("--gpus '", text, "': entry ", out.size(), " ('", entry,
+                              "') is not a GPU index (expected e.g. 0,0,1,1)");
+    out.push_back(value);
+    if (comma == std::string_view::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+void CaptureRecord::add(std::string name, const void *address, TensorType type) {
+  buffers_.push_back({std::move(name), address, std::move(type)});
+}
+
+Status CaptureRecord::check_replay(const CaptureRecord &replay) const {
+  const size_t n = std::min(buffers_.size(), replay.buffers_.size());
+  for (size_t i = 0; i < n; ++i) {
+    const Buffer &was = buffers_[i], &now = replay.buffers_[i];
+    if (was.name != now.name)
+      return failed_precondition("CUDA Graph replay: buffer ", i, " is '", now.name,
+                                 "' but the step was captured with '", was.name,
+                                 "' there; capture again (or run with --no-cuda-graph)");
+    if (!(was.type == now.type))
+      return failed_precondition("CUDA Graph replay: '", now.name, "' is ", now.type.to_string(),
+                                 " but was ", was.type.to_string(),
+                                 " at capture; the captured kernels would use the old shape");
+    if (was.address != now.address)
+      return failed_precondition("CUDA Graph replay: '", now.name, "' moved from ", was.address,
+                                 " to ", now.address,
+                                 " since capture; the captured kernels would touch the old memory");
+  }
+  if (buffers_.size() != replay.buffers_.size())
+    return failed_precondition("CUDA Graph replay binds ", replay.buffers_.size(),
+                               " buffers; the step was captured with ", buffers_.size());
+  return Status::ok();
+}
+
+} // namespace strata::runtime

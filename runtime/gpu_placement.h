@@ -1,0 +1,69 @@
+// The CUDA backend's CPU-side bookkeeping, which needs no GPU and is tested
+// without one:
+//  - placing a plan's devices on this machine's GPUs (several plan devices may
+//    share one GPU, so pipeline and tensor-parallel plans run on a single GPU),
+//    and choosing how each of the plan's groups and each point-to-point link
+//    meets there: NCCL where the members are on distinct GPUs, device-to-device
+//    copies on streams where they share one (NCCL refuses a communicator with
+//    two ranks on the same GPU);
+//  - the record a CUDA Graph is captured with (every buffer the step touches:
+//    name, address, type), against which a replay is checked, so a replay with
+//    moved buffers or other shapes is an error naming the buffer instead of
+//    reading stale memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace strata::runtime {
+
+enum class GpuTransport : uint8_t {
+  kNccl,       // members on distinct GPUs: an NCCL communicator
+  kDeviceCopy, // members sharing a GPU: device-to-device copies and local sums on streams
+};
+const char *gpu_transport_name(GpuTransport transport);
+
+struct GpuPlacement {
+  std::vector<int> gpu_of_device; // per plan device: the GPU it runs on
+  // Per plan group (Pipeline.groups): how its members meet, and why.
+  std::vector<GpuTransport> group_transport;
+  std::vector<std::string> group_why;
+  // How plan devices `a` and `b` exchange point-to-point messages.
+  GpuTransport link(int a, int b) const;
+};
+
+// Places `devices` plan devices on `gpus` visible GPUs: by `gpu_list` (one
+// GPU index per plan device, as --gpus 0,0,1,1 gives), or round robin (plan
+// device d on GPU d mod gpus) when it is empty. Errors: no GPU, a list of the
+// wrong length or naming a GPU that is not there, a group naming a device
+// that is not in the plan.
+Result<GpuPlacement> place_on_gpus(int devices, const std::vector<std::vector<int32_t>> &groups,
+                                   int gpus, const std::vector<int> &gpu_list = {});
+
+// "0,0,1,1" -> {0, 0, 1, 1}; an error naming the bad entry otherwise.
+Result<std::vector<int>> parse_gpu_list(std::string_view text);
+
+// The buffers a captured step reads and writes.
+class CaptureRecord {
+public:
+  void add(std::string name, const void *address, TensorType type);
+  size_t size() const { return buffers_.size(); }
+  // OK when `replay` binds the same buffers at the same addresses with the
+  // same types, in the same order; otherwise an error naming the first that
+  // differs (and what it was at capture), or the count that differs.
+  Status check_replay(const CaptureRecord &replay) const;
+
+private:
+  struct Buffer {
+    std::string name;
+    const void *address;
+    TensorType type;
+  };
+  std::vector<Buffer> buffers_;
+};
+
+} // namespace strata::runtime

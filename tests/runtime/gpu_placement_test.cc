@@ -1,0 +1,109 @@
+// The CUDA backend's CPU-side bookkeeping, without a GPU: plan devices placed
+// on GPUs (several on one), the transport of each group and link, --gpus
+// parsing, and the capture record a CUDA Graph replay is checked against.
+#include <gtest/gtest.h>
+
+#include "runtime/gpu_placement.h"
+
+namespace strata::runtime {
+namespace {
+
+void expect_error(const Status &status, std::initializer_list<std::string_view> parts) {
+  ASSERT_FALSE(status.is_ok());
+  for (std::string_view part : parts)
+    EXPECT_NE(status.message().find(part), std::string::npos)
+        << "\"" << status.message() << "\" lacks \"" << part << "\"";
+}
+
+TEST(GpuPlacement, RoundRobinAndTransportPerGroup) {
+  // A 2x2 mesh (dp x pp) on 2 GPUs: devices 0, 2 on GPU 0 and 1, 3 on GPU 1.
+  // Group {0, 1} (a data-parallel pair) spans both GPUs: NCCL. Group {0, 2}
+  // shares GPU 0: copies.
+  auto placed = place_on_gpus(4, {{0, 1}, {0, 2}, {1, 3}, {0, 1, 2, 3}}, 2);
+  ASSERT_TRUE(placed.is_ok()) << placed.status().message();
+  EXPECT_EQ(placed->gpu_of_device, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(placed->group_transport,
+            (std::vector<GpuTransport>{GpuTransport::kNccl, GpuTransport::kDeviceCopy,
+                                       GpuTransport::kDeviceCopy, GpuTransport::kDeviceCopy}));
+  EXPECT_EQ(placed->group_why[0], "every member on its own GPU");
+  EXPECT_NE(placed->group_why[1].find("devices 0 and 2 share GPU 0"), std::string::npos)
+      << placed->group_why[1];
+  EXPECT_NE(placed->group_why[3].find("devices 0 and 2 share GPU 0"), std::string::npos)
+      << placed->group_why[3];
+  EXPECT_EQ(placed->link(0, 1), GpuTransport::kNccl);
+  EXPECT_EQ(placed->link(1, 3), GpuTransport::kDeviceCopy);
+  EXPECT_STREQ(gpu_transport_name(GpuTransport::kDeviceCopy), "device copies");
+
+  // Every plan device on one GPU (a 4-stage pipeline for testing): all copies.
+  auto one = place_on_gpus(4, {{0, 1, 2, 3}}, 1);
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(one->gpu_of_device, (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(one->group_transport[0], GpuTransport::kDeviceCopy);
+  EXPECT_EQ(one->link(0, 3), GpuTransport::kDeviceCopy);
+
+  // As many GPUs as devices: NCCL everywhere.
+  auto eight = place_on_gpus(8, {{0, 1, 2, 3, 4, 5, 6, 7}}, 8);
+  ASSERT_TRUE(eight.is_ok());
+  EXPECT_EQ(eight->group_transport[0], GpuTransport::kNccl);
+}
+
+TEST(GpuPlacement, ExplicitListsAndErrors) {
+  auto listed = place_on_gpus(4, {{0, 1}, {2, 3}}, 2, {0, 0, 1, 1});
+  ASSERT_TRUE(listed.is_ok()) << listed.status().message();
+  EXPECT_EQ(listed->group_transport,
+            (std::vector<GpuTransport>{GpuTransport::kDeviceCopy, GpuTransport::kDeviceCopy}));
+  EXPECT_EQ(listed->link(1, 2), GpuTransport::kNccl);
+
+  expect_error(place_on_gpus(4, {}, 0).status(), {"no CUDA GPU", "4 device(s)"});
+  expect_error(place_on_gpus(4, {}, 2, {0, 1}).status(), {"--gpus lists 2", "4 devices"});
+  expect_error(place_on_gpus(2, {}, 2, {0, 2}).status(),
+               {"plan device 1", "GPU 2", "shows 2 GPU(s)"});
+  expect_error(place_on_gpus(2, {{0, 5}}, 2).status(), {"group 0", "device 5"});
+  expect_error(place_on_gpus(0, {}, 1).status(), {"no devices"});
+}
+
+TEST(GpuPlacement, ParsesGpuLists) {
+  auto parsed = parse_gpu_list("0,0,1,3");
+  ASSERT_TRUE(parsed.is_ok());
+  EXPECT_EQ(*parsed, (std::vector<int>{0, 0, 1, 3}));
+  EXPECT_EQ(*parse_gpu_list("7"), std::vector<int>{7});
+  for (const char *bad : {"", "0,", ",1", "0,x", "-1", "1.5", "0,,1"})
+    expect_error(parse_gpu_list(bad).status(), {"--gpus", "is not a GPU index"});
+  expect_error(parse_gpu_list("0,x").status(), {"entry 1", "'x'"});
+}
+
+TEST(CaptureRecord, ReplayNeedsTheCapturedBuffers) {
+  float a[4], b[4], c[8];
+  const TensorType f4{DType::kF32, {4}}, f8{DType::kF32, {8}}, f2x2{DType::kF32, {2, 2}};
+  CaptureRecord captured;
+  captured.add("x", a, f4);
+  captured.add("w", b, f4);
+  EXPECT_EQ(captured.size(), 2u);
+
+  CaptureRecord same;
+  same.add("x", a, f4);
+  same.add("w", b, f4);
+  EXPECT_TRUE(captured.check_replay(same).is_ok());
+
+  CaptureRecord moved;
+  moved.add("x", a, f4);
+  moved.add("w", c, f4);
+  expect_error(captured.check_replay(moved), {"'w' moved", "old memory"});
+
+  CaptureRecord reshaped;
+  reshaped.add("x", a, f2x2);
+  reshaped.add("w", b, f4);
+  expect_error(captured.check_replay(reshaped), {"'x' is f32[2, 2]", "was f32[4]"});
+
+  CaptureRecord renamed;
+  renamed.add("y", a, f4);
+  renamed.add("w", b, f4);
+  expect_error(captured.check_replay(renamed), {"buffer 0 is 'y'", "captured with 'x'"});
+
+  CaptureRecord more = same;
+  more.add("extra", c, f8);
+  expect_error(captured.check_replay(more), {"binds 3 buffers", "captured with 2"});
+}
+
+} // namespace
+} // namespace strata::runtime
