@@ -78,9 +78,6 @@ BroadcastPlan plan_broadcast(llvm::ArrayRef<int64_t> a, llvm::ArrayRef<int64_t> 
 // need a scalar epilogue.
 constexpr int64_t kBlock = 8;
 
-// Elements per thread below which splitting a map costs more than it saves.
-constexpr int64_t kGrain = int64_t{1} << 15;
-
 template <typename In, typename Out, typename F>
 inline void map_unary_run(const In *__restrict x, Out *__restrict out, int64_t n, F f) {
   int64_t i = 0;
@@ -94,7 +91,7 @@ inline void map_unary_run(const In *__restrict x, Out *__restrict out, int64_t n
 // out[i] = f(x[i]), large maps split over the CPU threads.
 template <typename In, typename Out, typename F>
 inline void map_unary(const In *x, Out *out, int64_t n, F f) {
-  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_items(n, 1, [&](int64_t begin, int64_t end) {
     map_unary_run(x + begin, out + begin, end - begin, f);
   });
 }
@@ -113,7 +110,7 @@ inline void map_binary_run(const T *__restrict a, const T *__restrict b, T *__re
 // out[i] = f(a[i], b[i]), large maps split over the CPU threads.
 template <typename T, typename F>
 inline void map_binary(const T *a, const T *b, T *out, int64_t n, F f) {
-  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_items(n, 1, [&](int64_t begin, int64_t end) {
     map_binary_run(a + begin, b + begin, out + begin, end - begin, f);
   });
 }

@@ -805,55 +805,52 @@ template <bool kMax> Status pool_kernel(const KernelContext &context) {
     }
   }
   // Planes split over the CPU threads (each plane's arithmetic is the same).
-  const int64_t plane_size = std::max<int64_t>(1, h * wd);
-  cpu::parallel_for(
-      planes, std::max<int64_t>(1, (int64_t{1} << 15) / plane_size),
-      [&](int64_t first, int64_t last) {
-        for (int64_t plane = first; plane < last; ++plane) {
-          const float *src = in + plane * h * wd;
-          float *dst = out + plane * out_h * out_w;
-          for (int64_t oy = 0; oy < out_h; ++oy) {
-            const int64_t y0 = oy * w.stride_h - w.pad_top;
-            if (kMax && rows.contains(oy) && cols.hi > cols.lo)
-              // The windows inside the input, without bounds checks.
-              max_pool_row(src, y0 * wd + cols.lo * w.stride_w - w.pad_left, w.stride_w, taps,
-                           cols.hi - cols.lo, dst + oy * out_w + cols.lo, nullptr);
-            for (int64_t ox = 0; ox < out_w; ++ox) {
-              const int64_t x0 = ox * w.stride_w - w.pad_left;
-              if constexpr (kMax) {
-                if (rows.contains(oy) && cols.contains(ox)) continue;
-                // Padding acts as -inf: taps outside the input are skipped. NaN wins.
-                float best = -std::numeric_limits<float>::infinity();
-                const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
-                const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
-                for (int64_t ky = ky0; ky < ky1; ++ky) {
-                  const float *row = src + (y0 + ky * w.dilation_h) * wd + x0;
-                  for (int64_t kx = kx0; kx < kx1; ++kx) {
-                    const float v = row[kx * w.dilation_w];
-                    best = (v > best || v != v) ? v : best;
-                  }
-                }
-                dst[oy * out_w + ox] = best;
-              } else {
-                // The window clipped to the padded input counts with count_include_pad
-                // (ceil mode's overhang past the end padding never counts); clipped to
-                // the input itself without.
-                const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
-                const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
-                const int64_t padded_count = (y1 - y0) * (x1 - x0);
-                const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
-                const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
-                double sum = 0;
-                for (int64_t iy = ys; iy < ye; ++iy)
-                  for (int64_t ix = xs; ix < xe; ++ix)
-                    sum += src[iy * wd + ix];
-                const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
-                dst[oy * out_w + ox] = static_cast<float>(sum / static_cast<double>(count));
+  cpu::parallel_for_items(planes, h * wd, [&](int64_t first, int64_t last) {
+    for (int64_t plane = first; plane < last; ++plane) {
+      const float *src = in + plane * h * wd;
+      float *dst = out + plane * out_h * out_w;
+      for (int64_t oy = 0; oy < out_h; ++oy) {
+        const int64_t y0 = oy * w.stride_h - w.pad_top;
+        if (kMax && rows.contains(oy) && cols.hi > cols.lo)
+          // The windows inside the input, without bounds checks.
+          max_pool_row(src, y0 * wd + cols.lo * w.stride_w - w.pad_left, w.stride_w, taps,
+                       cols.hi - cols.lo, dst + oy * out_w + cols.lo, nullptr);
+        for (int64_t ox = 0; ox < out_w; ++ox) {
+          const int64_t x0 = ox * w.stride_w - w.pad_left;
+          if constexpr (kMax) {
+            if (rows.contains(oy) && cols.contains(ox)) continue;
+            // Padding acts as -inf: taps outside the input are skipped. NaN wins.
+            float best = -std::numeric_limits<float>::infinity();
+            const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+            const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+            for (int64_t ky = ky0; ky < ky1; ++ky) {
+              const float *row = src + (y0 + ky * w.dilation_h) * wd + x0;
+              for (int64_t kx = kx0; kx < kx1; ++kx) {
+                const float v = row[kx * w.dilation_w];
+                best = (v > best || v != v) ? v : best;
               }
             }
+            dst[oy * out_w + ox] = best;
+          } else {
+            // The window clipped to the padded input counts with count_include_pad
+            // (ceil mode's overhang past the end padding never counts); clipped to
+            // the input itself without.
+            const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+            const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+            const int64_t padded_count = (y1 - y0) * (x1 - x0);
+            const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+            const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+            double sum = 0;
+            for (int64_t iy = ys; iy < ye; ++iy)
+              for (int64_t ix = xs; ix < xe; ++ix)
+                sum += src[iy * wd + ix];
+            const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+            dst[oy * out_w + ox] = static_cast<float>(sum / static_cast<double>(count));
           }
         }
-      });
+      }
+    }
+  });
   return Status::ok();
 }
 
@@ -988,12 +985,10 @@ std::pair<double, double> channel_stats(const float *x, int64_t batch, int64_t c
 // over the CPU threads (each channel's arithmetic is the same on any number).
 template <typename Body>
 void for_channels(int64_t batch, int64_t channels, int64_t inner, Body body) {
-  const int64_t per_channel = std::max<int64_t>(1, batch * inner);
-  cpu::parallel_for(channels, std::max<int64_t>(1, (int64_t{1} << 15) / per_channel),
-                    [&](int64_t begin, int64_t end) {
-                      for (int64_t c = begin; c < end; ++c)
-                        body(c);
-                    });
+  cpu::parallel_for_items(channels, batch * inner, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      body(c);
+  });
 }
 
 Status batch_norm_kernel(const KernelContext &context) {
@@ -1113,44 +1108,62 @@ OpCost softmax_cross_entropy_cost(const Node &, const OpDef &, llvm::ArrayRef<Te
   return io_cost(inputs, outputs, 4.0 * elements(inputs[0]));
 }
 
-template <typename Label>
-Status softmax_cross_entropy(const KernelContext &context, Reduction reduction,
-                             int64_t ignore_index) {
-  const ConstTensorView &logits = context.inputs[0];
-  const int64_t classes = logits.shape().back();
-  const int64_t rows = context.inputs[1].num_elements();
-  const float *x = logits.as<float>();
-  const Label *labels = context.inputs[1].as<Label>();
-  float *out = context.outputs[0].as<float>();
-  double total = 0;
-  int64_t counted = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    if (label == ignore_index) {
-      if (reduction == Reduction::kNone) out[r] = 0.0f;
-      continue;
-    }
-    if (label < 0 || label >= classes)
+// The labels of a cross entropy's rows (input `index`, i32 or i64) as i64,
+// each checked against all `classes` classes unless it is `ignore_index`.
+Result<std::vector<int64_t>> read_labels(const KernelContext &context, size_t index,
+                                         int64_t classes, int64_t ignore_index) {
+  const ConstTensorView &t = context.inputs[index];
+  std::vector<int64_t> labels(static_cast<size_t>(t.num_elements()));
+  for (size_t r = 0; r < labels.size(); ++r) {
+    const int64_t label = t.dtype() == DType::kI32 ? t.as<int32_t>()[r] : t.as<int64_t>()[r];
+    if (label != ignore_index && (label < 0 || label >= classes))
       return out_of_range(context.def.name, ": label ", label, " at position ", r,
                           " is outside [0, ", classes, ") for ", classes,
                           " classes and is not ignore_index (", ignore_index, ")");
-    const float *row = x + r * classes;
-    float max = row[0];
-    for (int64_t c = 1; c < classes; ++c)
-      max = std::max(max, row[c]);
-    double sum = 0;
-    for (int64_t c = 0; c < classes; ++c)
-      sum += std::exp(static_cast<double>(row[c]) - max);
-    const double loss = max + std::log(sum) - row[label];
-    if (reduction == Reduction::kNone) out[r] = static_cast<float>(loss);
-    total += loss;
+    labels[r] = label;
+  }
+  return labels;
+}
+
+// Writes the per-row losses loss(r) reduced: rows labelled `ignore_index` add
+// nothing (0 with "none"), and the mean over no counted row is 0, not NaN.
+template <typename RowLoss>
+void reduce_row_losses(const std::vector<int64_t> &labels, int64_t ignore_index,
+                       Reduction reduction, float *out, RowLoss loss) {
+  double total = 0;
+  int64_t counted = 0;
+  for (size_t r = 0; r < labels.size(); ++r) {
+    if (labels[r] == ignore_index) {
+      if (reduction == Reduction::kNone) out[r] = 0.0f;
+      continue;
+    }
+    const double value = loss(r);
+    if (reduction == Reduction::kNone) out[r] = static_cast<float>(value);
+    total += value;
     ++counted;
   }
   if (reduction == Reduction::kSum) out[0] = static_cast<float>(total);
-  // The mean over no counted label is 0 rather than NaN.
   if (reduction == Reduction::kMean)
     out[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
-  return Status::ok();
+}
+
+// What scales row r's gradient: dLoss[r] ("none"), dLoss ("sum"), or dLoss over
+// the counted rows ("mean"); 0 for rows labelled ignore_index.
+struct RowWeights {
+  Reduction reduction;
+  const float *dloss;
+  double shared = 0;
+  double operator()(size_t r) const { return reduction == Reduction::kNone ? dloss[r] : shared; }
+};
+RowWeights row_weights(const std::vector<int64_t> &labels, int64_t ignore_index,
+                       Reduction reduction, const float *dloss) {
+  RowWeights w{reduction, dloss};
+  const auto counted = std::count_if(labels.begin(), labels.end(),
+                                     [&](int64_t label) { return label != ignore_index; });
+  if (reduction == Reduction::kSum) w.shared = dloss[0];
+  if (reduction == Reduction::kMean && counted > 0)
+    w.shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
+  return w;
 }
 
 Status softmax_cross_entropy_kernel(const KernelContext &context) {
@@ -1158,9 +1171,21 @@ Status softmax_cross_entropy_kernel(const KernelContext &context) {
   AttrReader attrs = context.attrs();
   ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
   const int64_t ignore_index = attrs.get_int("ignore_index");
-  if (context.inputs[1].dtype() == DType::kI32)
-    return softmax_cross_entropy<int32_t>(context, reduction, ignore_index);
-  return softmax_cross_entropy<int64_t>(context, reduction, ignore_index);
+  const int64_t classes = context.inputs[0].shape().back();
+  ASSIGN_OR_RETURN(const std::vector<int64_t> labels,
+                   read_labels(context, 1, classes, ignore_index));
+  const float *x = context.inputs[0].as<float>();
+  reduce_row_losses(labels, ignore_index, reduction, context.outputs[0].as<float>(), [&](size_t r) {
+    const float *row = x + static_cast<int64_t>(r) * classes;
+    float max = row[0];
+    for (int64_t c = 1; c < classes; ++c)
+      max = std::max(max, row[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      sum += std::exp(static_cast<double>(row[c]) - max);
+    return max + std::log(sum) - row[labels[r]];
+  });
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -1422,69 +1447,65 @@ template <bool kMax> Status pool_grad_kernel(const KernelContext &context) {
     }
   }
   // Planes split over the CPU threads (each plane's arithmetic is the same).
-  const int64_t plane_size = std::max<int64_t>(1, h * wd);
-  cpu::parallel_for(
-      planes, std::max<int64_t>(1, (int64_t{1} << 15) / plane_size),
-      [&](int64_t first, int64_t last) {
-        std::vector<int32_t> picked(static_cast<size_t>(std::max<int64_t>(cols.hi - cols.lo, 0)));
-        if (kMax && h * wd > std::numeric_limits<int32_t>::max())
-          picked.clear(); // offsets too large
-        for (int64_t plane = first; plane < last; ++plane) {
-          const float *g = dy_data + plane * out_h * out_w;
-          float *dst = dx_data + plane * h * wd;
-          for (int64_t oy = 0; oy < out_h; ++oy) {
-            const int64_t y0 = oy * w.stride_h - w.pad_top;
-            const bool fast_row = kMax && rows.contains(oy) && !picked.empty();
-            if (fast_row)
-              // The windows inside the input: their picked positions first; the
-              // gradients are then added in output order, as the generic loop does.
-              max_pool_row(x_data + plane * h * wd, y0 * wd + cols.lo * w.stride_w - w.pad_left,
-                           w.stride_w, taps, cols.hi - cols.lo, nullptr, picked.data());
-            for (int64_t ox = 0; ox < out_w; ++ox) {
-              if (fast_row && cols.contains(ox)) {
-                dst[picked[static_cast<size_t>(ox - cols.lo)]] += g[oy * out_w + ox];
-                continue;
-              }
-              const int64_t x0 = ox * w.stride_w - w.pad_left;
-              const float grad = g[oy * out_w + ox];
-              if constexpr (kMax) {
-                // The forward's scan: a later tap wins only when strictly larger (or NaN).
-                const float *src = x_data + plane * h * wd;
-                int64_t best_index = -1;
-                float best = -std::numeric_limits<float>::infinity();
-                const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
-                const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
-                for (int64_t ky = ky0; ky < ky1; ++ky) {
-                  const int64_t base = (y0 + ky * w.dilation_h) * wd + x0;
-                  for (int64_t kx = kx0; kx < kx1; ++kx) {
-                    const int64_t at = base + kx * w.dilation_w;
-                    const float v = src[at];
-                    if (best_index < 0 || v > best || v != v) {
-                      best = v;
-                      best_index = at;
-                    }
-                  }
+  cpu::parallel_for_items(planes, h * wd, [&](int64_t first, int64_t last) {
+    std::vector<int32_t> picked(static_cast<size_t>(std::max<int64_t>(cols.hi - cols.lo, 0)));
+    if (kMax && h * wd > std::numeric_limits<int32_t>::max()) picked.clear(); // offsets too large
+    for (int64_t plane = first; plane < last; ++plane) {
+      const float *g = dy_data + plane * out_h * out_w;
+      float *dst = dx_data + plane * h * wd;
+      for (int64_t oy = 0; oy < out_h; ++oy) {
+        const int64_t y0 = oy * w.stride_h - w.pad_top;
+        const bool fast_row = kMax && rows.contains(oy) && !picked.empty();
+        if (fast_row)
+          // The windows inside the input: their picked positions first; the
+          // gradients are then added in output order, as the generic loop does.
+          max_pool_row(x_data + plane * h * wd, y0 * wd + cols.lo * w.stride_w - w.pad_left,
+                       w.stride_w, taps, cols.hi - cols.lo, nullptr, picked.data());
+        for (int64_t ox = 0; ox < out_w; ++ox) {
+          if (fast_row && cols.contains(ox)) {
+            dst[picked[static_cast<size_t>(ox - cols.lo)]] += g[oy * out_w + ox];
+            continue;
+          }
+          const int64_t x0 = ox * w.stride_w - w.pad_left;
+          const float grad = g[oy * out_w + ox];
+          if constexpr (kMax) {
+            // The forward's scan: a later tap wins only when strictly larger (or NaN).
+            const float *src = x_data + plane * h * wd;
+            int64_t best_index = -1;
+            float best = -std::numeric_limits<float>::infinity();
+            const auto [ky0, ky1] = valid_taps(y0, w.kernel_h, w.dilation_h, h);
+            const auto [kx0, kx1] = valid_taps(x0, w.kernel_w, w.dilation_w, wd);
+            for (int64_t ky = ky0; ky < ky1; ++ky) {
+              const int64_t base = (y0 + ky * w.dilation_h) * wd + x0;
+              for (int64_t kx = kx0; kx < kx1; ++kx) {
+                const int64_t at = base + kx * w.dilation_w;
+                const float v = src[at];
+                if (best_index < 0 || v > best || v != v) {
+                  best = v;
+                  best_index = at;
                 }
-                if (best_index >= 0) dst[best_index] += grad;
-              } else {
-                // The forward's divisor, then an equal share to every input in the window.
-                const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
-                const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
-                const int64_t padded_count = (y1 - y0) * (x1 - x0);
-                const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
-                const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
-                const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
-                if (count <= 0) continue;
-                const float share =
-                    static_cast<float>(static_cast<double>(grad) / static_cast<double>(count));
-                for (int64_t iy = ys; iy < ye; ++iy)
-                  for (int64_t ix = xs; ix < xe; ++ix)
-                    dst[iy * wd + ix] += share;
               }
             }
+            if (best_index >= 0) dst[best_index] += grad;
+          } else {
+            // The forward's divisor, then an equal share to every input in the window.
+            const int64_t y1 = std::min(y0 + w.kernel_h, h + w.pad_bottom);
+            const int64_t x1 = std::min(x0 + w.kernel_w, wd + w.pad_right);
+            const int64_t padded_count = (y1 - y0) * (x1 - x0);
+            const int64_t ys = std::max<int64_t>(y0, 0), ye = std::min(y1, h);
+            const int64_t xs = std::max<int64_t>(x0, 0), xe = std::min(x1, wd);
+            const int64_t count = include_pad ? padded_count : (ye - ys) * (xe - xs);
+            if (count <= 0) continue;
+            const float share =
+                static_cast<float>(static_cast<double>(grad) / static_cast<double>(count));
+            for (int64_t iy = ys; iy < ye; ++iy)
+              for (int64_t ix = xs; ix < xe; ++ix)
+                dst[iy * wd + ix] += share;
           }
         }
-      });
+      }
+    }
+  });
   return Status::ok();
 }
 
@@ -1591,40 +1612,27 @@ Result<TypeList> infer_softmax_cross_entropy_grad(const Node &node, const OpDef 
   return TypeList{inputs[1]};
 }
 
-template <typename Label>
-Status softmax_cross_entropy_grad(const KernelContext &context, Reduction reduction,
-                                  int64_t ignore_index) {
+Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0, 1}));
+  AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
   const ConstTensorView &logits = context.inputs[1];
   const int64_t classes = logits.shape().back();
-  const int64_t rows = context.inputs[2].num_elements();
-  const float *dloss = context.inputs[0].as<float>();
+  ASSIGN_OR_RETURN(const std::vector<int64_t> labels,
+                   read_labels(context, 2, classes, ignore_index));
+  const RowWeights weight =
+      row_weights(labels, ignore_index, reduction, context.inputs[0].as<float>());
   const float *x = logits.as<float>();
-  const Label *labels = context.inputs[2].as<Label>();
   float *dx = context.outputs[0].as<float>();
-  int64_t counted = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    if (label == ignore_index) continue;
-    if (label < 0 || label >= classes)
-      return out_of_range(context.def.name, ": label ", label, " at position ", r,
-                          " is outside [0, ", classes, ") for ", classes,
-                          " classes and is not ignore_index (", ignore_index, ")");
-    ++counted;
-  }
-  double shared = 0;
-  if (reduction == Reduction::kSum) shared = dloss[0];
-  if (reduction == Reduction::kMean && counted > 0)
-    shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
   std::vector<double> exps(static_cast<size_t>(classes));
-  for (int64_t r = 0; r < rows; ++r) {
-    float *out = dx + r * classes;
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    if (label == ignore_index) {
+  for (size_t r = 0; r < labels.size(); ++r) {
+    float *out = dx + static_cast<int64_t>(r) * classes;
+    if (labels[r] == ignore_index) {
       std::fill(out, out + classes, 0.0f);
       continue;
     }
-    const double weight = reduction == Reduction::kNone ? dloss[r] : shared;
-    const float *row = x + r * classes;
+    const float *row = x + static_cast<int64_t>(r) * classes;
     float max = row[0];
     for (int64_t c = 1; c < classes; ++c)
       max = std::max(max, row[c]);
@@ -1636,20 +1644,10 @@ Status softmax_cross_entropy_grad(const KernelContext &context, Reduction reduct
     }
     for (int64_t c = 0; c < classes; ++c) {
       const double p = exps[static_cast<size_t>(c)] / sum;
-      out[c] = static_cast<float>(weight * (p - (c == label ? 1.0 : 0.0)));
+      out[c] = static_cast<float>(weight(r) * (p - (c == labels[r] ? 1.0 : 0.0)));
     }
   }
   return Status::ok();
-}
-
-Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
-  RETURN_IF_ERROR(require_f32(context, {0, 1}));
-  AttrReader attrs = context.attrs();
-  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
-  const int64_t ignore_index = attrs.get_int("ignore_index");
-  if (context.inputs[2].dtype() == DType::kI32)
-    return softmax_cross_entropy_grad<int32_t>(context, reduction, ignore_index);
-  return softmax_cross_entropy_grad<int64_t>(context, reduction, ignore_index);
 }
 
 // ---------------------------------------------------------------------------
@@ -1708,60 +1706,50 @@ Result<TypeList> infer_vocab_parallel_cross_entropy_grad(const Node &node, const
   return TypeList{inputs[1]};
 }
 
-// This member's classes of a row, [first, first + classes), and the rows'
-// labels, checked against all parts * classes of them.
+// This member's classes of a row, [first, first + classes), of `total`, and
+// the rows' labels, checked against all `total` classes.
 struct VocabPiece {
-  int64_t classes = 0, first = 0, total = 0, rows = 0;
+  int64_t classes = 0, first = 0, total = 0;
+  std::vector<int64_t> labels;
+  // The label's class in this piece, or -1.
+  int64_t local(int64_t label) const {
+    const int64_t at = label - first;
+    return at >= 0 && at < classes ? at : -1;
+  }
 };
 
-Result<VocabPiece> vocab_piece(const KernelContext &context) {
+Result<VocabPiece> vocab_piece(const KernelContext &context, size_t logits, size_t labels) {
   const int64_t parts = context.attrs().get_int("parts");
   RETURN_IF_ERROR(expect_group(context, parts));
-  const ConstTensorView &logits = context.inputs[context.def.name.ends_with("Grad") ? 1 : 0];
   VocabPiece piece;
-  piece.classes = logits.shape().back();
+  piece.classes = context.inputs[logits].shape().back();
   piece.first = parts == 1 ? 0 : piece.classes * context.member;
   piece.total = piece.classes * parts;
-  piece.rows = piece.classes == 0 ? 0 : logits.num_elements() / piece.classes;
+  ASSIGN_OR_RETURN(piece.labels, read_labels(context, labels, piece.total,
+                                             context.attrs().get_int("ignore_index")));
   return piece;
 }
 
-Status check_label(const KernelContext &context, const VocabPiece &piece, int64_t label,
-                   int64_t row, int64_t ignore_index) {
-  if (label == ignore_index || (label >= 0 && label < piece.total)) return Status::ok();
-  return out_of_range(context.def.name, ": label ", label, " at position ", row, " is outside [0, ",
-                      piece.total, ") for ", piece.total, " classes and is not ignore_index (",
-                      ignore_index, ")");
-}
-
-template <typename Label> Status vocab_parallel_stats(const KernelContext &context) {
-  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
+Status vocab_parallel_stats_kernel(const KernelContext &context) {
+  RETURN_IF_ERROR(require_f32(context, {0}));
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context, 0, 1));
   const int64_t ignore_index = context.attrs().get_int("ignore_index");
   const float *x = context.inputs[0].as<float>();
-  const Label *labels = context.inputs[1].as<Label>();
   float *out = context.outputs[0].as<float>();
-  for (int64_t r = 0; r < piece.rows; ++r, out += 3) {
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
-    const float *row = x + r * piece.classes;
+  for (size_t r = 0; r < piece.labels.size(); ++r, out += 3) {
+    const float *row = x + static_cast<int64_t>(r) * piece.classes;
     float max = row[0];
     for (int64_t c = 1; c < piece.classes; ++c)
       max = std::max(max, row[c]);
     double sum = 0;
     for (int64_t c = 0; c < piece.classes; ++c)
       sum += std::exp(static_cast<double>(row[c]) - max);
-    const int64_t local = label - piece.first;
+    const int64_t local = piece.labels[r] == ignore_index ? -1 : piece.local(piece.labels[r]);
     out[0] = max;
     out[1] = static_cast<float>(sum);
-    out[2] = label != ignore_index && local >= 0 && local < piece.classes ? row[local] : 0.0f;
+    out[2] = local >= 0 ? row[local] : 0.0f;
   }
   return Status::ok();
-}
-
-Status vocab_parallel_stats_kernel(const KernelContext &context) {
-  RETURN_IF_ERROR(require_f32(context, {0}));
-  if (context.inputs[1].dtype() == DType::kI32) return vocab_parallel_stats<int32_t>(context);
-  return vocab_parallel_stats<int64_t>(context);
 }
 
 // Row r's max over every class, log of the sum of exp(x - max), and label logit,
@@ -1782,88 +1770,49 @@ RowSoftmax combine_stats(const float *stats, int64_t parts) {
   return {max, std::log(sum), target};
 }
 
-template <typename Label> Status vocab_parallel_cross_entropy(const KernelContext &context) {
-  const AttrReader attrs = context.attrs();
-  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
-  const int64_t ignore_index = attrs.get_int("ignore_index");
-  const int64_t parts = attrs.get_int("parts");
-  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
-  const Label *labels = context.inputs[1].as<Label>();
-  const float *stats = context.inputs[2].as<float>();
-  float *out = context.outputs[0].as<float>();
-  double total = 0;
-  int64_t counted = 0;
-  for (int64_t r = 0; r < piece.rows; ++r) {
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
-    if (label == ignore_index) {
-      if (reduction == Reduction::kNone) out[r] = 0.0f;
-      continue;
-    }
-    const RowSoftmax row = combine_stats(stats + r * 3 * parts, parts);
-    const double loss = row.max + row.log_sum - row.target;
-    if (reduction == Reduction::kNone) out[r] = static_cast<float>(loss);
-    total += loss;
-    ++counted;
-  }
-  if (reduction == Reduction::kSum) out[0] = static_cast<float>(total);
-  if (reduction == Reduction::kMean)
-    out[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
-  return Status::ok();
-}
-
 Status vocab_parallel_cross_entropy_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0, 2}));
-  if (context.inputs[1].dtype() == DType::kI32)
-    return vocab_parallel_cross_entropy<int32_t>(context);
-  return vocab_parallel_cross_entropy<int64_t>(context);
-}
-
-template <typename Label> Status vocab_parallel_cross_entropy_grad(const KernelContext &context) {
   const AttrReader attrs = context.attrs();
   ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
-  const int64_t ignore_index = attrs.get_int("ignore_index");
   const int64_t parts = attrs.get_int("parts");
-  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context));
-  const float *dloss = context.inputs[0].as<float>();
-  const float *x = context.inputs[1].as<float>();
-  const Label *labels = context.inputs[2].as<Label>();
-  const float *stats = context.inputs[3].as<float>();
-  float *dx = context.outputs[0].as<float>();
-  int64_t counted = 0;
-  for (int64_t r = 0; r < piece.rows; ++r) {
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    RETURN_IF_ERROR(check_label(context, piece, label, r, ignore_index));
-    if (label != ignore_index) ++counted;
-  }
-  double shared = 0;
-  if (reduction == Reduction::kSum) shared = dloss[0];
-  if (reduction == Reduction::kMean && counted > 0)
-    shared = static_cast<double>(dloss[0]) / static_cast<double>(counted);
-  for (int64_t r = 0; r < piece.rows; ++r) {
-    float *out = dx + r * piece.classes;
-    const int64_t label = static_cast<int64_t>(labels[r]);
-    if (label == ignore_index) {
-      std::fill(out, out + piece.classes, 0.0f);
-      continue;
-    }
-    const double weight = reduction == Reduction::kNone ? dloss[r] : shared;
-    const RowSoftmax row = combine_stats(stats + r * 3 * parts, parts);
-    const float *in = x + r * piece.classes;
-    const int64_t local = label - piece.first;
-    for (int64_t c = 0; c < piece.classes; ++c) {
-      const double p = std::exp(static_cast<double>(in[c]) - row.max - row.log_sum);
-      out[c] = static_cast<float>(weight * (p - (c == local ? 1.0 : 0.0)));
-    }
-  }
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context, 0, 1));
+  const float *stats = context.inputs[2].as<float>();
+  reduce_row_losses(piece.labels, attrs.get_int("ignore_index"), reduction,
+                    context.outputs[0].as<float>(), [&](size_t r) {
+                      const RowSoftmax row =
+                          combine_stats(stats + static_cast<int64_t>(r) * 3 * parts, parts);
+                      return row.max + row.log_sum - row.target;
+                    });
   return Status::ok();
 }
 
 Status vocab_parallel_cross_entropy_grad_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0, 1, 3}));
-  if (context.inputs[2].dtype() == DType::kI32)
-    return vocab_parallel_cross_entropy_grad<int32_t>(context);
-  return vocab_parallel_cross_entropy_grad<int64_t>(context);
+  const AttrReader attrs = context.attrs();
+  ASSIGN_OR_RETURN(Reduction reduction, read_reduction(context.def, attrs));
+  const int64_t ignore_index = attrs.get_int("ignore_index");
+  const int64_t parts = attrs.get_int("parts");
+  ASSIGN_OR_RETURN(const VocabPiece piece, vocab_piece(context, 1, 2));
+  const RowWeights weight =
+      row_weights(piece.labels, ignore_index, reduction, context.inputs[0].as<float>());
+  const float *x = context.inputs[1].as<float>();
+  const float *stats = context.inputs[3].as<float>();
+  float *dx = context.outputs[0].as<float>();
+  for (size_t r = 0; r < piece.labels.size(); ++r) {
+    float *out = dx + static_cast<int64_t>(r) * piece.classes;
+    if (piece.labels[r] == ignore_index) {
+      std::fill(out, out + piece.classes, 0.0f);
+      continue;
+    }
+    const RowSoftmax row = combine_stats(stats + static_cast<int64_t>(r) * 3 * parts, parts);
+    const float *in = x + static_cast<int64_t>(r) * piece.classes;
+    const int64_t local = piece.local(piece.labels[r]);
+    for (int64_t c = 0; c < piece.classes; ++c) {
+      const double p = std::exp(static_cast<double>(in[c]) - row.max - row.log_sum);
+      out[c] = static_cast<float>(weight(r) * (p - (c == local ? 1.0 : 0.0)));
+    }
+  }
+  return Status::ok();
 }
 
 // MseLossGrad(dLoss, prediction, target) -> dPrediction, dTarget = -dPrediction.

@@ -100,9 +100,6 @@ OpCost sgd_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> i
   return cost;
 }
 
-// Elements per thread below which splitting an update costs more than it saves.
-constexpr int64_t kGrain = int64_t{1} << 15;
-
 void sgd_range(const KernelContext &context, int64_t begin, int64_t end, float momentum,
                float weight_decay, float keep, bool nesterov, float neg_lr, bool has_buffer,
                bool first);
@@ -122,7 +119,7 @@ Status sgd_kernel(const KernelContext &context) {
 
   const int64_t n = context.inputs[0].num_elements();
   // Elements [begin, end); large parameters split over the CPU threads.
-  cpu::parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_items(n, 1, [&](int64_t begin, int64_t end) {
     sgd_range(context, begin, end, momentum, weight_decay, keep, nesterov, neg_lr, has_buffer,
               first);
   });
@@ -283,7 +280,7 @@ Status adam_kernel(const KernelContext &context) {
   const int64_t n = context.inputs[0].num_elements();
   const AdamScalars k{
       decay, wd, b1, b2, one_minus_b1, one_minus_b2, bias_correction2_sqrt, eps, neg_step_size};
-  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  cpu::parallel_for_items(n, 1, [&](int64_t b, int64_t e) {
     const AdamArrays a{param + b, grad + b, m + b, v + b, new_param + b, new_m + b, new_v + b};
     if (decoupled)
       adam_loop<AdamDecay::kDecoupled>(k, a, e - b);

@@ -39,8 +39,8 @@ struct Strategy {
   std::vector<ShardSpec> in;
   std::vector<ShardSpec> out;
   std::string rule;
-  // The local node's attributes that differ from the global one's (Gather's
-  // parts), and the rule's own communication, forward and backward.
+  // The local node's attributes that differ from the global one's (the group
+  // size of ops that read a member's piece), and the rule's own communication.
   std::vector<Attribute> attrs = {};
   double communication = 0;
   // SoftmaxCrossEntropy of vocabulary-split logits: three local nodes
@@ -469,6 +469,7 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
       const double stats = static_cast<double>(type(node.inputs[1]).num_elements()) * 3 * t_ *
                            static_cast<double>(dtype_size(logits.dtype));
       s.communication = all_gather_time(stats, t_, options_.link, CollectiveAlgorithm::kRing);
+      s.attrs = {{"parts", int64_t{t_}}};
       s.vocab_parallel_loss = true;
       out.push_back(std::move(s));
     }
@@ -792,9 +793,9 @@ Result<TensorParallelResult> Sharder::run() {
       names.push_back(g_.tensor(out).name);
     if (s.vocab_parallel_loss) {
       // The members' per-row statistics, gathered; then the loss from them.
-      std::vector<Attribute> stats_attrs = {{"parts", int64_t{t_}}};
+      std::vector<Attribute> stats_attrs;
       for (const Attribute &a : attrs)
-        if (a.name == "ignore_index") stats_attrs.push_back(a);
+        if (a.name == "parts" || a.name == "ignore_index") stats_attrs.push_back(a);
       auto stats =
           add_node("VocabParallelStats", inputs, std::move(stats_attrs), node.name + ".vocab_stats",
                    {local.unique_name(node.name + ".vocab_stats")});
@@ -811,7 +812,6 @@ Result<TensorParallelResult> Sharder::run() {
       RETURN_IF_ERROR(status);
       inputs.push_back(gathered[0]);
       op = "VocabParallelCrossEntropy";
-      attrs.push_back({"parts", int64_t{t_}});
     }
     auto outs = add_node(op, inputs, std::move(attrs), node.name, names);
     RETURN_IF_ERROR(status);

@@ -63,9 +63,6 @@ struct PipelineRunner::Device {
       kAllToAll
     } tp = Tp::kNone;
     std::vector<std::byte> gathered;
-    // Compute: the device's tensor-parallel group size and its position in it,
-    // for the kernels of ops that read a member's piece (ops::KernelContext).
-    int group_size = 1, member = 0;
     Status run_tensor_parallel(Communicator &comm);
     uint32_t bucket = 0; // StartBucket, WaitBucket
   };
@@ -616,8 +613,6 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           if (op.node->op == "SumOfSquares") at = data, type = &g.tensor(t).type; // whole pair
           op.outputs.push_back({at, type});
         }
-        op.group_size = runner->tensor_parallel_;
-        op.member = static_cast<int>(program.device) % runner->tensor_parallel_;
         using Tp = Device::Op::Tp;
         const std::string &name = op.node->op;
         op.tp = name == "TpCopy"            ? Tp::kCopy
@@ -788,6 +783,9 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
 
   auto run_device = [&](int rank, Communicator &comm, CommStream *stream) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
+    // The device's position in its tensor-parallel group, for the kernels of
+    // ops that read a member's piece (ops::KernelContext).
+    const int member = rank % tensor_parallel_;
     ops::cpu::set_gemm_num_threads(options_.gemm_threads);
     for (Device::Op &op : device.ops)
       for (const Device::Op::InputPatch &patch : op.patches) {
@@ -822,8 +820,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
           status = op.run_tensor_parallel(comm);
           break;
         }
-        ops::KernelContext context{*op.node,   *op.def,       op.inputs,
-                                   op.outputs, op.group_size, op.member};
+        ops::KernelContext context{*op.node,   *op.def,          op.inputs,
+                                   op.outputs, tensor_parallel_, member};
         status = op.def->cpu_kernel(context);
         break;
       }
@@ -858,8 +856,8 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
         break;
       }
       case InstrKind::kComputeShard: {
-        ops::KernelContext context{*op.node,   *op.def,       op.inputs,
-                                   op.outputs, op.group_size, op.member};
+        ops::KernelContext context{*op.node,   *op.def,          op.inputs,
+                                   op.outputs, tensor_parallel_, member};
         status = op.def->cpu_kernel(context);
         break;
       }

@@ -36,4 +36,14 @@ template <typename Body> void parallel_for(int64_t n, int64_t grain, Body body) 
   body(int64_t{0}, n);
 }
 
+// Elements per thread below which splitting work costs more than it saves.
+constexpr int64_t kElementsPerThread = int64_t{1} << 15;
+
+// parallel_for over `n` items (elements, channels, planes) of `item_elements`
+// elements each, at least kElementsPerThread elements per piece.
+template <typename Body> void parallel_for_items(int64_t n, int64_t item_elements, Body body) {
+  parallel_for(n, std::max<int64_t>(1, kElementsPerThread / std::max<int64_t>(1, item_elements)),
+               body);
+}
+
 } // namespace strata::ops::cpu
