@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -81,6 +82,38 @@ std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
+}
+
+// What makes two ranks' process ids comparable: the same kernel (boot id) and
+// the same pid namespace. Ranks with the same key can ask the kernel whether
+// the other's process still exists, without MPI.
+std::string process_space() {
+  std::string key = host_name();
+  if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) key += str_cat("|", buf);
+    std::fclose(f);
+    while (!key.empty() && key.back() == '\n')
+      key.pop_back();
+  }
+  char ns[128] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (n > 0) key += str_cat("|", std::string_view(ns, static_cast<size_t>(n)));
+  return key;
+}
+
+// True when process `pid` has ended (also when it is a zombie nobody reaped).
+bool process_ended(long pid) {
+  if (FILE *f = std::fopen(str_cat("/proc/", pid, "/stat").c_str(), "r")) {
+    char buf[512] = {};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const std::string_view stat(buf, n);
+    const size_t close = stat.rfind(')');
+    return close != std::string_view::npos && close + 2 < stat.size() &&
+           (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+  }
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 int env_ms(const char *name, int fallback) {
@@ -206,6 +239,7 @@ public:
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has);
     tag_limit_ = has ? *static_cast<int *>(tag_ub) : 32767;
     host_ = host_name();
+    space_ = process_space();
     const int k = options_.devices_per_rank;
     if (k < 1) return invalid_argument("--devices-per-rank must be at least 1, got ", k);
     const std::string plan =
@@ -515,7 +549,15 @@ public:
   void progress_loop() {
     auto last_beat = Clock::now() - options_.heartbeat;
     int idle = 0;
+    // For the failure tests: this rank's MPI progress stops for good once one
+    // of its devices reaches step 2, as when a peer dies half-way through
+    // handing it a message.
+    const bool deaf = env_ms("STRATA_DEBUG_DEAF_RANK", -1) == rank_;
     while (true) {
+      if (deaf && deaf_now()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
       bool busy = false;
       std::vector<std::unique_ptr<OutMessage>> to_send;
       std::vector<InRecv> to_post;
@@ -712,6 +754,14 @@ public:
     return any;
   }
 
+  bool deaf_now() const {
+    std::lock_guard lock(mutex_);
+    const int k = options_.devices_per_rank;
+    for (int d = rank_ * k; d < rank_ * k + k; ++d)
+      if (positions_[static_cast<size_t>(d)].step >= 2) return true;
+    return false;
+  }
+
   void send_heartbeats() {
     std::vector<std::byte> payload;
     {
@@ -763,11 +813,24 @@ public:
   // Asks every rank whether it is alive (they all got the same SIGTERM), and
   // names those that do not answer within a few hundred milliseconds: the
   // launcher sends SIGKILL one second after SIGTERM.
+  //
+  // A rank in the same process space (same host and pid namespace) is also
+  // asked of the kernel, at once: its process either exists or has ended. That
+  // answer holds even when this rank's MPI progress is stuck: after a peer
+  // was killed, a survivor was seen (rarely) to receive nothing more at all.
   std::string termination_report(int signal) {
+    std::vector<int> ended;
     {
       // Answers that came before this rank's own SIGTERM count too.
       std::lock_guard lock(mutex_);
       ping_ = true;
+      for (size_t r = 0; r < peers_.size(); ++r) {
+        if (static_cast<int>(r) == rank_ || peers_[r].space != space_) continue;
+        if (process_ended(peers_[r].pid))
+          ended.push_back(static_cast<int>(r));
+        else
+          alive_[r] = true;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(env_ms("STRATA_DEBUG_ALIVE_MS", 400)));
     std::lock_guard lock(mutex_);
@@ -775,6 +838,9 @@ public:
     for (int r = 0; r < ranks_; ++r) {
       if (r == rank_ || alive_[static_cast<size_t>(r)]) continue;
       lost += str_cat(lost.empty() ? "" : "; ", whereabouts_locked(r));
+      if (std::find(ended.begin(), ended.end(), r) != ended.end())
+        lost +=
+            str_cat(", and its process (pid ", peers_[static_cast<size_t>(r)].pid, ") has ended");
     }
     std::string here;
     const int k = options_.devices_per_rank;
@@ -843,6 +909,13 @@ public:
   int rank_ = 0, ranks_ = 1;
   int tag_limit_ = 32767;
   std::string host_;
+  // Each rank's process id and process space, known once the ranks agreed.
+  struct Peer {
+    long pid = 0;
+    std::string space;
+  };
+  std::string space_;
+  std::vector<Peer> peers_;
   MPI_Comm control_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL;
   std::thread progress_;
 
@@ -1216,6 +1289,27 @@ Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan) 
   }
   RETURN_IF_ERROR(broadcast(&verdict, "start-up agreement"));
   if (!verdict.empty()) return failed_precondition("start-up check failed: ", verdict);
+  // Every rank learns every rank's process, for the termination report.
+  std::string table;
+  RETURN_IF_ERROR(gather(str_cat(::getpid(), " ", impl_->space_), &all, "start-up agreement"));
+  for (const std::string &entry : all)
+    table += str_cat(entry, "\n");
+  RETURN_IF_ERROR(broadcast(&table, "start-up agreement"));
+  std::vector<Impl::Peer> peers;
+  for (std::string_view rest = table; !rest.empty();) {
+    const size_t end = rest.find('\n');
+    const std::string_view line = rest.substr(0, end);
+    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos) break;
+    peers.push_back({std::atol(std::string(line.substr(0, space)).c_str()),
+                     std::string(line.substr(space + 1))});
+  }
+  if (peers.size() != static_cast<size_t>(size()))
+    return internal_error("start-up agreement: got ", peers.size(), " rank processes for ", size(),
+                          " ranks");
+  std::lock_guard lock(impl_->mutex_);
+  impl_->peers_ = std::move(peers);
   return Status::ok();
 }
 

@@ -27,7 +27,8 @@
 // partitioned) is declared lost, with the step and instruction it last
 // reported. When one rank dies (SIGKILL, a crash, an exit), the launcher sends
 // SIGTERM to the others: each then asks the others whether they are alive,
-// names the ranks that do not answer as lost (with where they last were) and
+// names the ranks that do not answer as lost (with where they last were; a
+// rank on the same host counts as alive while its process exists) and
 // exits non-zero, before the launcher's SIGKILL. A start-up that does not
 // finish within the timeout (a rank that never started) ends the rank with an
 // error saying so.

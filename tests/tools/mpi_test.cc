@@ -407,6 +407,22 @@ TEST_F(MpiFailureTest, KilledRankIsNamedByEverySurvivor) {
   expect_survivors_report(o, 1, "a rank was lost: rank 1");
 }
 
+// Rank 2's MPI progress stops when rank 1 dies, so neither heartbeats nor
+// liveness answers reach it: the ranks on its host are still told apart by
+// whether their processes exist.
+TEST_F(MpiFailureTest, KilledRankIsNamedByARankWhoseMpiIsStuck) {
+  Outcome o = mpirun(4, {"run", "dp.splan", "--steps", "5", "--timeout", str_cat(kTimeout)},
+                     kTimeout + 30, "STRATA_FAULT=kill:1:2:3 STRATA_DEBUG_DEAF_RANK=2");
+  expect_survivors_report(o, 1, "a rank was lost: rank 1");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.err, m, std::regex("strata: error: rank 2 of 4[^\\n]*")));
+  EXPECT_TRUE(
+      std::regex_search(m.str(), std::regex(R"(, and its process \(pid \d+\) has ended\. )")))
+      << m.str();
+  EXPECT_EQ(m.str().find("rank 0 ("), std::string::npos) << m.str();
+  EXPECT_EQ(m.str().find("rank 3 ("), std::string::npos) << m.str();
+}
+
 TEST_F(MpiFailureTest, RankThatExitsIsNamedByEverySurvivor) {
   Outcome o = run_with_fault("exit:1:2:3");
   expect_survivors_report(o, 1, "a rank was lost: rank 1");
