@@ -799,7 +799,11 @@ public:
     while (::read(g_signal_pipe[0], &byte, 1) != 1) {
     }
     const int signal = byte;
-    if (!claim_failure_report()) std::_Exit(1);
+    if (!claim_failure_report()) {
+      // Another thread is writing this rank's report: let it finish the line.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::_Exit(1);
+    }
     Impl *impl = g_impl.load();
     if (impl == nullptr)
       write_stderr(str_cat("strata: error: rank ", my_rank, " of ", job, " (host ", host_name(),
