@@ -22,6 +22,7 @@
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/kernels/cpu/parallel.h"
+#include "ops/matmul_shape.h"
 #include "ops/registry.h"
 
 namespace strata::ops {
@@ -105,14 +106,7 @@ Result<Reduction> read_reduction(const OpDef &def, const AttrReader &attrs) {
 // ---------------------------------------------------------------------------
 // MatMul
 
-// The sizes of one MatMul after 1-D promotion and transposes: the output is
-// batch + [M] (unless A was 1-D) + [N] (unless B was 1-D).
-struct MatMulDims {
-  Shape a_batch, b_batch, batch;
-  int64_t m = 0, n = 0, k = 0;
-  bool a_vector = false, b_vector = false;
-  bool trans_a = false, trans_b = false; // as applied (ignored on a 1-D operand)
-};
+} // namespace
 
 Result<MatMulDims> matmul_dims(const OpDef &def, const AttrReader &attrs, const TensorType &a,
                                const TensorType &b) {
@@ -182,8 +176,6 @@ OpCost matmul_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType
                      static_cast<double>(dims->k));
 }
 
-// Element offsets of every output batch entry into a batch shape broadcast to
-// `batch` (matrices of `matrix_size` elements).
 std::vector<int64_t> batch_offsets(llvm::ArrayRef<int64_t> operand_batch,
                                    llvm::ArrayRef<int64_t> batch, int64_t matrix_size) {
   const size_t rank = batch.size();
@@ -211,6 +203,8 @@ std::vector<int64_t> batch_offsets(llvm::ArrayRef<int64_t> operand_batch,
   }
   return offsets;
 }
+
+namespace {
 
 Status matmul_kernel(const KernelContext &context) {
   RETURN_IF_ERROR(require_f32(context, {0, 1}));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "runtime/cuda_executor.h"
 #include "serialization/plan_io.h"
 
 namespace strata::tools {
@@ -39,6 +40,11 @@ struct RunArgs {
   std::string resume;           // checkpoint folder to continue from
   int64_t log_every = 1;        // print the loss every this many steps
   bool interactive = false;     // rewrite a progress line with \r (stdout is a terminal)
+  // Where a single-device model or plan runs: "cpu", or "cuda" (one GPU).
+  std::string backend = "cpu";
+  int gpu = 0;            // --backend cuda: the CUDA device ordinal
+  bool cuda_graph = true; // --backend cuda: capture the step once, replay it after
+  bool tf32 = false;      // --backend cuda: f32 GEMMs on TF32 tensor cores
   // Pipeline plans only.
   std::string trace;     // write a Chrome / Perfetto trace of every device here
   double timeout_s = 30; // bound on every wait between devices
@@ -47,6 +53,8 @@ struct RunArgs {
 };
 // Runs a model or a plan; a training plan trains (train_command).
 Status run_command(const RunArgs &args, std::ostream &out);
+// The CUDA executor's options from `strata run`'s.
+runtime::CudaExecutorOptions cuda_options(const RunArgs &args);
 
 struct CompileArgs {
   std::string model;

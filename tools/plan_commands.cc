@@ -748,6 +748,11 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
+  if (args.backend == "cuda" && plan.pipeline)
+    return unimplemented(
+        "--backend cuda runs single-device plans; this plan has ", plan.programs.size(),
+        " devices, and pipeline, data- and tensor-parallel plans on GPUs (NCCL) are not built "
+        "yet (run it with --backend cpu, or compile without --mesh)");
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
@@ -785,6 +790,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     auto created = runtime::PipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
     pipeline = created->get();
+    runner = std::move(created).value();
+  } else if (args.backend == "cuda") {
+    auto created = runtime::CudaExecutor::create(std::move(plan.graph), cuda_options(args));
+    if (!created.is_ok()) return created.status().with_context(args.model);
     runner = std::move(created).value();
   } else {
     runtime::ExecutorOptions executor_options;

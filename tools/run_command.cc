@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
 #include "serialization/npy.h"
 #include "tools/commands.h"
@@ -125,7 +126,28 @@ double ms(std::chrono::steady_clock::duration d) {
 
 } // namespace
 
+runtime::CudaExecutorOptions cuda_options(const RunArgs &args) {
+  runtime::CudaExecutorOptions options;
+  const fs::path parent = fs::path(args.model).parent_path();
+  options.model_dir = parent.empty() ? "." : parent.string();
+  options.gpu = args.gpu;
+  options.cuda_graph = args.cuda_graph;
+  options.tf32 = args.tf32;
+  return options;
+}
+
+Status check_backend_options(const RunArgs &args) {
+  if (args.backend != "cpu" && args.backend != "cuda")
+    return invalid_argument("--backend must be cpu or cuda, got '", args.backend, "'");
+  if (args.backend == "cuda") return Status::ok();
+  if (!args.cuda_graph) return invalid_argument("--no-cuda-graph needs --backend cuda");
+  if (args.tf32) return invalid_argument("--tf32 needs --backend cuda");
+  if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
+  return Status::ok();
+}
+
 Status run_command(const RunArgs &args, std::ostream &out) {
+  RETURN_IF_ERROR(check_backend_options(args));
   if (args.repeat < 1) return invalid_argument("--repeat must be at least 1");
   if (args.warmup < 0) return invalid_argument("--warmup must be at least 0");
   if (!args.output.empty() && !args.output_dir.empty())
@@ -169,9 +191,21 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   for (TensorId id : graph.outputs())
     output_names.push_back(graph.tensor(id).name);
 
-  auto created = runtime::CpuExecutor::create(std::move(graph), options);
-  if (!created.is_ok()) return created.status().with_context(args.model);
-  runtime::CpuExecutor &executor = **created;
+  std::unique_ptr<runtime::StepRunner> runner;
+  runtime::CpuExecutor *cpu = nullptr;
+  runtime::CudaExecutor *gpu = nullptr;
+  if (args.backend == "cuda") {
+    auto created = runtime::CudaExecutor::create(std::move(graph), cuda_options(args));
+    if (!created.is_ok()) return created.status().with_context(args.model);
+    gpu = created->get();
+    runner = std::move(created).value();
+  } else {
+    auto created = runtime::CpuExecutor::create(std::move(graph), options);
+    if (!created.is_ok()) return created.status().with_context(args.model);
+    cpu = created->get();
+    runner = std::move(created).value();
+  }
+  runtime::StepRunner &executor = *runner;
 
   std::vector<HostTensor> outputs;
   for (int64_t i = 0; i < args.warmup; ++i) {
@@ -203,11 +237,18 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     out << ", " << human_flops(flops / (median * 1e-3)) << "/s at the median";
   }
   out << '\n';
-  const passes::MemoryPlan &plan = executor.memory_plan();
-  out << "memory     activations " << human_bytes(static_cast<double>(plan.arena_bytes))
-      << " arena (" << human_bytes(static_cast<double>(plan.naive_bytes))
-      << " without reuse), weights " << human_bytes(static_cast<double>(executor.weight_bytes()))
-      << '\n';
+  if (cpu != nullptr) {
+    const passes::MemoryPlan &plan = cpu->memory_plan();
+    out << "memory     activations " << human_bytes(static_cast<double>(plan.arena_bytes))
+        << " arena (" << human_bytes(static_cast<double>(plan.naive_bytes))
+        << " without reuse), weights " << human_bytes(static_cast<double>(cpu->weight_bytes()))
+        << '\n';
+  } else {
+    out << "memory     GPU " << args.gpu << ": "
+        << human_bytes(static_cast<double>(gpu->device_bytes()))
+        << " allocated once (activations, weights, staging, cuBLASLt workspace)"
+        << (args.cuda_graph ? "; runs replay one CUDA Graph" : "; eager launches") << '\n';
+  }
 
   if (!args.output_dir.empty()) {
     std::error_code ec;

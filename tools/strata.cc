@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ops/registry.h"
+#include "runtime/cuda_executor.h"
 #include "runtime/mpi_world.h"
 #include "serialization/model_io.h"
 #include "serialization/onnx_import.h"
@@ -338,7 +339,7 @@ void add_inspect(CLI::App &app, Action &action) {
 void add_run(CLI::App &app, Action &action) {
   static RunArgs args;
   CLI::App *sub = app.add_subcommand(
-      "run", "Run a model or plan on the CPU; a training plan trains for --steps steps");
+      "run", "Run a model or plan on the CPU or a GPU; a training plan trains for --steps steps");
   sub->add_option("FILE", args.model, "model (.strata, .json) or plan (.splan, .splan.json)")
       ->required();
   sub->add_option("-i,--input", args.inputs,
@@ -379,6 +380,20 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
       ->check(at_least(1))
       ->capture_default_str();
+  sub->add_option("--backend", args.backend,
+                  "where a single-device model or plan runs: cpu, or cuda (one GPU: cuBLASLt "
+                  "and strata's kernels, the whole step as one CUDA Graph)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  sub->add_option("--gpu", args.gpu, "--backend cuda: the GPU to run on (CUDA device ordinal)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  sub->add_flag("!--no-cuda-graph", args.cuda_graph,
+                "--backend cuda: launch every kernel each step instead of replaying the step "
+                "captured as a CUDA Graph (for comparison)");
+  sub->add_flag("--tf32", args.tf32,
+                "--backend cuda: f32 matrix products on TF32 tensor cores (faster, ~1e-3 "
+                "relative error)");
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");
@@ -401,6 +416,9 @@ void add_run(CLI::App &app, Action &action) {
               "  strata run train.splan --steps 100 --log-every 10 --checkpoint ckpt\n"
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
               "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
+              "On a GPU (single-device plans; `strata ops` says which ops have CUDA kernels):\n"
+              "  strata run train.splan --steps 100 --backend cuda\n"
+              "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n\n"
               "Several processes (Open MPI): the same plan, one device per rank, or\n"
               "--devices-per-rank K threads per rank; rank 0 prints, every rank checks that\n"
               "all run the same plan and strata, and a lost rank ends the whole job.\n"
@@ -590,16 +608,33 @@ void add_simulate(CLI::App &app, Action &action) {
 
 void add_ops(CLI::App &app, Action &action) {
   static bool verbose = false;
+  static std::string backend;
   CLI::App *sub = app.add_subcommand("ops", "List the ops strata knows, with their summaries");
-  sub->add_flag("-v,--verbose", verbose, "also list each op's inputs and attributes");
-  sub->footer("Examples:\n  strata ops\n  strata ops --verbose");
+  sub->add_flag("-v,--verbose", verbose, "also list each op's inputs, attributes and backends");
+  sub->add_option("--backend", backend, "only the ops this backend runs (cpu or cuda)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->footer("Examples:\n  strata ops\n  strata ops --verbose\n  strata ops --backend cuda");
   sub->callback([&action] {
     action = [] {
       const auto &registry = ops::OpRegistry::global();
+      const std::vector<std::string_view> cuda_ops = runtime::cuda_backend_ops();
+      auto on_cuda = [&](const ops::OpDef *def) {
+        // Ops without inputs (Constant) are computed once at load on any backend.
+        return std::binary_search(cuda_ops.begin(), cuda_ops.end(), def->name) ||
+               (def->max_inputs == 0 && def->cpu_kernel != nullptr);
+      };
+      auto listed = [&](const ops::OpDef *def) {
+        if (backend == "cuda") return on_cuda(def);
+        if (backend == "cpu") return def->cpu_kernel != nullptr;
+        return true;
+      };
       size_t width = 0;
       for (const ops::OpDef *def : registry.all())
         width = std::max(width, def->name.size());
+      if (backend == "cuda" && cuda_ops.empty())
+        std::cout << "(none: " << runtime::cuda_unavailable_reason() << ")\n";
       for (const ops::OpDef *def : registry.all()) {
+        if (!listed(def)) continue;
         std::string name(def->name);
         std::cout << name << std::string(width + 2 - name.size(), ' ') << def->summary << '\n';
         if (!verbose) continue;
@@ -617,6 +652,9 @@ void add_ops(CLI::App &app, Action &action) {
           if (!attr.doc.empty()) std::cout << " -- " << attr.doc;
           std::cout << '\n';
         }
+        std::cout << indent << "backends: " << (def->cpu_kernel ? "cpu" : "")
+                  << (def->cpu_kernel && on_cuda(def) ? ", " : "") << (on_cuda(def) ? "cuda" : "")
+                  << '\n';
       }
       if (registry.all().empty()) std::cout << "(no ops registered)\n";
       return Status::ok();

@@ -14,6 +14,7 @@
 
 #include "graph/builder.h"
 #include "ops/registry.h"
+#include "runtime/cuda_executor.h"
 #include "serialization/model_io.h"
 #include "serialization/npy.h"
 #include "tests/tools/cli_util.h"
@@ -242,6 +243,56 @@ TEST_F(CliTest, VersionAndOps) {
   Outcome verbose = strata({"ops", "--verbose"});
   ASSERT_EQ(verbose.code, 0);
   EXPECT_NE(verbose.out.find("trans_b"), std::string::npos);
+}
+
+// --backend cuda: single-device plans on one GPU. Without a GPU the run is
+// refused with the reason; ops without CUDA kernels are named before that, on
+// any machine; options for the GPU need it; multi-device plans are refused.
+TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
+  ASSERT_EQ(strata({"zoo", "mlp", "--input", "12", "--hidden", "16", "--classes", "4", "--batch",
+                    "8", "-o", "mlp.strata"})
+                .code,
+            0);
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "-o", "mlp.splan"}).code, 0);
+  ASSERT_EQ(strata({"zoo", "convnet", "-o", "cnn.strata"}).code, 0);
+  ASSERT_EQ(strata({"compile", "cnn.strata", "--train", "-o", "cnn.splan"}).code, 0);
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x1x2", "-o", "pp.splan"}).code,
+            0);
+  const std::string reason = runtime::cuda_unavailable_reason();
+
+  Outcome cnn = strata({"run", "cnn.splan", "--backend", "cuda"});
+  if (reason.find("built without") == std::string::npos)
+    expect_one_line_error(cnn, "no kernel for 5 ops of graph 'convnet': Conv2d ('conv0'");
+  expect_one_line_error(strata({"run", "mlp.splan", "--tf32"}), "--tf32 needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--no-cuda-graph"}),
+                        "--no-cuda-graph needs --backend cuda");
+  expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda"}),
+                        "runs single-device plans; this plan has 2 devices");
+
+  Outcome gpu = strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "3"});
+  Outcome eager =
+      strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "3", "--no-cuda-graph"});
+  if (!reason.empty()) {
+    expect_one_line_error(gpu, reason);
+    return;
+  }
+  ASSERT_EQ(gpu.code, 0) << gpu.err;
+  ASSERT_EQ(eager.code, 0) << eager.err;
+  Outcome cpu = strata({"run", "mlp.splan", "--steps", "3"});
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  // The losses (printed to 4 decimals): the CPU's within the last digit,
+  // replayed and eager alike to the digit.
+  auto losses = [](const std::string &out) {
+    std::vector<double> values;
+    for (size_t at = out.find("loss "); at != std::string::npos; at = out.find("loss ", at + 1))
+      values.push_back(std::atof(out.c_str() + at + 5));
+    return values;
+  };
+  const std::vector<double> on_gpu = losses(gpu.out), on_cpu = losses(cpu.out);
+  ASSERT_EQ(on_gpu.size(), on_cpu.size()) << gpu.out << cpu.out;
+  for (size_t i = 0; i < on_gpu.size(); ++i)
+    EXPECT_NEAR(on_gpu[i], on_cpu[i], 1.5e-4) << gpu.out << cpu.out;
+  EXPECT_EQ(losses(eager.out), on_gpu);
 }
 
 TEST_F(CliTest, RunWithInputFiles) {

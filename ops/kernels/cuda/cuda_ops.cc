@@ -1,0 +1,618 @@
+#include "ops/kernels/cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "ops/kernels/cuda/launch.h"
+#include "ops/matmul_shape.h"
+
+namespace strata::cuda {
+namespace {
+
+using ops::ConstTensorView;
+using ops::TensorView;
+
+Status check(cudaError_t error, std::string_view what) {
+  if (error == cudaSuccess) return Status::ok();
+  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
+}
+
+Status check_lt(cublasStatus_t status, std::string_view what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status::ok();
+  return internal_error("cuBLASLt ", what, ": status ", static_cast<int>(status));
+}
+
+Result<Dims> dims_of(llvm::ArrayRef<int64_t> shape) {
+  if (shape.size() > static_cast<size_t>(kMaxDims))
+    return unimplemented("the CUDA kernels take at most ", kMaxDims, " dims, got ",
+                         shape_to_string(shape));
+  Dims dims;
+  dims.rank = static_cast<int>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d)
+    dims.d[d] = shape[d];
+  return dims;
+}
+
+// Strides to read `operand` as if broadcast to `shape` (NumPy rules, aligned
+// right; 0 along dims the operand lacks or has as 1).
+Dims broadcast_strides(llvm::ArrayRef<int64_t> operand, const Dims &shape) {
+  Dims strides;
+  strides.rank = shape.rank;
+  int64_t stride = 1;
+  for (int i = 0; i < static_cast<int>(operand.size()); ++i) {
+    const int od = static_cast<int>(operand.size()) - 1 - i;
+    const int sd = shape.rank - 1 - i;
+    strides.d[sd] = operand[static_cast<size_t>(od)] == 1 ? 0 : stride;
+    stride *= operand[static_cast<size_t>(od)];
+  }
+  return strides;
+}
+
+const float *in_f32(const CudaKernelContext &c, size_t i) { return c.inputs[i].as<float>(); }
+float *out_f32(const CudaKernelContext &c, size_t i) { return c.outputs[i].as<float>(); }
+
+// ---- elementwise ------------------------------------------------------------
+
+template <Unary kOp> Status unary_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  float a = 0, b = 0;
+  Unary op = kOp;
+  if constexpr (kOp == Unary::kClip) {
+    a = static_cast<float>(c.attrs().get_float("min"));
+    b = static_cast<float>(c.attrs().get_float("max"));
+  }
+  if constexpr (kOp == Unary::kGeluErf)
+    if (c.attrs().get_string("approximate") == "tanh") op = Unary::kGeluTanh;
+  return check(unary(op, in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(), a, b, c.stream),
+               "launch");
+}
+
+template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+  float a = 0, b = 0;
+  Binary op = kOp;
+  if constexpr (kOp == Binary::kClipGrad) {
+    a = static_cast<float>(c.attrs().get_float("min"));
+    b = static_cast<float>(c.attrs().get_float("max"));
+  }
+  if constexpr (kOp == Binary::kGeluErfGrad)
+    if (c.attrs().get_string("approximate") == "tanh") op = Binary::kGeluTanhGrad;
+  return check(binary(op, in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape), in_f32(c, 1),
+                      broadcast_strides(c.inputs[1].shape(), shape), out_f32(c, 0), shape, a, b,
+                      c.stream),
+               "launch");
+}
+
+// Reshape, Squeeze, Unsqueeze, Flatten, Identity: the bytes as they are.
+Status copy_op(const CudaKernelContext &c) {
+  const size_t bytes = static_cast<size_t>(c.outputs[0].type->size_bytes());
+  if (bytes == 0 || c.outputs[0].data == c.inputs[0].data) return Status::ok();
+  return check(cudaMemcpyAsync(c.outputs[0].data, c.inputs[0].data, bytes, cudaMemcpyDeviceToDevice,
+                               c.stream),
+               "copy");
+}
+
+Status expand_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+  return check(broadcast_copy(in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape),
+                              out_f32(c, 0), shape, c.stream),
+               "launch");
+}
+
+Status transpose_op(const CudaKernelContext &c) {
+  const int rank = static_cast<int>(c.inputs[0].type->rank());
+  std::vector<int64_t> perm = c.attrs().get_ints("perm");
+  if (perm.empty())
+    for (int d = rank - 1; d >= 0; --d)
+      perm.push_back(d);
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
+  int p[kMaxDims] = {};
+  for (int d = 0; d < rank; ++d)
+    p[d] = static_cast<int>(perm[static_cast<size_t>(d)]);
+  return check(transpose(c.inputs[0].data, shape, p, c.outputs[0].data,
+                         static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
+               "launch");
+}
+
+// Concat and Split as 2-D copies: `outer` rows of `width` bytes each.
+struct Along {
+  int64_t outer = 1, inner_bytes = 0;
+};
+Result<Along> along_axis(const CudaKernelContext &c, const TensorType &type) {
+  ASSIGN_OR_RETURN(int64_t axis,
+                   ops::normalize_axis(c.attrs().get_int("axis"), type.rank(), "axis"));
+  Along a;
+  for (int64_t d = 0; d < axis; ++d)
+    a.outer *= type.shape[static_cast<size_t>(d)];
+  a.inner_bytes = static_cast<int64_t>(dtype_size(type.dtype));
+  for (size_t d = static_cast<size_t>(axis) + 1; d < type.shape.size(); ++d)
+    a.inner_bytes *= type.shape[d];
+  return a;
+}
+Result<int64_t> axis_of(const CudaKernelContext &c, const TensorType &type) {
+  return ops::normalize_axis(c.attrs().get_int("axis"), type.rank(), "axis");
+}
+
+Status concat_op(const CudaKernelContext &c) {
+  const TensorType &out = *c.outputs[0].type;
+  ASSIGN_OR_RETURN(Along a, along_axis(c, out));
+  ASSIGN_OR_RETURN(int64_t axis, axis_of(c, out));
+  const int64_t dpitch = out.shape[static_cast<size_t>(axis)] * a.inner_bytes;
+  int64_t offset = 0;
+  for (const ConstTensorView &in : c.inputs) {
+    const int64_t width = in.shape()[static_cast<size_t>(axis)] * a.inner_bytes;
+    if (width > 0 && a.outer > 0)
+      RETURN_IF_ERROR(
+          check(cudaMemcpy2DAsync(static_cast<std::byte *>(c.outputs[0].data) + offset,
+                                  static_cast<size_t>(dpitch), in.data, static_cast<size_t>(width),
+                                  static_cast<size_t>(width), static_cast<size_t>(a.outer),
+                                  cudaMemcpyDeviceToDevice, c.stream),
+                "copy"));
+    offset += width;
+  }
+  return Status::ok();
+}
+
+Status split_op(const CudaKernelContext &c) {
+  const TensorType &in = *c.inputs[0].type;
+  ASSIGN_OR_RETURN(Along a, along_axis(c, in));
+  ASSIGN_OR_RETURN(int64_t axis, axis_of(c, in));
+  const int64_t spitch = in.shape[static_cast<size_t>(axis)] * a.inner_bytes;
+  int64_t offset = 0;
+  for (const TensorView &out : c.outputs) {
+    const int64_t width = out.shape()[static_cast<size_t>(axis)] * a.inner_bytes;
+    if (width > 0 && a.outer > 0)
+      RETURN_IF_ERROR(
+          check(cudaMemcpy2DAsync(out.data, static_cast<size_t>(width),
+                                  static_cast<const std::byte *>(c.inputs[0].data) + offset,
+                                  static_cast<size_t>(spitch), static_cast<size_t>(width),
+                                  static_cast<size_t>(a.outer), cudaMemcpyDeviceToDevice, c.stream),
+                "copy"));
+    offset += width;
+  }
+  return Status::ok();
+}
+
+// ---- reductions and rows --------------------------------------------------------
+
+template <Reduce kOp, bool kMean> Status reduce_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  const TensorType &x = *c.inputs[0].type;
+  const std::vector<int64_t> axes = c.attrs().get_ints("axes");
+  bool reduced[kMaxDims] = {};
+  ASSIGN_OR_RETURN(Dims shape, dims_of(x.shape));
+  int64_t folded = 1;
+  for (int d = 0; d < shape.rank; ++d)
+    reduced[d] = axes.empty();
+  for (int64_t axis : axes) {
+    ASSIGN_OR_RETURN(int64_t d, ops::normalize_axis(axis, x.rank(), "axes"));
+    reduced[d] = true;
+  }
+  for (int d = 0; d < shape.rank; ++d)
+    if (reduced[d]) folded *= shape.d[d];
+  const double divisor = kMean ? static_cast<double>(folded) : 1.0;
+  return check(reduce(kOp, in_f32(c, 0), shape, reduced, divisor, out_f32(c, 0), c.stream),
+               "launch");
+}
+
+struct Rows {
+  int64_t outer = 1, axis = 1, inner = 1;
+};
+Result<Rows> rows_at_axis(const CudaKernelContext &c, const TensorType &x) {
+  ASSIGN_OR_RETURN(int64_t axis, ops::normalize_axis(c.attrs().get_int("axis"), x.rank(), "axis"));
+  Rows r;
+  for (int64_t d = 0; d < axis; ++d)
+    r.outer *= x.shape[static_cast<size_t>(d)];
+  r.axis = x.shape[static_cast<size_t>(axis)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < x.shape.size(); ++d)
+    r.inner *= x.shape[d];
+  return r;
+}
+
+template <bool kLog> Status softmax_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
+  return check(softmax(in_f32(c, 0), out_f32(c, 0), r.outer, r.axis, r.inner, kLog, c.stream),
+               "launch");
+}
+
+template <bool kLog> Status softmax_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
+  return check(softmax_grad(in_f32(c, 0), in_f32(c, 1), out_f32(c, 0), r.outer, r.axis, r.inner,
+                            kLog, c.stream),
+               "launch");
+}
+
+// LayerNorm's rows and columns: dims [axis, rank) are one row.
+Result<std::pair<int64_t, int64_t>> norm_rows(const Node &node, const ops::OpDef &def,
+                                              const TensorType &x) {
+  ASSIGN_OR_RETURN(int64_t axis, ops::normalize_axis(ops::AttrReader(node, def).get_int("axis"),
+                                                     x.rank(), "axis"));
+  const int64_t cols = num_elements(llvm::ArrayRef<int64_t>(x.shape).drop_front(axis));
+  return std::pair<int64_t, int64_t>{cols == 0 ? 0 : x.num_elements() / cols, cols};
+}
+
+Status layer_norm_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
+  ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[0].type));
+  return check(layer_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0), rc.first,
+                          rc.second, static_cast<float>(c.attrs().get_float("epsilon")), c.stream),
+               "launch");
+}
+
+int64_t layer_norm_grad_scratch(const Node &node, const ops::OpDef &def,
+                                llvm::ArrayRef<TensorType> inputs) {
+  auto rc = norm_rows(node, def, inputs[1]);
+  return rc.is_ok() ? 2 * rc->first * static_cast<int64_t>(sizeof(double)) : 0;
+}
+
+Status layer_norm_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
+  ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[1].type));
+  return check(layer_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
+                               out_f32(c, 1), out_f32(c, 2), rc.first, rc.second,
+                               static_cast<float>(c.attrs().get_float("epsilon")),
+                               static_cast<double *>(c.scratch), c.stream),
+               "launch");
+}
+
+Result<int> reduction_code(const CudaKernelContext &c) {
+  const std::string reduction = c.attrs().get_string("reduction");
+  if (reduction == "mean") return 0;
+  if (reduction == "sum") return 1;
+  if (reduction == "none") return 2;
+  return invalid_argument(c.def.name, ": attribute 'reduction' = \"", reduction,
+                          "\" is not \"mean\", \"sum\" or \"none\"");
+}
+
+Result<int> index_bytes(const CudaKernelContext &c, size_t input) {
+  const DType dtype = c.inputs[input].dtype();
+  if (dtype == DType::kI32) return 4;
+  if (dtype == DType::kI64) return 8;
+  return invalid_argument(c.def.name, ": input ", input, " must be i32 or i64, got ",
+                          dtype_name(dtype));
+}
+
+int64_t cross_entropy_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType> inputs) {
+  return inputs[1].num_elements() * static_cast<int64_t>(sizeof(double));
+}
+
+Status cross_entropy_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
+  const int64_t classes = c.inputs[0].shape().back();
+  return check(cross_entropy(in_f32(c, 0), c.inputs[1].data, bytes, c.inputs[1].num_elements(),
+                             classes, c.attrs().get_int("ignore_index"), reduction,
+                             static_cast<double *>(c.scratch), out_f32(c, 0), c.flag, c.stream),
+               "launch");
+}
+
+Status cross_entropy_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 2));
+  const int64_t classes = c.inputs[1].shape().back();
+  return check(cross_entropy_grad(
+                   in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes, c.inputs[2].num_elements(),
+                   classes, c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0), c.stream),
+               "launch");
+}
+
+Status expect_whole_table(const CudaKernelContext &c) {
+  if (c.attrs().get_int("parts") != 1)
+    return unimplemented(c.def.name, " of a table split over ", c.attrs().get_int("parts"),
+                         " tensor-parallel members does not run on the CUDA backend yet");
+  return Status::ok();
+}
+
+Status gather_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  RETURN_IF_ERROR(expect_whole_table(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
+  ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
+  return check(gather(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
+                      c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream),
+               "launch");
+}
+
+Status gather_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  RETURN_IF_ERROR(expect_whole_table(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
+  ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
+  return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
+                           c.inputs[1].num_elements(), out_f32(c, 0), c.stream),
+               "launch");
+}
+
+// ---- optimizer ---------------------------------------------------------------------
+
+Status learning_rate_op(const CudaKernelContext &c) {
+  ops::AttrReader attrs = c.attrs();
+  Schedule s;
+  s.base_lr = attrs.get_float("base_lr");
+  s.min_lr = attrs.get_float("min_lr");
+  s.cosine = attrs.get_string("schedule") == "cosine";
+  s.warmup = attrs.get_int("warmup_steps");
+  s.total = attrs.get_int("total_steps");
+  return check(learning_rate(s, c.inputs[0].as<int64_t>(), out_f32(c, 0), c.stream), "launch");
+}
+
+Status sgd_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ops::AttrReader attrs = c.attrs();
+  SgdParams p;
+  p.momentum = static_cast<float>(attrs.get_float("momentum"));
+  p.weight_decay = static_cast<float>(attrs.get_float("weight_decay"));
+  p.dampening = static_cast<float>(attrs.get_float("dampening"));
+  p.nesterov = attrs.get_int("nesterov") != 0;
+  const bool has_buffer = c.inputs.size() >= 4;
+  return check(sgd(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), has_buffer ? in_f32(c, 3) : nullptr,
+                   c.inputs.size() >= 5 ? c.inputs[4].as<int64_t>() : nullptr, out_f32(c, 0),
+                   has_buffer ? out_f32(c, 1) : nullptr, c.inputs[0].num_elements(), c.stream),
+               "launch");
+}
+
+Status adam_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2, 3}));
+  ops::AttrReader attrs = c.attrs();
+  AdamParams p;
+  p.beta1 = attrs.get_float("beta1");
+  p.beta2 = attrs.get_float("beta2");
+  p.epsilon = attrs.get_float("epsilon");
+  p.weight_decay = attrs.get_float("weight_decay");
+  p.decoupled = attrs.get_int("decoupled") != 0;
+  return check(adam(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
+                    c.inputs[5].as<int64_t>(), out_f32(c, 0), out_f32(c, 1), out_f32(c, 2),
+                    c.inputs[0].num_elements(), c.stream),
+               "launch");
+}
+
+// ---- GEMMs ---------------------------------------------------------------------------
+
+// One row-major product D[M, N] = alpha op(A) op(B) + beta D, `batch` times
+// with the given element strides between matrices (0: the same matrix).
+// cuBLASLt is column-major, so it computes D^T = op(B)^T op(A)^T: B goes first.
+struct Product {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
+  float alpha = 1, beta = 0;
+};
+
+// Owns cuBLASLt descriptors for one call.
+struct LtObjects {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  ~LtObjects() {
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+Status layout(cublasLtMatrixLayout_t *layout, uint64_t rows, uint64_t cols, int64_t ld,
+              int64_t batch, int64_t stride) {
+  RETURN_IF_ERROR(
+      check_lt(cublasLtMatrixLayoutCreate(layout, CUDA_R_32F, rows, cols, ld), "layout"));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutSetAttribute(
+                                 *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+                             "batch count"));
+    RETURN_IF_ERROR(
+        check_lt(cublasLtMatrixLayoutSetAttribute(
+                     *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+                 "batch stride"));
+  }
+  return Status::ok();
+}
+
+Status run_product(const CudaKernelContext &c, const Product &p, const float *a, const float *b,
+                   float *d) {
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
+  LtObjects lt;
+  const cublasComputeType_t compute = c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
+  // cuBLASLt's first operand is B, its second A.
+  const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                          &op_first, sizeof op_first),
+                           "transa"));
+  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                          &op_second, sizeof op_second),
+                           "transb"));
+  // B row-major [K, N] is column-major [N, K] (ld N); transposed, [K, N] (ld K).
+  const uint64_t m = static_cast<uint64_t>(p.m), n = static_cast<uint64_t>(p.n),
+                 k = static_cast<uint64_t>(p.k);
+  RETURN_IF_ERROR(p.trans_b ? layout(&lt.a, k, n, p.k, p.batch, p.stride_b)
+                            : layout(&lt.a, n, k, p.n, p.batch, p.stride_b));
+  RETURN_IF_ERROR(p.trans_a ? layout(&lt.b, m, k, p.m, p.batch, p.stride_a)
+                            : layout(&lt.b, k, m, p.k, p.batch, p.stride_a));
+  RETURN_IF_ERROR(layout(&lt.d, n, m, p.n, p.batch, p.stride_d));
+  RETURN_IF_ERROR(check_lt(cublasLtMatmulPreferenceCreate(&lt.preference), "preference"));
+  const uint64_t workspace = c.workspace_bytes;
+  RETURN_IF_ERROR(check_lt(
+      cublasLtMatmulPreferenceSetAttribute(lt.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace, sizeof workspace),
+      "workspace"));
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  RETURN_IF_ERROR(check_lt(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d,
+                                                          lt.preference, 1, &heuristic, &found),
+                           "heuristic"));
+  if (found == 0)
+    return unimplemented("cuBLASLt has no algorithm for this ", p.m, "x", p.n, "x", p.k,
+                         " product (batch ", p.batch, ")");
+  return check_lt(cublasLtMatmul(c.lt, lt.desc, &p.alpha, b, lt.a, a, lt.b, &p.beta, d, lt.d, d,
+                                 lt.d, &heuristic.algo, c.workspace, c.workspace_bytes, c.stream),
+                  "matmul");
+}
+
+Status matmul_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ASSIGN_OR_RETURN(ops::MatMulDims dims,
+                   ops::matmul_dims(c.def, c.attrs(), *c.inputs[0].type, *c.inputs[1].type));
+  Product p;
+  p.trans_a = dims.trans_a;
+  p.trans_b = dims.trans_b;
+  p.m = dims.m;
+  p.n = dims.n;
+  p.k = dims.k;
+  const float *a = in_f32(c, 0);
+  const float *b = in_f32(c, 1);
+  float *d = out_f32(c, 0);
+  const int64_t batch = num_elements(dims.batch);
+  if (num_elements(dims.b_batch) == 1 && num_elements(dims.a_batch) == batch && !dims.trans_a) {
+    // One B for every batch entry: one tall product.
+    p.m *= batch;
+    return run_product(c, p, a, b, d);
+  }
+  const std::vector<int64_t> a_offsets = ops::batch_offsets(dims.a_batch, dims.batch, p.m * p.k);
+  const std::vector<int64_t> b_offsets = ops::batch_offsets(dims.b_batch, dims.batch, p.k * p.n);
+  // Strided when both operands step evenly through the batch (or not at all).
+  auto even = [](const std::vector<int64_t> &offsets) {
+    for (size_t i = 0; i < offsets.size(); ++i)
+      if (offsets[i] != static_cast<int64_t>(i) * (offsets.size() > 1 ? offsets[1] : 0))
+        return false;
+    return true;
+  };
+  if (even(a_offsets) && even(b_offsets)) {
+    p.batch = batch;
+    p.stride_a = batch > 1 ? a_offsets[1] : 0;
+    p.stride_b = batch > 1 ? b_offsets[1] : 0;
+    p.stride_d = p.m * p.n;
+    return run_product(c, p, a, b, d);
+  }
+  for (int64_t i = 0; i < batch; ++i)
+    RETURN_IF_ERROR(run_product(c, p, a + a_offsets[static_cast<size_t>(i)],
+                                b + b_offsets[static_cast<size_t>(i)], d + i * p.m * p.n));
+  return Status::ok();
+}
+
+Status gemm_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ops::AttrReader attrs = c.attrs();
+  Product p;
+  p.trans_a = attrs.get_int("trans_a") != 0;
+  p.trans_b = attrs.get_int("trans_b") != 0;
+  const auto a_shape = c.inputs[0].shape(), b_shape = c.inputs[1].shape();
+  p.m = p.trans_a ? a_shape[1] : a_shape[0];
+  p.k = p.trans_a ? a_shape[0] : a_shape[1];
+  p.n = p.trans_b ? b_shape[0] : b_shape[1];
+  p.alpha = static_cast<float>(attrs.get_float("alpha"));
+  p.beta = static_cast<float>(attrs.get_float("beta"));
+  float *d = out_f32(c, 0);
+  if (c.inputs.size() > 2 && p.beta != 0.0f) {
+    // C broadcast into D first; the product then scales it by beta and adds.
+    RETURN_IF_ERROR(expect_f32(c, {2}));
+    ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+    RETURN_IF_ERROR(
+        check(broadcast_copy(in_f32(c, 2), broadcast_strides(c.inputs[2].shape(), shape), d, shape,
+                             c.stream),
+              "launch"));
+  } else {
+    p.beta = 0.0f;
+  }
+  return run_product(c, p, in_f32(c, 0), in_f32(c, 1), d);
+}
+
+// ---- the table ------------------------------------------------------------------------
+
+CudaOp op(std::string_view name, CudaKernelFn kernel, ScratchFn scratch = nullptr,
+          std::string_view flag_meaning = {}) {
+  return CudaOp{name, kernel, scratch, flag_meaning};
+}
+
+const std::vector<CudaOp> &table() {
+  static const std::vector<CudaOp> ops = [] {
+    const std::string_view kBadLabel = "a label is outside [0, classes) and is not ignore_index";
+    std::vector<CudaOp> t = {
+        op("Add", binary_op<Binary::kAdd>),
+        op("AdamUpdate", adam_op),
+        op("Clip", unary_op<Unary::kClip>),
+        op("ClipGrad", binary_op<Binary::kClipGrad>),
+        op("Concat", concat_op),
+        op("Div", binary_op<Binary::kDiv>),
+        op("Erf", unary_op<Unary::kErf>),
+        op("Exp", unary_op<Unary::kExp>),
+        op("Expand", expand_op),
+        op("Flatten", copy_op),
+        op("Gather", gather_op, nullptr, "an index is outside the table"),
+        op("GatherGrad", gather_grad_op),
+        op("Gelu", unary_op<Unary::kGeluErf>),
+        op("GeluGrad", binary_op<Binary::kGeluErfGrad>),
+        op("Gemm", gemm_op),
+        op("Identity", copy_op),
+        op("LayerNorm", layer_norm_op),
+        op("LayerNormGrad", layer_norm_grad_op, layer_norm_grad_scratch),
+        op("LearningRate", learning_rate_op),
+        op("Log", unary_op<Unary::kLog>),
+        op("LogSoftmax", softmax_op<true>),
+        op("LogSoftmaxGrad", softmax_grad_op<true>),
+        op("MatMul", matmul_op),
+        op("Mul", binary_op<Binary::kMul>),
+        op("Neg", unary_op<Unary::kNeg>),
+        op("Pow", binary_op<Binary::kPow>),
+        op("ReduceMax", reduce_op<Reduce::kMax, false>),
+        op("ReduceMean", reduce_op<Reduce::kSum, true>),
+        op("ReduceSum", reduce_op<Reduce::kSum, false>),
+        op("Relu", unary_op<Unary::kRelu>),
+        op("ReluGrad", binary_op<Binary::kReluGrad>),
+        op("Reshape", copy_op),
+        op("SgdUpdate", sgd_op),
+        op("Sigmoid", unary_op<Unary::kSigmoid>),
+        op("SigmoidGrad", binary_op<Binary::kSigmoidGrad>),
+        op("Softmax", softmax_op<false>),
+        op("SoftmaxCrossEntropy", cross_entropy_op, cross_entropy_scratch, kBadLabel),
+        op("SoftmaxCrossEntropyGrad", cross_entropy_grad_op),
+        op("SoftmaxGrad", softmax_grad_op<false>),
+        op("Split", split_op),
+        op("Sqrt", unary_op<Unary::kSqrt>),
+        op("Squeeze", copy_op),
+        op("Sub", binary_op<Binary::kSub>),
+        op("Tanh", unary_op<Unary::kTanh>),
+        op("TanhGrad", binary_op<Binary::kTanhGrad>),
+        op("Transpose", transpose_op),
+        op("Unsqueeze", copy_op),
+    };
+    std::sort(t.begin(), t.end(), [](const CudaOp &a, const CudaOp &b) { return a.name < b.name; });
+    return t;
+  }();
+  return ops;
+}
+
+} // namespace
+
+Status expect_f32(const CudaKernelContext &context, std::initializer_list<size_t> inputs) {
+  for (size_t i : inputs)
+    if (i < context.inputs.size() && context.inputs[i].dtype() != DType::kF32)
+      return unimplemented(context.def.name, ": the CUDA backend runs f32 only, input ", i, " is ",
+                           context.inputs[i].type->to_string());
+  return Status::ok();
+}
+
+const CudaOp *find_cuda_op(std::string_view op) {
+  const auto &t = table();
+  auto it = std::lower_bound(t.begin(), t.end(), op,
+                             [](const CudaOp &a, std::string_view name) { return a.name < name; });
+  return it != t.end() && it->name == op ? &*it : nullptr;
+}
+
+std::vector<std::string_view> cuda_op_names() {
+  std::vector<std::string_view> names;
+  for (const CudaOp &op : table())
+    names.push_back(op.name);
+  return names;
+}
+
+} // namespace strata::cuda

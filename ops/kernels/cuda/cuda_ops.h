@@ -1,0 +1,60 @@
+// The CUDA backend's op table: for each op it runs, the host function that
+// checks the node and enqueues its work (cuBLASLt for MatMul and Gemm,
+// strata's kernels in launch.h for the rest).
+//
+// A CUDA op only enqueues on the context's stream: no allocation, no
+// synchronization, no host read of device data. Whatever it needs beyond its
+// inputs and outputs it declares up front (scratch bytes), so the executor
+// reserves it with the arena and a whole step can be captured into a CUDA
+// Graph. Errors found on the device (a label or index out of range) raise the
+// node's flag, which the executor reads after the step.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <string_view>
+#include <vector>
+
+#include "ops/registry.h"
+
+namespace strata::cuda {
+
+struct CudaKernelContext {
+  const Node &node;
+  const ops::OpDef &def;
+  llvm::ArrayRef<ops::ConstTensorView> inputs; // device pointers
+  llvm::ArrayRef<ops::TensorView> outputs;     // device pointers
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void *workspace = nullptr; // cuBLASLt's, shared by every node
+  size_t workspace_bytes = 0;
+  void *scratch = nullptr; // this node's, scratch_bytes() of it
+  int *flag = nullptr;     // this node's device error flag (0: fine)
+  bool tf32 = false;       // f32 GEMMs may use TF32 tensor cores
+  ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
+};
+
+using CudaKernelFn = Status (*)(const CudaKernelContext &context);
+// Device scratch a node needs besides its outputs, from its input types.
+using ScratchFn = int64_t (*)(const Node &node, const ops::OpDef &def,
+                              llvm::ArrayRef<TensorType> inputs);
+
+struct CudaOp {
+  std::string_view name;
+  CudaKernelFn kernel = nullptr;
+  ScratchFn scratch = nullptr; // nullptr: none
+  // What flag != 0 after a run means, for the error naming the node.
+  std::string_view flag_meaning;
+};
+
+// The CUDA op for `op`, or nullptr when the CUDA backend does not run it.
+const CudaOp *find_cuda_op(std::string_view op);
+// Every op the CUDA backend runs, sorted by name.
+std::vector<std::string_view> cuda_op_names();
+
+// What an op with dtype `dtype` on input `index` lacks, or ok: the kernels are
+// f32 (integers for indices and labels, any dtype for pure data movement).
+Status expect_f32(const CudaKernelContext &context, std::initializer_list<size_t> inputs);
+
+} // namespace strata::cuda

@@ -1,0 +1,302 @@
+// Elementwise CUDA kernels: unary maps, broadcast binaries, broadcast copies,
+// transposes, and the optimizer updates. Compiled with --fmad=false so each
+// a * b + c rounds twice, as the CPU kernels do.
+#include "ops/kernels/cuda/launch.h"
+
+#include <cmath>
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  // Grid-stride loops cover the rest.
+  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+#define GRID_STRIDE(i, n)                                                                          \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);           \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluTanhA = 0.044715f;
+constexpr float kGeluSaturate = 9.0f;
+
+__device__ float gelu_erf(float x) {
+  if (x < -kGeluSaturate) return -0.0f;
+  return x * (0.5f * erfcf(-x * kInvSqrt2));
+}
+__device__ float gelu_erf_grad(float x) {
+  if (fabsf(x) > kGeluSaturate) return x > 0.0f ? 1.0f : 0.0f;
+  const float cdf = 0.5f * erfcf(-x * kInvSqrt2);
+  return cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+}
+__device__ float gelu_tanh(float x) {
+  if (x < -kGeluSaturate) return -0.0f;
+  const float u = kSqrt2OverPi * (x + kGeluTanhA * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+__device__ float gelu_tanh_grad(float x) {
+  if (fabsf(x) > kGeluSaturate) return x > 0.0f ? 1.0f : 0.0f;
+  const float u = kSqrt2OverPi * (x + kGeluTanhA * x * x * x);
+  const float e = expf(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhA * x * x);
+  return s + 2.0f * x * (s * s * e) * du;
+}
+
+__global__ void unary_kernel(Unary op, const float *x, float *y, int64_t n, float a, float b) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    float r = v;
+    switch (op) {
+    case Unary::kRelu: r = v > 0.0f ? v : 0.0f; break;
+    case Unary::kGeluErf: r = gelu_erf(v); break;
+    case Unary::kGeluTanh: r = gelu_tanh(v); break;
+    case Unary::kTanh: r = tanhf(v); break;
+    case Unary::kSigmoid: r = 1.0f / (1.0f + expf(-v)); break;
+    case Unary::kExp: r = expf(v); break;
+    case Unary::kLog: r = logf(v); break;
+    case Unary::kSqrt: r = sqrtf(v); break;
+    case Unary::kNeg: r = -v; break;
+    case Unary::kErf: r = erff(v); break;
+    case Unary::kClip: r = fminf(fmaxf(v, a), b); break;
+    }
+    y[i] = r;
+  }
+}
+
+// The offset of element `i` of `shape` in an operand read through `strides`.
+__device__ int64_t offset_of(int64_t i, const Dims &shape, const Dims &strides) {
+  int64_t offset = 0;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    const int64_t extent = shape.d[d];
+    offset += (i % extent) * strides.d[d];
+    i /= extent;
+  }
+  return offset;
+}
+
+__device__ float apply(Binary op, float l, float r, float a, float b) {
+  switch (op) {
+  case Binary::kAdd: return l + r;
+  case Binary::kSub: return l - r;
+  case Binary::kMul: return l * r;
+  case Binary::kDiv: return l / r;
+  case Binary::kPow: return powf(l, r);
+  case Binary::kReluGrad: return r > 0.0f ? l : 0.0f;
+  case Binary::kGeluErfGrad: return l * gelu_erf_grad(r);
+  case Binary::kGeluTanhGrad: return l * gelu_tanh_grad(r);
+  case Binary::kTanhGrad: return l * (1.0f - r * r);
+  case Binary::kSigmoidGrad: return l * r * (1.0f - r);
+  case Binary::kClipGrad: return r >= a && r <= b ? l : 0.0f;
+  }
+  return 0.0f;
+}
+
+__global__ void binary_kernel(Binary op, const float *lhs, Dims lhs_strides, const float *rhs,
+                              Dims rhs_strides, float *out, Dims shape, int64_t n, float a,
+                              float b) {
+  GRID_STRIDE(i, n) {
+    out[i] = apply(op, lhs[offset_of(i, shape, lhs_strides)], rhs[offset_of(i, shape, rhs_strides)],
+                   a, b);
+  }
+}
+
+// Same-shape operands: no index arithmetic.
+__global__ void binary_dense_kernel(Binary op, const float *lhs, const float *rhs, float *out,
+                                    int64_t n, float a, float b) {
+  GRID_STRIDE(i, n) { out[i] = apply(op, lhs[i], rhs[i], a, b); }
+}
+
+__global__ void broadcast_kernel(const float *x, Dims strides, float *out, Dims shape, int64_t n) {
+  GRID_STRIDE(i, n) { out[i] = x[offset_of(i, shape, strides)]; }
+}
+
+template <typename T>
+__global__ void transpose_kernel(const T *x, Dims in_strides, T *y, Dims out_shape, int64_t n) {
+  // in_strides[i]: the input stride of output dim i.
+  GRID_STRIDE(i, n) { y[i] = x[offset_of(i, out_shape, in_strides)]; }
+}
+
+template <typename T>
+void launch_transpose(const void *x, const Dims &strides, void *y, const Dims &out_shape, int64_t n,
+                      cudaStream_t stream) {
+  transpose_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T *>(x), strides,
+                                                           static_cast<T *>(y), out_shape, n);
+}
+
+int64_t count(const Dims &shape) {
+  int64_t n = 1;
+  for (int d = 0; d < shape.rank; ++d)
+    n *= shape.d[d];
+  return n;
+}
+
+bool dense(const Dims &strides, const Dims &shape) {
+  int64_t expected = 1;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    if (shape.d[d] != 1 && strides.d[d] != expected) return false;
+    expected *= shape.d[d];
+  }
+  return true;
+}
+
+__global__ void learning_rate_kernel(Schedule s, const int64_t *step_in, float *lr) {
+  const int64_t step = *step_in > 0 ? *step_in : 0;
+  double value = s.base_lr;
+  if (step < s.warmup) {
+    value = s.base_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup);
+  } else if (s.cosine) {
+    double progress =
+        static_cast<double>(step - s.warmup) / static_cast<double>(s.total - s.warmup);
+    progress = progress < 0.0 ? 0.0 : (progress > 1.0 ? 1.0 : progress);
+    value = s.min_lr + 0.5 * (s.base_lr - s.min_lr) * (1.0 + cos(3.141592653589793 * progress));
+  }
+  *lr = static_cast<float>(value);
+}
+
+__global__ void sgd_kernel(SgdParams p, const float *param, const float *grad, const float *lr,
+                           const float *buf, const int64_t *step, float *new_param, float *new_buf,
+                           int64_t n) {
+  const float neg_lr = -*lr;
+  const float keep = static_cast<float>(1.0 - static_cast<double>(p.dampening));
+  const bool first = step != nullptr && *step == 0;
+  GRID_STRIDE(i, n) {
+    float g = grad[i];
+    if (p.weight_decay != 0.0f) g = g + p.weight_decay * param[i];
+    if (buf == nullptr) {
+      new_param[i] = param[i] + neg_lr * g;
+      continue;
+    }
+    float b;
+    if (first) {
+      b = g;
+    } else {
+      b = buf[i] * p.momentum;
+      b = b + keep * g;
+    }
+    new_buf[i] = b;
+    const float d = p.nesterov ? g + p.momentum * b : b;
+    new_param[i] = param[i] + neg_lr * d;
+  }
+}
+
+__global__ void adam_kernel(AdamParams p, const float *param, const float *grad, const float *m,
+                            const float *v, const float *lr_in, const int64_t *step_in,
+                            float *new_param, float *new_m, float *new_v, int64_t n) {
+  // The scalars PyTorch computes in double, rounded to f32 once.
+  const double lr = *lr_in;
+  const double t = static_cast<double>(*step_in) + 1.0;
+  const double bias_correction1 = 1.0 - pow(p.beta1, t);
+  const double bias_correction2 = 1.0 - pow(p.beta2, t);
+  const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  const float bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  const float decay = static_cast<float>(1.0 - lr * p.weight_decay);
+  const float wd = static_cast<float>(p.weight_decay);
+  const float b1 = static_cast<float>(p.beta1), b2 = static_cast<float>(p.beta2);
+  const float one_minus_b1 = static_cast<float>(1.0 - p.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - p.beta2);
+  const float eps = static_cast<float>(p.epsilon);
+  GRID_STRIDE(i, n) {
+    float pi = param[i];
+    float g = grad[i];
+    if (p.decoupled)
+      pi = pi * decay;
+    else if (wd != 0.0f)
+      g = g + wd * pi;
+    float mi = m[i] * b1;
+    mi = mi + one_minus_b1 * g;
+    float vi = v[i] * b2;
+    vi = vi + one_minus_b2 * g * g;
+    const float denom = sqrtf(vi) / bias_correction2_sqrt + eps;
+    new_m[i] = mi;
+    new_v[i] = vi;
+    new_param[i] = pi + neg_step_size * mi / denom;
+  }
+}
+
+} // namespace
+
+cudaError_t unary(Unary op, const float *x, float *y, int64_t n, float a, float b,
+                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  unary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, x, y, n, a, b);
+  return cudaGetLastError();
+}
+
+cudaError_t binary(Binary op, const float *lhs, const Dims &lhs_strides, const float *rhs,
+                   const Dims &rhs_strides, float *out, const Dims &shape, float a, float b,
+                   cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  if (dense(lhs_strides, shape) && dense(rhs_strides, shape))
+    binary_dense_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, lhs, rhs, out, n, a, b);
+  else
+    binary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, lhs, lhs_strides, rhs, rhs_strides,
+                                                          out, shape, n, a, b);
+  return cudaGetLastError();
+}
+
+cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, const Dims &shape,
+                           cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  broadcast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, strides, out, shape, n);
+  return cudaGetLastError();
+}
+
+cudaError_t transpose(const void *x, const Dims &in_shape, const int *perm, void *y,
+                      int element_bytes, cudaStream_t stream) {
+  Dims in_strides, out_shape, strides;
+  in_strides.rank = out_shape.rank = strides.rank = in_shape.rank;
+  int64_t stride = 1;
+  for (int d = in_shape.rank - 1; d >= 0; --d) {
+    in_strides.d[d] = stride;
+    stride *= in_shape.d[d];
+  }
+  for (int i = 0; i < in_shape.rank; ++i) {
+    out_shape.d[i] = in_shape.d[perm[i]];
+    strides.d[i] = in_strides.d[perm[i]];
+  }
+  const int64_t n = count(in_shape);
+  if (n == 0) return cudaSuccess;
+  switch (element_bytes) {
+  case 1: launch_transpose<uint8_t>(x, strides, y, out_shape, n, stream); break;
+  case 2: launch_transpose<uint16_t>(x, strides, y, out_shape, n, stream); break;
+  case 4: launch_transpose<uint32_t>(x, strides, y, out_shape, n, stream); break;
+  case 8: launch_transpose<uint64_t>(x, strides, y, out_shape, n, stream); break;
+  default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t learning_rate(const Schedule &schedule, const int64_t *step, float *lr,
+                          cudaStream_t stream) {
+  learning_rate_kernel<<<1, 1, 0, stream>>>(schedule, step, lr);
+  return cudaGetLastError();
+}
+
+cudaError_t sgd(const SgdParams &p, const float *param, const float *grad, const float *lr,
+                const float *buf, const int64_t *step, float *new_param, float *new_buf, int64_t n,
+                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, param, grad, lr, buf, step, new_param,
+                                                     new_buf, n);
+  return cudaGetLastError();
+}
+
+cudaError_t adam(const AdamParams &p, const float *param, const float *grad, const float *m,
+                 const float *v, const float *lr, const int64_t *step, float *new_param,
+                 float *new_m, float *new_v, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, param, grad, m, v, lr, step, new_param,
+                                                      new_m, new_v, n);
+  return cudaGetLastError();
+}
+
+} // namespace strata::cuda

@@ -1,0 +1,156 @@
+// strata's own CUDA kernels, as host functions that enqueue them on a stream.
+//
+// This header is plain C++ over the CUDA runtime types: the .cu files that
+// define these functions include nothing else of strata, and the C++ side
+// (cuda_ops.cc) reads node attributes and shapes and calls them. Every
+// function only enqueues work (no allocation, no synchronization), so a whole
+// step can be captured into a CUDA Graph; the return value is the launch error
+// (cudaSuccess when the kernel was enqueued).
+//
+// Tensors are dense, row-major, f32 unless an argument says otherwise. Shapes
+// of up to kMaxDims dims travel by value in a Dims.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+constexpr int kMaxDims = 8;
+
+// A shape, or the element strides of an operand read in a broadcast (stride 0
+// along a broadcast dim).
+struct Dims {
+  int rank = 0;
+  int64_t d[kMaxDims] = {};
+};
+
+enum class Unary : int {
+  kRelu,
+  kGeluErf,
+  kGeluTanh,
+  kTanh,
+  kSigmoid,
+  kExp,
+  kLog,
+  kSqrt,
+  kNeg,
+  kErf,
+  kClip, // uses a and b as min and max
+};
+
+enum class Binary : int {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kReluGrad,     // (dY, X)
+  kGeluErfGrad,  // (dY, X)
+  kGeluTanhGrad, // (dY, X)
+  kTanhGrad,     // (dY, Y)
+  kSigmoidGrad,  // (dY, Y)
+  kClipGrad,     // (dY, X), with a and b as min and max
+};
+
+// y[i] = op(x[i]) for n elements.
+cudaError_t unary(Unary op, const float *x, float *y, int64_t n, float a, float b,
+                  cudaStream_t stream);
+
+// out = op(lhs, rhs) over `shape`, each operand read through its strides
+// (0 along dims it broadcasts over); a and b are ClipGrad's bounds.
+cudaError_t binary(Binary op, const float *lhs, const Dims &lhs_strides, const float *rhs,
+                   const Dims &rhs_strides, float *out, const Dims &shape, float a, float b,
+                   cudaStream_t stream);
+
+// out (shape) = x read through `strides`: a broadcast copy (Expand, Gemm's C).
+cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, const Dims &shape,
+                           cudaStream_t stream);
+
+// Y = X with dims permuted: out dim i is in dim perm[i]; `in_shape` is X's.
+// `element_bytes` is 1, 2, 4 or 8.
+cudaError_t transpose(const void *x, const Dims &in_shape, const int *perm, void *y,
+                      int element_bytes, cudaStream_t stream);
+
+// Sum (divided by `divisor`: 1 for a sum, the count for a mean) or max over the
+// reduced dims: `shape` is the input's; reduced[d] for a reduced dim. Output
+// dims keep their order, the reduced ones dropped. One thread per output
+// element, summing in double in index order (deterministic).
+enum class Reduce : int { kSum, kMax };
+cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
+                   double divisor, float *y, cudaStream_t stream);
+
+// Softmax (or log-softmax) of X along a dim of size `axis`, with `outer` blocks
+// before it and `inner` elements after it.
+cudaError_t softmax(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, bool log,
+                    cudaStream_t stream);
+// dX from dY and Y: softmax: Y * (dY - sum(dY * Y)); log: dY - e^Y * sum(dY).
+cudaError_t softmax_grad(const float *dy, const float *y, float *dx, int64_t outer, int64_t axis,
+                         int64_t inner, bool log, cudaStream_t stream);
+
+// LayerNorm over rows of `cols` elements: y = (x - mean) / sqrt(var + eps) *
+// scale + bias (biased variance).
+cudaError_t layer_norm(const float *x, const float *scale, const float *bias, float *y,
+                       int64_t rows, int64_t cols, float epsilon, cudaStream_t stream);
+// dX, dScale, dBias. dScale and dBias are summed over rows in row order by one
+// thread per column (deterministic); `stats` is scratch for 2 * rows doubles.
+cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
+                            float *dscale, float *dbias, int64_t rows, int64_t cols, float epsilon,
+                            double *stats, cudaStream_t stream);
+
+// Cross entropy of softmax(logits [rows, classes]) against integer labels
+// (i32 or i64, `label_bytes` 4 or 8). `row_loss` (scratch for rows doubles)
+// gets each row's loss (0 for ignored rows); `loss` gets the reduction:
+// reduction 0 = mean over counted rows, 1 = sum (both in double, in row
+// order), 2 = none (loss has one element per row). Labels outside
+// [0, classes) that are not `ignore_index` set *bad_label (a device int) to 1.
+cudaError_t cross_entropy(const float *logits, const void *labels, int label_bytes, int64_t rows,
+                          int64_t classes, int64_t ignore_index, int reduction, double *row_loss,
+                          float *loss, int *bad_label, cudaStream_t stream);
+// d logits = (softmax - onehot) * dLoss (per row for reduction none, divided by
+// the counted rows for mean).
+cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const void *labels,
+                               int label_bytes, int64_t rows, int64_t classes, int64_t ignore_index,
+                               int reduction, float *dlogits, cudaStream_t stream);
+
+// Gather along an axis: data [outer, axis_size, inner], indices (i32 or i64,
+// n of them) -> out [outer, n, inner]. Negative indices count from the end;
+// an index out of range sets *bad_index and writes zeros.
+cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
+                   const void *indices, int index_bytes, int64_t n, float *out, int *bad_index,
+                   cudaStream_t stream);
+// dData [outer, axis_size, inner] = zeros plus dY rows added at the indices.
+// Each output element sums its contributions in index order (deterministic).
+cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
+                        const void *indices, int index_bytes, int64_t n, float *ddata,
+                        cudaStream_t stream);
+
+// The learning rate schedule of the LearningRate op, from the device step.
+struct Schedule {
+  double base_lr = 0, min_lr = 0;
+  bool cosine = false;
+  int64_t warmup = 0, total = 0;
+};
+cudaError_t learning_rate(const Schedule &schedule, const int64_t *step, float *lr,
+                          cudaStream_t stream);
+
+// SGD (PyTorch semantics; see ops_optimizer.cc): buf and new_buf may be null
+// (no momentum); `step` may be null (no first-step copy).
+struct SgdParams {
+  float momentum = 0, weight_decay = 0, dampening = 0;
+  bool nesterov = false;
+};
+cudaError_t sgd(const SgdParams &p, const float *param, const float *grad, const float *lr,
+                const float *buf, const int64_t *step, float *new_param, float *new_buf, int64_t n,
+                cudaStream_t stream);
+
+struct AdamParams {
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8, weight_decay = 0;
+  bool decoupled = false;
+};
+cudaError_t adam(const AdamParams &p, const float *param, const float *grad, const float *m,
+                 const float *v, const float *lr, const int64_t *step, float *new_param,
+                 float *new_m, float *new_v, int64_t n, cudaStream_t stream);
+
+} // namespace strata::cuda

@@ -1,0 +1,445 @@
+// Row-wise CUDA kernels: reductions, softmax, layer norm, cross entropy and
+// gather. Every sum is taken in a fixed order (a block reduces its threads'
+// partial sums in a fixed tree), so a kernel gives bitwise the same result on
+// every run: a captured CUDA Graph replays exactly what eager execution does.
+#include "ops/kernels/cuda/launch.h"
+
+#include <cfloat>
+#include <cmath>
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+// Reduces one value per thread of the block with `combine`; every thread gets
+// the result. `shared` holds kThreads values.
+template <typename T, typename Combine>
+__device__ T block_reduce(T value, T *shared, Combine combine) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = blockDim.x / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width)
+      shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + width]);
+    __syncthreads();
+  }
+  const T result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+struct Add {
+  template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+// The larger, with NaN winning (as the CPU kernels' nan_max).
+struct Max {
+  __device__ float operator()(float a, float b) const {
+    return (a != a || a > b) ? a : (b != b ? b : (a > b ? a : b));
+  }
+};
+
+// ---- reduce -----------------------------------------------------------------
+
+struct ReduceShape {
+  Dims kept;         // output dims, in order
+  Dims kept_strides; // input strides of the kept dims
+  Dims folded;       // reduced dims, in order
+  Dims folded_strides;
+};
+
+__global__ void reduce_kernel(Reduce op, const float *x, ReduceShape s, int64_t outputs,
+                              int64_t folded_count, double divisor, float *y) {
+  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < outputs;
+       o += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    int64_t base = 0, rest = o;
+    for (int d = s.kept.rank - 1; d >= 0; --d) {
+      base += (rest % s.kept.d[d]) * s.kept_strides.d[d];
+      rest /= s.kept.d[d];
+    }
+    double sum = 0;
+    float max = -INFINITY;
+    for (int64_t k = 0; k < folded_count; ++k) {
+      int64_t offset = base, r = k;
+      for (int d = s.folded.rank - 1; d >= 0; --d) {
+        offset += (r % s.folded.d[d]) * s.folded_strides.d[d];
+        r /= s.folded.d[d];
+      }
+      if (op == Reduce::kSum)
+        sum += x[offset];
+      else
+        max = Max()(max, x[offset]);
+    }
+    y[o] = op == Reduce::kSum ? static_cast<float>(sum / divisor) : max;
+  }
+}
+
+// ---- softmax ------------------------------------------------------------------
+
+// One block per row; a row is `axis` elements `inner` apart.
+__global__ void softmax_kernel(const float *x, float *y, int64_t axis, int64_t inner, bool log) {
+  __shared__ float shared_max[kThreads];
+  __shared__ double shared_sum[kThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t base = (row / inner) * axis * inner + row % inner;
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < axis; j += blockDim.x)
+    max = Max()(max, x[base + j * inner]);
+  max = block_reduce(max, shared_max, Max());
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < axis; j += blockDim.x)
+    sum += expf(x[base + j * inner] - max);
+  sum = block_reduce(sum, shared_sum, Add());
+  const float shift = log ? static_cast<float>(::log(sum)) : static_cast<float>(1.0 / sum);
+  for (int64_t j = threadIdx.x; j < axis; j += blockDim.x) {
+    const float v = x[base + j * inner] - max;
+    y[base + j * inner] = log ? v - shift : expf(v) * shift;
+  }
+}
+
+__global__ void softmax_grad_kernel(const float *dy, const float *y, float *dx, int64_t axis,
+                                    int64_t inner, bool log) {
+  __shared__ double shared_sum[kThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t base = (row / inner) * axis * inner + row % inner;
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < axis; j += blockDim.x) {
+    const int64_t i = base + j * inner;
+    sum += log ? static_cast<double>(dy[i]) : static_cast<double>(dy[i]) * y[i];
+  }
+  sum = block_reduce(sum, shared_sum, Add());
+  const float s = static_cast<float>(sum);
+  for (int64_t j = threadIdx.x; j < axis; j += blockDim.x) {
+    const int64_t i = base + j * inner;
+    dx[i] = log ? dy[i] - expf(y[i]) * s : y[i] * (dy[i] - s);
+  }
+}
+
+// ---- layer norm -----------------------------------------------------------------
+
+// The row's mean and 1 / sqrt(var + eps), two passes in double as on the CPU.
+__device__ void row_stats(const float *row, int64_t cols, double epsilon, double *shared,
+                          double *mean, double *rstd) {
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+    sum += row[i];
+  *mean = block_reduce(sum, shared, Add()) / static_cast<double>(cols);
+  double squares = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const double d = row[i] - *mean;
+    squares += d * d;
+  }
+  squares = block_reduce(squares, shared, Add());
+  *rstd = 1.0 / sqrt(squares / static_cast<double>(cols) + epsilon);
+}
+
+__global__ void layer_norm_kernel(const float *x, const float *scale, const float *bias, float *y,
+                                  int64_t cols, double epsilon) {
+  __shared__ double shared[kThreads];
+  const float *row = x + blockIdx.x * cols;
+  float *out = y + blockIdx.x * cols;
+  double mean, rstd;
+  row_stats(row, cols, epsilon, shared, &mean, &rstd);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+    out[i] = static_cast<float>((row[i] - mean) * rstd * scale[i] + bias[i]);
+}
+
+__global__ void layer_norm_dx_kernel(const float *dy, const float *x, const float *scale, float *dx,
+                                     int64_t cols, double epsilon) {
+  __shared__ double shared[kThreads];
+  const float *row = x + blockIdx.x * cols;
+  const float *g = dy + blockIdx.x * cols;
+  double mean, rstd;
+  row_stats(row, cols, epsilon, shared, &mean, &rstd);
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const double gi = static_cast<double>(g[i]) * scale[i];
+    sum_g += gi;
+    sum_gx += gi * ((row[i] - mean) * rstd);
+  }
+  const double mean_g = block_reduce(sum_g, shared, Add()) / static_cast<double>(cols);
+  const double mean_gx = block_reduce(sum_gx, shared, Add()) / static_cast<double>(cols);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const double gi = static_cast<double>(g[i]) * scale[i];
+    const double xhat = (row[i] - mean) * rstd;
+    dx[blockIdx.x * cols + i] = static_cast<float>(rstd * (gi - mean_g - xhat * mean_gx));
+  }
+}
+
+// Each row's mean and rstd again (one block per row), kept for the column pass.
+__global__ void layer_norm_stats_kernel(const float *x, int64_t cols, double epsilon,
+                                        double *stats) {
+  __shared__ double shared[kThreads];
+  double mean, rstd;
+  row_stats(x + blockIdx.x * cols, cols, epsilon, shared, &mean, &rstd);
+  if (threadIdx.x == 0) {
+    stats[2 * blockIdx.x] = mean;
+    stats[2 * blockIdx.x + 1] = rstd;
+  }
+}
+
+// One thread per column, rows in order.
+__global__ void layer_norm_params_kernel(const float *dy, const float *x, const double *stats,
+                                         float *dscale, float *dbias, int64_t rows, int64_t cols) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    double ds = 0, db = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double g = dy[r * cols + c];
+      ds += g * ((x[r * cols + c] - stats[2 * r]) * stats[2 * r + 1]);
+      db += g;
+    }
+    dscale[c] = static_cast<float>(ds);
+    dbias[c] = static_cast<float>(db);
+  }
+}
+
+// ---- cross entropy -----------------------------------------------------------------
+
+// A row's max and its sum of e^(x - max) in double, over the block.
+struct ExpStats {
+  float max;
+  double sum;
+};
+__device__ ExpStats exp_stats(const float *row, int64_t n, float *shared_max, double *shared_sum) {
+  float max = -INFINITY;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x)
+    max = Max()(max, row[c]);
+  max = block_reduce(max, shared_max, Max());
+  double sum = 0;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x)
+    sum += exp(static_cast<double>(row[c]) - max);
+  return {max, block_reduce(sum, shared_sum, Add())};
+}
+
+__device__ int64_t label_at(const void *labels, int bytes, int64_t r) {
+  return bytes == 4 ? static_cast<const int32_t *>(labels)[r]
+                    : static_cast<const int64_t *>(labels)[r];
+}
+
+// One block per row: max + log(sum exp(x - max)) - x[label], in double.
+__global__ void cross_entropy_rows_kernel(const float *logits, const void *labels, int label_bytes,
+                                          int64_t classes, int64_t ignore_index, int reduction,
+                                          double *row_loss, float *loss, int *bad_label) {
+  __shared__ float shared_max[kThreads];
+  __shared__ double shared_sum[kThreads];
+  const int64_t r = blockIdx.x;
+  const float *row = logits + r * classes;
+  const int64_t label = label_at(labels, label_bytes, r);
+  const bool ignored = label == ignore_index;
+  const bool bad = !ignored && (label < 0 || label >= classes);
+  const ExpStats stats = exp_stats(row, classes, shared_max, shared_sum);
+  const float max = stats.max;
+  const double sum = stats.sum;
+  if (threadIdx.x != 0) return;
+  if (bad) *bad_label = 1;
+  const double value = ignored || bad ? 0.0 : max + ::log(sum) - row[label];
+  row_loss[r] = value;
+  if (reduction == 2) loss[r] = static_cast<float>(value);
+}
+
+// The rows' losses (double) reduced in row order by one thread, as on the CPU.
+__global__ void cross_entropy_reduce_kernel(const double *row_loss, const void *labels,
+                                            int label_bytes, int64_t rows, int64_t ignore_index,
+                                            int reduction, float *loss) {
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (label_at(labels, label_bytes, r) == ignore_index) continue;
+    total += row_loss[r];
+    ++counted;
+  }
+  if (reduction == 1) *loss = static_cast<float>(total);
+  if (reduction == 0) *loss = counted == 0 ? 0.0f : static_cast<float>(total / counted);
+}
+
+__global__ void cross_entropy_grad_kernel(const float *dloss, const float *logits,
+                                          const void *labels, int label_bytes, int64_t rows,
+                                          int64_t classes, int64_t ignore_index, int reduction,
+                                          float *dlogits) {
+  __shared__ float shared_max[kThreads];
+  __shared__ double shared_sum[kThreads];
+  __shared__ double shared_weight;
+  const int64_t r = blockIdx.x;
+  const float *row = logits + r * classes;
+  float *out = dlogits + r * classes;
+  const int64_t label = label_at(labels, label_bytes, r);
+  if (label == ignore_index || label < 0 || label >= classes) {
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+      out[c] = 0.0f;
+    return;
+  }
+  if (threadIdx.x == 0) {
+    double weight = reduction == 2 ? dloss[r] : dloss[0];
+    if (reduction == 0) {
+      int64_t counted = 0;
+      for (int64_t k = 0; k < rows; ++k)
+        counted += label_at(labels, label_bytes, k) != ignore_index;
+      weight /= static_cast<double>(counted);
+    }
+    shared_weight = weight;
+  }
+  const ExpStats stats = exp_stats(row, classes, shared_max, shared_sum);
+  const float max = stats.max;
+  const double sum = stats.sum;
+  const double weight = shared_weight;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+    const double p = exp(static_cast<double>(row[c]) - max) / sum;
+    out[c] = static_cast<float>(weight * (p - (c == label ? 1.0 : 0.0)));
+  }
+}
+
+// ---- gather --------------------------------------------------------------------------
+
+__global__ void gather_kernel(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
+                              const void *indices, int index_bytes, int64_t n, float *out,
+                              int *bad_index) {
+  const int64_t total = outer * n * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t k = i % inner, j = (i / inner) % n, o = i / (inner * n);
+    int64_t index = label_at(indices, index_bytes, j);
+    if (index < 0) index += axis_size;
+    if (index < 0 || index >= axis_size) {
+      *bad_index = 1;
+      out[i] = 0.0f;
+      continue;
+    }
+    out[i] = data[(o * axis_size + index) * inner + k];
+  }
+}
+
+// One thread per element of dData: scans the indices in order and adds the dY
+// rows that land on it. Work n per element: fine for the embedding tables of
+// the zoo models; a sort-based pass is the way for large vocabularies.
+__global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
+                                   const void *indices, int index_bytes, int64_t n, float *ddata) {
+  const int64_t total = outer * axis_size * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t k = i % inner, row = (i / inner) % axis_size, o = i / (inner * axis_size);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t index = label_at(indices, index_bytes, j);
+      if (index < 0) index += axis_size;
+      if (index == row) sum += dy[(o * n + j) * inner + k];
+    }
+    ddata[i] = sum;
+  }
+}
+
+} // namespace
+
+cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
+                   double divisor, float *y, cudaStream_t stream) {
+  ReduceShape s;
+  int64_t stride = 1, outputs = 1, folded = 1;
+  Dims strides;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    strides.d[d] = stride;
+    stride *= shape.d[d];
+  }
+  for (int d = 0; d < shape.rank; ++d) {
+    if (reduced[d]) {
+      s.folded.d[s.folded.rank] = shape.d[d];
+      s.folded_strides.d[s.folded.rank++] = strides.d[d];
+      folded *= shape.d[d];
+    } else {
+      s.kept.d[s.kept.rank] = shape.d[d];
+      s.kept_strides.d[s.kept.rank++] = strides.d[d];
+      outputs *= shape.d[d];
+    }
+  }
+  if (outputs == 0) return cudaSuccess;
+  reduce_kernel<<<grid_for(outputs, kThreads), kThreads, 0, stream>>>(op, x, s, outputs, folded,
+                                                                      divisor, y);
+  return cudaGetLastError();
+}
+
+cudaError_t softmax(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, bool log,
+                    cudaStream_t stream) {
+  const int64_t rows = outer * inner;
+  if (rows == 0 || axis == 0) return cudaSuccess;
+  softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, y, axis, inner, log);
+  return cudaGetLastError();
+}
+
+cudaError_t softmax_grad(const float *dy, const float *y, float *dx, int64_t outer, int64_t axis,
+                         int64_t inner, bool log, cudaStream_t stream) {
+  const int64_t rows = outer * inner;
+  if (rows == 0 || axis == 0) return cudaSuccess;
+  softmax_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, y, dx, axis, inner,
+                                                                            log);
+  return cudaGetLastError();
+}
+
+cudaError_t layer_norm(const float *x, const float *scale, const float *bias, float *y,
+                       int64_t rows, int64_t cols, float epsilon, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  layer_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, scale, bias, y, cols,
+                                                                          epsilon);
+  return cudaGetLastError();
+}
+
+cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
+                            float *dscale, float *dbias, int64_t rows, int64_t cols, float epsilon,
+                            double *stats, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  layer_norm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, x, scale, dx, cols,
+                                                                             epsilon);
+  layer_norm_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, epsilon,
+                                                                                stats);
+  layer_norm_params_kernel<<<grid_for(cols, kThreads), kThreads, 0, stream>>>(dy, x, stats, dscale,
+                                                                              dbias, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t cross_entropy(const float *logits, const void *labels, int label_bytes, int64_t rows,
+                          int64_t classes, int64_t ignore_index, int reduction, double *row_loss,
+                          float *loss, int *bad_label, cudaStream_t stream) {
+  if (rows == 0) {
+    if (reduction != 2) return cudaMemsetAsync(loss, 0, sizeof(float), stream);
+    return cudaSuccess;
+  }
+  cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, labels, label_bytes, classes, ignore_index, reduction, row_loss, loss, bad_label);
+  if (reduction != 2)
+    cross_entropy_reduce_kernel<<<1, 1, 0, stream>>>(row_loss, labels, label_bytes, rows,
+                                                     ignore_index, reduction, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const void *labels,
+                               int label_bytes, int64_t rows, int64_t classes, int64_t ignore_index,
+                               int reduction, float *dlogits, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  cross_entropy_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      dloss, logits, labels, label_bytes, rows, classes, ignore_index, reduction, dlogits);
+  return cudaGetLastError();
+}
+
+cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
+                   const void *indices, int index_bytes, int64_t n, float *out, int *bad_index,
+                   cudaStream_t stream) {
+  const int64_t total = outer * n * inner;
+  if (total == 0) return cudaSuccess;
+  gather_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+      data, outer, axis_size, inner, indices, index_bytes, n, out, bad_index);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
+                        const void *indices, int index_bytes, int64_t n, float *ddata,
+                        cudaStream_t stream) {
+  const int64_t total = outer * axis_size * inner;
+  if (total == 0) return cudaSuccess;
+  gather_grad_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+      dy, outer, axis_size, inner, indices, index_bytes, n, ddata);
+  return cudaGetLastError();
+}
+
+} // namespace strata::cuda

@@ -1,0 +1,474 @@
+#include "runtime/cuda_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "graph/verifier.h"
+#include "ops/registry.h"
+#include "passes/plan_memory.h"
+#include "runtime/executor.h"
+#include "runtime/gpu_placement.h"
+#include "strata_config.h"
+
+#if STRATA_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "ops/kernels/cuda/cuda_ops.h"
+#endif
+
+namespace strata::runtime {
+
+namespace {
+
+std::string node_context(const Node &node) {
+  return str_cat("node '", node.name, "' (", node.op, ")");
+}
+
+// Nodes without inputs (Constant) are computed once on the CPU at load and
+// copied into place each step.
+bool computed_at_load(const Node &node, const ops::OpDef &def) {
+  return node.inputs.empty() && def.cpu_kernel != nullptr;
+}
+
+} // namespace
+
+#if !STRATA_HAVE_CUDA
+
+std::string cuda_unavailable_reason() {
+  return "this strata was built without the CUDA toolkit (meson setup -Dcuda=enabled needs it)";
+}
+Status check_cuda_ops(const Graph &) { return unimplemented(cuda_unavailable_reason()); }
+std::vector<std::string_view> cuda_backend_ops() { return {}; }
+
+struct CudaExecutor::State {};
+CudaExecutor::~CudaExecutor() = default;
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph, const CudaExecutorOptions &) {
+  return unimplemented(cuda_unavailable_reason());
+}
+Status CudaExecutor::run(llvm::ArrayRef<HostTensor>, std::vector<HostTensor> *) {
+  return unimplemented(cuda_unavailable_reason());
+}
+const HostTensor &CudaExecutor::value(TensorId) const {
+  static const HostTensor empty;
+  return empty;
+}
+Status CudaExecutor::assign(TensorId, const HostTensor &) {
+  return unimplemented(cuda_unavailable_reason());
+}
+int64_t CudaExecutor::device_bytes() const { return 0; }
+int64_t CudaExecutor::replays() const { return 0; }
+
+#else
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return str_cat("no usable GPU: ", cudaGetErrorString(error));
+  }
+  if (count == 0) return "no usable GPU: the CUDA driver sees no device";
+  return "";
+}
+
+std::vector<std::string_view> cuda_backend_ops() { return cuda::cuda_op_names(); }
+
+Status check_cuda_ops(const Graph &graph) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  std::map<std::string, std::vector<std::string>> missing;
+  for (const Node &node : graph.nodes()) {
+    const ops::OpDef *def = registry.find(node.op);
+    if (cuda::find_cuda_op(node.op) != nullptr || (def != nullptr && computed_at_load(node, *def)))
+      continue;
+    missing[node.op].push_back(node.name);
+  }
+  if (missing.empty()) return Status::ok();
+  std::string text;
+  for (const auto &[op, nodes] : missing) {
+    std::string names;
+    for (size_t i = 0; i < nodes.size() && i < 3; ++i)
+      names += str_cat(i == 0 ? "" : ", ", "'", nodes[i], "'");
+    if (nodes.size() > 3) names += str_cat(" and ", nodes.size() - 3, " more");
+    text += str_cat(text.empty() ? "" : "; ", op, " (", names, ")");
+  }
+  return unimplemented("the CUDA backend has no kernel for ", missing.size(), " op",
+                       missing.size() == 1 ? "" : "s", " of graph '", graph.name(), "': ", text,
+                       " (run it with --backend cpu)");
+}
+
+namespace {
+
+constexpr int64_t kAlign = GpuArenaLayout::kGpuAlignment;
+
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+Status check(cudaError_t error, std::string_view what) {
+  if (error == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
+}
+
+} // namespace
+
+struct CudaExecutor::State {
+  CudaExecutorOptions options;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  std::byte *base = nullptr;
+  int64_t bytes = 0;
+  std::vector<NodeId> order;
+  passes::MemoryPlan plan;
+
+  struct Step {
+    const Node *node = nullptr;
+    const ops::OpDef *def = nullptr;
+    const cuda::CudaOp *op = nullptr; // nullptr: a copy of `constant`
+    std::vector<ops::ConstTensorView> inputs;
+    std::vector<ops::TensorView> outputs;
+    void *scratch = nullptr;
+    int *flag = nullptr;
+    const std::byte *constant = nullptr;
+  };
+  std::vector<Step> steps;
+  std::vector<std::byte *> address; // per tensor; nullptr when it has none
+  std::vector<std::byte *> input_staging, output_staging;
+  struct Copy {
+    std::byte *target = nullptr;
+    const std::byte *source = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Copy> output_copies, updates;
+  int *flags = nullptr;
+  void *workspace = nullptr;
+  CaptureRecord capture;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int64_t replays = 0;
+  mutable std::vector<HostTensor> host; // value()'s copies
+  mutable std::vector<bool> host_fresh;
+
+  ~State() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (lt) cublasLtDestroy(lt);
+    if (stream) cudaStreamDestroy(stream);
+    if (base) cudaFree(base);
+  }
+
+  // Waits for the stream, bounded: a GPU that never finishes is an error, not
+  // a hang.
+  Status wait(std::string_view what) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+    auto nap = std::chrono::microseconds(5);
+    while (true) {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaSuccess) return Status::ok();
+      if (status != cudaErrorNotReady) return check(status, what);
+      if (std::chrono::steady_clock::now() > deadline)
+        return deadline_exceeded("the GPU did not finish ", what, " within 10 minutes");
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // Everything one step does on the GPU, in order.
+  Status enqueue() {
+    RETURN_IF_ERROR(check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
+    for (const Step &step : steps) {
+      if (step.op == nullptr) {
+        const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
+        if (size > 0)
+          RETURN_IF_ERROR(check(cudaMemcpyAsync(step.outputs[0].data, step.constant, size,
+                                                cudaMemcpyDeviceToDevice, stream),
+                                "copy")
+                              .with_context(node_context(*step.node)));
+        continue;
+      }
+      cuda::CudaKernelContext context{
+          *step.node,   *step.def, step.inputs, step.outputs,
+          stream,       lt,        workspace,   static_cast<size_t>(options.workspace_bytes),
+          step.scratch, step.flag, options.tf32};
+      Status status = step.op->kernel(context);
+      if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
+    }
+    for (const std::vector<Copy> *copies : {&output_copies, &updates})
+      for (const Copy &copy : *copies)
+        if (copy.bytes > 0 && copy.source != copy.target)
+          RETURN_IF_ERROR(check(cudaMemcpyAsync(copy.target, copy.source, copy.bytes,
+                                                cudaMemcpyDeviceToDevice, stream),
+                                "copy"));
+    return Status::ok();
+  }
+
+  // The buffers a captured step binds.
+  CaptureRecord record(const Graph &g) const {
+    CaptureRecord r;
+    for (size_t k = 0; k < g.inputs().size(); ++k)
+      r.add(g.tensor(g.inputs()[k]).name, input_staging[k], g.tensor(g.inputs()[k]).type);
+    for (size_t k = 0; k < g.outputs().size(); ++k)
+      r.add(g.tensor(g.outputs()[k]).name, output_staging[k], g.tensor(g.outputs()[k]).type);
+    for (TensorId id = 0; id < g.num_tensors(); ++id)
+      if (g.tensor(id).kind != TensorKind::kIntermediate &&
+          g.tensor(id).kind != TensorKind::kInput && address[id] != nullptr)
+        r.add(g.tensor(id).name, address[id], g.tensor(id).type);
+    return r;
+  }
+};
+
+CudaExecutor::~CudaExecutor() = default;
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
+                                                           const CudaExecutorOptions &options) {
+  const std::string context = str_cat("CUDA executor for graph '", graph.name(), "'");
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  RETURN_IF_ERROR(verify_graph(graph, registry).with_context(context));
+  RETURN_IF_ERROR(check_cuda_ops(graph));
+  if (std::string reason = cuda_unavailable_reason(); !reason.empty())
+    return failed_precondition(reason).with_context(context);
+  int gpus = 0;
+  RETURN_IF_ERROR(check(cudaGetDeviceCount(&gpus), "device count"));
+  if (options.gpu < 0 || options.gpu >= gpus)
+    return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
+        .with_context(context);
+  RETURN_IF_ERROR(check(cudaSetDevice(options.gpu), "set device").with_context(context));
+
+  std::unique_ptr<CudaExecutor> executor(new CudaExecutor());
+  executor->graph_ = std::move(graph);
+  const Graph &g = executor->graph_;
+  auto state = std::make_unique<State>();
+  state->options = options;
+  ASSIGN_OR_RETURN(state->order, g.topological_order());
+  auto plan = passes::plan_memory(g, state->order, kAlign);
+  if (!plan.is_ok()) return plan.status().with_context(context);
+  state->plan = std::move(plan).value();
+
+  // The layout: arena, weights, constants computed at load, input and output
+  // staging, scratch, workspace, flags.
+  int64_t offset = align_up(state->plan.arena_bytes);
+  std::vector<int64_t> tensor_offset(g.num_tensors(), -1);
+  std::vector<HostTensor> weights(g.num_tensors());
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    const Tensor &tensor = g.tensor(id);
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kConstant &&
+        tensor.kind != TensorKind::kState)
+      continue;
+    auto value = materialize(tensor, options.model_dir);
+    if (!value.is_ok()) return value.status().with_context(context);
+    weights[id] = std::move(value).value();
+    tensor_offset[id] = offset;
+    offset += align_up(tensor.type.size_bytes());
+  }
+  std::vector<int64_t> step_constant(state->order.size(), -1),
+      step_scratch(state->order.size(), -1);
+  std::vector<HostTensor> constants(state->order.size());
+  for (size_t s = 0; s < state->order.size(); ++s) {
+    const Node &node = g.node(state->order[s]);
+    const ops::OpDef *def = registry.find(node.op);
+    if (cuda::find_cuda_op(node.op) == nullptr) {
+      // Computed at load (check_cuda_ops let nothing else through).
+      HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
+      ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
+      ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
+      RETURN_IF_ERROR(def->cpu_kernel(kernel_context).with_context(node_context(node)));
+      step_constant[s] = offset;
+      offset += align_up(static_cast<int64_t>(value.size_bytes()));
+      constants[s] = std::move(value);
+      continue;
+    }
+    const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
+    if (op->scratch != nullptr) {
+      std::vector<TensorType> types;
+      for (TensorId id : node.inputs)
+        types.push_back(g.tensor(id).type);
+      step_scratch[s] = offset;
+      offset += align_up(op->scratch(node, *def, types));
+    }
+  }
+  std::vector<int64_t> input_offset, output_offset;
+  for (TensorId id : g.inputs()) {
+    input_offset.push_back(offset);
+    offset += align_up(g.tensor(id).type.size_bytes());
+  }
+  for (TensorId id : g.outputs()) {
+    output_offset.push_back(offset);
+    offset += align_up(g.tensor(id).type.size_bytes());
+  }
+  const int64_t workspace_offset = offset;
+  offset += align_up(options.workspace_bytes);
+  const int64_t flags_offset = offset;
+  offset += align_up(static_cast<int64_t>(state->order.size() * sizeof(int)));
+  state->bytes = offset;
+
+  void *base = nullptr;
+  RETURN_IF_ERROR(check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),
+                        str_cat("allocating ", state->bytes, " bytes"))
+                      .with_context(context));
+  state->base = static_cast<std::byte *>(base);
+  RETURN_IF_ERROR(check(cudaMemset(base, 0, static_cast<size_t>(state->bytes)), "memset"));
+  RETURN_IF_ERROR(
+      check(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "stream"));
+  if (cublasLtCreate(&state->lt) != CUBLAS_STATUS_SUCCESS)
+    return internal_error("cuBLASLt could not start").with_context(context);
+  state->workspace = state->base + workspace_offset;
+  state->flags = reinterpret_cast<int *>(state->base + flags_offset);
+
+  // Upload weights and constants.
+  for (TensorId id = 0; id < g.num_tensors(); ++id)
+    if (tensor_offset[id] >= 0 && weights[id].size_bytes() > 0)
+      RETURN_IF_ERROR(check(cudaMemcpy(state->base + tensor_offset[id], weights[id].data(),
+                                       weights[id].size_bytes(), cudaMemcpyHostToDevice),
+                            str_cat("uploading '", g.tensor(id).name, "'")));
+  for (size_t s = 0; s < constants.size(); ++s)
+    if (step_constant[s] >= 0 && constants[s].size_bytes() > 0)
+      RETURN_IF_ERROR(check(cudaMemcpy(state->base + step_constant[s], constants[s].data(),
+                                       constants[s].size_bytes(), cudaMemcpyHostToDevice),
+                            "uploading a constant"));
+
+  // Every tensor's address.
+  state->address.assign(g.num_tensors(), nullptr);
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    if (state->plan.offsets[id] >= 0)
+      state->address[id] = state->base + state->plan.offsets[id];
+    else if (tensor_offset[id] >= 0)
+      state->address[id] = state->base + tensor_offset[id];
+  }
+  for (size_t k = 0; k < g.inputs().size(); ++k) {
+    state->input_staging.push_back(state->base + input_offset[k]);
+    state->address[g.inputs()[k]] = state->base + input_offset[k];
+  }
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    state->output_staging.push_back(state->base + output_offset[k]);
+    state->output_copies.push_back(
+        {state->base + output_offset[k], state->address[g.outputs()[k]],
+         static_cast<size_t>(g.tensor(g.outputs()[k]).type.size_bytes())});
+  }
+  for (const StateUpdate &update : g.updates())
+    state->updates.push_back({state->address[update.target], state->address[update.value],
+                              static_cast<size_t>(g.tensor(update.target).type.size_bytes())});
+
+  state->steps.resize(state->order.size());
+  for (size_t s = 0; s < state->order.size(); ++s) {
+    State::Step &step = state->steps[s];
+    const Node &node = g.node(state->order[s]);
+    step.node = &node;
+    step.def = registry.find(node.op);
+    step.op = cuda::find_cuda_op(node.op);
+    for (TensorId id : node.inputs)
+      step.inputs.push_back({state->address[id], &g.tensor(id).type});
+    for (TensorId id : node.outputs)
+      step.outputs.push_back({state->address[id], &g.tensor(id).type});
+    if (step_scratch[s] >= 0) step.scratch = state->base + step_scratch[s];
+    if (step_constant[s] >= 0) step.constant = state->base + step_constant[s];
+    step.flag = state->flags + s;
+  }
+  state->host.resize(g.num_tensors());
+  state->host_fresh.assign(g.num_tensors(), false);
+  executor->state_ = std::move(state);
+  return executor;
+}
+
+Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) {
+  const auto graph_inputs = graph_.inputs();
+  if (inputs.size() != graph_inputs.size())
+    return invalid_argument("graph '", graph_.name(), "' takes ", graph_inputs.size(),
+                            " inputs, got ", inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor &expected = graph_.tensor(graph_inputs[k]);
+    if (!(inputs[k].type == expected.type) ||
+        static_cast<int64_t>(inputs[k].size_bytes()) < expected.type.size_bytes())
+      return invalid_argument("input '", expected.name, "' is ", expected.type.to_string(),
+                              ", got ", inputs[k].type.to_string());
+  }
+  State &state = *state_;
+  RETURN_IF_ERROR(check(cudaSetDevice(state.options.gpu), "set device"));
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].size_bytes() > 0)
+      RETURN_IF_ERROR(
+          check(cudaMemcpyAsync(state.input_staging[k], inputs[k].data(), inputs[k].size_bytes(),
+                                cudaMemcpyHostToDevice, state.stream),
+                str_cat("copying input '", graph_.tensor(graph_inputs[k]).name, "'")));
+
+  if (!state.options.cuda_graph) {
+    RETURN_IF_ERROR(state.enqueue());
+  } else {
+    if (state.exec == nullptr) {
+      RETURN_IF_ERROR(check(cudaStreamBeginCapture(state.stream, cudaStreamCaptureModeThreadLocal),
+                            "begin capture"));
+      Status enqueued = state.enqueue();
+      cudaGraph_t captured = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(state.stream, &captured);
+      if (!enqueued.is_ok()) {
+        if (captured) cudaGraphDestroy(captured);
+        return enqueued;
+      }
+      RETURN_IF_ERROR(check(ended, "end capture"));
+      state.graph = captured;
+      RETURN_IF_ERROR(check(cudaGraphInstantiate(&state.exec, state.graph, 0), "instantiate"));
+      state.capture = state.record(graph_);
+    } else {
+      RETURN_IF_ERROR(state.capture.check_replay(state.record(graph_))
+                          .with_context("replaying the captured CUDA Graph"));
+      ++state.replays;
+    }
+    RETURN_IF_ERROR(check(cudaGraphLaunch(state.exec, state.stream), "graph launch"));
+  }
+
+  outputs->clear();
+  for (size_t k = 0; k < graph_.outputs().size(); ++k) {
+    HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
+    if (out.size_bytes() > 0)
+      RETURN_IF_ERROR(check(cudaMemcpyAsync(out.data(), state.output_staging[k], out.size_bytes(),
+                                            cudaMemcpyDeviceToHost, state.stream),
+                            "copying an output"));
+    outputs->push_back(std::move(out));
+  }
+  std::vector<int> flags(state.steps.size());
+  RETURN_IF_ERROR(check(cudaMemcpyAsync(flags.data(), state.flags, flags.size() * sizeof(int),
+                                        cudaMemcpyDeviceToHost, state.stream),
+                        "reading the error flags"));
+  RETURN_IF_ERROR(state.wait("the step"));
+  std::fill(state.host_fresh.begin(), state.host_fresh.end(), false);
+  for (size_t s = 0; s < flags.size(); ++s)
+    if (flags[s] != 0)
+      return out_of_range(state.steps[s].op->flag_meaning.empty()
+                              ? std::string_view("device check failed")
+                              : state.steps[s].op->flag_meaning)
+          .with_context(node_context(*state.steps[s].node));
+  return Status::ok();
+}
+
+const HostTensor &CudaExecutor::value(TensorId id) const {
+  State &state = *state_;
+  if (!state.host_fresh[id]) {
+    const Tensor &tensor = graph_.tensor(id);
+    HostTensor copy = HostTensor::zeros(tensor.type);
+    if (state.address[id] != nullptr && copy.size_bytes() > 0 && state.wait("a read").is_ok())
+      cudaMemcpy(copy.data(), state.address[id], copy.size_bytes(), cudaMemcpyDeviceToHost);
+    state.host[id] = std::move(copy);
+    state.host_fresh[id] = true;
+  }
+  return state.host[id];
+}
+
+Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
+  RETURN_IF_ERROR(check_assignable(graph_, id, value));
+  State &state = *state_;
+  RETURN_IF_ERROR(state.wait("the step before an assignment"));
+  if (value.size_bytes() > 0)
+    RETURN_IF_ERROR(check(
+        cudaMemcpy(state.address[id], value.data(), value.size_bytes(), cudaMemcpyHostToDevice),
+        str_cat("assigning '", graph_.tensor(id).name, "'")));
+  state.host_fresh[id] = false;
+  return Status::ok();
+}
+
+int64_t CudaExecutor::device_bytes() const { return state_->bytes; }
+int64_t CudaExecutor::replays() const { return state_->replays; }
+
+#endif
+
+} // namespace strata::runtime

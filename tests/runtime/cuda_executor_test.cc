@@ -1,0 +1,336 @@
+// The CUDA executor against the CPU one. The op-coverage tests need no GPU;
+// the rest skip, saying why, where no GPU is usable (no driver, no device).
+#include "runtime/cuda_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "graph/builder.h"
+#include "ops/registry.h"
+#include "passes/make_training.h"
+#include "runtime/executor.h"
+#include "tools/zoo.h"
+
+namespace strata::runtime {
+namespace {
+
+const ops::OpRegistry &registry() { return ops::OpRegistry::global(); }
+
+Graph training_graph(Result<Graph> forward, const std::string &optimizer) {
+  EXPECT_TRUE(forward.is_ok()) << forward.status().message();
+  passes::TrainingOptions options;
+  options.optimizer = *passes::parse_optimizer(optimizer);
+  auto graph = passes::make_training_graph(*forward, options);
+  EXPECT_TRUE(graph.is_ok()) << graph.status().message();
+  return std::move(graph).value();
+}
+
+Graph mlp_graph() {
+  zoo::MlpOptions mlp;
+  mlp.batch = 16;
+  mlp.input = 24;
+  mlp.hidden = {32, 32};
+  mlp.classes = 10;
+  return training_graph(zoo::make_mlp(mlp), "sgd:lr=0.1,momentum=0.9");
+}
+
+Graph gpt_graph() {
+  zoo::GptOptions gpt;
+  gpt.layers = 2;
+  gpt.hidden = 32;
+  gpt.heads = 4;
+  gpt.seq = 8;
+  gpt.vocab = 64;
+  gpt.batch = 2;
+  return training_graph(zoo::make_gpt(gpt), "adamw:lr=0.01,wd=0.1");
+}
+
+// ---- without a GPU ---------------------------------------------------------------
+
+TEST(CudaOps, TheZooMlpAndGptTrainOnTheCudaBackend) {
+  for (const Graph &graph : {mlp_graph(), gpt_graph()}) {
+    Status status = check_cuda_ops(graph);
+    if (cuda_unavailable_reason().find("built without") != std::string::npos)
+      GTEST_SKIP() << cuda_unavailable_reason();
+    EXPECT_TRUE(status.is_ok()) << graph.name() << ": " << status.message();
+  }
+}
+
+TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  zoo::ConvnetOptions convnet;
+  Graph graph = training_graph(zoo::make_convnet(convnet), "sgd:lr=0.1");
+  Status status = check_cuda_ops(graph);
+  ASSERT_FALSE(status.is_ok());
+  const std::string text(status.message());
+  // Every convolution and pooling op, forward and backward, with a node name.
+  for (const char *op :
+       {"Conv2d (", "Conv2dGradInput (", "Conv2dGradWeight (", "MaxPool2d (", "MaxPool2dGrad ("})
+    EXPECT_NE(text.find(op), std::string::npos) << op << " in: " << text;
+  EXPECT_NE(text.find("'conv0"), std::string::npos) << text;
+  EXPECT_NE(text.find("--backend cpu"), std::string::npos) << text;
+  // Ops the backend has are not listed.
+  EXPECT_EQ(text.find("Gemm"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Relu ("), std::string::npos) << text;
+}
+
+TEST(CudaExecutor, WithoutAGpuCreationSaysWhy) {
+  const std::string reason = cuda_unavailable_reason();
+  if (reason.empty()) GTEST_SKIP() << "a GPU is present: nothing to refuse";
+  auto created = CudaExecutor::create(mlp_graph());
+  ASSERT_FALSE(created.is_ok());
+  EXPECT_NE(created.status().message().find(reason), std::string::npos)
+      << created.status().message();
+}
+
+// ---- on a GPU --------------------------------------------------------------------
+
+class CudaGpuTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    const std::string reason = cuda_unavailable_reason();
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+
+// Relative difference of a against the reference b, scaled by max(1, |b|);
+// two NaNs agree.
+double difference(double a, double b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  return std::fabs(a - b) / std::max(1.0, std::fabs(b));
+}
+
+double max_difference(const HostTensor &a, const HostTensor &b) {
+  EXPECT_EQ(a.type, b.type);
+  if (!(a.type == b.type) || a.type.dtype != DType::kF32) return 0;
+  const float *x = reinterpret_cast<const float *>(a.data());
+  const float *y = reinterpret_cast<const float *>(b.data());
+  double worst = 0;
+  for (int64_t i = 0; i < a.type.num_elements(); ++i)
+    worst = std::max(worst, difference(x[i], y[i]));
+  return worst;
+}
+
+struct OpCase {
+  std::string op;
+  std::vector<Attribute> attrs;
+  std::vector<TensorType> inputs;
+  double tolerance = 1e-5;
+  bool positive = false; // float inputs made positive (logs, roots, Adam's v)
+};
+
+std::string describe(const OpCase &c) {
+  std::string text = c.op + "(";
+  for (const TensorType &t : c.inputs)
+    text += t.to_string() + " ";
+  return text + ")";
+}
+
+std::vector<OpCase> op_cases() {
+  const DType f = DType::kF32;
+  auto ints = [](std::vector<int64_t> v) { return AttrValue{std::move(v)}; };
+  std::vector<OpCase> cases;
+  for (const char *op : {"Relu", "Tanh", "Sigmoid", "Exp", "Neg", "Erf"})
+    cases.push_back({op, {}, {{f, {3, 70}}}});
+  cases.push_back({"Gelu", {}, {{f, {300}}}});
+  cases.push_back({"Gelu", {{"approximate", std::string("tanh")}}, {{f, {300}}}});
+  cases.push_back({"Log", {}, {{f, {64}}}, 1e-5, true});
+  cases.push_back({"Sqrt", {}, {{f, {64}}}, 1e-5, true});
+  cases.push_back({"Clip", {{"min", -0.5}, {"max", 0.5}}, {{f, {50}}}});
+  cases.push_back({"Add", {}, {{f, {2, 3, 4}}, {f, {4}}}});
+  cases.push_back({"Sub", {}, {{f, {2, 1, 4}}, {f, {3, 1}}}});
+  cases.push_back({"Mul", {}, {{f, {5, 7}}, {f, {5, 7}}}});
+  cases.push_back({"Div", {}, {{f, {4, 3}}, {f, {1, 3}}}, 1e-5, true});
+  cases.push_back({"Pow", {}, {{f, {20}}, {f, {20}}}, 1e-5, true});
+  for (const char *op : {"ReluGrad", "TanhGrad", "SigmoidGrad", "GeluGrad"})
+    cases.push_back({op, {}, {{f, {4, 33}}, {f, {4, 33}}}});
+  cases.push_back({"GeluGrad", {{"approximate", std::string("tanh")}}, {{f, {99}}, {f, {99}}}});
+  cases.push_back({"ClipGrad", {{"min", -0.3}, {"max", 0.2}}, {{f, {40}}, {f, {40}}}});
+  cases.push_back({"Expand", {{"shape", ints({2, 3, 4})}}, {{f, {3, 1}}}});
+  cases.push_back({"Transpose", {{"perm", ints({2, 0, 1})}}, {{f, {2, 3, 4}}}});
+  cases.push_back({"Transpose", {}, {{DType::kI64, {3, 5}}}});
+  cases.push_back({"Reshape", {{"shape", ints({4, -1})}}, {{f, {2, 3, 4}}}});
+  cases.push_back({"Concat", {{"axis", int64_t{1}}}, {{f, {2, 3, 4}}, {f, {2, 1, 4}}}});
+  cases.push_back({"Split", {{"axis", int64_t{1}}, {"split", ints({2, 3})}}, {{f, {2, 5, 3}}}});
+  cases.push_back({"ReduceSum", {{"axes", ints({1})}, {"keepdims", int64_t{0}}}, {{f, {3, 4, 5}}}});
+  cases.push_back({"ReduceMean", {{"axes", ints({0, 2})}}, {{f, {3, 4, 5}}}});
+  cases.push_back({"ReduceMax", {}, {{f, {3, 4, 5}}}});
+  cases.push_back({"Softmax", {}, {{f, {4, 300}}}});
+  cases.push_back({"Softmax", {{"axis", int64_t{1}}}, {{f, {2, 5, 3}}}});
+  cases.push_back({"LogSoftmax", {}, {{f, {3, 17}}}});
+  cases.push_back({"SoftmaxGrad", {}, {{f, {4, 9}}, {f, {4, 9}}}});
+  cases.push_back({"LogSoftmaxGrad", {{"axis", int64_t{0}}}, {{f, {4, 9}}, {f, {4, 9}}}});
+  cases.push_back({"LayerNorm", {}, {{f, {6, 40}}, {f, {40}}, {f, {40}}}});
+  cases.push_back(
+      {"LayerNorm", {{"axis", int64_t{1}}}, {{f, {3, 4, 5}}, {f, {4, 5}}, {f, {4, 5}}}});
+  cases.push_back({"LayerNormGrad", {}, {{f, {6, 40}}, {f, {6, 40}}, {f, {40}}}});
+  for (const char *reduction : {"mean", "sum", "none"})
+    cases.push_back({"SoftmaxCrossEntropy",
+                     {{"reduction", std::string(reduction)}},
+                     {{f, {8, 10}}, {DType::kI64, {8}}}});
+  cases.push_back({"SoftmaxCrossEntropy", {}, {{f, {2, 3, 7}}, {DType::kI32, {2, 3}}}});
+  cases.push_back({"SoftmaxCrossEntropyGrad", {}, {{f, {}}, {f, {8, 10}}, {DType::kI64, {8}}}});
+  cases.push_back({"SoftmaxCrossEntropyGrad",
+                   {{"reduction", std::string("none")}},
+                   {{f, {8}}, {f, {8, 10}}, {DType::kI32, {8}}}});
+  cases.push_back({"Gather", {}, {{f, {10, 4}}, {DType::kI64, {2, 3}}}});
+  cases.push_back({"Gather", {{"axis", int64_t{1}}}, {{f, {3, 7, 2}}, {DType::kI32, {4}}}});
+  cases.push_back({"GatherGrad", {{"shape", ints({10, 4})}}, {{f, {12, 4}}, {DType::kI64, {12}}}});
+  cases.push_back({"MatMul", {}, {{f, {2, 3, 4, 5}}, {f, {5, 6}}}, 1e-4});
+  cases.push_back({"MatMul", {}, {{f, {4, 5}}, {f, {2, 5, 3}}}, 1e-4});
+  cases.push_back({"MatMul", {{"trans_b", int64_t{1}}}, {{f, {3, 4, 5}}, {f, {3, 6, 5}}}, 1e-4});
+  cases.push_back({"MatMul", {{"trans_a", int64_t{1}}}, {{f, {3, 5, 4}}, {f, {3, 5, 6}}}, 1e-4});
+  cases.push_back({"MatMul", {}, {{f, {2, 1, 3, 4}}, {f, {1, 3, 4, 2}}}, 1e-4});
+  cases.push_back({"MatMul", {}, {{f, {5}}, {f, {5, 3}}}, 1e-4});
+  cases.push_back({"MatMul", {}, {{f, {2, 4, 5}}, {f, {5}}}, 1e-4});
+  cases.push_back(
+      {"Gemm", {{"alpha", 0.5}, {"beta", 2.0}}, {{f, {4, 5}}, {f, {5, 3}}, {f, {3}}}, 1e-4});
+  cases.push_back({"Gemm",
+                   {{"trans_a", int64_t{1}}, {"trans_b", int64_t{1}}},
+                   {{f, {5, 4}}, {f, {3, 5}}, {f, {4, 1}}},
+                   1e-4});
+  cases.push_back({"SgdUpdate",
+                   {{"momentum", 0.9}, {"weight_decay", 0.01}},
+                   {{f, {50}}, {f, {50}}, {f, {}}, {f, {50}}, {DType::kI64, {}}}});
+  cases.push_back({"SgdUpdate",
+                   {{"momentum", 0.9}, {"nesterov", int64_t{1}}},
+                   {{f, {50}}, {f, {50}}, {f, {}}, {f, {50}}}});
+  cases.push_back({"AdamUpdate",
+                   {{"decoupled", int64_t{1}}, {"weight_decay", 0.1}},
+                   {{f, {64}}, {f, {64}}, {f, {64}}, {f, {64}}, {f, {}}, {DType::kI64, {}}},
+                   1e-5,
+                   true});
+  cases.push_back({"AdamUpdate",
+                   {{"weight_decay", 0.1}},
+                   {{f, {64}}, {f, {64}}, {f, {64}}, {f, {64}}, {f, {}}, {DType::kI64, {}}},
+                   1e-5,
+                   true});
+  cases.push_back({"LearningRate",
+                   {{"base_lr", 0.1},
+                    {"schedule", std::string("cosine")},
+                    {"warmup_steps", int64_t{1}},
+                    {"total_steps", int64_t{10}}},
+                   {{DType::kI64, {}}}});
+  return cases;
+}
+
+Graph one_node(const OpCase &c) {
+  GraphBuilder b("one_" + c.op, registry());
+  std::vector<TensorId> inputs;
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    inputs.push_back(b.input(str_cat("in", i), c.inputs[i].dtype, c.inputs[i].shape));
+  for (TensorId id : b.op(c.op, inputs, c.attrs, "node"))
+    b.output(id);
+  auto graph = std::move(b).finish();
+  EXPECT_TRUE(graph.is_ok()) << describe(c) << ": " << graph.status().message();
+  return graph.is_ok() ? std::move(graph).value() : Graph("broken");
+}
+
+TEST_F(CudaGpuTest, EveryOpMatchesTheCpu) {
+  std::vector<std::string_view> covered;
+  for (const OpCase &c : op_cases()) {
+    SCOPED_TRACE(describe(c));
+    Graph graph = one_node(c);
+    std::vector<HostTensor> inputs = random_inputs(graph, 7);
+    if (c.positive)
+      for (HostTensor &t : inputs)
+        if (t.type.dtype == DType::kF32)
+          for (int64_t i = 0; i < t.type.num_elements(); ++i) {
+            float *v = reinterpret_cast<float *>(t.data()) + i;
+            *v = std::fabs(*v) + 0.1f;
+          }
+    auto cpu = CpuExecutor::create(graph);
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+    std::vector<HostTensor> expected, got;
+    ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
+    for (bool cuda_graph : {false, true}) {
+      CudaExecutorOptions options;
+      options.cuda_graph = cuda_graph;
+      auto gpu = CudaExecutor::create(graph, options);
+      ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+      for (int run = 0; run < 2; ++run) { // capture, then replay
+        Status status = (*gpu)->run(inputs, &got);
+        ASSERT_TRUE(status.is_ok()) << status.message();
+        ASSERT_EQ(got.size(), expected.size());
+        for (size_t k = 0; k < got.size(); ++k) {
+          if (got[k].type.dtype != DType::kF32) {
+            EXPECT_EQ(std::memcmp(got[k].data(), expected[k].data(), got[k].size_bytes()), 0);
+            continue;
+          }
+          EXPECT_LE(max_difference(got[k], expected[k]), c.tolerance) << "output " << k;
+        }
+      }
+    }
+    covered.push_back(registry().find(c.op)->name);
+  }
+  // The cases cover every op the backend has (Identity, Flatten, Squeeze and
+  // Unsqueeze share Reshape's copy).
+  for (std::string_view op : cuda_backend_ops()) {
+    if (op != "Identity" && op != "Flatten" && op != "Squeeze" && op != "Unsqueeze") {
+      EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end()) << op;
+    }
+  }
+}
+
+TEST_F(CudaGpuTest, DeviceChecksNameTheNode) {
+  OpCase c{"SoftmaxCrossEntropy", {}, {{DType::kF32, {4, 5}}, {DType::kI64, {4}}}};
+  Graph graph = one_node(c);
+  std::vector<HostTensor> inputs = random_inputs(graph, 1);
+  reinterpret_cast<int64_t *>(inputs[1].data())[2] = 9; // 5 classes
+  auto gpu = CudaExecutor::create(graph);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  std::vector<HostTensor> outputs;
+  Status status = (*gpu)->run(inputs, &outputs);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("node 'node' (SoftmaxCrossEntropy)"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
+}
+
+// Three training steps on both backends: the same losses and weights.
+void expect_training_matches(const Graph &graph, double tolerance, bool bitwise_replay) {
+  auto cpu = CpuExecutor::create(graph);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+  CudaExecutorOptions eager_options;
+  eager_options.cuda_graph = false;
+  auto eager = CudaExecutor::create(graph, eager_options);
+  auto replayed = CudaExecutor::create(graph);
+  ASSERT_TRUE(eager.is_ok()) << eager.status().message();
+  ASSERT_TRUE(replayed.is_ok()) << replayed.status().message();
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::vector<HostTensor> inputs = random_inputs(graph, 100 + step);
+    std::vector<HostTensor> a, b, c;
+    ASSERT_TRUE((*cpu)->run(inputs, &a).is_ok());
+    Status status = (*eager)->run(inputs, &b);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    status = (*replayed)->run(inputs, &c);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    EXPECT_LE(max_difference(b[0], a[0]), tolerance) << "loss, step " << step;
+    if (bitwise_replay) {
+      EXPECT_EQ(std::memcmp(b[0].data(), c[0].data(), b[0].size_bytes()), 0)
+          << "replay and eager differ at step " << step;
+    }
+  }
+  EXPECT_EQ((*replayed)->replays(), 2);
+  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+    const Tensor &t = graph.tensor(id);
+    if (t.kind != TensorKind::kParameter && t.kind != TensorKind::kState) continue;
+    EXPECT_LE(max_difference((*eager)->value(id), (*cpu)->value(id)), tolerance) << t.name;
+    const HostTensor &x = (*eager)->value(id);
+    const HostTensor &y = (*replayed)->value(id);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size_bytes()), 0) << t.name;
+  }
+}
+
+TEST_F(CudaGpuTest, MlpTrainsAsOnTheCpu) { expect_training_matches(mlp_graph(), 1e-4, true); }
+
+TEST_F(CudaGpuTest, GptTrainsAsOnTheCpu) { expect_training_matches(gpt_graph(), 1e-4, true); }
+
+} // namespace
+} // namespace strata::runtime
