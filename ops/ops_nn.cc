@@ -24,6 +24,7 @@
 #include "ops/kernels/cpu/parallel.h"
 #include "ops/matmul_shape.h"
 #include "ops/registry.h"
+#include "ops/window.h"
 
 namespace strata::ops {
 namespace {
@@ -393,16 +394,6 @@ Status layer_norm_kernel(const KernelContext &context) {
 // ---------------------------------------------------------------------------
 // Sliding windows: Conv2d and the pools.
 
-struct Window {
-  int64_t kernel_h = 1, kernel_w = 1;
-  int64_t stride_h = 1, stride_w = 1;
-  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
-  int64_t dilation_h = 1, dilation_w = 1;
-  bool ceil_mode = false;
-  int64_t extent_h() const { return (kernel_h - 1) * dilation_h + 1; }
-  int64_t extent_w() const { return (kernel_w - 1) * dilation_w + 1; }
-};
-
 Result<std::vector<int64_t>> read_ints(const OpDef &def, const AttrReader &attrs,
                                        std::string_view name, size_t count, int64_t min_value) {
   std::vector<int64_t> values = attrs.get_ints(name);
@@ -416,7 +407,8 @@ Result<std::vector<int64_t>> read_ints(const OpDef &def, const AttrReader &attrs
   return values;
 }
 
-// Reads strides, pads and (where the op has them) kernel_shape, dilations and ceil_mode.
+} // namespace
+
 Result<Window> read_window(const OpDef &def, const AttrReader &attrs) {
   Window w;
   if (def.find_attr("kernel_shape")) {
@@ -442,6 +434,8 @@ Result<Window> read_window(const OpDef &def, const AttrReader &attrs) {
   }
   return w;
 }
+
+namespace {
 
 // Output size along one dimension (ONNX): floor or ceil of
 // (in + pads - extent) / stride + 1; in ceil mode a window that would start in

@@ -80,11 +80,27 @@ std::vector<std::string_view> cuda_backend_ops() { return cuda::cuda_op_names();
 Status check_cuda_ops(const Graph &graph) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   std::map<std::string, std::vector<std::string>> missing;
+  // Ops that only move bytes run on any dtype; the others compute in f32 (and
+  // integers where indices, labels and step counters are).
+  auto moves_bytes = [](std::string_view op) {
+    return op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
+           op == "Identity" || op == "Transpose" || op == "Concat" || op == "Split";
+  };
   for (const Node &node : graph.nodes()) {
     const ops::OpDef *def = registry.find(node.op);
-    if (cuda::find_cuda_op(node.op) != nullptr || (def != nullptr && computed_at_load(node, *def)))
+    if (def != nullptr && computed_at_load(node, *def)) continue;
+    if (cuda::find_cuda_op(node.op) == nullptr) {
+      missing[node.op].push_back(node.name);
       continue;
-    missing[node.op].push_back(node.name);
+    }
+    if (moves_bytes(node.op)) continue;
+    for (TensorId id : node.inputs) {
+      const DType dtype = graph.tensor(id).type.dtype;
+      if (dtype == DType::kF16 || dtype == DType::kBF16) {
+        missing[str_cat(node.op, " on ", dtype_name(dtype))].push_back(node.name);
+        break;
+      }
+    }
   }
   if (missing.empty()) return Status::ok();
   std::string text;
@@ -118,6 +134,7 @@ struct CudaExecutor::State {
   CudaExecutorOptions options;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
+  void *cudnn = nullptr; // cudnnHandle_t, when cuDNN is in the build
   std::byte *base = nullptr;
   int64_t bytes = 0;
   std::vector<NodeId> order;
@@ -147,7 +164,7 @@ struct CudaExecutor::State {
   CaptureRecord capture;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  int64_t replays = 0;
+  int64_t runs = 0, replays = 0;
   mutable std::vector<HostTensor> host; // value()'s copies
   mutable std::vector<bool> host_fresh;
 
@@ -155,6 +172,7 @@ struct CudaExecutor::State {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
     if (lt) cublasLtDestroy(lt);
+    cuda::destroy_cudnn(cudnn);
     if (stream) cudaStreamDestroy(stream);
     if (base) cudaFree(base);
   }
@@ -189,9 +207,9 @@ struct CudaExecutor::State {
         continue;
       }
       cuda::CudaKernelContext context{
-          *step.node,   *step.def, step.inputs, step.outputs,
-          stream,       lt,        workspace,   static_cast<size_t>(options.workspace_bytes),
-          step.scratch, step.flag, options.tf32};
+          *step.node,   *step.def, step.inputs,  step.outputs,
+          stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
+          step.scratch, step.flag, options.tf32, cudnn};
       Status status = step.op->kernel(context);
       if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
     }
@@ -308,25 +326,40 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
                         str_cat("allocating ", state->bytes, " bytes"))
                       .with_context(context));
   state->base = static_cast<std::byte *>(base);
-  RETURN_IF_ERROR(check(cudaMemset(base, 0, static_cast<size_t>(state->bytes)), "memset"));
   RETURN_IF_ERROR(
       check(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "stream"));
+  // Every upload goes on the step's stream (a non-blocking stream is not
+  // ordered after the legacy default stream), then create() waits for it.
+  RETURN_IF_ERROR(
+      check(cudaMemsetAsync(base, 0, static_cast<size_t>(state->bytes), state->stream), "memset"));
   if (cublasLtCreate(&state->lt) != CUBLAS_STATUS_SUCCESS)
     return internal_error("cuBLASLt could not start").with_context(context);
+  {
+    std::string why;
+    state->cudnn = cuda::create_cudnn(state->stream, &why);
+    for (const cuda::CudaOp &op : cuda::cudnn_ops())
+      if (state->cudnn == nullptr && std::any_of(g.nodes().begin(), g.nodes().end(),
+                                                 [&](const Node &n) { return n.op == op.name; }))
+        return failed_precondition(why).with_context(context);
+  }
   state->workspace = state->base + workspace_offset;
   state->flags = reinterpret_cast<int *>(state->base + flags_offset);
 
   // Upload weights and constants.
   for (TensorId id = 0; id < g.num_tensors(); ++id)
     if (tensor_offset[id] >= 0 && weights[id].size_bytes() > 0)
-      RETURN_IF_ERROR(check(cudaMemcpy(state->base + tensor_offset[id], weights[id].data(),
-                                       weights[id].size_bytes(), cudaMemcpyHostToDevice),
-                            str_cat("uploading '", g.tensor(id).name, "'")));
+      RETURN_IF_ERROR(
+          check(cudaMemcpyAsync(state->base + tensor_offset[id], weights[id].data(),
+                                weights[id].size_bytes(), cudaMemcpyHostToDevice, state->stream),
+                str_cat("uploading '", g.tensor(id).name, "'")));
   for (size_t s = 0; s < constants.size(); ++s)
     if (step_constant[s] >= 0 && constants[s].size_bytes() > 0)
-      RETURN_IF_ERROR(check(cudaMemcpy(state->base + step_constant[s], constants[s].data(),
-                                       constants[s].size_bytes(), cudaMemcpyHostToDevice),
-                            "uploading a constant"));
+      RETURN_IF_ERROR(
+          check(cudaMemcpyAsync(state->base + step_constant[s], constants[s].data(),
+                                constants[s].size_bytes(), cudaMemcpyHostToDevice, state->stream),
+                "uploading a constant"));
+  // The host buffers above must outlive their copies.
+  RETURN_IF_ERROR(state->wait("the uploads").with_context(context));
 
   // Every tensor's address.
   state->address.assign(g.num_tensors(), nullptr);
@@ -386,13 +419,16 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
   State &state = *state_;
   RETURN_IF_ERROR(check(cudaSetDevice(state.options.gpu), "set device"));
   for (size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k].size_bytes() > 0)
-      RETURN_IF_ERROR(
-          check(cudaMemcpyAsync(state.input_staging[k], inputs[k].data(), inputs[k].size_bytes(),
-                                cudaMemcpyHostToDevice, state.stream),
-                str_cat("copying input '", graph_.tensor(graph_inputs[k]).name, "'")));
+    if (graph_.tensor(graph_inputs[k]).type.size_bytes() > 0)
+      RETURN_IF_ERROR(check(
+          cudaMemcpyAsync(state.input_staging[k], inputs[k].data(),
+                          static_cast<size_t>(graph_.tensor(graph_inputs[k]).type.size_bytes()),
+                          cudaMemcpyHostToDevice, state.stream),
+          str_cat("copying input '", graph_.tensor(graph_inputs[k]).name, "'")));
 
-  if (!state.options.cuda_graph) {
+  // The first step runs eagerly (kernels load, cuBLASLt and cuDNN settle on
+  // their algorithms), the second is captured, and every later one replays it.
+  if (!state.options.cuda_graph || state.runs++ == 0) {
     RETURN_IF_ERROR(state.enqueue());
   } else {
     if (state.exec == nullptr) {
@@ -406,8 +442,13 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
         return enqueued;
       }
       RETURN_IF_ERROR(check(ended, "end capture"));
+      const cudaError_t instantiated = cudaGraphInstantiate(&state.exec, captured, 0);
+      if (instantiated != cudaSuccess) {
+        cudaGraphDestroy(captured);
+        state.exec = nullptr;
+        return check(instantiated, "instantiating the captured step");
+      }
       state.graph = captured;
-      RETURN_IF_ERROR(check(cudaGraphInstantiate(&state.exec, state.graph, 0), "instantiate"));
       state.capture = state.record(graph_);
     } else {
       RETURN_IF_ERROR(state.capture.check_replay(state.record(graph_))
@@ -458,10 +499,12 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
   RETURN_IF_ERROR(check_assignable(graph_, id, value));
   State &state = *state_;
   RETURN_IF_ERROR(state.wait("the step before an assignment"));
-  if (value.size_bytes() > 0)
-    RETURN_IF_ERROR(check(
-        cudaMemcpy(state.address[id], value.data(), value.size_bytes(), cudaMemcpyHostToDevice),
-        str_cat("assigning '", graph_.tensor(id).name, "'")));
+  if (value.size_bytes() > 0) {
+    RETURN_IF_ERROR(check(cudaMemcpyAsync(state.address[id], value.data(), value.size_bytes(),
+                                          cudaMemcpyHostToDevice, state.stream),
+                          str_cat("assigning '", graph_.tensor(id).name, "'")));
+    RETURN_IF_ERROR(state.wait("an assignment"));
+  }
   state.host_fresh[id] = false;
   return Status::ok();
 }

@@ -6,6 +6,7 @@
 
 #include "ops/kernels/cuda/launch.h"
 #include "ops/matmul_shape.h"
+#include "ops/window.h"
 
 namespace strata::cuda {
 namespace {
@@ -69,6 +70,18 @@ template <Unary kOp> Status unary_op(const CudaKernelContext &c) {
 }
 
 template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
+  const DType dtype = c.inputs[0].dtype();
+  if constexpr (kOp == Binary::kAdd || kOp == Binary::kSub || kOp == Binary::kMul) {
+    // Integers too: the optimizer's step counter is an i64 Add.
+    if ((dtype == DType::kI32 || dtype == DType::kI64) && c.inputs[1].dtype() == dtype) {
+      ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+      return check(binary_int(kOp, c.inputs[0].data, broadcast_strides(c.inputs[0].shape(), shape),
+                              c.inputs[1].data, broadcast_strides(c.inputs[1].shape(), shape),
+                              c.outputs[0].data, shape, static_cast<int>(dtype_size(dtype)),
+                              c.stream),
+                   "launch");
+    }
+  }
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
   float a = 0, b = 0;
@@ -240,7 +253,7 @@ Status layer_norm_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[0].type));
   return check(layer_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0), rc.first,
-                          rc.second, static_cast<float>(c.attrs().get_float("epsilon")), c.stream),
+                          rc.second, c.attrs().get_float("epsilon"), c.stream),
                "launch");
 }
 
@@ -255,8 +268,8 @@ Status layer_norm_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[1].type));
   return check(layer_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
                                out_f32(c, 1), out_f32(c, 2), rc.first, rc.second,
-                               static_cast<float>(c.attrs().get_float("epsilon")),
-                               static_cast<double *>(c.scratch), c.stream),
+                               c.attrs().get_float("epsilon"), static_cast<double *>(c.scratch),
+                               c.stream),
                "launch");
 }
 
@@ -292,14 +305,19 @@ Status cross_entropy_op(const CudaKernelContext &c) {
                "launch");
 }
 
+int64_t cross_entropy_grad_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
+  return sizeof(double);
+}
+
 Status cross_entropy_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   ASSIGN_OR_RETURN(int reduction, reduction_code(c));
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 2));
   const int64_t classes = c.inputs[1].shape().back();
-  return check(cross_entropy_grad(
-                   in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes, c.inputs[2].num_elements(),
-                   classes, c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0), c.stream),
+  return check(cross_entropy_grad(in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes,
+                                  c.inputs[2].num_elements(), classes,
+                                  c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0),
+                                  c.flag, static_cast<double *>(c.scratch), c.stream),
                "launch");
 }
 
@@ -326,7 +344,67 @@ Status gather_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
   return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                           c.inputs[1].num_elements(), out_f32(c, 0), c.stream),
+                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream),
+               "launch");
+}
+
+// ---- pooling -------------------------------------------------------------------------
+
+// The window of a pooling node over X (`x`, [N, C, H, W]) giving Y (`y`).
+Result<Window> pool_window(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x,
+                           llvm::ArrayRef<int64_t> y) {
+  ASSIGN_OR_RETURN(ops::Window attrs, ops::read_window(c.def, c.attrs()));
+  if (x.size() != 4 || y.size() != 4)
+    return invalid_argument(c.def.name, ": a 2-D window runs over [N, C, H, W]");
+  Window w;
+  w.planes = x[0] * x[1];
+  w.h = x[2];
+  w.w = x[3];
+  w.out_h = y[2];
+  w.out_w = y[3];
+  w.kernel_h = attrs.kernel_h;
+  w.kernel_w = attrs.kernel_w;
+  w.stride_h = attrs.stride_h;
+  w.stride_w = attrs.stride_w;
+  w.pad_top = attrs.pad_top;
+  w.pad_left = attrs.pad_left;
+  w.pad_bottom = attrs.pad_bottom;
+  w.pad_right = attrs.pad_right;
+  w.dilation_h = attrs.dilation_h;
+  w.dilation_w = attrs.dilation_w;
+  if (c.def.find_attr("count_include_pad") != nullptr)
+    w.include_pad = c.attrs().get_int("count_include_pad") != 0;
+  return w;
+}
+
+template <bool kMax> Status pool_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(Window w, pool_window(c, c.inputs[0].shape(), c.outputs[0].shape()));
+  return check(pool(kMax, w, in_f32(c, 0), out_f32(c, 0), c.stream), "launch");
+}
+
+// MaxPool2dGrad(dY, X), AveragePool2dGrad(dY): dX has X's shape.
+template <bool kMax> Status pool_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(Window w, pool_window(c, c.outputs[0].shape(), c.inputs[0].shape()));
+  return check(
+      pool_grad(kMax, w, in_f32(c, 0), kMax ? in_f32(c, 1) : nullptr, out_f32(c, 0), c.stream),
+      "launch");
+}
+
+Status global_average_pool_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
+  const bool reduced[kMaxDims] = {false, false, true, true};
+  return check(reduce(Reduce::kSum, in_f32(c, 0), shape, reduced,
+                      static_cast<double>(shape.d[2] * shape.d[3]), out_f32(c, 0), c.stream),
+               "launch");
+}
+
+Status global_average_pool_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  const auto x = c.outputs[0].shape();
+  return check(spread_mean(in_f32(c, 0), out_f32(c, 0), x[0] * x[1], x[2] * x[3], c.stream),
                "launch");
 }
 
@@ -349,7 +427,7 @@ Status sgd_op(const CudaKernelContext &c) {
   SgdParams p;
   p.momentum = static_cast<float>(attrs.get_float("momentum"));
   p.weight_decay = static_cast<float>(attrs.get_float("weight_decay"));
-  p.dampening = static_cast<float>(attrs.get_float("dampening"));
+  p.keep = static_cast<float>(1.0 - attrs.get_float("dampening"));
   p.nesterov = attrs.get_int("nesterov") != 0;
   const bool has_buffer = c.inputs.size() >= 4;
   return check(sgd(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), has_buffer ? in_f32(c, 3) : nullptr,
@@ -369,7 +447,7 @@ Status adam_op(const CudaKernelContext &c) {
   p.decoupled = attrs.get_int("decoupled") != 0;
   return check(adam(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
                     c.inputs[5].as<int64_t>(), out_f32(c, 0), out_f32(c, 1), out_f32(c, 2),
-                    c.inputs[0].num_elements(), c.stream),
+                    c.inputs[0].num_elements(), c.flag, c.stream),
                "launch");
 }
 
@@ -416,9 +494,25 @@ Status layout(cublasLtMatrixLayout_t *layout, uint64_t rows, uint64_t cols, int6
   return Status::ok();
 }
 
+// The largest power of two up to 256 that divides the address and the batch
+// stride (in floats; 0: no stride) in bytes.
+uint32_t alignment(const void *pointer, int64_t stride) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256u;
+  if (stride != 0) bits |= static_cast<uint64_t>(stride) * sizeof(float);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
 Status run_product(const CudaKernelContext &c, const Product &p, const float *a, const float *b,
                    float *d) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
+  if (p.k == 0) {
+    // An empty sum: D = beta * D (zeros without C), which cuBLASLt will not do.
+    const int64_t n = p.batch * p.m * p.n;
+    if (p.beta == 0.0f)
+      return check(cudaMemsetAsync(d, 0, static_cast<size_t>(n) * sizeof(float), c.stream),
+                   "memset");
+    return check(unary(Unary::kScale, d, d, n, p.beta, 0.0f, c.stream), "launch");
+  }
   LtObjects lt;
   const cublasComputeType_t compute = c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
@@ -445,6 +539,17 @@ Status run_product(const CudaKernelContext &c, const Product &p, const float *a,
       cublasLtMatmulPreferenceSetAttribute(lt.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace, sizeof workspace),
       "workspace"));
+  // cuBLASLt assumes 256-byte aligned operands unless told otherwise; per-batch
+  // pointers and strides may be aligned to as little as one float.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(b, p.batch > 1 ? p.stride_b : 0)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(a, p.batch > 1 ? p.stride_a : 0)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)}};
+  for (const auto &[attribute, bytes] : alignments)
+    RETURN_IF_ERROR(check_lt(
+        cublasLtMatmulPreferenceSetAttribute(lt.preference, attribute, &bytes, sizeof bytes),
+        "alignment"));
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
   RETURN_IF_ERROR(check_lt(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d,
@@ -538,7 +643,9 @@ const std::vector<CudaOp> &table() {
     const std::string_view kBadLabel = "a label is outside [0, classes) and is not ignore_index";
     std::vector<CudaOp> t = {
         op("Add", binary_op<Binary::kAdd>),
-        op("AdamUpdate", adam_op),
+        op("AveragePool2d", pool_op<false>),
+        op("AveragePool2dGrad", pool_grad_op<false>),
+        op("AdamUpdate", adam_op, nullptr, "the step input is negative"),
         op("Clip", unary_op<Unary::kClip>),
         op("ClipGrad", binary_op<Binary::kClipGrad>),
         op("Concat", concat_op),
@@ -548,10 +655,12 @@ const std::vector<CudaOp> &table() {
         op("Expand", expand_op),
         op("Flatten", copy_op),
         op("Gather", gather_op, nullptr, "an index is outside the table"),
-        op("GatherGrad", gather_grad_op),
+        op("GatherGrad", gather_grad_op, nullptr, "an index is outside the table"),
         op("Gelu", unary_op<Unary::kGeluErf>),
         op("GeluGrad", binary_op<Binary::kGeluErfGrad>),
         op("Gemm", gemm_op),
+        op("GlobalAveragePool", global_average_pool_op),
+        op("GlobalAveragePoolGrad", global_average_pool_grad_op),
         op("Identity", copy_op),
         op("LayerNorm", layer_norm_op),
         op("LayerNormGrad", layer_norm_grad_op, layer_norm_grad_scratch),
@@ -560,6 +669,8 @@ const std::vector<CudaOp> &table() {
         op("LogSoftmax", softmax_op<true>),
         op("LogSoftmaxGrad", softmax_grad_op<true>),
         op("MatMul", matmul_op),
+        op("MaxPool2d", pool_op<true>),
+        op("MaxPool2dGrad", pool_grad_op<true>),
         op("Mul", binary_op<Binary::kMul>),
         op("Neg", unary_op<Unary::kNeg>),
         op("Pow", binary_op<Binary::kPow>),
@@ -574,7 +685,7 @@ const std::vector<CudaOp> &table() {
         op("SigmoidGrad", binary_op<Binary::kSigmoidGrad>),
         op("Softmax", softmax_op<false>),
         op("SoftmaxCrossEntropy", cross_entropy_op, cross_entropy_scratch, kBadLabel),
-        op("SoftmaxCrossEntropyGrad", cross_entropy_grad_op),
+        op("SoftmaxCrossEntropyGrad", cross_entropy_grad_op, cross_entropy_grad_scratch, kBadLabel),
         op("SoftmaxGrad", softmax_grad_op<false>),
         op("Split", split_op),
         op("Sqrt", unary_op<Unary::kSqrt>),
@@ -585,6 +696,8 @@ const std::vector<CudaOp> &table() {
         op("Transpose", transpose_op),
         op("Unsqueeze", copy_op),
     };
+    for (const CudaOp &entry : cudnn_ops())
+      t.push_back(entry);
     std::sort(t.begin(), t.end(), [](const CudaOp &a, const CudaOp &b) { return a.name < b.name; });
     return t;
   }();

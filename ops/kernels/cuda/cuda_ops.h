@@ -13,6 +13,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,7 +32,8 @@ struct CudaKernelContext {
   size_t workspace_bytes = 0;
   void *scratch = nullptr; // this node's, scratch_bytes() of it
   int *flag = nullptr;     // this node's device error flag (0: fine)
-  bool tf32 = false;       // f32 GEMMs may use TF32 tensor cores
+  bool tf32 = false;       // f32 GEMMs and convolutions may use TF32 tensor cores
+  void *cudnn = nullptr;   // the cudnnHandle_t, bound to `stream` (null without cuDNN)
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 
@@ -52,6 +54,13 @@ struct CudaOp {
 const CudaOp *find_cuda_op(std::string_view op);
 // Every op the CUDA backend runs, sorted by name.
 std::vector<std::string_view> cuda_op_names();
+
+// The ops that run through cuDNN (convolutions; none in a build without it).
+std::vector<CudaOp> cudnn_ops();
+// A cuDNN handle bound to `stream`, or null with `error` set (no cuDNN in the
+// build, or cuDNN could not start); destroy_cudnn(null) does nothing.
+void *create_cudnn(cudaStream_t stream, std::string *error);
+void destroy_cudnn(void *handle);
 
 // What an op with dtype `dtype` on input `index` lacks, or ok: the kernels are
 // f32 (integers for indices and labels, any dtype for pure data movement).

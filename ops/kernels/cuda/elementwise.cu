@@ -1,24 +1,14 @@
 // Elementwise CUDA kernels: unary maps, broadcast binaries, broadcast copies,
 // transposes, and the optimizer updates. Compiled with --fmad=false so each
 // a * b + c rounds twice, as the CPU kernels do.
+#include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  // Grid-stride loops cover the rest.
-  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);           \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -50,11 +40,11 @@ __device__ float gelu_tanh_grad(float x) {
 }
 
 __global__ void unary_kernel(Unary op, const float *x, float *y, int64_t n, float a, float b) {
-  GRID_STRIDE(i, n) {
+  STRATA_GRID_STRIDE(i, n) {
     const float v = x[i];
     float r = v;
     switch (op) {
-    case Unary::kRelu: r = v > 0.0f ? v : 0.0f; break;
+    case Unary::kRelu: r = v < 0.0f ? 0.0f : v; break;
     case Unary::kGeluErf: r = gelu_erf(v); break;
     case Unary::kGeluTanh: r = gelu_tanh(v); break;
     case Unary::kTanh: r = tanhf(v); break;
@@ -64,7 +54,11 @@ __global__ void unary_kernel(Unary op, const float *x, float *y, int64_t n, floa
     case Unary::kSqrt: r = sqrtf(v); break;
     case Unary::kNeg: r = -v; break;
     case Unary::kErf: r = erff(v); break;
-    case Unary::kClip: r = fminf(fmaxf(v, a), b); break;
+    case Unary::kClip:
+      r = v < a ? a : v;
+      r = r > b ? b : r;
+      break;
+    case Unary::kScale: r = a * v; break;
     }
     y[i] = r;
   }
@@ -101,7 +95,7 @@ __device__ float apply(Binary op, float l, float r, float a, float b) {
 __global__ void binary_kernel(Binary op, const float *lhs, Dims lhs_strides, const float *rhs,
                               Dims rhs_strides, float *out, Dims shape, int64_t n, float a,
                               float b) {
-  GRID_STRIDE(i, n) {
+  STRATA_GRID_STRIDE(i, n) {
     out[i] = apply(op, lhs[offset_of(i, shape, lhs_strides)], rhs[offset_of(i, shape, rhs_strides)],
                    a, b);
   }
@@ -110,24 +104,35 @@ __global__ void binary_kernel(Binary op, const float *lhs, Dims lhs_strides, con
 // Same-shape operands: no index arithmetic.
 __global__ void binary_dense_kernel(Binary op, const float *lhs, const float *rhs, float *out,
                                     int64_t n, float a, float b) {
-  GRID_STRIDE(i, n) { out[i] = apply(op, lhs[i], rhs[i], a, b); }
+  STRATA_GRID_STRIDE(i, n) { out[i] = apply(op, lhs[i], rhs[i], a, b); }
+}
+
+template <typename T>
+__global__ void binary_int_kernel(Binary op, const T *lhs, Dims lhs_strides, const T *rhs,
+                                  Dims rhs_strides, T *out, Dims shape, int64_t n) {
+  using U = std::make_unsigned_t<T>;
+  STRATA_GRID_STRIDE(i, n) {
+    const U l = static_cast<U>(lhs[offset_of(i, shape, lhs_strides)]);
+    const U r = static_cast<U>(rhs[offset_of(i, shape, rhs_strides)]);
+    out[i] = static_cast<T>(op == Binary::kAdd ? l + r : op == Binary::kSub ? l - r : l * r);
+  }
 }
 
 __global__ void broadcast_kernel(const float *x, Dims strides, float *out, Dims shape, int64_t n) {
-  GRID_STRIDE(i, n) { out[i] = x[offset_of(i, shape, strides)]; }
+  STRATA_GRID_STRIDE(i, n) { out[i] = x[offset_of(i, shape, strides)]; }
 }
 
 template <typename T>
 __global__ void transpose_kernel(const T *x, Dims in_strides, T *y, Dims out_shape, int64_t n) {
   // in_strides[i]: the input stride of output dim i.
-  GRID_STRIDE(i, n) { y[i] = x[offset_of(i, out_shape, in_strides)]; }
+  STRATA_GRID_STRIDE(i, n) { y[i] = x[offset_of(i, out_shape, in_strides)]; }
 }
 
 template <typename T>
 void launch_transpose(const void *x, const Dims &strides, void *y, const Dims &out_shape, int64_t n,
                       cudaStream_t stream) {
-  transpose_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T *>(x), strides,
-                                                           static_cast<T *>(y), out_shape, n);
+  transpose_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const T *>(x), strides,
+                                                         static_cast<T *>(y), out_shape, n);
 }
 
 int64_t count(const Dims &shape) {
@@ -164,9 +169,9 @@ __global__ void sgd_kernel(SgdParams p, const float *param, const float *grad, c
                            const float *buf, const int64_t *step, float *new_param, float *new_buf,
                            int64_t n) {
   const float neg_lr = -*lr;
-  const float keep = static_cast<float>(1.0 - static_cast<double>(p.dampening));
+  const float keep = p.keep;
   const bool first = step != nullptr && *step == 0;
-  GRID_STRIDE(i, n) {
+  STRATA_GRID_STRIDE(i, n) {
     float g = grad[i];
     if (p.weight_decay != 0.0f) g = g + p.weight_decay * param[i];
     if (buf == nullptr) {
@@ -188,7 +193,12 @@ __global__ void sgd_kernel(SgdParams p, const float *param, const float *grad, c
 
 __global__ void adam_kernel(AdamParams p, const float *param, const float *grad, const float *m,
                             const float *v, const float *lr_in, const int64_t *step_in,
-                            float *new_param, float *new_m, float *new_v, int64_t n) {
+                            float *new_param, float *new_m, float *new_v, int64_t n,
+                            int *bad_step) {
+  if (*step_in < 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *bad_step = 1;
+    return;
+  }
   // The scalars PyTorch computes in double, rounded to f32 once.
   const double lr = *lr_in;
   const double t = static_cast<double>(*step_in) + 1.0;
@@ -202,7 +212,7 @@ __global__ void adam_kernel(AdamParams p, const float *param, const float *grad,
   const float one_minus_b1 = static_cast<float>(1.0 - p.beta1);
   const float one_minus_b2 = static_cast<float>(1.0 - p.beta2);
   const float eps = static_cast<float>(p.epsilon);
-  GRID_STRIDE(i, n) {
+  STRATA_GRID_STRIDE(i, n) {
     float pi = param[i];
     float g = grad[i];
     if (p.decoupled)
@@ -225,7 +235,7 @@ __global__ void adam_kernel(AdamParams p, const float *param, const float *grad,
 cudaError_t unary(Unary op, const float *x, float *y, int64_t n, float a, float b,
                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  unary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, x, y, n, a, b);
+  unary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, x, y, n, a, b);
   return cudaGetLastError();
 }
 
@@ -235,10 +245,29 @@ cudaError_t binary(Binary op, const float *lhs, const Dims &lhs_strides, const f
   const int64_t n = count(shape);
   if (n == 0) return cudaSuccess;
   if (dense(lhs_strides, shape) && dense(rhs_strides, shape))
-    binary_dense_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, lhs, rhs, out, n, a, b);
+    binary_dense_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, lhs, rhs, out, n, a, b);
   else
-    binary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, lhs, lhs_strides, rhs, rhs_strides,
-                                                          out, shape, n, a, b);
+    binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, lhs, lhs_strides, rhs, rhs_strides, out,
+                                                        shape, n, a, b);
+  return cudaGetLastError();
+}
+
+cudaError_t binary_int(Binary op, const void *lhs, const Dims &lhs_strides, const void *rhs,
+                       const Dims &rhs_strides, void *out, const Dims &shape, int bytes,
+                       cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  if (op != Binary::kAdd && op != Binary::kSub && op != Binary::kMul) return cudaErrorInvalidValue;
+  if (bytes == 4)
+    binary_int_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+        op, static_cast<const int32_t *>(lhs), lhs_strides, static_cast<const int32_t *>(rhs),
+        rhs_strides, static_cast<int32_t *>(out), shape, n);
+  else if (bytes == 8)
+    binary_int_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+        op, static_cast<const int64_t *>(lhs), lhs_strides, static_cast<const int64_t *>(rhs),
+        rhs_strides, static_cast<int64_t *>(out), shape, n);
+  else
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
@@ -246,7 +275,7 @@ cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, cons
                            cudaStream_t stream) {
   const int64_t n = count(shape);
   if (n == 0) return cudaSuccess;
-  broadcast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, strides, out, shape, n);
+  broadcast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, strides, out, shape, n);
   return cudaGetLastError();
 }
 
@@ -285,17 +314,17 @@ cudaError_t sgd(const SgdParams &p, const float *param, const float *grad, const
                 const float *buf, const int64_t *step, float *new_param, float *new_buf, int64_t n,
                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, param, grad, lr, buf, step, new_param,
-                                                     new_buf, n);
+  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, param, grad, lr, buf, step, new_param,
+                                                   new_buf, n);
   return cudaGetLastError();
 }
 
 cudaError_t adam(const AdamParams &p, const float *param, const float *grad, const float *m,
                  const float *v, const float *lr, const int64_t *step, float *new_param,
-                 float *new_m, float *new_v, int64_t n, cudaStream_t stream) {
+                 float *new_m, float *new_v, int64_t n, int *bad_step, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, param, grad, m, v, lr, step, new_param,
-                                                      new_m, new_v, n);
+  adam_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, param, grad, m, v, lr, step, new_param,
+                                                    new_m, new_v, n, bad_step);
   return cudaGetLastError();
 }
 

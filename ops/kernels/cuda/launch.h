@@ -37,7 +37,8 @@ enum class Unary : int {
   kSqrt,
   kNeg,
   kErf,
-  kClip, // uses a and b as min and max
+  kClip,  // uses a and b as min and max
+  kScale, // y = a * x
 };
 
 enum class Binary : int {
@@ -63,6 +64,12 @@ cudaError_t unary(Unary op, const float *x, float *y, int64_t n, float a, float 
 cudaError_t binary(Binary op, const float *lhs, const Dims &lhs_strides, const float *rhs,
                    const Dims &rhs_strides, float *out, const Dims &shape, float a, float b,
                    cudaStream_t stream);
+
+// The same for integers (`bytes` 4 or 8; Add, Sub and Mul only), wrapping on
+// overflow as the CPU kernels do.
+cudaError_t binary_int(Binary op, const void *lhs, const Dims &lhs_strides, const void *rhs,
+                       const Dims &rhs_strides, void *out, const Dims &shape, int bytes,
+                       cudaStream_t stream);
 
 // out (shape) = x read through `strides`: a broadcast copy (Expand, Gemm's C).
 cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, const Dims &shape,
@@ -92,11 +99,11 @@ cudaError_t softmax_grad(const float *dy, const float *y, float *dx, int64_t out
 // LayerNorm over rows of `cols` elements: y = (x - mean) / sqrt(var + eps) *
 // scale + bias (biased variance).
 cudaError_t layer_norm(const float *x, const float *scale, const float *bias, float *y,
-                       int64_t rows, int64_t cols, float epsilon, cudaStream_t stream);
+                       int64_t rows, int64_t cols, double epsilon, cudaStream_t stream);
 // dX, dScale, dBias. dScale and dBias are summed over rows in row order by one
 // thread per column (deterministic); `stats` is scratch for 2 * rows doubles.
 cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
-                            float *dscale, float *dbias, int64_t rows, int64_t cols, float epsilon,
+                            float *dscale, float *dbias, int64_t rows, int64_t cols, double epsilon,
                             double *stats, cudaStream_t stream);
 
 // Cross entropy of softmax(logits [rows, classes]) against integer labels
@@ -109,10 +116,12 @@ cudaError_t cross_entropy(const float *logits, const void *labels, int label_byt
                           int64_t classes, int64_t ignore_index, int reduction, double *row_loss,
                           float *loss, int *bad_label, cudaStream_t stream);
 // d logits = (softmax - onehot) * dLoss (per row for reduction none, divided by
-// the counted rows for mean).
+// the counted rows for mean); a bad label sets *bad_label. `weight` is scratch
+// for one double.
 cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const void *labels,
                                int label_bytes, int64_t rows, int64_t classes, int64_t ignore_index,
-                               int reduction, float *dlogits, cudaStream_t stream);
+                               int reduction, float *dlogits, int *bad_label, double *weight,
+                               cudaStream_t stream);
 
 // Gather along an axis: data [outer, axis_size, inner], indices (i32 or i64,
 // n of them) -> out [outer, n, inner]. Negative indices count from the end;
@@ -124,6 +133,27 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
 // Each output element sums its contributions in index order (deterministic).
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
+                        int *bad_index, cudaStream_t stream);
+
+// A pooling window over planes of h x w (MaxPool2d, AveragePool2d): output
+// size out_h x out_w as the op inferred it (ONNX rounding, ceil mode).
+struct Window {
+  int64_t planes = 0, h = 0, w = 0, out_h = 0, out_w = 0;
+  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1;
+  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool include_pad = false; // average: padded positions count in the divisor
+};
+// Max pooling (padding never wins, NaN does) or average pooling, one thread per
+// output element.
+cudaError_t pool(bool max, const Window &window, const float *x, float *y, cudaStream_t stream);
+// dX of either pool from dY (and X for max: the gradient goes to each window's
+// first maximum). One thread per dX element gathers the windows that reach it
+// in output order, so sums run in the CPU kernel's order.
+cudaError_t pool_grad(bool max, const Window &window, const float *dy, const float *x, float *dx,
+                      cudaStream_t stream);
+// dX [planes, size] = dY[plane] / size (GlobalAveragePool's gradient).
+cudaError_t spread_mean(const float *dy, float *dx, int64_t planes, int64_t size,
                         cudaStream_t stream);
 
 // The learning rate schedule of the LearningRate op, from the device step.
@@ -138,7 +168,8 @@ cudaError_t learning_rate(const Schedule &schedule, const int64_t *step, float *
 // SGD (PyTorch semantics; see ops_optimizer.cc): buf and new_buf may be null
 // (no momentum); `step` may be null (no first-step copy).
 struct SgdParams {
-  float momentum = 0, weight_decay = 0, dampening = 0;
+  float momentum = 0, weight_decay = 0;
+  float keep = 1; // 1 - dampening, rounded once from double
   bool nesterov = false;
 };
 cudaError_t sgd(const SgdParams &p, const float *param, const float *grad, const float *lr,
@@ -151,6 +182,6 @@ struct AdamParams {
 };
 cudaError_t adam(const AdamParams &p, const float *param, const float *grad, const float *m,
                  const float *v, const float *lr, const int64_t *step, float *new_param,
-                 float *new_m, float *new_v, int64_t n, cudaStream_t stream);
+                 float *new_m, float *new_v, int64_t n, int *bad_step, cudaStream_t stream);
 
 } // namespace strata::cuda

@@ -2,6 +2,7 @@
 // gather. Every sum is taken in a fixed order (a block reduces its threads'
 // partial sums in a fixed tree), so a kernel gives bitwise the same result on
 // every run: a captured CUDA Graph replays exactly what eager execution does.
+#include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
 
 #include <cfloat>
@@ -9,13 +10,6 @@
 
 namespace strata::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n, int threads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
-}
 
 // Reduces one value per thread of the block with `combine`; every thread gets
 // the result. `shared` holds kThreads values.
@@ -257,36 +251,39 @@ __global__ void cross_entropy_reduce_kernel(const double *row_loss, const void *
   if (reduction == 0) *loss = counted == 0 ? 0.0f : static_cast<float>(total / counted);
 }
 
+// The weight every counted row's gradient shares: dLoss ("sum") or dLoss over
+// the counted rows ("mean"); unused for "none". One thread, rows in order.
+__global__ void cross_entropy_weight_kernel(const float *dloss, const void *labels, int label_bytes,
+                                            int64_t rows, int64_t ignore_index, int reduction,
+                                            double *weight) {
+  int64_t counted = 0;
+  for (int64_t k = 0; k < rows; ++k)
+    counted += label_at(labels, label_bytes, k) != ignore_index;
+  *weight = reduction == 0 ? (counted == 0 ? 0.0 : static_cast<double>(dloss[0]) / counted)
+                           : static_cast<double>(dloss[0]);
+}
+
 __global__ void cross_entropy_grad_kernel(const float *dloss, const float *logits,
-                                          const void *labels, int label_bytes, int64_t rows,
-                                          int64_t classes, int64_t ignore_index, int reduction,
-                                          float *dlogits) {
+                                          const void *labels, int label_bytes, int64_t classes,
+                                          int64_t ignore_index, int reduction, const double *shared,
+                                          float *dlogits, int *bad_label) {
   __shared__ float shared_max[kThreads];
   __shared__ double shared_sum[kThreads];
-  __shared__ double shared_weight;
   const int64_t r = blockIdx.x;
   const float *row = logits + r * classes;
   float *out = dlogits + r * classes;
   const int64_t label = label_at(labels, label_bytes, r);
   if (label == ignore_index || label < 0 || label >= classes) {
+    if (label != ignore_index && threadIdx.x == 0) *bad_label = 1;
     for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
       out[c] = 0.0f;
     return;
   }
-  if (threadIdx.x == 0) {
-    double weight = reduction == 2 ? dloss[r] : dloss[0];
-    if (reduction == 0) {
-      int64_t counted = 0;
-      for (int64_t k = 0; k < rows; ++k)
-        counted += label_at(labels, label_bytes, k) != ignore_index;
-      weight /= static_cast<double>(counted);
-    }
-    shared_weight = weight;
-  }
+
   const ExpStats stats = exp_stats(row, classes, shared_max, shared_sum);
   const float max = stats.max;
   const double sum = stats.sum;
-  const double weight = shared_weight;
+  const double weight = reduction == 2 ? static_cast<double>(dloss[r]) : *shared;
   for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
     const double p = exp(static_cast<double>(row[c]) - max) / sum;
     out[c] = static_cast<float>(weight * (p - (c == label ? 1.0 : 0.0)));
@@ -317,7 +314,8 @@ __global__ void gather_kernel(const float *data, int64_t outer, int64_t axis_siz
 // rows that land on it. Work n per element: fine for the embedding tables of
 // the zoo models; a sort-based pass is the way for large vocabularies.
 __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
-                                   const void *indices, int index_bytes, int64_t n, float *ddata) {
+                                   const void *indices, int index_bytes, int64_t n, float *ddata,
+                                   int *bad_index) {
   const int64_t total = outer * axis_size * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
@@ -326,6 +324,7 @@ __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_
     for (int64_t j = 0; j < n; ++j) {
       int64_t index = label_at(indices, index_bytes, j);
       if (index < 0) index += axis_size;
+      if (index < 0 || index >= axis_size) *bad_index = 1;
       if (index == row) sum += dy[(o * n + j) * inner + k];
     }
     ddata[i] = sum;
@@ -355,8 +354,7 @@ cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *red
     }
   }
   if (outputs == 0) return cudaSuccess;
-  reduce_kernel<<<grid_for(outputs, kThreads), kThreads, 0, stream>>>(op, x, s, outputs, folded,
-                                                                      divisor, y);
+  reduce_kernel<<<grid_for(outputs), kThreads, 0, stream>>>(op, x, s, outputs, folded, divisor, y);
   return cudaGetLastError();
 }
 
@@ -378,7 +376,7 @@ cudaError_t softmax_grad(const float *dy, const float *y, float *dx, int64_t out
 }
 
 cudaError_t layer_norm(const float *x, const float *scale, const float *bias, float *y,
-                       int64_t rows, int64_t cols, float epsilon, cudaStream_t stream) {
+                       int64_t rows, int64_t cols, double epsilon, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   layer_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, scale, bias, y, cols,
                                                                           epsilon);
@@ -386,15 +384,18 @@ cudaError_t layer_norm(const float *x, const float *scale, const float *bias, fl
 }
 
 cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
-                            float *dscale, float *dbias, int64_t rows, int64_t cols, float epsilon,
+                            float *dscale, float *dbias, int64_t rows, int64_t cols, double epsilon,
                             double *stats, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  layer_norm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, x, scale, dx, cols,
-                                                                             epsilon);
-  layer_norm_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, epsilon,
-                                                                                stats);
-  layer_norm_params_kernel<<<grid_for(cols, kThreads), kThreads, 0, stream>>>(dy, x, stats, dscale,
-                                                                              dbias, rows, cols);
+  if (cols == 0) return cudaSuccess;
+  // With no rows dScale and dBias are zeros, as on the CPU.
+  if (rows > 0)
+    layer_norm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, x, scale, dx,
+                                                                               cols, epsilon);
+  if (rows > 0)
+    layer_norm_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, epsilon,
+                                                                                  stats);
+  layer_norm_params_kernel<<<grid_for(cols), kThreads, 0, stream>>>(dy, x, stats, dscale, dbias,
+                                                                    rows, cols);
   return cudaGetLastError();
 }
 
@@ -415,10 +416,15 @@ cudaError_t cross_entropy(const float *logits, const void *labels, int label_byt
 
 cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const void *labels,
                                int label_bytes, int64_t rows, int64_t classes, int64_t ignore_index,
-                               int reduction, float *dlogits, cudaStream_t stream) {
+                               int reduction, float *dlogits, int *bad_label, double *weight,
+                               cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
+  if (reduction != 2)
+    cross_entropy_weight_kernel<<<1, 1, 0, stream>>>(dloss, labels, label_bytes, rows, ignore_index,
+                                                     reduction, weight);
   cross_entropy_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      dloss, logits, labels, label_bytes, rows, classes, ignore_index, reduction, dlogits);
+      dloss, logits, labels, label_bytes, classes, ignore_index, reduction, weight, dlogits,
+      bad_label);
   return cudaGetLastError();
 }
 
@@ -427,18 +433,18 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
                    cudaStream_t stream) {
   const int64_t total = outer * n * inner;
   if (total == 0) return cudaSuccess;
-  gather_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-      data, outer, axis_size, inner, indices, index_bytes, n, out, bad_index);
+  gather_kernel<<<grid_for(total), kThreads, 0, stream>>>(data, outer, axis_size, inner, indices,
+                                                          index_bytes, n, out, bad_index);
   return cudaGetLastError();
 }
 
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        cudaStream_t stream) {
+                        int *bad_index, cudaStream_t stream) {
   const int64_t total = outer * axis_size * inner;
   if (total == 0) return cudaSuccess;
-  gather_grad_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-      dy, outer, axis_size, inner, indices, index_bytes, n, ddata);
+  gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(dy, outer, axis_size, inner, indices,
+                                                               index_bytes, n, ddata, bad_index);
   return cudaGetLastError();
 }
 

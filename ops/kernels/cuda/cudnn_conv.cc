@@ -1,0 +1,222 @@
+// Conv2d and its two gradients through cuDNN.
+//
+// These use cuDNN's descriptor API (cudnnConvolutionForward and friends), which
+// cuDNN 9 still ships but marks deprecated in favour of its graph API; the
+// deprecation warnings are silenced in this file only. Algorithms come from
+// cuDNN's heuristics, restricted to deterministic ones that fit the shared
+// workspace, with FMA math (no TF32) unless --tf32 allows tensor cores, so a
+// replayed step equals an eager one bitwise and f32 results stay near the CPU's.
+#include "ops/kernels/cuda/cuda_ops.h"
+
+#include "strata_config.h"
+
+#if STRATA_HAVE_CUDNN
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include <cudnn.h>
+#endif
+
+namespace strata::cuda {
+
+#if !STRATA_HAVE_CUDNN
+
+std::vector<CudaOp> cudnn_ops() { return {}; }
+void *create_cudnn(cudaStream_t, std::string *error) {
+  *error = "this strata was built without cuDNN";
+  return nullptr;
+}
+void destroy_cudnn(void *) {}
+
+#else
+
+namespace {
+
+Status check_dnn(cudnnStatus_t status, std::string_view what) {
+  if (status == CUDNN_STATUS_SUCCESS) return Status::ok();
+  return internal_error("cuDNN ", what, ": ", cudnnGetErrorString(status));
+}
+
+// The descriptors of one convolution; destroyed with it.
+struct Convolution {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+  ~Convolution() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+Status tensor4d(cudnnTensorDescriptor_t *desc, llvm::ArrayRef<int64_t> shape) {
+  RETURN_IF_ERROR(check_dnn(cudnnCreateTensorDescriptor(desc), "tensor descriptor"));
+  return check_dnn(
+      cudnnSetTensor4dDescriptor(*desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                 static_cast<int>(shape[0]), static_cast<int>(shape[1]),
+                                 static_cast<int>(shape[2]), static_cast<int>(shape[3])),
+      "tensor descriptor");
+}
+
+// X [N, C, H, W], W [M, C / group, kH, kW], Y [N, M, oH, oW].
+Status describe(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x, llvm::ArrayRef<int64_t> w,
+                llvm::ArrayRef<int64_t> y, Convolution *conv) {
+  ops::AttrReader attrs = c.attrs();
+  const std::vector<int64_t> strides = attrs.get_ints("strides");
+  const std::vector<int64_t> pads = attrs.get_ints("pads");
+  const std::vector<int64_t> dilations = attrs.get_ints("dilations");
+  const int64_t group = attrs.get_int("group");
+  if (strides.size() != 2 || pads.size() != 4 || dilations.size() != 2)
+    return invalid_argument(c.def.name, ": needs 2 strides, 4 pads and 2 dilations");
+  if (pads[0] != pads[2] || pads[1] != pads[3])
+    return unimplemented(c.def.name, ": cuDNN pads both sides alike; pads [", pads[0], ", ",
+                         pads[1], ", ", pads[2], ", ", pads[3],
+                         "] (top, left, bottom, right) differ (run it with --backend cpu)");
+  for (llvm::ArrayRef<int64_t> shape : {x, w, y})
+    for (int64_t d : shape)
+      if (d > (int64_t{1} << 31) - 1)
+        return unimplemented(c.def.name, ": a dim of ", shape_to_string(shape),
+                             " is too large for cuDNN's 32-bit descriptors");
+  RETURN_IF_ERROR(tensor4d(&conv->x, x));
+  RETURN_IF_ERROR(tensor4d(&conv->y, y));
+  RETURN_IF_ERROR(check_dnn(cudnnCreateFilterDescriptor(&conv->w), "filter descriptor"));
+  RETURN_IF_ERROR(
+      check_dnn(cudnnSetFilter4dDescriptor(conv->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                           static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                           static_cast<int>(w[2]), static_cast<int>(w[3])),
+                "filter descriptor"));
+  RETURN_IF_ERROR(
+      check_dnn(cudnnCreateConvolutionDescriptor(&conv->conv), "convolution descriptor"));
+  RETURN_IF_ERROR(check_dnn(cudnnSetConvolution2dDescriptor(
+                                conv->conv, static_cast<int>(pads[0]), static_cast<int>(pads[1]),
+                                static_cast<int>(strides[0]), static_cast<int>(strides[1]),
+                                static_cast<int>(dilations[0]), static_cast<int>(dilations[1]),
+                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                            "convolution descriptor"));
+  RETURN_IF_ERROR(
+      check_dnn(cudnnSetConvolutionGroupCount(conv->conv, static_cast<int>(group)), "group count"));
+  conv->math = c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  return check_dnn(cudnnSetConvolutionMathType(conv->conv, conv->math), "math type");
+}
+
+// The first (fastest by cuDNN's heuristics) usable algorithm of `perf`:
+// succeeded, deterministic, fits the workspace, and without TF32 unless allowed.
+template <typename Perf>
+Result<Perf> pick(const CudaKernelContext &c, const Perf *perf, int count, bool tf32) {
+  for (int i = 0; i < count; ++i) {
+    const Perf &p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
+        p.memory > c.workspace_bytes)
+      continue;
+    if (!tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH) continue;
+    return p;
+  }
+  return unimplemented(c.def.name, ": cuDNN offers no deterministic algorithm that fits the ",
+                       c.workspace_bytes >> 20, " MiB workspace");
+}
+
+constexpr int kAlgorithms = 8;
+
+Status conv_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  Convolution conv;
+  RETURN_IF_ERROR(
+      describe(c, c.inputs[0].shape(), c.inputs[1].shape(), c.outputs[0].shape(), &conv));
+  cudnnConvolutionFwdAlgoPerf_t perf[kAlgorithms];
+  int found = 0;
+  RETURN_IF_ERROR(
+      check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, conv.x, conv.w, conv.conv, conv.y,
+                                                       kAlgorithms, &found, perf),
+                "algorithm"));
+  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
+  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  const float one = 1.0f, zero = 0.0f;
+  RETURN_IF_ERROR(
+      check_dnn(cudnnConvolutionForward(handle, &one, conv.x, c.inputs[0].data, conv.w,
+                                        c.inputs[1].data, conv.conv, chosen.algo, c.workspace,
+                                        c.workspace_bytes, &zero, conv.y, c.outputs[0].data),
+                "convolution"));
+  if (c.inputs.size() < 3) return Status::ok();
+  const int64_t m = c.outputs[0].shape()[1];
+  const int64_t bias_shape[4] = {1, m, 1, 1};
+  RETURN_IF_ERROR(tensor4d(&conv.bias, bias_shape));
+  return check_dnn(
+      cudnnAddTensor(handle, &one, conv.bias, c.inputs[2].data, &one, conv.y, c.outputs[0].data),
+      "bias");
+}
+
+// Conv2dGradInput(dY, W) -> dX.
+Status conv_grad_input_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  Convolution conv;
+  RETURN_IF_ERROR(
+      describe(c, c.outputs[0].shape(), c.inputs[1].shape(), c.inputs[0].shape(), &conv));
+  cudnnConvolutionBwdDataAlgoPerf_t perf[kAlgorithms];
+  int found = 0;
+  RETURN_IF_ERROR(
+      check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, conv.w, conv.y, conv.conv,
+                                                            conv.x, kAlgorithms, &found, perf),
+                "algorithm"));
+  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
+  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  const float one = 1.0f, zero = 0.0f;
+  return check_dnn(cudnnConvolutionBackwardData(handle, &one, conv.w, c.inputs[1].data, conv.y,
+                                                c.inputs[0].data, conv.conv, chosen.algo,
+                                                c.workspace, c.workspace_bytes, &zero, conv.x,
+                                                c.outputs[0].data),
+                   "backward data");
+}
+
+// Conv2dGradWeight(dY, X) -> dW.
+Status conv_grad_weight_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  Convolution conv;
+  RETURN_IF_ERROR(
+      describe(c, c.inputs[1].shape(), c.outputs[0].shape(), c.inputs[0].shape(), &conv));
+  cudnnConvolutionBwdFilterAlgoPerf_t perf[kAlgorithms];
+  int found = 0;
+  RETURN_IF_ERROR(
+      check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, conv.x, conv.y, conv.conv,
+                                                              conv.w, kAlgorithms, &found, perf),
+                "algorithm"));
+  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
+  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  const float one = 1.0f, zero = 0.0f;
+  return check_dnn(cudnnConvolutionBackwardFilter(handle, &one, conv.x, c.inputs[1].data, conv.y,
+                                                  c.inputs[0].data, conv.conv, chosen.algo,
+                                                  c.workspace, c.workspace_bytes, &zero, conv.w,
+                                                  c.outputs[0].data),
+                   "backward filter");
+}
+
+} // namespace
+
+std::vector<CudaOp> cudnn_ops() {
+  return {CudaOp{"Conv2d", conv_op, nullptr, {}},
+          CudaOp{"Conv2dGradInput", conv_grad_input_op, nullptr, {}},
+          CudaOp{"Conv2dGradWeight", conv_grad_weight_op, nullptr, {}}};
+}
+
+void *create_cudnn(cudaStream_t stream, std::string *error) {
+  cudnnHandle_t handle = nullptr;
+  cudnnStatus_t status = cudnnCreate(&handle);
+  if (status == CUDNN_STATUS_SUCCESS) status = cudnnSetStream(handle, stream);
+  if (status != CUDNN_STATUS_SUCCESS) {
+    *error = str_cat("cuDNN could not start: ", cudnnGetErrorString(status));
+    if (handle) cudnnDestroy(handle);
+    return nullptr;
+  }
+  return handle;
+}
+
+void destroy_cudnn(void *handle) {
+  if (handle) cudnnDestroy(static_cast<cudnnHandle_t>(handle));
+}
+
+#endif
+
+} // namespace strata::cuda

@@ -1,0 +1,23 @@
+// Launch shapes shared by strata's CUDA kernels (included by .cu files only).
+#pragma once
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+// Threads per block of every kernel; the block reductions need a power of two.
+constexpr int kThreads = 256;
+
+// Blocks for n elements at kThreads per block, capped (grid-stride loops cover
+// the rest) and at least 1.
+inline unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+} // namespace strata::cuda
+
+// for (i = this thread's first element; i < n; i += every thread of the grid)
+#define STRATA_GRID_STRIDE(i, n)                                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);           \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
