@@ -226,6 +226,11 @@ std::vector<OpCase> op_cases() {
   average.push_back({"input_shape", ints({2, 3, 9, 8})});
   cases.push_back({"AveragePool2dGrad", average, {{f, {2, 3, 5, 4}}}});
   cases.push_back({"GlobalAveragePool", {}, {{f, {2, 3, 5, 7}}}});
+  const std::vector<TensorType> bn = {{f, {4, 3, 5, 6}}, {f, {3}}, {f, {3}}, {f, {3}}, {f, {3}}};
+  cases.push_back({"BatchNormalization", {{"training", int64_t{1}}}, bn});
+  cases.push_back({"BatchNormalization", {}, bn, 1e-5, true}); // var > 0
+  cases.push_back({"BatchNormStats", {}, {{f, {4, 3, 5, 6}}}});
+  cases.push_back({"BatchNormalizationGrad", {}, {{f, {4, 3, 5, 6}}, {f, {4, 3, 5, 6}}, {f, {3}}}});
   cases.push_back(
       {"GlobalAveragePoolGrad", {{"input_shape", ints({2, 3, 5, 7})}}, {{f, {2, 3, 1, 1}}}});
   if (STRATA_HAVE_CUDNN) {

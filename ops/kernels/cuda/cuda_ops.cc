@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "ops/kernels/cuda/launch.h"
 #include "ops/matmul_shape.h"
@@ -408,6 +409,40 @@ Status global_average_pool_grad_op(const CudaKernelContext &c) {
                "launch");
 }
 
+// ---- batch norm ------------------------------------------------------------------------
+
+// X [batch, channels, ...] as [batch, channels, inner].
+std::tuple<int64_t, int64_t, int64_t> channel_dims(llvm::ArrayRef<int64_t> x) {
+  return {x[0], x[1], num_elements(x.drop_front(2))};
+}
+
+Status batch_norm_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2, 3, 4}));
+  const auto [batch, channels, inner] = channel_dims(c.inputs[0].shape());
+  return check(batch_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
+                          out_f32(c, 0), batch, channels, inner, c.attrs().get_float("epsilon"),
+                          c.attrs().get_int("training") != 0, c.stream),
+               "launch");
+}
+
+Status batch_norm_stats_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  const auto [batch, channels, inner] = channel_dims(c.inputs[0].shape());
+  return check(batch_norm_stats(in_f32(c, 0), out_f32(c, 0), out_f32(c, 1), batch, channels, inner,
+                                c.stream),
+               "launch");
+}
+
+// BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dBias.
+Status batch_norm_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
+  const auto [batch, channels, inner] = channel_dims(c.inputs[1].shape());
+  return check(batch_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
+                               out_f32(c, 1), out_f32(c, 2), batch, channels, inner,
+                               c.attrs().get_float("epsilon"), c.stream),
+               "launch");
+}
+
 // ---- optimizer ---------------------------------------------------------------------
 
 Status learning_rate_op(const CudaKernelContext &c) {
@@ -646,6 +681,9 @@ const std::vector<CudaOp> &table() {
         op("AveragePool2d", pool_op<false>),
         op("AveragePool2dGrad", pool_grad_op<false>),
         op("AdamUpdate", adam_op, nullptr, "the step input is negative"),
+        op("BatchNormStats", batch_norm_stats_op),
+        op("BatchNormalization", batch_norm_op),
+        op("BatchNormalizationGrad", batch_norm_grad_op),
         op("Clip", unary_op<Unary::kClip>),
         op("ClipGrad", binary_op<Binary::kClipGrad>),
         op("Concat", concat_op),

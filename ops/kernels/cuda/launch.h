@@ -106,6 +106,21 @@ cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale,
                             float *dscale, float *dbias, int64_t rows, int64_t cols, double epsilon,
                             double *stats, cudaStream_t stream);
 
+// Batch norm over X [batch, channels, inner] per channel, one block per
+// channel, statistics in double as on the CPU (the f32 mean m centres X before
+// squaring; sum (x - mean)^2 = sum (x - m)^2 - count (mean - m)^2).
+// training: the batch's mean and biased variance; else `mean` and `var`.
+cudaError_t batch_norm(const float *x, const float *scale, const float *bias, const float *mean,
+                       const float *var, float *y, int64_t batch, int64_t channels, int64_t inner,
+                       double epsilon, bool training, cudaStream_t stream);
+// The batch's mean and unbiased variance per channel (BatchNormStats).
+cudaError_t batch_norm_stats(const float *x, float *mean, float *var, int64_t batch,
+                             int64_t channels, int64_t inner, cudaStream_t stream);
+// dX, dScale, dBias of training-form batch norm (BatchNormalizationGrad).
+cudaError_t batch_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
+                            float *dscale, float *dbias, int64_t batch, int64_t channels,
+                            int64_t inner, double epsilon, cudaStream_t stream);
+
 // Cross entropy of softmax(logits [rows, classes]) against integer labels
 // (i32 or i64, `label_bytes` 4 or 8). `row_loss` (scratch for rows doubles)
 // gets each row's loss (0 for ignored rows); `loss` gets the reduction:

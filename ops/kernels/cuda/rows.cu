@@ -192,6 +192,103 @@ __global__ void layer_norm_params_kernel(const float *dy, const float *x, const 
   }
 }
 
+// ---- batch norm ------------------------------------------------------------------
+
+// Element j of channel c (j over batch x inner).
+__device__ int64_t channel_at(int64_t j, int64_t c, int64_t channels, int64_t inner) {
+  return ((j / inner) * channels + c) * inner + j % inner;
+}
+
+struct ChannelStats {
+  double mean, squares; // squares: sum of (x - mean)^2
+};
+
+__device__ ChannelStats channel_stats(const float *x, int64_t c, int64_t count, int64_t channels,
+                                      int64_t inner, double *shared) {
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+    sum += x[channel_at(j, c, channels, inner)];
+  const double mean = count == 0 ? 0.0 : block_reduce(sum, shared, Add()) / count;
+  const float m = static_cast<float>(mean);
+  double squares = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float d = x[channel_at(j, c, channels, inner)] - m;
+    squares += d * d;
+  }
+  squares = block_reduce(squares, shared, Add());
+  const double offset = mean - static_cast<double>(m);
+  squares = squares - static_cast<double>(count) * offset * offset;
+  return {mean, squares > 0.0 ? squares : 0.0};
+}
+
+__global__ void batch_norm_kernel(const float *x, const float *scale, const float *bias,
+                                  const float *mean_in, const float *var_in, float *y,
+                                  int64_t batch, int64_t channels, int64_t inner, double epsilon,
+                                  bool training) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = batch * inner;
+  double mean = mean_in[c];
+  double rstd = 1.0 / sqrt(static_cast<double>(var_in[c]) + epsilon);
+  if (training) {
+    const ChannelStats s = channel_stats(x, c, count, channels, inner, shared);
+    mean = s.mean;
+    rstd = 1.0 / sqrt((count == 0 ? 0.0 : s.squares / count) + epsilon);
+  }
+  const double factor = scale[c] * rstd;
+  const float m = static_cast<float>(mean);
+  const float mul = static_cast<float>(factor);
+  const float add = static_cast<float>(bias[c] - (mean - static_cast<double>(m)) * factor);
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const int64_t at = channel_at(j, c, channels, inner);
+    y[at] = (x[at] - m) * mul + add;
+  }
+}
+
+__global__ void batch_norm_stats_kernel(const float *x, float *mean, float *var, int64_t batch,
+                                        int64_t channels, int64_t inner) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = batch * inner;
+  const ChannelStats s = channel_stats(x, c, count, channels, inner, shared);
+  if (threadIdx.x != 0) return;
+  mean[c] = static_cast<float>(s.mean);
+  var[c] = static_cast<float>(s.squares / (static_cast<double>(count) - 1.0));
+}
+
+__global__ void batch_norm_grad_kernel(const float *dy, const float *x, const float *scale,
+                                       float *dx, float *dscale, float *dbias, int64_t batch,
+                                       int64_t channels, int64_t inner, double epsilon) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = batch * inner;
+  const ChannelStats s = channel_stats(x, c, count, channels, inner, shared);
+  const double mean = s.mean;
+  const double rstd = 1.0 / sqrt((count == 0 ? 0.0 : s.squares / count) + epsilon);
+  const float m = static_cast<float>(mean);
+  double sum_g = 0, sum_gd = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const int64_t at = channel_at(j, c, channels, inner);
+    sum_g += dy[at];
+    sum_gd += dy[at] * (x[at] - m);
+  }
+  sum_g = block_reduce(sum_g, shared, Add());
+  sum_gd = block_reduce(sum_gd, shared, Add());
+  sum_gd -= sum_g * (mean - static_cast<double>(m));
+  const double sum_gx = sum_gd * rstd;
+  if (threadIdx.x == 0) {
+    dscale[c] = static_cast<float>(sum_gx);
+    dbias[c] = static_cast<float>(sum_g);
+  }
+  if (count == 0) return;
+  const double mean_g = sum_g / count, mean_gx = sum_gx / count;
+  const double factor = static_cast<double>(scale[c]) * rstd;
+  const double xcoef = -factor * rstd * mean_gx;
+  const float a = static_cast<float>(factor), b = static_cast<float>(xcoef);
+  const float d = static_cast<float>(factor * (-mean_g) - xcoef * (mean - m));
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const int64_t at = channel_at(j, c, channels, inner);
+    dx[at] = a * dy[at] + b * (x[at] - m) + d;
+  }
+}
+
 // ---- cross entropy -----------------------------------------------------------------
 
 // A row's max and its sum of e^(x - max) in double, over the block.
@@ -396,6 +493,32 @@ cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale,
                                                                                   stats);
   layer_norm_params_kernel<<<grid_for(cols), kThreads, 0, stream>>>(dy, x, stats, dscale, dbias,
                                                                     rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t batch_norm(const float *x, const float *scale, const float *bias, const float *mean,
+                       const float *var, float *y, int64_t batch, int64_t channels, int64_t inner,
+                       double epsilon, bool training, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  batch_norm_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+      x, scale, bias, mean, var, y, batch, channels, inner, epsilon, training);
+  return cudaGetLastError();
+}
+
+cudaError_t batch_norm_stats(const float *x, float *mean, float *var, int64_t batch,
+                             int64_t channels, int64_t inner, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  batch_norm_stats_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+      x, mean, var, batch, channels, inner);
+  return cudaGetLastError();
+}
+
+cudaError_t batch_norm_grad(const float *dy, const float *x, const float *scale, float *dx,
+                            float *dscale, float *dbias, int64_t batch, int64_t channels,
+                            int64_t inner, double epsilon, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  batch_norm_grad_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+      dy, x, scale, dx, dscale, dbias, batch, channels, inner, epsilon);
   return cudaGetLastError();
 }
 
