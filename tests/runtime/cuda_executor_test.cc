@@ -65,7 +65,10 @@ Graph convnet_graph() {
 // ---- without a GPU ---------------------------------------------------------------
 
 TEST(CudaOps, TheZooMlpAndGptTrainOnTheCudaBackend) {
-  for (const Graph &graph : {mlp_graph(), gpt_graph()}) {
+  zoo::GptOptions gpt;
+  gpt.hidden = 32;
+  Graph clipped = training_graph(zoo::make_gpt(gpt), "adamw:lr=0.01,wd=0.1,clip=1");
+  for (const Graph &graph : {mlp_graph(), gpt_graph(), clipped}) {
     Status status = check_cuda_ops(graph);
     if (cuda_unavailable_reason().find("built without") != std::string::npos)
       GTEST_SKIP() << cuda_unavailable_reason();
@@ -277,6 +280,10 @@ std::vector<OpCase> op_cases() {
                    {{f, {64}}, {f, {64}}, {f, {64}}, {f, {64}}, {f, {}}, {DType::kI64, {}}},
                    1e-5,
                    true});
+  cases.push_back({"GlobalNormScale", {{"max_norm", 0.5}}, {{f, {300}}, {f, {7, 9}}, {f, {}}}});
+  cases.push_back({"GlobalNormScale", {{"max_norm", 1e4}}, {{f, {50}}}});
+  cases.push_back({"SumOfSquares", {}, {{f, {40000}}, {f, {3}}}});
+  cases.push_back({"NormScale", {{"max_norm", 1.0}}, {{f, {2}}, {f, {2}}}, 1e-5, true});
   cases.push_back({"LearningRate",
                    {{"base_lr", 0.1},
                     {"schedule", std::string("cosine")},

@@ -443,6 +443,42 @@ Status batch_norm_grad_op(const CudaKernelContext &c) {
                "launch");
 }
 
+// ---- gradient norms --------------------------------------------------------------------
+
+int64_t norm_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType> inputs) {
+  return static_cast<int64_t>(inputs.size()) * kNormBlocks * static_cast<int64_t>(sizeof(double));
+}
+
+// GlobalNormScale (pair = false) and SumOfSquares (pair = true) of every input.
+template <bool kPair> Status norm_op(const CudaKernelContext &c) {
+  for (size_t k = 0; k < c.inputs.size(); ++k)
+    RETURN_IF_ERROR(expect_f32(c, {k}));
+  auto *partials = static_cast<double *>(c.scratch);
+  for (size_t k = 0; k < c.inputs.size(); ++k)
+    RETURN_IF_ERROR(check(sum_squares_partials(in_f32(c, k), c.inputs[k].num_elements(),
+                                               partials + k * kNormBlocks, c.stream),
+                          "launch"));
+  const double max_norm = kPair ? 0.0 : c.attrs().get_float("max_norm");
+  return check(finish_norm(partials, static_cast<int64_t>(c.inputs.size()), kPair, max_norm,
+                           out_f32(c, 0), c.stream),
+               "launch");
+}
+
+int64_t norm_scale_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
+  return sizeof(double);
+}
+
+// NormScale(pairs...) -> scale.
+Status norm_scale_op(const CudaKernelContext &c) {
+  auto *acc = static_cast<double *>(c.scratch);
+  for (size_t k = 0; k < c.inputs.size(); ++k)
+    RETURN_IF_ERROR(check(add_pair(in_f32(c, k), k == 0, acc, c.stream), "launch"));
+  if (c.inputs.empty())
+    RETURN_IF_ERROR(check(cudaMemsetAsync(acc, 0, sizeof(double), c.stream), "memset"));
+  return check(finish_pairs(acc, c.attrs().get_float("max_norm"), out_f32(c, 0), c.stream),
+               "launch");
+}
+
 // ---- optimizer ---------------------------------------------------------------------
 
 Status learning_rate_op(const CudaKernelContext &c) {
@@ -697,6 +733,9 @@ const std::vector<CudaOp> &table() {
         op("Gelu", unary_op<Unary::kGeluErf>),
         op("GeluGrad", binary_op<Binary::kGeluErfGrad>),
         op("Gemm", gemm_op),
+        op("GlobalNormScale", norm_op<false>, norm_scratch),
+        op("NormScale", norm_scale_op, norm_scale_scratch),
+        op("SumOfSquares", norm_op<true>, norm_scratch),
         op("GlobalAveragePool", global_average_pool_op),
         op("GlobalAveragePoolGrad", global_average_pool_grad_op),
         op("Identity", copy_op),

@@ -171,6 +171,20 @@ cudaError_t pool_grad(bool max, const Window &window, const float *dy, const flo
 cudaError_t spread_mean(const float *dy, float *dx, int64_t planes, int64_t size,
                         cudaStream_t stream);
 
+// Gradient-norm pieces. Each input's sum of squares (in double) is reduced by
+// up to kNormBlocks blocks into `partials` (kNormBlocks doubles per input,
+// unused ones zero); the finishing kernels add them in a fixed order.
+constexpr int kNormBlocks = 128;
+cudaError_t sum_squares_partials(const float *x, int64_t n, double *partials, cudaStream_t stream);
+// GlobalNormScale: scale = min(1, max_norm / (sqrt(total) + 1e-6)).
+// SumOfSquares: out f32[2] = (hi, lo), hi = float(total), lo = float(total - hi).
+cudaError_t finish_norm(const double *partials, int64_t inputs, bool pair, double max_norm,
+                        float *out, cudaStream_t stream);
+// NormScale over SumOfSquares pairs: acc (one double) += hi + lo of `pair`
+// (first: acc = it), then finish_pairs writes the scale.
+cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t stream);
+cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream);
+
 // The learning rate schedule of the LearningRate op, from the device step.
 struct Schedule {
   double base_lr = 0, min_lr = 0;

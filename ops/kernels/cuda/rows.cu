@@ -428,6 +428,49 @@ __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_
   }
 }
 
+// ---- gradient norms ------------------------------------------------------------------
+
+__global__ void sum_squares_kernel(const float *x, int64_t n, double *partials) {
+  __shared__ double shared[kThreads];
+  double sum = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+    sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  sum = block_reduce(sum, shared, Add());
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__device__ float clip_scale(double sum, double max_norm) {
+  const double scale = max_norm / (sqrt(sum) + 1e-6);
+  return static_cast<float>(scale < 1.0 ? scale : 1.0);
+}
+
+__global__ void finish_norm_kernel(const double *partials, int64_t inputs, bool pair,
+                                   double max_norm, float *out) {
+  double total = 0;
+  for (int64_t k = 0; k < inputs; ++k) {
+    double part = 0;
+    for (int b = 0; b < kNormBlocks; ++b)
+      part += partials[k * kNormBlocks + b];
+    total += part;
+  }
+  if (pair) {
+    out[0] = static_cast<float>(total);
+    out[1] = static_cast<float>(total - static_cast<double>(out[0]));
+  } else {
+    out[0] = clip_scale(total, max_norm);
+  }
+}
+
+__global__ void add_pair_kernel(const float *pair, bool first, double *acc) {
+  const double value = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
+  *acc = first ? value : *acc + value;
+}
+
+__global__ void finish_pairs_kernel(const double *acc, double max_norm, float *scale) {
+  *scale = clip_scale(*acc, max_norm);
+}
+
 } // namespace
 
 cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
@@ -568,6 +611,31 @@ cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64
   if (total == 0) return cudaSuccess;
   gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(dy, outer, axis_size, inner, indices,
                                                                index_bytes, n, ddata, bad_index);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_squares_partials(const float *x, int64_t n, double *partials, cudaStream_t stream) {
+  cudaError_t error = cudaMemsetAsync(partials, 0, kNormBlocks * sizeof(double), stream);
+  if (error != cudaSuccess || n == 0) return error;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  sum_squares_kernel<<<static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks), kThreads,
+                       0, stream>>>(x, n, partials);
+  return cudaGetLastError();
+}
+
+cudaError_t finish_norm(const double *partials, int64_t inputs, bool pair, double max_norm,
+                        float *out, cudaStream_t stream) {
+  finish_norm_kernel<<<1, 1, 0, stream>>>(partials, inputs, pair, max_norm, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t stream) {
+  add_pair_kernel<<<1, 1, 0, stream>>>(pair, first, acc);
+  return cudaGetLastError();
+}
+
+cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream) {
+  finish_pairs_kernel<<<1, 1, 0, stream>>>(acc, max_norm, scale);
   return cudaGetLastError();
 }
 
