@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "ops/registry.h"
+#include "ops/slice_plan.h"
 
 namespace strata::ops {
 namespace {
@@ -415,12 +416,7 @@ Status split_kernel(const KernelContext &context) {
 // ---------------------------------------------------------------------------
 // Slice
 
-// Per input dimension: first index, step and output length.
-struct SlicePlan {
-  Shape start;
-  Shape step;
-  Shape length;
-};
+} // namespace
 
 Result<SlicePlan> plan_slice(const Node &node, const OpDef &def, const TensorType &x) {
   AttrReader attrs(node, def);
@@ -480,6 +476,8 @@ Result<SlicePlan> plan_slice(const Node &node, const OpDef &def, const TensorTyp
   }
   return plan;
 }
+
+namespace {
 
 Result<TypeList> infer_slice(const Node &node, const OpDef &def,
                              llvm::ArrayRef<TensorType> inputs) {

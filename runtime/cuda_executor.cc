@@ -84,7 +84,8 @@ Status check_cuda_ops(const Graph &graph) {
   // integers where indices, labels and step counters are).
   auto moves_bytes = [](std::string_view op) {
     return op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Flatten" ||
-           op == "Identity" || op == "Transpose" || op == "Concat" || op == "Split";
+           op == "Identity" || op == "Transpose" || op == "Concat" || op == "Split" ||
+           op == "Slice" || op == "SliceGrad" || op == "Where";
   };
   for (const Node &node : graph.nodes()) {
     const ops::OpDef *def = registry.find(node.op);

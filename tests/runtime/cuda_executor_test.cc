@@ -88,19 +88,17 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
     GTEST_SKIP() << cuda_unavailable_reason();
   GraphBuilder b("mixed", registry());
   TensorId x = b.input("x", DType::kF32, {4, 6});
-  b.output(b.op1("Cast", {x}, {{"to", std::string("i32")}}, "cast_a"));
-  const std::vector<Attribute> cut = {{"starts", AttrValue{std::vector<int64_t>{1}}},
-                                      {"ends", AttrValue{std::vector<int64_t>{3}}}};
-  b.output(b.op1("Slice", {x}, cut, "slice_a"));
-  b.output(b.op1("Slice", {b.op1("Relu", {x}, {}, "fine")}, cut, "slice_b"));
+  b.output(b.op1("Dropout", {x}, {{"training", int64_t{1}}, {"ratio", 0.5}}, "drop_a"));
+  b.output(b.op("MseLoss", {x, b.op1("Relu", {x}, {}, "fine")}, {}, "mse_a")[0]);
+  b.output(b.op("MseLoss", {x, x}, {}, "mse_b")[0]);
   b.output(b.op1("Relu", {b.input("h", DType::kBF16, {4})}, {}, "half"));
   auto graph = std::move(b).finish();
   ASSERT_TRUE(graph.is_ok()) << graph.status().message();
   Status status = check_cuda_ops(*graph);
   ASSERT_FALSE(status.is_ok());
   const std::string text(status.message());
-  EXPECT_NE(text.find("Cast ('cast_a')"), std::string::npos) << text;
-  EXPECT_NE(text.find("Slice ('slice_a', 'slice_b')"), std::string::npos) << text;
+  EXPECT_NE(text.find("Dropout ('drop_a')"), std::string::npos) << text;
+  EXPECT_NE(text.find("MseLoss ('mse_a', 'mse_b')"), std::string::npos) << text;
   EXPECT_NE(text.find("Relu on bf16 ('half')"), std::string::npos) << text;
   EXPECT_NE(text.find("--backend cpu"), std::string::npos) << text;
   // Nodes the backend runs are not listed.
@@ -186,6 +184,21 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"Transpose", {}, {{DType::kI64, {3, 5}}}});
   cases.push_back({"Reshape", {{"shape", ints({4, -1})}}, {{f, {2, 3, 4}}}});
   cases.push_back({"Concat", {{"axis", int64_t{1}}}, {{f, {2, 3, 4}}, {f, {2, 1, 4}}}});
+  const std::vector<Attribute> cut = {{"starts", ints({1, -1})},
+                                      {"ends", ints({4, -100})},
+                                      {"axes", ints({0, 2})},
+                                      {"steps", ints({2, -2})}};
+  cases.push_back({"Slice", cut, {{f, {5, 3, 6}}}});
+  cases.push_back({"Slice", cut, {{DType::kI64, {5, 3, 6}}}});
+  std::vector<Attribute> cut_grad = cut;
+  cut_grad.push_back({"shape", ints({5, 3, 6})});
+  cases.push_back({"SliceGrad", cut_grad, {{f, {2, 3, 3}}}});
+  cases.push_back({"Where", {}, {{DType::kBool, {3, 1}}, {f, {3, 4}}, {f, {4}}}});
+  cases.push_back({"Where", {}, {{DType::kBool, {5}}, {DType::kI64, {5}}, {DType::kI64, {}}}});
+  for (const char *to : {"i32", "i64", "bool", "f32"})
+    cases.push_back({"Cast", {{"to", std::string(to)}}, {{f, {40}}}});
+  cases.push_back({"Cast", {{"to", std::string("f32")}}, {{DType::kI64, {40}}}});
+  cases.push_back({"Cast", {{"to", std::string("i32")}}, {{DType::kBool, {40}}}});
   cases.push_back({"Split", {{"axis", int64_t{1}}, {"split", ints({2, 3})}}, {{f, {2, 5, 3}}}});
   cases.push_back({"ReduceSum", {{"axes", ints({1})}, {"keepdims", int64_t{0}}}, {{f, {3, 4, 5}}}});
   cases.push_back({"ReduceMean", {{"axes", ints({0, 2})}}, {{f, {3, 4, 5}}}});

@@ -7,6 +7,8 @@
 
 #include "ops/kernels/cuda/launch.h"
 #include "ops/matmul_shape.h"
+#include "ops/slice_plan.h"
+
 #include "ops/window.h"
 
 namespace strata::cuda {
@@ -129,6 +131,72 @@ Status transpose_op(const CudaKernelContext &c) {
   return check(transpose(c.inputs[0].data, shape, p, c.outputs[0].data,
                          static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
                "launch");
+}
+
+// Slice(X) -> Y and SliceGrad(dY) -> dX (zeros with dY where Slice read).
+Result<std::pair<int64_t, Dims>> slice_walk(const CudaKernelContext &c, const TensorType &x) {
+  ASSIGN_OR_RETURN(ops::SlicePlan plan, ops::plan_slice(c.node, c.def, x));
+  ASSIGN_OR_RETURN(Dims strides, dims_of(x.shape));
+  int64_t stride = 1, base = 0;
+  for (int d = strides.rank - 1; d >= 0; --d) {
+    base += plan.start[static_cast<size_t>(d)] * stride;
+    // A dimension of length <= 1 is never stepped (its step may be huge).
+    strides.d[d] =
+        plan.length[static_cast<size_t>(d)] > 1 ? plan.step[static_cast<size_t>(d)] * stride : 0;
+    stride *= x.shape[static_cast<size_t>(d)];
+  }
+  return std::pair<int64_t, Dims>{base, strides};
+}
+
+Status slice_op(const CudaKernelContext &c) {
+  ASSIGN_OR_RETURN(auto walk, slice_walk(c, *c.inputs[0].type));
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+  return check(strided_copy(c.inputs[0].data, walk.first, walk.second, c.outputs[0].data, shape,
+                            static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
+               "launch");
+}
+
+Status slice_grad_op(const CudaKernelContext &c) {
+  ASSIGN_OR_RETURN(auto walk, slice_walk(c, *c.outputs[0].type));
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
+  RETURN_IF_ERROR(
+      check(cudaMemsetAsync(c.outputs[0].data, 0,
+                            static_cast<size_t>(c.outputs[0].type->size_bytes()), c.stream),
+            "memset"));
+  return check(strided_scatter(c.inputs[0].data, shape, c.outputs[0].data, walk.first, walk.second,
+                               static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
+               "launch");
+}
+
+// Where(cond, X, Z): any element type for X and Z.
+Status where_op(const CudaKernelContext &c) {
+  ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
+  return check(where(static_cast<const uint8_t *>(c.inputs[0].data),
+                     broadcast_strides(c.inputs[0].shape(), shape), c.inputs[1].data,
+                     broadcast_strides(c.inputs[1].shape(), shape), c.inputs[2].data,
+                     broadcast_strides(c.inputs[2].shape(), shape), c.outputs[0].data, shape,
+                     static_cast<int>(dtype_size(c.outputs[0].dtype())), c.stream),
+               "launch");
+}
+
+Result<Elem> elem_of(const CudaKernelContext &c, DType dtype) {
+  switch (dtype) {
+  case DType::kF32: return Elem::kF32;
+  case DType::kI32: return Elem::kI32;
+  case DType::kI64: return Elem::kI64;
+  case DType::kBool: return Elem::kBool;
+  default: break;
+  }
+  return unimplemented(c.def.name, ": the CUDA backend casts between f32, i32, i64 and bool, not ",
+                       dtype_name(dtype));
+}
+
+Status cast_op(const CudaKernelContext &c) {
+  ASSIGN_OR_RETURN(Elem from, elem_of(c, c.inputs[0].dtype()));
+  ASSIGN_OR_RETURN(Elem to, elem_of(c, c.outputs[0].dtype()));
+  return check(
+      cast(c.inputs[0].data, from, c.outputs[0].data, to, c.inputs[0].num_elements(), c.stream),
+      "launch");
 }
 
 // Concat and Split as 2-D copies: `outer` rows of `width` bytes each.
@@ -720,6 +788,7 @@ const std::vector<CudaOp> &table() {
         op("BatchNormStats", batch_norm_stats_op),
         op("BatchNormalization", batch_norm_op),
         op("BatchNormalizationGrad", batch_norm_grad_op),
+        op("Cast", cast_op),
         op("Clip", unary_op<Unary::kClip>),
         op("ClipGrad", binary_op<Binary::kClipGrad>),
         op("Concat", concat_op),
@@ -758,6 +827,8 @@ const std::vector<CudaOp> &table() {
         op("ReluGrad", binary_op<Binary::kReluGrad>),
         op("Reshape", copy_op),
         op("SgdUpdate", sgd_op),
+        op("Slice", slice_op),
+        op("SliceGrad", slice_grad_op),
         op("Sigmoid", unary_op<Unary::kSigmoid>),
         op("SigmoidGrad", binary_op<Binary::kSigmoidGrad>),
         op("Softmax", softmax_op<false>),
@@ -772,6 +843,7 @@ const std::vector<CudaOp> &table() {
         op("TanhGrad", binary_op<Binary::kTanhGrad>),
         op("Transpose", transpose_op),
         op("Unsqueeze", copy_op),
+        op("Where", where_op),
     };
     for (const CudaOp &entry : cudnn_ops())
       t.push_back(entry);

@@ -5,6 +5,7 @@
 #include "ops/kernels/cuda/launch.h"
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace strata::cuda {
@@ -123,16 +124,103 @@ __global__ void broadcast_kernel(const float *x, Dims strides, float *out, Dims 
 }
 
 template <typename T>
-__global__ void transpose_kernel(const T *x, Dims in_strides, T *y, Dims out_shape, int64_t n) {
-  // in_strides[i]: the input stride of output dim i.
-  STRATA_GRID_STRIDE(i, n) { y[i] = x[offset_of(i, out_shape, in_strides)]; }
+__global__ void strided_copy_kernel(const T *x, int64_t base, Dims strides, T *y, Dims shape,
+                                    int64_t n) {
+  STRATA_GRID_STRIDE(i, n) { y[i] = x[base + offset_of(i, shape, strides)]; }
 }
 
 template <typename T>
-void launch_transpose(const void *x, const Dims &strides, void *y, const Dims &out_shape, int64_t n,
-                      cudaStream_t stream) {
-  transpose_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const T *>(x), strides,
-                                                         static_cast<T *>(y), out_shape, n);
+__global__ void strided_scatter_kernel(const T *x, Dims shape, T *y, int64_t base, Dims strides,
+                                       int64_t n) {
+  STRATA_GRID_STRIDE(i, n) { y[base + offset_of(i, shape, strides)] = x[i]; }
+}
+
+template <typename T>
+__global__ void where_kernel(const uint8_t *cond, Dims cs, const T *x, Dims xs, const T *z, Dims zs,
+                             T *y, Dims shape, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    y[i] = cond[offset_of(i, shape, cs)] != 0 ? x[offset_of(i, shape, xs)]
+                                              : z[offset_of(i, shape, zs)];
+  }
+}
+
+// Element types by size: copies move bytes.
+template <template <typename> class Launch, typename... Args>
+cudaError_t by_size(int element_bytes, Args... args) {
+  switch (element_bytes) {
+  case 1: Launch<uint8_t>()(args...); break;
+  case 2: Launch<uint16_t>()(args...); break;
+  case 4: Launch<uint32_t>()(args...); break;
+  case 8: Launch<uint64_t>()(args...); break;
+  default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T> struct StridedCopy {
+  void operator()(const void *x, int64_t base, Dims strides, void *y, Dims shape, int64_t n,
+                  cudaStream_t stream) {
+    strided_copy_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+        static_cast<const T *>(x), base, strides, static_cast<T *>(y), shape, n);
+  }
+};
+template <typename T> struct StridedScatter {
+  void operator()(const void *x, Dims shape, void *y, int64_t base, Dims strides, int64_t n,
+                  cudaStream_t stream) {
+    strided_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+        static_cast<const T *>(x), shape, static_cast<T *>(y), base, strides, n);
+  }
+};
+template <typename T> struct Where {
+  void operator()(const uint8_t *cond, Dims cs, const void *x, Dims xs, const void *z, Dims zs,
+                  void *y, Dims shape, int64_t n, cudaStream_t stream) {
+    where_kernel<<<grid_for(n), kThreads, 0, stream>>>(cond, cs, static_cast<const T *>(x), xs,
+                                                       static_cast<const T *>(z), zs,
+                                                       static_cast<T *>(y), shape, n);
+  }
+};
+
+// Float to integer: truncate toward zero, saturate, NaN to 0 (as the CPU).
+template <typename I> __device__ I saturating(float v) {
+  if (v != v) return 0;
+  constexpr bool wide = sizeof(I) == 8;
+  constexpr float limit = wide ? 9223372036854775808.0f : 2147483648.0f;
+  if (v >= limit) return static_cast<I>(wide ? INT64_MAX : INT32_MAX);
+  if (v <= -limit) return static_cast<I>(wide ? INT64_MIN : INT32_MIN);
+  return static_cast<I>(v);
+}
+
+template <typename From, typename To> __device__ To convert(From v, Elem to) {
+  if (to == Elem::kBool) return static_cast<To>(v != From(0));
+  if constexpr (std::is_same_v<From, float> && std::is_integral_v<To>) {
+    return saturating<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+template <typename From, typename To>
+__global__ void cast_kernel(const From *x, To *y, Elem to, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) { y[i] = convert<From, To>(x[i], to); }
+}
+
+template <typename From>
+cudaError_t cast_from(const From *x, void *y, Elem to, int64_t n, cudaStream_t stream) {
+  switch (to) {
+  case Elem::kF32:
+    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<float *>(y), to, n);
+    break;
+  case Elem::kI32:
+    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<int32_t *>(y), to, n);
+    break;
+  case Elem::kI64:
+    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<int64_t *>(y), to, n);
+    break;
+  case Elem::kBool:
+    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<uint8_t *>(y), to, n);
+    break;
+  }
+  return cudaGetLastError();
 }
 
 int64_t count(const Dims &shape) {
@@ -292,16 +380,7 @@ cudaError_t transpose(const void *x, const Dims &in_shape, const int *perm, void
     out_shape.d[i] = in_shape.d[perm[i]];
     strides.d[i] = in_strides.d[perm[i]];
   }
-  const int64_t n = count(in_shape);
-  if (n == 0) return cudaSuccess;
-  switch (element_bytes) {
-  case 1: launch_transpose<uint8_t>(x, strides, y, out_shape, n, stream); break;
-  case 2: launch_transpose<uint16_t>(x, strides, y, out_shape, n, stream); break;
-  case 4: launch_transpose<uint32_t>(x, strides, y, out_shape, n, stream); break;
-  case 8: launch_transpose<uint64_t>(x, strides, y, out_shape, n, stream); break;
-  default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return strided_copy(x, 0, strides, y, out_shape, element_bytes, stream);
 }
 
 cudaError_t learning_rate(const Schedule &schedule, const int64_t *step, float *lr,
@@ -326,6 +405,40 @@ cudaError_t adam(const AdamParams &p, const float *param, const float *grad, con
   adam_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, param, grad, m, v, lr, step, new_param,
                                                     new_m, new_v, n, bad_step);
   return cudaGetLastError();
+}
+
+cudaError_t strided_copy(const void *x, int64_t base, const Dims &strides, void *y,
+                         const Dims &shape, int element_bytes, cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  return by_size<StridedCopy>(element_bytes, x, base, strides, y, shape, n, stream);
+}
+
+cudaError_t strided_scatter(const void *x, const Dims &shape, void *y, int64_t base,
+                            const Dims &strides, int element_bytes, cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  return by_size<StridedScatter>(element_bytes, x, shape, y, base, strides, n, stream);
+}
+
+cudaError_t where(const uint8_t *cond, const Dims &cond_strides, const void *x,
+                  const Dims &x_strides, const void *z, const Dims &z_strides, void *y,
+                  const Dims &shape, int element_bytes, cudaStream_t stream) {
+  const int64_t n = count(shape);
+  if (n == 0) return cudaSuccess;
+  return by_size<Where>(element_bytes, cond, cond_strides, x, x_strides, z, z_strides, y, shape, n,
+                        stream);
+}
+
+cudaError_t cast(const void *x, Elem from, void *y, Elem to, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (from) {
+  case Elem::kF32: return cast_from(static_cast<const float *>(x), y, to, n, stream);
+  case Elem::kI32: return cast_from(static_cast<const int32_t *>(x), y, to, n, stream);
+  case Elem::kI64: return cast_from(static_cast<const int64_t *>(x), y, to, n, stream);
+  case Elem::kBool: return cast_from(static_cast<const uint8_t *>(x), y, to, n, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 } // namespace strata::cuda

@@ -80,6 +80,23 @@ cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, cons
 cudaError_t transpose(const void *x, const Dims &in_shape, const int *perm, void *y,
                       int element_bytes, cudaStream_t stream);
 
+// y (shape) = x[base + offset of each y element through `strides`] (Slice; a
+// stride may be negative); `element_bytes` 1, 2, 4 or 8.
+cudaError_t strided_copy(const void *x, int64_t base, const Dims &strides, void *y,
+                         const Dims &shape, int element_bytes, cudaStream_t stream);
+// y[base + offset of each x element through `strides`] = x (shape): SliceGrad's
+// write into zeros (the caller clears y first).
+cudaError_t strided_scatter(const void *x, const Dims &shape, void *y, int64_t base,
+                            const Dims &strides, int element_bytes, cudaStream_t stream);
+// Y = cond ? X : Z, broadcast together (cond is bool bytes; X, Z any element).
+cudaError_t where(const uint8_t *cond, const Dims &cond_strides, const void *x,
+                  const Dims &x_strides, const void *z, const Dims &z_strides, void *y,
+                  const Dims &shape, int element_bytes, cudaStream_t stream);
+// Cast between f32, i32, i64 and bool as the CPU does: float to integer
+// truncates toward zero and saturates (NaN gives 0); to bool is != 0.
+enum class Elem : int { kF32, kI32, kI64, kBool };
+cudaError_t cast(const void *x, Elem from, void *y, Elem to, int64_t n, cudaStream_t stream);
+
 // Sum (divided by `divisor`: 1 for a sum, the count for a mean) or max over the
 // reduced dims: `shape` is the input's; reduced[d] for a reduced dim. Output
 // dims keep their order, the reduced ones dropped. One thread per output
