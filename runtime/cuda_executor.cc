@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/launch.h"
 #endif
 
 namespace strata::runtime {
@@ -77,6 +78,28 @@ std::string cuda_unavailable_reason() {
 
 std::vector<std::string_view> cuda_backend_ops() { return cuda::cuda_op_names(); }
 
+namespace {
+
+// Whether the CUDA kernel of `node` takes input `i` in `dtype`: f32, except
+// where an op reads integers (indices, labels, step counters, integer sums).
+bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
+  const std::string_view op = node.op;
+  const bool integer = dtype == DType::kI32 || dtype == DType::kI64;
+  if (op == "Cast") return dtype != DType::kF16 && dtype != DType::kBF16;
+  if (op == "Add" || op == "Sub" || op == "Mul") {
+    if (!integer) return dtype == DType::kF32;
+    return graph.tensor(node.inputs[0]).type.dtype == graph.tensor(node.inputs[1]).type.dtype;
+  }
+  const bool index_slot = ((op == "Gather" || op == "GatherGrad") && i == 1) ||
+                          (op == "SoftmaxCrossEntropy" && i == 1) ||
+                          (op == "SoftmaxCrossEntropyGrad" && i == 2) ||
+                          (op == "SgdUpdate" && i == 4) || (op == "AdamUpdate" && i == 5) ||
+                          (op == "LearningRate" && i == 0);
+  return index_slot ? integer : dtype == DType::kF32;
+}
+
+} // namespace
+
 Status check_cuda_ops(const Graph &graph) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   std::map<std::string, std::vector<std::string>> missing;
@@ -95,12 +118,17 @@ Status check_cuda_ops(const Graph &graph) {
       continue;
     }
     if (moves_bytes(node.op)) continue;
-    for (TensorId id : node.inputs) {
-      const DType dtype = graph.tensor(id).type.dtype;
-      if (dtype == DType::kF16 || dtype == DType::kBF16) {
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const DType dtype = graph.tensor(node.inputs[i]).type.dtype;
+      if (!runs_dtype(graph, node, i, dtype)) {
         missing[str_cat(node.op, " on ", dtype_name(dtype))].push_back(node.name);
         break;
       }
+    }
+    if (node.op.starts_with("Conv2d")) {
+      const std::vector<int64_t> pads = ops::AttrReader(node, *def).get_ints("pads");
+      if (pads.size() == 4 && (pads[0] != pads[2] || pads[1] != pads[3]))
+        missing[str_cat(node.op, " with asymmetric pads")].push_back(node.name);
     }
   }
   if (missing.empty()) return Status::ok();
@@ -182,13 +210,21 @@ struct CudaExecutor::State {
   // a hang.
   Status wait(std::string_view what) const {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
-    auto nap = std::chrono::microseconds(5);
+    // Spin for the first 2 ms (a short step should not pay a sleep's
+    // latency), then nap, up to 1 ms at a time.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    auto nap = std::chrono::microseconds(20);
     while (true) {
       const cudaError_t status = cudaStreamQuery(stream);
       if (status == cudaSuccess) return Status::ok();
       if (status != cudaErrorNotReady) return check(status, what);
-      if (std::chrono::steady_clock::now() > deadline)
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline)
         return deadline_exceeded("the GPU did not finish ", what, " within 10 minutes");
+      if (now < spin_until) {
+        std::this_thread::yield();
+        continue;
+      }
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
@@ -214,12 +250,21 @@ struct CudaExecutor::State {
       Status status = step.op->kernel(context);
       if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
     }
-    for (const std::vector<Copy> *copies : {&output_copies, &updates})
-      for (const Copy &copy : *copies)
-        if (copy.bytes > 0 && copy.source != copy.target)
-          RETURN_IF_ERROR(check(cudaMemcpyAsync(copy.target, copy.source, copy.bytes,
-                                                cudaMemcpyDeviceToDevice, stream),
-                                "copy"));
+    for (const Copy &copy : output_copies)
+      if (copy.bytes > 0 && copy.source != copy.target)
+        RETURN_IF_ERROR(check(
+            cudaMemcpyAsync(copy.target, copy.source, copy.bytes, cudaMemcpyDeviceToDevice, stream),
+            "copy"));
+    // The state updates only when no device check failed (the flag after the
+    // nodes' says whether any did).
+    int *any = flags + steps.size();
+    RETURN_IF_ERROR(
+        check(cuda::any_flag(flags, static_cast<int64_t>(steps.size()), any, stream), "launch"));
+    for (const Copy &copy : updates)
+      if (copy.bytes > 0 && copy.source != copy.target)
+        RETURN_IF_ERROR(check(cuda::guarded_copy(copy.target, copy.source,
+                                                 static_cast<int64_t>(copy.bytes), any, stream),
+                              "launch"));
     return Status::ok();
   }
 
@@ -319,7 +364,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   const int64_t workspace_offset = offset;
   offset += align_up(options.workspace_bytes);
   const int64_t flags_offset = offset;
-  offset += align_up(static_cast<int64_t>(state->order.size() * sizeof(int)));
+  offset += align_up(static_cast<int64_t>((state->order.size() + 1) * sizeof(int)));
   state->bytes = offset;
 
   void *base = nullptr;

@@ -8,11 +8,14 @@
 //
 // run() copies the batch into the input staging and launches the step: the
 // nodes' kernels (ops/kernels/cuda/cuda_ops.h), the copies of the outputs into
-// their staging, then the state updates (new weights over old). With CUDA
-// Graphs on (the default), the first run captures that sequence into a graph
-// and every later run replays it, after checking that every buffer it binds is
-// where and what it was at capture (runtime/gpu_placement.h's CaptureRecord).
-// The results are the same either way: every kernel is deterministic.
+// their staging, then the state updates (new weights over old), which a step
+// whose device checks failed (a label or index out of range) skips, as the CPU
+// executor stops before its updates. With CUDA Graphs on (the default), the
+// first run launches that sequence eagerly, the second captures it into a
+// graph and every later run replays it, after checking that every buffer it
+// binds is where and what it was at capture (runtime/gpu_placement.h's
+// CaptureRecord). The results are the same either way: every kernel is
+// deterministic.
 //
 // Without a GPU the executor cannot be created (the error says why), but
 // check_cuda_ops() tells, without one, which ops of a graph the backend lacks.

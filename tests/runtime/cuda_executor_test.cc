@@ -92,6 +92,11 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   b.output(b.op("MseLoss", {x, b.op1("Relu", {x}, {}, "fine")}, {}, "mse_a")[0]);
   b.output(b.op("MseLoss", {x, x}, {}, "mse_b")[0]);
   b.output(b.op1("Relu", {b.input("h", DType::kBF16, {4})}, {}, "half"));
+  b.output(b.op1("ReduceSum", {b.input("n", DType::kI64, {4})}, {}, "count"));
+  b.output(
+      b.op1("Conv2d",
+            {b.input("img", DType::kF32, {1, 2, 6, 6}), b.input("w", DType::kF32, {3, 2, 3, 3})},
+            {{"pads", AttrValue{std::vector<int64_t>{0, 0, 1, 1}}}}, "same_pad"));
   auto graph = std::move(b).finish();
   ASSERT_TRUE(graph.is_ok()) << graph.status().message();
   Status status = check_cuda_ops(*graph);
@@ -100,6 +105,8 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   EXPECT_NE(text.find("Dropout ('drop_a')"), std::string::npos) << text;
   EXPECT_NE(text.find("MseLoss ('mse_a', 'mse_b')"), std::string::npos) << text;
   EXPECT_NE(text.find("Relu on bf16 ('half')"), std::string::npos) << text;
+  EXPECT_NE(text.find("ReduceSum on i64 ('count')"), std::string::npos) << text;
+  EXPECT_NE(text.find("Conv2d with asymmetric pads ('same_pad')"), std::string::npos) << text;
   EXPECT_NE(text.find("--backend cpu"), std::string::npos) << text;
   // Nodes the backend runs are not listed.
   EXPECT_EQ(text.find("'fine'"), std::string::npos) << text;
@@ -393,6 +400,36 @@ TEST_F(CudaGpuTest, DeviceChecksNameTheNode) {
   EXPECT_NE(status.message().find("node 'node' (SoftmaxCrossEntropy)"), std::string::npos)
       << status.message();
   EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
+}
+
+// A training step with a bad label fails naming the loss node and, as on the
+// CPU, changes no weight; the next good step trains as usual.
+TEST_F(CudaGpuTest, AFailedStepChangesNoWeight) {
+  Graph graph = mlp_graph();
+  for (bool cuda_graph : {false, true}) {
+    CudaExecutorOptions options;
+    options.cuda_graph = cuda_graph;
+    auto gpu = CudaExecutor::create(graph, options);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+    std::vector<HostTensor> outputs;
+    for (int step = 0; step < 2; ++step) // eager, then captured
+      ASSERT_TRUE((*gpu)->run(random_inputs(graph, step), &outputs).is_ok());
+    std::vector<HostTensor> before;
+    for (TensorId id = 0; id < graph.num_tensors(); ++id)
+      before.push_back((*gpu)->value(id));
+    std::vector<HostTensor> bad = random_inputs(graph, 5);
+    reinterpret_cast<int64_t *>(bad[1].data())[0] = 1000; // 10 classes
+    Status status = (*gpu)->run(bad, &outputs);
+    ASSERT_FALSE(status.is_ok());
+    EXPECT_NE(status.message().find("(SoftmaxCrossEntropy"), std::string::npos) << status.message();
+    for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+      const Tensor &t = graph.tensor(id);
+      if (t.kind != TensorKind::kParameter && t.kind != TensorKind::kState) continue;
+      const HostTensor &after = (*gpu)->value(id);
+      EXPECT_EQ(std::memcmp(after.data(), before[id].data(), after.size_bytes()), 0) << t.name;
+    }
+    EXPECT_TRUE((*gpu)->run(random_inputs(graph, 6), &outputs).is_ok());
+  }
 }
 
 // Four training steps on both backends: the same losses and weights.

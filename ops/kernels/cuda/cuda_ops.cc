@@ -413,8 +413,19 @@ Status gather_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
   return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream),
+                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch, c.stream),
                "launch");
+}
+
+// The radix sort's room when the table is indexed along axis 0 (an embedding).
+int64_t gather_grad_scratch_bytes(const Node &node, const ops::OpDef &def,
+                                  llvm::ArrayRef<TensorType> inputs) {
+  const ops::AttrReader attrs(node, def);
+  const std::vector<int64_t> shape = attrs.get_ints("shape");
+  auto axis =
+      ops::normalize_axis(attrs.get_int("axis"), static_cast<int64_t>(shape.size()), "axis");
+  if (!axis.is_ok() || *axis != 0) return 0;
+  return static_cast<int64_t>(gather_grad_scratch(inputs[1].num_elements(), shape[0]));
 }
 
 // ---- pooling -------------------------------------------------------------------------
@@ -464,6 +475,10 @@ template <bool kMax> Status pool_grad_op(const CudaKernelContext &c) {
 Status global_average_pool_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
+  if (shape.d[2] * shape.d[3] == 0) // empty planes average to 0, as on the CPU
+    return check(cudaMemsetAsync(c.outputs[0].data, 0,
+                                 static_cast<size_t>(c.outputs[0].type->size_bytes()), c.stream),
+                 "memset");
   const bool reduced[kMaxDims] = {false, false, true, true};
   return check(reduce(Reduce::kSum, in_f32(c, 0), shape, reduced,
                       static_cast<double>(shape.d[2] * shape.d[3]), out_f32(c, 0), c.stream),
@@ -798,7 +813,8 @@ const std::vector<CudaOp> &table() {
         op("Expand", expand_op),
         op("Flatten", copy_op),
         op("Gather", gather_op, nullptr, "an index is outside the table"),
-        op("GatherGrad", gather_grad_op, nullptr, "an index is outside the table"),
+        op("GatherGrad", gather_grad_op, gather_grad_scratch_bytes,
+           "an index is outside the table"),
         op("Gelu", unary_op<Unary::kGeluErf>),
         op("GeluGrad", binary_op<Binary::kGeluErfGrad>),
         op("Gemm", gemm_op),

@@ -109,7 +109,11 @@ Result<Perf> pick(const CudaKernelContext &c, const Perf *perf, int count, bool 
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
         p.memory > c.workspace_bytes)
       continue;
-    if (!tf32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH) continue;
+    // For f32 on Ampere and later, DEFAULT_MATH may use TF32: only FMA_MATH
+    // keeps full f32; with --tf32 anything but down-conversion below TF32.
+    const bool math_ok =
+        tf32 ? p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : p.mathType == CUDNN_FMA_MATH;
+    if (!math_ok) continue;
     return p;
   }
   return unimplemented(c.def.name, ": cuDNN offers no deterministic algorithm that fits the ",
@@ -131,7 +135,9 @@ Status conv_op(const CudaKernelContext &c) {
                                                        kAlgorithms, &found, perf),
                 "algorithm"));
   ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  if (c.tf32)
+    RETURN_IF_ERROR(
+        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
   const float one = 1.0f, zero = 0.0f;
   RETURN_IF_ERROR(
       check_dnn(cudnnConvolutionForward(handle, &one, conv.x, c.inputs[0].data, conv.w,
@@ -161,7 +167,9 @@ Status conv_grad_input_op(const CudaKernelContext &c) {
                                                             conv.x, kAlgorithms, &found, perf),
                 "algorithm"));
   ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  if (c.tf32)
+    RETURN_IF_ERROR(
+        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
   const float one = 1.0f, zero = 0.0f;
   return check_dnn(cudnnConvolutionBackwardData(handle, &one, conv.w, c.inputs[1].data, conv.y,
                                                 c.inputs[0].data, conv.conv, chosen.algo,
@@ -184,7 +192,9 @@ Status conv_grad_weight_op(const CudaKernelContext &c) {
                                                               conv.w, kAlgorithms, &found, perf),
                 "algorithm"));
   ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  RETURN_IF_ERROR(check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  if (c.tf32)
+    RETURN_IF_ERROR(
+        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
   const float one = 1.0f, zero = 0.0f;
   return check_dnn(cudnnConvolutionBackwardFilter(handle, &one, conv.x, c.inputs[1].data, conv.y,
                                                   c.inputs[0].data, conv.conv, chosen.algo,

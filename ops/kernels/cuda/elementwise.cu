@@ -223,6 +223,19 @@ cudaError_t cast_from(const From *x, void *y, Elem to, int64_t n, cudaStream_t s
   return cudaGetLastError();
 }
 
+__global__ void any_flag_kernel(const int *flags, int64_t n, int *any) {
+  int set = 0;
+  for (int64_t i = 0; i < n; ++i)
+    set |= flags[i] != 0;
+  *any = set;
+}
+
+template <typename T>
+__global__ void guarded_copy_kernel(T *dst, const T *src, int64_t n, const int *any) {
+  if (*any != 0) return;
+  STRATA_GRID_STRIDE(i, n) { dst[i] = src[i]; }
+}
+
 int64_t count(const Dims &shape) {
   int64_t n = 1;
   for (int d = 0; d < shape.rank; ++d)
@@ -285,6 +298,11 @@ __global__ void adam_kernel(AdamParams p, const float *param, const float *grad,
                             int *bad_step) {
   if (*step_in < 0) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *bad_step = 1;
+    STRATA_GRID_STRIDE(i, n) {
+      new_param[i] = param[i];
+      new_m[i] = m[i];
+      new_v[i] = v[i];
+    }
     return;
   }
   // The scalars PyTorch computes in double, rounded to f32 once.
@@ -439,6 +457,23 @@ cudaError_t cast(const void *x, Elem from, void *y, Elem to, int64_t n, cudaStre
   case Elem::kBool: return cast_from(static_cast<const uint8_t *>(x), y, to, n, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream) {
+  any_flag_kernel<<<1, 1, 0, stream>>>(flags, n, any);
+  return cudaGetLastError();
+}
+
+cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *any,
+                         cudaStream_t stream) {
+  if (bytes <= 0) return cudaSuccess;
+  if (bytes % 4 == 0)
+    guarded_copy_kernel<<<grid_for(bytes / 4), kThreads, 0, stream>>>(
+        static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), bytes / 4, any);
+  else
+    guarded_copy_kernel<<<grid_for(bytes), kThreads, 0, stream>>>(
+        static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), bytes, any);
+  return cudaGetLastError();
 }
 
 } // namespace strata::cuda

@@ -162,10 +162,15 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
                    const void *indices, int index_bytes, int64_t n, float *out, int *bad_index,
                    cudaStream_t stream);
 // dData [outer, axis_size, inner] = zeros plus dY rows added at the indices.
-// Each output element sums its contributions in index order (deterministic).
+// Each output element sums its contributions in index order (deterministic);
+// an index out of range sets *bad_index. With outer == 1 (an embedding table)
+// the positions are first sorted by index with a stable radix sort (CUB), so
+// the work is one pass over dY; `scratch` holds gather_grad_scratch(n,
+// axis_size) bytes for it (null: the unsorted kernel, n reads per element).
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, cudaStream_t stream);
+                        int *bad_index, void *scratch, cudaStream_t stream);
+size_t gather_grad_scratch(int64_t n, int64_t axis_size);
 
 // A pooling window over planes of h x w (MaxPool2d, AveragePool2d): output
 // size out_h x out_w as the op inferred it (ONNX rounding, ceil mode).
@@ -202,6 +207,13 @@ cudaError_t finish_norm(const double *partials, int64_t inputs, bool pair, doubl
 cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t stream);
 cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream);
 
+// *any = 1 if any of the n flags is set, else 0 (one thread, in order).
+cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream);
+// dst = src (bytes) unless *any: a step whose device checks failed writes no
+// state update, as the CPU executor stops before its updates.
+cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *any,
+                         cudaStream_t stream);
+
 // The learning rate schedule of the LearningRate op, from the device step.
 struct Schedule {
   double base_lr = 0, min_lr = 0;
@@ -226,6 +238,7 @@ struct AdamParams {
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8, weight_decay = 0;
   bool decoupled = false;
 };
+// A negative step sets *bad_step; the outputs are then the inputs unchanged.
 cudaError_t adam(const AdamParams &p, const float *param, const float *grad, const float *m,
                  const float *v, const float *lr, const int64_t *step, float *new_param,
                  float *new_m, float *new_v, int64_t n, int *bad_step, cudaStream_t stream);

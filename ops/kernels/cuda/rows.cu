@@ -5,6 +5,8 @@
 #include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include <cfloat>
 #include <cmath>
 
@@ -428,6 +430,90 @@ __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_
   }
 }
 
+// ---- sorted embedding gradient ---------------------------------------------------------
+
+// Row of every position (out-of-range ones get axis_size: sorted last, unused).
+__global__ void index_keys_kernel(const void *indices, int index_bytes, int64_t n,
+                                  int64_t axis_size, uint32_t *keys, uint32_t *positions,
+                                  int *bad_index) {
+  STRATA_GRID_STRIDE(j, n) {
+    int64_t index = label_at(indices, index_bytes, j);
+    if (index < 0) index += axis_size;
+    if (index < 0 || index >= axis_size) {
+      *bad_index = 1;
+      index = axis_size;
+    }
+    keys[j] = static_cast<uint32_t>(index);
+    positions[j] = static_cast<uint32_t>(j);
+  }
+}
+
+// First p in sorted `keys` [0, n) with keys[p] >= key.
+__device__ int64_t lower_bound(const uint32_t *keys, int64_t n, uint32_t key) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (keys[mid] < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// dData[row, k] = sum of dY[position, k] over the row's positions, in
+// increasing position (the sort is stable), as the CPU adds them.
+__global__ void sorted_gather_grad_kernel(const float *dy, int64_t axis_size, int64_t inner,
+                                          const uint32_t *keys, const uint32_t *positions,
+                                          int64_t n, float *ddata) {
+  STRATA_GRID_STRIDE(i, axis_size * inner) {
+    const int64_t row = i / inner, k = i % inner;
+    float sum = 0.0f;
+    for (int64_t p = lower_bound(keys, n, static_cast<uint32_t>(row));
+         p < n && keys[p] == static_cast<uint32_t>(row); ++p)
+      sum += dy[static_cast<int64_t>(positions[p]) * inner + k];
+    ddata[i] = sum;
+  }
+}
+
+struct SortScratch {
+  uint32_t *keys_in, *keys_out, *positions_in, *positions_out;
+  void *temp;
+  size_t temp_bytes;
+};
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Bits that hold every key in [0, axis_size].
+int key_bits(int64_t axis_size) {
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) <= axis_size)
+    ++bits;
+  return bits;
+}
+
+size_t sort_temp_bytes(int64_t n, int64_t axis_size) {
+  size_t temp = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<const uint32_t *>(nullptr),
+                                  static_cast<uint32_t *>(nullptr),
+                                  static_cast<const uint32_t *>(nullptr),
+                                  static_cast<uint32_t *>(nullptr), n, 0, key_bits(axis_size));
+  return temp;
+}
+
+SortScratch carve(void *scratch, int64_t n, int64_t axis_size) {
+  auto *base = static_cast<char *>(scratch);
+  const size_t array = align256(static_cast<size_t>(n) * sizeof(uint32_t));
+  SortScratch s;
+  s.keys_in = reinterpret_cast<uint32_t *>(base);
+  s.keys_out = reinterpret_cast<uint32_t *>(base + array);
+  s.positions_in = reinterpret_cast<uint32_t *>(base + 2 * array);
+  s.positions_out = reinterpret_cast<uint32_t *>(base + 3 * array);
+  s.temp = base + 4 * array;
+  s.temp_bytes = sort_temp_bytes(n, axis_size);
+  return s;
+}
+
 // ---- gradient norms ------------------------------------------------------------------
 
 __global__ void sum_squares_kernel(const float *x, int64_t n, double *partials) {
@@ -604,13 +690,30 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
   return cudaGetLastError();
 }
 
+size_t gather_grad_scratch(int64_t n, int64_t axis_size) {
+  if (n <= 0 || n >= (int64_t{1} << 32) || axis_size >= (int64_t{1} << 32) - 1) return 0;
+  return 4 * align256(static_cast<size_t>(n) * sizeof(uint32_t)) + sort_temp_bytes(n, axis_size);
+}
+
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, cudaStream_t stream) {
+                        int *bad_index, void *scratch, cudaStream_t stream) {
   const int64_t total = outer * axis_size * inner;
   if (total == 0) return cudaSuccess;
-  gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(dy, outer, axis_size, inner, indices,
-                                                               index_bytes, n, ddata, bad_index);
+  if (outer != 1 || scratch == nullptr || gather_grad_scratch(n, axis_size) == 0) {
+    gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
+        dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index);
+    return cudaGetLastError();
+  }
+  SortScratch s = carve(scratch, n, axis_size);
+  index_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(indices, index_bytes, n, axis_size,
+                                                          s.keys_in, s.positions_in, bad_index);
+  const cudaError_t sorted =
+      cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.positions_in,
+                                      s.positions_out, n, 0, key_bits(axis_size), stream);
+  if (sorted != cudaSuccess) return sorted;
+  sorted_gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
+      dy, axis_size, inner, s.keys_out, s.positions_out, n, ddata);
   return cudaGetLastError();
 }
 
