@@ -23,6 +23,7 @@
 
 namespace strata::runtime {
 
+#if STRATA_HAVE_CUDA
 namespace {
 
 std::string node_context(const Node &node) {
@@ -36,6 +37,8 @@ bool computed_at_load(const Node &node, const ops::OpDef &def) {
 }
 
 } // namespace
+
+#endif
 
 #if !STRATA_HAVE_CUDA
 
