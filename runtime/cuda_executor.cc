@@ -97,7 +97,7 @@ bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
                           (op == "SoftmaxCrossEntropy" && i == 1) ||
                           (op == "SoftmaxCrossEntropyGrad" && i == 2) ||
                           (op == "SgdUpdate" && i == 4) || (op == "AdamUpdate" && i == 5) ||
-                          (op == "LearningRate" && i == 0);
+                          (op == "LearningRate" && i == 0) || (op == "Dropout" && i == 1);
   return index_slot ? integer : dtype == DType::kF32;
 }
 

@@ -88,9 +88,10 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
     GTEST_SKIP() << cuda_unavailable_reason();
   GraphBuilder b("mixed", registry());
   TensorId x = b.input("x", DType::kF32, {4, 6});
-  b.output(b.op1("Dropout", {x}, {{"training", int64_t{1}}, {"ratio", 0.5}}, "drop_a"));
-  b.output(b.op("MseLoss", {x, b.op1("Relu", {x}, {}, "fine")}, {}, "mse_a")[0]);
-  b.output(b.op("MseLoss", {x, x}, {}, "mse_b")[0]);
+  const std::vector<Attribute> pair = {{"parts", int64_t{2}}};
+  b.output(b.op1("TpCopy", {x}, pair, "copy_a"));
+  b.output(b.op1("TpAllReduce", {b.op1("Relu", {x}, {}, "fine")}, pair, "sum_a"));
+  b.output(b.op1("TpAllReduce", {x}, pair, "sum_b"));
   b.output(b.op1("Relu", {b.input("h", DType::kBF16, {4})}, {}, "half"));
   b.output(b.op1("ReduceSum", {b.input("n", DType::kI64, {4})}, {}, "count"));
   b.output(
@@ -102,8 +103,8 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   Status status = check_cuda_ops(*graph);
   ASSERT_FALSE(status.is_ok());
   const std::string text(status.message());
-  EXPECT_NE(text.find("Dropout ('drop_a')"), std::string::npos) << text;
-  EXPECT_NE(text.find("MseLoss ('mse_a', 'mse_b')"), std::string::npos) << text;
+  EXPECT_NE(text.find("TpCopy ('copy_a')"), std::string::npos) << text;
+  EXPECT_NE(text.find("TpAllReduce ('sum_a', 'sum_b')"), std::string::npos) << text;
   EXPECT_NE(text.find("Relu on bf16 ('half')"), std::string::npos) << text;
   EXPECT_NE(text.find("ReduceSum on i64 ('count')"), std::string::npos) << text;
   EXPECT_NE(text.find("Conv2d with asymmetric pads ('same_pad')"), std::string::npos) << text;
@@ -210,6 +211,20 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"ReduceSum", {{"axes", ints({1})}, {"keepdims", int64_t{0}}}, {{f, {3, 4, 5}}}});
   cases.push_back({"ReduceMean", {{"axes", ints({0, 2})}}, {{f, {3, 4, 5}}}});
   cases.push_back({"ReduceMax", {}, {{f, {3, 4, 5}}}});
+  cases.push_back({"ReduceMaxGrad", {{"axes", ints({0, 2})}}, {{f, {1, 4, 1}}, {f, {3, 4, 5}}}});
+  cases.push_back({"Dropout",
+                   {{"training", int64_t{1}}, {"ratio", 0.3}, {"seed", int64_t{7}}},
+                   {{f, {1000}}, {DType::kI64, {}}}});
+  cases.push_back({"Dropout", {{"training", int64_t{1}}, {"ratio", 0.5}}, {{f, {33}}}});
+  cases.push_back({"Dropout", {}, {{f, {33}}}});
+  for (const char *reduction : {"mean", "sum", "none"}) {
+    const bool none = std::string(reduction) == "none";
+    cases.push_back(
+        {"MseLoss", {{"reduction", std::string(reduction)}}, {{f, {6, 7}}, {f, {6, 7}}}});
+    cases.push_back({"MseLossGrad",
+                     {{"reduction", std::string(reduction)}},
+                     {{f, none ? Shape{6, 7} : Shape{}}, {f, {6, 7}}, {f, {6, 7}}}});
+  }
   cases.push_back({"Softmax", {}, {{f, {4, 300}}}});
   cases.push_back({"Softmax", {{"axis", int64_t{1}}}, {{f, {2, 5, 3}}}});
   cases.push_back({"LogSoftmax", {}, {{f, {3, 17}}}});

@@ -492,6 +492,63 @@ Status global_average_pool_grad_op(const CudaKernelContext &c) {
                "launch");
 }
 
+// Dropout(X[, step]): the identity outside training.
+Status dropout_op(const CudaKernelContext &c) {
+  ops::AttrReader attrs = c.attrs();
+  if (attrs.get_int("training") == 0) return copy_op(c);
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  const double ratio = attrs.get_float("ratio");
+  const auto threshold = static_cast<uint64_t>(ratio * double(uint64_t{1} << 24));
+  const auto scale = static_cast<float>(1.0 / (1.0 - ratio));
+  const bool has_step = c.inputs.size() > 1;
+  int step_bytes = 8;
+  if (has_step) {
+    ASSIGN_OR_RETURN(step_bytes, index_bytes(c, 1));
+  }
+  return check(dropout(in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(),
+                       static_cast<uint64_t>(attrs.get_int("seed")),
+                       has_step ? c.inputs[1].data : nullptr, step_bytes, threshold, scale,
+                       c.stream),
+               "launch");
+}
+
+Status reduce_max_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  const TensorType &x = *c.inputs[1].type;
+  const std::vector<int64_t> axes = c.attrs().get_ints("axes");
+  bool reduced[kMaxDims] = {};
+  ASSIGN_OR_RETURN(Dims shape, dims_of(x.shape));
+  for (int d = 0; d < shape.rank; ++d)
+    reduced[d] = axes.empty();
+  for (int64_t axis : axes) {
+    ASSIGN_OR_RETURN(int64_t d, ops::normalize_axis(axis, x.rank(), "axes"));
+    reduced[d] = true;
+  }
+  return check(reduce_max_grad(in_f32(c, 0), in_f32(c, 1), shape, reduced, out_f32(c, 0), c.stream),
+               "launch");
+}
+
+int64_t mse_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
+  return kNormBlocks * static_cast<int64_t>(sizeof(double));
+}
+
+Status mse_loss_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  return check(mse_loss(in_f32(c, 0), in_f32(c, 1), c.inputs[0].num_elements(), reduction,
+                        static_cast<double *>(c.scratch), out_f32(c, 0), c.stream),
+               "launch");
+}
+
+// MseLossGrad(dLoss, P, T) -> dP, dT.
+Status mse_loss_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  return check(mse_loss_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), c.inputs[1].num_elements(),
+                             reduction, out_f32(c, 0), out_f32(c, 1), c.stream),
+               "launch");
+}
+
 // ---- batch norm ------------------------------------------------------------------------
 
 // X [batch, channels, ...] as [batch, channels, inner].
@@ -808,6 +865,7 @@ const std::vector<CudaOp> &table() {
         op("ClipGrad", binary_op<Binary::kClipGrad>),
         op("Concat", concat_op),
         op("Div", binary_op<Binary::kDiv>),
+        op("Dropout", dropout_op),
         op("Erf", unary_op<Unary::kErf>),
         op("Exp", unary_op<Unary::kExp>),
         op("Expand", expand_op),
@@ -833,10 +891,13 @@ const std::vector<CudaOp> &table() {
         op("MatMul", matmul_op),
         op("MaxPool2d", pool_op<true>),
         op("MaxPool2dGrad", pool_grad_op<true>),
+        op("MseLoss", mse_loss_op, mse_scratch),
+        op("MseLossGrad", mse_loss_grad_op),
         op("Mul", binary_op<Binary::kMul>),
         op("Neg", unary_op<Unary::kNeg>),
         op("Pow", binary_op<Binary::kPow>),
         op("ReduceMax", reduce_op<Reduce::kMax, false>),
+        op("ReduceMaxGrad", reduce_max_grad_op),
         op("ReduceMean", reduce_op<Reduce::kSum, true>),
         op("ReduceSum", reduce_op<Reduce::kSum, false>),
         op("Relu", unary_op<Unary::kRelu>),

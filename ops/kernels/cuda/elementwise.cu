@@ -236,6 +236,30 @@ __global__ void guarded_copy_kernel(T *dst, const T *src, int64_t n, const int *
   STRATA_GRID_STRIDE(i, n) { dst[i] = src[i]; }
 }
 
+// Dropout's mask hash (ops_elementwise.cc): splitmix64's finalizer over a
+// counter keyed by (seed, step).
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+__device__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void dropout_kernel(const float *x, float *y, int64_t n, uint64_t seed,
+                               const void *step_in, int step_bytes, uint64_t threshold,
+                               float scale) {
+  int64_t step = 0;
+  if (step_in != nullptr)
+    step = step_bytes == 4 ? static_cast<int64_t>(*static_cast<const int32_t *>(step_in))
+                           : *static_cast<const int64_t *>(step_in);
+  const uint64_t key = mix64(seed * kGolden + mix64(static_cast<uint64_t>(step) + kGolden));
+  STRATA_GRID_STRIDE(i, n) {
+    const uint64_t u = mix64(key + (static_cast<uint64_t>(i) + 1) * kGolden) >> 40;
+    y[i] = u >= threshold ? x[i] * scale : 0.0f;
+  }
+}
+
 int64_t count(const Dims &shape) {
   int64_t n = 1;
   for (int d = 0; d < shape.rank; ++d)
@@ -473,6 +497,14 @@ cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *a
   else
     guarded_copy_kernel<<<grid_for(bytes), kThreads, 0, stream>>>(
         static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), bytes, any);
+  return cudaGetLastError();
+}
+
+cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t seed, const void *step,
+                    int step_bytes, uint64_t threshold, float scale, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  dropout_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n, seed, step, step_bytes, threshold,
+                                                       scale);
   return cudaGetLastError();
 }
 

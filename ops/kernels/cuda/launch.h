@@ -105,6 +105,11 @@ enum class Reduce : int { kSum, kMax };
 cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
                    double divisor, float *y, cudaStream_t stream);
 
+// ReduceMaxGrad: dX (shape) is zero except at the first maximum of each
+// reduced group of X (a NaN counts as the maximum), which gets the group's dY.
+cudaError_t reduce_max_grad(const float *dy, const float *x, const Dims &shape, const bool *reduced,
+                            float *dx, cudaStream_t stream);
+
 // Softmax (or log-softmax) of X along a dim of size `axis`, with `outer` blocks
 // before it and `inner` elements after it.
 cudaError_t softmax(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, bool log,
@@ -206,6 +211,21 @@ cudaError_t finish_norm(const double *partials, int64_t inputs, bool pair, doubl
 // (first: acc = it), then finish_pairs writes the scale.
 cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t stream);
 cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream);
+
+// Training Dropout: y = x * scale where the top 24 bits of hash(seed, step, i)
+// are >= threshold, else 0 (the CPU kernel's counter-based hash); `step` may
+// be null (step 0), an i32 or an i64 (`step_bytes`).
+cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t seed, const void *step,
+                    int step_bytes, uint64_t threshold, float scale, cudaStream_t stream);
+
+// MseLoss: reduction 2 (none) writes (p - t)^2 per element; 0 (mean) and 1
+// (sum) reduce double(p - t)^2 through `partials` (kNormBlocks doubles).
+cudaError_t mse_loss(const float *p, const float *t, int64_t n, int reduction, double *partials,
+                     float *loss, cudaStream_t stream);
+// dP = 2 w (p - t) in double, dT = -dP; w = dLoss[i] (none), dLoss (sum) or
+// dLoss / n (mean).
+cudaError_t mse_loss_grad(const float *dloss, const float *p, const float *t, int64_t n,
+                          int reduction, float *dp, float *dt, cudaStream_t stream);
 
 // *any = 1 if any of the n flags is set, else 0 (one thread, in order).
 cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream);

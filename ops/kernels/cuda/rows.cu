@@ -74,6 +74,67 @@ __global__ void reduce_kernel(Reduce op, const float *x, ReduceShape s, int64_t 
   }
 }
 
+__global__ void reduce_max_grad_kernel(const float *dy, const float *x, ReduceShape s,
+                                       int64_t groups, int64_t folded_count, float *dx) {
+  STRATA_GRID_STRIDE(o, groups) {
+    int64_t base = 0, rest = o;
+    for (int d = s.kept.rank - 1; d >= 0; --d) {
+      base += (rest % s.kept.d[d]) * s.kept_strides.d[d];
+      rest /= s.kept.d[d];
+    }
+    int64_t best = -1;
+    for (int64_t k = 0; k < folded_count; ++k) {
+      int64_t offset = base, r = k;
+      for (int d = s.folded.rank - 1; d >= 0; --d) {
+        offset += (r % s.folded.d[d]) * s.folded_strides.d[d];
+        r /= s.folded.d[d];
+      }
+      const float v = x[offset];
+      if (best < 0 || v > x[best] || (v != v && x[best] == x[best])) best = offset;
+    }
+    if (best >= 0) dx[best] = dy[o];
+  }
+}
+
+__global__ void mse_partials_kernel(const float *p, const float *t, int64_t n, double *partials) {
+  __shared__ double shared[kThreads];
+  double sum = 0;
+  STRATA_GRID_STRIDE(i, n) {
+    const float d = p[i] - t[i];
+    sum += static_cast<double>(d) * d;
+  }
+  sum = block_reduce(sum, shared, Add());
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__global__ void mse_finish_kernel(const double *partials, int64_t n, int reduction, float *loss) {
+  double total = 0;
+  for (int b = 0; b < kNormBlocks; ++b)
+    total += partials[b];
+  *loss = reduction == 1 ? static_cast<float>(total)
+                         : (n == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(n)));
+}
+
+__global__ void mse_none_kernel(const float *p, const float *t, int64_t n, float *loss) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float d = p[i] - t[i];
+    loss[i] = d * d;
+  }
+}
+
+__global__ void mse_grad_kernel(const float *dloss, const float *p, const float *t, int64_t n,
+                                int reduction, float *dp, float *dt) {
+  double shared = 0;
+  if (reduction == 1) shared = dloss[0];
+  if (reduction == 0 && n > 0) shared = static_cast<double>(dloss[0]) / static_cast<double>(n);
+  STRATA_GRID_STRIDE(i, n) {
+    const double weight = reduction == 2 ? static_cast<double>(dloss[i]) : shared;
+    const float g = static_cast<float>(2.0 * weight * (static_cast<double>(p[i]) - t[i]));
+    dp[i] = g;
+    dt[i] = -g;
+  }
+}
+
 // ---- softmax ------------------------------------------------------------------
 
 // One block per row; a row is `axis` elements `inner` apart.
@@ -559,26 +620,33 @@ __global__ void finish_pairs_kernel(const double *acc, double max_norm, float *s
 
 } // namespace
 
-cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
-                   double divisor, float *y, cudaStream_t stream) {
-  ReduceShape s;
-  int64_t stride = 1, outputs = 1, folded = 1;
+static void split_reduce(const Dims &shape, const bool *reduced, ReduceShape *s, int64_t *outputs,
+                         int64_t *folded) {
+  int64_t stride = 1;
   Dims strides;
   for (int d = shape.rank - 1; d >= 0; --d) {
     strides.d[d] = stride;
     stride *= shape.d[d];
   }
+  *outputs = *folded = 1;
   for (int d = 0; d < shape.rank; ++d) {
     if (reduced[d]) {
-      s.folded.d[s.folded.rank] = shape.d[d];
-      s.folded_strides.d[s.folded.rank++] = strides.d[d];
-      folded *= shape.d[d];
+      s->folded.d[s->folded.rank] = shape.d[d];
+      s->folded_strides.d[s->folded.rank++] = strides.d[d];
+      *folded *= shape.d[d];
     } else {
-      s.kept.d[s.kept.rank] = shape.d[d];
-      s.kept_strides.d[s.kept.rank++] = strides.d[d];
-      outputs *= shape.d[d];
+      s->kept.d[s->kept.rank] = shape.d[d];
+      s->kept_strides.d[s->kept.rank++] = strides.d[d];
+      *outputs *= shape.d[d];
     }
   }
+}
+
+cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
+                   double divisor, float *y, cudaStream_t stream) {
+  ReduceShape s;
+  int64_t outputs = 0, folded = 0;
+  split_reduce(shape, reduced, &s, &outputs, &folded);
   if (outputs == 0) return cudaSuccess;
   reduce_kernel<<<grid_for(outputs), kThreads, 0, stream>>>(op, x, s, outputs, folded, divisor, y);
   return cudaGetLastError();
@@ -739,6 +807,45 @@ cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t st
 
 cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream) {
   finish_pairs_kernel<<<1, 1, 0, stream>>>(acc, max_norm, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t reduce_max_grad(const float *dy, const float *x, const Dims &shape, const bool *reduced,
+                            float *dx, cudaStream_t stream) {
+  int64_t total = 1;
+  for (int d = 0; d < shape.rank; ++d)
+    total *= shape.d[d];
+  cudaError_t error = cudaMemsetAsync(dx, 0, static_cast<size_t>(total) * sizeof(float), stream);
+  if (error != cudaSuccess || total == 0) return error;
+  ReduceShape s;
+  int64_t groups = 0, folded = 0;
+  split_reduce(shape, reduced, &s, &groups, &folded);
+  reduce_max_grad_kernel<<<grid_for(groups), kThreads, 0, stream>>>(dy, x, s, groups, folded, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t mse_loss(const float *p, const float *t, int64_t n, int reduction, double *partials,
+                     float *loss, cudaStream_t stream) {
+  if (reduction == 2) {
+    if (n == 0) return cudaSuccess;
+    mse_none_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, t, n, loss);
+    return cudaGetLastError();
+  }
+  cudaError_t error = cudaMemsetAsync(partials, 0, kNormBlocks * sizeof(double), stream);
+  if (error != cudaSuccess) return error;
+  if (n > 0) {
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    mse_partials_kernel<<<static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks),
+                          kThreads, 0, stream>>>(p, t, n, partials);
+  }
+  mse_finish_kernel<<<1, 1, 0, stream>>>(partials, n, reduction, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t mse_loss_grad(const float *dloss, const float *p, const float *t, int64_t n,
+                          int reduction, float *dp, float *dt, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  mse_grad_kernel<<<grid_for(n), kThreads, 0, stream>>>(dloss, p, t, n, reduction, dp, dt);
   return cudaGetLastError();
 }
 
