@@ -47,6 +47,9 @@ std::string cuda_unavailable_reason() {
 }
 Status check_cuda_ops(const Graph &) { return unimplemented(cuda_unavailable_reason()); }
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
+Result<CudaLayout> cuda_layout(const Graph &, int64_t) {
+  return unimplemented(cuda_unavailable_reason());
+}
 
 struct CudaExecutor::State {};
 CudaExecutor::~CudaExecutor() = default;
@@ -150,9 +153,7 @@ Status check_cuda_ops(const Graph &graph) {
 
 namespace {
 
-constexpr int64_t kAlign = GpuArenaLayout::kGpuAlignment;
-
-int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t align_up(int64_t n) { return (n + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment; }
 
 Status check(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return Status::ok();
@@ -286,6 +287,54 @@ struct CudaExecutor::State {
   }
 };
 
+Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes) {
+  RETURN_IF_ERROR(check_cuda_ops(g));
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  CudaLayout l;
+  ASSIGN_OR_RETURN(l.order, g.topological_order());
+  ASSIGN_OR_RETURN(l.plan, passes::plan_memory(g, l.order, kCudaAlignment));
+  int64_t offset = align_up(l.plan.arena_bytes);
+  auto place = [&](int64_t bytes) {
+    const int64_t at = offset;
+    offset += align_up(bytes);
+    return at;
+  };
+  l.tensor.assign(g.num_tensors(), -1);
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    const TensorKind kind = g.tensor(id).kind;
+    if (kind == TensorKind::kParameter || kind == TensorKind::kConstant ||
+        kind == TensorKind::kState)
+      l.tensor[id] = place(g.tensor(id).type.size_bytes());
+  }
+  const size_t steps = l.order.size();
+  l.constant.assign(steps, -1);
+  l.scratch.assign(steps, -1);
+  l.scratch_bytes.assign(steps, 0);
+  for (size_t s = 0; s < steps; ++s) {
+    const Node &node = g.node(l.order[s]);
+    const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
+    if (op == nullptr) { // computed at load (check_cuda_ops let nothing else through)
+      l.constant[s] = place(g.tensor(node.outputs[0]).type.size_bytes());
+      continue;
+    }
+    if (op->scratch == nullptr) continue;
+    std::vector<TensorType> types;
+    for (TensorId id : node.inputs)
+      types.push_back(g.tensor(id).type);
+    l.scratch_bytes[s] = op->scratch(node, *registry.find(node.op), types);
+    l.scratch[s] = place(l.scratch_bytes[s]);
+  }
+  for (TensorId id : g.inputs())
+    l.input.push_back(place(g.tensor(id).type.size_bytes()));
+  for (TensorId id : g.outputs())
+    l.output.push_back(place(g.tensor(id).type.size_bytes()));
+  l.workspace_bytes = workspace_bytes;
+  l.workspace = place(workspace_bytes);
+  l.flags = place(static_cast<int64_t>((steps + 1) * sizeof(int)));
+  l.total = offset;
+  return l;
+}
+
 CudaExecutor::~CudaExecutor() = default;
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
@@ -308,67 +357,35 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   const Graph &g = executor->graph_;
   auto state = std::make_unique<State>();
   state->options = options;
-  ASSIGN_OR_RETURN(state->order, g.topological_order());
-  auto plan = passes::plan_memory(g, state->order, kAlign);
-  if (!plan.is_ok()) return plan.status().with_context(context);
-  state->plan = std::move(plan).value();
-
-  // The layout: arena, weights, constants computed at load, input and output
-  // staging, scratch, workspace, flags.
-  int64_t offset = align_up(state->plan.arena_bytes);
-  std::vector<int64_t> tensor_offset(g.num_tensors(), -1);
+  auto layout = cuda_layout(g, options.workspace_bytes);
+  if (!layout.is_ok()) return layout.status().with_context(context);
+  CudaLayout &l = *layout;
+  state->order = l.order;
+  state->plan = l.plan;
+  state->bytes = l.total;
+  // Host values: parameters, state and constants, and the nodes computed at load.
   std::vector<HostTensor> weights(g.num_tensors());
   for (TensorId id = 0; id < g.num_tensors(); ++id) {
-    const Tensor &tensor = g.tensor(id);
-    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kConstant &&
-        tensor.kind != TensorKind::kState)
-      continue;
-    auto value = materialize(tensor, options.model_dir);
+    if (l.tensor[id] < 0) continue;
+    auto value = materialize(g.tensor(id), options.model_dir);
     if (!value.is_ok()) return value.status().with_context(context);
     weights[id] = std::move(value).value();
-    tensor_offset[id] = offset;
-    offset += align_up(tensor.type.size_bytes());
   }
-  std::vector<int64_t> step_constant(state->order.size(), -1),
-      step_scratch(state->order.size(), -1);
   std::vector<HostTensor> constants(state->order.size());
   for (size_t s = 0; s < state->order.size(); ++s) {
+    if (l.constant[s] < 0) continue;
     const Node &node = g.node(state->order[s]);
     const ops::OpDef *def = registry.find(node.op);
-    if (cuda::find_cuda_op(node.op) == nullptr) {
-      // Computed at load (check_cuda_ops let nothing else through).
-      HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
-      ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
-      ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
-      RETURN_IF_ERROR(def->cpu_kernel(kernel_context).with_context(node_context(node)));
-      step_constant[s] = offset;
-      offset += align_up(static_cast<int64_t>(value.size_bytes()));
-      constants[s] = std::move(value);
-      continue;
-    }
-    const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
-    if (op->scratch != nullptr) {
-      std::vector<TensorType> types;
-      for (TensorId id : node.inputs)
-        types.push_back(g.tensor(id).type);
-      step_scratch[s] = offset;
-      offset += align_up(op->scratch(node, *def, types));
-    }
+    HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
+    ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
+    ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
+    RETURN_IF_ERROR(def->cpu_kernel(kernel_context).with_context(node_context(node)));
+    constants[s] = std::move(value);
   }
-  std::vector<int64_t> input_offset, output_offset;
-  for (TensorId id : g.inputs()) {
-    input_offset.push_back(offset);
-    offset += align_up(g.tensor(id).type.size_bytes());
-  }
-  for (TensorId id : g.outputs()) {
-    output_offset.push_back(offset);
-    offset += align_up(g.tensor(id).type.size_bytes());
-  }
-  const int64_t workspace_offset = offset;
-  offset += align_up(options.workspace_bytes);
-  const int64_t flags_offset = offset;
-  offset += align_up(static_cast<int64_t>((state->order.size() + 1) * sizeof(int)));
-  state->bytes = offset;
+  const std::vector<int64_t> &tensor_offset = l.tensor, &step_constant = l.constant,
+                             &step_scratch = l.scratch, &input_offset = l.input,
+                             &output_offset = l.output;
+  const int64_t workspace_offset = l.workspace, flags_offset = l.flags;
 
   void *base = nullptr;
   RETURN_IF_ERROR(check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),

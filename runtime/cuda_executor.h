@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "graph/host_tensor.h"
+#include "passes/plan_memory.h"
+
 #include "runtime/step_runner.h"
 
 namespace strata::runtime {
@@ -49,6 +51,29 @@ std::vector<std::string_view> cuda_backend_ops();
 // OK when the CUDA backend has a kernel for every node of `graph`; otherwise
 // one error naming every op it lacks with the nodes that use it.
 Status check_cuda_ops(const Graph &graph);
+
+// The one GPU allocation of a CudaExecutor, laid out before anything is
+// allocated (so it is tested without a GPU). Byte offsets from its start; every
+// region starts at a multiple of kCudaAlignment and the regions do not overlap:
+// the activation arena of the memory plan at 0, then each parameter, state and
+// constant tensor, each value computed at load (Constant nodes), each node's
+// scratch, input staging, output staging, the cuBLASLt/cuDNN workspace, and
+// one error flag per node plus the step's "any failed" flag.
+constexpr int64_t kCudaAlignment = 256;
+struct CudaLayout {
+  std::vector<NodeId> order;          // the nodes, in the order a step runs them
+  passes::MemoryPlan plan;            // the activation arena (offsets per tensor)
+  std::vector<int64_t> tensor;        // per tensor: its region, or -1
+  std::vector<int64_t> constant;      // per step: the value computed at load, or -1
+  std::vector<int64_t> scratch;       // per step: the node's scratch, or -1
+  std::vector<int64_t> scratch_bytes; // per step
+  std::vector<int64_t> input, output; // per graph input / output: staging
+  int64_t workspace = 0, workspace_bytes = 0;
+  int64_t flags = 0; // (steps + 1) ints
+  int64_t total = 0;
+};
+// Errors: what check_cuda_ops says, a graph that is not a DAG.
+Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes);
 
 class CudaExecutor : public StepRunner {
 public:

@@ -113,6 +113,70 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   EXPECT_EQ(text.find("'fine'"), std::string::npos) << text;
 }
 
+// The executor's one GPU allocation, laid out without a GPU: aligned regions
+// that do not overlap, one per weight, staged input and output, scratch where
+// an op asks for it, and nothing wasted past the last region's alignment.
+TEST(CudaExecutor, LayoutIsAlignedTightAndDisjoint) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  for (const Graph &graph : {gpt_graph(), convnet_graph()}) {
+    SCOPED_TRACE(graph.name());
+    auto layout = cuda_layout(graph, 1 << 20);
+    ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+    const CudaLayout &l = *layout;
+    std::vector<std::pair<int64_t, int64_t>> regions = {{0, l.plan.arena_bytes}};
+    for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+      const TensorKind kind = graph.tensor(id).kind;
+      const bool held = kind == TensorKind::kParameter || kind == TensorKind::kState ||
+                        kind == TensorKind::kConstant;
+      EXPECT_EQ(l.tensor[id] >= 0, held) << graph.tensor(id).name;
+      if (held) regions.push_back({l.tensor[id], graph.tensor(id).type.size_bytes()});
+    }
+    ASSERT_EQ(l.order.size(), static_cast<size_t>(graph.num_nodes()));
+    int scratch_nodes = 0;
+    for (size_t s = 0; s < l.order.size(); ++s) {
+      const Node &node = graph.node(l.order[s]);
+      if (l.constant[s] >= 0) {
+        EXPECT_TRUE(node.inputs.empty()) << node.name;
+        regions.push_back({l.constant[s], graph.tensor(node.outputs[0]).type.size_bytes()});
+      }
+      if (l.scratch[s] >= 0) {
+        ++scratch_nodes;
+        regions.push_back({l.scratch[s], l.scratch_bytes[s]});
+      }
+      // The ops that need room besides their outputs have it.
+      if (node.op == "LayerNormGrad" || node.op == "SoftmaxCrossEntropy") {
+        EXPECT_GT(l.scratch_bytes[s], 0) << node.name;
+      }
+    }
+    EXPECT_GT(scratch_nodes, 0);
+    ASSERT_EQ(l.input.size(), graph.inputs().size());
+    for (size_t k = 0; k < l.input.size(); ++k)
+      regions.push_back({l.input[k], graph.tensor(graph.inputs()[k]).type.size_bytes()});
+    ASSERT_EQ(l.output.size(), graph.outputs().size());
+    for (size_t k = 0; k < l.output.size(); ++k)
+      regions.push_back({l.output[k], graph.tensor(graph.outputs()[k]).type.size_bytes()});
+    regions.push_back({l.workspace, 1 << 20});
+    regions.push_back({l.flags, static_cast<int64_t>((l.order.size() + 1) * sizeof(int))});
+    std::sort(regions.begin(), regions.end());
+    for (size_t i = 0; i < regions.size(); ++i) {
+      EXPECT_EQ(regions[i].first % kCudaAlignment, 0) << "region at " << regions[i].first;
+      if (i + 1 < regions.size()) {
+        EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first)
+            << "region at " << regions[i].first << " overlaps the next";
+      }
+    }
+    const int64_t end = regions.back().first + regions.back().second;
+    EXPECT_GE(l.total, end);
+    EXPECT_LT(l.total - end, kCudaAlignment);
+    // Nothing but alignment between regions.
+    int64_t used = 0;
+    for (const auto &[offset, bytes] : regions)
+      used += (bytes + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment;
+    EXPECT_EQ(used, l.total);
+  }
+}
+
 TEST(CudaExecutor, WithoutAGpuCreationSaysWhy) {
   const std::string reason = cuda_unavailable_reason();
   if (reason.empty()) GTEST_SKIP() << "a GPU is present: nothing to refuse";
