@@ -68,6 +68,7 @@ Status CudaExecutor::assign(TensorId, const HostTensor &) {
 }
 int64_t CudaExecutor::device_bytes() const { return 0; }
 int64_t CudaExecutor::replays() const { return 0; }
+std::string CudaExecutor::device_name() const { return ""; }
 
 #else
 
@@ -165,6 +166,7 @@ Status check(cudaError_t error, std::string_view what) {
 
 struct CudaExecutor::State {
   CudaExecutorOptions options;
+  std::string device_name;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void *cudnn = nullptr; // cudnnHandle_t, when cuDNN is in the build
@@ -357,6 +359,11 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   const Graph &g = executor->graph_;
   auto state = std::make_unique<State>();
   state->options = options;
+  cudaDeviceProp properties = {};
+  if (cudaGetDeviceProperties(&properties, options.gpu) == cudaSuccess)
+    state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
+  else
+    state->device_name = str_cat("GPU ", options.gpu);
   auto layout = cuda_layout(g, options.workspace_bytes);
   if (!layout.is_ok()) return layout.status().with_context(context);
   CudaLayout &l = *layout;
@@ -577,6 +584,7 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
 
 int64_t CudaExecutor::device_bytes() const { return state_->bytes; }
 int64_t CudaExecutor::replays() const { return state_->replays; }
+std::string CudaExecutor::device_name() const { return state_->device_name; }
 
 #endif
 

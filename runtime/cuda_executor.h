@@ -91,6 +91,8 @@ public:
   int64_t device_bytes() const;
   // Steps launched from the captured graph (0 without CUDA Graphs).
   int64_t replays() const;
+  // "GPU 0 (NVIDIA H100 80GB HBM3)".
+  std::string device_name() const;
 
 private:
   CudaExecutor() = default;

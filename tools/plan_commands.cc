@@ -779,6 +779,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   std::string model_name = plan.graph.name();
   runtime::PipelineRunner *pipeline = nullptr;
   std::unique_ptr<runtime::StepRunner> runner;
+  std::string gpu_line; // --backend cuda
   if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;
     pipeline_options.model_dir = options.model_dir;
@@ -794,6 +795,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   } else if (args.backend == "cuda") {
     auto created = runtime::CudaExecutor::create(std::move(plan.graph), cuda_options(args));
     if (!created.is_ok()) return created.status().with_context(args.model);
+    gpu_line =
+        str_cat((*created)->device_name(), ", ",
+                human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
+                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches");
     runner = std::move(created).value();
   } else {
     runtime::ExecutorOptions executor_options;
@@ -822,6 +827,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
                             args.devices_per_rank == 1 ? "" : "s", " (devices)")
                   : std::string("one CPU thread per device"))
         << "\n";
+  if (!gpu_line.empty()) out << "gpu        " << gpu_line << "\n";
   out << "data       " << trainer.data().description << "\n";
   if (!args.resume.empty()) {
     RETURN_IF_ERROR(trainer.restore_checkpoint(args.resume));

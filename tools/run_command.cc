@@ -244,7 +244,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
         << " without reuse), weights " << human_bytes(static_cast<double>(cpu->weight_bytes()))
         << '\n';
   } else {
-    out << "memory     GPU " << args.gpu << ": "
+    out << "memory     " << gpu->device_name() << ": "
         << human_bytes(static_cast<double>(gpu->device_bytes()))
         << " allocated once (activations, weights, staging, cuBLASLt workspace)"
         << (args.cuda_graph ? "; runs replay one CUDA Graph" : "; eager launches") << '\n';
