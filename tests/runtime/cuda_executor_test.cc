@@ -275,6 +275,9 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"ReduceSum", {{"axes", ints({1})}, {"keepdims", int64_t{0}}}, {{f, {3, 4, 5}}}});
   cases.push_back({"ReduceMean", {{"axes", ints({0, 2})}}, {{f, {3, 4, 5}}}});
   cases.push_back({"ReduceMax", {}, {{f, {3, 4, 5}}}});
+  // Few outputs folding many elements: the block-per-output kernels.
+  cases.push_back({"ReduceSum", {{"axes", ints({0, 2})}}, {{f, {40, 3, 100}}}});
+  cases.push_back({"ReduceMax", {{"keepdims", int64_t{0}}}, {{f, {50, 90}}}});
   cases.push_back({"ReduceMaxGrad", {{"axes", ints({0, 2})}}, {{f, {1, 4, 1}}, {f, {3, 4, 5}}}});
   cases.push_back({"Dropout",
                    {{"training", int64_t{1}}, {"ratio", 0.3}, {"seed", int64_t{7}}},

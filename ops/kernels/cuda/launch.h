@@ -100,7 +100,8 @@ cudaError_t cast(const void *x, Elem from, void *y, Elem to, int64_t n, cudaStre
 // Sum (divided by `divisor`: 1 for a sum, the count for a mean) or max over the
 // reduced dims: `shape` is the input's; reduced[d] for a reduced dim. Output
 // dims keep their order, the reduced ones dropped. One thread per output
-// element, summing in double in index order (deterministic).
+// element summing in double in index order, or a block per output when few
+// outputs each fold many elements (a fixed tree); deterministic either way.
 enum class Reduce : int { kSum, kMax };
 cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *reduced,
                    double divisor, float *y, cudaStream_t stream);

@@ -74,6 +74,40 @@ __global__ void reduce_kernel(Reduce op, const float *x, ReduceShape s, int64_t 
   }
 }
 
+// Few outputs over many folded elements: one block per output, its threads
+// striding over the folded elements and combining in a fixed tree.
+__global__ void reduce_block_kernel(Reduce op, const float *x, ReduceShape s, int64_t folded_count,
+                                    double divisor, float *y) {
+  __shared__ double shared_sum[kThreads];
+  __shared__ float shared_max[kThreads];
+  const int64_t o = blockIdx.x;
+  int64_t base = 0, rest = o;
+  for (int d = s.kept.rank - 1; d >= 0; --d) {
+    base += (rest % s.kept.d[d]) * s.kept_strides.d[d];
+    rest /= s.kept.d[d];
+  }
+  double sum = 0;
+  float max = -INFINITY;
+  for (int64_t k = threadIdx.x; k < folded_count; k += blockDim.x) {
+    int64_t offset = base, r = k;
+    for (int d = s.folded.rank - 1; d >= 0; --d) {
+      offset += (r % s.folded.d[d]) * s.folded_strides.d[d];
+      r /= s.folded.d[d];
+    }
+    if (op == Reduce::kSum)
+      sum += x[offset];
+    else
+      max = Max()(max, x[offset]);
+  }
+  if (op == Reduce::kSum) {
+    sum = block_reduce(sum, shared_sum, Add());
+    if (threadIdx.x == 0) y[o] = static_cast<float>(sum / divisor);
+  } else {
+    max = block_reduce(max, shared_max, Max());
+    if (threadIdx.x == 0) y[o] = max;
+  }
+}
+
 __global__ void reduce_max_grad_kernel(const float *dy, const float *x, ReduceShape s,
                                        int64_t groups, int64_t folded_count, float *dx) {
   STRATA_GRID_STRIDE(o, groups) {
@@ -648,7 +682,14 @@ cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *red
   int64_t outputs = 0, folded = 0;
   split_reduce(shape, reduced, &s, &outputs, &folded);
   if (outputs == 0) return cudaSuccess;
-  reduce_kernel<<<grid_for(outputs), kThreads, 0, stream>>>(op, x, s, outputs, folded, divisor, y);
+  // A thread per output keeps the GPU busy when there are many; a block per
+  // output when a few outputs each fold many elements (a full reduction).
+  if (folded >= 8 * kThreads && outputs < 4096)
+    reduce_block_kernel<<<static_cast<unsigned>(outputs), kThreads, 0, stream>>>(op, x, s, folded,
+                                                                                 divisor, y);
+  else
+    reduce_kernel<<<grid_for(outputs), kThreads, 0, stream>>>(op, x, s, outputs, folded, divisor,
+                                                              y);
   return cudaGetLastError();
 }
 
