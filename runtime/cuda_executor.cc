@@ -183,6 +183,7 @@ struct CudaExecutor::State {
     std::vector<ops::TensorView> outputs;
     void *scratch = nullptr;
     int *flag = nullptr;
+    std::shared_ptr<void> cache; // the op's plan (ops/kernels/cuda/cuda_ops.h)
     const std::byte *constant = nullptr;
   };
   std::vector<Step> steps;
@@ -239,7 +240,7 @@ struct CudaExecutor::State {
   // Everything one step does on the GPU, in order.
   Status enqueue() {
     RETURN_IF_ERROR(check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
-    for (const Step &step : steps) {
+    for (Step &step : steps) {
       if (step.op == nullptr) {
         const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
         if (size > 0)
@@ -252,7 +253,8 @@ struct CudaExecutor::State {
       cuda::CudaKernelContext context{
           *step.node,   *step.def, step.inputs,  step.outputs,
           stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
-          step.scratch, step.flag, options.tf32, cudnn};
+          step.scratch, step.flag, options.tf32, cudnn,
+          &step.cache};
       Status status = step.op->kernel(context);
       if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
     }

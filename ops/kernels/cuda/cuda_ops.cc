@@ -713,18 +713,18 @@ uint32_t alignment(const void *pointer, int64_t stride) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-Status run_product(const CudaKernelContext &c, const Product &p, const float *a, const float *b,
-                   float *d) {
-  if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
-  if (p.k == 0) {
-    // An empty sum: D = beta * D (zeros without C), which cuBLASLt will not do.
-    const int64_t n = p.batch * p.m * p.n;
-    if (p.beta == 0.0f)
-      return check(cudaMemsetAsync(d, 0, static_cast<size_t>(n) * sizeof(float), c.stream),
-                   "memset");
-    return check(unary(Unary::kScale, d, d, n, p.beta, 0.0f, c.stream), "launch");
-  }
+// The descriptors and the algorithm of one product, kept per node: a node's
+// shapes and buffers never change, so its first step's choice serves every
+// later one (and the captured step uses the algorithm the eager one ran).
+struct LtPlan {
   LtObjects lt;
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+};
+
+Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const Product &p,
+                                             const float *a, const float *b, const float *d) {
+  auto plan = std::make_shared<LtPlan>();
+  LtObjects &lt = plan->lt;
   const cublasComputeType_t compute = c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
   // cuBLASLt's first operand is B, its second A.
@@ -761,16 +761,41 @@ Status run_product(const CudaKernelContext &c, const Product &p, const float *a,
     RETURN_IF_ERROR(check_lt(
         cublasLtMatmulPreferenceSetAttribute(lt.preference, attribute, &bytes, sizeof bytes),
         "alignment"));
-  cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  RETURN_IF_ERROR(check_lt(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d,
-                                                          lt.preference, 1, &heuristic, &found),
-                           "heuristic"));
+  RETURN_IF_ERROR(
+      check_lt(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d, lt.preference,
+                                              1, &plan->heuristic, &found),
+               "heuristic"));
   if (found == 0)
     return unimplemented("cuBLASLt has no algorithm for this ", p.m, "x", p.n, "x", p.k,
                          " product (batch ", p.batch, ")");
+  return plan;
+}
+
+// `cache`: the node's slot for its plan (null for a product issued several
+// times per node, each on other buffers).
+Status run_product(const CudaKernelContext &c, const Product &p, const float *a, const float *b,
+                   float *d, std::shared_ptr<void> *cache) {
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
+  if (p.k == 0) {
+    // An empty sum: D = beta * D (zeros without C), which cuBLASLt will not do.
+    const int64_t n = p.batch * p.m * p.n;
+    if (p.beta == 0.0f)
+      return check(cudaMemsetAsync(d, 0, static_cast<size_t>(n) * sizeof(float), c.stream),
+                   "memset");
+    return check(unary(Unary::kScale, d, d, n, p.beta, 0.0f, c.stream), "launch");
+  }
+  std::shared_ptr<LtPlan> plan;
+  if (cache != nullptr && *cache != nullptr) {
+    plan = std::static_pointer_cast<LtPlan>(*cache);
+  } else {
+    ASSIGN_OR_RETURN(plan, plan_product(c, p, a, b, d));
+    if (cache != nullptr) *cache = plan;
+  }
+  const LtObjects &lt = plan->lt;
   return check_lt(cublasLtMatmul(c.lt, lt.desc, &p.alpha, b, lt.a, a, lt.b, &p.beta, d, lt.d, d,
-                                 lt.d, &heuristic.algo, c.workspace, c.workspace_bytes, c.stream),
+                                 lt.d, &plan->heuristic.algo, c.workspace, c.workspace_bytes,
+                                 c.stream),
                   "matmul");
 }
 
@@ -791,7 +816,7 @@ Status matmul_op(const CudaKernelContext &c) {
   if (num_elements(dims.b_batch) == 1 && num_elements(dims.a_batch) == batch && !dims.trans_a) {
     // One B for every batch entry: one tall product.
     p.m *= batch;
-    return run_product(c, p, a, b, d);
+    return run_product(c, p, a, b, d, c.cache);
   }
   const std::vector<int64_t> a_offsets = ops::batch_offsets(dims.a_batch, dims.batch, p.m * p.k);
   const std::vector<int64_t> b_offsets = ops::batch_offsets(dims.b_batch, dims.batch, p.k * p.n);
@@ -807,11 +832,11 @@ Status matmul_op(const CudaKernelContext &c) {
     p.stride_a = batch > 1 ? a_offsets[1] : 0;
     p.stride_b = batch > 1 ? b_offsets[1] : 0;
     p.stride_d = p.m * p.n;
-    return run_product(c, p, a, b, d);
+    return run_product(c, p, a, b, d, c.cache);
   }
   for (int64_t i = 0; i < batch; ++i)
     RETURN_IF_ERROR(run_product(c, p, a + a_offsets[static_cast<size_t>(i)],
-                                b + b_offsets[static_cast<size_t>(i)], d + i * p.m * p.n));
+                                b + b_offsets[static_cast<size_t>(i)], d + i * p.m * p.n, nullptr));
   return Status::ok();
 }
 
@@ -839,7 +864,7 @@ Status gemm_op(const CudaKernelContext &c) {
   } else {
     p.beta = 0.0f;
   }
-  return run_product(c, p, in_f32(c, 0), in_f32(c, 1), d);
+  return run_product(c, p, in_f32(c, 0), in_f32(c, 1), d, c.cache);
 }
 
 // ---- the table ------------------------------------------------------------------------

@@ -13,7 +13,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <string>
+
 #include <string_view>
 #include <vector>
 
@@ -34,6 +36,10 @@ struct CudaKernelContext {
   int *flag = nullptr;     // this node's device error flag (0: fine)
   bool tf32 = false;       // f32 GEMMs and convolutions may use TF32 tensor cores
   void *cudnn = nullptr;   // the cudnnHandle_t, bound to `stream` (null without cuDNN)
+  // This node's slot for what it plans once (cuBLASLt and cuDNN descriptors
+  // and algorithms), kept by the executor for the executor's life; null: plan
+  // every time.
+  std::shared_ptr<void> *cache = nullptr;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 

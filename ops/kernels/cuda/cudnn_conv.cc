@@ -10,6 +10,8 @@
 
 #include "strata_config.h"
 
+#include <memory>
+
 #if STRATA_HAVE_CUDNN
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <cudnn.h>
@@ -122,32 +124,58 @@ Result<Perf> pick(const CudaKernelContext &c, const Perf *perf, int count, bool 
 
 constexpr int kAlgorithms = 8;
 
+// A convolution's descriptors and chosen algorithm, kept per node: a node's
+// shapes never change, so the first step's choice serves every later one (and
+// the captured step runs the algorithm the eager one ran).
+template <typename Algo> struct ConvPlan {
+  Convolution conv;
+  Algo algo{};
+};
+
+// The node's plan from its cache slot, or made: descriptors for X, W, Y, then
+// cuDNN's heuristics through `query(conv, perf, &found)`, then pick().
+template <typename Perf, typename Query>
+auto plan_conv(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x, llvm::ArrayRef<int64_t> w,
+               llvm::ArrayRef<int64_t> y, Query query)
+    -> Result<std::shared_ptr<ConvPlan<decltype(Perf{}.algo)>>> {
+  using Plan = ConvPlan<decltype(Perf{}.algo)>;
+  if (c.cache != nullptr && *c.cache != nullptr) return std::static_pointer_cast<Plan>(*c.cache);
+  auto plan = std::make_shared<Plan>();
+  RETURN_IF_ERROR(describe(c, x, w, y, &plan->conv));
+  Perf perf[kAlgorithms];
+  int found = 0;
+  RETURN_IF_ERROR(check_dnn(query(plan->conv, perf, &found), "algorithm"));
+  ASSIGN_OR_RETURN(Perf chosen, pick(c, perf, found, c.tf32));
+  if (c.tf32)
+    RETURN_IF_ERROR(
+        check_dnn(cudnnSetConvolutionMathType(plan->conv.conv, chosen.mathType), "math type"));
+  plan->algo = chosen.algo;
+  if (c.cache != nullptr) *c.cache = plan;
+  return plan;
+}
+
 Status conv_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   auto handle = static_cast<cudnnHandle_t>(c.cudnn);
-  Convolution conv;
-  RETURN_IF_ERROR(
-      describe(c, c.inputs[0].shape(), c.inputs[1].shape(), c.outputs[0].shape(), &conv));
-  cudnnConvolutionFwdAlgoPerf_t perf[kAlgorithms];
-  int found = 0;
-  RETURN_IF_ERROR(
-      check_dnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, conv.x, conv.w, conv.conv, conv.y,
-                                                       kAlgorithms, &found, perf),
-                "algorithm"));
-  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  if (c.tf32)
-    RETURN_IF_ERROR(
-        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  ASSIGN_OR_RETURN(auto plan,
+                   plan_conv<cudnnConvolutionFwdAlgoPerf_t>(
+                       c, c.inputs[0].shape(), c.inputs[1].shape(), c.outputs[0].shape(),
+                       [&](const Convolution &v, cudnnConvolutionFwdAlgoPerf_t *perf, int *found) {
+                         return cudnnGetConvolutionForwardAlgorithm_v7(
+                             handle, v.x, v.w, v.conv, v.y, kAlgorithms, found, perf);
+                       }));
+  Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
   RETURN_IF_ERROR(
       check_dnn(cudnnConvolutionForward(handle, &one, conv.x, c.inputs[0].data, conv.w,
-                                        c.inputs[1].data, conv.conv, chosen.algo, c.workspace,
+                                        c.inputs[1].data, conv.conv, plan->algo, c.workspace,
                                         c.workspace_bytes, &zero, conv.y, c.outputs[0].data),
                 "convolution"));
   if (c.inputs.size() < 3) return Status::ok();
-  const int64_t m = c.outputs[0].shape()[1];
-  const int64_t bias_shape[4] = {1, m, 1, 1};
-  RETURN_IF_ERROR(tensor4d(&conv.bias, bias_shape));
+  if (conv.bias == nullptr) {
+    const int64_t bias_shape[4] = {1, c.outputs[0].shape()[1], 1, 1};
+    RETURN_IF_ERROR(tensor4d(&conv.bias, bias_shape));
+  }
   return check_dnn(
       cudnnAddTensor(handle, &one, conv.bias, c.inputs[2].data, &one, conv.y, c.outputs[0].data),
       "bias");
@@ -157,22 +185,17 @@ Status conv_op(const CudaKernelContext &c) {
 Status conv_grad_input_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   auto handle = static_cast<cudnnHandle_t>(c.cudnn);
-  Convolution conv;
-  RETURN_IF_ERROR(
-      describe(c, c.outputs[0].shape(), c.inputs[1].shape(), c.inputs[0].shape(), &conv));
-  cudnnConvolutionBwdDataAlgoPerf_t perf[kAlgorithms];
-  int found = 0;
-  RETURN_IF_ERROR(
-      check_dnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, conv.w, conv.y, conv.conv,
-                                                            conv.x, kAlgorithms, &found, perf),
-                "algorithm"));
-  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  if (c.tf32)
-    RETURN_IF_ERROR(
-        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  ASSIGN_OR_RETURN(auto plan, plan_conv<cudnnConvolutionBwdDataAlgoPerf_t>(
+                                  c, c.outputs[0].shape(), c.inputs[1].shape(), c.inputs[0].shape(),
+                                  [&](const Convolution &v, cudnnConvolutionBwdDataAlgoPerf_t *perf,
+                                      int *found) {
+                                    return cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                                        handle, v.w, v.y, v.conv, v.x, kAlgorithms, found, perf);
+                                  }));
+  const Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
   return check_dnn(cudnnConvolutionBackwardData(handle, &one, conv.w, c.inputs[1].data, conv.y,
-                                                c.inputs[0].data, conv.conv, chosen.algo,
+                                                c.inputs[0].data, conv.conv, plan->algo,
                                                 c.workspace, c.workspace_bytes, &zero, conv.x,
                                                 c.outputs[0].data),
                    "backward data");
@@ -182,22 +205,17 @@ Status conv_grad_input_op(const CudaKernelContext &c) {
 Status conv_grad_weight_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   auto handle = static_cast<cudnnHandle_t>(c.cudnn);
-  Convolution conv;
-  RETURN_IF_ERROR(
-      describe(c, c.inputs[1].shape(), c.outputs[0].shape(), c.inputs[0].shape(), &conv));
-  cudnnConvolutionBwdFilterAlgoPerf_t perf[kAlgorithms];
-  int found = 0;
-  RETURN_IF_ERROR(
-      check_dnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, conv.x, conv.y, conv.conv,
-                                                              conv.w, kAlgorithms, &found, perf),
-                "algorithm"));
-  ASSIGN_OR_RETURN(auto chosen, pick(c, perf, found, c.tf32));
-  if (c.tf32)
-    RETURN_IF_ERROR(
-        check_dnn(cudnnSetConvolutionMathType(conv.conv, chosen.mathType), "math type"));
+  ASSIGN_OR_RETURN(auto plan, plan_conv<cudnnConvolutionBwdFilterAlgoPerf_t>(
+                                  c, c.inputs[1].shape(), c.outputs[0].shape(), c.inputs[0].shape(),
+                                  [&](const Convolution &v,
+                                      cudnnConvolutionBwdFilterAlgoPerf_t *perf, int *found) {
+                                    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                                        handle, v.x, v.y, v.conv, v.w, kAlgorithms, found, perf);
+                                  }));
+  const Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
   return check_dnn(cudnnConvolutionBackwardFilter(handle, &one, conv.x, c.inputs[1].data, conv.y,
-                                                  c.inputs[0].data, conv.conv, chosen.algo,
+                                                  c.inputs[0].data, conv.conv, plan->algo,
                                                   c.workspace, c.workspace_bytes, &zero, conv.w,
                                                   c.outputs[0].data),
                    "backward filter");
