@@ -47,7 +47,7 @@ std::string cuda_unavailable_reason() {
 }
 Status check_cuda_ops(const Graph &) { return unimplemented(cuda_unavailable_reason()); }
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
-Result<CudaLayout> cuda_layout(const Graph &, int64_t) {
+Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t) {
   return unimplemented(cuda_unavailable_reason());
 }
 
@@ -69,6 +69,7 @@ Status CudaExecutor::assign(TensorId, const HostTensor &) {
 int64_t CudaExecutor::device_bytes() const { return 0; }
 int64_t CudaExecutor::replays() const { return 0; }
 std::string CudaExecutor::device_name() const { return ""; }
+Status CudaExecutor::check_guards() const { return unimplemented(cuda_unavailable_reason()); }
 
 #else
 
@@ -201,6 +202,7 @@ struct CudaExecutor::State {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int64_t runs = 0, replays = 0;
+  std::vector<CudaLayout::Guard> guards;
   mutable std::vector<HostTensor> host; // value()'s copies
   mutable std::vector<bool> host_fresh;
 
@@ -291,24 +293,31 @@ struct CudaExecutor::State {
   }
 };
 
-Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes) {
+Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t guard_bytes) {
   RETURN_IF_ERROR(check_cuda_ops(g));
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   CudaLayout l;
   ASSIGN_OR_RETURN(l.order, g.topological_order());
   ASSIGN_OR_RETURN(l.plan, passes::plan_memory(g, l.order, kCudaAlignment));
+  if (guard_bytes > 0) {
+    // Every intermediate in its own guarded region instead of the arena.
+    l.plan.offsets.assign(g.num_tensors(), -1);
+    l.plan.arena_bytes = 0;
+  }
   int64_t offset = align_up(l.plan.arena_bytes);
-  auto place = [&](int64_t bytes) {
+  auto place = [&](int64_t bytes, auto &&name) {
     const int64_t at = offset;
-    offset += align_up(bytes);
+    offset += align_up(bytes + guard_bytes);
+    if (guard_bytes > 0) l.guards.push_back({at + bytes, offset - at - bytes, name()});
     return at;
   };
   l.tensor.assign(g.num_tensors(), -1);
   for (TensorId id = 0; id < g.num_tensors(); ++id) {
     const TensorKind kind = g.tensor(id).kind;
     if (kind == TensorKind::kParameter || kind == TensorKind::kConstant ||
-        kind == TensorKind::kState)
-      l.tensor[id] = place(g.tensor(id).type.size_bytes());
+        kind == TensorKind::kState || (guard_bytes > 0 && kind == TensorKind::kIntermediate))
+      l.tensor[id] = place(g.tensor(id).type.size_bytes(),
+                           [&] { return str_cat("tensor '", g.tensor(id).name, "'"); });
   }
   const size_t steps = l.order.size();
   l.constant.assign(steps, -1);
@@ -318,7 +327,8 @@ Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes) {
     const Node &node = g.node(l.order[s]);
     const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
     if (op == nullptr) { // computed at load (check_cuda_ops let nothing else through)
-      l.constant[s] = place(g.tensor(node.outputs[0]).type.size_bytes());
+      l.constant[s] = place(g.tensor(node.outputs[0]).type.size_bytes(),
+                            [&] { return str_cat("the value of node '", node.name, "'"); });
       continue;
     }
     if (op->scratch == nullptr) continue;
@@ -326,15 +336,21 @@ Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes) {
     for (TensorId id : node.inputs)
       types.push_back(g.tensor(id).type);
     l.scratch_bytes[s] = op->scratch(node, *registry.find(node.op), types);
-    l.scratch[s] = place(l.scratch_bytes[s]);
+    l.scratch[s] =
+        place(l.scratch_bytes[s], [&] { return str_cat("the scratch of node '", node.name, "'"); });
   }
   for (TensorId id : g.inputs())
-    l.input.push_back(place(g.tensor(id).type.size_bytes()));
+    l.input.push_back(place(g.tensor(id).type.size_bytes(), [&] {
+      return str_cat("the staging of input '", g.tensor(id).name, "'");
+    }));
   for (TensorId id : g.outputs())
-    l.output.push_back(place(g.tensor(id).type.size_bytes()));
+    l.output.push_back(place(g.tensor(id).type.size_bytes(), [&] {
+      return str_cat("the staging of output '", g.tensor(id).name, "'");
+    }));
   l.workspace_bytes = workspace_bytes;
-  l.workspace = place(workspace_bytes);
-  l.flags = place(static_cast<int64_t>((steps + 1) * sizeof(int)));
+  l.workspace = place(workspace_bytes, [] { return std::string("the workspace"); });
+  l.flags = place(static_cast<int64_t>((steps + 1) * sizeof(int)),
+                  [] { return std::string("the error flags"); });
   l.total = offset;
   return l;
 }
@@ -366,7 +382,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
   else
     state->device_name = str_cat("GPU ", options.gpu);
-  auto layout = cuda_layout(g, options.workspace_bytes);
+  auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes);
   if (!layout.is_ok()) return layout.status().with_context(context);
   CudaLayout &l = *layout;
   state->order = l.order;
@@ -375,7 +391,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   // Host values: parameters, state and constants, and the nodes computed at load.
   std::vector<HostTensor> weights(g.num_tensors());
   for (TensorId id = 0; id < g.num_tensors(); ++id) {
-    if (l.tensor[id] < 0) continue;
+    if (l.tensor[id] < 0 || g.tensor(id).kind == TensorKind::kIntermediate) continue;
     auto value = materialize(g.tensor(id), options.model_dir);
     if (!value.is_ok()) return value.status().with_context(context);
     weights[id] = std::move(value).value();
@@ -434,6 +450,11 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
                                 constants[s].size_bytes(), cudaMemcpyHostToDevice, state->stream),
                 "uploading a constant"));
   // The host buffers above must outlive their copies.
+  state->guards = l.guards;
+  for (const CudaLayout::Guard &guard : state->guards)
+    RETURN_IF_ERROR(check(cudaMemsetAsync(state->base + guard.offset, kGuardByte,
+                                          static_cast<size_t>(guard.bytes), state->stream),
+                          "guards"));
   RETURN_IF_ERROR(state->wait("the uploads").with_context(context));
 
   // Every tensor's address.
@@ -587,6 +608,20 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
 int64_t CudaExecutor::device_bytes() const { return state_->bytes; }
 int64_t CudaExecutor::replays() const { return state_->replays; }
 std::string CudaExecutor::device_name() const { return state_->device_name; }
+
+Status CudaExecutor::check_guards() const {
+  const State &state = *state_;
+  RETURN_IF_ERROR(state.wait("a guard check"));
+  std::vector<uint8_t> bytes(static_cast<size_t>(state.bytes));
+  RETURN_IF_ERROR(check(cudaMemcpy(bytes.data(), state.base, bytes.size(), cudaMemcpyDeviceToHost),
+                        "reading the guards"));
+  for (const CudaLayout::Guard &guard : state.guards)
+    for (int64_t i = 0; i < guard.bytes; ++i)
+      if (bytes[static_cast<size_t>(guard.offset + i)] != kGuardByte)
+        return data_loss("the guard after ", guard.after, " was overwritten at its byte ", i,
+                         " (a kernel wrote past its buffer)");
+  return Status::ok();
+}
 
 #endif
 

@@ -38,7 +38,12 @@ struct CudaExecutorOptions {
   bool cuda_graph = true;      // false: launch every node eagerly each step
   bool tf32 = false;           // f32 GEMMs may use TF32 tensor cores
   int64_t workspace_bytes = 32 << 20;
+  // For tests: every buffer (intermediates too, outside the shared arena) gets
+  // at least this many guard bytes after it, filled with kGuardByte at load;
+  // check_guards() says whether a kernel wrote into one.
+  int64_t guard_bytes = 0;
 };
+constexpr uint8_t kGuardByte = 0xA5;
 
 // Whether this build has the CUDA backend and this machine a GPU it can use:
 // an empty string when it can, else the reason (no CUDA in the build, no
@@ -71,9 +76,18 @@ struct CudaLayout {
   int64_t workspace = 0, workspace_bytes = 0;
   int64_t flags = 0; // (steps + 1) ints
   int64_t total = 0;
+  // With guard bytes: the bytes after each region, and what the region holds.
+  struct Guard {
+    int64_t offset = 0, bytes = 0;
+    std::string after;
+  };
+  std::vector<Guard> guards;
 };
-// Errors: what check_cuda_ops says, a graph that is not a DAG.
-Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes);
+// Errors: what check_cuda_ops says, a graph that is not a DAG. With
+// guard_bytes > 0 every intermediate gets its own region (no arena) and every
+// region at least that many guard bytes after it.
+Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes,
+                               int64_t guard_bytes = 0);
 
 class CudaExecutor : public StepRunner {
 public:
@@ -93,6 +107,9 @@ public:
   int64_t replays() const;
   // "GPU 0 (NVIDIA H100 80GB HBM3)".
   std::string device_name() const;
+  // With CudaExecutorOptions::guard_bytes: an error naming the first buffer
+  // whose guard bytes changed (waits for the step in flight).
+  Status check_guards() const;
 
 private:
   CudaExecutor() = default;

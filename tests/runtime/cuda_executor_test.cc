@@ -177,6 +177,46 @@ TEST(CudaExecutor, LayoutIsAlignedTightAndDisjoint) {
   }
 }
 
+// With guard bytes (the cross-backend test's layout): every intermediate has
+// its own region, and each region is followed by at least the guard, inside
+// the gap before the next one.
+TEST(CudaExecutor, GuardedLayoutSurroundsEveryBuffer) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  Graph graph = mlp_graph();
+  auto layout = cuda_layout(graph, 4096, 64);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  const CudaLayout &l = *layout;
+  EXPECT_EQ(l.plan.arena_bytes, 0);
+  std::vector<std::pair<int64_t, int64_t>> data; // offset, bytes
+  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+    const TensorKind kind = graph.tensor(id).kind;
+    EXPECT_EQ(l.tensor[id] >= 0, kind != TensorKind::kInput) << graph.tensor(id).name;
+    if (l.tensor[id] >= 0) data.push_back({l.tensor[id], graph.tensor(id).type.size_bytes()});
+  }
+  for (size_t k = 0; k < l.input.size(); ++k)
+    data.push_back({l.input[k], graph.tensor(graph.inputs()[k]).type.size_bytes()});
+  ASSERT_EQ(l.guards.size(),
+            data.size() + graph.outputs().size() + 2 +
+                static_cast<size_t>(std::count_if(l.scratch.begin(), l.scratch.end(),
+                                                  [](int64_t s) { return s >= 0; })) +
+                static_cast<size_t>(std::count_if(l.constant.begin(), l.constant.end(),
+                                                  [](int64_t s) { return s >= 0; })));
+  std::sort(data.begin(), data.end());
+  for (const CudaLayout::Guard &guard : l.guards) {
+    EXPECT_GE(guard.bytes, 64) << guard.after;
+    EXPECT_EQ((guard.offset + guard.bytes) % kCudaAlignment, 0) << guard.after;
+    // No buffer starts inside a guard.
+    for (const auto &[offset, bytes] : data)
+      EXPECT_FALSE(offset >= guard.offset && offset < guard.offset + guard.bytes) << guard.after;
+  }
+  EXPECT_NE(std::find_if(l.guards.begin(), l.guards.end(),
+                         [](const CudaLayout::Guard &g) {
+                           return g.after.find("tensor 'fc0'") != std::string::npos;
+                         }),
+            l.guards.end());
+}
+
 TEST(CudaExecutor, WithoutAGpuCreationSaysWhy) {
   const std::string reason = cuda_unavailable_reason();
   if (reason.empty()) GTEST_SKIP() << "a GPU is present: nothing to refuse";
@@ -451,11 +491,14 @@ TEST_F(CudaGpuTest, EveryOpMatchesTheCpu) {
     for (bool cuda_graph : {false, true}) {
       CudaExecutorOptions options;
       options.cuda_graph = cuda_graph;
+      options.guard_bytes = 256; // every buffer guarded; checked after each run
       auto gpu = CudaExecutor::create(graph, options);
       ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
       for (int run = 0; run < 3; ++run) { // eager, captured, replayed
         Status status = (*gpu)->run(inputs, &got);
         ASSERT_TRUE(status.is_ok()) << status.message();
+        status = (*gpu)->check_guards();
+        EXPECT_TRUE(status.is_ok()) << status.message();
         ASSERT_EQ(got.size(), expected.size());
         for (size_t k = 0; k < got.size(); ++k) {
           if (got[k].type.dtype != DType::kF32) {
