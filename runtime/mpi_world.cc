@@ -549,15 +549,7 @@ public:
   void progress_loop() {
     auto last_beat = Clock::now() - options_.heartbeat;
     int idle = 0;
-    // For the failure tests: this rank's MPI progress stops for good once one
-    // of its devices reaches step 2, as when a peer dies half-way through
-    // handing it a message.
-    const bool deaf = env_ms("STRATA_DEBUG_DEAF_RANK", -1) == rank_;
     while (true) {
-      if (deaf && deaf_now()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        continue;
-      }
       bool busy = false;
       std::vector<std::unique_ptr<OutMessage>> to_send;
       std::vector<InRecv> to_post;
@@ -754,14 +746,6 @@ public:
     return any;
   }
 
-  bool deaf_now() const {
-    std::lock_guard lock(mutex_);
-    const int k = options_.devices_per_rank;
-    for (int d = rank_ * k; d < rank_ * k + k; ++d)
-      if (positions_[static_cast<size_t>(d)].step >= 2) return true;
-    return false;
-  }
-
   void send_heartbeats() {
     std::vector<std::byte> payload;
     {
@@ -823,26 +807,29 @@ public:
   // answer holds even when this rank's MPI progress is stuck: after a peer
   // was killed, a survivor was seen (rarely) to receive nothing more at all.
   std::string termination_report(int signal) {
-    std::vector<int> ended;
+    std::vector<int> ended, running; // same-space peers, as the kernel says
     {
       // Answers that came before this rank's own SIGTERM count too.
       std::lock_guard lock(mutex_);
       ping_ = true;
       for (size_t r = 0; r < peers_.size(); ++r) {
         if (static_cast<int>(r) == rank_ || peers_[r].space != space_) continue;
-        if (process_ended(peers_[r].pid))
-          ended.push_back(static_cast<int>(r));
-        else
-          alive_[r] = true;
+        (process_ended(peers_[r].pid) ? ended : running).push_back(static_cast<int>(r));
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(env_ms("STRATA_DEBUG_ALIVE_MS", 400)));
+    // For the failure tests: this rank acts as if no MPI answer reached it,
+    // as when its MPI progress stopped.
+    const bool deaf = env_ms("STRATA_DEBUG_DEAF_RANK", -1) == rank_;
+    auto has = [](const std::vector<int> &ranks, int r) {
+      return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+    };
     std::lock_guard lock(mutex_);
     std::string lost;
     for (int r = 0; r < ranks_; ++r) {
-      if (r == rank_ || alive_[static_cast<size_t>(r)]) continue;
+      if (r == rank_ || has(running, r) || (!deaf && alive_[static_cast<size_t>(r)])) continue;
       lost += str_cat(lost.empty() ? "" : "; ", whereabouts_locked(r));
-      if (std::find(ended.begin(), ended.end(), r) != ended.end())
+      if (has(ended, r))
         lost +=
             str_cat(", and its process (pid ", peers_[static_cast<size_t>(r)].pid, ") has ended");
     }
