@@ -19,6 +19,7 @@
 
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "ops/kernels/cuda/launch.h"
+#include "runtime/cuda_step.h"
 #endif
 
 namespace strata::runtime {
@@ -157,12 +158,6 @@ namespace {
 
 int64_t align_up(int64_t n) { return (n + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment; }
 
-Status check(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return Status::ok();
-  cudaGetLastError();
-  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
-}
-
 } // namespace
 
 struct CudaExecutor::State {
@@ -198,17 +193,13 @@ struct CudaExecutor::State {
   std::vector<Copy> output_copies, updates;
   int *flags = nullptr;
   void *workspace = nullptr;
-  CaptureRecord capture;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  int64_t runs = 0, replays = 0;
+  CapturedStep step;
   std::vector<CudaLayout::Guard> guards;
   mutable std::vector<HostTensor> host; // value()'s copies
   mutable std::vector<bool> host_fresh;
 
   ~State() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
+    step.reset(); // the graph goes before the streams and memory it uses
     if (lt) cublasLtDestroy(lt);
     cuda::destroy_cudnn(cudnn);
     if (stream) cudaStreamDestroy(stream);
@@ -217,38 +208,19 @@ struct CudaExecutor::State {
 
   // Waits for the stream, bounded: a GPU that never finishes is an error, not
   // a hang.
-  Status wait(std::string_view what) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
-    // Spin for the first 2 ms (a short step should not pay a sleep's
-    // latency), then nap, up to 1 ms at a time.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-    auto nap = std::chrono::microseconds(20);
-    while (true) {
-      const cudaError_t status = cudaStreamQuery(stream);
-      if (status == cudaSuccess) return Status::ok();
-      if (status != cudaErrorNotReady) return check(status, what);
-      const auto now = std::chrono::steady_clock::now();
-      if (now > deadline)
-        return deadline_exceeded("the GPU did not finish ", what, " within 10 minutes");
-      if (now < spin_until) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(1000));
-    }
-  }
+  Status wait(std::string_view what) const { return wait_for_stream(stream, what); }
 
   // Everything one step does on the GPU, in order.
   Status enqueue() {
-    RETURN_IF_ERROR(check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
+    RETURN_IF_ERROR(
+        cuda_check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
     for (Step &step : steps) {
       if (step.op == nullptr) {
         const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
         if (size > 0)
-          RETURN_IF_ERROR(check(cudaMemcpyAsync(step.outputs[0].data, step.constant, size,
-                                                cudaMemcpyDeviceToDevice, stream),
-                                "copy")
+          RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(step.outputs[0].data, step.constant, size,
+                                                     cudaMemcpyDeviceToDevice, stream),
+                                     "copy")
                               .with_context(node_context(*step.node)));
         continue;
       }
@@ -262,19 +234,20 @@ struct CudaExecutor::State {
     }
     for (const Copy &copy : output_copies)
       if (copy.bytes > 0 && copy.source != copy.target)
-        RETURN_IF_ERROR(check(
+        RETURN_IF_ERROR(cuda_check(
             cudaMemcpyAsync(copy.target, copy.source, copy.bytes, cudaMemcpyDeviceToDevice, stream),
             "copy"));
     // The state updates only when no device check failed (the flag after the
     // nodes' says whether any did).
     int *any = flags + steps.size();
-    RETURN_IF_ERROR(
-        check(cuda::any_flag(flags, static_cast<int64_t>(steps.size()), any, stream), "launch"));
+    RETURN_IF_ERROR(cuda_check(
+        cuda::any_flag(flags, static_cast<int64_t>(steps.size()), any, stream), "launch"));
     for (const Copy &copy : updates)
       if (copy.bytes > 0 && copy.source != copy.target)
-        RETURN_IF_ERROR(check(cuda::guarded_copy(copy.target, copy.source,
-                                                 static_cast<int64_t>(copy.bytes), any, stream),
-                              "launch"));
+        RETURN_IF_ERROR(
+            cuda_check(cuda::guarded_copy(copy.target, copy.source,
+                                          static_cast<int64_t>(copy.bytes), any, stream),
+                       "launch"));
     return Status::ok();
   }
 
@@ -366,11 +339,11 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   if (std::string reason = cuda_unavailable_reason(); !reason.empty())
     return failed_precondition(reason).with_context(context);
   int gpus = 0;
-  RETURN_IF_ERROR(check(cudaGetDeviceCount(&gpus), "device count"));
+  RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
   if (options.gpu < 0 || options.gpu >= gpus)
     return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
         .with_context(context);
-  RETURN_IF_ERROR(check(cudaSetDevice(options.gpu), "set device").with_context(context));
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(options.gpu), "set device").with_context(context));
 
   std::unique_ptr<CudaExecutor> executor(new CudaExecutor());
   executor->graph_ = std::move(graph);
@@ -413,16 +386,16 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   const int64_t workspace_offset = l.workspace, flags_offset = l.flags;
 
   void *base = nullptr;
-  RETURN_IF_ERROR(check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),
-                        str_cat("allocating ", state->bytes, " bytes"))
+  RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),
+                             str_cat("allocating ", state->bytes, " bytes"))
                       .with_context(context));
   state->base = static_cast<std::byte *>(base);
   RETURN_IF_ERROR(
-      check(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "stream"));
+      cuda_check(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "stream"));
   // Every upload goes on the step's stream (a non-blocking stream is not
   // ordered after the legacy default stream), then create() waits for it.
-  RETURN_IF_ERROR(
-      check(cudaMemsetAsync(base, 0, static_cast<size_t>(state->bytes), state->stream), "memset"));
+  RETURN_IF_ERROR(cuda_check(
+      cudaMemsetAsync(base, 0, static_cast<size_t>(state->bytes), state->stream), "memset"));
   if (cublasLtCreate(&state->lt) != CUBLAS_STATUS_SUCCESS)
     return internal_error("cuBLASLt could not start").with_context(context);
   {
@@ -439,22 +412,22 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   // Upload weights and constants.
   for (TensorId id = 0; id < g.num_tensors(); ++id)
     if (tensor_offset[id] >= 0 && weights[id].size_bytes() > 0)
-      RETURN_IF_ERROR(
-          check(cudaMemcpyAsync(state->base + tensor_offset[id], weights[id].data(),
-                                weights[id].size_bytes(), cudaMemcpyHostToDevice, state->stream),
-                str_cat("uploading '", g.tensor(id).name, "'")));
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state->base + tensor_offset[id],
+                                                 weights[id].data(), weights[id].size_bytes(),
+                                                 cudaMemcpyHostToDevice, state->stream),
+                                 str_cat("uploading '", g.tensor(id).name, "'")));
   for (size_t s = 0; s < constants.size(); ++s)
     if (step_constant[s] >= 0 && constants[s].size_bytes() > 0)
-      RETURN_IF_ERROR(
-          check(cudaMemcpyAsync(state->base + step_constant[s], constants[s].data(),
-                                constants[s].size_bytes(), cudaMemcpyHostToDevice, state->stream),
-                "uploading a constant"));
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state->base + step_constant[s],
+                                                 constants[s].data(), constants[s].size_bytes(),
+                                                 cudaMemcpyHostToDevice, state->stream),
+                                 "uploading a constant"));
   // The host buffers above must outlive their copies.
   state->guards = l.guards;
   for (const CudaLayout::Guard &guard : state->guards)
-    RETURN_IF_ERROR(check(cudaMemsetAsync(state->base + guard.offset, kGuardByte,
-                                          static_cast<size_t>(guard.bytes), state->stream),
-                          "guards"));
+    RETURN_IF_ERROR(cuda_check(cudaMemsetAsync(state->base + guard.offset, kGuardByte,
+                                               static_cast<size_t>(guard.bytes), state->stream),
+                               "guards"));
   RETURN_IF_ERROR(state->wait("the uploads").with_context(context));
 
   // Every tensor's address.
@@ -513,10 +486,10 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
                               ", got ", inputs[k].type.to_string());
   }
   State &state = *state_;
-  RETURN_IF_ERROR(check(cudaSetDevice(state.options.gpu), "set device"));
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(state.options.gpu), "set device"));
   for (size_t k = 0; k < inputs.size(); ++k)
     if (graph_.tensor(graph_inputs[k]).type.size_bytes() > 0)
-      RETURN_IF_ERROR(check(
+      RETURN_IF_ERROR(cuda_check(
           cudaMemcpyAsync(state.input_staging[k], inputs[k].data(),
                           static_cast<size_t>(graph_.tensor(graph_inputs[k]).type.size_bytes()),
                           cudaMemcpyHostToDevice, state.stream),
@@ -524,49 +497,24 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
 
   // The first step runs eagerly (kernels load, cuBLASLt and cuDNN settle on
   // their algorithms), the second is captured, and every later one replays it.
-  if (!state.options.cuda_graph || state.runs++ == 0) {
-    RETURN_IF_ERROR(state.enqueue());
-  } else {
-    if (state.exec == nullptr) {
-      RETURN_IF_ERROR(check(cudaStreamBeginCapture(state.stream, cudaStreamCaptureModeThreadLocal),
-                            "begin capture"));
-      Status enqueued = state.enqueue();
-      cudaGraph_t captured = nullptr;
-      const cudaError_t ended = cudaStreamEndCapture(state.stream, &captured);
-      if (!enqueued.is_ok()) {
-        if (captured) cudaGraphDestroy(captured);
-        return enqueued;
-      }
-      RETURN_IF_ERROR(check(ended, "end capture"));
-      const cudaError_t instantiated = cudaGraphInstantiate(&state.exec, captured, 0);
-      if (instantiated != cudaSuccess) {
-        cudaGraphDestroy(captured);
-        state.exec = nullptr;
-        return check(instantiated, "instantiating the captured step");
-      }
-      state.graph = captured;
-      state.capture = state.record(graph_);
-    } else {
-      RETURN_IF_ERROR(state.capture.check_replay(state.record(graph_))
-                          .with_context("replaying the captured CUDA Graph"));
-      ++state.replays;
-    }
-    RETURN_IF_ERROR(check(cudaGraphLaunch(state.exec, state.stream), "graph launch"));
-  }
+  RETURN_IF_ERROR(state.step.launch(
+      state.stream, state.options.cuda_graph, [&] { return state.enqueue(); },
+      [&] { return state.record(graph_); }));
 
   outputs->clear();
   for (size_t k = 0; k < graph_.outputs().size(); ++k) {
     HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
     if (out.size_bytes() > 0)
-      RETURN_IF_ERROR(check(cudaMemcpyAsync(out.data(), state.output_staging[k], out.size_bytes(),
-                                            cudaMemcpyDeviceToHost, state.stream),
-                            "copying an output"));
+      RETURN_IF_ERROR(
+          cuda_check(cudaMemcpyAsync(out.data(), state.output_staging[k], out.size_bytes(),
+                                     cudaMemcpyDeviceToHost, state.stream),
+                     "copying an output"));
     outputs->push_back(std::move(out));
   }
   std::vector<int> flags(state.steps.size());
-  RETURN_IF_ERROR(check(cudaMemcpyAsync(flags.data(), state.flags, flags.size() * sizeof(int),
-                                        cudaMemcpyDeviceToHost, state.stream),
-                        "reading the error flags"));
+  RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(flags.data(), state.flags, flags.size() * sizeof(int),
+                                             cudaMemcpyDeviceToHost, state.stream),
+                             "reading the error flags"));
   RETURN_IF_ERROR(state.wait("the step"));
   std::fill(state.host_fresh.begin(), state.host_fresh.end(), false);
   for (size_t s = 0; s < flags.size(); ++s)
@@ -596,9 +544,9 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
   State &state = *state_;
   RETURN_IF_ERROR(state.wait("the step before an assignment"));
   if (value.size_bytes() > 0) {
-    RETURN_IF_ERROR(check(cudaMemcpyAsync(state.address[id], value.data(), value.size_bytes(),
-                                          cudaMemcpyHostToDevice, state.stream),
-                          str_cat("assigning '", graph_.tensor(id).name, "'")));
+    RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state.address[id], value.data(), value.size_bytes(),
+                                               cudaMemcpyHostToDevice, state.stream),
+                               str_cat("assigning '", graph_.tensor(id).name, "'")));
     RETURN_IF_ERROR(state.wait("an assignment"));
   }
   state.host_fresh[id] = false;
@@ -606,15 +554,16 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
 }
 
 int64_t CudaExecutor::device_bytes() const { return state_->bytes; }
-int64_t CudaExecutor::replays() const { return state_->replays; }
+int64_t CudaExecutor::replays() const { return state_->step.replays(); }
 std::string CudaExecutor::device_name() const { return state_->device_name; }
 
 Status CudaExecutor::check_guards() const {
   const State &state = *state_;
   RETURN_IF_ERROR(state.wait("a guard check"));
   std::vector<uint8_t> bytes(static_cast<size_t>(state.bytes));
-  RETURN_IF_ERROR(check(cudaMemcpy(bytes.data(), state.base, bytes.size(), cudaMemcpyDeviceToHost),
-                        "reading the guards"));
+  RETURN_IF_ERROR(
+      cuda_check(cudaMemcpy(bytes.data(), state.base, bytes.size(), cudaMemcpyDeviceToHost),
+                 "reading the guards"));
   for (const CudaLayout::Guard &guard : state.guards)
     for (int64_t i = 0; i < guard.bytes; ++i)
       if (bytes[static_cast<size_t>(guard.offset + i)] != kGuardByte)

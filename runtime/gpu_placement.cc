@@ -1,7 +1,13 @@
 #include "runtime/gpu_placement.h"
 
+#include <algorithm>
 #include <charconv>
+#include <deque>
+#include <map>
 #include <set>
+#include <tuple>
+
+#include "partitioner/pipeline.h"
 
 namespace strata::runtime {
 
@@ -132,6 +138,91 @@ Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int dev
   at += aligned(layout.bucket_staging);
   layout.total = at;
   return layout;
+}
+
+Result<std::vector<GpuLaunch>>
+gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                 const std::vector<std::vector<int32_t>> &groups) {
+  using serialization::InstrKind;
+  using serialization::PlanInstruction;
+  const size_t devices = programs.size();
+  auto collective = [](InstrKind kind) {
+    return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
+           kind == InstrKind::kAllGather || kind == InstrKind::kStartBucket;
+  };
+  auto describe = [&](size_t d, size_t i) {
+    return str_cat("device ", d, " instruction ", i, " (",
+                   partitioner::describe_instruction(graph, programs[d].instructions[i]), ")");
+  };
+  std::vector<size_t> next(devices, 0);
+  // Sends enqueued and not yet received, per (from, to, tag), in order.
+  std::map<std::tuple<int, int, uint64_t>, size_t> unreceived;
+  // Members that reached a collective, per (kind, group, index).
+  std::map<std::tuple<InstrKind, int32_t, uint32_t>, std::vector<GpuLaunch::Part>> arrived;
+  std::vector<bool> waiting(devices, false); // at a collective, counted in `arrived`
+  std::vector<GpuLaunch> order;
+  size_t left = 0;
+  for (const auto &program : programs)
+    left += program.instructions.size();
+  while (left > 0) {
+    bool progress = false;
+    for (size_t d = 0; d < devices; ++d) {
+      const auto &instructions = programs[d].instructions;
+      while (next[d] < instructions.size() && !waiting[d]) {
+        const size_t i = next[d];
+        const PlanInstruction &instr = instructions[i];
+        const GpuLaunch::Part part{static_cast<int>(d), static_cast<uint32_t>(i)};
+        if (instr.kind == InstrKind::kRecv) {
+          auto it = unreceived.find({instr.peer, static_cast<int>(d),
+                                     partitioner::transfer_tag(instr.index, instr.microbatch)});
+          if (it == unreceived.end() || it->second == 0) break;
+          --it->second;
+        } else if (instr.kind == InstrKind::kSend) {
+          ++unreceived[{static_cast<int>(d), instr.peer,
+                        partitioner::transfer_tag(instr.index, instr.microbatch)}];
+        } else if (collective(instr.kind)) {
+          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= groups.size())
+            return invalid_argument(describe(d, i), ": no group ", instr.peer);
+          const auto &group = groups[static_cast<size_t>(instr.peer)];
+          if (std::find(group.begin(), group.end(), static_cast<int32_t>(d)) == group.end())
+            return invalid_argument(describe(d, i), ": the device is not in group ", instr.peer);
+          auto &members = arrived[{instr.kind, instr.peer, instr.index}];
+          members.push_back(part);
+          waiting[d] = true;
+          progress = true;
+          if (members.size() < group.size()) break;
+          // Everyone is here: one launch, the members in group order.
+          GpuLaunch launch;
+          for (int32_t member : group)
+            for (const GpuLaunch::Part &p : members)
+              if (p.device == member) launch.parts.push_back(p);
+          if (launch.parts.size() != group.size())
+            return invalid_argument(describe(d, i), ": group ", instr.peer,
+                                    " was reached twice by one device");
+          for (const GpuLaunch::Part &p : launch.parts) {
+            waiting[static_cast<size_t>(p.device)] = false;
+            ++next[static_cast<size_t>(p.device)];
+            --left;
+          }
+          arrived.erase({instr.kind, instr.peer, instr.index});
+          order.push_back(std::move(launch));
+          continue;
+        }
+        order.push_back({{part}});
+        ++next[d];
+        --left;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      std::string stuck;
+      for (size_t d = 0; d < devices; ++d)
+        if (next[d] < programs[d].instructions.size())
+          stuck += str_cat(stuck.empty() ? "" : "; ", describe(d, next[d]));
+      return failed_precondition("the plan's devices cannot all proceed; stuck: ", stuck);
+    }
+  }
+  return order;
 }
 
 void CaptureRecord::add(std::string name, const void *address, TensorType type) {

@@ -68,6 +68,30 @@ struct GpuArenaLayout {
 // Errors: no such device, a held tensor the graph lacks.
 Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int device);
 
+// One launch of the single host thread that enqueues a step of several plan
+// devices sharing a GPU, each device on its own stream: one instruction of one
+// device, or a collective's instruction on every member of its group, in group
+// order (AllReduce, ReduceScatter, AllGather, StartBucket).
+struct GpuLaunch {
+  struct Part {
+    int device = 0;
+    uint32_t instruction = 0;
+    friend bool operator==(const Part &, const Part &) = default;
+  };
+  std::vector<Part> parts;
+};
+// An order in which one thread can enqueue every instruction of every device
+// so that nothing waits on work not yet enqueued (an event not yet recorded):
+// each device's instructions keep their order, every receive comes after the
+// send it matches (same peers, tensor and micro-batch, matched in order, as
+// the communicator matches them), and a collective comes once every member of
+// its group has reached it. Errors: a receive never sent, a collective some
+// member never reaches or reaches out of order (each stuck device is named
+// with its instruction), a collective on a device outside its group.
+Result<std::vector<GpuLaunch>>
+gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                 const std::vector<std::vector<int32_t>> &groups);
+
 // The buffers a captured step reads and writes.
 class CaptureRecord {
 public:

@@ -752,10 +752,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
 }
 
 std::vector<TensorType> PipelineRunner::batch_types() const {
-  std::vector<TensorType> types = StepRunner::batch_types();
-  for (TensorType &type : types)
-    if (type.rank() > 0) type.shape[0] *= int64_t{microbatches_} * data_parallel_;
-  return types;
+  return pipeline_batch_types(graph_, int64_t{microbatches_} * data_parallel_);
 }
 
 std::vector<int64_t> PipelineRunner::arena_bytes() const {

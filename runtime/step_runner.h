@@ -14,6 +14,10 @@ namespace strata::runtime {
 
 class ProcessGroup;
 
+// What a pipeline step consumes: the graph's input types with dim 0 times
+// `microbatches` (every replica's micro-batches, one after another).
+std::vector<TensorType> pipeline_batch_types(const Graph &graph, int64_t microbatches);
+
 class StepRunner {
 public:
   virtual ~StepRunner() = default;

@@ -59,6 +59,16 @@ std::vector<TensorType> StepRunner::batch_types() const {
   return types;
 }
 
+std::vector<TensorType> pipeline_batch_types(const Graph &graph, int64_t microbatches) {
+  std::vector<TensorType> types;
+  for (TensorId id : graph.inputs()) {
+    TensorType type = graph.tensor(id).type;
+    if (type.rank() > 0) type.shape[0] *= microbatches;
+    types.push_back(std::move(type));
+  }
+  return types;
+}
+
 Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count, int64_t microbatches) {
   Dataset data;
   for (int64_t k = 0; k < count; ++k)

@@ -19,6 +19,7 @@
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
 #include "passes/recompute.h"
+#include "runtime/cuda_pipeline.h"
 #include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
@@ -748,11 +749,13 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
-  if (args.backend == "cuda" && plan.pipeline)
-    return unimplemented(
-        "--backend cuda runs single-device plans; this plan has ", plan.programs.size(),
-        " devices, and pipeline, data- and tensor-parallel plans on GPUs (NCCL) are not built "
-        "yet (run it with --backend cpu, or compile without --mesh)");
+  if (args.backend == "cuda" && plan.pipeline && world)
+    return unimplemented("--backend cuda runs a pipeline plan's devices on one GPU of one "
+                         "process; across MPI ranks it needs the NCCL communicator, which is not "
+                         "built yet (run it with --backend cpu)");
+  if (args.backend == "cuda" && !args.trace.empty())
+    return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
+                            "profile the GPU with Nsight Systems (nsys profile strata run ...)");
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
@@ -780,7 +783,22 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   runtime::PipelineRunner *pipeline = nullptr;
   std::unique_ptr<runtime::StepRunner> runner;
   std::string gpu_line; // --backend cuda
-  if (plan.pipeline) {
+  if (plan.pipeline && args.backend == "cuda") {
+    const runtime::CudaExecutorOptions gpu = cuda_options(args);
+    runtime::CudaPipelineOptions pipeline_options;
+    pipeline_options.model_dir = gpu.model_dir;
+    pipeline_options.gpu = gpu.gpu;
+    pipeline_options.cuda_graph = gpu.cuda_graph;
+    pipeline_options.tf32 = gpu.tf32;
+    auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
+    if (!created.is_ok()) return created.status().with_context(args.model);
+    gpu_line =
+        str_cat((*created)->device_name(), " runs all ", (*created)->num_devices(),
+                " plan devices (two streams each), ",
+                human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
+                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches");
+    runner = std::move(created).value();
+  } else if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;
     pipeline_options.model_dir = options.model_dir;
     pipeline_options.trace = !args.trace.empty();
@@ -825,7 +843,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         << ", "
         << (world ? str_cat(world->size(), " MPI ranks x ", args.devices_per_rank, " CPU thread",
                             args.devices_per_rank == 1 ? "" : "s", " (devices)")
-                  : std::string("one CPU thread per device"))
+            : args.backend == "cuda" ? std::string("on one GPU")
+                                     : std::string("one CPU thread per device"))
         << "\n";
   if (!gpu_line.empty()) out << "gpu        " << gpu_line << "\n";
   out << "data       " << trainer.data().description << "\n";

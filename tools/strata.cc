@@ -381,8 +381,9 @@ void add_run(CLI::App &app, Action &action) {
       ->check(at_least(1))
       ->capture_default_str();
   sub->add_option("--backend", args.backend,
-                  "where a single-device model or plan runs: cpu, or cuda (one GPU: cuBLASLt "
-                  "and strata's kernels, the whole step as one CUDA Graph)")
+                  "where the model or plan runs: cpu, or cuda (one GPU: cuBLASLt, cuDNN and "
+                  "strata's kernels, the whole step as one CUDA Graph; a pipeline or "
+                  "data-parallel plan's devices become streams of that GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   sub->add_option("--gpu", args.gpu, "--backend cuda: the GPU to run on (CUDA device ordinal)")
@@ -416,9 +417,12 @@ void add_run(CLI::App &app, Action &action) {
               "  strata run train.splan --steps 100 --log-every 10 --checkpoint ckpt\n"
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
               "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
-              "On a GPU (single-device plans; `strata ops` says which ops have CUDA kernels):\n"
+              "On a GPU (`strata ops --backend cuda` says which ops have CUDA kernels); a\n"
+              "pipeline or data-parallel plan runs all its devices on the one GPU, each on\n"
+              "its own streams (tensor-parallel, ZeRO and multi-GPU plans need NCCL, not yet):\n"
               "  strata run train.splan --steps 100 --backend cuda\n"
-              "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n\n"
+              "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n"
+              "  strata run pp.splan --steps 100 --backend cuda --gpu 1\n\n"
               "Several processes (Open MPI): the same plan, one device per rank, or\n"
               "--devices-per-rank K threads per rank; rank 0 prints, every rank checks that\n"
               "all run the same plan and strata, and a lost rank ends the whole job.\n"

@@ -3,9 +3,13 @@
 // parsing, and the capture record a CUDA Graph replay is checked against.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "partitioner/compile_pipeline.h"
+#include "partitioner/pipeline.h"
 #include "passes/make_training.h"
 #include "runtime/gpu_placement.h"
 #include "tools/zoo.h"
@@ -185,6 +189,124 @@ TEST(GpuArenaLayout, HoldsTheMemoryPlanTheWeightsAndTheStaging) {
   auto bad = gpu_arena_layout(*plan, 4);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("device 4 is not in the plan"), std::string::npos);
+}
+
+// Plans for the launch order: a 4-stage 1F1B GPT and a 2x2 data-parallel
+// pipeline with gradient buckets and one with blocking all-reduces.
+std::vector<serialization::Plan> launch_plans() {
+  zoo::GptOptions o;
+  o.layers = 4;
+  o.hidden = 16;
+  o.heads = 2;
+  o.seq = 8;
+  o.vocab = 64;
+  o.batch = 16;
+  const Graph gpt = *zoo::make_gpt(o);
+  passes::TrainingOptions training;
+  training.optimizer = *passes::parse_optimizer("sgd:lr=0.1,momentum=0.9");
+  std::vector<serialization::Plan> plans;
+  partitioner::PipelineCompileOptions mesh;
+  mesh.stages = 4;
+  mesh.microbatches = 8;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  mesh.stages = 2;
+  mesh.microbatches = 2;
+  mesh.data_parallel = 2;
+  mesh.bucket_bytes = 4096;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  mesh.bucket_bytes = 0;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  return plans;
+}
+
+// One thread can enqueue the launches in order: every instruction once, each
+// device's in its program's order, every receive after the send it matches,
+// and each collective once, on exactly its group's members in group order.
+TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
+  using serialization::InstrKind;
+  for (const serialization::Plan &plan : launch_plans()) {
+    SCOPED_TRACE(std::to_string(plan.programs.size()) + " devices");
+    const auto &groups = plan.pipeline->groups;
+    auto order = gpu_launch_order(plan.graph, plan.programs, groups);
+    ASSERT_TRUE(order.is_ok()) << order.status().message();
+    std::vector<uint32_t> next(plan.programs.size(), 0);
+    std::map<std::tuple<int, int, uint64_t>, int> unreceived;
+    size_t collectives = 0, receives = 0;
+    for (const GpuLaunch &launch : *order) {
+      ASSERT_FALSE(launch.parts.empty());
+      for (const GpuLaunch::Part &part : launch.parts) {
+        ASSERT_LT(static_cast<size_t>(part.device), plan.programs.size());
+        EXPECT_EQ(part.instruction, next[static_cast<size_t>(part.device)]++)
+            << "device " << part.device << " out of order";
+      }
+      const auto &first = plan.programs[static_cast<size_t>(launch.parts[0].device)]
+                              .instructions[launch.parts[0].instruction];
+      const bool collective =
+          first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kStartBucket;
+      if (collective) {
+        ++collectives;
+        const auto &group = groups.at(static_cast<size_t>(first.peer));
+        ASSERT_EQ(launch.parts.size(), group.size());
+        for (size_t m = 0; m < group.size(); ++m) {
+          EXPECT_EQ(launch.parts[m].device, group[m]);
+          const auto &instr = plan.programs[static_cast<size_t>(group[m])]
+                                  .instructions[launch.parts[m].instruction];
+          EXPECT_EQ(instr.kind, first.kind);
+          EXPECT_EQ(instr.index, first.index);
+          EXPECT_EQ(instr.peer, first.peer);
+        }
+        continue;
+      }
+      ASSERT_EQ(launch.parts.size(), 1u);
+      const int d = launch.parts[0].device;
+      if (first.kind == InstrKind::kSend)
+        ++unreceived[{d, first.peer, partitioner::transfer_tag(first.index, first.microbatch)}];
+      if (first.kind == InstrKind::kRecv) {
+        ++receives;
+        int &sent =
+            unreceived[{first.peer, d, partitioner::transfer_tag(first.index, first.microbatch)}];
+        EXPECT_GT(sent, 0) << "device " << d << " receives before the send is enqueued";
+        --sent;
+      }
+    }
+    for (size_t d = 0; d < plan.programs.size(); ++d)
+      EXPECT_EQ(next[d], plan.programs[d].instructions.size()) << "device " << d;
+    EXPECT_GT(receives, 0u);
+    if (plan.pipeline->data_parallel > 1) {
+      EXPECT_GT(collectives, 0u);
+    }
+  }
+}
+
+TEST(GpuLaunchOrder, AReceiveNeverSentNamesTheStuckDevices) {
+  using serialization::InstrKind;
+  serialization::Plan plan = launch_plans()[0];
+  // Drop device 0's first send: device 1 waits for it forever.
+  auto &instructions = plan.programs[0].instructions;
+  auto send = std::find_if(instructions.begin(), instructions.end(),
+                           [](const auto &instr) { return instr.kind == InstrKind::kSend; });
+  ASSERT_NE(send, instructions.end());
+  instructions.erase(send);
+  auto order = gpu_launch_order(plan.graph, plan.programs, plan.pipeline->groups);
+  ASSERT_FALSE(order.is_ok());
+  expect_error(order.status(), {"cannot all proceed", "device 1 instruction", "recv"});
+
+  // A collective on a device outside its group.
+  serialization::Plan dp = launch_plans()[2];
+  auto &program = dp.programs[0].instructions;
+  auto reduce = std::find_if(program.begin(), program.end(),
+                             [](const auto &instr) { return instr.kind == InstrKind::kAllReduce; });
+  ASSERT_NE(reduce, program.end());
+  for (size_t g = 0; g < dp.pipeline->groups.size(); ++g) {
+    const auto &group = dp.pipeline->groups[g];
+    if (std::find(group.begin(), group.end(), 0) == group.end()) {
+      reduce->peer = static_cast<int32_t>(g);
+      break;
+    }
+  }
+  order = gpu_launch_order(dp.graph, dp.programs, dp.pipeline->groups);
+  ASSERT_FALSE(order.is_ok());
+  expect_error(order.status(), {"device 0 instruction", "not in group"});
 }
 
 } // namespace

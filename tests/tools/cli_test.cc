@@ -262,8 +262,20 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   expect_one_line_error(strata({"run", "mlp.splan", "--tf32"}), "--tf32 needs --backend cuda");
   expect_one_line_error(strata({"run", "mlp.splan", "--no-cuda-graph"}),
                         "--no-cuda-graph needs --backend cuda");
-  expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda"}),
-                        "runs single-device plans; this plan has 2 devices");
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x2x1", "-o", "tp.splan"}).code,
+            0);
+  expect_one_line_error(strata({"run", "tp.splan", "--backend", "cuda"}),
+                        "the plan is tensor-parallel (2-device groups)");
+  expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
+                        "--trace records the CPU devices");
+  // A pipeline plan runs its devices on one GPU, as the CPU runs them.
+  Outcome pp_gpu = strata({"run", "pp.splan", "--backend", "cuda", "--steps", "3"});
+  if (reason.empty()) {
+    ASSERT_EQ(pp_gpu.code, 0) << pp_gpu.err;
+    EXPECT_NE(pp_gpu.out.find("runs all 2 plan devices"), std::string::npos) << pp_gpu.out;
+  } else {
+    expect_one_line_error(pp_gpu, reason);
+  }
 
   Outcome gpu = strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "3"});
   Outcome eager =
@@ -289,6 +301,12 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   for (size_t i = 0; i < on_gpu.size(); ++i)
     EXPECT_NEAR(on_gpu[i], on_cpu[i], 1.5e-4) << gpu.out << cpu.out;
   EXPECT_EQ(losses(eager.out), on_gpu);
+  Outcome pp_cpu = strata({"run", "pp.splan", "--steps", "3"});
+  ASSERT_EQ(pp_cpu.code, 0) << pp_cpu.err;
+  const std::vector<double> pp_on_gpu = losses(pp_gpu.out), pp_on_cpu = losses(pp_cpu.out);
+  ASSERT_EQ(pp_on_gpu.size(), pp_on_cpu.size()) << pp_gpu.out << pp_cpu.out;
+  for (size_t i = 0; i < pp_on_gpu.size(); ++i)
+    EXPECT_NEAR(pp_on_gpu[i], pp_on_cpu[i], 1.5e-4) << pp_gpu.out << pp_cpu.out;
 }
 
 TEST_F(CliTest, RunWithInputFiles) {

@@ -235,6 +235,21 @@ cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream)
 cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *any,
                          cudaStream_t stream);
 
+// Pipeline plans (runtime/cuda_pipeline.h): acc += src (a gradient summed
+// over micro-batches, in micro-batch order), and acc /= divisor (their mean).
+cudaError_t accumulate(float *acc, const float *src, int64_t n, cudaStream_t stream);
+cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream);
+// A group's sum on one GPU: every out[m] = ((in[0] + in[1]) + in[2]) + ..., the
+// members in group order, as the CPU communicator sums; out may be in (in
+// place). Up to kMaxMembers members, passed by value.
+constexpr int kMaxMembers = 64;
+struct Members {
+  int count = 0;
+  const float *in[kMaxMembers] = {};
+  float *out[kMaxMembers] = {};
+};
+cudaError_t sum_members(const Members &members, int64_t n, cudaStream_t stream);
+
 // The learning rate schedule of the LearningRate op, from the device step.
 struct Schedule {
   double base_lr = 0, min_lr = 0;

@@ -1,0 +1,826 @@
+#include "runtime/cuda_pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "graph/verifier.h"
+#include "ops/registry.h"
+#include "partitioner/pipeline.h"
+#include "runtime/cuda_executor.h"
+#include "runtime/executor.h"
+#include "strata_config.h"
+
+#if STRATA_HAVE_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/launch.h"
+#include "runtime/cuda_step.h"
+#endif
+
+namespace strata::runtime {
+
+using serialization::InstrKind;
+using serialization::PlanInstruction;
+
+std::vector<TensorType> CudaPipelineRunner::batch_types() const {
+  return pipeline_batch_types(graph_, int64_t{microbatches_} * data_parallel_);
+}
+
+#if !STRATA_HAVE_CUDA
+
+Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t) {
+  return unimplemented(cuda_unavailable_reason());
+}
+struct CudaPipelineRunner::State {};
+CudaPipelineRunner::~CudaPipelineRunner() = default;
+Result<std::unique_ptr<CudaPipelineRunner>>
+CudaPipelineRunner::create(const serialization::Plan &, const CudaPipelineOptions &) {
+  return unimplemented(cuda_unavailable_reason());
+}
+Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor>, std::vector<HostTensor> *) {
+  return unimplemented(cuda_unavailable_reason());
+}
+const HostTensor &CudaPipelineRunner::value(TensorId) const {
+  static const HostTensor empty;
+  return empty;
+}
+Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
+  return unimplemented(cuda_unavailable_reason());
+}
+int CudaPipelineRunner::num_devices() const { return 0; }
+int64_t CudaPipelineRunner::device_bytes() const { return 0; }
+int64_t CudaPipelineRunner::replays() const { return 0; }
+std::string CudaPipelineRunner::device_name() const { return ""; }
+
+#else
+
+namespace {
+
+int64_t align_up(int64_t n) {
+  constexpr int64_t a = GpuArenaLayout::kGpuAlignment;
+  return (n + a - 1) / a * a;
+}
+
+// Nodes without inputs (Constant) are computed once on the CPU at load.
+bool computed_at_load(const Node &node) {
+  const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
+  return node.inputs.empty() && def != nullptr && def->cpu_kernel != nullptr &&
+         cuda::find_cuda_op(node.op) == nullptr;
+}
+
+std::string instruction_context(const Graph &g, size_t device, size_t i,
+                                const PlanInstruction &instr) {
+  return str_cat("device ", device, " instruction ", i, " (",
+                 partitioner::describe_instruction(g, instr), ")");
+}
+
+} // namespace
+
+Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
+                                                int64_t workspace_bytes) {
+  if (!plan.pipeline) return invalid_argument("the plan has no pipeline (one device)");
+  const Graph &g = plan.graph;
+  const serialization::PlanPipeline &pipeline = *plan.pipeline;
+  if (pipeline.tensor_parallel > 1 || !pipeline.shards.empty())
+    return unimplemented("the plan is tensor-parallel (", pipeline.tensor_parallel,
+                         "-device groups); on GPUs that needs the NCCL communicator, which is not "
+                         "built yet (run it with --backend cpu)");
+  RETURN_IF_ERROR(check_cuda_ops(g));
+  if (workspace_bytes < 0) return invalid_argument("the workspace cannot be negative");
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  CudaPipelineLayout l;
+  l.workspace_bytes = workspace_bytes;
+  int64_t at = 0;
+  auto place = [&](int64_t bytes) {
+    const int64_t offset = at;
+    at += align_up(bytes);
+    return offset;
+  };
+  for (size_t d = 0; d < plan.programs.size(); ++d) {
+    const serialization::PlanProgram &program = plan.programs[d];
+    if (program.device != d)
+      return invalid_argument("pipeline plan: program ", d, " is for device ", program.device,
+                              "; programs must be in device order");
+    if (!program.sharded_holds.empty())
+      return unimplemented("device ", d, " holds ", program.sharded_holds.size(),
+                           " tensors as ZeRO-1 shards; the CUDA backend does not run sharded "
+                           "plans yet (compile without --zero, or run with --backend cpu)");
+    CudaPipelineLayout::Device device;
+    device.arena_bytes = program.arena_bytes;
+    device.arena = place(program.arena_bytes);
+    for (TensorId id : program.holds) {
+      if (id >= g.num_tensors())
+        return invalid_argument("device ", d, " holds tensor ", id, "; the graph has ",
+                                g.num_tensors());
+      device.held.push_back({id, place(g.tensor(id).type.size_bytes())});
+    }
+    device.send.assign(program.instructions.size(), -1);
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const PlanInstruction &instr = program.instructions[i];
+      auto refuse = [&](auto &&...why) {
+        return unimplemented(instruction_context(g, d, i, instr), ": ", why...);
+      };
+      switch (instr.kind) {
+      case InstrKind::kCompute: {
+        if (instr.index >= g.num_nodes())
+          return invalid_argument(instruction_context(g, d, i, instr), ": no node ", instr.index);
+        const Node &node = g.node(instr.index);
+        const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
+        if (op == nullptr || op->scratch == nullptr) break;
+        std::vector<TensorType> types;
+        for (TensorId t : node.inputs)
+          types.push_back(g.tensor(t).type);
+        device.scratch_bytes =
+            std::max(device.scratch_bytes, op->scratch(node, *registry.find(node.op), types));
+        break;
+      }
+      case InstrKind::kSend:
+        if (instr.index >= g.num_tensors())
+          return invalid_argument(instruction_context(g, d, i, instr), ": no tensor ", instr.index);
+        device.send[i] = -2; // placed below, after the fixed regions
+        break;
+      case InstrKind::kRecv: break;
+      case InstrKind::kAccumulate:
+      case InstrKind::kScale:
+      case InstrKind::kAllReduce:
+        if (instr.index >= g.num_tensors())
+          return invalid_argument(instruction_context(g, d, i, instr), ": no tensor ", instr.index);
+        if (g.tensor(instr.index).type.dtype != DType::kF32)
+          return refuse(g.tensor(instr.index).type.to_string(), " (f32 only so far)");
+        break;
+      case InstrKind::kUpdate: break;
+      case InstrKind::kStartBucket:
+      case InstrKind::kWaitBucket:
+        if (instr.index >= program.buckets.size())
+          return invalid_argument(instruction_context(g, d, i, instr), ": the program has ",
+                                  program.buckets.size(), " buckets");
+        if (program.buckets[instr.index].reduce_scatter)
+          return refuse("a reduce-scatter bucket (ZeRO-1) is not run on the CUDA backend yet");
+        for (TensorId t : program.buckets[instr.index].tensors)
+          if (g.tensor(t).type.dtype != DType::kF32)
+            return refuse("'", g.tensor(t).name, "' is ", g.tensor(t).type.to_string(),
+                          " (f32 only so far)");
+        break;
+      case InstrKind::kReduceScatter:
+      case InstrKind::kAllGather:
+      case InstrKind::kComputeShard:
+        return refuse("ZeRO-1 sharding is not run on the CUDA backend yet");
+      }
+    }
+    device.scratch = place(device.scratch_bytes);
+    device.workspace = place(workspace_bytes);
+    for (size_t i = 0; i < program.instructions.size(); ++i)
+      if (device.send[i] == -2)
+        device.send[i] = place(g.tensor(program.instructions[i].index).type.size_bytes());
+    device.flags = place(static_cast<int64_t>(program.instructions.size() * sizeof(int)));
+    l.devices.push_back(std::move(device));
+  }
+  l.constant.assign(g.num_nodes(), -1);
+  for (NodeId n = 0; n < g.num_nodes(); ++n)
+    if (computed_at_load(g.node(n)))
+      l.constant[n] = place(g.tensor(g.node(n).outputs[0]).type.size_bytes());
+  const int64_t batch = int64_t{pipeline.microbatches} * pipeline.data_parallel;
+  for (TensorId id : g.inputs()) {
+    const TensorType &type = g.tensor(id).type;
+    l.input.push_back(place(type.rank() > 0 ? type.size_bytes() * batch : type.size_bytes()));
+  }
+  l.total = at;
+  return l;
+}
+
+struct CudaPipelineRunner::State {
+  CudaPipelineOptions options;
+  std::string device_name;
+  CudaPipelineLayout layout;
+  std::vector<serialization::PlanProgram> programs;
+  std::vector<GpuLaunch> order;
+  cudaStream_t origin = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  std::byte *base = nullptr;
+  std::vector<cudaEvent_t> events; // every event, destroyed with the state
+
+  struct Op {
+    InstrKind kind = InstrKind::kCompute;
+    std::string what; // "device d instruction i (...)"
+    // Compute.
+    const Node *node = nullptr;
+    const ops::OpDef *def = nullptr;
+    const cuda::CudaOp *op = nullptr; // null: a copy of `source` (computed at load)
+    std::vector<ops::ConstTensorView> inputs;
+    std::vector<ops::TensorView> outputs;
+    std::shared_ptr<void> *cache = nullptr;
+    int *flag = nullptr;
+    // Transfers, accumulate, scale, update: `data` is written (or sent from).
+    std::byte *data = nullptr;
+    const std::byte *source = nullptr;
+    std::byte *staging = nullptr; // send: where the message waits
+    size_t bytes = 0;
+    bool first = false;
+    cudaEvent_t sent = nullptr;     // send: recorded after the staging copy
+    const Op *matching = nullptr;   // recv: its send
+    std::vector<float *> bucket;    // StartBucket: the bucket's buffers
+    std::vector<size_t> counts;     // StartBucket: their element counts
+    cudaEvent_t arrived = nullptr;  // collectives: this member is there
+    cudaEvent_t *reduced = nullptr; // AllReduce, Start/WaitBucket: the sum is done
+  };
+  struct Device {
+    cudaStream_t stream = nullptr, side = nullptr;
+    void *cudnn = nullptr;
+    void *scratch = nullptr, *workspace = nullptr;
+    int *flags = nullptr;
+    std::vector<Op> ops;
+    std::map<TensorId, std::byte *> held;
+    std::map<NodeId, std::shared_ptr<void>> caches; // per node: its kernel plan
+    std::map<uint32_t, cudaEvent_t> bucket_done;    // per bucket
+  };
+  std::vector<Device> devices;
+  std::deque<cudaEvent_t> reduced; // one per collective launch (stable addresses)
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> joins; // two per device (compute, side)
+  std::vector<std::byte *> input_staging;
+  std::vector<size_t> input_bytes;
+  struct Output {
+    int device = 0;
+    const std::byte *data = nullptr;
+  };
+  std::vector<Output> outputs;
+  CapturedStep step;
+  bool failed = false;
+  mutable std::map<TensorId, HostTensor> host; // value()'s copies, until the next step
+
+  ~State() {
+    step.reset(); // the graph goes before the streams and memory it uses
+    for (cudaEvent_t event : events)
+      cudaEventDestroy(event);
+    for (Device &device : devices) {
+      cuda::destroy_cudnn(device.cudnn);
+      if (device.stream) cudaStreamDestroy(device.stream);
+      if (device.side) cudaStreamDestroy(device.side);
+    }
+    if (lt) cublasLtDestroy(lt);
+    if (origin) cudaStreamDestroy(origin);
+    if (base) cudaFree(base);
+  }
+
+  Result<cudaEvent_t> make_event() {
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
+    events.push_back(event);
+    return event;
+  }
+
+  // Waits for the origin stream (which every step joins back into), bounded.
+  Status wait(std::string_view what) const { return wait_for_stream(origin, what); }
+
+  Status copy(void *to, const void *from, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0 || to == from) return Status::ok();
+    return cuda_check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), "copy");
+  }
+
+  // One instruction of one device (not a collective) on its stream.
+  Status run_one(Device &device, Op &op, float divisor) {
+    cudaStream_t stream = device.stream;
+    switch (op.kind) {
+    case InstrKind::kCompute: {
+      if (op.op == nullptr)
+        return copy(op.outputs[0].data, op.source,
+                    static_cast<size_t>(op.outputs[0].type->size_bytes()), stream);
+      cuda::CudaKernelContext context{
+          *op.node,       *op.def, op.inputs,        op.outputs,
+          stream,         lt,      device.workspace, static_cast<size_t>(options.workspace_bytes),
+          device.scratch, op.flag, options.tf32,     device.cudnn,
+          op.cache};
+      return op.op->kernel(context);
+    }
+    case InstrKind::kSend:
+      RETURN_IF_ERROR(copy(op.staging, op.data, op.bytes, stream));
+      return cuda_check(cudaEventRecord(op.sent, stream), "event record");
+    case InstrKind::kRecv:
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, op.matching->sent, 0), "event wait"));
+      return copy(op.data, op.matching->staging, op.bytes, stream);
+    case InstrKind::kAccumulate:
+      if (op.first) return copy(op.data, op.source, op.bytes, stream);
+      return cuda_check(cuda::accumulate(reinterpret_cast<float *>(op.data),
+                                         reinterpret_cast<const float *>(op.source),
+                                         static_cast<int64_t>(op.bytes / sizeof(float)), stream),
+                        "launch");
+    case InstrKind::kScale:
+      return cuda_check(cuda::divide(reinterpret_cast<float *>(op.data), divisor,
+                                     static_cast<int64_t>(op.bytes / sizeof(float)), stream),
+                        "launch");
+    case InstrKind::kUpdate: return copy(op.data, op.source, op.bytes, stream);
+    case InstrKind::kWaitBucket:
+      return cuda_check(cudaStreamWaitEvent(stream, *op.reduced, 0), "event wait");
+    default: return internal_error("instruction enqueued out of its launch");
+    }
+  }
+
+  // A collective: every member arrives, the first member's stream (its second
+  // stream for a bucket) sums, and for an all-reduce every member waits.
+  Status run_collective(const GpuLaunch &launch) {
+    const GpuLaunch::Part &lead = launch.parts[0];
+    Op &first = devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
+    const bool bucket = first.kind == InstrKind::kStartBucket;
+    cudaStream_t stream = bucket ? devices[static_cast<size_t>(lead.device)].side
+                                 : devices[static_cast<size_t>(lead.device)].stream;
+    for (const GpuLaunch::Part &part : launch.parts) {
+      Device &member = devices[static_cast<size_t>(part.device)];
+      Op &op = member.ops[part.instruction];
+      RETURN_IF_ERROR(cuda_check(cudaEventRecord(op.arrived, member.stream), "event record"));
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, op.arrived, 0), "event wait"));
+    }
+    const size_t tensors = bucket ? first.bucket.size() : 1;
+    for (size_t t = 0; t < tensors; ++t) {
+      cuda::Members members;
+      members.count = static_cast<int>(launch.parts.size());
+      int64_t n = 0;
+      for (size_t m = 0; m < launch.parts.size(); ++m) {
+        Op &op =
+            devices[static_cast<size_t>(launch.parts[m].device)].ops[launch.parts[m].instruction];
+        float *data = bucket ? op.bucket[t] : reinterpret_cast<float *>(op.data);
+        n = bucket ? static_cast<int64_t>(op.counts[t])
+                   : static_cast<int64_t>(op.bytes / sizeof(float));
+        members.in[m] = data;
+        members.out[m] = data;
+      }
+      RETURN_IF_ERROR(cuda_check(cuda::sum_members(members, n, stream), "launch"));
+    }
+    RETURN_IF_ERROR(cuda_check(cudaEventRecord(*first.reduced, stream), "event record"));
+    if (!bucket)
+      for (const GpuLaunch::Part &part : launch.parts)
+        if (part.device != lead.device)
+          RETURN_IF_ERROR(
+              cuda_check(cudaStreamWaitEvent(devices[static_cast<size_t>(part.device)].stream,
+                                             *first.reduced, 0),
+                         "event wait"));
+    return Status::ok();
+  }
+
+  // Everything one step does on the GPU: fork every stream from the origin,
+  // the launches, join them back.
+  Status enqueue(float divisor) {
+    RETURN_IF_ERROR(cuda_check(cudaEventRecord(fork, origin), "event record"));
+    for (Device &device : devices) {
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait"));
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(device.side, fork, 0), "event wait"));
+      if (!device.ops.empty())
+        RETURN_IF_ERROR(cuda_check(
+            cudaMemsetAsync(device.flags, 0, device.ops.size() * sizeof(int), device.stream),
+            "memset"));
+    }
+    for (const GpuLaunch &launch : order) {
+      const GpuLaunch::Part &part = launch.parts[0];
+      Device &device = devices[static_cast<size_t>(part.device)];
+      Op &op = device.ops[part.instruction];
+      Status status = op.kind == InstrKind::kAllReduce || op.kind == InstrKind::kStartBucket
+                          ? run_collective(launch)
+                          : run_one(device, op, divisor);
+      if (!status.is_ok()) return std::move(status).with_context(op.what);
+    }
+    for (size_t d = 0; d < devices.size(); ++d) {
+      RETURN_IF_ERROR(cuda_check(cudaEventRecord(joins[2 * d], devices[d].stream), "event record"));
+      RETURN_IF_ERROR(
+          cuda_check(cudaEventRecord(joins[2 * d + 1], devices[d].side), "event record"));
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(origin, joins[2 * d], 0), "event wait"));
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(origin, joins[2 * d + 1], 0), "event wait"));
+    }
+    return Status::ok();
+  }
+
+  CaptureRecord record(const Graph &g) const {
+    CaptureRecord r;
+    for (size_t k = 0; k < input_staging.size(); ++k)
+      r.add(str_cat("the batch of '", g.tensor(g.inputs()[k]).name, "'"), input_staging[k],
+            g.tensor(g.inputs()[k]).type);
+    for (size_t d = 0; d < devices.size(); ++d)
+      for (const auto &[id, address] : devices[d].held)
+        r.add(str_cat("device ", d, ": '", g.tensor(id).name, "'"), address, g.tensor(id).type);
+    return r;
+  }
+};
+
+CudaPipelineRunner::~CudaPipelineRunner() = default;
+
+Result<std::unique_ptr<CudaPipelineRunner>>
+CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOptions &options) {
+  if (!plan.pipeline)
+    return invalid_argument("the plan has no pipeline (compile it with --mesh or --microbatches)");
+  const std::string context = str_cat("CUDA pipeline of graph '", plan.graph.name(), "'");
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context(context));
+  RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
+                      .with_context(context));
+  auto layout = cuda_pipeline_layout(plan, options.workspace_bytes);
+  if (!layout.is_ok()) return layout.status().with_context(context);
+  for (const auto &group : plan.pipeline->groups)
+    if (group.size() > static_cast<size_t>(cuda::kMaxMembers))
+      return unimplemented("a group of ", group.size(), " devices; the CUDA backend sums at most ",
+                           cuda::kMaxMembers, " on one GPU")
+          .with_context(context);
+  auto order = gpu_launch_order(plan.graph, plan.programs, plan.pipeline->groups);
+  if (!order.is_ok()) return order.status().with_context(context);
+  if (std::string reason = cuda_unavailable_reason(); !reason.empty())
+    return failed_precondition(reason).with_context(context);
+  int gpus = 0;
+  RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
+  if (options.gpu < 0 || options.gpu >= gpus)
+    return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
+        .with_context(context);
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(options.gpu), "set device").with_context(context));
+
+  std::unique_ptr<CudaPipelineRunner> runner(new CudaPipelineRunner());
+  runner->graph_ = plan.graph;
+  runner->microbatches_ = plan.pipeline->microbatches;
+  runner->data_parallel_ = plan.pipeline->data_parallel;
+  const Graph &g = runner->graph_;
+  auto state = std::make_unique<State>();
+  State &s = *state;
+  s.options = options;
+  s.layout = std::move(layout).value();
+  s.programs = plan.programs;
+  s.order = std::move(order).value();
+  cudaDeviceProp properties = {};
+  s.device_name = cudaGetDeviceProperties(&properties, options.gpu) == cudaSuccess
+                      ? str_cat("GPU ", options.gpu, " (", properties.name, ")")
+                      : str_cat("GPU ", options.gpu);
+  const CudaPipelineLayout &l = s.layout;
+
+  // Host values: what each device holds (the same tensor materializes to the
+  // same bytes on every holder), and the nodes computed at load.
+  std::map<TensorId, HostTensor> values;
+  for (const auto &program : s.programs)
+    for (TensorId id : program.holds)
+      if (!values.contains(id)) {
+        auto value = materialize(g.tensor(id), options.model_dir);
+        if (!value.is_ok()) return value.status().with_context(str_cat("device ", program.device));
+        values.emplace(id, std::move(value).value());
+      }
+  std::map<NodeId, HostTensor> constants;
+  for (NodeId n = 0; n < g.num_nodes(); ++n) {
+    if (l.constant[n] < 0) continue;
+    const Node &node = g.node(n);
+    const ops::OpDef *def = registry.find(node.op);
+    HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
+    ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
+    ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
+    RETURN_IF_ERROR(def->cpu_kernel(kernel_context)
+                        .with_context(str_cat("node '", node.name, "' (", node.op, ")")));
+    constants.emplace(n, std::move(value));
+  }
+
+  void *base = nullptr;
+  RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(std::max<int64_t>(l.total, 1))),
+                             str_cat("allocating ", l.total, " bytes"))
+                      .with_context(context));
+  s.base = static_cast<std::byte *>(base);
+  RETURN_IF_ERROR(
+      cuda_check(cudaStreamCreateWithFlags(&s.origin, cudaStreamNonBlocking), "stream"));
+  RETURN_IF_ERROR(
+      cuda_check(cudaMemsetAsync(base, 0, static_cast<size_t>(l.total), s.origin), "memset"));
+  if (cublasLtCreate(&s.lt) != CUBLAS_STATUS_SUCCESS)
+    return internal_error("cuBLASLt could not start").with_context(context);
+  const bool needs_cudnn = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node &n) {
+    for (const cuda::CudaOp &op : cuda::cudnn_ops())
+      if (n.op == op.name) return true;
+    return false;
+  });
+  ASSIGN_OR_RETURN(s.fork, s.make_event());
+
+  // Per device: streams, regions, held tensors.
+  const size_t num_devices = s.programs.size();
+  s.devices.resize(num_devices);
+  for (size_t d = 0; d < num_devices; ++d) {
+    State::Device &device = s.devices[d];
+    const CudaPipelineLayout::Device &region = l.devices[d];
+    RETURN_IF_ERROR(
+        cuda_check(cudaStreamCreateWithFlags(&device.stream, cudaStreamNonBlocking), "stream"));
+    RETURN_IF_ERROR(
+        cuda_check(cudaStreamCreateWithFlags(&device.side, cudaStreamNonBlocking), "stream"));
+    if (needs_cudnn) {
+      std::string why;
+      device.cudnn = cuda::create_cudnn(device.stream, &why);
+      if (device.cudnn == nullptr) return failed_precondition(why).with_context(context);
+    }
+    device.scratch = s.base + region.scratch;
+    device.workspace = s.base + region.workspace;
+    device.flags = reinterpret_cast<int *>(s.base + region.flags);
+    for (const auto &[id, offset] : region.held) {
+      device.held[id] = s.base + offset;
+      const HostTensor &value = values.at(id);
+      if (value.size_bytes() > 0)
+        RETURN_IF_ERROR(
+            cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
+                                       cudaMemcpyHostToDevice, s.origin),
+                       str_cat("uploading '", g.tensor(id).name, "'")));
+    }
+    for (int k = 0; k < 2; ++k) {
+      ASSIGN_OR_RETURN(cudaEvent_t join, s.make_event());
+      s.joins.push_back(join);
+    }
+  }
+  for (const auto &[n, value] : constants)
+    if (value.size_bytes() > 0)
+      RETURN_IF_ERROR(
+          cuda_check(cudaMemcpyAsync(s.base + l.constant[n], value.data(), value.size_bytes(),
+                                     cudaMemcpyHostToDevice, s.origin),
+                     "uploading a constant"));
+  // The host buffers above must outlive their copies.
+  RETURN_IF_ERROR(s.wait("the uploads").with_context(context));
+  for (size_t k = 0; k < g.inputs().size(); ++k) {
+    s.input_staging.push_back(s.base + l.input[k]);
+    s.input_bytes.push_back(static_cast<size_t>(runner->batch_types()[k].size_bytes()));
+  }
+
+  // Every instruction with its buffers resolved.
+  std::vector<int64_t> input_index(g.num_tensors(), -1);
+  for (size_t k = 0; k < g.inputs().size(); ++k)
+    input_index[g.inputs()[k]] = static_cast<int64_t>(k);
+  s.outputs.assign(g.outputs().size(), {-1, nullptr});
+  const int micro = runner->microbatches_, replicas = runner->data_parallel_;
+  for (size_t d = 0; d < num_devices; ++d) {
+    const serialization::PlanProgram &program = s.programs[d];
+    State::Device &device = s.devices[d];
+    std::byte *arena = s.base + l.devices[d].arena;
+    std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
+    for (const serialization::PlanSlot &slot : program.slots)
+      slots[{slot.tensor, slot.microbatch}] = arena + slot.offset;
+    device.ops.resize(program.instructions.size());
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const PlanInstruction &instr = program.instructions[i];
+      State::Op &op = device.ops[i];
+      op.kind = instr.kind;
+      op.what = instruction_context(g, d, i, instr);
+      op.flag = device.flags + i;
+      auto slot = [&](TensorId t, int32_t mb) -> Result<std::byte *> {
+        auto it = slots.find({t, mb});
+        if (it == slots.end())
+          return invalid_argument(op.what, ": '", g.tensor(t).name, "' ",
+                                  mb < 0 ? std::string("(step)") : str_cat("micro-batch ", mb),
+                                  " has no buffer in the plan");
+        return it->second;
+      };
+      auto weight = [&](TensorId t) -> Result<std::byte *> {
+        auto it = device.held.find(t);
+        if (it == device.held.end())
+          return invalid_argument(op.what, ": reads '", g.tensor(t).name,
+                                  "', which the plan does not place on this device");
+        return it->second;
+      };
+      switch (instr.kind) {
+      case InstrKind::kCompute: {
+        const Node &node = g.node(instr.index);
+        op.node = &node;
+        op.def = registry.find(node.op);
+        op.op = cuda::find_cuda_op(node.op);
+        op.cache = &device.caches[instr.index];
+        if (op.op == nullptr) op.source = s.base + l.constant[instr.index];
+        for (TensorId t : node.inputs) {
+          const Tensor &tensor = g.tensor(t);
+          if (input_index[t] >= 0) {
+            if (instr.microbatch < 0)
+              return invalid_argument(op.what, ": reads graph input '", tensor.name,
+                                      "' once per step");
+            // Micro-batch k of replica r is rows (r M + k) b .. of the batch.
+            const auto replica = static_cast<int>(d) % replicas;
+            const auto slice = static_cast<size_t>(tensor.type.size_bytes());
+            op.inputs.push_back(
+                {s.input_staging[static_cast<size_t>(input_index[t])] +
+                     slice * static_cast<size_t>(replica * micro + instr.microbatch),
+                 &tensor.type});
+          } else if (tensor.kind == TensorKind::kIntermediate) {
+            ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
+            op.inputs.push_back({data, &tensor.type});
+          } else {
+            ASSIGN_OR_RETURN(std::byte * data, weight(t));
+            op.inputs.push_back({data, &tensor.type});
+          }
+        }
+        for (TensorId t : node.outputs) {
+          ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
+          op.outputs.push_back({data, &g.tensor(t).type});
+        }
+        break;
+      }
+      case InstrKind::kSend:
+      case InstrKind::kRecv: {
+        ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
+        op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
+        if (instr.kind == InstrKind::kSend) {
+          op.staging = s.base + l.devices[d].send[i];
+          ASSIGN_OR_RETURN(op.sent, s.make_event());
+        }
+        break;
+      }
+      case InstrKind::kAccumulate:
+      case InstrKind::kScale:
+      case InstrKind::kAllReduce: {
+        ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+        op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
+        if (instr.kind == InstrKind::kAccumulate) {
+          ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
+          op.source = source;
+          op.first = instr.microbatch == 0;
+        }
+        if (instr.kind == InstrKind::kAllReduce) {
+          ASSIGN_OR_RETURN(op.arrived, s.make_event());
+        }
+        break;
+      }
+      case InstrKind::kUpdate: {
+        if (instr.index >= g.updates().size())
+          return invalid_argument(op.what, ": the graph has ", g.updates().size(), " updates");
+        const StateUpdate &update = g.updates()[instr.index];
+        ASSIGN_OR_RETURN(op.data, weight(update.target));
+        ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
+        op.source = source;
+        op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+        break;
+      }
+      case InstrKind::kStartBucket: {
+        for (TensorId t : program.buckets[instr.index].tensors) {
+          ASSIGN_OR_RETURN(std::byte * data, slot(t, -1));
+          op.bucket.push_back(reinterpret_cast<float *>(data));
+          op.counts.push_back(static_cast<size_t>(g.tensor(t).type.num_elements()));
+        }
+        ASSIGN_OR_RETURN(op.arrived, s.make_event());
+        break;
+      }
+      case InstrKind::kWaitBucket: break;
+      default: return unimplemented(op.what, ": not run on the CUDA backend yet");
+      }
+    }
+    for (size_t k = 0; k < g.outputs().size(); ++k) {
+      auto it = slots.find({g.outputs()[k], -1});
+      if (it != slots.end() && s.outputs[k].device < 0)
+        s.outputs[k] = {static_cast<int>(d), it->second};
+    }
+  }
+  for (size_t k = 0; k < g.outputs().size(); ++k)
+    if (s.outputs[k].device < 0)
+      return invalid_argument("no device of the plan keeps graph output '",
+                              g.tensor(g.outputs()[k]).name, "'")
+          .with_context(context);
+
+  // Wire the launches: each receive to its send (in order, per peers and
+  // tag), each collective to the event its members wait for, each WaitBucket
+  // to its bucket's.
+  std::map<std::tuple<int, int, uint64_t>, std::deque<const State::Op *>> in_flight;
+  for (const GpuLaunch &launch : s.order) {
+    const GpuLaunch::Part &lead = launch.parts[0];
+    State::Op &first = s.devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
+    const PlanInstruction &instr =
+        s.programs[static_cast<size_t>(lead.device)].instructions[lead.instruction];
+    if (first.kind == InstrKind::kSend) {
+      in_flight[{lead.device, instr.peer, partitioner::transfer_tag(instr.index, instr.microbatch)}]
+          .push_back(&first);
+    } else if (first.kind == InstrKind::kRecv) {
+      auto &queue = in_flight[{instr.peer, lead.device,
+                               partitioner::transfer_tag(instr.index, instr.microbatch)}];
+      if (queue.empty()) return internal_error(first.what, ": no send to receive");
+      first.matching = queue.front();
+      queue.pop_front();
+    } else if (first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kStartBucket) {
+      ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
+      s.reduced.push_back(done);
+      for (const GpuLaunch::Part &part : launch.parts) {
+        State::Device &member = s.devices[static_cast<size_t>(part.device)];
+        member.ops[part.instruction].reduced = &s.reduced.back();
+        if (first.kind == InstrKind::kStartBucket)
+          member.bucket_done
+              [s.programs[static_cast<size_t>(part.device)].instructions[part.instruction].index] =
+              done;
+      }
+    }
+  }
+  for (size_t d = 0; d < num_devices; ++d)
+    for (size_t i = 0; i < s.devices[d].ops.size(); ++i) {
+      State::Op &op = s.devices[d].ops[i];
+      if (op.kind != InstrKind::kWaitBucket) continue;
+      auto it = s.devices[d].bucket_done.find(s.programs[d].instructions[i].index);
+      if (it == s.devices[d].bucket_done.end())
+        return invalid_argument(op.what, ": the bucket is never started").with_context(context);
+      op.reduced = &it->second;
+    }
+  runner->state_ = std::move(state);
+  return runner;
+}
+
+Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
+                               std::vector<HostTensor> *outputs) {
+  State &s = *state_;
+  if (s.failed)
+    return failed_precondition("an earlier step of this pipeline failed; its state is lost");
+  const std::vector<TensorType> types = batch_types();
+  if (inputs.size() != types.size())
+    return invalid_argument("the pipeline takes ", types.size(), " inputs, got ", inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (!(inputs[k].type == types[k]) ||
+        static_cast<int64_t>(inputs[k].size_bytes()) < types[k].size_bytes())
+      return invalid_argument("input '", graph_.tensor(graph_.inputs()[k]).name, "' is ",
+                              inputs[k].type.to_string(), ", the pipeline needs ",
+                              types[k].to_string());
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.options.gpu), "set device"));
+  s.host.clear();
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (s.input_bytes[k] > 0)
+      RETURN_IF_ERROR(
+          cuda_check(cudaMemcpyAsync(s.input_staging[k], inputs[k].data(), s.input_bytes[k],
+                                     cudaMemcpyHostToDevice, s.origin),
+                     str_cat("copying input '", graph_.tensor(graph_.inputs()[k]).name, "'")));
+  const auto divisor = static_cast<float>(int64_t{microbatches_} * data_parallel_);
+  // The first step eagerly, the second captured, later ones replayed.
+  Status launched = s.step.launch(
+      s.origin, s.options.cuda_graph, [&] { return s.enqueue(divisor); },
+      [&] { return s.record(graph_); });
+  if (!launched.is_ok()) {
+    s.failed = true;
+    return launched;
+  }
+  outputs->clear();
+  for (size_t k = 0; k < graph_.outputs().size(); ++k) {
+    HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
+    if (out.size_bytes() > 0)
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(out.data(), s.outputs[k].data, out.size_bytes(),
+                                                 cudaMemcpyDeviceToHost, s.origin),
+                                 "copying an output"));
+    outputs->push_back(std::move(out));
+  }
+  std::vector<std::vector<int>> flags(s.devices.size());
+  for (size_t d = 0; d < s.devices.size(); ++d) {
+    flags[d].resize(s.devices[d].ops.size());
+    if (!flags[d].empty())
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(flags[d].data(), s.devices[d].flags,
+                                                 flags[d].size() * sizeof(int),
+                                                 cudaMemcpyDeviceToHost, s.origin),
+                                 "reading the error flags"));
+  }
+  Status waited = s.wait("the step");
+  if (!waited.is_ok()) {
+    s.failed = true;
+    return waited;
+  }
+  for (size_t d = 0; d < s.devices.size(); ++d)
+    for (size_t i = 0; i < flags[d].size(); ++i)
+      if (flags[d][i] != 0) {
+        s.failed = true;
+        const State::Op &op = s.devices[d].ops[i];
+        return out_of_range(op.op == nullptr || op.op->flag_meaning.empty()
+                                ? std::string_view("device check failed")
+                                : op.op->flag_meaning)
+            .with_context(op.what);
+      }
+  return Status::ok();
+}
+
+const HostTensor &CudaPipelineRunner::value(TensorId id) const {
+  State &s = *state_;
+  auto cached = s.host.find(id);
+  if (cached != s.host.end()) return cached->second;
+  const Tensor &tensor = graph_.tensor(id);
+  HostTensor copy = HostTensor::zeros(tensor.type);
+  for (const State::Device &device : s.devices) {
+    auto it = device.held.find(id);
+    if (it == device.held.end()) continue;
+    if (copy.size_bytes() > 0 && s.wait("a read").is_ok())
+      cudaMemcpy(copy.data(), it->second, copy.size_bytes(), cudaMemcpyDeviceToHost);
+    break;
+  }
+  return s.host.emplace(id, std::move(copy)).first->second;
+}
+
+Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
+  RETURN_IF_ERROR(check_assignable(graph_, id, value));
+  State &s = *state_;
+  RETURN_IF_ERROR(s.wait("the step before an assignment"));
+  bool held = false;
+  for (State::Device &device : s.devices) {
+    auto it = device.held.find(id);
+    if (it == device.held.end()) continue;
+    held = true;
+    if (value.size_bytes() > 0)
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(it->second, value.data(), value.size_bytes(),
+                                                 cudaMemcpyHostToDevice, s.origin),
+                                 str_cat("assigning '", graph_.tensor(id).name, "'")));
+  }
+  if (!held) return invalid_argument("no device of the plan holds '", graph_.tensor(id).name, "'");
+  RETURN_IF_ERROR(s.wait("an assignment"));
+  s.host.erase(id);
+  return Status::ok();
+}
+
+int CudaPipelineRunner::num_devices() const { return static_cast<int>(state_->devices.size()); }
+int64_t CudaPipelineRunner::device_bytes() const { return state_->layout.total; }
+int64_t CudaPipelineRunner::replays() const { return state_->step.replays(); }
+std::string CudaPipelineRunner::device_name() const { return state_->device_name; }
+
+#endif
+
+} // namespace strata::runtime

@@ -1,0 +1,108 @@
+// The CUDA pipeline runner: a pipeline (and data-parallel) plan's devices on
+// one GPU, each plan device a pair of CUDA streams, the whole step captured
+// into one CUDA Graph.
+//
+// create() lays out all of the step's GPU memory as one allocation
+// (cuda_pipeline_layout): per plan device its activation arena (the plan's
+// memory plan, unchanged), its copies of the parameters, state and constants
+// it holds, its kernels' scratch and cuBLASLt/cuDNN workspace, a staging
+// buffer per send and one error flag per instruction; then the batch's
+// staging and the values computed at load. A step allocates nothing.
+//
+// One host thread enqueues every device's instructions, in an order in which
+// nothing waits for work not yet enqueued (gpu_launch_order):
+//  - compute: the node's CUDA kernel (ops/kernels/cuda/cuda_ops.h) on the
+//    device's compute stream;
+//  - send: a copy into the send's staging on the sender's stream, then an
+//    event; the sender may reuse its buffer at once, as the CPU
+//    communicator's sends copy;
+//  - receive: the receiver's stream waits for that event and copies out;
+//  - accumulate, scale, update: kernels and copies on the device's stream;
+//  - all-reduce: every member records an event, the first member's stream
+//    waits for them all and sums the members' buffers in group order (as the
+//    CPU communicator does) into every member's, and the members wait for it;
+//  - gradient buckets: the same sum on the first member's second stream,
+//    which the members wait for at their WaitBucket, so the reduction overlaps
+//    their backward.
+// With CUDA Graphs on (the default) the first step runs eagerly, the second is
+// captured (every stream forked from and joined back to one origin stream) and
+// later steps replay it, after checking that every buffer is where it was.
+//
+// Plans over several GPUs (NCCL), ZeRO-1 sharded plans and tensor-parallel
+// plans are refused with the reason. A device check that fails (a label out
+// of range) ends the step with an error naming the device and instruction,
+// and, as with the CPU pipeline runner, leaves the runner unusable.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/host_tensor.h"
+#include "runtime/gpu_placement.h"
+#include "runtime/step_runner.h"
+#include "serialization/plan_io.h"
+
+namespace strata::runtime {
+
+struct CudaPipelineOptions {
+  std::string model_dir = ".";        // external data paths are relative to it
+  int gpu = 0;                        // the CUDA device every plan device runs on
+  bool cuda_graph = true;             // false: launch every instruction eagerly each step
+  bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
+  int64_t workspace_bytes = 32 << 20; // cuBLASLt/cuDNN workspace per plan device
+};
+
+// The one GPU allocation of a CudaPipelineRunner, laid out before anything is
+// allocated (tested without a GPU). Byte offsets from its start; every region
+// starts at a multiple of GpuArenaLayout::kGpuAlignment and none overlap.
+struct CudaPipelineLayout {
+  struct Device {
+    int64_t arena = 0, arena_bytes = 0;             // the plan's activation arena
+    std::vector<std::pair<TensorId, int64_t>> held; // in the program's holds order
+    int64_t scratch = 0, scratch_bytes = 0;         // the largest of its nodes' (one stream)
+    int64_t workspace = 0;
+    std::vector<int64_t> send; // per instruction: a send's staging, or -1
+    int64_t flags = 0;         // one int per instruction
+  };
+  std::vector<Device> devices;
+  std::vector<int64_t> constant; // per node: its value computed at load, or -1
+  std::vector<int64_t> input;    // per graph input: the staging of the whole batch
+  int64_t workspace_bytes = 0;
+  int64_t total = 0;
+};
+// Errors: what check_cuda_ops says, and what this runner does not run yet
+// (ZeRO-1 shards, tensor-parallel pieces, reduce-scatter buckets, non-f32
+// accumulation), each naming the device and instruction.
+Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
+                                                int64_t workspace_bytes);
+
+class CudaPipelineRunner : public StepRunner {
+public:
+  static Result<std::unique_ptr<CudaPipelineRunner>>
+  create(const serialization::Plan &plan, const CudaPipelineOptions &options = {});
+  ~CudaPipelineRunner() override;
+
+  const Graph &graph() const override { return graph_; }
+  std::vector<TensorType> batch_types() const override;
+  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
+  // From the first plan device holding the tensor (waits for the step in flight).
+  const HostTensor &value(TensorId id) const override;
+  // To every plan device holding the tensor.
+  Status assign(TensorId id, const HostTensor &value) override;
+
+  int num_devices() const;
+  int64_t device_bytes() const;
+  int64_t replays() const; // steps launched from the captured graph
+  std::string device_name() const;
+
+private:
+  CudaPipelineRunner() = default;
+  Graph graph_;
+  int microbatches_ = 1, data_parallel_ = 1;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+} // namespace strata::runtime

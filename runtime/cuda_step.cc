@@ -1,0 +1,82 @@
+#include "strata_config.h"
+
+#if STRATA_HAVE_CUDA
+
+#include "runtime/cuda_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace strata::runtime {
+
+Status cuda_check(cudaError_t error, std::string_view what) {
+  if (error == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
+}
+
+Status wait_for_stream(cudaStream_t stream, std::string_view what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+  auto nap = std::chrono::microseconds(20);
+  while (true) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return Status::ok();
+    if (status != cudaErrorNotReady) return cuda_check(status, what);
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline)
+      return deadline_exceeded("the GPU did not finish ", what, " within 10 minutes");
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+CapturedStep::~CapturedStep() { reset(); }
+
+void CapturedStep::reset() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  exec_ = nullptr;
+  graph_ = nullptr;
+  launches_ = std::min<int64_t>(launches_, 1);
+}
+
+Status CapturedStep::launch(cudaStream_t stream, bool use_graph,
+                            const std::function<Status()> &enqueue,
+                            const std::function<CaptureRecord()> &record) {
+  if (!use_graph || launches_++ == 0) return enqueue();
+  if (exec_ == nullptr) {
+    RETURN_IF_ERROR(
+        cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"));
+    Status enqueued = enqueue();
+    cudaGraph_t captured = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
+    if (!enqueued.is_ok()) {
+      if (captured) cudaGraphDestroy(captured);
+      return enqueued;
+    }
+    RETURN_IF_ERROR(cuda_check(ended, "end capture"));
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec_, captured, 0);
+    if (instantiated != cudaSuccess) {
+      cudaGraphDestroy(captured);
+      exec_ = nullptr;
+      return cuda_check(instantiated, "instantiating the captured step");
+    }
+    graph_ = captured;
+    capture_ = record();
+  } else {
+    RETURN_IF_ERROR(
+        capture_.check_replay(record()).with_context("replaying the captured CUDA Graph"));
+    ++replays_;
+  }
+  return cuda_check(cudaGraphLaunch(exec_, stream), "graph launch");
+}
+
+} // namespace strata::runtime
+
+#endif

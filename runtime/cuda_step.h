@@ -1,0 +1,51 @@
+// What the CUDA executors share (CUDA builds only): error checks, a bounded
+// wait for a stream, and the launch of a step as a CUDA Graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "graph/status.h"
+#include "runtime/gpu_placement.h"
+
+namespace strata::runtime {
+
+// OK, or an internal error "CUDA <what>: <CUDA's reason>" (the error is
+// cleared so later calls do not report it again).
+Status cuda_check(cudaError_t error, std::string_view what);
+
+// Waits until `stream` has finished its work: spins for 2 ms (a short step
+// should not pay a sleep's latency), then naps up to 1 ms at a time; a GPU
+// that does not finish within 10 minutes is an error naming `what`.
+Status wait_for_stream(cudaStream_t stream, std::string_view what);
+
+// A step launched as a CUDA Graph: the first launch runs `enqueue` eagerly
+// (kernels load, cuBLASLt and cuDNN settle on their algorithms), the second
+// captures it into a graph and every later launch replays that graph, after
+// checking that `record()` binds the buffers the capture did. Without graphs
+// every launch runs `enqueue` eagerly.
+class CapturedStep {
+public:
+  CapturedStep() = default;
+  CapturedStep(const CapturedStep &) = delete;
+  CapturedStep &operator=(const CapturedStep &) = delete;
+  ~CapturedStep();
+
+  Status launch(cudaStream_t stream, bool use_graph, const std::function<Status()> &enqueue,
+                const std::function<CaptureRecord()> &record);
+  int64_t replays() const { return replays_; }
+  // Destroys the graph (before the streams and memory it uses go); the next
+  // launch captures again.
+  void reset();
+
+private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  CaptureRecord capture_;
+  int64_t launches_ = 0, replays_ = 0;
+};
+
+} // namespace strata::runtime

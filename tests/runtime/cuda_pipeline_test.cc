@@ -1,0 +1,268 @@
+// The CUDA pipeline runner: its memory layout and refusals without a GPU; on
+// a GPU, pipeline and data-parallel plans whose devices share it train as the
+// CPU pipeline runner trains them.
+#include "runtime/cuda_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "partitioner/compile_pipeline.h"
+#include "passes/make_training.h"
+#include "runtime/cuda_executor.h"
+#include "runtime/executor.h"
+#include "runtime/pipeline_runner.h"
+#include "strata_config.h"
+#include "tools/zoo.h"
+
+namespace strata::runtime {
+namespace {
+
+using serialization::InstrKind;
+
+Graph gpt_forward() {
+  zoo::GptOptions o;
+  o.layers = 4;
+  o.hidden = 32;
+  o.heads = 4;
+  o.seq = 8;
+  o.vocab = 64;
+  o.batch = 16; // split into micro-batches by the compiler
+  return *zoo::make_gpt(o);
+}
+
+Graph mlp_forward() {
+  zoo::MlpOptions o;
+  o.batch = 16;
+  o.input = 24;
+  o.hidden = {32, 32, 32};
+  o.classes = 10;
+  return *zoo::make_mlp(o);
+}
+
+serialization::Plan compile(const Graph &forward, const std::string &optimizer,
+                            partitioner::PipelineCompileOptions mesh) {
+  passes::TrainingOptions training;
+  training.optimizer = *passes::parse_optimizer(optimizer);
+  auto plan = partitioner::compile_pipeline(forward, training, mesh);
+  EXPECT_TRUE(plan.is_ok()) << plan.status().message();
+  return std::move(plan).value();
+}
+
+partitioner::PipelineCompileOptions
+mesh(int stages, int microbatches, int data_parallel = 1,
+     partitioner::Schedule schedule = partitioner::Schedule::k1F1B) {
+  partitioner::PipelineCompileOptions o;
+  o.stages = stages;
+  o.microbatches = microbatches;
+  o.data_parallel = data_parallel;
+  o.schedule = schedule;
+  o.bucket_bytes = data_parallel > 1 ? 4096 : 0;
+  return o;
+}
+
+bool cuda_built() { return cuda_unavailable_reason().find("built without") == std::string::npos; }
+
+// Every region of every device is aligned, inside the allocation and apart
+// from every other; each device's arena is its memory plan's, each send has
+// staging for its tensor, and the batch's staging holds every micro-batch.
+TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
+  if (!cuda_built()) GTEST_SKIP() << cuda_unavailable_reason();
+  for (const auto &plan : {compile(gpt_forward(), "adamw:lr=0.01", mesh(4, 4)),
+                           compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9", mesh(2, 2, 2))}) {
+    SCOPED_TRACE(plan.graph.name() + " on " + std::to_string(plan.programs.size()) + " devices");
+    auto layout = cuda_pipeline_layout(plan, 1 << 20);
+    ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+    const Graph &g = plan.graph;
+    const int64_t a = GpuArenaLayout::kGpuAlignment;
+    struct Region {
+      int64_t begin, end;
+      std::string what;
+    };
+    std::vector<Region> regions;
+    auto add = [&](int64_t offset, int64_t bytes, std::string what) {
+      EXPECT_EQ(offset % a, 0) << what;
+      EXPECT_GE(offset, 0) << what;
+      EXPECT_LE(offset + bytes, layout->total) << what;
+      if (bytes > 0) regions.push_back({offset, offset + bytes, std::move(what)});
+    };
+    ASSERT_EQ(layout->devices.size(), plan.programs.size());
+    size_t sends = 0;
+    for (size_t d = 0; d < plan.programs.size(); ++d) {
+      const auto &program = plan.programs[d];
+      const auto &device = layout->devices[d];
+      const std::string name = "device " + std::to_string(d);
+      EXPECT_EQ(device.arena_bytes, program.arena_bytes) << name;
+      add(device.arena, device.arena_bytes, name + " arena");
+      ASSERT_EQ(device.held.size(), program.holds.size()) << name;
+      for (size_t k = 0; k < program.holds.size(); ++k) {
+        EXPECT_EQ(device.held[k].first, program.holds[k]);
+        add(device.held[k].second, g.tensor(program.holds[k]).type.size_bytes(),
+            name + " '" + g.tensor(program.holds[k]).name + "'");
+      }
+      add(device.scratch, device.scratch_bytes, name + " scratch");
+      add(device.workspace, layout->workspace_bytes, name + " workspace");
+      add(device.flags, static_cast<int64_t>(program.instructions.size() * sizeof(int)),
+          name + " flags");
+      ASSERT_EQ(device.send.size(), program.instructions.size());
+      for (size_t i = 0; i < program.instructions.size(); ++i) {
+        const auto &instr = program.instructions[i];
+        if (instr.kind != InstrKind::kSend) {
+          EXPECT_EQ(device.send[i], -1) << name << " instruction " << i;
+          continue;
+        }
+        ++sends;
+        add(device.send[i], g.tensor(instr.index).type.size_bytes(),
+            name + " send " + std::to_string(i));
+      }
+    }
+    EXPECT_GT(sends, 0u);
+    const int64_t batch = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
+    ASSERT_EQ(layout->input.size(), g.inputs().size());
+    for (size_t k = 0; k < g.inputs().size(); ++k)
+      add(layout->input[k], g.tensor(g.inputs()[k]).type.size_bytes() * batch,
+          "the batch of '" + g.tensor(g.inputs()[k]).name + "'");
+    std::sort(regions.begin(), regions.end(),
+              [](const Region &x, const Region &y) { return x.begin < y.begin; });
+    for (size_t r = 1; r < regions.size(); ++r)
+      EXPECT_LE(regions[r - 1].end, regions[r].begin)
+          << regions[r - 1].what << " overlaps " << regions[r].what;
+  }
+}
+
+TEST(CudaPipelineLayout, RefusesWhatItDoesNotRunYetSayingWhy) {
+  if (!cuda_built()) GTEST_SKIP() << cuda_unavailable_reason();
+  auto zero = mesh(2, 2, 2);
+  zero.zero = 1;
+  auto layout = cuda_pipeline_layout(compile(mlp_forward(), "adamw:lr=0.01", zero), 0);
+  ASSERT_FALSE(layout.is_ok());
+  EXPECT_NE(layout.status().message().find("device 0 holds"), std::string::npos)
+      << layout.status().message();
+  EXPECT_NE(layout.status().message().find("ZeRO-1"), std::string::npos)
+      << layout.status().message();
+
+  auto tp = mesh(1, 2);
+  tp.tensor_parallel = 2;
+  layout = cuda_pipeline_layout(compile(gpt_forward(), "sgd:lr=0.1", tp), 0);
+  ASSERT_FALSE(layout.is_ok());
+  EXPECT_NE(layout.status().message().find("tensor-parallel"), std::string::npos)
+      << layout.status().message();
+
+  serialization::Plan single;
+  single.graph = mlp_forward();
+  layout = cuda_pipeline_layout(single, 0);
+  ASSERT_FALSE(layout.is_ok());
+  EXPECT_NE(layout.status().message().find("no pipeline"), std::string::npos);
+}
+
+TEST(CudaPipelineRunner, WithoutAGpuCreationSaysWhy) {
+  const std::string reason = cuda_unavailable_reason();
+  if (reason.empty()) GTEST_SKIP() << "a GPU is present: nothing to refuse";
+  auto runner = CudaPipelineRunner::create(compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2)));
+  ASSERT_FALSE(runner.is_ok());
+  EXPECT_NE(runner.status().message().find(reason), std::string::npos) << runner.status().message();
+}
+
+class CudaPipelineGpuTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    const std::string reason = cuda_unavailable_reason();
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+
+double relative_difference(const HostTensor &a, const HostTensor &b) {
+  double worst = 0;
+  const auto *x = reinterpret_cast<const float *>(a.data());
+  const auto *y = reinterpret_cast<const float *>(b.data());
+  for (int64_t i = 0; i < a.type.num_elements(); ++i)
+    worst =
+        std::max(worst, std::fabs(double{x[i]} - y[i]) / std::max(1.0, std::fabs(double{y[i]})));
+  return worst;
+}
+
+// Three steps of `plan` on the CPU pipeline runner and on one GPU (eager and
+// captured): the same losses and weights within `tolerance`, and the replayed
+// steps bitwise those launched eagerly.
+void expect_pipeline_matches(const serialization::Plan &plan, double tolerance) {
+  auto cpu = PipelineRunner::create(plan);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+  std::vector<std::unique_ptr<CudaPipelineRunner>> gpus;
+  for (bool graph : {false, true}) {
+    CudaPipelineOptions options;
+    options.cuda_graph = graph;
+    auto gpu = CudaPipelineRunner::create(plan, options);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+    gpus.push_back(std::move(gpu).value());
+  }
+  const Graph &g = plan.graph;
+  const int64_t batch = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    const std::vector<HostTensor> inputs = random_inputs(g, 100 + step, batch);
+    std::vector<HostTensor> expected, eager, replayed;
+    ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
+    Status status = gpus[0]->run(inputs, &eager);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    status = gpus[1]->run(inputs, &replayed);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    ASSERT_EQ(eager.size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      if (expected[k].type.dtype != DType::kF32) continue;
+      EXPECT_LE(relative_difference(eager[k], expected[k]), tolerance) << "output " << k;
+      EXPECT_EQ(std::memcmp(eager[k].data(), replayed[k].data(), eager[k].size_bytes()), 0)
+          << "output " << k << ": replayed differs from eager";
+    }
+  }
+  EXPECT_EQ(gpus[1]->replays(), 2);
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    const Tensor &t = g.tensor(id);
+    if (t.kind != TensorKind::kParameter && t.kind != TensorKind::kState) continue;
+    if (t.type.dtype != DType::kF32) continue;
+    const HostTensor &want = (*cpu)->value(id);
+    EXPECT_LE(relative_difference(gpus[0]->value(id), want), tolerance) << t.name;
+    EXPECT_EQ(std::memcmp(gpus[0]->value(id).data(), gpus[1]->value(id).data(), want.size_bytes()),
+              0)
+        << t.name << ": replayed differs from eager";
+  }
+}
+
+TEST_F(CudaPipelineGpuTest, FourStagePipelineOnOneGpuTrainsAsOnTheCpu) {
+  expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", mesh(4, 8)), 1e-4);
+}
+
+TEST_F(CudaPipelineGpuTest, GpipeScheduleTrainsAsOnTheCpu) {
+  expect_pipeline_matches(compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9",
+                                  mesh(2, 4, 1, partitioner::Schedule::kGPipe)),
+                          1e-4);
+}
+
+TEST_F(CudaPipelineGpuTest, DataParallelBucketsTrainAsOnTheCpu) {
+  expect_pipeline_matches(compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9", mesh(2, 2, 2)), 1e-4);
+  auto blocking = mesh(2, 2, 2);
+  blocking.bucket_bytes = 0; // one all-reduce per gradient
+  expect_pipeline_matches(compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9", blocking), 1e-4);
+}
+
+TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {
+  const serialization::Plan plan = compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2));
+  auto gpu = CudaPipelineRunner::create(plan);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  std::vector<HostTensor> inputs = random_inputs(plan.graph, 3, 2);
+  reinterpret_cast<int64_t *>(inputs[1].data())[5] = 1000; // 10 classes
+  std::vector<HostTensor> outputs;
+  Status status = (*gpu)->run(inputs, &outputs);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("device 1 instruction"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
+  status = (*gpu)->run(random_inputs(plan.graph, 4, 2), &outputs);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("earlier step"), std::string::npos) << status.message();
+}
+
+} // namespace
+} // namespace strata::runtime
