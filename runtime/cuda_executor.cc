@@ -48,7 +48,7 @@ std::string cuda_unavailable_reason() {
 }
 Status check_cuda_ops(const Graph &) { return unimplemented(cuda_unavailable_reason()); }
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
-Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t) {
+Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t, bool) {
   return unimplemented(cuda_unavailable_reason());
 }
 
@@ -193,6 +193,7 @@ struct CudaExecutor::State {
   std::vector<Copy> output_copies, updates;
   int *flags = nullptr;
   void *workspace = nullptr;
+  void *bf16 = nullptr; // --precision bf16: the GEMM operands' staging
   CapturedStep step;
   std::vector<CudaLayout::Guard> guards;
   mutable std::vector<HostTensor> host; // value()'s copies
@@ -228,7 +229,7 @@ struct CudaExecutor::State {
           *step.node,   *step.def, step.inputs,  step.outputs,
           stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
           step.scratch, step.flag, options.tf32, cudnn,
-          &step.cache};
+          &step.cache,  bf16};
       Status status = step.op->kernel(context);
       if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
     }
@@ -266,7 +267,8 @@ struct CudaExecutor::State {
   }
 };
 
-Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t guard_bytes) {
+Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t guard_bytes,
+                               bool bf16) {
   RETURN_IF_ERROR(check_cuda_ops(g));
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   CudaLayout l;
@@ -322,6 +324,15 @@ Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t 
     }));
   l.workspace_bytes = workspace_bytes;
   l.workspace = place(workspace_bytes, [] { return std::string("the workspace"); });
+  if (bf16) {
+    for (NodeId id : l.order) {
+      std::vector<TensorType> types;
+      for (TensorId t : g.node(id).inputs)
+        types.push_back(g.tensor(t).type);
+      l.bf16_bytes = std::max(l.bf16_bytes, cuda::bf16_staging_bytes(g.node(id), types));
+    }
+    l.bf16 = place(l.bf16_bytes, [] { return std::string("the bf16 staging"); });
+  }
   l.flags = place(static_cast<int64_t>((steps + 1) * sizeof(int)),
                   [] { return std::string("the error flags"); });
   l.total = offset;
@@ -355,7 +366,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
   else
     state->device_name = str_cat("GPU ", options.gpu);
-  auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes);
+  auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes, options.bf16);
   if (!layout.is_ok()) return layout.status().with_context(context);
   CudaLayout &l = *layout;
   state->order = l.order;
@@ -407,6 +418,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
         return failed_precondition(why).with_context(context);
   }
   state->workspace = state->base + workspace_offset;
+  if (l.bf16 >= 0) state->bf16 = state->base + l.bf16;
   state->flags = reinterpret_cast<int *>(state->base + flags_offset);
 
   // Upload weights and constants.

@@ -37,6 +37,10 @@ struct CudaExecutorOptions {
   int gpu = 0;                 // CUDA device ordinal
   bool cuda_graph = true;      // false: launch every node eagerly each step
   bool tf32 = false;           // f32 GEMMs may use TF32 tensor cores
+  // Mixed precision (--precision bf16): MatMul and Gemm multiply their operands
+  // rounded to bf16 on the tensor cores, accumulating in f32; weights, optimizer
+  // state, activations and every other op stay f32 (the master copy).
+  bool bf16 = false;
   int64_t workspace_bytes = 32 << 20;
   // For tests: every buffer (intermediates too, outside the shared arena) gets
   // at least this many guard bytes after it, filled with kGuardByte at load;
@@ -74,7 +78,8 @@ struct CudaLayout {
   std::vector<int64_t> scratch_bytes; // per step
   std::vector<int64_t> input, output; // per graph input / output: staging
   int64_t workspace = 0, workspace_bytes = 0;
-  int64_t flags = 0; // (steps + 1) ints
+  int64_t bf16 = -1, bf16_bytes = 0; // with bf16: the GEMM operands' staging
+  int64_t flags = 0;                 // (steps + 1) ints
   int64_t total = 0;
   // With guard bytes: the bytes after each region, and what the region holds.
   struct Guard {
@@ -86,8 +91,10 @@ struct CudaLayout {
 // Errors: what check_cuda_ops says, a graph that is not a DAG. With
 // guard_bytes > 0 every intermediate gets its own region (no arena) and every
 // region at least that many guard bytes after it.
-Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes,
-                               int64_t guard_bytes = 0);
+// With bf16, a region for the largest GEMM's operands in bf16 (one stream runs
+// the nodes one after another, so they share it).
+Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes, int64_t guard_bytes = 0,
+                               bool bf16 = false);
 
 class CudaExecutor : public StepRunner {
 public:

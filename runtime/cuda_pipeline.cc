@@ -36,7 +36,7 @@ std::vector<TensorType> CudaPipelineRunner::batch_types() const {
 
 #if !STRATA_HAVE_CUDA
 
-Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t) {
+Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t, bool) {
   return unimplemented(cuda_unavailable_reason());
 }
 struct CudaPipelineRunner::State {};
@@ -85,7 +85,7 @@ std::string instruction_context(const Graph &g, size_t device, size_t i,
 } // namespace
 
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
-                                                int64_t workspace_bytes) {
+                                                int64_t workspace_bytes, bool bf16) {
   if (!plan.pipeline) return invalid_argument("the plan has no pipeline (one device)");
   const Graph &g = plan.graph;
   const serialization::PlanPipeline &pipeline = *plan.pipeline;
@@ -134,12 +134,15 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
           return invalid_argument(instruction_context(g, d, i, instr), ": no node ", instr.index);
         const Node &node = g.node(instr.index);
         const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
-        if (op == nullptr || op->scratch == nullptr) break;
+        if (op == nullptr) break;
         std::vector<TensorType> types;
         for (TensorId t : node.inputs)
           types.push_back(g.tensor(t).type);
-        device.scratch_bytes =
-            std::max(device.scratch_bytes, op->scratch(node, *registry.find(node.op), types));
+        if (bf16)
+          device.bf16_bytes = std::max(device.bf16_bytes, cuda::bf16_staging_bytes(node, types));
+        if (op->scratch != nullptr)
+          device.scratch_bytes =
+              std::max(device.scratch_bytes, op->scratch(node, *registry.find(node.op), types));
         break;
       }
       case InstrKind::kSend:
@@ -177,6 +180,7 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     }
     device.scratch = place(device.scratch_bytes);
     device.workspace = place(workspace_bytes);
+    if (bf16) device.bf16 = place(device.bf16_bytes);
     for (size_t i = 0; i < program.instructions.size(); ++i)
       if (device.send[i] == -2)
         device.send[i] = place(g.tensor(program.instructions[i].index).type.size_bytes());
@@ -234,7 +238,7 @@ struct CudaPipelineRunner::State {
   struct Device {
     cudaStream_t stream = nullptr, side = nullptr;
     void *cudnn = nullptr;
-    void *scratch = nullptr, *workspace = nullptr;
+    void *scratch = nullptr, *workspace = nullptr, *bf16 = nullptr;
     int *flags = nullptr;
     std::vector<Op> ops;
     std::map<TensorId, std::byte *> held;
@@ -294,10 +298,13 @@ struct CudaPipelineRunner::State {
         return copy(op.outputs[0].data, op.source,
                     static_cast<size_t>(op.outputs[0].type->size_bytes()), stream);
       cuda::CudaKernelContext context{
-          *op.node,       *op.def, op.inputs,        op.outputs,
-          stream,         lt,      device.workspace, static_cast<size_t>(options.workspace_bytes),
-          device.scratch, op.flag, options.tf32,     device.cudnn,
-          op.cache};
+          *op.node,         *op.def,
+          op.inputs,        op.outputs,
+          stream,           lt,
+          device.workspace, static_cast<size_t>(options.workspace_bytes),
+          device.scratch,   op.flag,
+          options.tf32,     device.cudnn,
+          op.cache,         device.bf16};
       return op.op->kernel(context);
     }
     case InstrKind::kSend:
@@ -418,7 +425,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context(context));
   RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
                       .with_context(context));
-  auto layout = cuda_pipeline_layout(plan, options.workspace_bytes);
+  auto layout = cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16);
   if (!layout.is_ok()) return layout.status().with_context(context);
   for (const auto &group : plan.pipeline->groups)
     if (group.size() > static_cast<size_t>(cuda::kMaxMembers))
@@ -511,6 +518,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     }
     device.scratch = s.base + region.scratch;
     device.workspace = s.base + region.workspace;
+    if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
     device.flags = reinterpret_cast<int *>(s.base + region.flags);
     for (const auto &[id, offset] : region.held) {
       device.held[id] = s.base + offset;

@@ -51,6 +51,7 @@ struct CudaPipelineOptions {
   int gpu = 0;                        // the CUDA device every plan device runs on
   bool cuda_graph = true;             // false: launch every instruction eagerly each step
   bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
+  bool bf16 = false;                  // GEMM operands in bf16 (CudaExecutorOptions::bf16)
   int64_t workspace_bytes = 32 << 20; // cuBLASLt/cuDNN workspace per plan device
 };
 
@@ -63,8 +64,9 @@ struct CudaPipelineLayout {
     std::vector<std::pair<TensorId, int64_t>> held; // in the program's holds order
     int64_t scratch = 0, scratch_bytes = 0;         // the largest of its nodes' (one stream)
     int64_t workspace = 0;
-    std::vector<int64_t> send; // per instruction: a send's staging, or -1
-    int64_t flags = 0;         // one int per instruction
+    int64_t bf16 = -1, bf16_bytes = 0; // with bf16: its GEMM operands' staging
+    std::vector<int64_t> send;         // per instruction: a send's staging, or -1
+    int64_t flags = 0;                 // one int per instruction
   };
   std::vector<Device> devices;
   std::vector<int64_t> constant; // per node: its value computed at load, or -1
@@ -76,7 +78,7 @@ struct CudaPipelineLayout {
 // (ZeRO-1 shards, tensor-parallel pieces, reduce-scatter buckets, non-f32
 // accumulation), each naming the device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
-                                                int64_t workspace_bytes);
+                                                int64_t workspace_bytes, bool bf16 = false);
 
 class CudaPipelineRunner : public StepRunner {
 public:

@@ -790,13 +790,15 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     pipeline_options.gpu = gpu.gpu;
     pipeline_options.cuda_graph = gpu.cuda_graph;
     pipeline_options.tf32 = gpu.tf32;
+    pipeline_options.bf16 = gpu.bf16;
     auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
     gpu_line =
         str_cat((*created)->device_name(), " runs all ", (*created)->num_devices(),
                 " plan devices (two streams each), ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
-                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches");
+                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
+                gpu.bf16 ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
     runner = std::move(created).value();
   } else if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;
@@ -816,7 +818,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     gpu_line =
         str_cat((*created)->device_name(), ", ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
-                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches");
+                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
+                args.precision == "bf16" ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
     runner = std::move(created).value();
   } else {
     runtime::ExecutorOptions executor_options;

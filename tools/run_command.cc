@@ -133,6 +133,7 @@ runtime::CudaExecutorOptions cuda_options(const RunArgs &args) {
   options.gpu = args.gpu;
   options.cuda_graph = args.cuda_graph;
   options.tf32 = args.tf32;
+  options.bf16 = args.precision == "bf16";
   return options;
 }
 
@@ -142,6 +143,9 @@ Status check_backend_options(const RunArgs &args) {
   if (args.backend == "cuda") return Status::ok();
   if (!args.cuda_graph) return invalid_argument("--no-cuda-graph needs --backend cuda");
   if (args.tf32) return invalid_argument("--tf32 needs --backend cuda");
+  if (args.precision != "f32")
+    return invalid_argument("--precision ", args.precision,
+                            " needs --backend cuda (the CPU backend computes in f32)");
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
   return Status::ok();
 }

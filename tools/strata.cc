@@ -395,6 +395,12 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_flag("--tf32", args.tf32,
                 "--backend cuda: f32 matrix products on TF32 tensor cores (faster, ~1e-3 "
                 "relative error)");
+  sub->add_option("--precision", args.precision,
+                  "--backend cuda: f32, or bf16 (mixed precision: MatMul and Gemm multiply bf16 "
+                  "operands on the tensor cores with f32 accumulation; weights, optimizer state "
+                  "and every other op stay f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");
@@ -422,6 +428,7 @@ void add_run(CLI::App &app, Action &action) {
               "its own streams (tensor-parallel, ZeRO and multi-GPU plans need NCCL, not yet):\n"
               "  strata run train.splan --steps 100 --backend cuda\n"
               "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n"
+              "  strata run train.splan --steps 100 --backend cuda --precision bf16\n"
               "  strata run pp.splan --steps 100 --backend cuda --gpu 1\n\n"
               "Several processes (Open MPI): the same plan, one device per rank, or\n"
               "--devices-per-rank K threads per rank; rank 0 prints, every rank checks that\n"

@@ -78,6 +78,8 @@ def main():
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--bf16", action="store_true",
+                        help="mixed precision: the forward under torch.autocast(bfloat16)")
     args = parser.parse_args()
     if args.model == "gpt":
         args.hidden = int(args.hidden or 128)
@@ -96,8 +98,9 @@ def main():
 
         def step():
             opt.zero_grad(set_to_none=False)
-            logits = forward(x)
-            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
+                logits = forward(x)
+                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()
             opt.step()
             return loss
@@ -118,7 +121,8 @@ def main():
 
     for mode in ["eager", "graph"] + (["compile"] if args.compile else []):
         seconds = run(mode)
-        print(f"torch {args.model} {mode:8s} {seconds * 1e3:9.3f} ms/step {1 / seconds:10.1f} steps/s")
+        name = f"{args.model} bf16" if args.bf16 else args.model
+        print(f"torch {name} {mode:8s} {seconds * 1e3:9.3f} ms/step {1 / seconds:10.1f} steps/s")
 
 
 if __name__ == "__main__":

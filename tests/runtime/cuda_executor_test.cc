@@ -180,6 +180,34 @@ TEST(CudaExecutor, LayoutIsAlignedTightAndDisjoint) {
 // With guard bytes (the cross-backend test's layout): every intermediate has
 // its own region, and each region is followed by at least the guard, inside
 // the gap before the next one.
+// --precision bf16: one staging region, aligned and apart from the rest, holds
+// the largest GEMM's operands in bf16 (A, then B at the next 256 bytes); f32
+// runs reserve none.
+TEST(CudaExecutor, Bf16LayoutStagesTheLargestGemmsOperands) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  const Graph graph = gpt_graph();
+  auto f32 = cuda_layout(graph, 1 << 20);
+  auto bf16 = cuda_layout(graph, 1 << 20, 0, true);
+  ASSERT_TRUE(f32.is_ok() && bf16.is_ok());
+  EXPECT_EQ(f32->bf16, -1);
+  EXPECT_EQ(f32->bf16_bytes, 0);
+  int64_t largest = 0;
+  for (const Node &node : graph.nodes()) {
+    if (node.op != "MatMul" && node.op != "Gemm") continue;
+    const int64_t a = graph.tensor(node.inputs[0]).type.num_elements();
+    const int64_t b = graph.tensor(node.inputs[1]).type.num_elements();
+    largest = std::max(largest, (a * 2 + 255) / 256 * 256 + b * 2);
+  }
+  EXPECT_GT(largest, 0);
+  EXPECT_EQ(bf16->bf16_bytes, largest);
+  EXPECT_EQ(bf16->bf16 % kCudaAlignment, 0);
+  EXPECT_GE(bf16->bf16, bf16->workspace + bf16->workspace_bytes);
+  EXPECT_LE(bf16->bf16 + bf16->bf16_bytes, bf16->flags);
+  EXPECT_EQ(bf16->total - f32->total,
+            (largest + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment);
+}
+
 TEST(CudaExecutor, GuardedLayoutSurroundsEveryBuffer) {
   if (cuda_unavailable_reason().find("built without") != std::string::npos)
     GTEST_SKIP() << cuda_unavailable_reason();
@@ -590,6 +618,81 @@ void expect_training_matches(const Graph &graph, double tolerance, bool bitwise_
     const HostTensor &x = (*eager)->value(id);
     const HostTensor &y = (*replayed)->value(id);
     EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size_bytes()), 0) << t.name;
+  }
+}
+
+// The bf16 GEMM multiplies the operands rounded to bf16 exactly (their
+// products fit f32) and sums in f32: the CPU's f32 product of the same rounded
+// operands agrees to f32 summation-order error.
+float round_to_bf16(float x) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u); // to nearest, ties to even
+  bits &= 0xFFFF0000u;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+TEST_F(CudaGpuTest, Bf16GemmsMultiplyTheRoundedOperands) {
+  const std::vector<OpCase> cases = {
+      {"MatMul", {}, {{DType::kF32, {2, 3, 40, 24}}, {DType::kF32, {2, 3, 24, 16}}}},
+      {"MatMul", {}, {{DType::kF32, {4, 40, 24}}, {DType::kF32, {24, 16}}}},
+      {"Gemm",
+       {{"trans_b", int64_t{1}}, {"beta", 0.5}},
+       {{DType::kF32, {40, 24}}, {DType::kF32, {16, 24}}, {DType::kF32, {16}}}}};
+  for (const OpCase &c : cases) {
+    SCOPED_TRACE(describe(c));
+    Graph graph = one_node(c);
+    std::vector<HostTensor> inputs = random_inputs(graph, 11), rounded = inputs;
+    for (size_t k = 0; k < 2; ++k) {
+      rounded[k] = HostTensor::zeros(inputs[k].type);
+      for (int64_t i = 0; i < inputs[k].type.num_elements(); ++i)
+        rounded[k].as<float>()[i] = round_to_bf16(inputs[k].as<float>()[i]);
+    }
+    auto cpu = CpuExecutor::create(graph);
+    ASSERT_TRUE(cpu.is_ok());
+    std::vector<HostTensor> expected, unrounded, got;
+    ASSERT_TRUE((*cpu)->run(rounded, &expected).is_ok());
+    ASSERT_TRUE((*cpu)->run(inputs, &unrounded).is_ok());
+    CudaExecutorOptions options;
+    options.bf16 = true;
+    auto gpu = CudaExecutor::create(graph, options);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+    Status status = (*gpu)->run(inputs, &got);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    EXPECT_LE(max_difference(got[0], expected[0]), 1e-5);
+    // And bf16 is really used: the unrounded product is further away.
+    EXPECT_GT(max_difference(got[0], unrounded[0]), 1e-4);
+  }
+}
+
+// --precision bf16 trains within a stated tolerance of the CPU's f32 (losses
+// and weights within 2e-2 after 4 steps) and replays bitwise.
+TEST_F(CudaGpuTest, Bf16TrainingStaysCloseToF32) {
+  for (const Graph &graph : {mlp_graph(), gpt_graph()}) {
+    SCOPED_TRACE(graph.name());
+    auto cpu = CpuExecutor::create(graph);
+    ASSERT_TRUE(cpu.is_ok());
+    CudaExecutorOptions options;
+    options.bf16 = true;
+    options.cuda_graph = false;
+    auto eager = CudaExecutor::create(graph, options);
+    options.cuda_graph = true;
+    auto replayed = CudaExecutor::create(graph, options);
+    ASSERT_TRUE(eager.is_ok() && replayed.is_ok());
+    for (uint64_t step = 0; step < 4; ++step) {
+      std::vector<HostTensor> inputs = random_inputs(graph, 100 + step), a, b, c;
+      ASSERT_TRUE((*cpu)->run(inputs, &a).is_ok());
+      ASSERT_TRUE((*eager)->run(inputs, &b).is_ok());
+      ASSERT_TRUE((*replayed)->run(inputs, &c).is_ok());
+      EXPECT_LE(max_difference(b[0], a[0]), 2e-2) << "loss, step " << step;
+      EXPECT_EQ(std::memcmp(b[0].data(), c[0].data(), b[0].size_bytes()), 0);
+    }
+    for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+      const Tensor &t = graph.tensor(id);
+      if (t.kind != TensorKind::kParameter || t.type.dtype != DType::kF32) continue;
+      EXPECT_LE(max_difference((*eager)->value(id), (*cpu)->value(id)), 2e-2) << t.name;
+    }
   }
 }
 

@@ -262,6 +262,10 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   expect_one_line_error(strata({"run", "mlp.splan", "--tf32"}), "--tf32 needs --backend cuda");
   expect_one_line_error(strata({"run", "mlp.splan", "--no-cuda-graph"}),
                         "--no-cuda-graph needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--precision", "bf16"}),
+                        "--precision bf16 needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--precision", "f16"}),
+                        "--precision");
   ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x2x1", "-o", "tp.splan"}).code,
             0);
   expect_one_line_error(strata({"run", "tp.splan", "--backend", "cuda"}),

@@ -672,6 +672,7 @@ struct Product {
   int64_t m = 0, n = 0, k = 0;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
   float alpha = 1, beta = 0;
+  bool bf16 = false; // A and B are bf16 (strides in their elements)
 };
 
 // Owns cuBLASLt descriptors for one call.
@@ -688,10 +689,9 @@ struct LtObjects {
   }
 };
 
-Status layout(cublasLtMatrixLayout_t *layout, uint64_t rows, uint64_t cols, int64_t ld,
-              int64_t batch, int64_t stride) {
-  RETURN_IF_ERROR(
-      check_lt(cublasLtMatrixLayoutCreate(layout, CUDA_R_32F, rows, cols, ld), "layout"));
+Status layout(cublasLtMatrixLayout_t *layout, cudaDataType_t type, uint64_t rows, uint64_t cols,
+              int64_t ld, int64_t batch, int64_t stride) {
+  RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutCreate(layout, type, rows, cols, ld), "layout"));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutSetAttribute(
@@ -706,10 +706,10 @@ Status layout(cublasLtMatrixLayout_t *layout, uint64_t rows, uint64_t cols, int6
 }
 
 // The largest power of two up to 256 that divides the address and the batch
-// stride (in floats; 0: no stride) in bytes.
-uint32_t alignment(const void *pointer, int64_t stride) {
+// stride (in elements of `element` bytes; 0: no stride) in bytes.
+uint32_t alignment(const void *pointer, int64_t stride, size_t element = sizeof(float)) {
   uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256u;
-  if (stride != 0) bits |= static_cast<uint64_t>(stride) * sizeof(float);
+  if (stride != 0) bits |= static_cast<uint64_t>(stride) * element;
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
@@ -722,7 +722,7 @@ struct LtPlan {
 };
 
 Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const Product &p,
-                                             const float *a, const float *b, const float *d) {
+                                             const void *a, const void *b, const float *d) {
   auto plan = std::make_shared<LtPlan>();
   LtObjects &lt = plan->lt;
   const cublasComputeType_t compute = c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -739,11 +739,14 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   // B row-major [K, N] is column-major [N, K] (ld N); transposed, [K, N] (ld K).
   const uint64_t m = static_cast<uint64_t>(p.m), n = static_cast<uint64_t>(p.n),
                  k = static_cast<uint64_t>(p.k);
-  RETURN_IF_ERROR(p.trans_b ? layout(&lt.a, k, n, p.k, p.batch, p.stride_b)
-                            : layout(&lt.a, n, k, p.n, p.batch, p.stride_b));
-  RETURN_IF_ERROR(p.trans_a ? layout(&lt.b, m, k, p.m, p.batch, p.stride_a)
-                            : layout(&lt.b, k, m, p.k, p.batch, p.stride_a));
-  RETURN_IF_ERROR(layout(&lt.d, n, m, p.n, p.batch, p.stride_d));
+  // Operands f32, or bf16 under --precision bf16; D always f32.
+  const cudaDataType_t in = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t in_bytes = p.bf16 ? 2 : sizeof(float);
+  RETURN_IF_ERROR(p.trans_b ? layout(&lt.a, in, k, n, p.k, p.batch, p.stride_b)
+                            : layout(&lt.a, in, n, k, p.n, p.batch, p.stride_b));
+  RETURN_IF_ERROR(p.trans_a ? layout(&lt.b, in, m, k, p.m, p.batch, p.stride_a)
+                            : layout(&lt.b, in, k, m, p.k, p.batch, p.stride_a));
+  RETURN_IF_ERROR(layout(&lt.d, CUDA_R_32F, n, m, p.n, p.batch, p.stride_d));
   RETURN_IF_ERROR(check_lt(cublasLtMatmulPreferenceCreate(&lt.preference), "preference"));
   const uint64_t workspace = c.workspace_bytes;
   RETURN_IF_ERROR(check_lt(
@@ -753,8 +756,10 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   // cuBLASLt assumes 256-byte aligned operands unless told otherwise; per-batch
   // pointers and strides may be aligned to as little as one float.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(b, p.batch > 1 ? p.stride_b : 0)},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(a, p.batch > 1 ? p.stride_a : 0)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+       alignment(b, p.batch > 1 ? p.stride_b : 0, in_bytes)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+       alignment(a, p.batch > 1 ? p.stride_a : 0, in_bytes)},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)}};
   for (const auto &[attribute, bytes] : alignments)
@@ -774,7 +779,7 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
 
 // `cache`: the node's slot for its plan (null for a product issued several
 // times per node, each on other buffers).
-Status run_product(const CudaKernelContext &c, const Product &p, const float *a, const float *b,
+Status run_product(const CudaKernelContext &c, const Product &p, const void *a, const void *b,
                    float *d, std::shared_ptr<void> *cache) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
   if (p.k == 0) {
@@ -799,6 +804,32 @@ Status run_product(const CudaKernelContext &c, const Product &p, const float *a,
                   "matmul");
 }
 
+// A product's operands (inputs 0 and 1) as the GEMM reads them: the f32
+// tensors themselves, or under --precision bf16 their bf16 copies in the
+// staging (A, then B at the next 256-byte boundary); p.bf16 says which.
+struct Operands {
+  const std::byte *a = nullptr, *b = nullptr;
+  size_t element = sizeof(float);
+};
+int64_t staging_offset_b(int64_t a_elements) { return (a_elements * 2 + 255) / 256 * 256; }
+Result<Operands> gemm_operands(const CudaKernelContext &c, Product &p) {
+  Operands operands;
+  if (c.bf16 == nullptr) {
+    operands.a = reinterpret_cast<const std::byte *>(in_f32(c, 0));
+    operands.b = reinterpret_cast<const std::byte *>(in_f32(c, 1));
+    return operands;
+  }
+  const int64_t a_elements = c.inputs[0].num_elements(), b_elements = c.inputs[1].num_elements();
+  auto *a = static_cast<std::byte *>(c.bf16), *b = a + staging_offset_b(a_elements);
+  RETURN_IF_ERROR(check(
+      to_bf16(in_f32(c, 0), reinterpret_cast<uint16_t *>(a), a_elements, c.stream), "launch"));
+  RETURN_IF_ERROR(check(
+      to_bf16(in_f32(c, 1), reinterpret_cast<uint16_t *>(b), b_elements, c.stream), "launch"));
+  p.bf16 = true;
+  operands = {a, b, 2};
+  return operands;
+}
+
 Status matmul_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   ASSIGN_OR_RETURN(ops::MatMulDims dims,
@@ -809,8 +840,9 @@ Status matmul_op(const CudaKernelContext &c) {
   p.m = dims.m;
   p.n = dims.n;
   p.k = dims.k;
-  const float *a = in_f32(c, 0);
-  const float *b = in_f32(c, 1);
+  ASSIGN_OR_RETURN(Operands operands, gemm_operands(c, p));
+  const std::byte *a = operands.a, *b = operands.b;
+  const size_t element = operands.element;
   float *d = out_f32(c, 0);
   const int64_t batch = num_elements(dims.batch);
   if (num_elements(dims.b_batch) == 1 && num_elements(dims.a_batch) == batch && !dims.trans_a) {
@@ -835,8 +867,9 @@ Status matmul_op(const CudaKernelContext &c) {
     return run_product(c, p, a, b, d, c.cache);
   }
   for (int64_t i = 0; i < batch; ++i)
-    RETURN_IF_ERROR(run_product(c, p, a + a_offsets[static_cast<size_t>(i)],
-                                b + b_offsets[static_cast<size_t>(i)], d + i * p.m * p.n, nullptr));
+    RETURN_IF_ERROR(run_product(c, p, a + a_offsets[static_cast<size_t>(i)] * element,
+                                b + b_offsets[static_cast<size_t>(i)] * element, d + i * p.m * p.n,
+                                nullptr));
   return Status::ok();
 }
 
@@ -864,7 +897,8 @@ Status gemm_op(const CudaKernelContext &c) {
   } else {
     p.beta = 0.0f;
   }
-  return run_product(c, p, in_f32(c, 0), in_f32(c, 1), d, c.cache);
+  ASSIGN_OR_RETURN(Operands operands, gemm_operands(c, p));
+  return run_product(c, p, operands.a, operands.b, d, c.cache);
 }
 
 // ---- the table ------------------------------------------------------------------------
@@ -956,6 +990,11 @@ const std::vector<CudaOp> &table() {
 }
 
 } // namespace
+
+int64_t bf16_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs) {
+  if ((node.op != "MatMul" && node.op != "Gemm") || inputs.size() < 2) return 0;
+  return staging_offset_b(inputs[0].num_elements()) + inputs[1].num_elements() * 2;
+}
 
 Status expect_f32(const CudaKernelContext &context, std::initializer_list<size_t> inputs) {
   for (size_t i : inputs)

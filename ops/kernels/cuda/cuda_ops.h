@@ -40,8 +40,16 @@ struct CudaKernelContext {
   // and algorithms), kept by the executor for the executor's life; null: plan
   // every time.
   std::shared_ptr<void> *cache = nullptr;
+  // Mixed precision (--precision bf16): non-null, MatMul and Gemm round their
+  // operands to bf16 here (bf16_staging_bytes of it) and multiply them on the
+  // tensor cores, accumulating and writing f32; everything else stays f32.
+  void *bf16 = nullptr;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
+
+// What a node needs in CudaKernelContext::bf16 under --precision bf16 (0 for
+// ops that stay f32). One region serves every node of a stream.
+int64_t bf16_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs);
 
 using CudaKernelFn = Status (*)(const CudaKernelContext &context);
 // Device scratch a node needs besides its outputs, from its input types.

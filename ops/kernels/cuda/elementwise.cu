@@ -1,6 +1,8 @@
 // Elementwise CUDA kernels: unary maps, broadcast binaries, broadcast copies,
 // transposes, and the optimizer updates. Compiled with --fmad=false so each
 // a * b + c rounds twice, as the CPU kernels do.
+#include <cuda_bf16.h>
+
 #include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
 
@@ -481,6 +483,18 @@ cudaError_t cast(const void *x, Elem from, void *y, Elem to, int64_t n, cudaStre
   case Elem::kBool: return cast_from(static_cast<const uint8_t *>(x), y, to, n, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+namespace {
+__global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) { y[i] = __float2bfloat16_rn(x[i]); }
+}
+} // namespace
+
+cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16 *>(y), n);
+  return cudaGetLastError();
 }
 
 cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream) {

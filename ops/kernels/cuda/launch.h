@@ -228,6 +228,10 @@ cudaError_t mse_loss(const float *p, const float *t, int64_t n, int reduction, d
 cudaError_t mse_loss_grad(const float *dloss, const float *p, const float *t, int64_t n,
                           int reduction, float *dp, float *dt, cudaStream_t stream);
 
+// y = x rounded to bfloat16 (to nearest, ties to even), as raw bits: the
+// operands of a GEMM under --precision bf16.
+cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
+
 // *any = 1 if any of the n flags is set, else 0 (one thread, in order).
 cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream);
 // dst = src (bytes) unless *any: a step whose device checks failed writes no
