@@ -513,21 +513,22 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
       state.stream, state.options.cuda_graph, [&] { return state.enqueue(); },
       [&] { return state.record(graph_); }));
 
+  // Wait (bounded) before reading back: a copy into pageable memory would
+  // block until the step is done, past any bound.
+  RETURN_IF_ERROR(state.wait("the step"));
   outputs->clear();
   for (size_t k = 0; k < graph_.outputs().size(); ++k) {
     HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
     if (out.size_bytes() > 0)
-      RETURN_IF_ERROR(
-          cuda_check(cudaMemcpyAsync(out.data(), state.output_staging[k], out.size_bytes(),
-                                     cudaMemcpyDeviceToHost, state.stream),
-                     "copying an output"));
+      RETURN_IF_ERROR(cuda_check(
+          cudaMemcpy(out.data(), state.output_staging[k], out.size_bytes(), cudaMemcpyDeviceToHost),
+          "copying an output"));
     outputs->push_back(std::move(out));
   }
   std::vector<int> flags(state.steps.size());
-  RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(flags.data(), state.flags, flags.size() * sizeof(int),
-                                             cudaMemcpyDeviceToHost, state.stream),
-                             "reading the error flags"));
-  RETURN_IF_ERROR(state.wait("the step"));
+  RETURN_IF_ERROR(cuda_check(
+      cudaMemcpy(flags.data(), state.flags, flags.size() * sizeof(int), cudaMemcpyDeviceToHost),
+      "reading the error flags"));
   std::fill(state.host_fresh.begin(), state.host_fresh.end(), false);
   for (size_t s = 0; s < flags.size(); ++s)
     if (flags[s] != 0)

@@ -184,9 +184,12 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     for (size_t i = 0; i < program.instructions.size(); ++i)
       if (device.send[i] == -2)
         device.send[i] = place(g.tensor(program.instructions[i].index).type.size_bytes());
-    device.flags = place(static_cast<int64_t>(program.instructions.size() * sizeof(int)));
+    device.first_flag = l.flag_count;
+    l.flag_count += static_cast<int64_t>(program.instructions.size());
     l.devices.push_back(std::move(device));
   }
+  l.flag_count += static_cast<int64_t>(plan.programs.size()); // the "any" ints
+  l.flags = place(l.flag_count * static_cast<int64_t>(sizeof(int)));
   l.constant.assign(g.num_nodes(), -1);
   for (NodeId n = 0; n < g.num_nodes(); ++n)
     if (computed_at_load(g.node(n)))
@@ -239,15 +242,21 @@ struct CudaPipelineRunner::State {
     cudaStream_t stream = nullptr, side = nullptr;
     void *cudnn = nullptr;
     void *scratch = nullptr, *workspace = nullptr, *bf16 = nullptr;
-    int *flags = nullptr;
+    int *flags = nullptr; // its instructions' flags
+    int *any = nullptr;   // set before its first update: did any check fail?
+    bool checked = false; // `any` computed this step (while enqueueing)
     std::vector<Op> ops;
     std::map<TensorId, std::byte *> held;
-    std::map<NodeId, std::shared_ptr<void>> caches; // per node: its kernel plan
-    std::map<uint32_t, cudaEvent_t> bucket_done;    // per bucket
+    // Per node and micro-batch: its kernel plan (a plan is valid for the
+    // buffers it was made for, and each micro-batch has its own).
+    std::map<std::pair<NodeId, int32_t>, std::shared_ptr<void>> caches;
+    std::map<uint32_t, cudaEvent_t> bucket_done; // per bucket
   };
   std::vector<Device> devices;
   std::deque<cudaEvent_t> reduced; // one per collective launch (stable addresses)
   cudaEvent_t fork = nullptr;
+  int *flags = nullptr; // every device's, then the "any" ints
+  int64_t flag_count = 0;
   std::vector<cudaEvent_t> joins; // two per device (compute, side)
   std::vector<std::byte *> input_staging;
   std::vector<size_t> input_bytes;
@@ -323,28 +332,24 @@ struct CudaPipelineRunner::State {
       return cuda_check(cuda::divide(reinterpret_cast<float *>(op.data), divisor,
                                      static_cast<int64_t>(op.bytes / sizeof(float)), stream),
                         "launch");
-    case InstrKind::kUpdate: return copy(op.data, op.source, op.bytes, stream);
+
     case InstrKind::kWaitBucket:
       return cuda_check(cudaStreamWaitEvent(stream, *op.reduced, 0), "event wait");
     default: return internal_error("instruction enqueued out of its launch");
     }
   }
 
-  // A collective: every member arrives, the first member's stream (its second
-  // stream for a bucket) sums, and for an all-reduce every member waits.
-  Status run_collective(const GpuLaunch &launch) {
+  // A group's sum: the members' buffers added in group order into each of
+  // them, on `stream`, after every member's `arrived` event; then `reduced`.
+  Status sum_group(const GpuLaunch &launch, cudaStream_t stream) {
     const GpuLaunch::Part &lead = launch.parts[0];
     Op &first = devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
-    const bool bucket = first.kind == InstrKind::kStartBucket;
-    cudaStream_t stream = bucket ? devices[static_cast<size_t>(lead.device)].side
-                                 : devices[static_cast<size_t>(lead.device)].stream;
-    for (const GpuLaunch::Part &part : launch.parts) {
-      Device &member = devices[static_cast<size_t>(part.device)];
-      Op &op = member.ops[part.instruction];
-      RETURN_IF_ERROR(cuda_check(cudaEventRecord(op.arrived, member.stream), "event record"));
-      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, op.arrived, 0), "event wait"));
-    }
-    const size_t tensors = bucket ? first.bucket.size() : 1;
+    for (const GpuLaunch::Part &part : launch.parts)
+      RETURN_IF_ERROR(cuda_check(
+          cudaStreamWaitEvent(
+              stream, devices[static_cast<size_t>(part.device)].ops[part.instruction].arrived, 0),
+          "event wait"));
+    const size_t tensors = launch.reduce ? first.bucket.size() : 1;
     for (size_t t = 0; t < tensors; ++t) {
       cuda::Members members;
       members.count = static_cast<int>(launch.parts.size());
@@ -352,54 +357,94 @@ struct CudaPipelineRunner::State {
       for (size_t m = 0; m < launch.parts.size(); ++m) {
         Op &op =
             devices[static_cast<size_t>(launch.parts[m].device)].ops[launch.parts[m].instruction];
-        float *data = bucket ? op.bucket[t] : reinterpret_cast<float *>(op.data);
-        n = bucket ? static_cast<int64_t>(op.counts[t])
-                   : static_cast<int64_t>(op.bytes / sizeof(float));
+        float *data = launch.reduce ? op.bucket[t] : reinterpret_cast<float *>(op.data);
+        n = launch.reduce ? static_cast<int64_t>(op.counts[t])
+                          : static_cast<int64_t>(op.bytes / sizeof(float));
         members.in[m] = data;
         members.out[m] = data;
       }
       RETURN_IF_ERROR(cuda_check(cuda::sum_members(members, n, stream), "launch"));
     }
-    RETURN_IF_ERROR(cuda_check(cudaEventRecord(*first.reduced, stream), "event record"));
-    if (!bucket)
+    return cuda_check(cudaEventRecord(*first.reduced, stream), "event record");
+  }
+
+  // One launch of the order (gpu_placement.h's GpuLaunch).
+  Status run_launch(const GpuLaunch &launch, float divisor) {
+    const GpuLaunch::Part &lead = launch.parts[0];
+    Device &device = devices[static_cast<size_t>(lead.device)];
+    Op &op = device.ops[lead.instruction];
+    if (launch.reduce) // a bucket, on its first member's second stream
+      return sum_group(launch, device.side);
+    switch (op.kind) {
+    case InstrKind::kStartBucket: // this member is there; its stream goes on
+      return cuda_check(cudaEventRecord(op.arrived, device.stream), "event record");
+    case InstrKind::kAllReduce: {
+      // Every member stops until the sum, which its first member's stream runs.
+      for (const GpuLaunch::Part &part : launch.parts) {
+        Device &member = devices[static_cast<size_t>(part.device)];
+        RETURN_IF_ERROR(cuda_check(
+            cudaEventRecord(member.ops[part.instruction].arrived, member.stream), "event record"));
+      }
+      RETURN_IF_ERROR(sum_group(launch, device.stream));
       for (const GpuLaunch::Part &part : launch.parts)
         if (part.device != lead.device)
-          RETURN_IF_ERROR(
-              cuda_check(cudaStreamWaitEvent(devices[static_cast<size_t>(part.device)].stream,
-                                             *first.reduced, 0),
-                         "event wait"));
-    return Status::ok();
+          RETURN_IF_ERROR(cuda_check(
+              cudaStreamWaitEvent(devices[static_cast<size_t>(part.device)].stream, *op.reduced, 0),
+              "event wait"));
+      return Status::ok();
+    }
+    case InstrKind::kUpdate:
+      if (!device.checked) {
+        // Whether any check before this device's first update failed (theirs
+        // are all done: the update follows them through the transfers).
+        RETURN_IF_ERROR(
+            cuda_check(cuda::any_flag(flags, flag_count - static_cast<int64_t>(devices.size()),
+                                      device.any, device.stream),
+                       "launch"));
+        device.checked = true;
+      }
+      return cuda_check(cuda::guarded_copy(op.data, op.source, static_cast<int64_t>(op.bytes),
+                                           device.any, device.stream),
+                        "launch");
+    default: return run_one(device, op, divisor);
+    }
   }
 
   // Everything one step does on the GPU: fork every stream from the origin,
-  // the launches, join them back.
+  // the launches, join them back (also after a failed launch, so no stream is
+  // left running past the origin).
   Status enqueue(float divisor) {
+    RETURN_IF_ERROR(
+        cuda_check(cudaMemsetAsync(flags, 0, static_cast<size_t>(flag_count) * sizeof(int), origin),
+                   "memset"));
     RETURN_IF_ERROR(cuda_check(cudaEventRecord(fork, origin), "event record"));
+    Status status = Status::ok();
     for (Device &device : devices) {
-      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait"));
-      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(device.side, fork, 0), "event wait"));
-      if (!device.ops.empty())
-        RETURN_IF_ERROR(cuda_check(
-            cudaMemsetAsync(device.flags, 0, device.ops.size() * sizeof(int), device.stream),
-            "memset"));
+      device.checked = false;
+      if (status.is_ok())
+        status = cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait");
+      if (status.is_ok())
+        status = cuda_check(cudaStreamWaitEvent(device.side, fork, 0), "event wait");
     }
-    for (const GpuLaunch &launch : order) {
-      const GpuLaunch::Part &part = launch.parts[0];
-      Device &device = devices[static_cast<size_t>(part.device)];
-      Op &op = device.ops[part.instruction];
-      Status status = op.kind == InstrKind::kAllReduce || op.kind == InstrKind::kStartBucket
-                          ? run_collective(launch)
-                          : run_one(device, op, divisor);
-      if (!status.is_ok()) return std::move(status).with_context(op.what);
+    for (size_t k = 0; k < order.size() && status.is_ok(); ++k) {
+      const GpuLaunch &launch = order[k];
+      status = run_launch(launch, divisor);
+      if (!status.is_ok())
+        status = std::move(status).with_context(devices[static_cast<size_t>(launch.parts[0].device)]
+                                                    .ops[launch.parts[0].instruction]
+                                                    .what);
     }
     for (size_t d = 0; d < devices.size(); ++d) {
-      RETURN_IF_ERROR(cuda_check(cudaEventRecord(joins[2 * d], devices[d].stream), "event record"));
-      RETURN_IF_ERROR(
-          cuda_check(cudaEventRecord(joins[2 * d + 1], devices[d].side), "event record"));
-      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(origin, joins[2 * d], 0), "event wait"));
-      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(origin, joins[2 * d + 1], 0), "event wait"));
+      Status joined = cuda_check(cudaEventRecord(joins[2 * d], devices[d].stream), "event record");
+      if (joined.is_ok())
+        joined = cuda_check(cudaEventRecord(joins[2 * d + 1], devices[d].side), "event record");
+      if (joined.is_ok())
+        joined = cuda_check(cudaStreamWaitEvent(origin, joins[2 * d], 0), "event wait");
+      if (joined.is_ok())
+        joined = cuda_check(cudaStreamWaitEvent(origin, joins[2 * d + 1], 0), "event wait");
+      if (status.is_ok()) status = joined;
     }
-    return Status::ok();
+    return status;
   }
 
   CaptureRecord record(const Graph &g) const {
@@ -500,6 +545,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     return false;
   });
   ASSIGN_OR_RETURN(s.fork, s.make_event());
+  s.flags = reinterpret_cast<int *>(s.base + l.flags);
+  s.flag_count = l.flag_count;
 
   // Per device: streams, regions, held tensors.
   const size_t num_devices = s.programs.size();
@@ -519,7 +566,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     device.scratch = s.base + region.scratch;
     device.workspace = s.base + region.workspace;
     if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
-    device.flags = reinterpret_cast<int *>(s.base + region.flags);
+    device.flags = reinterpret_cast<int *>(s.base + l.flags) + region.first_flag;
+    device.any = reinterpret_cast<int *>(s.base + l.flags) + l.flag_count -
+                 static_cast<int64_t>(num_devices) + static_cast<int64_t>(d);
     for (const auto &[id, offset] : region.held) {
       device.held[id] = s.base + offset;
       const HostTensor &value = values.at(id);
@@ -588,7 +637,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         op.node = &node;
         op.def = registry.find(node.op);
         op.op = cuda::find_cuda_op(node.op);
-        op.cache = &device.caches[instr.index];
+        op.cache = &device.caches[{instr.index, instr.microbatch}];
         if (op.op == nullptr) op.source = s.base + l.constant[instr.index];
         for (TensorId t : node.inputs) {
           const Tensor &tensor = g.tensor(t);
@@ -695,13 +744,13 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (queue.empty()) return internal_error(first.what, ": no send to receive");
       first.matching = queue.front();
       queue.pop_front();
-    } else if (first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kStartBucket) {
+    } else if (first.kind == InstrKind::kAllReduce || launch.reduce) {
       ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
       s.reduced.push_back(done);
       for (const GpuLaunch::Part &part : launch.parts) {
         State::Device &member = s.devices[static_cast<size_t>(part.device)];
         member.ops[part.instruction].reduced = &s.reduced.back();
-        if (first.kind == InstrKind::kStartBucket)
+        if (launch.reduce)
           member.bucket_done
               [s.programs[static_cast<size_t>(part.device)].instructions[part.instruction].index] =
               done;
@@ -752,28 +801,29 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
     s.failed = true;
     return launched;
   }
+  // Wait (bounded) before reading back: a copy into pageable memory would
+  // block until the step is done, past any bound.
+  Status waited = s.wait("the step");
+  if (!waited.is_ok()) {
+    s.failed = true;
+    return waited;
+  }
   outputs->clear();
   for (size_t k = 0; k < graph_.outputs().size(); ++k) {
     HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
     if (out.size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(out.data(), s.outputs[k].data, out.size_bytes(),
-                                                 cudaMemcpyDeviceToHost, s.origin),
-                                 "copying an output"));
+      RETURN_IF_ERROR(cuda_check(
+          cudaMemcpy(out.data(), s.outputs[k].data, out.size_bytes(), cudaMemcpyDeviceToHost),
+          "copying an output"));
     outputs->push_back(std::move(out));
   }
   std::vector<std::vector<int>> flags(s.devices.size());
   for (size_t d = 0; d < s.devices.size(); ++d) {
     flags[d].resize(s.devices[d].ops.size());
     if (!flags[d].empty())
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(flags[d].data(), s.devices[d].flags,
-                                                 flags[d].size() * sizeof(int),
-                                                 cudaMemcpyDeviceToHost, s.origin),
+      RETURN_IF_ERROR(cuda_check(cudaMemcpy(flags[d].data(), s.devices[d].flags,
+                                            flags[d].size() * sizeof(int), cudaMemcpyDeviceToHost),
                                  "reading the error flags"));
-  }
-  Status waited = s.wait("the step");
-  if (!waited.is_ok()) {
-    s.failed = true;
-    return waited;
   }
   for (size_t d = 0; d < s.devices.size(); ++d)
     for (size_t i = 0; i < flags[d].size(); ++i)

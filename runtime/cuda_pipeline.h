@@ -20,10 +20,13 @@
 //  - accumulate, scale, update: kernels and copies on the device's stream;
 //  - all-reduce: every member records an event, the first member's stream
 //    waits for them all and sums the members' buffers in group order (as the
-//    CPU communicator does) into every member's, and the members wait for it;
-//  - gradient buckets: the same sum on the first member's second stream,
-//    which the members wait for at their WaitBucket, so the reduction overlaps
-//    their backward.
+//    CPU communicator does; where the plan names a ring or tree algorithm,
+//    the CPU adds in its order, the same sum to rounding with three or more
+//    members) into every member's, and the members wait for it;
+//  - gradient buckets: a member's StartBucket records its arrival and its
+//    stream goes on; once every member has arrived, the same sum runs on the
+//    first member's second stream, which the members wait for at their
+//    WaitBucket, so the reduction overlaps their backward.
 // With CUDA Graphs on (the default) the first step runs eagerly, the second is
 // captured (every stream forked from and joined back to one origin stream) and
 // later steps replay it, after checking that every buffer is where it was.
@@ -31,7 +34,9 @@
 // Plans over several GPUs (NCCL), ZeRO-1 sharded plans and tensor-parallel
 // plans are refused with the reason. A device check that fails (a label out
 // of range) ends the step with an error naming the device and instruction,
-// and, as with the CPU pipeline runner, leaves the runner unusable.
+// and, as with the CPU pipeline runner, leaves the runner unusable. A
+// device's state updates are skipped when any flag set before them (of any
+// device) is raised, so a bad label leaves the weights as they were.
 #pragma once
 
 #include <memory>
@@ -66,11 +71,14 @@ struct CudaPipelineLayout {
     int64_t workspace = 0;
     int64_t bf16 = -1, bf16_bytes = 0; // with bf16: its GEMM operands' staging
     std::vector<int64_t> send;         // per instruction: a send's staging, or -1
-    int64_t flags = 0;                 // one int per instruction
+    int64_t first_flag = 0;            // its instructions' flags: first_flag + i in `flags`
   };
   std::vector<Device> devices;
   std::vector<int64_t> constant; // per node: its value computed at load, or -1
   std::vector<int64_t> input;    // per graph input: the staging of the whole batch
+  // Every device's instructions' error flags (ints, device by device), then one
+  // "any flag set" int per device, read by its guarded state updates.
+  int64_t flags = 0, flag_count = 0;
   int64_t workspace_bytes = 0;
   int64_t total = 0;
 };

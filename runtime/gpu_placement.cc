@@ -150,6 +150,8 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
     return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
            kind == InstrKind::kAllGather || kind == InstrKind::kStartBucket;
   };
+  // Buckets whose reduction has been launched, per (device, its bucket index).
+  std::set<std::pair<int, uint32_t>> reduced;
   auto describe = [&](size_t d, size_t i) {
     return str_cat("device ", d, " instruction ", i, " (",
                    partitioner::describe_instruction(graph, programs[d].instructions[i]), ")");
@@ -180,6 +182,8 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
         } else if (instr.kind == InstrKind::kSend) {
           ++unreceived[{static_cast<int>(d), instr.peer,
                         partitioner::transfer_tag(instr.index, instr.microbatch)}];
+        } else if (instr.kind == InstrKind::kWaitBucket) {
+          if (!reduced.contains({static_cast<int>(d), instr.index})) break;
         } else if (collective(instr.kind)) {
           if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= groups.size())
             return invalid_argument(describe(d, i), ": no group ", instr.peer);
@@ -188,11 +192,24 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
             return invalid_argument(describe(d, i), ": the device is not in group ", instr.peer);
           auto &members = arrived[{instr.kind, instr.peer, instr.index}];
           members.push_back(part);
-          waiting[d] = true;
           progress = true;
-          if (members.size() < group.size()) break;
+          const bool bucket = instr.kind == InstrKind::kStartBucket;
+          if (bucket) {
+            // The device records its arrival and goes on; the reduction comes
+            // once the last member has arrived.
+            order.push_back({{part}});
+            ++next[d];
+            --left;
+          } else {
+            waiting[d] = true;
+          }
+          if (members.size() < group.size()) {
+            if (bucket) continue;
+            break;
+          }
           // Everyone is here: one launch, the members in group order.
           GpuLaunch launch;
+          launch.reduce = bucket;
           for (int32_t member : group)
             for (const GpuLaunch::Part &p : members)
               if (p.device == member) launch.parts.push_back(p);
@@ -200,6 +217,10 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
             return invalid_argument(describe(d, i), ": group ", instr.peer,
                                     " was reached twice by one device");
           for (const GpuLaunch::Part &p : launch.parts) {
+            if (bucket) {
+              reduced.insert({p.device, instr.index});
+              continue;
+            }
             waiting[static_cast<size_t>(p.device)] = false;
             ++next[static_cast<size_t>(p.device)];
             --left;

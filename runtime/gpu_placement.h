@@ -71,7 +71,9 @@ Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int dev
 // One launch of the single host thread that enqueues a step of several plan
 // devices sharing a GPU, each device on its own stream: one instruction of one
 // device, or a collective's instruction on every member of its group, in group
-// order (AllReduce, ReduceScatter, AllGather, StartBucket).
+// order (AllReduce, ReduceScatter, AllGather), or a bucket's reduction (`reduce`:
+// every member's StartBucket, each of which also came alone, where its device
+// reached it, to mark its arrival).
 struct GpuLaunch {
   struct Part {
     int device = 0;
@@ -79,13 +81,16 @@ struct GpuLaunch {
     friend bool operator==(const Part &, const Part &) = default;
   };
   std::vector<Part> parts;
+  bool reduce = false;
 };
 // An order in which one thread can enqueue every instruction of every device
 // so that nothing waits on work not yet enqueued (an event not yet recorded):
 // each device's instructions keep their order, every receive comes after the
 // send it matches (same peers, tensor and micro-batch, matched in order, as
-// the communicator matches them), and a collective comes once every member of
-// its group has reached it. Errors: a receive never sent, a collective some
+// the communicator matches them), a collective comes once every member of
+// its group has reached it, and a WaitBucket after its bucket's reduction. A
+// StartBucket does not stop its device (the reduction runs beside it, as on
+// the CPU's communication stream). Errors: a receive never sent, a collective some
 // member never reaches or reaches out of order (each stuck device is named
 // with its instruction), a collective on a device outside its group.
 Result<std::vector<GpuLaunch>>

@@ -92,6 +92,7 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
     };
     ASSERT_EQ(layout->devices.size(), plan.programs.size());
     size_t sends = 0;
+    int64_t flags = 0; // every device's flags, one after another
     for (size_t d = 0; d < plan.programs.size(); ++d) {
       const auto &program = plan.programs[d];
       const auto &device = layout->devices[d];
@@ -106,8 +107,8 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       }
       add(device.scratch, device.scratch_bytes, name + " scratch");
       add(device.workspace, layout->workspace_bytes, name + " workspace");
-      add(device.flags, static_cast<int64_t>(program.instructions.size() * sizeof(int)),
-          name + " flags");
+      EXPECT_EQ(device.first_flag, flags) << name;
+      flags += static_cast<int64_t>(program.instructions.size());
       ASSERT_EQ(device.send.size(), program.instructions.size());
       for (size_t i = 0; i < program.instructions.size(); ++i) {
         const auto &instr = program.instructions[i];
@@ -121,6 +122,9 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       }
     }
     EXPECT_GT(sends, 0u);
+    // Then one "any flag set" int per device.
+    EXPECT_EQ(layout->flag_count, flags + static_cast<int64_t>(plan.programs.size()));
+    add(layout->flags, layout->flag_count * static_cast<int64_t>(sizeof(int)), "the flags");
     const int64_t batch = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
     ASSERT_EQ(layout->input.size(), g.inputs().size());
     for (size_t k = 0; k < g.inputs().size(); ++k)

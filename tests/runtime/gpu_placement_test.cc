@@ -231,9 +231,32 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
     ASSERT_TRUE(order.is_ok()) << order.status().message();
     std::vector<uint32_t> next(plan.programs.size(), 0);
     std::map<std::tuple<int, int, uint64_t>, int> unreceived;
-    size_t collectives = 0, receives = 0;
+    size_t collectives = 0, receives = 0, buckets = 0;
+    std::set<std::pair<int, uint32_t>> reduced; // (device, bucket)
     for (const GpuLaunch &launch : *order) {
       ASSERT_FALSE(launch.parts.empty());
+      if (launch.reduce) {
+        // A bucket's reduction: every member of its group, in group order,
+        // each at a StartBucket already launched.
+        ++buckets;
+        const auto &first = plan.programs[static_cast<size_t>(launch.parts[0].device)]
+                                .instructions[launch.parts[0].instruction];
+        ASSERT_EQ(first.kind, InstrKind::kStartBucket);
+        const auto &group = groups.at(static_cast<size_t>(first.peer));
+        ASSERT_EQ(launch.parts.size(), group.size());
+        for (size_t m = 0; m < group.size(); ++m) {
+          const GpuLaunch::Part &part = launch.parts[m];
+          EXPECT_EQ(part.device, group[m]);
+          EXPECT_LT(part.instruction, next[static_cast<size_t>(part.device)])
+              << "reduced before device " << part.device << " started the bucket";
+          const auto &instr =
+              plan.programs[static_cast<size_t>(part.device)].instructions[part.instruction];
+          EXPECT_EQ(instr.kind, InstrKind::kStartBucket);
+          EXPECT_EQ(instr.index, first.index);
+          reduced.insert({part.device, instr.index});
+        }
+        continue;
+      }
       for (const GpuLaunch::Part &part : launch.parts) {
         ASSERT_LT(static_cast<size_t>(part.device), plan.programs.size());
         EXPECT_EQ(part.instruction, next[static_cast<size_t>(part.device)]++)
@@ -241,9 +264,7 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       }
       const auto &first = plan.programs[static_cast<size_t>(launch.parts[0].device)]
                               .instructions[launch.parts[0].instruction];
-      const bool collective =
-          first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kStartBucket;
-      if (collective) {
+      if (first.kind == InstrKind::kAllReduce) {
         ++collectives;
         const auto &group = groups.at(static_cast<size_t>(first.peer));
         ASSERT_EQ(launch.parts.size(), group.size());
@@ -261,6 +282,10 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       const int d = launch.parts[0].device;
       if (first.kind == InstrKind::kSend)
         ++unreceived[{d, first.peer, partitioner::transfer_tag(first.index, first.microbatch)}];
+      if (first.kind == InstrKind::kWaitBucket) {
+        EXPECT_TRUE(reduced.contains({d, first.index}))
+            << "device " << d << " waits for bucket " << first.index << " before its reduction";
+      }
       if (first.kind == InstrKind::kRecv) {
         ++receives;
         int &sent =
@@ -273,7 +298,10 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       EXPECT_EQ(next[d], plan.programs[d].instructions.size()) << "device " << d;
     EXPECT_GT(receives, 0u);
     if (plan.pipeline->data_parallel > 1) {
-      EXPECT_GT(collectives, 0u);
+      EXPECT_GT(collectives + buckets, 0u);
+    }
+    if (plan.pipeline->bucket_bytes > 0) {
+      EXPECT_GT(buckets, 0u);
     }
   }
 }
