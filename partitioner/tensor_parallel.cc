@@ -887,4 +887,21 @@ void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_by
   }
 }
 
+PieceLayout piece_layout(const Node &node, const TensorType &piece) {
+  const int64_t axis = node.int_attr("axis").value_or(0);
+  const int64_t outer = node.int_attr("outer").value_or(1);
+  const auto a = static_cast<size_t>(axis < 0 ? axis + piece.rank() : axis);
+  PieceLayout layout;
+  size_t after = 1;
+  for (size_t d = 0; d < static_cast<size_t>(piece.rank()); ++d) {
+    const auto n = static_cast<size_t>(piece.shape[d]);
+    if (d < a) layout.rows *= n;
+    if (d > a) after *= n;
+  }
+  layout.rows *= static_cast<size_t>(outer);
+  layout.run = static_cast<size_t>(piece.shape[a]) / static_cast<size_t>(outer) * after *
+               dtype_size(piece.dtype);
+  return layout;
+}
+
 } // namespace strata::partitioner

@@ -98,4 +98,12 @@ std::vector<TensorShard> with_optimizer_state(const Graph &training,
 void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_bytes,
                 std::byte *full, std::byte *piece, bool to_piece);
 
+// How a tensor-parallel node (TpAllGather, TpReduceScatter, TpSplit) cuts the
+// full tensor along its `axis` (viewed as [outer, n / outer]): the full tensor
+// is [rows, parts, run] and member r's piece is [rows, run], `run` in bytes.
+struct PieceLayout {
+  size_t rows = 1, run = 0;
+};
+PieceLayout piece_layout(const Node &node, const TensorType &piece);
+
 } // namespace strata::partitioner

@@ -46,7 +46,9 @@ bool computed_at_load(const Node &node, const ops::OpDef &def) {
 std::string cuda_unavailable_reason() {
   return "this strata was built without the CUDA toolkit (meson setup -Dcuda=enabled needs it)";
 }
-Status check_cuda_ops(const Graph &) { return unimplemented(cuda_unavailable_reason()); }
+Status check_cuda_ops(const Graph &, const std::function<bool(const Node &)> &) {
+  return unimplemented(cuda_unavailable_reason());
+}
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
 Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t, bool) {
   return unimplemented(cuda_unavailable_reason());
@@ -109,7 +111,7 @@ bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
 
 } // namespace
 
-Status check_cuda_ops(const Graph &graph) {
+Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)> &runs_elsewhere) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   std::map<std::string, std::vector<std::string>> missing;
   // Ops that only move bytes run on any dtype; the others compute in f32 (and
@@ -122,6 +124,12 @@ Status check_cuda_ops(const Graph &graph) {
   for (const Node &node : graph.nodes()) {
     const ops::OpDef *def = registry.find(node.op);
     if (def != nullptr && computed_at_load(node, *def)) continue;
+    if (runs_elsewhere && runs_elsewhere(node)) continue;
+    if ((node.op == "Gather" || node.op == "GatherGrad") &&
+        node.int_attr("parts").value_or(1) > 1) {
+      missing[str_cat(node.op, " of a vocabulary-parallel table (parts > 1)")].push_back(node.name);
+      continue;
+    }
     if (cuda::find_cuda_op(node.op) == nullptr) {
       missing[node.op].push_back(node.name);
       continue;

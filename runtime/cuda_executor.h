@@ -21,6 +21,7 @@
 // check_cuda_ops() tells, without one, which ops of a graph the backend lacks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,8 +59,11 @@ std::string cuda_unavailable_reason();
 std::vector<std::string_view> cuda_backend_ops();
 
 // OK when the CUDA backend has a kernel for every node of `graph`; otherwise
-// one error naming every op it lacks with the nodes that use it.
-Status check_cuda_ops(const Graph &graph);
+// one error naming every op it lacks with the nodes that use it. A runner
+// that runs some nodes itself (the pipeline runner's tensor-parallel
+// collectives) names them with `runs_elsewhere`.
+Status check_cuda_ops(const Graph &graph,
+                      const std::function<bool(const Node &)> &runs_elsewhere = {});
 
 // The one GPU allocation of a CudaExecutor, laid out before anything is
 // allocated (so it is tested without a GPU). Byte offsets from its start; every

@@ -12,6 +12,7 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "partitioner/pipeline.h"
+#include "partitioner/tensor_parallel.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
 #include "strata_config.h"
@@ -55,6 +56,7 @@ const HostTensor &CudaPipelineRunner::value(TensorId) const {
 Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
+TensorType CudaPipelineRunner::value_type(TensorId id) const { return graph_.tensor(id).type; }
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
@@ -89,11 +91,13 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
   if (!plan.pipeline) return invalid_argument("the plan has no pipeline (one device)");
   const Graph &g = plan.graph;
   const serialization::PlanPipeline &pipeline = *plan.pipeline;
-  if (pipeline.tensor_parallel > 1 || !pipeline.shards.empty())
-    return unimplemented("the plan is tensor-parallel (", pipeline.tensor_parallel,
-                         "-device groups); on GPUs that needs the NCCL communicator, which is not "
-                         "built yet (run it with --backend cpu)");
-  RETURN_IF_ERROR(check_cuda_ops(g));
+  // The tensor-parallel nodes the runner itself runs (TpAllToAll, of
+  // --split-activations plans, not yet).
+  const bool tp = pipeline.tensor_parallel > 1;
+  RETURN_IF_ERROR(check_cuda_ops(g, [tp](const Node &node) {
+    return tp && (node.op == "TpCopy" || node.op == "TpSplit" || node.op == "TpAllReduce" ||
+                  node.op == "TpAllGather" || node.op == "TpReduceScatter");
+  }));
   if (workspace_bytes < 0) return invalid_argument("the workspace cannot be negative");
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   CudaPipelineLayout l;
@@ -133,6 +137,9 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
         if (instr.index >= g.num_nodes())
           return invalid_argument(instruction_context(g, d, i, instr), ": no node ", instr.index);
         const Node &node = g.node(instr.index);
+        if ((node.op == "TpAllReduce" || node.op == "TpReduceScatter") &&
+            g.tensor(node.inputs[0]).type.dtype != DType::kF32)
+          return refuse(g.tensor(node.inputs[0]).type.to_string(), " (f32 only so far)");
         const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
         if (op == nullptr) break;
         std::vector<TensorType> types;
@@ -231,11 +238,17 @@ struct CudaPipelineRunner::State {
     std::byte *staging = nullptr; // send: where the message waits
     size_t bytes = 0;
     bool first = false;
-    cudaEvent_t sent = nullptr;     // send: recorded after the staging copy
-    const Op *matching = nullptr;   // recv: its send
-    std::vector<float *> bucket;    // StartBucket: the bucket's buffers
-    std::vector<size_t> counts;     // StartBucket: their element counts
-    cudaEvent_t arrived = nullptr;  // collectives: this member is there
+    cudaEvent_t sent = nullptr;    // send: recorded after the staging copy
+    const Op *matching = nullptr;  // recv: its send
+    std::vector<float *> bucket;   // StartBucket: the bucket's buffers
+    std::vector<size_t> counts;    // StartBucket: their element counts
+    cudaEvent_t arrived = nullptr; // collectives: this member is there
+    // A tensor-parallel node: what it does, this device's position in its
+    // group, and the pieces' layout (partitioner::piece_layout).
+    enum class Tp : uint8_t { kNone, kCopy, kSplit, kAllReduce, kAllGather, kReduceScatter };
+    Tp tp = Tp::kNone;
+    int member = 0, parts = 1;
+    size_t rows = 1, run = 0;
     cudaEvent_t *reduced = nullptr; // AllReduce, Start/WaitBucket: the sum is done
   };
   struct Device {
@@ -298,11 +311,93 @@ struct CudaPipelineRunner::State {
     return cuda_check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), "copy");
   }
 
+  // `rows` rows of `width` bytes, `from_pitch` apart, to `to_pitch` apart.
+  Status copy_block(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
+                    size_t rows, cudaStream_t stream) {
+    if (width == 0 || rows == 0) return Status::ok();
+    return cuda_check(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, width, rows,
+                                        cudaMemcpyDeviceToDevice, stream),
+                      "copy");
+  }
+
+  // A tensor-parallel node that communicates, on every member of its group at
+  // once: each member's input is ready (its `arrived`), the first member's
+  // stream moves or sums the pieces, and every member waits for it.
+  Status run_tensor_parallel(const GpuLaunch &launch) {
+    const GpuLaunch::Part &lead = launch.parts[0];
+    Device &first_device = devices[static_cast<size_t>(lead.device)];
+    Op &first = first_device.ops[lead.instruction];
+    cudaStream_t stream = first_device.stream;
+    std::vector<Op *> members;
+    for (const GpuLaunch::Part &part : launch.parts) {
+      Device &member = devices[static_cast<size_t>(part.device)];
+      members.push_back(&member.ops[part.instruction]);
+      RETURN_IF_ERROR(
+          cuda_check(cudaEventRecord(members.back()->arrived, member.stream), "event record"));
+      RETURN_IF_ERROR(
+          cuda_check(cudaStreamWaitEvent(stream, members.back()->arrived, 0), "event wait"));
+    }
+    const size_t parts = members.size();
+    auto in = [&](size_t m) { return static_cast<const std::byte *>(members[m]->inputs[0].data); };
+    auto out = [&](size_t m) { return static_cast<std::byte *>(members[m]->outputs[0].data); };
+    switch (first.tp) {
+    case Op::Tp::kAllReduce: {
+      cuda::Members sum;
+      sum.count = sum.outs = static_cast<int>(parts);
+      for (size_t m = 0; m < parts; ++m) {
+        sum.in[m] = reinterpret_cast<const float *>(in(m));
+        sum.out[m] = reinterpret_cast<float *>(out(m));
+      }
+      RETURN_IF_ERROR(cuda_check(
+          cuda::sum_members(sum, members[0]->inputs[0].type->num_elements(), stream), "launch"));
+      break;
+    }
+    case Op::Tp::kAllGather: // member r's piece is column block r of every member's output
+      for (size_t m = 0; m < parts; ++m)
+        for (size_t r = 0; r < parts; ++r)
+          RETURN_IF_ERROR(copy_block(out(m) + r * first.run, parts * first.run, in(r), first.run,
+                                     first.run, first.rows, stream));
+      break;
+    case Op::Tp::kReduceScatter: { // member m gets the sum of column block m
+      const auto run = static_cast<int64_t>(first.run / sizeof(float));
+      for (size_t m = 0; m < parts; ++m) {
+        cuda::Members sum;
+        sum.count = static_cast<int>(parts);
+        sum.outs = 1;
+        for (size_t r = 0; r < parts; ++r)
+          sum.in[r] = reinterpret_cast<const float *>(in(r));
+        sum.out[0] = reinterpret_cast<float *>(out(m));
+        RETURN_IF_ERROR(cuda_check(cuda::sum_members_block(sum, static_cast<int64_t>(first.rows),
+                                                           run, static_cast<int64_t>(parts) * run,
+                                                           static_cast<int64_t>(m) * run, stream),
+                                   "launch"));
+      }
+      break;
+    }
+    default: return internal_error(first.what, ": not a tensor-parallel collective");
+    }
+    RETURN_IF_ERROR(cuda_check(cudaEventRecord(*first.reduced, stream), "event record"));
+    for (const GpuLaunch::Part &part : launch.parts)
+      if (part.device != lead.device)
+        RETURN_IF_ERROR(
+            cuda_check(cudaStreamWaitEvent(devices[static_cast<size_t>(part.device)].stream,
+                                           *first.reduced, 0),
+                       "event wait"));
+    return Status::ok();
+  }
+
   // One instruction of one device (not a collective) on its stream.
   Status run_one(Device &device, Op &op, float divisor) {
     cudaStream_t stream = device.stream;
     switch (op.kind) {
     case InstrKind::kCompute: {
+      if (op.tp == Op::Tp::kCopy)
+        return copy(op.outputs[0].data, op.inputs[0].data,
+                    static_cast<size_t>(op.inputs[0].type->size_bytes()), stream);
+      if (op.tp == Op::Tp::kSplit) // this member's column block of every row
+        return copy_block(op.outputs[0].data, op.run,
+                          static_cast<const std::byte *>(op.inputs[0].data) + op.member * op.run,
+                          op.parts * op.run, op.run, op.rows, stream);
       if (op.op == nullptr)
         return copy(op.outputs[0].data, op.source,
                     static_cast<size_t>(op.outputs[0].type->size_bytes()), stream);
@@ -352,7 +447,7 @@ struct CudaPipelineRunner::State {
     const size_t tensors = launch.reduce ? first.bucket.size() : 1;
     for (size_t t = 0; t < tensors; ++t) {
       cuda::Members members;
-      members.count = static_cast<int>(launch.parts.size());
+      members.count = members.outs = static_cast<int>(launch.parts.size());
       int64_t n = 0;
       for (size_t m = 0; m < launch.parts.size(); ++m) {
         Op &op =
@@ -375,6 +470,8 @@ struct CudaPipelineRunner::State {
     Op &op = device.ops[lead.instruction];
     if (launch.reduce) // a bucket, on its first member's second stream
       return sum_group(launch, device.side);
+    if (op.kind == InstrKind::kCompute && launch.parts.size() > 1)
+      return run_tensor_parallel(launch);
     switch (op.kind) {
     case InstrKind::kStartBucket: // this member is there; its stream goes on
       return cuda_check(cudaEventRecord(op.arrived, device.stream), "event record");
@@ -477,7 +574,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       return unimplemented("a group of ", group.size(), " devices; the CUDA backend sums at most ",
                            cuda::kMaxMembers, " on one GPU")
           .with_context(context);
-  auto order = gpu_launch_order(plan.graph, plan.programs, plan.pipeline->groups);
+  const int tensor_parallel = plan.pipeline->tensor_parallel;
+  auto order = gpu_launch_order(plan.graph, plan.programs, plan.pipeline->groups, tensor_parallel,
+                                plan.pipeline->tp_groups_begin);
   if (!order.is_ok()) return order.status().with_context(context);
   if (std::string reason = cuda_unavailable_reason(); !reason.empty())
     return failed_precondition(reason).with_context(context);
@@ -492,6 +591,12 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   runner->graph_ = plan.graph;
   runner->microbatches_ = plan.pipeline->microbatches;
   runner->data_parallel_ = plan.pipeline->data_parallel;
+  runner->tensor_parallel_ = tensor_parallel;
+  for (const serialization::PlanShard &shard : plan.pipeline->shards) {
+    auto id = plan.graph.find_tensor(shard.tensor);
+    if (!id) return invalid_argument("pipeline plan: shard of unknown tensor '", shard.tensor, "'");
+    runner->tp_shards_.emplace(*id, shard);
+  }
   const Graph &g = runner->graph_;
   auto state = std::make_unique<State>();
   State &s = *state;
@@ -506,15 +611,29 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   const CudaPipelineLayout &l = s.layout;
 
   // Host values: what each device holds (the same tensor materializes to the
-  // same bytes on every holder), and the nodes computed at load.
-  std::map<TensorId, HostTensor> values;
-  for (const auto &program : s.programs)
-    for (TensorId id : program.holds)
-      if (!values.contains(id)) {
-        auto value = materialize(g.tensor(id), options.model_dir);
-        if (!value.is_ok()) return value.status().with_context(str_cat("device ", program.device));
-        values.emplace(id, std::move(value).value());
+  // same bytes on every holder; a tensor-parallel member holds its piece of
+  // it), and the nodes computed at load.
+  std::map<std::pair<TensorId, int>, HostTensor> values; // by tensor and member
+  for (const auto &program : s.programs) {
+    const int member = static_cast<int>(program.device) % tensor_parallel;
+    for (TensorId id : program.holds) {
+      auto shard = runner->tp_shards_.find(id);
+      const int piece = shard == runner->tp_shards_.end() ? 0 : member;
+      if (values.contains({id, piece})) continue;
+      Tensor whole = g.tensor(id);
+      if (shard != runner->tp_shards_.end())
+        whole.type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
+      auto value = materialize(whole, options.model_dir);
+      if (!value.is_ok()) return value.status().with_context(str_cat("device ", program.device));
+      if (shard != runner->tp_shards_.end()) {
+        HostTensor mine = HostTensor::zeros(g.tensor(id).type);
+        partitioner::copy_piece(shard->second, tensor_parallel, member,
+                                dtype_size(whole.type.dtype), value->data(), mine.data(), true);
+        value = std::move(mine);
       }
+      values.emplace(std::pair{id, piece}, std::move(value).value());
+    }
+  }
   std::map<NodeId, HostTensor> constants;
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
     if (l.constant[n] < 0) continue;
@@ -571,7 +690,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                  static_cast<int64_t>(num_devices) + static_cast<int64_t>(d);
     for (const auto &[id, offset] : region.held) {
       device.held[id] = s.base + offset;
-      const HostTensor &value = values.at(id);
+      const HostTensor &value = values.at(
+          {id, runner->tp_shards_.contains(id) ? static_cast<int>(d) % tensor_parallel : 0});
       if (value.size_bytes() > 0)
         RETURN_IF_ERROR(
             cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
@@ -646,7 +766,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
               return invalid_argument(op.what, ": reads graph input '", tensor.name,
                                       "' once per step");
             // Micro-batch k of replica r is rows (r M + k) b .. of the batch.
-            const auto replica = static_cast<int>(d) % replicas;
+            const auto replica = static_cast<int>(d) / tensor_parallel % replicas;
             const auto slice = static_cast<size_t>(tensor.type.size_bytes());
             op.inputs.push_back(
                 {s.input_staging[static_cast<size_t>(input_index[t])] +
@@ -663,6 +783,29 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         for (TensorId t : node.outputs) {
           ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
           op.outputs.push_back({data, &g.tensor(t).type});
+        }
+        using Tp = State::Op::Tp;
+        op.tp = node.op == "TpCopy"            ? Tp::kCopy
+                : node.op == "TpSplit"         ? Tp::kSplit
+                : node.op == "TpAllReduce"     ? Tp::kAllReduce
+                : node.op == "TpAllGather"     ? Tp::kAllGather
+                : node.op == "TpReduceScatter" ? Tp::kReduceScatter
+                                               : Tp::kNone;
+        if (op.tp != Tp::kNone) {
+          if (node.int_attr("parts").value_or(1) != tensor_parallel)
+            return invalid_argument(op.what, ": a tensor-parallel node of ",
+                                    node.int_attr("parts").value_or(1),
+                                    " parts in a plan of tensor_parallel = ", tensor_parallel);
+          op.member = static_cast<int>(d) % tensor_parallel;
+          op.parts = tensor_parallel;
+          // The piece: the input of an all-gather, the output of the others.
+          const partitioner::PieceLayout piece = partitioner::piece_layout(
+              node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
+          op.rows = piece.rows;
+          op.run = piece.run;
+          if (op.tp != Tp::kCopy && op.tp != Tp::kSplit) {
+            ASSIGN_OR_RETURN(op.arrived, s.make_event());
+          }
         }
         break;
       }
@@ -744,7 +887,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (queue.empty()) return internal_error(first.what, ": no send to receive");
       first.matching = queue.front();
       queue.pop_front();
-    } else if (first.kind == InstrKind::kAllReduce || launch.reduce) {
+    } else if (first.kind == InstrKind::kAllReduce || launch.reduce ||
+               (first.kind == InstrKind::kCompute && launch.parts.size() > 1)) {
       ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
       s.reduced.push_back(done);
       for (const GpuLaunch::Part &part : launch.parts) {
@@ -838,33 +982,71 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
   return Status::ok();
 }
 
+TensorType CudaPipelineRunner::value_type(TensorId id) const {
+  TensorType type = graph_.tensor(id).type;
+  if (auto shard = tp_shards_.find(id); shard != tp_shards_.end())
+    type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
+  return type;
+}
+
 const HostTensor &CudaPipelineRunner::value(TensorId id) const {
   State &s = *state_;
   auto cached = s.host.find(id);
   if (cached != s.host.end()) return cached->second;
-  const Tensor &tensor = graph_.tensor(id);
-  HostTensor copy = HostTensor::zeros(tensor.type);
-  for (const State::Device &device : s.devices) {
-    auto it = device.held.find(id);
-    if (it == device.held.end()) continue;
-    if (copy.size_bytes() > 0 && s.wait("a read").is_ok())
-      cudaMemcpy(copy.data(), it->second, copy.size_bytes(), cudaMemcpyDeviceToHost);
+  HostTensor whole = HostTensor::zeros(value_type(id));
+  const auto shard = tp_shards_.find(id);
+  for (size_t d = 0; d < s.devices.size(); ++d) {
+    auto it = s.devices[d].held.find(id);
+    if (it == s.devices[d].held.end()) continue;
+    if (!s.wait("a read").is_ok()) break;
+    if (shard == tp_shards_.end()) {
+      if (whole.size_bytes() > 0)
+        cudaMemcpy(whole.data(), it->second, whole.size_bytes(), cudaMemcpyDeviceToHost);
+      break;
+    }
+    // The first holder is member 0 of its group; the group's members follow.
+    HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
+    for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < s.devices.size(); ++m) {
+      auto held = s.devices[d + static_cast<size_t>(m)].held.find(id);
+      if (held == s.devices[d + static_cast<size_t>(m)].held.end() || piece.size_bytes() == 0)
+        continue;
+      cudaMemcpy(piece.data(), held->second, piece.size_bytes(), cudaMemcpyDeviceToHost);
+      partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
+                              whole.data(), piece.data(), false);
+    }
     break;
   }
-  return s.host.emplace(id, std::move(copy)).first->second;
+  return s.host.emplace(id, std::move(whole)).first->second;
 }
 
 Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
-  RETURN_IF_ERROR(check_assignable(graph_, id, value));
+  const TensorType type = value_type(id);
+  RETURN_IF_ERROR(check_assignable(graph_, id, value, &type));
   State &s = *state_;
   RETURN_IF_ERROR(s.wait("the step before an assignment"));
+  const auto shard = tp_shards_.find(id);
+  // Each member's piece (the whole value outside tensor parallelism), kept
+  // until the copies are done.
+  std::vector<HostTensor> pieces;
+  for (int m = 0; m < (shard == tp_shards_.end() ? 1 : tensor_parallel_); ++m) {
+    if (shard == tp_shards_.end()) {
+      pieces.push_back(value);
+      break;
+    }
+    HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
+    partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(type.dtype),
+                            const_cast<std::byte *>(value.data()), piece.data(), true);
+    pieces.push_back(std::move(piece));
+  }
   bool held = false;
-  for (State::Device &device : s.devices) {
-    auto it = device.held.find(id);
-    if (it == device.held.end()) continue;
+  for (size_t d = 0; d < s.devices.size(); ++d) {
+    auto it = s.devices[d].held.find(id);
+    if (it == s.devices[d].held.end()) continue;
     held = true;
-    if (value.size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(it->second, value.data(), value.size_bytes(),
+    const HostTensor &piece =
+        pieces[shard == tp_shards_.end() ? 0 : d % static_cast<size_t>(tensor_parallel_)];
+    if (piece.size_bytes() > 0)
+      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(it->second, piece.data(), piece.size_bytes(),
                                                  cudaMemcpyHostToDevice, s.origin),
                                  str_cat("assigning '", graph_.tensor(id).name, "'")));
   }

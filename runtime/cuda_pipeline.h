@@ -31,14 +31,20 @@
 // captured (every stream forked from and joined back to one origin stream) and
 // later steps replay it, after checking that every buffer is where it was.
 //
-// Plans over several GPUs (NCCL), ZeRO-1 sharded plans and tensor-parallel
-// plans are refused with the reason. A device check that fails (a label out
+// Tensor-parallel groups run on the same GPU: a member holds its piece of each
+// split parameter, TpCopy and TpSplit run on its stream, and TpAllReduce,
+// TpAllGather and TpReduceScatter are collectives of its group (the first
+// member's stream sums or moves every member's pieces while the others wait).
+// Plans over several GPUs (NCCL), ZeRO-1 sharded plans, TpAllToAll (some
+// --split-activations plans) and vocabulary-parallel embeddings and losses
+// are refused with the reason. A device check that fails (a label out
 // of range) ends the step with an error naming the device and instruction,
 // and, as with the CPU pipeline runner, leaves the runner unusable. A
 // device's state updates are skipped when any flag set before them (of any
 // device) is raised, so a bad label leaves the weights as they were.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -83,8 +89,8 @@ struct CudaPipelineLayout {
   int64_t total = 0;
 };
 // Errors: what check_cuda_ops says, and what this runner does not run yet
-// (ZeRO-1 shards, tensor-parallel pieces, reduce-scatter buckets, non-f32
-// accumulation), each naming the device and instruction.
+// (ZeRO-1 shards, reduce-scatter buckets, non-f32 accumulation), each naming
+// the device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
                                                 int64_t workspace_bytes, bool bf16 = false);
 
@@ -97,9 +103,12 @@ public:
   const Graph &graph() const override { return graph_; }
   std::vector<TensorType> batch_types() const override;
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
-  // From the first plan device holding the tensor (waits for the step in flight).
+  // From the first plan device holding the tensor (waits for the step in
+  // flight); a tensor-parallel one put together from its group's pieces.
   const HostTensor &value(TensorId id) const override;
-  // To every plan device holding the tensor.
+  // Tensor-parallel pieces are whole here: the full tensor's type.
+  TensorType value_type(TensorId id) const override;
+  // To every plan device holding the tensor (each member its piece).
   Status assign(TensorId id, const HostTensor &value) override;
 
   int num_devices() const;
@@ -110,7 +119,9 @@ public:
 private:
   CudaPipelineRunner() = default;
   Graph graph_;
-  int microbatches_ = 1, data_parallel_ = 1;
+  int microbatches_ = 1, data_parallel_ = 1, tensor_parallel_ = 1;
+  // Tensor parallelism: tensors every member holds a piece of, by id.
+  std::map<TensorId, serialization::PlanShard> tp_shards_;
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -142,7 +142,8 @@ Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int dev
 
 Result<std::vector<GpuLaunch>>
 gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
-                 const std::vector<std::vector<int32_t>> &groups) {
+                 const std::vector<std::vector<int32_t>> &groups, int tensor_parallel,
+                 int tp_groups_begin) {
   using serialization::InstrKind;
   using serialization::PlanInstruction;
   const size_t devices = programs.size();
@@ -159,8 +160,18 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
   std::vector<size_t> next(devices, 0);
   // Sends enqueued and not yet received, per (from, to, tag), in order.
   std::map<std::tuple<int, int, uint64_t>, size_t> unreceived;
-  // Members that reached a collective, per (kind, group, index).
-  std::map<std::tuple<InstrKind, int32_t, uint32_t>, std::vector<GpuLaunch::Part>> arrived;
+  // A tensor-parallel node that communicates: its group, else -1.
+  auto tp_group = [&](size_t d, const PlanInstruction &instr) -> int32_t {
+    if (tensor_parallel <= 1 || instr.kind != InstrKind::kCompute ||
+        instr.index >= graph.num_nodes())
+      return -1;
+    const std::string &op = graph.node(instr.index).op;
+    if (op != "TpAllReduce" && op != "TpAllGather" && op != "TpReduceScatter" && op != "TpAllToAll")
+      return -1;
+    return tp_groups_begin + static_cast<int32_t>(d) / tensor_parallel;
+  };
+  // Members that reached a collective, per (kind, group, index, micro-batch).
+  std::map<std::tuple<InstrKind, int32_t, uint32_t, int32_t>, std::vector<GpuLaunch::Part>> arrived;
   std::vector<bool> waiting(devices, false); // at a collective, counted in `arrived`
   std::vector<GpuLaunch> order;
   size_t left = 0;
@@ -184,13 +195,17 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
                         partitioner::transfer_tag(instr.index, instr.microbatch)}];
         } else if (instr.kind == InstrKind::kWaitBucket) {
           if (!reduced.contains({static_cast<int>(d), instr.index})) break;
-        } else if (collective(instr.kind)) {
-          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= groups.size())
-            return invalid_argument(describe(d, i), ": no group ", instr.peer);
-          const auto &group = groups[static_cast<size_t>(instr.peer)];
+        } else if (collective(instr.kind) || tp_group(d, instr) >= 0) {
+          const int32_t group_id = collective(instr.kind) ? instr.peer : tp_group(d, instr);
+          if (group_id < 0 || static_cast<size_t>(group_id) >= groups.size())
+            return invalid_argument(describe(d, i), ": no group ", group_id);
+          const auto &group = groups[static_cast<size_t>(group_id)];
           if (std::find(group.begin(), group.end(), static_cast<int32_t>(d)) == group.end())
-            return invalid_argument(describe(d, i), ": the device is not in group ", instr.peer);
-          auto &members = arrived[{instr.kind, instr.peer, instr.index}];
+            return invalid_argument(describe(d, i), ": the device is not in group ", group_id);
+          const std::tuple<InstrKind, int32_t, uint32_t, int32_t> key{
+              instr.kind, group_id, instr.index,
+              instr.kind == InstrKind::kCompute ? instr.microbatch : -1};
+          auto &members = arrived[key];
           members.push_back(part);
           progress = true;
           const bool bucket = instr.kind == InstrKind::kStartBucket;
@@ -214,7 +229,7 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
             for (const GpuLaunch::Part &p : members)
               if (p.device == member) launch.parts.push_back(p);
           if (launch.parts.size() != group.size())
-            return invalid_argument(describe(d, i), ": group ", instr.peer,
+            return invalid_argument(describe(d, i), ": group ", group_id,
                                     " was reached twice by one device");
           for (const GpuLaunch::Part &p : launch.parts) {
             if (bucket) {
@@ -225,7 +240,7 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
             ++next[static_cast<size_t>(p.device)];
             --left;
           }
-          arrived.erase({instr.kind, instr.peer, instr.index});
+          arrived.erase(key);
           order.push_back(std::move(launch));
           continue;
         }

@@ -92,10 +92,15 @@ struct GpuLaunch {
 // StartBucket does not stop its device (the reduction runs beside it, as on
 // the CPU's communication stream). Errors: a receive never sent, a collective some
 // member never reaches or reaches out of order (each stuck device is named
-// with its instruction), a collective on a device outside its group.
+// with its instruction), a collective on a device outside its group. In a
+// tensor-parallel plan (`tensor_parallel` > 1) the nodes that communicate
+// (TpAllReduce, TpAllGather, TpReduceScatter, TpAllToAll) are collectives of
+// the device's group, groups[tp_groups_begin + device / tensor_parallel],
+// matched per node and micro-batch.
 Result<std::vector<GpuLaunch>>
 gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
-                 const std::vector<std::vector<int32_t>> &groups);
+                 const std::vector<std::vector<int32_t>> &groups, int tensor_parallel = 1,
+                 int tp_groups_begin = -1);
 
 // The buffers a captured step reads and writes.
 class CaptureRecord {

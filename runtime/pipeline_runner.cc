@@ -224,31 +224,8 @@ private:
 
 } // namespace
 
-namespace {
-
-// The pieces of a split along `axis` (viewed as [outer, n / outer]): the full
-// tensor is [rows, parts, run] and piece r is [rows, run] (runs in bytes).
-struct PieceLayout {
-  size_t rows = 1, run = 0;
-};
-PieceLayout piece_layout(const Node &node, const TensorType &piece) {
-  const int64_t axis = node.int_attr("axis").value_or(0);
-  const int64_t outer = node.int_attr("outer").value_or(1);
-  const auto a = static_cast<size_t>(axis < 0 ? axis + piece.rank() : axis);
-  PieceLayout layout;
-  size_t after = 1;
-  for (size_t d = 0; d < static_cast<size_t>(piece.rank()); ++d) {
-    const auto n = static_cast<size_t>(piece.shape[d]);
-    if (d < a) layout.rows *= n;
-    if (d > a) after *= n;
-  }
-  layout.rows *= static_cast<size_t>(outer);
-  layout.run = static_cast<size_t>(piece.shape[a]) / static_cast<size_t>(outer) * after *
-               dtype_size(piece.dtype);
-  return layout;
-}
-
-} // namespace
+using partitioner::piece_layout;
+using partitioner::PieceLayout;
 
 Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
   const ops::ConstTensorView &in = inputs[0];

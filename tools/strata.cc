@@ -382,8 +382,8 @@ void add_run(CLI::App &app, Action &action) {
       ->capture_default_str();
   sub->add_option("--backend", args.backend,
                   "where the model or plan runs: cpu, or cuda (one GPU: cuBLASLt, cuDNN and "
-                  "strata's kernels, the whole step as one CUDA Graph; a pipeline or "
-                  "data-parallel plan's devices become streams of that GPU)")
+                  "strata's kernels, the whole step as one CUDA Graph; a pipeline, data- or "
+                  "tensor-parallel plan's devices become streams of that GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   sub->add_option("--gpu", args.gpu, "--backend cuda: the GPU to run on (CUDA device ordinal)")
@@ -424,8 +424,8 @@ void add_run(CLI::App &app, Action &action) {
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
               "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
               "On a GPU (`strata ops --backend cuda` says which ops have CUDA kernels); a\n"
-              "pipeline or data-parallel plan runs all its devices on the one GPU, each on\n"
-              "its own streams (tensor-parallel, ZeRO and multi-GPU plans need NCCL, not yet):\n"
+              "pipeline, data- or tensor-parallel plan runs all its devices on the one GPU,\n"
+              "each on its own streams (ZeRO-1 and multi-GPU plans: not yet):\n"
               "  strata run train.splan --steps 100 --backend cuda\n"
               "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n"
               "  strata run train.splan --steps 100 --backend cuda --precision bf16\n"

@@ -98,6 +98,9 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
       b.op1("Conv2d",
             {b.input("img", DType::kF32, {1, 2, 6, 6}), b.input("w", DType::kF32, {3, 2, 3, 3})},
             {{"pads", AttrValue{std::vector<int64_t>{0, 0, 1, 1}}}}, "same_pad"));
+  b.output(b.op1("Gather",
+                 {b.input("table", DType::kF32, {8, 4}), b.input("ids", DType::kI64, {3})}, pair,
+                 "vocab_piece"));
   auto graph = std::move(b).finish();
   ASSERT_TRUE(graph.is_ok()) << graph.status().message();
   Status status = check_cuda_ops(*graph);
@@ -109,8 +112,17 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   EXPECT_NE(text.find("ReduceSum on i64 ('count')"), std::string::npos) << text;
   EXPECT_NE(text.find("Conv2d with asymmetric pads ('same_pad')"), std::string::npos) << text;
   EXPECT_NE(text.find("--backend cpu"), std::string::npos) << text;
+  EXPECT_NE(text.find("Gather of a vocabulary-parallel table (parts > 1) ('vocab_piece')"),
+            std::string::npos)
+      << text;
   // Nodes the backend runs are not listed.
   EXPECT_EQ(text.find("'fine'"), std::string::npos) << text;
+  // Nor those a runner runs itself.
+  status = check_cuda_ops(*graph, [](const Node &node) { return node.op == "TpAllReduce"; });
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_EQ(std::string(status.message()).find("TpAllReduce"), std::string::npos)
+      << status.message();
+  EXPECT_NE(std::string(status.message()).find("TpCopy ('copy_a')"), std::string::npos);
 }
 
 // The executor's one GPU allocation, laid out without a GPU: aligned regions

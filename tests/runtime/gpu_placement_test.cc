@@ -216,6 +216,9 @@ std::vector<serialization::Plan> launch_plans() {
   plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
   mesh.bucket_bytes = 0;
   plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  mesh.data_parallel = 1;
+  mesh.tensor_parallel = 2;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
   return plans;
 }
 
@@ -227,11 +230,13 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
   for (const serialization::Plan &plan : launch_plans()) {
     SCOPED_TRACE(std::to_string(plan.programs.size()) + " devices");
     const auto &groups = plan.pipeline->groups;
-    auto order = gpu_launch_order(plan.graph, plan.programs, groups);
+    const int tp = plan.pipeline->tensor_parallel;
+    auto order =
+        gpu_launch_order(plan.graph, plan.programs, groups, tp, plan.pipeline->tp_groups_begin);
     ASSERT_TRUE(order.is_ok()) << order.status().message();
     std::vector<uint32_t> next(plan.programs.size(), 0);
     std::map<std::tuple<int, int, uint64_t>, int> unreceived;
-    size_t collectives = 0, receives = 0, buckets = 0;
+    size_t collectives = 0, receives = 0, buckets = 0, tensor_parallel = 0;
     std::set<std::pair<int, uint32_t>> reduced; // (device, bucket)
     for (const GpuLaunch &launch : *order) {
       ASSERT_FALSE(launch.parts.empty());
@@ -264,6 +269,22 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       }
       const auto &first = plan.programs[static_cast<size_t>(launch.parts[0].device)]
                               .instructions[launch.parts[0].instruction];
+      if (first.kind == InstrKind::kCompute && launch.parts.size() > 1) {
+        // A tensor-parallel collective: the node on one micro-batch, on every
+        // member of the device's group.
+        ++tensor_parallel;
+        const int d = launch.parts[0].device;
+        const auto &group = groups.at(static_cast<size_t>(plan.pipeline->tp_groups_begin + d / tp));
+        ASSERT_EQ(launch.parts.size(), group.size());
+        for (size_t m = 0; m < group.size(); ++m) {
+          EXPECT_EQ(launch.parts[m].device, group[m]);
+          const auto &instr = plan.programs[static_cast<size_t>(group[m])]
+                                  .instructions[launch.parts[m].instruction];
+          EXPECT_EQ(instr.index, first.index);
+          EXPECT_EQ(instr.microbatch, first.microbatch);
+        }
+        continue;
+      }
       if (first.kind == InstrKind::kAllReduce) {
         ++collectives;
         const auto &group = groups.at(static_cast<size_t>(first.peer));
@@ -299,6 +320,9 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
     EXPECT_GT(receives, 0u);
     if (plan.pipeline->data_parallel > 1) {
       EXPECT_GT(collectives + buckets, 0u);
+    }
+    if (tp > 1) {
+      EXPECT_GT(tensor_parallel, 0u);
     }
     if (plan.pipeline->bucket_bytes > 0) {
       EXPECT_GT(buckets, 0u);

@@ -266,10 +266,12 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
                         "--precision bf16 needs --backend cuda");
   expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--precision", "f16"}),
                         "--precision");
-  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x2x1", "-o", "tp.splan"}).code,
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--optimizer", "adamw:lr=0.01", "--mesh",
+                    "2x1x1", "--zero", "1", "-o", "zero.splan"})
+                .code,
             0);
-  expect_one_line_error(strata({"run", "tp.splan", "--backend", "cuda"}),
-                        "the plan is tensor-parallel (2-device groups)");
+  expect_one_line_error(strata({"run", "zero.splan", "--backend", "cuda"}),
+                        "tensors as ZeRO-1 shards");
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
                         "--trace records the CPU devices");
   // A pipeline plan runs its devices on one GPU, as the CPU runs them.

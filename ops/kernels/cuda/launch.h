@@ -243,16 +243,23 @@ cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *a
 // over micro-batches, in micro-batch order), and acc /= divisor (their mean).
 cudaError_t accumulate(float *acc, const float *src, int64_t n, cudaStream_t stream);
 cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream);
-// A group's sum on one GPU: every out[m] = ((in[0] + in[1]) + in[2]) + ..., the
-// members in group order, as the CPU communicator sums; out may be in (in
-// place). Up to kMaxMembers members, passed by value.
+// A group's sum on one GPU: every out[o] = ((in[0] + in[1]) + in[2]) + ..., the
+// members in group order, as the CPU communicator sums; an out may be an in
+// (in place: every element reads all ins before writing). Up to kMaxMembers
+// buffers each way, passed by value.
 constexpr int kMaxMembers = 64;
 struct Members {
-  int count = 0;
+  int count = 0, outs = 0;
   const float *in[kMaxMembers] = {};
   float *out[kMaxMembers] = {};
 };
+// n elements of each in and out.
 cudaError_t sum_members(const Members &members, int64_t n, cudaStream_t stream);
+// The sum of one column block of row-major ins: out element (row, e) of
+// [rows, run] is the sum of in element row * pitch + offset + e (a
+// reduce-scatter's piece of a tensor cut along a dim).
+cudaError_t sum_members_block(const Members &members, int64_t rows, int64_t run, int64_t pitch,
+                              int64_t offset, cudaStream_t stream);
 
 // The learning rate schedule of the LearningRate op, from the device step.
 struct Schedule {

@@ -15,14 +15,17 @@ __global__ void divide_kernel(float *acc, float divisor, int64_t n) {
 }
 
 // Every element reads all members' values first, then writes the sum to every
-// member, so the buffers may be the members' own (in place).
-__global__ void sum_members_kernel(Members members, int64_t n) {
-  STRATA_GRID_STRIDE(i, n) {
-    float sum = members.in[0][i];
+// out, so an out may be an in (in place). Element i is (row, e) of [rows,
+// run]; the ins are read at row * pitch + offset + e.
+__global__ void sum_members_kernel(Members members, int64_t rows, int64_t run, int64_t pitch,
+                                   int64_t offset) {
+  STRATA_GRID_STRIDE(i, rows * run) {
+    const int64_t at = (i / run) * pitch + offset + i % run;
+    float sum = members.in[0][at];
     for (int m = 1; m < members.count; ++m)
-      sum += members.in[m][i];
-    for (int m = 0; m < members.count; ++m)
-      members.out[m][i] = sum;
+      sum += members.in[m][at];
+    for (int o = 0; o < members.outs; ++o)
+      members.out[o][i] = sum;
   }
 }
 
@@ -40,11 +43,19 @@ cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t sum_members(const Members &members, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  if (members.count < 1 || members.count > kMaxMembers) return cudaErrorInvalidValue;
-  sum_members_kernel<<<grid_for(n), kThreads, 0, stream>>>(members, n);
+cudaError_t sum_members_block(const Members &members, int64_t rows, int64_t run, int64_t pitch,
+                              int64_t offset, cudaStream_t stream) {
+  if (rows <= 0 || run <= 0) return cudaSuccess;
+  if (members.count < 1 || members.count > kMaxMembers || members.outs < 0 ||
+      members.outs > kMaxMembers)
+    return cudaErrorInvalidValue;
+  sum_members_kernel<<<grid_for(rows * run), kThreads, 0, stream>>>(members, rows, run, pitch,
+                                                                     offset);
   return cudaGetLastError();
+}
+
+cudaError_t sum_members(const Members &members, int64_t n, cudaStream_t stream) {
+  return sum_members_block(members, 1, n, n, 0, stream);
 }
 
 } // namespace strata::cuda
