@@ -13,6 +13,7 @@
 #include "ops/registry.h"
 #include "partitioner/pipeline.h"
 #include "partitioner/tensor_parallel.h"
+#include "runtime/collectives.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
 #include "strata_config.h"
@@ -113,10 +114,21 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     if (program.device != d)
       return invalid_argument("pipeline plan: program ", d, " is for device ", program.device,
                               "; programs must be in device order");
-    if (!program.sharded_holds.empty())
-      return unimplemented("device ", d, " holds ", program.sharded_holds.size(),
-                           " tensors as ZeRO-1 shards; the CUDA backend does not run sharded "
-                           "plans yet (compile without --zero, or run with --backend cpu)");
+    // ZeRO-1: tensors held as this device's shard of its shard group.
+    int64_t shard_count = 1;
+    if (!program.sharded_holds.empty()) {
+      if (pipeline.tensor_parallel > 1)
+        return unimplemented("device ", d,
+                             " holds ZeRO-1 shards of tensor-parallel pieces; the "
+                             "CUDA backend runs ZeRO-1 without tensor parallelism so far (run it "
+                             "with --backend cpu)");
+      if (program.shard_group < 0 ||
+          static_cast<size_t>(program.shard_group) >= pipeline.groups.size())
+        return invalid_argument("device ", d, ": no shard group ", program.shard_group);
+      shard_count =
+          static_cast<int64_t>(pipeline.groups[static_cast<size_t>(program.shard_group)].size());
+    }
+    const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
     CudaPipelineLayout::Device device;
     device.arena_bytes = program.arena_bytes;
     device.arena = place(program.arena_bytes);
@@ -124,7 +136,8 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
       if (id >= g.num_tensors())
         return invalid_argument("device ", d, " holds tensor ", id, "; the graph has ",
                                 g.num_tensors());
-      device.held.push_back({id, place(g.tensor(id).type.size_bytes())});
+      const int64_t bytes = g.tensor(id).type.size_bytes();
+      device.held.push_back({id, place(sharded.contains(id) ? bytes / shard_count : bytes)});
     }
     device.send.assign(program.instructions.size(), -1);
     for (size_t i = 0; i < program.instructions.size(); ++i) {
@@ -161,6 +174,8 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
       case InstrKind::kAccumulate:
       case InstrKind::kScale:
       case InstrKind::kAllReduce:
+      case InstrKind::kReduceScatter:
+      case InstrKind::kAllGather:
         if (instr.index >= g.num_tensors())
           return invalid_argument(instruction_context(g, d, i, instr), ": no tensor ", instr.index);
         if (g.tensor(instr.index).type.dtype != DType::kF32)
@@ -172,17 +187,27 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
         if (instr.index >= program.buckets.size())
           return invalid_argument(instruction_context(g, d, i, instr), ": the program has ",
                                   program.buckets.size(), " buckets");
-        if (program.buckets[instr.index].reduce_scatter)
-          return refuse("a reduce-scatter bucket (ZeRO-1) is not run on the CUDA backend yet");
+
         for (TensorId t : program.buckets[instr.index].tensors)
           if (g.tensor(t).type.dtype != DType::kF32)
             return refuse("'", g.tensor(t).name, "' is ", g.tensor(t).type.to_string(),
                           " (f32 only so far)");
         break;
-      case InstrKind::kReduceScatter:
-      case InstrKind::kAllGather:
-      case InstrKind::kComputeShard:
-        return refuse("ZeRO-1 sharding is not run on the CUDA backend yet");
+      case InstrKind::kComputeShard: {
+        if (instr.index >= g.num_nodes())
+          return invalid_argument(instruction_context(g, d, i, instr), ": no node ", instr.index);
+        const Node &node = g.node(instr.index);
+        const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
+        if (op == nullptr) return refuse("op ", node.op, " has no CUDA kernel");
+        if (op->scratch != nullptr) {
+          std::vector<TensorType> types;
+          for (TensorId t : node.inputs)
+            types.push_back(g.tensor(t).type); // the whole operands: at least the shard's need
+          device.scratch_bytes =
+              std::max(device.scratch_bytes, op->scratch(node, *registry.find(node.op), types));
+        }
+        break;
+      }
       }
     }
     device.scratch = place(device.scratch_bytes);
@@ -242,6 +267,7 @@ struct CudaPipelineRunner::State {
     const Op *matching = nullptr;  // recv: its send
     std::vector<float *> bucket;   // StartBucket: the bucket's buffers
     std::vector<size_t> counts;    // StartBucket: their element counts
+    bool reduce_scatter = false;   // StartBucket: ZeRO-1's bucket (each member its chunks)
     cudaEvent_t arrived = nullptr; // collectives: this member is there
     // A tensor-parallel node: what it does, this device's position in its
     // group, and the pieces' layout (partitioner::piece_layout).
@@ -264,6 +290,11 @@ struct CudaPipelineRunner::State {
     // buffers it was made for, and each micro-batch has its own).
     std::map<std::pair<NodeId, int32_t>, std::shared_ptr<void>> caches;
     std::map<uint32_t, cudaEvent_t> bucket_done; // per bucket
+    // ZeRO-1: the tensors it holds as its shard, its position in its shard
+    // group and the group's size; the flat shard types of ComputeShard's views.
+    std::set<TensorId> sharded;
+    int shard_rank = 0, shard_count = 1;
+    std::deque<TensorType> shard_types;
   };
   std::vector<Device> devices;
   std::deque<cudaEvent_t> reduced; // one per collective launch (stable addresses)
@@ -390,7 +421,8 @@ struct CudaPipelineRunner::State {
   Status run_one(Device &device, Op &op, float divisor) {
     cudaStream_t stream = device.stream;
     switch (op.kind) {
-    case InstrKind::kCompute: {
+    case InstrKind::kCompute:
+    case InstrKind::kComputeShard: {
       if (op.tp == Op::Tp::kCopy)
         return copy(op.outputs[0].data, op.inputs[0].data,
                     static_cast<size_t>(op.inputs[0].type->size_bytes()), stream);
@@ -434,31 +466,62 @@ struct CudaPipelineRunner::State {
     }
   }
 
-  // A group's sum: the members' buffers added in group order into each of
-  // them, on `stream`, after every member's `arrived` event; then `reduced`.
-  Status sum_group(const GpuLaunch &launch, cudaStream_t stream) {
+  // A group's sum, on `stream` after every member's `arrived` event, then
+  // `reduced`: the members' buffers added in group order into each of them
+  // (all-reduce), or into member m's chunk m only (reduce-scatter, ZeRO-1:
+  // chunk m of n elements is [m n / p, (m + 1) n / p)).
+  Status sum_group(const GpuLaunch &launch, cudaStream_t stream, bool scatter) {
     const GpuLaunch::Part &lead = launch.parts[0];
     Op &first = devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
+    const size_t p = launch.parts.size();
     for (const GpuLaunch::Part &part : launch.parts)
       RETURN_IF_ERROR(cuda_check(
           cudaStreamWaitEvent(
               stream, devices[static_cast<size_t>(part.device)].ops[part.instruction].arrived, 0),
           "event wait"));
+    auto member = [&](size_t m) -> Op & {
+      return devices[static_cast<size_t>(launch.parts[m].device)].ops[launch.parts[m].instruction];
+    };
     const size_t tensors = launch.reduce ? first.bucket.size() : 1;
     for (size_t t = 0; t < tensors; ++t) {
-      cuda::Members members;
-      members.count = members.outs = static_cast<int>(launch.parts.size());
-      int64_t n = 0;
-      for (size_t m = 0; m < launch.parts.size(); ++m) {
-        Op &op =
-            devices[static_cast<size_t>(launch.parts[m].device)].ops[launch.parts[m].instruction];
-        float *data = launch.reduce ? op.bucket[t] : reinterpret_cast<float *>(op.data);
-        n = launch.reduce ? static_cast<int64_t>(op.counts[t])
-                          : static_cast<int64_t>(op.bytes / sizeof(float));
-        members.in[m] = data;
-        members.out[m] = data;
+      auto data = [&](size_t m) {
+        return launch.reduce ? member(m).bucket[t] : reinterpret_cast<float *>(member(m).data);
+      };
+      const size_t n = launch.reduce ? first.counts[t] : first.bytes / sizeof(float);
+      for (size_t c = 0; c < (scatter ? p : 1); ++c) {
+        const size_t begin = scatter ? chunk_begin(n, p, c) : 0;
+        const size_t end = scatter ? chunk_begin(n, p, c + 1) : n;
+        cuda::Members members;
+        members.count = static_cast<int>(p);
+        for (size_t m = 0; m < p; ++m) {
+          members.in[m] = data(m) + begin;
+          if (!scatter) members.out[members.outs++] = data(m);
+        }
+        if (scatter) members.out[members.outs++] = data(c) + begin;
+        RETURN_IF_ERROR(cuda_check(
+            cuda::sum_members(members, static_cast<int64_t>(end - begin), stream), "launch"));
       }
-      RETURN_IF_ERROR(cuda_check(cuda::sum_members(members, n, stream), "launch"));
+    }
+    return cuda_check(cudaEventRecord(*first.reduced, stream), "event record");
+  }
+
+  // ZeRO-1's all-gather: member m's chunk m of the tensor copied into every
+  // other member's buffer, on `stream` after every member's `arrived`.
+  Status gather_group(const GpuLaunch &launch, cudaStream_t stream) {
+    const GpuLaunch::Part &lead = launch.parts[0];
+    Op &first = devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
+    const size_t p = launch.parts.size(), n = first.bytes / sizeof(float);
+    std::vector<std::byte *> data;
+    for (const GpuLaunch::Part &part : launch.parts) {
+      Op &op = devices[static_cast<size_t>(part.device)].ops[part.instruction];
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, op.arrived, 0), "event wait"));
+      data.push_back(op.data);
+    }
+    for (size_t m = 0; m < p; ++m) {
+      const size_t begin = chunk_begin(n, p, m) * sizeof(float);
+      const size_t bytes = chunk_begin(n, p, m + 1) * sizeof(float) - begin;
+      for (size_t r = 0; r < p; ++r)
+        if (r != m) RETURN_IF_ERROR(copy(data[r] + begin, data[m] + begin, bytes, stream));
     }
     return cuda_check(cudaEventRecord(*first.reduced, stream), "event record");
   }
@@ -469,20 +532,25 @@ struct CudaPipelineRunner::State {
     Device &device = devices[static_cast<size_t>(lead.device)];
     Op &op = device.ops[lead.instruction];
     if (launch.reduce) // a bucket, on its first member's second stream
-      return sum_group(launch, device.side);
+      return sum_group(launch, device.side, op.reduce_scatter);
     if (op.kind == InstrKind::kCompute && launch.parts.size() > 1)
       return run_tensor_parallel(launch);
     switch (op.kind) {
     case InstrKind::kStartBucket: // this member is there; its stream goes on
       return cuda_check(cudaEventRecord(op.arrived, device.stream), "event record");
-    case InstrKind::kAllReduce: {
-      // Every member stops until the sum, which its first member's stream runs.
+    case InstrKind::kAllReduce:
+    case InstrKind::kReduceScatter:
+    case InstrKind::kAllGather: {
+      // Every member stops until the collective, which its first member's
+      // stream runs.
       for (const GpuLaunch::Part &part : launch.parts) {
         Device &member = devices[static_cast<size_t>(part.device)];
         RETURN_IF_ERROR(cuda_check(
             cudaEventRecord(member.ops[part.instruction].arrived, member.stream), "event record"));
       }
-      RETURN_IF_ERROR(sum_group(launch, device.stream));
+      RETURN_IF_ERROR(op.kind == InstrKind::kAllGather
+                          ? gather_group(launch, device.stream)
+                          : sum_group(launch, device.stream, op.kind == InstrKind::kReduceScatter));
       for (const GpuLaunch::Part &part : launch.parts)
         if (part.device != lead.device)
           RETURN_IF_ERROR(cuda_check(
@@ -613,12 +681,31 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // Host values: what each device holds (the same tensor materializes to the
   // same bytes on every holder; a tensor-parallel member holds its piece of
   // it), and the nodes computed at load.
-  std::map<std::pair<TensorId, int>, HostTensor> values; // by tensor and member
+  // By tensor and which part: the tensor-parallel member for a piece, the
+  // shard's position for a ZeRO-1 shard (never both: refused), else 0.
+  std::map<std::pair<TensorId, int>, HostTensor> values;
+  const size_t num_devices = s.programs.size();
+  s.devices.resize(num_devices);
+  for (size_t d = 0; d < num_devices; ++d) {
+    const serialization::PlanProgram &program = s.programs[d];
+    State::Device &device = s.devices[d];
+    if (program.shard_group >= 0) {
+      const auto &group = plan.pipeline->groups.at(static_cast<size_t>(program.shard_group));
+      device.shard_count = static_cast<int>(group.size());
+      device.shard_rank = static_cast<int>(
+          std::find(group.begin(), group.end(), static_cast<int32_t>(d)) - group.begin());
+      device.sharded.insert(program.sharded_holds.begin(), program.sharded_holds.end());
+    }
+  }
+  auto part_of = [&](size_t d, TensorId id) {
+    if (runner->tp_shards_.contains(id)) return static_cast<int>(d) % tensor_parallel;
+    return s.devices[d].sharded.contains(id) ? s.devices[d].shard_rank : 0;
+  };
   for (const auto &program : s.programs) {
     const int member = static_cast<int>(program.device) % tensor_parallel;
     for (TensorId id : program.holds) {
       auto shard = runner->tp_shards_.find(id);
-      const int piece = shard == runner->tp_shards_.end() ? 0 : member;
+      const int piece = part_of(program.device, id);
       if (values.contains({id, piece})) continue;
       Tensor whole = g.tensor(id);
       if (shard != runner->tp_shards_.end())
@@ -629,6 +716,15 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         HostTensor mine = HostTensor::zeros(g.tensor(id).type);
         partitioner::copy_piece(shard->second, tensor_parallel, member,
                                 dtype_size(whole.type.dtype), value->data(), mine.data(), true);
+        value = std::move(mine);
+      } else if (s.devices[program.device].sharded.contains(id)) {
+        // This device's ZeRO-1 shard: elements [r n / D, (r + 1) n / D).
+        const int64_t count = s.devices[program.device].shard_count;
+        HostTensor mine =
+            HostTensor::zeros({whole.type.dtype, {whole.type.num_elements() / count}});
+        if (mine.size_bytes() > 0)
+          std::memcpy(mine.data(), value->data() + mine.size_bytes() * static_cast<size_t>(piece),
+                      mine.size_bytes());
         value = std::move(mine);
       }
       values.emplace(std::pair{id, piece}, std::move(value).value());
@@ -668,8 +764,6 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   s.flag_count = l.flag_count;
 
   // Per device: streams, regions, held tensors.
-  const size_t num_devices = s.programs.size();
-  s.devices.resize(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
     State::Device &device = s.devices[d];
     const CudaPipelineLayout::Device &region = l.devices[d];
@@ -690,8 +784,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                  static_cast<int64_t>(num_devices) + static_cast<int64_t>(d);
     for (const auto &[id, offset] : region.held) {
       device.held[id] = s.base + offset;
-      const HostTensor &value = values.at(
-          {id, runner->tp_shards_.contains(id) ? static_cast<int>(d) % tensor_parallel : 0});
+      const HostTensor &value = values.at({id, part_of(d, id)});
       if (value.size_bytes() > 0)
         RETURN_IF_ERROR(
             cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
@@ -752,8 +845,43 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         return it->second;
       };
       switch (instr.kind) {
-      case InstrKind::kCompute: {
+      case InstrKind::kCompute:
+      case InstrKind::kComputeShard: {
         const Node &node = g.node(instr.index);
+        // ZeRO-1 (ComputeShard): the node runs on elements [r c, (r + 1) c)
+        // of every operand the size of its first input, viewed flat; scalars
+        // stay whole, and sharded state is the device's shard itself (as the
+        // CPU runner does).
+        const bool shard = instr.kind == InstrKind::kComputeShard;
+        int64_t n = 0, chunk = 0, rank = 0;
+        if (shard) {
+          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= plan.pipeline->groups.size())
+            return invalid_argument(op.what, ": no group ", instr.peer);
+          const auto &group = plan.pipeline->groups[static_cast<size_t>(instr.peer)];
+          n = g.tensor(node.inputs[0]).type.num_elements();
+          if (n % static_cast<int64_t>(group.size()) != 0)
+            return invalid_argument(op.what, ": ", n, " elements do not split over ", group.size(),
+                                    " devices");
+          chunk = n / static_cast<int64_t>(group.size());
+          for (TensorId t : node.inputs) {
+            const int64_t e = g.tensor(t).type.num_elements();
+            if (e != n && e != 1)
+              return invalid_argument(op.what, ": operand '", g.tensor(t).name, "' has ", e,
+                                      " elements; a shard needs ", n, " or a scalar");
+          }
+          for (TensorId t : node.outputs)
+            if (g.tensor(t).type.num_elements() != n && node.op != "SumOfSquares")
+              return invalid_argument(op.what, ": output '", g.tensor(t).name,
+                                      "' is not the size of the shard's operands");
+          rank = std::find(group.begin(), group.end(), static_cast<int32_t>(d)) - group.begin();
+        }
+        auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
+          const TensorType &type = g.tensor(t).type;
+          if (!shard || (type.num_elements() == 1 && n > 1)) return {base, &type};
+          device.shard_types.push_back(TensorType{type.dtype, {chunk}});
+          const auto offset = static_cast<size_t>(chunk * rank * dtype_size(type.dtype));
+          return {device.sharded.contains(t) ? base : base + offset, &device.shard_types.back()};
+        };
         op.node = &node;
         op.def = registry.find(node.op);
         op.op = cuda::find_cuda_op(node.op);
@@ -774,18 +902,23 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                  &tensor.type});
           } else if (tensor.kind == TensorKind::kIntermediate) {
             ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
-            op.inputs.push_back({data, &tensor.type});
+            auto [at, type] = view(t, data);
+            op.inputs.push_back({at, type});
           } else {
             ASSIGN_OR_RETURN(std::byte * data, weight(t));
-            op.inputs.push_back({data, &tensor.type});
+            auto [at, type] = view(t, data);
+            op.inputs.push_back({at, type});
           }
         }
         for (TensorId t : node.outputs) {
           ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
-          op.outputs.push_back({data, &g.tensor(t).type});
+          auto [at, type] = view(t, data);
+          if (node.op == "SumOfSquares") at = data, type = &g.tensor(t).type; // the whole pair
+          op.outputs.push_back({at, type});
         }
         using Tp = State::Op::Tp;
-        op.tp = node.op == "TpCopy"            ? Tp::kCopy
+        op.tp = shard                          ? Tp::kNone
+                : node.op == "TpCopy"          ? Tp::kCopy
                 : node.op == "TpSplit"         ? Tp::kSplit
                 : node.op == "TpAllReduce"     ? Tp::kAllReduce
                 : node.op == "TpAllGather"     ? Tp::kAllGather
@@ -821,7 +954,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       }
       case InstrKind::kAccumulate:
       case InstrKind::kScale:
-      case InstrKind::kAllReduce: {
+      case InstrKind::kAllReduce:
+      case InstrKind::kReduceScatter:
+      case InstrKind::kAllGather: {
         ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
         op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
         if (instr.kind == InstrKind::kAccumulate) {
@@ -829,7 +964,13 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
           op.source = source;
           op.first = instr.microbatch == 0;
         }
-        if (instr.kind == InstrKind::kAllReduce) {
+        if (instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather) {
+          const auto &group = plan.pipeline->groups.at(static_cast<size_t>(instr.peer));
+          if (g.tensor(instr.index).type.num_elements() % static_cast<int64_t>(group.size()) != 0)
+            return invalid_argument(op.what, ": ", g.tensor(instr.index).type.to_string(),
+                                    " does not split over ", group.size(), " devices");
+        }
+        if (instr.kind != InstrKind::kAccumulate && instr.kind != InstrKind::kScale) {
           ASSIGN_OR_RETURN(op.arrived, s.make_event());
         }
         break;
@@ -842,10 +983,22 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
         op.source = source;
         op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+        if (device.sharded.contains(update.target)) {
+          // Only this device's shard of the new value is meaningful.
+          op.bytes /= static_cast<size_t>(device.shard_count);
+          op.source = source + op.bytes * static_cast<size_t>(device.shard_rank);
+        }
         break;
       }
       case InstrKind::kStartBucket: {
+        op.reduce_scatter = program.buckets[instr.index].reduce_scatter;
+        const size_t members = plan.pipeline->groups.at(static_cast<size_t>(instr.peer)).size();
         for (TensorId t : program.buckets[instr.index].tensors) {
+          if (op.reduce_scatter &&
+              g.tensor(t).type.num_elements() % static_cast<int64_t>(members) != 0)
+            return invalid_argument(op.what, ": '", g.tensor(t).name, "' has ",
+                                    g.tensor(t).type.num_elements(), " elements, which ", members,
+                                    " devices do not divide");
           ASSIGN_OR_RETURN(std::byte * data, slot(t, -1));
           op.bucket.push_back(reinterpret_cast<float *>(data));
           op.counts.push_back(static_cast<size_t>(g.tensor(t).type.num_elements()));
@@ -887,7 +1040,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (queue.empty()) return internal_error(first.what, ": no send to receive");
       first.matching = queue.front();
       queue.pop_front();
-    } else if (first.kind == InstrKind::kAllReduce || launch.reduce ||
+    } else if (first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kReduceScatter ||
+               first.kind == InstrKind::kAllGather || launch.reduce ||
                (first.kind == InstrKind::kCompute && launch.parts.size() > 1)) {
       ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
       s.reduced.push_back(done);
@@ -999,6 +1153,20 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
     auto it = s.devices[d].held.find(id);
     if (it == s.devices[d].held.end()) continue;
     if (!s.wait("a read").is_ok()) break;
+    if (s.devices[d].sharded.contains(id)) {
+      // ZeRO-1: the shards of the device's group, each at its position.
+      const size_t chunk = whole.size_bytes() / static_cast<size_t>(s.devices[d].shard_count);
+      for (size_t e = 0; e < s.devices.size(); ++e) {
+        const State::Device &other = s.devices[e];
+        auto held = other.held.find(id);
+        if (held == other.held.end() || !other.sharded.contains(id) || chunk == 0 ||
+            s.programs[e].shard_group != s.programs[d].shard_group)
+          continue;
+        cudaMemcpy(whole.data() + chunk * static_cast<size_t>(other.shard_rank), held->second,
+                   chunk, cudaMemcpyDeviceToHost);
+      }
+      break;
+    }
     if (shard == tp_shards_.end()) {
       if (whole.size_bytes() > 0)
         cudaMemcpy(whole.data(), it->second, whole.size_bytes(), cudaMemcpyDeviceToHost);
@@ -1045,10 +1213,16 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
     held = true;
     const HostTensor &piece =
         pieces[shard == tp_shards_.end() ? 0 : d % static_cast<size_t>(tensor_parallel_)];
-    if (piece.size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(it->second, piece.data(), piece.size_bytes(),
-                                                 cudaMemcpyHostToDevice, s.origin),
-                                 str_cat("assigning '", graph_.tensor(id).name, "'")));
+    const std::byte *from = piece.size_bytes() > 0 ? piece.data() : nullptr;
+    size_t bytes = piece.size_bytes();
+    if (s.devices[d].sharded.contains(id)) { // ZeRO-1: the device's shard of it
+      bytes /= static_cast<size_t>(s.devices[d].shard_count);
+      from += bytes * static_cast<size_t>(s.devices[d].shard_rank);
+    }
+    if (bytes > 0)
+      RETURN_IF_ERROR(
+          cuda_check(cudaMemcpyAsync(it->second, from, bytes, cudaMemcpyHostToDevice, s.origin),
+                     str_cat("assigning '", graph_.tensor(id).name, "'")));
   }
   if (!held) return invalid_argument("no device of the plan holds '", graph_.tensor(id).name, "'");
   RETURN_IF_ERROR(s.wait("an assignment"));

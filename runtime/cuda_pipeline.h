@@ -35,9 +35,13 @@
 // split parameter, TpCopy and TpSplit run on its stream, and TpAllReduce,
 // TpAllGather and TpReduceScatter are collectives of its group (the first
 // member's stream sums or moves every member's pieces while the others wait).
-// Plans over several GPUs (NCCL), ZeRO-1 sharded plans, TpAllToAll (some
-// --split-activations plans) and vocabulary-parallel embeddings and losses
-// are refused with the reason. A device check that fails (a label out
+// ZeRO-1 runs too: a replica holds its shard of the sharded state, its
+// ComputeShard updates run on views of its chunk, and the gradients'
+// reduce-scatters (blocking, or as buckets) and the parameters' all-gathers
+// are group collectives like the all-reduce. Plans over several GPUs (NCCL),
+// ZeRO-1 of tensor-parallel pieces, TpAllToAll (some --split-activations
+// plans) and vocabulary-parallel embeddings and losses are refused with the
+// reason. A device check that fails (a label out
 // of range) ends the step with an error naming the device and instruction,
 // and, as with the CPU pipeline runner, leaves the runner unusable. A
 // device's state updates are skipped when any flag set before them (of any
@@ -89,8 +93,8 @@ struct CudaPipelineLayout {
   int64_t total = 0;
 };
 // Errors: what check_cuda_ops says, and what this runner does not run yet
-// (ZeRO-1 shards, reduce-scatter buckets, non-f32 accumulation), each naming
-// the device and instruction.
+// (ZeRO-1 of tensor-parallel pieces, non-f32 accumulation), each naming the
+// device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
                                                 int64_t workspace_bytes, bool bf16 = false);
 

@@ -425,7 +425,7 @@ void add_run(CLI::App &app, Action &action) {
               "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
               "On a GPU (`strata ops --backend cuda` says which ops have CUDA kernels); a\n"
               "pipeline, data- or tensor-parallel plan runs all its devices on the one GPU,\n"
-              "each on its own streams (ZeRO-1 and multi-GPU plans: not yet):\n"
+              "each on its own streams (multi-GPU plans: not yet):\n"
               "  strata run train.splan --steps 100 --backend cuda\n"
               "  strata run train.splan --steps 100 --backend cuda --no-cuda-graph\n"
               "  strata run train.splan --steps 100 --backend cuda --precision bf16\n"

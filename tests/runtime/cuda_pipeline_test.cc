@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,9 +75,12 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
   if (!cuda_built()) GTEST_SKIP() << cuda_unavailable_reason();
   auto tp = mesh(2, 2);
   tp.tensor_parallel = 2;
+  auto zero = mesh(2, 2, 2);
+  zero.zero = 1;
   for (const auto &plan : {compile(gpt_forward(), "adamw:lr=0.01", mesh(4, 4)),
                            compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9", mesh(2, 2, 2)),
-                           compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", tp)}) {
+                           compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", tp),
+                           compile(mlp_forward(), "adamw:lr=0.01", zero)}) {
     SCOPED_TRACE(plan.graph.name() + " on " + std::to_string(plan.programs.size()) + " devices");
     auto layout = cuda_pipeline_layout(plan, 1 << 20);
     ASSERT_TRUE(layout.is_ok()) << layout.status().message();
@@ -94,7 +98,7 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       if (bytes > 0) regions.push_back({offset, offset + bytes, std::move(what)});
     };
     ASSERT_EQ(layout->devices.size(), plan.programs.size());
-    size_t sends = 0;
+    size_t sends = 0, any_sharded = 0;
     int64_t flags = 0; // every device's flags, one after another
     for (size_t d = 0; d < plan.programs.size(); ++d) {
       const auto &program = plan.programs[d];
@@ -103,10 +107,23 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       EXPECT_EQ(device.arena_bytes, program.arena_bytes) << name;
       add(device.arena, device.arena_bytes, name + " arena");
       ASSERT_EQ(device.held.size(), program.holds.size()) << name;
+      const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
+      any_sharded += sharded.size();
+      const int64_t shards =
+          program.shard_group < 0
+              ? 1
+              : static_cast<int64_t>(
+                    plan.pipeline->groups[static_cast<size_t>(program.shard_group)].size());
       for (size_t k = 0; k < program.holds.size(); ++k) {
         EXPECT_EQ(device.held[k].first, program.holds[k]);
-        add(device.held[k].second, g.tensor(program.holds[k]).type.size_bytes(),
-            name + " '" + g.tensor(program.holds[k]).name + "'");
+        // A ZeRO-1 shard is its share of the tensor.
+        const int64_t bytes = g.tensor(program.holds[k]).type.size_bytes() /
+                              (sharded.contains(program.holds[k]) ? shards : 1);
+        add(device.held[k].second, bytes, name + " '" + g.tensor(program.holds[k]).name + "'");
+        // The next region starts where this one ends, aligned (nothing between).
+        if (k + 1 < program.holds.size()) {
+          EXPECT_EQ(device.held[k + 1].second, (device.held[k].second + bytes + a - 1) / a * a);
+        }
       }
       add(device.scratch, device.scratch_bytes, name + " scratch");
       add(device.workspace, layout->workspace_bytes, name + " workspace");
@@ -125,6 +142,7 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       }
     }
     EXPECT_GT(sends, 0u);
+    EXPECT_EQ(any_sharded > 0, plan.pipeline->zero == 1);
     // Then one "any flag set" int per device.
     EXPECT_EQ(layout->flag_count, flags + static_cast<int64_t>(plan.programs.size()));
     add(layout->flags, layout->flag_count * static_cast<int64_t>(sizeof(int)), "the flags");
@@ -143,13 +161,14 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
 
 TEST(CudaPipelineLayout, RefusesWhatItDoesNotRunYetSayingWhy) {
   if (!cuda_built()) GTEST_SKIP() << cuda_unavailable_reason();
-  auto zero = mesh(2, 2, 2);
+  // ZeRO-1 runs, but not on tensor-parallel pieces.
+  auto zero = mesh(1, 2, 2);
   zero.zero = 1;
-  auto layout = cuda_pipeline_layout(compile(mlp_forward(), "adamw:lr=0.01", zero), 0);
+  zero.tensor_parallel = 2;
+  auto layout = cuda_pipeline_layout(compile(gpt_forward(), "adamw:lr=0.01", zero), 0);
   ASSERT_FALSE(layout.is_ok());
-  EXPECT_NE(layout.status().message().find("device 0 holds"), std::string::npos)
-      << layout.status().message();
-  EXPECT_NE(layout.status().message().find("ZeRO-1"), std::string::npos)
+  EXPECT_NE(layout.status().message().find("device 0 holds ZeRO-1 shards of tensor-parallel"),
+            std::string::npos)
       << layout.status().message();
 
   // Tensor parallelism runs: the runner moves the pieces itself.
@@ -263,6 +282,17 @@ TEST_F(CudaPipelineGpuTest, TensorParallelGroupsTrainAsOnTheCpu) {
   auto dp_tp = mesh(1, 2, 2);
   dp_tp.tensor_parallel = 2;
   expect_pipeline_matches(compile(gpt_forward(), "adamw:lr=0.01", dp_tp), 1e-4);
+}
+
+// ZeRO-1: every replica keeps its shard of the optimizer state, gradients are
+// reduce-scattered (blocking, or in buckets beside backward) and the updated
+// shards all-gathered.
+TEST_F(CudaPipelineGpuTest, ZeroOneShardsTrainAsOnTheCpu) {
+  auto zero = mesh(2, 2, 2);
+  zero.zero = 1;
+  expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01", zero), 1e-4);
+  zero.bucket_bytes = 0;
+  expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01,clip=1", zero), 1e-4);
 }
 
 TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {
