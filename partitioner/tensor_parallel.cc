@@ -904,4 +904,23 @@ PieceLayout piece_layout(const Node &node, const TensorType &piece) {
   return layout;
 }
 
+Result<HostTensor> join_pieces(const Tensor &tensor, const TensorShard &shard, int parts,
+                               const std::vector<HostTensor> &pieces) {
+  if (pieces.size() != static_cast<size_t>(parts))
+    return invalid_argument("'", tensor.name, "' has ", pieces.size(),
+                            " tensor-parallel pieces; the plan cuts it in ", parts);
+  TensorType type = tensor.type;
+  type.shape.assign(shard.full_shape.begin(), shard.full_shape.end());
+  HostTensor full = HostTensor::zeros(type);
+  for (size_t m = 0; m < pieces.size(); ++m) {
+    if (!(pieces[m].type == tensor.type))
+      return invalid_argument("piece ", m, " of '", tensor.name, "' is ",
+                              pieces[m].type.to_string(), "; the plan's pieces are ",
+                              tensor.type.to_string());
+    copy_piece(shard, parts, static_cast<int>(m), dtype_size(type.dtype), full.data(),
+               const_cast<std::byte *>(pieces[m].data()), false);
+  }
+  return full;
+}
+
 } // namespace strata::partitioner

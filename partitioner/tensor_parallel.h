@@ -35,6 +35,8 @@
 // local graph unchanged.
 #pragma once
 
+#include "graph/host_tensor.h"
+
 #include <map>
 #include <string>
 #include <vector>
@@ -97,6 +99,11 @@ std::vector<TensorShard> with_optimizer_state(const Graph &training,
 // into `piece` (to_piece) or back (!to_piece); elements of `element_bytes`.
 void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_bytes,
                 std::byte *full, std::byte *piece, bool to_piece);
+
+// The full tensor put together from every member's piece of `tensor` (whose
+// type is the piece's), in member order; errors name a wrong count or type.
+Result<HostTensor> join_pieces(const Tensor &tensor, const TensorShard &shard, int parts,
+                               const std::vector<HostTensor> &pieces);
 
 // How a tensor-parallel node (TpAllGather, TpReduceScatter, TpSplit) cuts the
 // full tensor along its `axis` (viewed as [outer, n / outer]): the full tensor

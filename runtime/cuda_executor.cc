@@ -8,6 +8,7 @@
 
 #include "graph/verifier.h"
 #include "ops/registry.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/plan_memory.h"
 #include "runtime/executor.h"
 #include "runtime/gpu_placement.h"
@@ -71,6 +72,7 @@ Status CudaExecutor::assign(TensorId, const HostTensor &) {
 }
 int64_t CudaExecutor::device_bytes() const { return 0; }
 int64_t CudaExecutor::replays() const { return 0; }
+int64_t CudaExecutor::fused_chains() const { return 0; }
 std::string CudaExecutor::device_name() const { return ""; }
 Status CudaExecutor::check_guards() const { return unimplemented(cuda_unavailable_reason()); }
 
@@ -189,8 +191,13 @@ struct CudaExecutor::State {
     int *flag = nullptr;
     std::shared_ptr<void> cache; // the op's plan (ops/kernels/cuda/cuda_ops.h)
     const std::byte *constant = nullptr;
+    // Elementwise chains: every node but the last is skipped, and the last
+    // runs the whole chain into its output.
+    bool skip = false;
+    std::unique_ptr<cuda::Fused> fused;
   };
   std::vector<Step> steps;
+  int64_t fused_chains = 0;
   std::vector<std::byte *> address; // per tensor; nullptr when it has none
   std::vector<std::byte *> input_staging, output_staging;
   struct Copy {
@@ -224,6 +231,16 @@ struct CudaExecutor::State {
     RETURN_IF_ERROR(
         cuda_check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
     for (Step &step : steps) {
+      if (step.skip) continue;
+      if (step.fused) {
+        const ops::TensorView &out = step.outputs[0];
+        RETURN_IF_ERROR(
+            cuda_check(cuda::fused_elementwise(*step.fused, static_cast<float *>(out.data),
+                                               out.type->num_elements(), stream),
+                       "launch")
+                .with_context(node_context(*step.node)));
+        continue;
+      }
       if (step.op == nullptr) {
         const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
         if (size > 0)
@@ -487,6 +504,46 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     if (step_constant[s] >= 0) step.constant = state->base + step_constant[s];
     step.flag = state->flags + s;
   }
+  if (options.fuse && options.guard_bytes == 0) {
+    std::vector<size_t> position(g.num_nodes(), 0);
+    for (size_t s = 0; s < state->order.size(); ++s)
+      position[state->order[s]] = s;
+    for (const std::vector<NodeId> &chain :
+         passes::find_elementwise_chains(g, state->order, cuda::kMaxFused, cuda::kMaxFused)) {
+      auto program = std::make_unique<cuda::Fused>();
+      const auto &program_shape = g.tensor(g.node(chain.back()).outputs[0]).type.shape;
+      ASSIGN_OR_RETURN(program->shape, cuda::shape_dims(program_shape));
+      std::map<TensorId, int> operand;
+      TensorId running = kInvalidTensor;
+      auto index_of = [&](TensorId id) {
+        if (id == running) return -1;
+        auto [it, added] = operand.emplace(id, program->inputs);
+        if (added) {
+          const TensorType &type = g.tensor(id).type;
+          program->input[program->inputs] = reinterpret_cast<const float *>(state->address[id]);
+          program->mode[program->inputs] = type.num_elements() == 1      ? 1
+                                           : type.shape == program_shape ? 0
+                                                                         : 2;
+          program->strides[program->inputs] = cuda::operand_strides(type.shape, program->shape);
+          ++program->inputs;
+        }
+        return it->second;
+      };
+      for (NodeId id : chain) {
+        const Node &node = g.node(id);
+        ASSIGN_OR_RETURN(cuda::FusedStep step, cuda::fused_step(node, *registry.find(node.op)));
+        step.lhs = index_of(node.inputs[0]);
+        if (node.inputs.size() > 1) step.rhs = index_of(node.inputs[1]);
+        program->step[program->steps++] = step;
+        running = node.outputs[0];
+        state->steps[position[id]].skip = true;
+      }
+      State::Step &last = state->steps[position[chain.back()]];
+      last.skip = false;
+      last.fused = std::move(program);
+      ++state->fused_chains;
+    }
+  }
   state->host.resize(g.num_tensors());
   state->host_fresh.assign(g.num_tensors(), false);
   executor->state_ = std::move(state);
@@ -576,6 +633,7 @@ Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
 
 int64_t CudaExecutor::device_bytes() const { return state_->bytes; }
 int64_t CudaExecutor::replays() const { return state_->step.replays(); }
+int64_t CudaExecutor::fused_chains() const { return state_->fused_chains; }
 std::string CudaExecutor::device_name() const { return state_->device_name; }
 
 Status CudaExecutor::check_guards() const {

@@ -42,6 +42,10 @@ struct CudaExecutorOptions {
   // rounded to bf16 on the tensor cores, accumulating in f32; weights, optimizer
   // state, activations and every other op stay f32 (the master copy).
   bool bf16 = false;
+  // Run chains of elementwise nodes as one kernel each (passes/
+  // fuse_elementwise.h): the same bits, fewer launches and no intermediates
+  // written. false: every node on its own (for comparison).
+  bool fuse = true;
   int64_t workspace_bytes = 32 << 20;
   // For tests: every buffer (intermediates too, outside the shared arena) gets
   // at least this many guard bytes after it, filled with kGuardByte at load;
@@ -116,6 +120,8 @@ public:
   int64_t device_bytes() const;
   // Steps launched from the captured graph (0 without CUDA Graphs).
   int64_t replays() const;
+  // Elementwise chains run as one kernel each (CudaExecutorOptions::fuse).
+  int64_t fused_chains() const;
   // "GPU 0 (NVIDIA H100 80GB HBM3)".
   std::string device_name() const;
   // With CudaExecutorOptions::guard_bytes: an error naming the first buffer

@@ -32,6 +32,15 @@ namespace strata::runtime {
 using serialization::InstrKind;
 using serialization::PlanInstruction;
 
+Result<HostTensor> CudaPipelineRunner::join_pieces(TensorId id,
+                                                   const std::vector<HostTensor> &pieces) const {
+  auto shard = tp_shards_.find(id);
+  if (shard == tp_shards_.end())
+    return invalid_argument("'", graph_.tensor(id).name,
+                            "' is not held in tensor-parallel pieces by this plan");
+  return partitioner::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
+}
+
 std::vector<TensorType> CudaPipelineRunner::batch_types() const {
   return pipeline_batch_types(graph_, int64_t{microbatches_} * data_parallel_);
 }
@@ -346,6 +355,7 @@ struct CudaPipelineRunner::State {
   Status copy_block(void *to, size_t to_pitch, const void *from, size_t from_pitch, size_t width,
                     size_t rows, cudaStream_t stream) {
     if (width == 0 || rows == 0) return Status::ok();
+    if (rows == 1) return copy(to, from, width, stream); // no pitch limit
     return cuda_check(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, width, rows,
                                         cudaMemcpyDeviceToDevice, stream),
                       "copy");
@@ -560,8 +570,10 @@ struct CudaPipelineRunner::State {
     }
     case InstrKind::kUpdate:
       if (!device.checked) {
-        // Whether any check before this device's first update failed (theirs
-        // are all done: the update follows them through the transfers).
+        // Whether any check before this device's first update failed. Every
+        // forward check precedes every update through the transfers; a
+        // backward check of another stage may come later (today those repeat
+        // forward checks: an index the forward Gather already flagged).
         RETURN_IF_ERROR(
             cuda_check(cuda::any_flag(flags, flag_count - static_cast<int64_t>(devices.size()),
                                       device.any, device.stream),
@@ -886,7 +898,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         op.def = registry.find(node.op);
         op.op = cuda::find_cuda_op(node.op);
         op.cache = &device.caches[{instr.index, instr.microbatch}];
-        if (op.op == nullptr) op.source = s.base + l.constant[instr.index];
+        if (op.op == nullptr && l.constant[instr.index] >= 0)
+          op.source = s.base + l.constant[instr.index];
         for (TensorId t : node.inputs) {
           const Tensor &tensor = g.tensor(t);
           if (input_index[t] >= 0) {
@@ -931,11 +944,13 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                                     " parts in a plan of tensor_parallel = ", tensor_parallel);
           op.member = static_cast<int>(d) % tensor_parallel;
           op.parts = tensor_parallel;
-          // The piece: the input of an all-gather, the output of the others.
-          const partitioner::PieceLayout piece = partitioner::piece_layout(
-              node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
-          op.rows = piece.rows;
-          op.run = piece.run;
+          if (op.tp == Tp::kAllGather || op.tp == Tp::kReduceScatter || op.tp == Tp::kSplit) {
+            // The piece: the input of an all-gather, the output of the others.
+            const partitioner::PieceLayout piece = partitioner::piece_layout(
+                node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
+            op.rows = piece.rows;
+            op.run = piece.run;
+          }
           if (op.tp != Tp::kCopy && op.tp != Tp::kSplit) {
             ASSIGN_OR_RETURN(op.arrived, s.make_event());
           }

@@ -114,6 +114,7 @@ public:
   TensorType value_type(TensorId id) const override;
   // To every plan device holding the tensor (each member its piece).
   Status assign(TensorId id, const HostTensor &value) override;
+  Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
 
   int num_devices() const;
   int64_t device_bytes() const;

@@ -1036,24 +1036,10 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
 Result<HostTensor> PipelineRunner::join_pieces(TensorId id,
                                                const std::vector<HostTensor> &pieces) const {
   auto shard = tp_shards_.find(id);
-  const Tensor &tensor = graph_.tensor(id);
   if (shard == tp_shards_.end())
-    return invalid_argument("'", tensor.name,
+    return invalid_argument("'", graph_.tensor(id).name,
                             "' is not held in tensor-parallel pieces by this plan");
-  if (pieces.size() != static_cast<size_t>(tensor_parallel_))
-    return invalid_argument("'", tensor.name, "' has ", pieces.size(),
-                            " tensor-parallel pieces; the plan cuts it in ", tensor_parallel_);
-  HostTensor full = HostTensor::zeros(value_type(id));
-  for (size_t m = 0; m < pieces.size(); ++m) {
-    if (!(pieces[m].type == tensor.type))
-      return invalid_argument("piece ", m, " of '", tensor.name, "' is ",
-                              pieces[m].type.to_string(), "; the plan's pieces are ",
-                              tensor.type.to_string());
-    partitioner::copy_piece(shard->second, tensor_parallel_, static_cast<int>(m),
-                            dtype_size(full.type.dtype), full.data(),
-                            const_cast<std::byte *>(pieces[m].data()), false);
-  }
-  return full;
+  return partitioner::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
 }
 
 std::map<std::string, HostTensor> PipelineRunner::checkpoint_pieces() const {

@@ -819,7 +819,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         str_cat((*created)->device_name(), ", ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
                 args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-                args.precision == "bf16" ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
+                args.precision == "bf16" ? ", bf16 GEMMs (f32 weights and optimizer state)" : "",
+                (*created)->fused_chains() > 0
+                    ? str_cat(", ", (*created)->fused_chains(), " elementwise chains fused")
+                    : std::string());
     runner = std::move(created).value();
   } else {
     runtime::ExecutorOptions executor_options;

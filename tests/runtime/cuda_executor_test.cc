@@ -708,6 +708,35 @@ TEST_F(CudaGpuTest, Bf16TrainingStaysCloseToF32) {
   }
 }
 
+// Elementwise chains run as one kernel give bitwise the losses and weights of
+// the same nodes run one by one (the GPT training graph has six: the scores'
+// scale and mask, the biases and residual adds).
+TEST_F(CudaGpuTest, FusedChainsEqualTheNodesOneByOne) {
+  for (const Graph &graph : {gpt_graph()}) {
+    SCOPED_TRACE(graph.name());
+    CudaExecutorOptions options;
+    options.fuse = false;
+    auto plain = CudaExecutor::create(graph, options);
+    options.fuse = true;
+    auto fused = CudaExecutor::create(graph, options);
+    ASSERT_TRUE(plain.is_ok() && fused.is_ok());
+    EXPECT_EQ((*plain)->fused_chains(), 0);
+    EXPECT_GT((*fused)->fused_chains(), 0);
+    for (uint64_t step = 0; step < 3; ++step) {
+      std::vector<HostTensor> inputs = random_inputs(graph, 100 + step), a, b;
+      ASSERT_TRUE((*plain)->run(inputs, &a).is_ok());
+      ASSERT_TRUE((*fused)->run(inputs, &b).is_ok());
+      EXPECT_EQ(std::memcmp(a[0].data(), b[0].data(), a[0].size_bytes()), 0) << "step " << step;
+    }
+    for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+      const Tensor &t = graph.tensor(id);
+      if (t.kind != TensorKind::kParameter && t.kind != TensorKind::kState) continue;
+      const HostTensor &x = (*plain)->value(id);
+      EXPECT_EQ(std::memcmp(x.data(), (*fused)->value(id).data(), x.size_bytes()), 0) << t.name;
+    }
+  }
+}
+
 TEST_F(CudaGpuTest, MlpTrainsAsOnTheCpu) { expect_training_matches(mlp_graph(), 1e-4, true); }
 
 TEST_F(CudaGpuTest, GptTrainsAsOnTheCpu) { expect_training_matches(gpt_graph(), 1e-4, true); }

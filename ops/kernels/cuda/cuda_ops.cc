@@ -725,7 +725,9 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
                                              const void *a, const void *b, const float *d) {
   auto plan = std::make_shared<LtPlan>();
   LtObjects &lt = plan->lt;
-  const cublasComputeType_t compute = c.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // TF32 applies to f32 operands only (cuBLASLt refuses it with bf16 ones).
+  const cublasComputeType_t compute =
+      c.tf32 && !p.bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
   // cuBLASLt's first operand is B, its second A.
   const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -990,6 +992,50 @@ const std::vector<CudaOp> &table() {
 }
 
 } // namespace
+
+Result<Dims> shape_dims(llvm::ArrayRef<int64_t> shape) { return dims_of(shape); }
+Dims operand_strides(llvm::ArrayRef<int64_t> operand, const Dims &shape) {
+  return broadcast_strides(operand, shape);
+}
+
+Result<FusedStep> fused_step(const Node &node, const ops::OpDef &def) {
+  static const std::pair<std::string_view, Unary> unaries[] = {
+      {"Relu", Unary::kRelu},       {"Gelu", Unary::kGeluErf}, {"Tanh", Unary::kTanh},
+      {"Sigmoid", Unary::kSigmoid}, {"Exp", Unary::kExp},      {"Log", Unary::kLog},
+      {"Sqrt", Unary::kSqrt},       {"Neg", Unary::kNeg},      {"Erf", Unary::kErf},
+      {"Clip", Unary::kClip}};
+  static const std::pair<std::string_view, Binary> binaries[] = {
+      {"Add", Binary::kAdd},
+      {"Sub", Binary::kSub},
+      {"Mul", Binary::kMul},
+      {"Div", Binary::kDiv},
+      {"Pow", Binary::kPow},
+      {"ReluGrad", Binary::kReluGrad},
+      {"GeluGrad", Binary::kGeluErfGrad},
+      {"TanhGrad", Binary::kTanhGrad},
+      {"SigmoidGrad", Binary::kSigmoidGrad},
+      {"ClipGrad", Binary::kClipGrad}};
+  const ops::AttrReader attrs(node, def);
+  const bool tanh = node.op.starts_with("Gelu") && attrs.get_string("approximate") == "tanh";
+  const bool bounds = node.op == "Clip" || node.op == "ClipGrad";
+  FusedStep step;
+  if (bounds) {
+    step.a = static_cast<float>(attrs.get_float("min"));
+    step.b = static_cast<float>(attrs.get_float("max"));
+  }
+  for (const auto &[name, op] : unaries)
+    if (node.op == name) {
+      step.op = static_cast<int>(tanh ? Unary::kGeluTanh : op);
+      return step;
+    }
+  for (const auto &[name, op] : binaries)
+    if (node.op == name) {
+      step.binary = 1;
+      step.op = static_cast<int>(tanh ? Binary::kGeluTanhGrad : op);
+      return step;
+    }
+  return invalid_argument("node '", node.name, "' (", node.op, ") is not a fusable elementwise op");
+}
 
 int64_t bf16_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs) {
   if ((node.op != "MatMul" && node.op != "Gemm") || inputs.size() < 2) return 0;

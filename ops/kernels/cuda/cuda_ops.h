@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/kernels/cuda/launch.h"
 #include "ops/registry.h"
 
 namespace strata::cuda {
@@ -46,6 +47,16 @@ struct CudaKernelContext {
   void *bf16 = nullptr;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
+
+// A shape as the kernels take it (at most kMaxDims dims), and the strides that
+// read `operand` broadcast to it (NumPy rules).
+Result<Dims> shape_dims(llvm::ArrayRef<int64_t> shape);
+Dims operand_strides(llvm::ArrayRef<int64_t> operand, const Dims &shape);
+
+// The step of a fused elementwise chain (launch.h's Fused) that computes
+// `node`, an op passes::fusable_elementwise accepts; the caller sets its
+// operands. An error for any other op.
+Result<FusedStep> fused_step(const Node &node, const ops::OpDef &def);
 
 // What a node needs in CudaKernelContext::bf16 under --precision bf16 (0 for
 // ops that stay f32). One region serves every node of a stream.

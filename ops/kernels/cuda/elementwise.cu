@@ -42,29 +42,30 @@ __device__ float gelu_tanh_grad(float x) {
   return s + 2.0f * x * (s * s * e) * du;
 }
 
-__global__ void unary_kernel(Unary op, const float *x, float *y, int64_t n, float a, float b) {
-  STRATA_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    float r = v;
-    switch (op) {
-    case Unary::kRelu: r = v < 0.0f ? 0.0f : v; break;
-    case Unary::kGeluErf: r = gelu_erf(v); break;
-    case Unary::kGeluTanh: r = gelu_tanh(v); break;
-    case Unary::kTanh: r = tanhf(v); break;
-    case Unary::kSigmoid: r = 1.0f / (1.0f + expf(-v)); break;
-    case Unary::kExp: r = expf(v); break;
-    case Unary::kLog: r = logf(v); break;
-    case Unary::kSqrt: r = sqrtf(v); break;
-    case Unary::kNeg: r = -v; break;
-    case Unary::kErf: r = erff(v); break;
-    case Unary::kClip:
-      r = v < a ? a : v;
-      r = r > b ? b : r;
-      break;
-    case Unary::kScale: r = a * v; break;
-    }
-    y[i] = r;
+__device__ float apply_unary(Unary op, float v, float a, float b) {
+  float r = v;
+  switch (op) {
+  case Unary::kRelu: r = v < 0.0f ? 0.0f : v; break;
+  case Unary::kGeluErf: r = gelu_erf(v); break;
+  case Unary::kGeluTanh: r = gelu_tanh(v); break;
+  case Unary::kTanh: r = tanhf(v); break;
+  case Unary::kSigmoid: r = 1.0f / (1.0f + expf(-v)); break;
+  case Unary::kExp: r = expf(v); break;
+  case Unary::kLog: r = logf(v); break;
+  case Unary::kSqrt: r = sqrtf(v); break;
+  case Unary::kNeg: r = -v; break;
+  case Unary::kErf: r = erff(v); break;
+  case Unary::kClip:
+    r = v < a ? a : v;
+    r = r > b ? b : r;
+    break;
+  case Unary::kScale: r = a * v; break;
   }
+  return r;
+}
+
+__global__ void unary_kernel(Unary op, const float *x, float *y, int64_t n, float a, float b) {
+  STRATA_GRID_STRIDE(i, n) { y[i] = apply_unary(op, x[i], a, b); }
 }
 
 // The offset of element `i` of `shape` in an operand read through `strides`.
@@ -101,6 +102,26 @@ __global__ void binary_kernel(Binary op, const float *lhs, Dims lhs_strides, con
   STRATA_GRID_STRIDE(i, n) {
     out[i] = apply(op, lhs[offset_of(i, shape, lhs_strides)], rhs[offset_of(i, shape, rhs_strides)],
                    a, b);
+  }
+}
+
+__global__ void fused_kernel(Fused p, float *out, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    float v = 0.0f;
+    for (int s = 0; s < p.steps; ++s) {
+      const FusedStep &step = p.step[s];
+      auto operand = [&](int k) {
+        if (k < 0) return v;
+        const int64_t at = p.mode[k] == 0   ? i
+                           : p.mode[k] == 1 ? 0
+                                            : offset_of(i, p.shape, p.strides[k]);
+        return p.input[k][at];
+      };
+      v = step.binary ? apply(static_cast<Binary>(step.op), operand(step.lhs), operand(step.rhs),
+                              step.a, step.b)
+                      : apply_unary(static_cast<Unary>(step.op), operand(step.lhs), step.a, step.b);
+    }
+    out[i] = v;
   }
 }
 
@@ -494,6 +515,14 @@ __global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
 cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16 *>(y), n);
+  return cudaGetLastError();
+}
+
+cudaError_t fused_elementwise(const Fused &program, float *out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (program.steps < 1 || program.steps > kMaxFused || program.inputs > kMaxFused)
+    return cudaErrorInvalidValue;
+  fused_kernel<<<grid_for(n), kThreads, 0, stream>>>(program, out, n);
   return cudaGetLastError();
 }
 

@@ -228,6 +228,29 @@ cudaError_t mse_loss(const float *p, const float *t, int64_t n, int reduction, d
 cudaError_t mse_loss_grad(const float *dloss, const float *p, const float *t, int64_t n,
                           int reduction, float *dp, float *dt, cudaStream_t stream);
 
+// An elementwise chain run as one kernel (passes/fuse_elementwise.h): each
+// element goes through the steps in order, each a unary map or a binary of
+// the running value and the chain's operands, and only the last value is
+// written. Operand k >= 0 is input k, read at the element (mode 0), its one
+// element (mode 1), or through its broadcast strides over `shape` (mode 2);
+// -1 is the running value.
+constexpr int kMaxFused = 16;
+struct FusedStep {
+  int binary = 0; // 0: Unary op, 1: Binary op
+  int op = 0;
+  int lhs = -1, rhs = -1;
+  float a = 0, b = 0; // Clip's and ClipGrad's bounds
+};
+struct Fused {
+  int steps = 0, inputs = 0;
+  FusedStep step[kMaxFused];
+  const float *input[kMaxFused] = {};
+  int mode[kMaxFused] = {};
+  Dims shape;                   // the chain's output shape
+  Dims strides[kMaxFused] = {}; // mode 2: the input's broadcast strides
+};
+cudaError_t fused_elementwise(const Fused &program, float *out, int64_t n, cudaStream_t stream);
+
 // y = x rounded to bfloat16 (to nearest, ties to even), as raw bits: the
 // operands of a GEMM under --precision bf16.
 cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
@@ -244,8 +267,9 @@ cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *a
 cudaError_t accumulate(float *acc, const float *src, int64_t n, cudaStream_t stream);
 cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream);
 // A group's sum on one GPU: every out[o] = ((in[0] + in[1]) + in[2]) + ..., the
-// members in group order, as the CPU communicator sums; an out may be an in
-// (in place: every element reads all ins before writing). Up to kMaxMembers
+// members in group order, as the CPU communicator sums. In sum_members an out
+// may be an in (in place: every element reads all ins before writing it);
+// not in sum_members_block, whose reads and writes are at other offsets. Up to kMaxMembers
 // buffers each way, passed by value.
 constexpr int kMaxMembers = 64;
 struct Members {

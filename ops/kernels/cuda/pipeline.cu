@@ -50,7 +50,7 @@ cudaError_t sum_members_block(const Members &members, int64_t rows, int64_t run,
       members.outs > kMaxMembers)
     return cudaErrorInvalidValue;
   sum_members_kernel<<<grid_for(rows * run), kThreads, 0, stream>>>(members, rows, run, pitch,
-                                                                     offset);
+                                                                    offset);
   return cudaGetLastError();
 }
 
