@@ -24,8 +24,8 @@ struct Interval {
 
 } // namespace
 
-Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
-                               int64_t alignment) {
+Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order, int64_t alignment,
+                               llvm::ArrayRef<int64_t> runs_at) {
   if (alignment <= 0 || (alignment & (alignment - 1)) != 0)
     return invalid_argument("memory plan alignment ", alignment, " is not a power of two");
 
@@ -46,16 +46,22 @@ Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
     step_of[id] = static_cast<int64_t>(step);
   }
 
-  // Lifetimes of the intermediates.
+  if (!runs_at.empty() && runs_at.size() != num_nodes)
+    return invalid_argument("runs_at has ", runs_at.size(), " steps for ", num_nodes, " nodes");
+  auto runs = [&](size_t step) {
+    return runs_at.empty() ? static_cast<int64_t>(step) : runs_at[order[step]];
+  };
+  // Lifetimes of the intermediates; `written` checks the order itself.
   const size_t num_tensors = graph.num_tensors();
-  std::vector<int64_t> first(num_tensors, -1), last(num_tensors, -1);
+  std::vector<int64_t> first(num_tensors, -1), last(num_tensors, -1), written(num_tensors, -1);
   for (size_t step = 0; step < order.size(); ++step) {
     const Node &node = graph.node(order[step]);
     for (TensorId output : node.outputs) {
       if (output >= num_tensors)
         return invalid_argument("node '", node.name, "' writes tensor ", output,
                                 ", past the graph's ", num_tensors, " tensors");
-      first[output] = last[output] = static_cast<int64_t>(step);
+      first[output] = last[output] = runs(step);
+      written[output] = static_cast<int64_t>(step);
     }
   }
   for (size_t step = 0; step < order.size(); ++step) {
@@ -65,14 +71,14 @@ Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
         return invalid_argument("node '", node.name, "' reads tensor ", input,
                                 ", past the graph's ", num_tensors, " tensors");
       if (graph.tensor(input).kind != TensorKind::kIntermediate) continue;
-      if (first[input] < 0)
+      if (written[input] < 0)
         return invalid_argument("node '", node.name, "' reads tensor '", graph.tensor(input).name,
                                 "', which no node writes");
-      if (first[input] >= static_cast<int64_t>(step))
+      if (written[input] >= static_cast<int64_t>(step))
         return invalid_argument("execution order runs node '", node.name,
                                 "' before the producer of its input '", graph.tensor(input).name,
                                 "'");
-      last[input] = std::max(last[input], static_cast<int64_t>(step));
+      last[input] = std::max(last[input], runs(step));
     }
   }
   // Graph outputs and the values of state updates are read after the last step.

@@ -21,8 +21,12 @@ struct MemoryPlan {
 };
 
 // Plans the intermediates of `graph` for execution in `order` (a topological order).
+// `runs_at`, when given, is per node the step at which it reads and writes
+// (a backend running several nodes as one kernel at the last one's step);
+// lifetimes then follow it, so what the kernel reads stays untouched until it
+// runs and what it writes does not share bytes with what it reads.
 Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
-                               int64_t alignment = 64);
+                               int64_t alignment = 64, llvm::ArrayRef<int64_t> runs_at = {});
 
 // One buffer to place: its size and the steps [first, last] (both inclusive)
 // during which its bytes must not be touched by anything else.

@@ -51,7 +51,7 @@ Status check_cuda_ops(const Graph &, const std::function<bool(const Node &)> &) 
   return unimplemented(cuda_unavailable_reason());
 }
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
-Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t, bool) {
+Result<CudaLayout> cuda_layout(const Graph &, int64_t, int64_t, bool, bool) {
   return unimplemented(cuda_unavailable_reason());
 }
 
@@ -293,12 +293,24 @@ struct CudaExecutor::State {
 };
 
 Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t guard_bytes,
-                               bool bf16) {
+                               bool bf16, bool fuse) {
   RETURN_IF_ERROR(check_cuda_ops(g));
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   CudaLayout l;
   ASSIGN_OR_RETURN(l.order, g.topological_order());
-  ASSIGN_OR_RETURN(l.plan, passes::plan_memory(g, l.order, kCudaAlignment));
+  std::vector<int64_t> runs_at;
+  if (fuse && guard_bytes == 0) {
+    // A chain runs, reading and writing, at its last node's step.
+    l.chains = passes::find_elementwise_chains(g, l.order, cuda::kMaxFused, cuda::kMaxFused);
+    std::vector<int64_t> step_of(g.num_nodes(), 0);
+    for (size_t s = 0; s < l.order.size(); ++s)
+      step_of[l.order[s]] = static_cast<int64_t>(s);
+    runs_at = step_of;
+    for (const std::vector<NodeId> &chain : l.chains)
+      for (NodeId id : chain)
+        runs_at[id] = step_of[chain.back()];
+  }
+  ASSIGN_OR_RETURN(l.plan, passes::plan_memory(g, l.order, kCudaAlignment, runs_at));
   if (guard_bytes > 0) {
     // Every intermediate in its own guarded region instead of the arena.
     l.plan.offsets.assign(g.num_tensors(), -1);
@@ -391,7 +403,8 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
   else
     state->device_name = str_cat("GPU ", options.gpu);
-  auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes, options.bf16);
+  auto layout =
+      cuda_layout(g, options.workspace_bytes, options.guard_bytes, options.bf16, options.fuse);
   if (!layout.is_ok()) return layout.status().with_context(context);
   CudaLayout &l = *layout;
   state->order = l.order;
@@ -504,12 +517,11 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     if (step_constant[s] >= 0) step.constant = state->base + step_constant[s];
     step.flag = state->flags + s;
   }
-  if (options.fuse && options.guard_bytes == 0) {
+  {
     std::vector<size_t> position(g.num_nodes(), 0);
     for (size_t s = 0; s < state->order.size(); ++s)
       position[state->order[s]] = s;
-    for (const std::vector<NodeId> &chain :
-         passes::find_elementwise_chains(g, state->order, cuda::kMaxFused, cuda::kMaxFused)) {
+    for (const std::vector<NodeId> &chain : l.chains) {
       auto program = std::make_unique<cuda::Fused>();
       const auto &program_shape = g.tensor(g.node(chain.back()).outputs[0]).type.shape;
       ASSIGN_OR_RETURN(program->shape, cuda::shape_dims(program_shape));

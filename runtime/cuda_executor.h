@@ -86,8 +86,9 @@ struct CudaLayout {
   std::vector<int64_t> scratch_bytes; // per step
   std::vector<int64_t> input, output; // per graph input / output: staging
   int64_t workspace = 0, workspace_bytes = 0;
-  int64_t bf16 = -1, bf16_bytes = 0; // with bf16: the GEMM operands' staging
-  int64_t flags = 0;                 // (steps + 1) ints
+  int64_t bf16 = -1, bf16_bytes = 0;       // with bf16: the GEMM operands' staging
+  std::vector<std::vector<NodeId>> chains; // with fuse: passes/fuse_elementwise.h
+  int64_t flags = 0;                       // (steps + 1) ints
   int64_t total = 0;
   // With guard bytes: the bytes after each region, and what the region holds.
   struct Guard {
@@ -100,9 +101,11 @@ struct CudaLayout {
 // guard_bytes > 0 every intermediate gets its own region (no arena) and every
 // region at least that many guard bytes after it.
 // With bf16, a region for the largest GEMM's operands in bf16 (one stream runs
-// the nodes one after another, so they share it).
+// the nodes one after another, so they share it). With fuse, the elementwise
+// chains the executor runs as one kernel each, and a memory plan in which
+// each chain reads and writes at its last node's step.
 Result<CudaLayout> cuda_layout(const Graph &graph, int64_t workspace_bytes, int64_t guard_bytes = 0,
-                               bool bf16 = false);
+                               bool bf16 = false, bool fuse = false);
 
 class CudaExecutor : public StepRunner {
 public:

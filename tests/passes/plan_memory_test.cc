@@ -139,6 +139,31 @@ TEST(PlanMemory, NodeOutputNeverSharesBytesWithItsInput) {
   check_plan(m.graph, order, *plan, 64);
 }
 
+// Nodes a backend runs as one kernel at the last one's step (runs_at): what
+// the kernel reads stays untouched until then, even where a node between
+// would otherwise reuse its bytes.
+TEST(PlanMemory, NodesRunLaterKeepTheirInputsUntilThen) {
+  GraphMaker m;
+  TensorId x = m.input("x", 16);
+  TensorId e = m.op("e", {x}, 16);     // read by `first` only
+  TensorId f = m.op("first", {e}, 16); // a chain: first, then second
+  TensorId c = m.op("other", {x}, 16); // unrelated, between them
+  TensorId g = m.op("second", {f, c}, 16);
+  m.output(g);
+  const std::vector<NodeId> order = {0, 1, 2, 3}; // e, first, other, second
+  auto plain = plan_memory(m.graph, order);
+  ASSERT_TRUE(plain.is_ok());
+  // Run in order, `other` may take e's bytes once `first` has read them...
+  EXPECT_EQ(plain->offsets[c], plain->offsets[e]);
+  // ...but not when `first` runs at `second`'s step.
+  auto fused = plan_memory(m.graph, order, 64, std::vector<int64_t>{0, 3, 2, 3});
+  ASSERT_TRUE(fused.is_ok());
+  EXPECT_NE(fused->offsets[c], fused->offsets[e]);
+  EXPECT_NE(fused->offsets[g], fused->offsets[e]);
+  EXPECT_NE(fused->offsets[g], fused->offsets[c]);
+  EXPECT_FALSE(plan_memory(m.graph, order, 64, std::vector<int64_t>{0, 3}).is_ok());
+}
+
 TEST(PlanMemory, Diamond) {
   GraphMaker m;
   TensorId x = m.input("x", 100);

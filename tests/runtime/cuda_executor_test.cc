@@ -220,6 +220,33 @@ TEST(CudaExecutor, Bf16LayoutStagesTheLargestGemmsOperands) {
             (largest + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment);
 }
 
+// With fusion, each chain's output never shares bytes with what the chain
+// reads (its kernel reads its operands while writing it).
+TEST(CudaExecutor, FusedChainsWriteApartFromWhatTheyRead) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  const Graph graph = gpt_graph();
+  auto layout = cuda_layout(graph, 1 << 20, 0, false, true);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  ASSERT_FALSE(layout->chains.empty());
+  EXPECT_TRUE(cuda_layout(graph, 1 << 20)->chains.empty()); // fuse off
+  const std::vector<int64_t> &offset = layout->plan.offsets;
+  for (const auto &chain : layout->chains) {
+    const TensorId out = graph.node(chain.back()).outputs[0];
+    ASSERT_GE(offset[out], 0);
+    const int64_t out_end = offset[out] + graph.tensor(out).type.size_bytes();
+    for (NodeId id : chain)
+      for (TensorId in : graph.node(id).inputs) {
+        if (offset[in] < 0 || graph.tensor(in).producer == kNoNode) continue;
+        if (std::find(chain.begin(), chain.end(), graph.tensor(in).producer) != chain.end())
+          continue; // the chain's own intermediate, never written
+        const int64_t end = offset[in] + graph.tensor(in).type.size_bytes();
+        EXPECT_TRUE(end <= offset[out] || out_end <= offset[in])
+            << graph.tensor(in).name << " and " << graph.tensor(out).name << " overlap";
+      }
+  }
+}
+
 TEST(CudaExecutor, GuardedLayoutSurroundsEveryBuffer) {
   if (cuda_unavailable_reason().find("built without") != std::string::npos)
     GTEST_SKIP() << cuda_unavailable_reason();
