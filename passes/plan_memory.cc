@@ -78,6 +78,10 @@ Result<MemoryPlan> plan_memory(const Graph &graph, llvm::ArrayRef<NodeId> order,
         return invalid_argument("execution order runs node '", node.name,
                                 "' before the producer of its input '", graph.tensor(input).name,
                                 "'");
+      if (first[input] > runs(step))
+        return invalid_argument("runs_at runs node '", node.name,
+                                "' before the producer of its input '", graph.tensor(input).name,
+                                "'");
       last[input] = std::max(last[input], runs(step));
     }
   }

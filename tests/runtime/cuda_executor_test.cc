@@ -764,6 +764,57 @@ TEST_F(CudaGpuTest, FusedChainsEqualTheNodesOneByOne) {
   }
 }
 
+// A chain that puts the running value on the right of Sub and Div, reads a
+// rank-padded broadcast operand and a scalar, and uses Clip's bounds and the
+// tanh GeluGrad.
+Graph tricky_chain() {
+  GraphBuilder b("chain", registry());
+  TensorId x = b.input("x", DType::kF32, {4, 6});
+  TensorId row = b.input("row", DType::kF32, {6});
+  TensorId s = b.input("s", DType::kF32, {});
+  TensorId t = b.op1("Sub", {row, x}, {}, "sub");
+  t = b.op1("Div", {s, t}, {}, "div");
+  t = b.op1("Clip", {t}, {{"min", -2.0}, {"max", 2.0}}, "clip");
+  t = b.op1("GeluGrad", {x, t}, {{"approximate", std::string("tanh")}}, "gelu_grad");
+  t = b.op1("Sub", {row, t}, {}, "sub2");
+  b.output(b.op1("Mul", {t, t}, {}, "square"));
+  auto graph = std::move(b).finish();
+  EXPECT_TRUE(graph.is_ok()) << graph.status().message();
+  return graph.is_ok() ? std::move(graph).value() : Graph("broken");
+}
+
+// The premises of the GPU test below: a valid graph the CPU runs, one chain.
+TEST(CudaExecutor, TheTrickyChainIsOneChainOfSix) {
+  if (cuda_unavailable_reason().find("built without") != std::string::npos)
+    GTEST_SKIP() << cuda_unavailable_reason();
+  const Graph graph = tricky_chain();
+  auto cpu = CpuExecutor::create(graph);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+  std::vector<HostTensor> outputs;
+  ASSERT_TRUE((*cpu)->run(random_inputs(graph, 5), &outputs).is_ok());
+  auto layout = cuda_layout(graph, 1 << 20, 0, false, true);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  ASSERT_EQ(layout->chains.size(), 1u);
+  EXPECT_EQ(layout->chains[0].size(), 6u);
+}
+
+// Fused, that chain is bitwise the nodes one by one.
+TEST_F(CudaGpuTest, AFusedChainKeepsOperandOrderBroadcastsAndAttributes) {
+  const Graph graph = tricky_chain();
+  const std::vector<HostTensor> inputs = random_inputs(graph, 5);
+  CudaExecutorOptions options;
+  options.fuse = false;
+  auto plain = CudaExecutor::create(graph, options);
+  options.fuse = true;
+  auto fused = CudaExecutor::create(graph, options);
+  ASSERT_TRUE(plain.is_ok() && fused.is_ok());
+  EXPECT_EQ((*fused)->fused_chains(), 1);
+  std::vector<HostTensor> a, c;
+  ASSERT_TRUE((*plain)->run(inputs, &a).is_ok());
+  ASSERT_TRUE((*fused)->run(inputs, &c).is_ok());
+  EXPECT_EQ(std::memcmp(a[0].data(), c[0].data(), a[0].size_bytes()), 0);
+}
+
 TEST_F(CudaGpuTest, MlpTrainsAsOnTheCpu) { expect_training_matches(mlp_graph(), 1e-4, true); }
 
 TEST_F(CudaGpuTest, GptTrainsAsOnTheCpu) { expect_training_matches(gpt_graph(), 1e-4, true); }
