@@ -1337,4 +1337,38 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
   return out;
 }
 
+ShardedCompute::View ShardedCompute::view(const TensorType &type, bool held_as_shard) const {
+  if (type.num_elements() == 1 && n > 1) return {true, 0, type};
+  return {false, held_as_shard ? 0 : chunk * rank * static_cast<int64_t>(dtype_size(type.dtype)),
+          TensorType{type.dtype, {chunk}}};
+}
+
+Result<ShardedCompute> sharded_compute(const Graph &graph, const Node &node,
+                                       const std::vector<int32_t> &group, int32_t device,
+                                       std::string_view context) {
+  ShardedCompute shard;
+  const auto count = static_cast<int64_t>(group.size());
+  const auto member = std::find(group.begin(), group.end(), device);
+  if (member == group.end())
+    return invalid_argument(context, ": device ", device, " is not in the shard's group");
+  shard.rank = member - group.begin();
+  shard.n = graph.tensor(node.inputs[0]).type.num_elements();
+  // A shard is a slice of operands of n elements; n must split evenly.
+  if (shard.n % count != 0)
+    return invalid_argument(context, ": ", shard.n, " elements do not split over ", count,
+                            " devices");
+  shard.chunk = shard.n / count;
+  for (TensorId t : node.inputs) {
+    const int64_t e = graph.tensor(t).type.num_elements();
+    if (e != shard.n && e != 1)
+      return invalid_argument(context, ": operand '", graph.tensor(t).name, "' has ", e,
+                              " elements; a shard needs ", shard.n, " or a scalar");
+  }
+  for (TensorId t : node.outputs)
+    if (graph.tensor(t).type.num_elements() != shard.n && node.op != "SumOfSquares")
+      return invalid_argument(context, ": output '", graph.tensor(t).name,
+                              "' is not the size of the shard's operands");
+  return shard;
+}
+
 } // namespace strata::partitioner

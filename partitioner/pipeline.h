@@ -122,6 +122,29 @@ std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options
 // "compute 'layer0.fc1' mb 3", "send 'h' mb 2 to device 1", ... for messages.
 std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
 
+// ZeRO-1's ComputeShard: node `node` run by the device at position `rank` of a
+// group of `count` devices computes elements [rank c, (rank + 1) c) of every
+// operand the size of its first input (n elements, c = n / count), viewed
+// flat; scalars stay whole, and a tensor the device holds as its shard is that
+// shard itself. Both runners (CPU and CUDA) view the operands this way.
+struct ShardedCompute {
+  int64_t n = 0, chunk = 0, rank = 0;
+  // How the shard sees a tensor of `type`: whole (`whole`), or `chunk`
+  // elements (`type`) at byte `offset` of its buffer (0 when `held_as_shard`).
+  struct View {
+    bool whole = false;
+    int64_t offset = 0;
+    TensorType type;
+  };
+  View view(const TensorType &type, bool held_as_shard) const;
+};
+// Checks the node and the group: n splits evenly over it, every operand has n
+// elements or one, every output n (SumOfSquares's pair is whole: what the
+// shard adds), the device is a member. Errors name `context`.
+Result<ShardedCompute> sharded_compute(const Graph &graph, const Node &node,
+                                       const std::vector<int32_t> &group, int32_t device,
+                                       std::string_view context);
+
 // The predicted timeline of one step.
 struct SimulatedInstruction {
   double start = 0;

@@ -45,6 +45,13 @@ std::vector<TensorType> CudaPipelineRunner::batch_types() const {
   return pipeline_batch_types(graph_, int64_t{microbatches_} * data_parallel_);
 }
 
+TensorType CudaPipelineRunner::value_type(TensorId id) const {
+  TensorType type = graph_.tensor(id).type;
+  if (auto shard = tp_shards_.find(id); shard != tp_shards_.end())
+    type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
+  return type;
+}
+
 #if !STRATA_HAVE_CUDA
 
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t, bool) {
@@ -66,7 +73,7 @@ const HostTensor &CudaPipelineRunner::value(TensorId) const {
 Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
-TensorType CudaPipelineRunner::value_type(TensorId id) const { return graph_.tensor(id).type; }
+
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
@@ -860,39 +867,25 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       case InstrKind::kCompute:
       case InstrKind::kComputeShard: {
         const Node &node = g.node(instr.index);
-        // ZeRO-1 (ComputeShard): the node runs on elements [r c, (r + 1) c)
-        // of every operand the size of its first input, viewed flat; scalars
-        // stay whole, and sharded state is the device's shard itself (as the
-        // CPU runner does).
+        // ZeRO-1 (ComputeShard): the node runs on the device's shard of its
+        // operands, viewed as the CPU runner views them (partitioner::ShardedCompute).
         const bool shard = instr.kind == InstrKind::kComputeShard;
-        int64_t n = 0, chunk = 0, rank = 0;
+        partitioner::ShardedCompute sharding;
         if (shard) {
           if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= plan.pipeline->groups.size())
             return invalid_argument(op.what, ": no group ", instr.peer);
-          const auto &group = plan.pipeline->groups[static_cast<size_t>(instr.peer)];
-          n = g.tensor(node.inputs[0]).type.num_elements();
-          if (n % static_cast<int64_t>(group.size()) != 0)
-            return invalid_argument(op.what, ": ", n, " elements do not split over ", group.size(),
-                                    " devices");
-          chunk = n / static_cast<int64_t>(group.size());
-          for (TensorId t : node.inputs) {
-            const int64_t e = g.tensor(t).type.num_elements();
-            if (e != n && e != 1)
-              return invalid_argument(op.what, ": operand '", g.tensor(t).name, "' has ", e,
-                                      " elements; a shard needs ", n, " or a scalar");
-          }
-          for (TensorId t : node.outputs)
-            if (g.tensor(t).type.num_elements() != n && node.op != "SumOfSquares")
-              return invalid_argument(op.what, ": output '", g.tensor(t).name,
-                                      "' is not the size of the shard's operands");
-          rank = std::find(group.begin(), group.end(), static_cast<int32_t>(d)) - group.begin();
+          ASSIGN_OR_RETURN(sharding,
+                           partitioner::sharded_compute(
+                               g, node, plan.pipeline->groups[static_cast<size_t>(instr.peer)],
+                               static_cast<int32_t>(d), op.what));
         }
         auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
           const TensorType &type = g.tensor(t).type;
-          if (!shard || (type.num_elements() == 1 && n > 1)) return {base, &type};
-          device.shard_types.push_back(TensorType{type.dtype, {chunk}});
-          const auto offset = static_cast<size_t>(chunk * rank * dtype_size(type.dtype));
-          return {device.sharded.contains(t) ? base : base + offset, &device.shard_types.back()};
+          if (!shard) return {base, &type};
+          auto seen = sharding.view(type, device.sharded.contains(t));
+          if (seen.whole) return {base, &type};
+          device.shard_types.push_back(std::move(seen.type));
+          return {base + seen.offset, &device.shard_types.back()};
         };
         op.node = &node;
         op.def = registry.find(node.op);
@@ -1149,13 +1142,6 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
             .with_context(op.what);
       }
   return Status::ok();
-}
-
-TensorType CudaPipelineRunner::value_type(TensorId id) const {
-  TensorType type = graph_.tensor(id).type;
-  if (auto shard = tp_shards_.find(id); shard != tp_shards_.end())
-    type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
-  return type;
 }
 
 const HostTensor &CudaPipelineRunner::value(TensorId id) const {

@@ -520,42 +520,25 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       switch (instr.kind) {
       case InstrKind::kCompute:
       case InstrKind::kComputeShard: {
-        // A shard computes elements [r c, (r + 1) c) of every operand the size of
-        // the node's first input (the parameter), viewed flat; scalars stay whole;
-        // sharded state is the device's shard itself.
+        // A shard computes its part of the node's operands
+        // (partitioner::ShardedCompute: chunk r of each, scalars whole).
         const bool shard = instr.kind == InstrKind::kComputeShard;
-        int64_t n = 0, chunk = 0, rank = 0;
+        partitioner::ShardedCompute sharding;
         if (shard) {
           if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
             return invalid_argument(context, ": no group ", instr.peer);
-          const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
-          n = g.tensor(g.node(instr.index).inputs[0]).type.num_elements();
-          chunk = n / static_cast<int64_t>(group.size());
-          // A shard is a slice of operands of n elements; n must split evenly.
-          if (n % static_cast<int64_t>(group.size()) != 0)
-            return invalid_argument(context, ": ", n, " elements do not split over ", group.size(),
-                                    " devices");
-          const Node &node = g.node(instr.index);
-          for (TensorId t : node.inputs) {
-            const int64_t e = g.tensor(t).type.num_elements();
-            if (e != n && e != 1)
-              return invalid_argument(context, ": operand '", g.tensor(t).name, "' has ", e,
-                                      " elements; a shard needs ", n, " or a scalar");
-          }
-          // A reduction's (SumOfSquares's pair) is whole: what the shard adds.
-          for (TensorId t : node.outputs)
-            if (g.tensor(t).type.num_elements() != n && node.op != "SumOfSquares")
-              return invalid_argument(context, ": output '", g.tensor(t).name,
-                                      "' is not the size of the shard's operands");
-          rank = std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
-                 group.begin();
+          ASSIGN_OR_RETURN(sharding, partitioner::sharded_compute(
+                                         g, g.node(instr.index),
+                                         runner->groups_[static_cast<size_t>(instr.peer)],
+                                         static_cast<int32_t>(program.device), context));
         }
         auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
           const TensorType &type = g.tensor(t).type;
-          if (!shard || (type.num_elements() == 1 && n > 1)) return {base, &type};
-          device->shard_types.push_back(TensorType{type.dtype, {chunk}});
-          const auto offset = static_cast<size_t>(chunk * rank * dtype_size(type.dtype));
-          return {device->sharded.contains(t) ? base : base + offset, &device->shard_types.back()};
+          if (!shard) return {base, &type};
+          auto seen = sharding.view(type, device->sharded.contains(t));
+          if (seen.whole) return {base, &type};
+          device->shard_types.push_back(std::move(seen.type));
+          return {base + seen.offset, &device->shard_types.back()};
         };
         op.node = &g.node(instr.index);
         op.def = registry.find(op.node->op);
