@@ -27,13 +27,32 @@ steps=300
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
-# strata: steps/s from the final "done" line, as ms per step.
+# MFU is the plan's FLOPs per step (strata's "compute" line: the op
+# registry's costs of every node run, forward and backward) times steps/s,
+# over the H100 SXM's dense bf16 tensor-core peak (989 TFLOP/s, NVIDIA's
+# datasheet); the PyTorch rows use the same FLOPs per step. The f32 rows are
+# far below it by construction (f32 without TF32 does not use the tensor cores).
+peak=989e12
+flops_per_step=0 # of the last strata run
 strata_steps() { # plan, extra flags...
   local plan="$1"
   shift
-  "$strata" run "$plan" --backend cuda --steps "$steps" --log-every "$steps" "$@" |
-    sed -n 's/.*(\([0-9.]*\) steps\/s).*/\1/p' | tail -1 |
-    awk -v f="$*" '{ printf "%9.3f ms/step %10.1f steps/s %s\n", 1000 / $1, $1, f }'
+  "$strata" run "$plan" --backend cuda --steps "$steps" --log-every "$steps" "$@" >"$work/run.out"
+  flops_per_step=$(sed -n 's/^compute *\([0-9.]*\) \([KMGTP]\?\)FLOP per step.*/\1 \2/p' \
+    "$work/run.out" | awk '{ m = 1; if ($2 == "K") m = 1e3; if ($2 == "M") m = 1e6;
+      if ($2 == "G") m = 1e9; if ($2 == "T") m = 1e12; if ($2 == "P") m = 1e15; print $1 * m }')
+  sed -n 's/.*(\([0-9.]*\) steps\/s).*/\1/p' "$work/run.out" | tail -1 |
+    awk -v f="$*" -v flops="$flops_per_step" -v peak="$peak" \
+      '{ printf "%9.3f ms/step %10.1f steps/s  MFU %5.2f%%  %s\n", 1000 / $1, $1,
+         100 * flops * $1 / peak, f }'
+}
+
+# PyTorch's lines ("... <ms> ms/step <rate> steps/s") with the MFU of the same
+# FLOPs per step.
+with_mfu() {
+  awk -v flops="$flops_per_step" -v peak="$peak" '/steps\/s/ {
+    for (i = 1; i < NF; ++i) if ($(i + 1) == "steps/s") rate = $i
+    printf "%s  MFU %5.2f%%\n", $0, 100 * flops * rate / peak; next } { print }'
 }
 
 run_model() { # name, zoo args, torch args
@@ -49,7 +68,7 @@ run_model() { # name, zoo args, torch args
   strata_steps "$work/$name.splan" --no-cuda-graph
   # shellcheck disable=SC2086
   python3 "$root/bench/peers/torch_cuda_step.py" $torch_args --steps "$steps" --compile |
-    grep -v '^device'
+    grep -v '^device' | with_mfu
 }
 
 run_model mlp "mlp --input 784 --hidden 256,256 --classes 10 --batch 32" \
@@ -67,7 +86,7 @@ echo -n "strata gpt bf16 eager "
 strata_steps "$work/gpt.splan" --precision bf16 --no-cuda-graph
 # shellcheck disable=SC2086
 python3 "$root/bench/peers/torch_cuda_step.py" gpt $gpt --steps "$steps" --compile --bf16 |
-  grep -v '^device'
+  grep -v '^device' | with_mfu
 
 # The same GPT as a 4-stage 1F1B pipeline of 8 micro-batches, every stage on
 # this one GPU (its own streams): what pipelining costs when nothing is gained

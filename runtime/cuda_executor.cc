@@ -47,6 +47,7 @@ bool computed_at_load(const Node &node, const ops::OpDef &def) {
 std::string cuda_unavailable_reason() {
   return "this strata was built without the CUDA toolkit (meson setup -Dcuda=enabled needs it)";
 }
+int cuda_device_count() { return 0; }
 Status check_cuda_ops(const Graph &, const std::function<bool(const Node &)> &) {
   return unimplemented(cuda_unavailable_reason());
 }
@@ -87,6 +88,15 @@ std::string cuda_unavailable_reason() {
   }
   if (count == 0) return "no usable GPU: the CUDA driver sees no device";
   return "";
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 std::vector<std::string_view> cuda_backend_ops() { return cuda::cuda_op_names(); }

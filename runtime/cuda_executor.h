@@ -58,6 +58,8 @@ constexpr uint8_t kGuardByte = 0xA5;
 // an empty string when it can, else the reason (no CUDA in the build, no
 // driver, no device).
 std::string cuda_unavailable_reason();
+// How many GPUs this process can use (0 without CUDA, driver or device).
+int cuda_device_count();
 
 // The ops the CUDA backend runs (none without CUDA in the build), sorted.
 std::vector<std::string_view> cuda_backend_ops();

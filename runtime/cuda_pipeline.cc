@@ -1,6 +1,7 @@
 #include "runtime/cuda_pipeline.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -16,6 +17,7 @@
 #include "runtime/collectives.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
+#include "runtime/nccl_bootstrap.h"
 #include "strata_config.h"
 
 #if STRATA_HAVE_CUDA
@@ -25,6 +27,9 @@
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "ops/kernels/cuda/launch.h"
 #include "runtime/cuda_step.h"
+#if STRATA_HAVE_NCCL
+#include <nccl.h>
+#endif
 #endif
 
 namespace strata::runtime {
@@ -54,7 +59,8 @@ TensorType CudaPipelineRunner::value_type(TensorId id) const {
 
 #if !STRATA_HAVE_CUDA
 
-Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t, bool) {
+Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &, int64_t, bool,
+                                                const std::vector<bool> &) {
   return unimplemented(cuda_unavailable_reason());
 }
 struct CudaPipelineRunner::State {};
@@ -77,6 +83,7 @@ Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
+int CudaPipelineRunner::num_gpus() const { return 0; }
 std::string CudaPipelineRunner::device_name() const { return ""; }
 
 #else
@@ -104,7 +111,8 @@ std::string instruction_context(const Graph &g, size_t device, size_t i,
 } // namespace
 
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
-                                                int64_t workspace_bytes, bool bf16) {
+                                                int64_t workspace_bytes, bool bf16,
+                                                const std::vector<bool> &local) {
   if (!plan.pipeline) return invalid_argument("the plan has no pipeline (one device)");
   const Graph &g = plan.graph;
   const serialization::PlanPipeline &pipeline = *plan.pipeline;
@@ -116,11 +124,16 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
                   node.op == "TpAllGather" || node.op == "TpReduceScatter");
   }));
   if (workspace_bytes < 0) return invalid_argument("the workspace cannot be negative");
+  if (!local.empty() && local.size() != plan.programs.size())
+    return invalid_argument("the local set names ", local.size(), " devices; the plan has ",
+                            plan.programs.size());
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   CudaPipelineLayout l;
   l.workspace_bytes = workspace_bytes;
   int64_t at = 0;
-  auto place = [&](int64_t bytes) {
+  bool here = true; // the device being laid out is on this GPU
+  auto place = [&](int64_t bytes) -> int64_t {
+    if (!here) return -1;
     const int64_t offset = at;
     at += align_up(bytes);
     return offset;
@@ -145,15 +158,17 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
           static_cast<int64_t>(pipeline.groups[static_cast<size_t>(program.shard_group)].size());
     }
     const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
+    here = local.empty() || local[d];
     CudaPipelineLayout::Device device;
-    device.arena_bytes = program.arena_bytes;
+    device.arena_bytes = here ? program.arena_bytes : 0;
     device.arena = place(program.arena_bytes);
     for (TensorId id : program.holds) {
       if (id >= g.num_tensors())
         return invalid_argument("device ", d, " holds tensor ", id, "; the graph has ",
                                 g.num_tensors());
       const int64_t bytes = g.tensor(id).type.size_bytes();
-      device.held.push_back({id, place(sharded.contains(id) ? bytes / shard_count : bytes)});
+      if (here)
+        device.held.push_back({id, place(sharded.contains(id) ? bytes / shard_count : bytes)});
     }
     device.send.assign(program.instructions.size(), -1);
     for (size_t i = 0; i < program.instructions.size(); ++i) {
@@ -169,6 +184,11 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
         if ((node.op == "TpAllReduce" || node.op == "TpReduceScatter") &&
             g.tensor(node.inputs[0]).type.dtype != DType::kF32)
           return refuse(g.tensor(node.inputs[0]).type.to_string(), " (f32 only so far)");
+        if (!local.empty() && (node.op == "TpAllGather" || node.op == "TpReduceScatter"))
+          device.tp_staging_bytes =
+              std::max(device.tp_staging_bytes,
+                       g.tensor(node.op == "TpAllGather" ? node.outputs[0] : node.inputs[0])
+                           .type.size_bytes());
         const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
         if (op == nullptr) break;
         std::vector<TensorType> types;
@@ -229,6 +249,7 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     device.scratch = place(device.scratch_bytes);
     device.workspace = place(workspace_bytes);
     if (bf16) device.bf16 = place(device.bf16_bytes);
+    if (device.tp_staging_bytes > 0) device.tp_staging = place(device.tp_staging_bytes);
     for (size_t i = 0; i < program.instructions.size(); ++i)
       if (device.send[i] == -2)
         device.send[i] = place(g.tensor(program.instructions[i].index).type.size_bytes());
@@ -236,7 +257,9 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     l.flag_count += static_cast<int64_t>(program.instructions.size());
     l.devices.push_back(std::move(device));
   }
-  l.flag_count += static_cast<int64_t>(plan.programs.size()); // the "any" ints
+  here = true;
+  l.instruction_flags = l.flag_count;
+  l.flag_count += static_cast<int64_t>(plan.programs.size()) + 1; // the "any" ints
   l.flags = place(l.flag_count * static_cast<int64_t>(sizeof(int)));
   l.constant.assign(g.num_nodes(), -1);
   for (NodeId n = 0; n < g.num_nodes(); ++n)
@@ -254,8 +277,27 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
 struct CudaPipelineRunner::State {
   CudaPipelineOptions options;
   std::string device_name;
+  // A run over several GPUs has one State per GPU (its rank): the plan
+  // devices on it (`local`, one flag per plan device), what it does at each
+  // launch of the shared order (`steps`), and its NCCL communicators: `world`
+  // over every rank for the point-to-point messages and the shared check
+  // flags, and one per plan group spread over GPUs, holding its member here.
+  // On one GPU `local` and `steps` are empty and there are no communicators.
+  int gpu = 0, rank = 0;
+  std::vector<bool> local;
+  std::vector<GpuRankStep> steps;
+  std::unique_ptr<NcclComm> world;
+  std::map<int, std::unique_ptr<NcclComm>> group_comms;
+  int *rank_any = nullptr;            // this GPU's checks and (after sharing) every GPU's
+  cudaEvent_t flags_shared = nullptr; // rank_any is final
+  std::vector<cudaEvent_t> marks;     // per local device: its stream reached the sharing
+  // The last NCCL call enqueued this step: its stream and an event after it.
+  cudaStream_t nccl_stream = nullptr;
+  cudaEvent_t nccl_done = nullptr;
+  const std::atomic<bool> *stop = nullptr; // another rank failed: stop waiting
   CudaPipelineLayout layout;
   std::vector<serialization::PlanProgram> programs;
+  std::vector<std::vector<int32_t>> groups; // the plan's
   std::vector<GpuLaunch> order;
   cudaStream_t origin = nullptr;
   cublasLtHandle_t lt = nullptr;
@@ -297,9 +339,10 @@ struct CudaPipelineRunner::State {
     cudaStream_t stream = nullptr, side = nullptr;
     void *cudnn = nullptr;
     void *scratch = nullptr, *workspace = nullptr, *bf16 = nullptr;
-    int *flags = nullptr; // its instructions' flags
-    int *any = nullptr;   // set before its first update: did any check fail?
-    bool checked = false; // `any` computed this step (while enqueueing)
+    void *tp_staging = nullptr; // over NCCL: column-block pieces laid out for it
+    int *flags = nullptr;       // its instructions' flags
+    int *any = nullptr;         // set before its first update: did any check fail?
+    bool checked = false;       // `any` computed this step (while enqueueing)
     std::vector<Op> ops;
     std::map<TensorId, std::byte *> held;
     // Per node and micro-batch: its kernel plan (a plan is valid for the
@@ -329,8 +372,35 @@ struct CudaPipelineRunner::State {
   bool failed = false;
   mutable std::map<TensorId, HostTensor> host; // value()'s copies, until the next step
 
+  bool is_local(size_t d) const { return local.empty() || local[d]; }
+
+  // Ends the communicators at once, so that no GPU waits for a peer that
+  // will not come (a failed or stalled rank).
+  void abort_comms() {
+    for (auto &[group, comm] : group_comms)
+      if (comm) comm->abort();
+    if (world) world->abort();
+  }
+
+  // What a bounded wait also watches over NCCL: the communicators' errors and
+  // the other ranks' failures.
+  Status watch() const {
+    if (stop != nullptr && stop->load()) return aborted_by_peer();
+    if (world) RETURN_IF_ERROR(nccl_async_error(*world, str_cat("on GPU ", gpu)));
+    for (const auto &[group, comm] : group_comms)
+      if (comm) RETURN_IF_ERROR(nccl_async_error(*comm, str_cat("group ", group, " on GPU ", gpu)));
+    return Status::ok();
+  }
+  Status aborted_by_peer() const {
+    return failed_precondition("GPU ", gpu, " stopped: another GPU of the run failed");
+  }
+
   ~State() {
+    cudaSetDevice(gpu);
     step.reset(); // the graph goes before the streams and memory it uses
+    if (failed) abort_comms();
+    group_comms.clear();
+    world.reset();
     for (cudaEvent_t event : events)
       cudaEventDestroy(event);
     for (Device &device : devices) {
@@ -351,7 +421,10 @@ struct CudaPipelineRunner::State {
   }
 
   // Waits for the origin stream (which every step joins back into), bounded.
-  Status wait(std::string_view what) const { return wait_for_stream(origin, what); }
+  Status wait(std::string_view what) const {
+    if (steps.empty()) return wait_for_stream(origin, what, options.timeout);
+    return wait_for_stream(origin, what, options.timeout, [this] { return watch(); });
+  }
 
   Status copy(void *to, const void *from, size_t bytes, cudaStream_t stream) {
     if (bytes == 0 || to == from) return Status::ok();
@@ -576,15 +649,21 @@ struct CudaPipelineRunner::State {
       return Status::ok();
     }
     case InstrKind::kUpdate:
+      if (!device.checked && !steps.empty()) {
+        // Over several GPUs the checks were combined at the step's first
+        // update (share_flags); the device waits for that.
+        RETURN_IF_ERROR(
+            cuda_check(cudaStreamWaitEvent(device.stream, flags_shared, 0), "event wait"));
+        device.any = rank_any;
+        device.checked = true;
+      }
       if (!device.checked) {
         // Whether any check before this device's first update failed. Every
         // forward check precedes every update through the transfers; a
         // backward check of another stage may come later (today those repeat
         // forward checks: an index the forward Gather already flagged).
-        RETURN_IF_ERROR(
-            cuda_check(cuda::any_flag(flags, flag_count - static_cast<int64_t>(devices.size()),
-                                      device.any, device.stream),
-                       "launch"));
+        RETURN_IF_ERROR(cuda_check(
+            cuda::any_flag(flags, layout.instruction_flags, device.any, device.stream), "launch"));
         device.checked = true;
       }
       return cuda_check(cuda::guarded_copy(op.data, op.source, static_cast<int64_t>(op.bytes),
@@ -592,6 +671,196 @@ struct CudaPipelineRunner::State {
                         "launch");
     default: return run_one(device, op, divisor);
     }
+  }
+
+  // A group's position of `device`.
+  size_t position(int group, int device) const {
+    const auto &members = groups.at(static_cast<size_t>(group));
+    return static_cast<size_t>(std::find(members.begin(), members.end(), device) - members.begin());
+  }
+
+#if STRATA_HAVE_NCCL
+  // An NCCL call's result, settled (non-blocking communicators may still be
+  // enqueueing it), bounded by the run's timeout.
+  Status nccl(NcclComm &comm, ncclResult_t result, std::string_view what) {
+    return nccl_settle(comm, result, what, options.timeout, [this]() -> Status {
+      return stop != nullptr && stop->load() ? aborted_by_peer() : Status::ok();
+    });
+  }
+
+  // Every NCCL call of this GPU starts after the one enqueued before it,
+  // whatever its stream: the calls are already in the same global order on
+  // every rank, and chained they never need two communicators' kernels
+  // resident at once (which NCCL warns can deadlock when they do not fit).
+  Status nccl_after_last(cudaStream_t stream) {
+    if (nccl_stream == nullptr || nccl_stream == stream) return Status::ok();
+    return cuda_check(cudaStreamWaitEvent(stream, nccl_done, 0), "event wait");
+  }
+  Status nccl_mark(cudaStream_t stream) {
+    nccl_stream = stream;
+    return cuda_check(cudaEventRecord(nccl_done, stream), "event record");
+  }
+  static ncclComm_t handle(const NcclComm &comm) { return static_cast<ncclComm_t>(comm.handle()); }
+
+  // The step's first update, over several GPUs: every local device's checks
+  // so far, then every GPU's (the maximum over `world`), into rank_any, which
+  // every local update then reads (run_launch's kUpdate). On one GPU each
+  // device combines the flags at its own first update instead; both see
+  // every check as long as all checks precede the step's first update, which
+  // they do (forward checks precede every update through the transfers).
+  Status share_flags() {
+    size_t first = devices.size();
+    for (size_t d = 0; d < devices.size() && first == devices.size(); ++d)
+      if (is_local(d)) first = d;
+    cudaStream_t stream = devices.at(first).stream;
+    for (size_t d = first + 1; d < devices.size(); ++d) {
+      if (!is_local(d)) continue;
+      RETURN_IF_ERROR(cuda_check(cudaEventRecord(marks[d], devices[d].stream), "event record"));
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, marks[d], 0), "event wait"));
+    }
+    RETURN_IF_ERROR(
+        cuda_check(cuda::any_flag(flags, layout.instruction_flags, rank_any, stream), "launch"));
+    RETURN_IF_ERROR(nccl_after_last(stream));
+    RETURN_IF_ERROR(nccl(
+        *world, ncclAllReduce(rank_any, rank_any, 1, ncclInt32, ncclMax, handle(*world), stream),
+        "all-reduce of the check flags"));
+    RETURN_IF_ERROR(nccl_mark(stream));
+    return cuda_check(cudaEventRecord(flags_shared, stream), "event record");
+  }
+
+  // This GPU's member of a collective whose group is spread over GPUs: the
+  // NCCL call on the group's communicator. Sums are NCCL's (its order, not
+  // the CPU communicator's: equal to rounding).
+  Status run_nccl_collective(const GpuLaunch &launch, const GpuRankStep &step) {
+    auto found = group_comms.find(step.group);
+    if (found == group_comms.end() || !found->second)
+      return internal_error("no NCCL communicator for group ", step.group);
+    NcclComm &comm = *found->second;
+    const ncclComm_t c = handle(comm);
+    Device &device = devices[static_cast<size_t>(step.part.device)];
+    Op &op = device.ops[step.part.instruction];
+    const size_t p = groups.at(static_cast<size_t>(step.group)).size();
+    const size_t m = position(step.group, step.part.device);
+    if (launch.reduce) { // a bucket, beside the backward on the second stream
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(device.side, op.arrived, 0), "event wait"));
+      RETURN_IF_ERROR(nccl(comm, ncclGroupStart(), "group start"));
+      Status status = Status::ok();
+      for (size_t t = 0; t < op.bucket.size() && status.is_ok(); ++t) {
+        float *data = op.bucket[t];
+        const size_t n = op.counts[t], chunk = n / p;
+        status = nccl(comm,
+                      op.reduce_scatter
+                          ? ncclReduceScatter(data, data + m * chunk, chunk, ncclFloat32, ncclSum,
+                                              c, device.side)
+                          : ncclAllReduce(data, data, n, ncclFloat32, ncclSum, c, device.side),
+                      "bucket reduction");
+      }
+      Status ended = nccl(comm, ncclGroupEnd(), "bucket reduction");
+      RETURN_IF_ERROR(status);
+      RETURN_IF_ERROR(ended);
+      return cuda_check(cudaEventRecord(*op.reduced, device.side), "event record");
+    }
+    cudaStream_t stream = device.stream;
+    const size_t n = op.bytes / sizeof(float), chunk = n / p;
+    auto *data = reinterpret_cast<float *>(op.data);
+    switch (op.kind) {
+    case InstrKind::kAllReduce:
+      return nccl(comm, ncclAllReduce(data, data, n, ncclFloat32, ncclSum, c, stream),
+                  "all-reduce");
+    case InstrKind::kReduceScatter: // in place: member m keeps chunk m's sum
+      return nccl(comm,
+                  ncclReduceScatter(data, data + m * chunk, chunk, ncclFloat32, ncclSum, c, stream),
+                  "reduce-scatter");
+    case InstrKind::kAllGather: // in place: member m's chunk m to everyone
+      return nccl(comm, ncclAllGather(data + m * chunk, data, chunk, ncclFloat32, c, stream),
+                  "all-gather");
+    default: break;
+    }
+    // A tensor-parallel node. Pieces that are column blocks (rows > 1) go
+    // through the staging, where NCCL's contiguous blocks are laid out.
+    const void *in = op.inputs.at(0).data;
+    void *out = op.outputs.at(0).data;
+    auto *staging = static_cast<std::byte *>(device.tp_staging);
+    const size_t piece = op.rows * op.run;
+    switch (op.tp) {
+    case Op::Tp::kAllReduce:
+      return nccl(comm,
+                  ncclAllReduce(in, out, static_cast<size_t>(op.inputs[0].type->num_elements()),
+                                ncclFloat32, ncclSum, c, stream),
+                  "tensor-parallel all-reduce");
+    case Op::Tp::kAllGather:
+      if (op.rows == 1)
+        return nccl(comm, ncclAllGather(in, out, op.run, ncclUint8, c, stream),
+                    "tensor-parallel all-gather");
+      RETURN_IF_ERROR(nccl(comm, ncclAllGather(in, staging, piece, ncclUint8, c, stream),
+                           "tensor-parallel all-gather"));
+      for (size_t r = 0; r < p; ++r)
+        RETURN_IF_ERROR(copy_block(static_cast<std::byte *>(out) + r * op.run, p * op.run,
+                                   staging + r * piece, op.run, op.run, op.rows, stream));
+      return Status::ok();
+    case Op::Tp::kReduceScatter:
+      if (op.rows == 1)
+        return nccl(
+            comm,
+            ncclReduceScatter(in, out, op.run / sizeof(float), ncclFloat32, ncclSum, c, stream),
+            "tensor-parallel reduce-scatter");
+      for (size_t r = 0; r < p; ++r)
+        RETURN_IF_ERROR(copy_block(staging + r * piece, op.run,
+                                   static_cast<const std::byte *>(in) + r * op.run, p * op.run,
+                                   op.run, op.rows, stream));
+      return nccl(
+          comm,
+          ncclReduceScatter(staging, out, piece / sizeof(float), ncclFloat32, ncclSum, c, stream),
+          "tensor-parallel reduce-scatter");
+    default: return internal_error(op.what, ": not a collective NCCL runs");
+    }
+  }
+#endif
+
+  // One launch on this GPU of a run over several: as on one GPU where every
+  // part is here, NCCL where the launch crosses GPUs (gpu_rank_steps).
+  Status run_rank_step(const GpuLaunch &launch, const GpuRankStep &step, float divisor) {
+#if STRATA_HAVE_NCCL
+    if (step.share_flags) RETURN_IF_ERROR(share_flags());
+    switch (step.action) {
+    case GpuRankAction::kSkip: return Status::ok();
+    case GpuRankAction::kLocal: return run_launch(launch, divisor);
+    case GpuRankAction::kNcclSend: {
+      // The message staged at its send (on the sender's stream); the second
+      // stream sends it, so the sender's compute goes on.
+      Device &from = devices[static_cast<size_t>(step.part.device)];
+      Op &send = from.ops[step.part.instruction];
+      RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(from.side, send.sent, 0), "event wait"));
+      RETURN_IF_ERROR(nccl_after_last(from.side));
+      RETURN_IF_ERROR(
+          nccl(*world,
+               ncclSend(send.staging, send.bytes, ncclUint8, step.peer, handle(*world), from.side),
+               str_cat("send to GPU rank ", step.peer)));
+      return nccl_mark(from.side);
+    }
+    case GpuRankAction::kNcclRecv: {
+      Device &to = devices[static_cast<size_t>(step.part.device)];
+      Op &recv = to.ops[step.part.instruction];
+      RETURN_IF_ERROR(nccl_after_last(to.stream));
+      RETURN_IF_ERROR(nccl(
+          *world, ncclRecv(recv.data, recv.bytes, ncclUint8, step.peer, handle(*world), to.stream),
+          str_cat("receive from GPU rank ", step.peer)));
+      return nccl_mark(to.stream);
+    }
+    case GpuRankAction::kNcclCollective: {
+      // A bucket on the member's second stream, the rest on its compute one.
+      Device &member = devices[static_cast<size_t>(step.part.device)];
+      cudaStream_t stream = launch.reduce ? member.side : member.stream;
+      RETURN_IF_ERROR(nccl_after_last(stream));
+      RETURN_IF_ERROR(run_nccl_collective(launch, step));
+      return nccl_mark(stream);
+    }
+    }
+    return internal_error("unknown rank step");
+#else
+    (void)launch, (void)step, (void)divisor;
+    return unimplemented("this strata was built without NCCL");
+#endif
   }
 
   // Everything one step does on the GPU: fork every stream from the origin,
@@ -602,8 +871,11 @@ struct CudaPipelineRunner::State {
         cuda_check(cudaMemsetAsync(flags, 0, static_cast<size_t>(flag_count) * sizeof(int), origin),
                    "memset"));
     RETURN_IF_ERROR(cuda_check(cudaEventRecord(fork, origin), "event record"));
+    nccl_stream = nullptr;
     Status status = Status::ok();
-    for (Device &device : devices) {
+    for (size_t d = 0; d < devices.size(); ++d) {
+      if (!is_local(d)) continue;
+      Device &device = devices[d];
       device.checked = false;
       if (status.is_ok())
         status = cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait");
@@ -612,13 +884,19 @@ struct CudaPipelineRunner::State {
     }
     for (size_t k = 0; k < order.size() && status.is_ok(); ++k) {
       const GpuLaunch &launch = order[k];
-      status = run_launch(launch, divisor);
-      if (!status.is_ok())
-        status = std::move(status).with_context(devices[static_cast<size_t>(launch.parts[0].device)]
-                                                    .ops[launch.parts[0].instruction]
-                                                    .what);
+      status =
+          steps.empty() ? run_launch(launch, divisor) : run_rank_step(launch, steps[k], divisor);
+      if (!status.is_ok()) {
+        // Name an instruction of this GPU's where the launch has one.
+        const GpuLaunch::Part part = steps.empty() ? launch.parts[0] : steps[k].part;
+        const Device &device = devices[static_cast<size_t>(part.device)];
+        status = std::move(status).with_context(part.instruction < device.ops.size()
+                                                    ? device.ops[part.instruction].what
+                                                    : str_cat("launch ", k));
+      }
     }
     for (size_t d = 0; d < devices.size(); ++d) {
+      if (!is_local(d)) continue;
       Status joined = cuda_check(cudaEventRecord(joins[2 * d], devices[d].stream), "event record");
       if (joined.is_ok())
         joined = cuda_check(cudaEventRecord(joins[2 * d + 1], devices[d].side), "event record");
@@ -654,25 +932,57 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context(context));
   RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
                       .with_context(context));
-  auto layout = cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16);
-  if (!layout.is_ok()) return layout.status().with_context(context);
-  for (const auto &group : plan.pipeline->groups)
-    if (group.size() > static_cast<size_t>(cuda::kMaxMembers))
-      return unimplemented("a group of ", group.size(), " devices; the CUDA backend sums at most ",
-                           cuda::kMaxMembers, " on one GPU")
-          .with_context(context);
+  const size_t num_devices = plan.programs.size();
+  const auto &groups = plan.pipeline->groups;
   const int tensor_parallel = plan.pipeline->tensor_parallel;
-  auto order = gpu_launch_order(plan.graph, plan.programs, plan.pipeline->groups, tensor_parallel,
+  auto order = gpu_launch_order(plan.graph, plan.programs, groups, tensor_parallel,
                                 plan.pipeline->tp_groups_begin);
   if (!order.is_ok()) return order.status().with_context(context);
   if (std::string reason = cuda_unavailable_reason(); !reason.empty())
     return failed_precondition(reason).with_context(context);
   int gpus = 0;
   RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
-  if (options.gpu < 0 || options.gpu >= gpus)
-    return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
+  std::vector<int> gpu_list = options.gpus;
+  if (gpu_list.empty()) {
+    if (options.gpu < 0 || options.gpu >= gpus)
+      return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
+          .with_context(context);
+    gpu_list.assign(num_devices, options.gpu);
+  }
+  auto placed = place_on_gpus(static_cast<int>(num_devices), groups, gpus, gpu_list);
+  if (!placed.is_ok()) return placed.status().with_context(context);
+  const GpuPlacement placement = std::move(placed).value();
+  const GpuRanks ranks = gpu_ranks(placement);
+  const size_t num_ranks = ranks.gpu.size();
+  if (num_ranks > 1 && !nccl_built())
+    return unimplemented("the plan's devices are on ", num_ranks,
+                         " GPUs, which talk over NCCL; this strata was built without NCCL")
         .with_context(context);
-  RETURN_IF_ERROR(cuda_check(cudaSetDevice(options.gpu), "set device").with_context(context));
+  for (size_t k = 0; k < groups.size(); ++k)
+    if (placement.group_transport[k] == GpuTransport::kDeviceCopy &&
+        groups[k].size() > static_cast<size_t>(cuda::kMaxMembers))
+      return unimplemented("group ", k, " has ", groups[k].size(),
+                           " devices on one GPU; the CUDA backend sums at most ", cuda::kMaxMembers,
+                           " there (spread them over GPUs with --gpus)")
+          .with_context(context);
+  // Per rank: its devices, its step per launch, its memory.
+  std::vector<std::vector<bool>> local(num_ranks);
+  std::vector<std::vector<GpuRankStep>> steps(num_ranks);
+  std::vector<CudaPipelineLayout> layouts;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    if (num_ranks > 1) {
+      for (size_t d = 0; d < num_devices; ++d)
+        local[r].push_back(ranks.rank_of_device[d] == static_cast<int>(r));
+      auto planned =
+          gpu_rank_steps(plan.graph, plan.programs, groups, tensor_parallel,
+                         plan.pipeline->tp_groups_begin, *order, placement, static_cast<int>(r));
+      if (!planned.is_ok()) return planned.status().with_context(context);
+      steps[r] = std::move(planned).value();
+    }
+    auto layout = cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16, local[r]);
+    if (!layout.is_ok()) return layout.status().with_context(context);
+    layouts.push_back(std::move(layout).value());
+  }
 
   std::unique_ptr<CudaPipelineRunner> runner(new CudaPipelineRunner());
   runner->graph_ = plan.graph;
@@ -685,17 +995,6 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     runner->tp_shards_.emplace(*id, shard);
   }
   const Graph &g = runner->graph_;
-  auto state = std::make_unique<State>();
-  State &s = *state;
-  s.options = options;
-  s.layout = std::move(layout).value();
-  s.programs = plan.programs;
-  s.order = std::move(order).value();
-  cudaDeviceProp properties = {};
-  s.device_name = cudaGetDeviceProperties(&properties, options.gpu) == cudaSuccess
-                      ? str_cat("GPU ", options.gpu, " (", properties.name, ")")
-                      : str_cat("GPU ", options.gpu);
-  const CudaPipelineLayout &l = s.layout;
 
   // Host values: what each device holds (the same tensor materializes to the
   // same bytes on every holder; a tensor-parallel member holds its piece of
@@ -703,11 +1002,11 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // By tensor and which part: the tensor-parallel member for a piece, the
   // shard's position for a ZeRO-1 shard (never both: refused), else 0.
   std::map<std::pair<TensorId, int>, HostTensor> values;
-  const size_t num_devices = s.programs.size();
-  s.devices.resize(num_devices);
+  // Every device's ZeRO-1 shard (each rank's devices start as copies).
+  std::vector<State::Device> shard_info(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
-    const serialization::PlanProgram &program = s.programs[d];
-    State::Device &device = s.devices[d];
+    const serialization::PlanProgram &program = plan.programs[d];
+    State::Device &device = shard_info[d];
     if (program.shard_group >= 0) {
       const auto &group = plan.pipeline->groups.at(static_cast<size_t>(program.shard_group));
       device.shard_count = static_cast<int>(group.size());
@@ -718,9 +1017,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   }
   auto part_of = [&](size_t d, TensorId id) {
     if (runner->tp_shards_.contains(id)) return static_cast<int>(d) % tensor_parallel;
-    return s.devices[d].sharded.contains(id) ? s.devices[d].shard_rank : 0;
+    return shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : 0;
   };
-  for (const auto &program : s.programs) {
+  for (const auto &program : plan.programs) {
     const int member = static_cast<int>(program.device) % tensor_parallel;
     for (TensorId id : program.holds) {
       auto shard = runner->tp_shards_.find(id);
@@ -736,9 +1035,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         partitioner::copy_piece(shard->second, tensor_parallel, member,
                                 dtype_size(whole.type.dtype), value->data(), mine.data(), true);
         value = std::move(mine);
-      } else if (s.devices[program.device].sharded.contains(id)) {
+      } else if (shard_info[program.device].sharded.contains(id)) {
         // This device's ZeRO-1 shard: elements [r n / D, (r + 1) n / D).
-        const int64_t count = s.devices[program.device].shard_count;
+        const int64_t count = shard_info[program.device].shard_count;
         HostTensor mine =
             HostTensor::zeros({whole.type.dtype, {whole.type.num_elements() / count}});
         if (mine.size_bytes() > 0)
@@ -751,7 +1050,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   }
   std::map<NodeId, HostTensor> constants;
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
-    if (l.constant[n] < 0) continue;
+    if (layouts[0].constant[n] < 0) continue; // the same nodes on every GPU
     const Node &node = g.node(n);
     const ops::OpDef *def = registry.find(node.op);
     HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
@@ -762,325 +1061,421 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     constants.emplace(n, std::move(value));
   }
 
-  void *base = nullptr;
-  RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(std::max<int64_t>(l.total, 1))),
-                             str_cat("allocating ", l.total, " bytes"))
-                      .with_context(context));
-  s.base = static_cast<std::byte *>(base);
-  RETURN_IF_ERROR(
-      cuda_check(cudaStreamCreateWithFlags(&s.origin, cudaStreamNonBlocking), "stream"));
-  RETURN_IF_ERROR(
-      cuda_check(cudaMemsetAsync(base, 0, static_cast<size_t>(l.total), s.origin), "memset"));
-  if (cublasLtCreate(&s.lt) != CUBLAS_STATUS_SUCCESS)
-    return internal_error("cuBLASLt could not start").with_context(context);
-  const bool needs_cudnn = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node &n) {
-    for (const cuda::CudaOp &op : cuda::cudnn_ops())
-      if (n.op == op.name) return true;
-    return false;
-  });
-  ASSIGN_OR_RETURN(s.fork, s.make_event());
-  s.flags = reinterpret_cast<int *>(s.base + l.flags);
-  s.flag_count = l.flag_count;
-
-  // Per device: streams, regions, held tensors.
-  for (size_t d = 0; d < num_devices; ++d) {
-    State::Device &device = s.devices[d];
-    const CudaPipelineLayout::Device &region = l.devices[d];
+  // One GPU's State: its memory, streams, held tensors and resolved
+  // instructions (for a rank of a run over several, on its own thread, after
+  // its communicators are up).
+  auto build = [&](State &s) -> Status {
+    const CudaPipelineLayout &l = s.layout;
+    RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
+    cudaDeviceProp properties = {};
+    s.device_name = cudaGetDeviceProperties(&properties, s.gpu) == cudaSuccess
+                        ? str_cat("GPU ", s.gpu, " (", properties.name, ")")
+                        : str_cat("GPU ", s.gpu);
+    void *base = nullptr;
     RETURN_IF_ERROR(
-        cuda_check(cudaStreamCreateWithFlags(&device.stream, cudaStreamNonBlocking), "stream"));
+        cuda_check(cudaMalloc(&base, static_cast<size_t>(std::max<int64_t>(l.total, 1))),
+                   str_cat("allocating ", l.total, " bytes on GPU ", s.gpu)));
+    s.base = static_cast<std::byte *>(base);
     RETURN_IF_ERROR(
-        cuda_check(cudaStreamCreateWithFlags(&device.side, cudaStreamNonBlocking), "stream"));
-    if (needs_cudnn) {
-      std::string why;
-      device.cudnn = cuda::create_cudnn(device.stream, &why);
-      if (device.cudnn == nullptr) return failed_precondition(why).with_context(context);
+        cuda_check(cudaStreamCreateWithFlags(&s.origin, cudaStreamNonBlocking), "stream"));
+    RETURN_IF_ERROR(
+        cuda_check(cudaMemsetAsync(base, 0, static_cast<size_t>(l.total), s.origin), "memset"));
+    if (cublasLtCreate(&s.lt) != CUBLAS_STATUS_SUCCESS)
+      return internal_error("cuBLASLt could not start");
+    const bool needs_cudnn = std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node &n) {
+      for (const cuda::CudaOp &op : cuda::cudnn_ops())
+        if (n.op == op.name) return true;
+      return false;
+    });
+    ASSIGN_OR_RETURN(s.fork, s.make_event());
+    s.flags = reinterpret_cast<int *>(s.base + l.flags);
+    s.flag_count = l.flag_count;
+    s.rank_any = s.flags + l.instruction_flags + static_cast<int64_t>(num_devices);
+    if (!s.steps.empty()) {
+      ASSIGN_OR_RETURN(s.flags_shared, s.make_event());
+      ASSIGN_OR_RETURN(s.nccl_done, s.make_event());
     }
-    device.scratch = s.base + region.scratch;
-    device.workspace = s.base + region.workspace;
-    if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
-    device.flags = reinterpret_cast<int *>(s.base + l.flags) + region.first_flag;
-    device.any = reinterpret_cast<int *>(s.base + l.flags) + l.flag_count -
-                 static_cast<int64_t>(num_devices) + static_cast<int64_t>(d);
-    for (const auto &[id, offset] : region.held) {
-      device.held[id] = s.base + offset;
-      const HostTensor &value = values.at({id, part_of(d, id)});
+    s.marks.assign(num_devices, nullptr);
+    s.joins.assign(2 * num_devices, nullptr);
+
+    // Per device: streams, regions, held tensors.
+    for (size_t d = 0; d < num_devices; ++d) {
+      if (!s.is_local(d)) continue;
+      State::Device &device = s.devices[d];
+      const CudaPipelineLayout::Device &region = l.devices[d];
+      RETURN_IF_ERROR(
+          cuda_check(cudaStreamCreateWithFlags(&device.stream, cudaStreamNonBlocking), "stream"));
+      RETURN_IF_ERROR(
+          cuda_check(cudaStreamCreateWithFlags(&device.side, cudaStreamNonBlocking), "stream"));
+      if (needs_cudnn) {
+        std::string why;
+        device.cudnn = cuda::create_cudnn(device.stream, &why);
+        if (device.cudnn == nullptr) return failed_precondition(why);
+      }
+      device.scratch = s.base + region.scratch;
+      device.workspace = s.base + region.workspace;
+      if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
+      if (region.tp_staging >= 0) device.tp_staging = s.base + region.tp_staging;
+      device.flags = s.flags + region.first_flag;
+      device.any = s.flags + l.instruction_flags + static_cast<int64_t>(d);
+      for (const auto &[id, offset] : region.held) {
+        device.held[id] = s.base + offset;
+        const HostTensor &value = values.at({id, part_of(d, id)});
+        if (value.size_bytes() > 0)
+          RETURN_IF_ERROR(
+              cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
+                                         cudaMemcpyHostToDevice, s.origin),
+                         str_cat("uploading '", g.tensor(id).name, "'")));
+      }
+      for (size_t k = 0; k < 2; ++k) {
+        ASSIGN_OR_RETURN(s.joins[2 * d + k], s.make_event());
+      }
+      ASSIGN_OR_RETURN(s.marks[d], s.make_event());
+    }
+    for (const auto &[n, value] : constants)
       if (value.size_bytes() > 0)
         RETURN_IF_ERROR(
-            cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
+            cuda_check(cudaMemcpyAsync(s.base + l.constant[n], value.data(), value.size_bytes(),
                                        cudaMemcpyHostToDevice, s.origin),
-                       str_cat("uploading '", g.tensor(id).name, "'")));
+                       "uploading a constant"));
+    // The host buffers above must outlive their copies.
+    RETURN_IF_ERROR(s.wait("the uploads"));
+    for (size_t k = 0; k < g.inputs().size(); ++k) {
+      s.input_staging.push_back(s.base + l.input[k]);
+      s.input_bytes.push_back(static_cast<size_t>(runner->batch_types()[k].size_bytes()));
     }
-    for (int k = 0; k < 2; ++k) {
-      ASSIGN_OR_RETURN(cudaEvent_t join, s.make_event());
-      s.joins.push_back(join);
-    }
-  }
-  for (const auto &[n, value] : constants)
-    if (value.size_bytes() > 0)
-      RETURN_IF_ERROR(
-          cuda_check(cudaMemcpyAsync(s.base + l.constant[n], value.data(), value.size_bytes(),
-                                     cudaMemcpyHostToDevice, s.origin),
-                     "uploading a constant"));
-  // The host buffers above must outlive their copies.
-  RETURN_IF_ERROR(s.wait("the uploads").with_context(context));
-  for (size_t k = 0; k < g.inputs().size(); ++k) {
-    s.input_staging.push_back(s.base + l.input[k]);
-    s.input_bytes.push_back(static_cast<size_t>(runner->batch_types()[k].size_bytes()));
-  }
 
-  // Every instruction with its buffers resolved.
-  std::vector<int64_t> input_index(g.num_tensors(), -1);
-  for (size_t k = 0; k < g.inputs().size(); ++k)
-    input_index[g.inputs()[k]] = static_cast<int64_t>(k);
-  s.outputs.assign(g.outputs().size(), {-1, nullptr});
-  const int micro = runner->microbatches_, replicas = runner->data_parallel_;
-  for (size_t d = 0; d < num_devices; ++d) {
-    const serialization::PlanProgram &program = s.programs[d];
-    State::Device &device = s.devices[d];
-    std::byte *arena = s.base + l.devices[d].arena;
-    std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
-    for (const serialization::PlanSlot &slot : program.slots)
-      slots[{slot.tensor, slot.microbatch}] = arena + slot.offset;
-    device.ops.resize(program.instructions.size());
-    for (size_t i = 0; i < program.instructions.size(); ++i) {
-      const PlanInstruction &instr = program.instructions[i];
-      State::Op &op = device.ops[i];
-      op.kind = instr.kind;
-      op.what = instruction_context(g, d, i, instr);
-      op.flag = device.flags + i;
-      auto slot = [&](TensorId t, int32_t mb) -> Result<std::byte *> {
-        auto it = slots.find({t, mb});
-        if (it == slots.end())
-          return invalid_argument(op.what, ": '", g.tensor(t).name, "' ",
-                                  mb < 0 ? std::string("(step)") : str_cat("micro-batch ", mb),
-                                  " has no buffer in the plan");
-        return it->second;
-      };
-      auto weight = [&](TensorId t) -> Result<std::byte *> {
-        auto it = device.held.find(t);
-        if (it == device.held.end())
-          return invalid_argument(op.what, ": reads '", g.tensor(t).name,
-                                  "', which the plan does not place on this device");
-        return it->second;
-      };
-      switch (instr.kind) {
-      case InstrKind::kCompute:
-      case InstrKind::kComputeShard: {
-        const Node &node = g.node(instr.index);
-        // ZeRO-1 (ComputeShard): the node runs on the device's shard of its
-        // operands, viewed as the CPU runner views them (partitioner::ShardedCompute).
-        const bool shard = instr.kind == InstrKind::kComputeShard;
-        partitioner::ShardedCompute sharding;
-        if (shard) {
-          if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= plan.pipeline->groups.size())
-            return invalid_argument(op.what, ": no group ", instr.peer);
-          ASSIGN_OR_RETURN(sharding,
-                           partitioner::sharded_compute(
-                               g, node, plan.pipeline->groups[static_cast<size_t>(instr.peer)],
-                               static_cast<int32_t>(d), op.what));
-        }
-        auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
-          const TensorType &type = g.tensor(t).type;
-          if (!shard) return {base, &type};
-          auto seen = sharding.view(type, device.sharded.contains(t));
-          if (seen.whole) return {base, &type};
-          device.shard_types.push_back(std::move(seen.type));
-          return {base + seen.offset, &device.shard_types.back()};
+    // Every instruction with its buffers resolved.
+    std::vector<int64_t> input_index(g.num_tensors(), -1);
+    for (size_t k = 0; k < g.inputs().size(); ++k)
+      input_index[g.inputs()[k]] = static_cast<int64_t>(k);
+    const int micro = runner->microbatches_, replicas = runner->data_parallel_;
+    for (size_t d = 0; d < num_devices; ++d) {
+      if (!s.is_local(d)) continue;
+      const serialization::PlanProgram &program = s.programs[d];
+      State::Device &device = s.devices[d];
+      std::byte *arena = s.base + l.devices[d].arena;
+      std::map<std::pair<TensorId, int32_t>, std::byte *> slots;
+      for (const serialization::PlanSlot &slot : program.slots)
+        slots[{slot.tensor, slot.microbatch}] = arena + slot.offset;
+      device.ops.resize(program.instructions.size());
+      for (size_t i = 0; i < program.instructions.size(); ++i) {
+        const PlanInstruction &instr = program.instructions[i];
+        State::Op &op = device.ops[i];
+        op.kind = instr.kind;
+        op.what = instruction_context(g, d, i, instr);
+        op.flag = device.flags + i;
+        auto slot = [&](TensorId t, int32_t mb) -> Result<std::byte *> {
+          auto it = slots.find({t, mb});
+          if (it == slots.end())
+            return invalid_argument(op.what, ": '", g.tensor(t).name, "' ",
+                                    mb < 0 ? std::string("(step)") : str_cat("micro-batch ", mb),
+                                    " has no buffer in the plan");
+          return it->second;
         };
-        op.node = &node;
-        op.def = registry.find(node.op);
-        op.op = cuda::find_cuda_op(node.op);
-        op.cache = &device.caches[{instr.index, instr.microbatch}];
-        if (op.op == nullptr && l.constant[instr.index] >= 0)
-          op.source = s.base + l.constant[instr.index];
-        for (TensorId t : node.inputs) {
-          const Tensor &tensor = g.tensor(t);
-          if (input_index[t] >= 0) {
-            if (instr.microbatch < 0)
-              return invalid_argument(op.what, ": reads graph input '", tensor.name,
-                                      "' once per step");
-            // Micro-batch k of replica r is rows (r M + k) b .. of the batch.
-            const auto replica = static_cast<int>(d) / tensor_parallel % replicas;
-            const auto slice = static_cast<size_t>(tensor.type.size_bytes());
-            op.inputs.push_back(
-                {s.input_staging[static_cast<size_t>(input_index[t])] +
-                     slice * static_cast<size_t>(replica * micro + instr.microbatch),
-                 &tensor.type});
-          } else if (tensor.kind == TensorKind::kIntermediate) {
+        auto weight = [&](TensorId t) -> Result<std::byte *> {
+          auto it = device.held.find(t);
+          if (it == device.held.end())
+            return invalid_argument(op.what, ": reads '", g.tensor(t).name,
+                                    "', which the plan does not place on this device");
+          return it->second;
+        };
+        switch (instr.kind) {
+        case InstrKind::kCompute:
+        case InstrKind::kComputeShard: {
+          const Node &node = g.node(instr.index);
+          // ZeRO-1 (ComputeShard): the node runs on the device's shard of its
+          // operands, viewed as the CPU runner views them (partitioner::ShardedCompute).
+          const bool shard = instr.kind == InstrKind::kComputeShard;
+          partitioner::ShardedCompute sharding;
+          if (shard) {
+            if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= plan.pipeline->groups.size())
+              return invalid_argument(op.what, ": no group ", instr.peer);
+            ASSIGN_OR_RETURN(sharding,
+                             partitioner::sharded_compute(
+                                 g, node, plan.pipeline->groups[static_cast<size_t>(instr.peer)],
+                                 static_cast<int32_t>(d), op.what));
+          }
+          auto view = [&](TensorId t,
+                          std::byte *base) -> std::pair<std::byte *, const TensorType *> {
+            const TensorType &type = g.tensor(t).type;
+            if (!shard) return {base, &type};
+            auto seen = sharding.view(type, device.sharded.contains(t));
+            if (seen.whole) return {base, &type};
+            device.shard_types.push_back(std::move(seen.type));
+            return {base + seen.offset, &device.shard_types.back()};
+          };
+          op.node = &node;
+          op.def = registry.find(node.op);
+          op.op = cuda::find_cuda_op(node.op);
+          op.cache = &device.caches[{instr.index, instr.microbatch}];
+          if (op.op == nullptr && l.constant[instr.index] >= 0)
+            op.source = s.base + l.constant[instr.index];
+          for (TensorId t : node.inputs) {
+            const Tensor &tensor = g.tensor(t);
+            if (input_index[t] >= 0) {
+              if (instr.microbatch < 0)
+                return invalid_argument(op.what, ": reads graph input '", tensor.name,
+                                        "' once per step");
+              // Micro-batch k of replica r is rows (r M + k) b .. of the batch.
+              const auto replica = static_cast<int>(d) / tensor_parallel % replicas;
+              const auto slice = static_cast<size_t>(tensor.type.size_bytes());
+              op.inputs.push_back(
+                  {s.input_staging[static_cast<size_t>(input_index[t])] +
+                       slice * static_cast<size_t>(replica * micro + instr.microbatch),
+                   &tensor.type});
+            } else if (tensor.kind == TensorKind::kIntermediate) {
+              ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
+              auto [at, type] = view(t, data);
+              op.inputs.push_back({at, type});
+            } else {
+              ASSIGN_OR_RETURN(std::byte * data, weight(t));
+              auto [at, type] = view(t, data);
+              op.inputs.push_back({at, type});
+            }
+          }
+          for (TensorId t : node.outputs) {
             ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
             auto [at, type] = view(t, data);
-            op.inputs.push_back({at, type});
-          } else {
-            ASSIGN_OR_RETURN(std::byte * data, weight(t));
-            auto [at, type] = view(t, data);
-            op.inputs.push_back({at, type});
+            if (node.op == "SumOfSquares") at = data, type = &g.tensor(t).type; // the whole pair
+            op.outputs.push_back({at, type});
           }
-        }
-        for (TensorId t : node.outputs) {
-          ASSIGN_OR_RETURN(std::byte * data, slot(t, instr.microbatch));
-          auto [at, type] = view(t, data);
-          if (node.op == "SumOfSquares") at = data, type = &g.tensor(t).type; // the whole pair
-          op.outputs.push_back({at, type});
-        }
-        using Tp = State::Op::Tp;
-        op.tp = shard                          ? Tp::kNone
-                : node.op == "TpCopy"          ? Tp::kCopy
-                : node.op == "TpSplit"         ? Tp::kSplit
-                : node.op == "TpAllReduce"     ? Tp::kAllReduce
-                : node.op == "TpAllGather"     ? Tp::kAllGather
-                : node.op == "TpReduceScatter" ? Tp::kReduceScatter
-                                               : Tp::kNone;
-        if (op.tp != Tp::kNone) {
-          if (node.int_attr("parts").value_or(1) != tensor_parallel)
-            return invalid_argument(op.what, ": a tensor-parallel node of ",
-                                    node.int_attr("parts").value_or(1),
-                                    " parts in a plan of tensor_parallel = ", tensor_parallel);
-          op.member = static_cast<int>(d) % tensor_parallel;
-          op.parts = tensor_parallel;
-          if (op.tp == Tp::kAllGather || op.tp == Tp::kReduceScatter || op.tp == Tp::kSplit) {
-            // The piece: the input of an all-gather, the output of the others.
-            const partitioner::PieceLayout piece = partitioner::piece_layout(
-                node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
-            op.rows = piece.rows;
-            op.run = piece.run;
+          using Tp = State::Op::Tp;
+          op.tp = shard                          ? Tp::kNone
+                  : node.op == "TpCopy"          ? Tp::kCopy
+                  : node.op == "TpSplit"         ? Tp::kSplit
+                  : node.op == "TpAllReduce"     ? Tp::kAllReduce
+                  : node.op == "TpAllGather"     ? Tp::kAllGather
+                  : node.op == "TpReduceScatter" ? Tp::kReduceScatter
+                                                 : Tp::kNone;
+          if (op.tp != Tp::kNone) {
+            if (node.int_attr("parts").value_or(1) != tensor_parallel)
+              return invalid_argument(op.what, ": a tensor-parallel node of ",
+                                      node.int_attr("parts").value_or(1),
+                                      " parts in a plan of tensor_parallel = ", tensor_parallel);
+            op.member = static_cast<int>(d) % tensor_parallel;
+            op.parts = tensor_parallel;
+            if (op.tp == Tp::kAllGather || op.tp == Tp::kReduceScatter || op.tp == Tp::kSplit) {
+              // The piece: the input of an all-gather, the output of the others.
+              const partitioner::PieceLayout piece = partitioner::piece_layout(
+                  node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
+              op.rows = piece.rows;
+              op.run = piece.run;
+            }
+            if (op.tp != Tp::kCopy && op.tp != Tp::kSplit) {
+              ASSIGN_OR_RETURN(op.arrived, s.make_event());
+            }
           }
-          if (op.tp != Tp::kCopy && op.tp != Tp::kSplit) {
+          break;
+        }
+        case InstrKind::kSend:
+        case InstrKind::kRecv: {
+          ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
+          op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
+          if (instr.kind == InstrKind::kSend) {
+            op.staging = s.base + l.devices[d].send[i];
+            ASSIGN_OR_RETURN(op.sent, s.make_event());
+          }
+          break;
+        }
+        case InstrKind::kAccumulate:
+        case InstrKind::kScale:
+        case InstrKind::kAllReduce:
+        case InstrKind::kReduceScatter:
+        case InstrKind::kAllGather: {
+          ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+          op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
+          if (instr.kind == InstrKind::kAccumulate) {
+            ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
+            op.source = source;
+            op.first = instr.microbatch == 0;
+          }
+          if (instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather) {
+            const auto &group = plan.pipeline->groups.at(static_cast<size_t>(instr.peer));
+            if (g.tensor(instr.index).type.num_elements() % static_cast<int64_t>(group.size()) != 0)
+              return invalid_argument(op.what, ": ", g.tensor(instr.index).type.to_string(),
+                                      " does not split over ", group.size(), " devices");
+          }
+          if (instr.kind != InstrKind::kAccumulate && instr.kind != InstrKind::kScale) {
             ASSIGN_OR_RETURN(op.arrived, s.make_event());
           }
+          break;
         }
-        break;
-      }
-      case InstrKind::kSend:
-      case InstrKind::kRecv: {
-        ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
-        op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
-        if (instr.kind == InstrKind::kSend) {
-          op.staging = s.base + l.devices[d].send[i];
-          ASSIGN_OR_RETURN(op.sent, s.make_event());
-        }
-        break;
-      }
-      case InstrKind::kAccumulate:
-      case InstrKind::kScale:
-      case InstrKind::kAllReduce:
-      case InstrKind::kReduceScatter:
-      case InstrKind::kAllGather: {
-        ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
-        op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
-        if (instr.kind == InstrKind::kAccumulate) {
-          ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
+        case InstrKind::kUpdate: {
+          if (instr.index >= g.updates().size())
+            return invalid_argument(op.what, ": the graph has ", g.updates().size(), " updates");
+          const StateUpdate &update = g.updates()[instr.index];
+          ASSIGN_OR_RETURN(op.data, weight(update.target));
+          ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
           op.source = source;
-          op.first = instr.microbatch == 0;
+          op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
+          if (device.sharded.contains(update.target)) {
+            // Only this device's shard of the new value is meaningful.
+            op.bytes /= static_cast<size_t>(device.shard_count);
+            op.source = source + op.bytes * static_cast<size_t>(device.shard_rank);
+          }
+          break;
         }
-        if (instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather) {
-          const auto &group = plan.pipeline->groups.at(static_cast<size_t>(instr.peer));
-          if (g.tensor(instr.index).type.num_elements() % static_cast<int64_t>(group.size()) != 0)
-            return invalid_argument(op.what, ": ", g.tensor(instr.index).type.to_string(),
-                                    " does not split over ", group.size(), " devices");
-        }
-        if (instr.kind != InstrKind::kAccumulate && instr.kind != InstrKind::kScale) {
+        case InstrKind::kStartBucket: {
+          op.reduce_scatter = program.buckets[instr.index].reduce_scatter;
+          const size_t members = plan.pipeline->groups.at(static_cast<size_t>(instr.peer)).size();
+          for (TensorId t : program.buckets[instr.index].tensors) {
+            if (op.reduce_scatter &&
+                g.tensor(t).type.num_elements() % static_cast<int64_t>(members) != 0)
+              return invalid_argument(op.what, ": '", g.tensor(t).name, "' has ",
+                                      g.tensor(t).type.num_elements(), " elements, which ", members,
+                                      " devices do not divide");
+            ASSIGN_OR_RETURN(std::byte * data, slot(t, -1));
+            op.bucket.push_back(reinterpret_cast<float *>(data));
+            op.counts.push_back(static_cast<size_t>(g.tensor(t).type.num_elements()));
+          }
           ASSIGN_OR_RETURN(op.arrived, s.make_event());
+          break;
         }
-        break;
-      }
-      case InstrKind::kUpdate: {
-        if (instr.index >= g.updates().size())
-          return invalid_argument(op.what, ": the graph has ", g.updates().size(), " updates");
-        const StateUpdate &update = g.updates()[instr.index];
-        ASSIGN_OR_RETURN(op.data, weight(update.target));
-        ASSIGN_OR_RETURN(std::byte * source, slot(update.value, -1));
-        op.source = source;
-        op.bytes = static_cast<size_t>(g.tensor(update.target).type.size_bytes());
-        if (device.sharded.contains(update.target)) {
-          // Only this device's shard of the new value is meaningful.
-          op.bytes /= static_cast<size_t>(device.shard_count);
-          op.source = source + op.bytes * static_cast<size_t>(device.shard_rank);
+        case InstrKind::kWaitBucket: break;
+        default: return unimplemented(op.what, ": not run on the CUDA backend yet");
         }
-        break;
       }
-      case InstrKind::kStartBucket: {
-        op.reduce_scatter = program.buckets[instr.index].reduce_scatter;
-        const size_t members = plan.pipeline->groups.at(static_cast<size_t>(instr.peer)).size();
-        for (TensorId t : program.buckets[instr.index].tensors) {
-          if (op.reduce_scatter &&
-              g.tensor(t).type.num_elements() % static_cast<int64_t>(members) != 0)
-            return invalid_argument(op.what, ": '", g.tensor(t).name, "' has ",
-                                    g.tensor(t).type.num_elements(), " elements, which ", members,
-                                    " devices do not divide");
-          ASSIGN_OR_RETURN(std::byte * data, slot(t, -1));
-          op.bucket.push_back(reinterpret_cast<float *>(data));
-          op.counts.push_back(static_cast<size_t>(g.tensor(t).type.num_elements()));
-        }
-        ASSIGN_OR_RETURN(op.arrived, s.make_event());
-        break;
-      }
-      case InstrKind::kWaitBucket: break;
-      default: return unimplemented(op.what, ": not run on the CUDA backend yet");
+      for (size_t k = 0; k < g.outputs().size(); ++k) {
+        auto it = slots.find({g.outputs()[k], -1});
+        if (it != slots.end() && s.outputs[k].device < 0)
+          s.outputs[k] = {static_cast<int>(d), it->second};
       }
     }
-    for (size_t k = 0; k < g.outputs().size(); ++k) {
-      auto it = slots.find({g.outputs()[k], -1});
-      if (it != slots.end() && s.outputs[k].device < 0)
-        s.outputs[k] = {static_cast<int>(d), it->second};
+    // Wire the launches: each receive to its send (in order, per peers and
+    // tag), each collective to the event its members wait for, each WaitBucket
+    // to its bucket's. Over several GPUs only this GPU's parts: a receive
+    // whose send is elsewhere is NCCL's (run_rank_step).
+    ASSIGN_OR_RETURN(const std::vector<GpuLaunch::Part> sends,
+                     gpu_matching_sends(s.programs, s.order));
+    for (size_t k = 0; k < s.order.size(); ++k) {
+      const GpuLaunch &launch = s.order[k];
+      const GpuLaunch::Part &lead = launch.parts[0];
+      const PlanInstruction &instr =
+          s.programs[static_cast<size_t>(lead.device)].instructions[lead.instruction];
+      if (!launch.reduce && instr.kind == InstrKind::kRecv) {
+        const GpuLaunch::Part send = sends[k];
+        if (s.is_local(static_cast<size_t>(lead.device)) &&
+            s.is_local(static_cast<size_t>(send.device)))
+          s.devices[static_cast<size_t>(lead.device)].ops[lead.instruction].matching =
+              &s.devices[static_cast<size_t>(send.device)].ops[send.instruction];
+      } else if (instr.kind == InstrKind::kAllReduce || instr.kind == InstrKind::kReduceScatter ||
+                 instr.kind == InstrKind::kAllGather || launch.reduce ||
+                 (instr.kind == InstrKind::kCompute && launch.parts.size() > 1)) {
+        ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
+        s.reduced.push_back(done);
+        for (const GpuLaunch::Part &part : launch.parts) {
+          if (!s.is_local(static_cast<size_t>(part.device))) continue;
+          State::Device &member = s.devices[static_cast<size_t>(part.device)];
+          member.ops[part.instruction].reduced = &s.reduced.back();
+          if (launch.reduce)
+            member.bucket_done[s.programs[static_cast<size_t>(part.device)]
+                                   .instructions[part.instruction]
+                                   .index] = done;
+        }
+      }
+    }
+    for (size_t d = 0; d < num_devices; ++d)
+      for (size_t i = 0; i < s.devices[d].ops.size(); ++i) {
+        State::Op &op = s.devices[d].ops[i];
+        if (op.kind != InstrKind::kWaitBucket) continue;
+        auto it = s.devices[d].bucket_done.find(s.programs[d].instructions[i].index);
+        if (it == s.devices[d].bucket_done.end())
+          return invalid_argument(op.what, ": the bucket is never started");
+        op.reduced = &it->second;
+      }
+    return Status::ok();
+  };
+
+  // The ranks: one on one GPU; over several, each GPU's on its own thread,
+  // which first joins the NCCL communicators (every rank must, before any
+  // can fail on its own), then builds.
+  runner->ranks_.resize(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    auto state = std::make_unique<State>();
+    state->options = options;
+    state->gpu = ranks.gpu[r];
+    state->rank = static_cast<int>(r);
+    state->local = local[r];
+    state->steps = std::move(steps[r]);
+    state->layout = std::move(layouts[r]);
+    state->programs = plan.programs;
+    state->groups = groups;
+    state->order = *order;
+    state->devices = shard_info;
+    state->outputs.assign(g.outputs().size(), {-1, nullptr});
+    runner->ranks_[r] = std::move(state);
+  }
+  if (num_ranks == 1) {
+    RETURN_IF_ERROR(build(*runner->ranks_[0]).with_context(context));
+  } else {
+    auto id = nccl_unique_id();
+    if (!id.is_ok()) return id.status().with_context(context);
+    std::vector<Status> built(num_ranks, Status::ok());
+    // A rank that fails stops the others' waits for it.
+    std::atomic<bool> build_failed{false};
+    const NcclCheck check = [&build_failed]() -> Status {
+      return build_failed.load() ? failed_precondition("another GPU of the run failed")
+                                 : Status::ok();
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < num_ranks; ++r)
+      threads.emplace_back([&, r] {
+        State &s = *runner->ranks_[r];
+        built[r] = [&]() -> Status {
+          RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
+          ASSIGN_OR_RETURN(s.world, nccl_init_rank(*id, static_cast<int>(num_ranks),
+                                                   static_cast<int>(r), options.timeout, check));
+          // A communicator per group spread over GPUs, in group order on
+          // every rank (a split is collective over all ranks).
+          for (size_t k = 0; k < groups.size(); ++k) {
+            if (placement.group_transport[k] != GpuTransport::kNccl || groups[k].size() < 2)
+              continue;
+            int color = -1, key = 0;
+            for (size_t m = 0; m < groups[k].size(); ++m)
+              if (s.is_local(static_cast<size_t>(groups[k][m])))
+                color = static_cast<int>(k), key = static_cast<int>(m);
+            ASSIGN_OR_RETURN(auto comm, nccl_split(*s.world, color, key, options.timeout, check));
+            if (comm) s.group_comms.emplace(static_cast<int>(k), std::move(comm));
+          }
+          return build(s);
+        }()
+                                .with_context(str_cat("GPU ", s.gpu, " (rank ", r, ")"));
+        if (!built[r].is_ok()) build_failed = true;
+      });
+    for (std::thread &thread : threads)
+      thread.join();
+    // The first failure that is not a rank stopping for another's.
+    Status first = Status::ok();
+    for (size_t r = 0; r < num_ranks; ++r)
+      if (!built[r].is_ok() &&
+          (first.is_ok() ||
+           first.message().find("another GPU of the run failed") != std::string::npos))
+        first = built[r];
+    if (!first.is_ok()) {
+      for (auto &state : runner->ranks_)
+        state->failed = true; // their communicators are aborted, not waited for
+      return first.with_context(context);
     }
   }
-  for (size_t k = 0; k < g.outputs().size(); ++k)
-    if (s.outputs[k].device < 0)
+  // Each output from the first rank that keeps it.
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    bool kept = false;
+    for (size_t r = 0; r < num_ranks && !kept; ++r)
+      kept = runner->ranks_[r]->outputs[k].device >= 0;
+    if (!kept)
       return invalid_argument("no device of the plan keeps graph output '",
                               g.tensor(g.outputs()[k]).name, "'")
           .with_context(context);
-
-  // Wire the launches: each receive to its send (in order, per peers and
-  // tag), each collective to the event its members wait for, each WaitBucket
-  // to its bucket's.
-  std::map<std::tuple<int, int, uint64_t>, std::deque<const State::Op *>> in_flight;
-  for (const GpuLaunch &launch : s.order) {
-    const GpuLaunch::Part &lead = launch.parts[0];
-    State::Op &first = s.devices[static_cast<size_t>(lead.device)].ops[lead.instruction];
-    const PlanInstruction &instr =
-        s.programs[static_cast<size_t>(lead.device)].instructions[lead.instruction];
-    if (first.kind == InstrKind::kSend) {
-      in_flight[{lead.device, instr.peer, partitioner::transfer_tag(instr.index, instr.microbatch)}]
-          .push_back(&first);
-    } else if (first.kind == InstrKind::kRecv) {
-      auto &queue = in_flight[{instr.peer, lead.device,
-                               partitioner::transfer_tag(instr.index, instr.microbatch)}];
-      if (queue.empty()) return internal_error(first.what, ": no send to receive");
-      first.matching = queue.front();
-      queue.pop_front();
-    } else if (first.kind == InstrKind::kAllReduce || first.kind == InstrKind::kReduceScatter ||
-               first.kind == InstrKind::kAllGather || launch.reduce ||
-               (first.kind == InstrKind::kCompute && launch.parts.size() > 1)) {
-      ASSIGN_OR_RETURN(cudaEvent_t done, s.make_event());
-      s.reduced.push_back(done);
-      for (const GpuLaunch::Part &part : launch.parts) {
-        State::Device &member = s.devices[static_cast<size_t>(part.device)];
-        member.ops[part.instruction].reduced = &s.reduced.back();
-        if (launch.reduce)
-          member.bucket_done
-              [s.programs[static_cast<size_t>(part.device)].instructions[part.instruction].index] =
-              done;
-      }
-    }
   }
-  for (size_t d = 0; d < num_devices; ++d)
-    for (size_t i = 0; i < s.devices[d].ops.size(); ++i) {
-      State::Op &op = s.devices[d].ops[i];
-      if (op.kind != InstrKind::kWaitBucket) continue;
-      auto it = s.devices[d].bucket_done.find(s.programs[d].instructions[i].index);
-      if (it == s.devices[d].bucket_done.end())
-        return invalid_argument(op.what, ": the bucket is never started").with_context(context);
-      op.reduced = &it->second;
-    }
-  runner->state_ = std::move(state);
   return runner;
 }
 
 Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
                                std::vector<HostTensor> *outputs) {
-  State &s = *state_;
-  if (s.failed)
-    return failed_precondition("an earlier step of this pipeline failed; its state is lost");
+  for (const auto &rank : ranks_)
+    if (rank->failed)
+      return failed_precondition("an earlier step of this pipeline failed; its state is lost");
   const std::vector<TensorType> types = batch_types();
   if (inputs.size() != types.size())
     return invalid_argument("the pipeline takes ", types.size(), " inputs, got ", inputs.size());
@@ -1090,109 +1485,166 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
       return invalid_argument("input '", graph_.tensor(graph_.inputs()[k]).name, "' is ",
                               inputs[k].type.to_string(), ", the pipeline needs ",
                               types[k].to_string());
-  RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.options.gpu), "set device"));
-  s.host.clear();
-  for (size_t k = 0; k < inputs.size(); ++k)
-    if (s.input_bytes[k] > 0)
-      RETURN_IF_ERROR(
-          cuda_check(cudaMemcpyAsync(s.input_staging[k], inputs[k].data(), s.input_bytes[k],
-                                     cudaMemcpyHostToDevice, s.origin),
-                     str_cat("copying input '", graph_.tensor(graph_.inputs()[k]).name, "'")));
   const auto divisor = static_cast<float>(int64_t{microbatches_} * data_parallel_);
-  // The first step eagerly, the second captured, later ones replayed.
-  Status launched = s.step.launch(
-      s.origin, s.options.cuda_graph, [&] { return s.enqueue(divisor); },
-      [&] { return s.record(graph_); });
-  if (!launched.is_ok()) {
-    s.failed = true;
-    return launched;
+  // One GPU's step: the batch in, the first step eagerly, the second
+  // captured, later ones replayed, then a bounded wait (a copy into pageable
+  // memory would block until the step is done, past any bound).
+  auto run_rank = [&](State &s) -> Status {
+    RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
+    s.host.clear();
+    for (size_t k = 0; k < inputs.size(); ++k)
+      if (s.input_bytes[k] > 0)
+        RETURN_IF_ERROR(
+            cuda_check(cudaMemcpyAsync(s.input_staging[k], inputs[k].data(), s.input_bytes[k],
+                                       cudaMemcpyHostToDevice, s.origin),
+                       str_cat("copying input '", graph_.tensor(graph_.inputs()[k]).name, "'")));
+    RETURN_IF_ERROR(s.step.launch(
+        s.origin, s.options.cuda_graph, [&] { return s.enqueue(divisor); },
+        [&] { return s.record(graph_); }));
+    return s.wait("the step");
+  };
+  Status status = Status::ok();
+  if (ranks_.size() == 1) {
+    status = run_rank(*ranks_[0]);
+  } else {
+    // A thread per GPU: NCCL calls of one rank may wait, while being
+    // enqueued, for the other ranks to reach theirs. A rank that fails stops
+    // the others' waits; their communicators are then aborted.
+    std::atomic<bool> stop{false};
+    std::vector<Status> statuses(ranks_.size(), Status::ok());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      ranks_[r]->stop = &stop;
+      threads.emplace_back([&, r] {
+        statuses[r] =
+            run_rank(*ranks_[r]).with_context(str_cat("GPU ", ranks_[r]->gpu, " (rank ", r, ")"));
+        if (!statuses[r].is_ok()) stop = true;
+      });
+    }
+    for (std::thread &thread : threads)
+      thread.join();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      ranks_[r]->stop = nullptr;
+      // The first failure that is not a rank stopping for another's.
+      if (!statuses[r].is_ok() &&
+          (status.is_ok() ||
+           status.message().find("another GPU of the run failed") != std::string::npos))
+        status = statuses[r];
+    }
   }
-  // Wait (bounded) before reading back: a copy into pageable memory would
-  // block until the step is done, past any bound.
-  Status waited = s.wait("the step");
-  if (!waited.is_ok()) {
-    s.failed = true;
-    return waited;
+  if (!status.is_ok()) {
+    for (const auto &rank : ranks_) {
+      rank->failed = true;
+      rank->abort_comms();
+    }
+    return status;
   }
   outputs->clear();
   for (size_t k = 0; k < graph_.outputs().size(); ++k) {
     HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
-    if (out.size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(
-          cudaMemcpy(out.data(), s.outputs[k].data, out.size_bytes(), cudaMemcpyDeviceToHost),
-          "copying an output"));
+    for (const auto &rank : ranks_) {
+      if (rank->outputs[k].device < 0) continue;
+      if (out.size_bytes() > 0)
+        RETURN_IF_ERROR(cuda_check(
+            cudaMemcpy(out.data(), rank->outputs[k].data, out.size_bytes(), cudaMemcpyDefault),
+            "copying an output"));
+      break;
+    }
     outputs->push_back(std::move(out));
   }
-  std::vector<std::vector<int>> flags(s.devices.size());
-  for (size_t d = 0; d < s.devices.size(); ++d) {
-    flags[d].resize(s.devices[d].ops.size());
-    if (!flags[d].empty())
-      RETURN_IF_ERROR(cuda_check(cudaMemcpy(flags[d].data(), s.devices[d].flags,
-                                            flags[d].size() * sizeof(int), cudaMemcpyDeviceToHost),
+  for (const auto &rank : ranks_) {
+    State &s = *rank;
+    for (size_t d = 0; d < s.devices.size(); ++d) {
+      if (!s.is_local(d) || s.devices[d].ops.empty()) continue;
+      std::vector<int> flags(s.devices[d].ops.size());
+      RETURN_IF_ERROR(cuda_check(cudaMemcpy(flags.data(), s.devices[d].flags,
+                                            flags.size() * sizeof(int), cudaMemcpyDefault),
                                  "reading the error flags"));
+      for (size_t i = 0; i < flags.size(); ++i)
+        if (flags[i] != 0) {
+          for (const auto &other : ranks_)
+            other->failed = true;
+          const State::Op &op = s.devices[d].ops[i];
+          return out_of_range(op.op == nullptr || op.op->flag_meaning.empty()
+                                  ? std::string_view("device check failed")
+                                  : op.op->flag_meaning)
+              .with_context(op.what);
+        }
+    }
   }
-  for (size_t d = 0; d < s.devices.size(); ++d)
-    for (size_t i = 0; i < flags[d].size(); ++i)
-      if (flags[d][i] != 0) {
-        s.failed = true;
-        const State::Op &op = s.devices[d].ops[i];
-        return out_of_range(op.op == nullptr || op.op->flag_meaning.empty()
-                                ? std::string_view("device check failed")
-                                : op.op->flag_meaning)
-            .with_context(op.what);
-      }
   return Status::ok();
 }
 
+namespace {
+
+// Where plan device `d` keeps `id`: the State of its GPU (made current) and
+// the address; {null, null} where it keeps none.
+template <typename Ranks>
+std::pair<CudaPipelineRunner::State *, std::byte *> held_at(const Ranks &ranks, size_t d,
+                                                            TensorId id) {
+  for (const auto &rank : ranks) {
+    if (!rank->is_local(d)) continue;
+    auto it = rank->devices[d].held.find(id);
+    if (it == rank->devices[d].held.end()) return {nullptr, nullptr};
+    cudaSetDevice(rank->gpu);
+    return {rank.get(), it->second};
+  }
+  return {nullptr, nullptr};
+}
+
+} // namespace
+
 const HostTensor &CudaPipelineRunner::value(TensorId id) const {
-  State &s = *state_;
-  auto cached = s.host.find(id);
-  if (cached != s.host.end()) return cached->second;
+  State &cache = *ranks_[0];
+  auto cached = cache.host.find(id);
+  if (cached != cache.host.end()) return cached->second;
   HostTensor whole = HostTensor::zeros(value_type(id));
   const auto shard = tp_shards_.find(id);
-  for (size_t d = 0; d < s.devices.size(); ++d) {
-    auto it = s.devices[d].held.find(id);
-    if (it == s.devices[d].held.end()) continue;
-    if (!s.wait("a read").is_ok()) break;
-    if (s.devices[d].sharded.contains(id)) {
+  const size_t devices = cache.programs.size();
+  for (const auto &rank : ranks_)
+    if (!rank->wait("a read").is_ok())
+      return cache.host.emplace(id, std::move(whole)).first->second;
+  for (size_t d = 0; d < devices; ++d) {
+    auto [state, address] = held_at(ranks_, d, id);
+    if (state == nullptr) continue;
+    const State::Device &device = state->devices[d];
+    if (device.sharded.contains(id)) {
       // ZeRO-1: the shards of the device's group, each at its position.
-      const size_t chunk = whole.size_bytes() / static_cast<size_t>(s.devices[d].shard_count);
-      for (size_t e = 0; e < s.devices.size(); ++e) {
-        const State::Device &other = s.devices[e];
-        auto held = other.held.find(id);
-        if (held == other.held.end() || !other.sharded.contains(id) || chunk == 0 ||
-            s.programs[e].shard_group != s.programs[d].shard_group)
+      const size_t chunk = whole.size_bytes() / static_cast<size_t>(device.shard_count);
+      for (size_t e = 0; e < devices && chunk > 0; ++e) {
+        auto [other_state, other] = held_at(ranks_, e, id);
+        if (other_state == nullptr || !other_state->devices[e].sharded.contains(id) ||
+            cache.programs[e].shard_group != cache.programs[d].shard_group)
           continue;
-        cudaMemcpy(whole.data() + chunk * static_cast<size_t>(other.shard_rank), held->second,
-                   chunk, cudaMemcpyDeviceToHost);
+        cudaMemcpy(whole.data() + chunk * static_cast<size_t>(other_state->devices[e].shard_rank),
+                   other, chunk, cudaMemcpyDefault);
       }
       break;
     }
     if (shard == tp_shards_.end()) {
       if (whole.size_bytes() > 0)
-        cudaMemcpy(whole.data(), it->second, whole.size_bytes(), cudaMemcpyDeviceToHost);
+        cudaMemcpy(whole.data(), address, whole.size_bytes(), cudaMemcpyDefault);
       break;
     }
     // The first holder is member 0 of its group; the group's members follow.
     HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
-    for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < s.devices.size(); ++m) {
-      auto held = s.devices[d + static_cast<size_t>(m)].held.find(id);
-      if (held == s.devices[d + static_cast<size_t>(m)].held.end() || piece.size_bytes() == 0)
-        continue;
-      cudaMemcpy(piece.data(), held->second, piece.size_bytes(), cudaMemcpyDeviceToHost);
+    for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < devices; ++m) {
+      auto [member_state, member] = held_at(ranks_, d + static_cast<size_t>(m), id);
+      if (member_state == nullptr || piece.size_bytes() == 0) continue;
+      cudaMemcpy(piece.data(), member, piece.size_bytes(), cudaMemcpyDefault);
       partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
                               whole.data(), piece.data(), false);
     }
     break;
   }
-  return s.host.emplace(id, std::move(whole)).first->second;
+  return cache.host.emplace(id, std::move(whole)).first->second;
 }
 
 Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
   const TensorType type = value_type(id);
   RETURN_IF_ERROR(check_assignable(graph_, id, value, &type));
-  State &s = *state_;
-  RETURN_IF_ERROR(s.wait("the step before an assignment"));
+  for (const auto &rank : ranks_)
+    RETURN_IF_ERROR(rank->wait("the step before an assignment"));
   const auto shard = tp_shards_.find(id);
   // Each member's piece (the whole value outside tensor parallelism), kept
   // until the copies are done.
@@ -1208,33 +1660,46 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
     pieces.push_back(std::move(piece));
   }
   bool held = false;
-  for (size_t d = 0; d < s.devices.size(); ++d) {
-    auto it = s.devices[d].held.find(id);
-    if (it == s.devices[d].held.end()) continue;
+  for (size_t d = 0; d < ranks_[0]->programs.size(); ++d) {
+    auto [state, address] = held_at(ranks_, d, id);
+    if (state == nullptr) continue;
     held = true;
     const HostTensor &piece =
         pieces[shard == tp_shards_.end() ? 0 : d % static_cast<size_t>(tensor_parallel_)];
     const std::byte *from = piece.size_bytes() > 0 ? piece.data() : nullptr;
     size_t bytes = piece.size_bytes();
-    if (s.devices[d].sharded.contains(id)) { // ZeRO-1: the device's shard of it
-      bytes /= static_cast<size_t>(s.devices[d].shard_count);
-      from += bytes * static_cast<size_t>(s.devices[d].shard_rank);
+    const State::Device &device = state->devices[d];
+    if (device.sharded.contains(id)) { // ZeRO-1: the device's shard of it
+      bytes /= static_cast<size_t>(device.shard_count);
+      from += bytes * static_cast<size_t>(device.shard_rank);
     }
     if (bytes > 0)
       RETURN_IF_ERROR(
-          cuda_check(cudaMemcpyAsync(it->second, from, bytes, cudaMemcpyHostToDevice, s.origin),
+          cuda_check(cudaMemcpyAsync(address, from, bytes, cudaMemcpyHostToDevice, state->origin),
                      str_cat("assigning '", graph_.tensor(id).name, "'")));
   }
   if (!held) return invalid_argument("no device of the plan holds '", graph_.tensor(id).name, "'");
-  RETURN_IF_ERROR(s.wait("an assignment"));
-  s.host.erase(id);
+  for (const auto &rank : ranks_)
+    RETURN_IF_ERROR(rank->wait("an assignment"));
+  ranks_[0]->host.erase(id);
   return Status::ok();
 }
 
-int CudaPipelineRunner::num_devices() const { return static_cast<int>(state_->devices.size()); }
-int64_t CudaPipelineRunner::device_bytes() const { return state_->layout.total; }
-int64_t CudaPipelineRunner::replays() const { return state_->step.replays(); }
-std::string CudaPipelineRunner::device_name() const { return state_->device_name; }
+int CudaPipelineRunner::num_devices() const { return static_cast<int>(ranks_[0]->programs.size()); }
+int64_t CudaPipelineRunner::device_bytes() const {
+  int64_t bytes = 0;
+  for (const auto &rank : ranks_)
+    bytes += rank->layout.total;
+  return bytes;
+}
+int64_t CudaPipelineRunner::replays() const { return ranks_[0]->step.replays(); }
+int CudaPipelineRunner::num_gpus() const { return static_cast<int>(ranks_.size()); }
+std::string CudaPipelineRunner::device_name() const {
+  std::string name;
+  for (const auto &rank : ranks_)
+    name += str_cat(name.empty() ? "" : ", ", rank->device_name);
+  return name;
+}
 
 #endif
 

@@ -1,6 +1,6 @@
 // The CUDA pipeline runner: a pipeline (and data-parallel) plan's devices on
-// one GPU, each plan device a pair of CUDA streams, the whole step captured
-// into one CUDA Graph.
+// one GPU or spread over several, each plan device a pair of CUDA streams of
+// its GPU, each GPU's whole step captured into one CUDA Graph.
 //
 // create() lays out all of the step's GPU memory as one allocation
 // (cuda_pipeline_layout): per plan device its activation arena (the plan's
@@ -9,8 +9,8 @@
 // buffer per send and one error flag per instruction; then the batch's
 // staging and the values computed at load. A step allocates nothing.
 //
-// One host thread enqueues every device's instructions, in an order in which
-// nothing waits for work not yet enqueued (gpu_launch_order):
+// On one GPU, one host thread enqueues every device's instructions, in an
+// order in which nothing waits for work not yet enqueued (gpu_launch_order):
 //  - compute: the node's CUDA kernel (ops/kernels/cuda/cuda_ops.h) on the
 //    device's compute stream;
 //  - send: a copy into the send's staging on the sender's stream, then an
@@ -38,16 +38,35 @@
 // ZeRO-1 runs too: a replica holds its shard of the sharded state, its
 // ComputeShard updates run on views of its chunk, and the gradients'
 // reduce-scatters (blocking, or as buckets) and the parameters' all-gathers
-// are group collectives like the all-reduce. Plans over several GPUs (NCCL),
-// ZeRO-1 of tensor-parallel pieces, TpAllToAll (some --split-activations
-// plans) and vocabulary-parallel embeddings and losses are refused with the
-// reason. A device check that fails (a label out
-// of range) ends the step with an error naming the device and instruction,
-// and, as with the CPU pipeline runner, leaves the runner unusable. A
-// device's state updates are skipped when any flag set before them (of any
-// device) is raised, so a bad label leaves the weights as they were.
+// are group collectives like the all-reduce. ZeRO-1 of tensor-parallel
+// pieces, TpAllToAll (some --split-activations plans) and vocabulary-parallel
+// embeddings and losses are refused with the reason.
+//
+// Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
+// own host thread, State and CUDA Graph, and the ranks talk over NCCL: a
+// world communicator (from one unique id shared in-process) for messages and
+// one split off it per plan group spread over GPUs (one member per GPU; a
+// group on one GPU keeps the copies above). Every rank walks the same launch
+// order and makes its NCCL calls where gpu_rank_steps says, so all ranks
+// reach each call in the same order and none waits on one not yet issued: a
+// message is staged at its send and goes out (ncclSend on the sender's
+// second stream, ncclRecv on the receiver's) at its receive's launch;
+// collectives, buckets and tensor-parallel nodes are NCCL's all-reduce,
+// reduce-scatter and all-gather (in place; column-block pieces through a
+// staging buffer). Before the step's first update the ranks combine their
+// check flags (an NCCL max), so a check that fails on one GPU keeps every
+// GPU's weights. Every wait is bounded by `timeout` and watches the
+// communicators' errors and the other ranks: a failure aborts every
+// communicator and ends the step with the failing GPU's error.
+//
+// A device check that fails (a label out of range) ends the step with an
+// error naming the device and instruction, and, as with the CPU pipeline
+// runner, leaves the runner unusable. A device's state updates are skipped
+// when any flag set before them (of any device) is raised, so a bad label
+// leaves the weights as they were.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,8 +81,14 @@
 namespace strata::runtime {
 
 struct CudaPipelineOptions {
-  std::string model_dir = ".";        // external data paths are relative to it
-  int gpu = 0;                        // the CUDA device every plan device runs on
+  std::string model_dir = "."; // external data paths are relative to it
+  int gpu = 0;                 // the CUDA device every plan device runs on (without `gpus`)
+  // Per plan device its GPU (--gpus 0,0,1,1): several GPUs run as one rank
+  // each, a host thread per GPU, over NCCL. Empty: every device on `gpu`.
+  std::vector<int> gpus;
+  // How long a GPU may take for a step, and NCCL for its start-up, before the
+  // run ends with an error naming what did not finish (communicators aborted).
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
   bool cuda_graph = true;             // false: launch every instruction eagerly each step
   bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
   bool bf16 = false;                  // GEMM operands in bf16 (CudaExecutorOptions::bf16)
@@ -80,23 +105,30 @@ struct CudaPipelineLayout {
     int64_t scratch = 0, scratch_bytes = 0;         // the largest of its nodes' (one stream)
     int64_t workspace = 0;
     int64_t bf16 = -1, bf16_bytes = 0; // with bf16: its GEMM operands' staging
-    std::vector<int64_t> send;         // per instruction: a send's staging, or -1
-    int64_t first_flag = 0;            // its instructions' flags: first_flag + i in `flags`
+    // Over NCCL: where a tensor-parallel all-gather lands, or a reduce-scatter
+    // packs its blocks, when the pieces are column blocks (the largest).
+    int64_t tp_staging = -1, tp_staging_bytes = 0;
+    std::vector<int64_t> send; // per instruction: a send's staging, or -1
+    int64_t first_flag = 0;    // its instructions' flags: first_flag + i in `flags`
   };
   std::vector<Device> devices;
   std::vector<int64_t> constant; // per node: its value computed at load, or -1
   std::vector<int64_t> input;    // per graph input: the staging of the whole batch
   // Every device's instructions' error flags (ints, device by device), then one
-  // "any flag set" int per device, read by its guarded state updates.
-  int64_t flags = 0, flag_count = 0;
+  // "any flag set" int per device, read by its guarded state updates, then
+  // the GPU's: every local check and (over NCCL) every other GPU's, combined.
+  int64_t flags = 0, flag_count = 0, instruction_flags = 0;
   int64_t workspace_bytes = 0;
   int64_t total = 0;
 };
-// Errors: what check_cuda_ops says, and what this runner does not run yet
-// (ZeRO-1 of tensor-parallel pieces, non-f32 accumulation), each naming the
-// device and instruction.
+// `local` (one flag per plan device; empty: all) limits it to the devices of
+// one GPU of a run over several: the others get no regions, and the local
+// ones' tensor-parallel staging for NCCL. Errors: what check_cuda_ops says,
+// and what this runner does not run yet (ZeRO-1 of tensor-parallel pieces,
+// non-f32 accumulation), each naming the device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
-                                                int64_t workspace_bytes, bool bf16 = false);
+                                                int64_t workspace_bytes, bool bf16 = false,
+                                                const std::vector<bool> &local = {});
 
 class CudaPipelineRunner : public StepRunner {
 public:
@@ -116,10 +148,13 @@ public:
   Status assign(TensorId id, const HostTensor &value) override;
   Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
 
-  int num_devices() const;
-  int64_t device_bytes() const;
-  int64_t replays() const; // steps launched from the captured graph
+  int num_devices() const;      // plan devices
+  int num_gpus() const;         // GPUs they run on (a host thread and NCCL rank each)
+  int64_t device_bytes() const; // over every GPU
+  int64_t replays() const;      // steps launched from the captured graph
   std::string device_name() const;
+
+  struct State; // one GPU's: public for the helpers in cuda_pipeline.cc
 
 private:
   CudaPipelineRunner() = default;
@@ -127,8 +162,7 @@ private:
   int microbatches_ = 1, data_parallel_ = 1, tensor_parallel_ = 1;
   // Tensor parallelism: tensors every member holds a piece of, by id.
   std::map<TensorId, serialization::PlanShard> tp_shards_;
-  struct State;
-  std::unique_ptr<State> state_;
+  std::vector<std::unique_ptr<State>> ranks_; // one per GPU the plan runs on
 };
 
 } // namespace strata::runtime

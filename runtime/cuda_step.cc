@@ -16,8 +16,9 @@ Status cuda_check(cudaError_t error, std::string_view what) {
   return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
 }
 
-Status wait_for_stream(cudaStream_t stream, std::string_view what) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+Status wait_for_stream(cudaStream_t stream, std::string_view what,
+                       std::chrono::milliseconds timeout, const std::function<Status()> &check) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
   auto nap = std::chrono::microseconds(20);
   while (true) {
@@ -26,7 +27,8 @@ Status wait_for_stream(cudaStream_t stream, std::string_view what) {
     if (status != cudaErrorNotReady) return cuda_check(status, what);
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline)
-      return deadline_exceeded("the GPU did not finish ", what, " within 10 minutes");
+      return deadline_exceeded("the GPU did not finish ", what, " within ", timeout.count(), " ms");
+    if (check) RETURN_IF_ERROR(check());
     if (now < spin_until) {
       std::this_thread::yield();
       continue;

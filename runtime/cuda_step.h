@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string_view>
@@ -19,8 +20,12 @@ Status cuda_check(cudaError_t error, std::string_view what);
 
 // Waits until `stream` has finished its work: spins for 2 ms (a short step
 // should not pay a sleep's latency), then naps up to 1 ms at a time; a GPU
-// that does not finish within 10 minutes is an error naming `what`.
-Status wait_for_stream(cudaStream_t stream, std::string_view what);
+// that does not finish within `timeout` is an error naming `what`. While it
+// waits, `check` (where given) is asked between naps; an error from it (a
+// communicator's asynchronous error, another GPU's failure) ends the wait.
+Status wait_for_stream(cudaStream_t stream, std::string_view what,
+                       std::chrono::milliseconds timeout = std::chrono::minutes(10),
+                       const std::function<Status()> &check = {});
 
 // A step launched as a CUDA Graph: the first launch runs `enqueue` eagerly
 // (kernels load, cuBLASLt and cuDNN settle on their algorithms), the second

@@ -261,6 +261,144 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
   return order;
 }
 
+Result<std::vector<GpuLaunch::Part>>
+gpu_matching_sends(const std::vector<serialization::PlanProgram> &programs,
+                   const std::vector<GpuLaunch> &order) {
+  using serialization::InstrKind;
+  std::map<std::tuple<int, int, uint64_t>, std::deque<GpuLaunch::Part>> unreceived;
+  std::vector<GpuLaunch::Part> sends(order.size(), GpuLaunch::Part{-1, 0});
+  for (size_t k = 0; k < order.size(); ++k) {
+    const GpuLaunch &launch = order[k];
+    if (launch.reduce) continue;
+    const GpuLaunch::Part &lead = launch.parts.at(0);
+    const serialization::PlanInstruction &instr =
+        programs.at(static_cast<size_t>(lead.device)).instructions.at(lead.instruction);
+    if (instr.kind == InstrKind::kSend) {
+      unreceived[{lead.device, instr.peer,
+                  partitioner::transfer_tag(instr.index, instr.microbatch)}]
+          .push_back(lead);
+    } else if (instr.kind == InstrKind::kRecv) {
+      auto &queue = unreceived[{instr.peer, lead.device,
+                                partitioner::transfer_tag(instr.index, instr.microbatch)}];
+      if (queue.empty())
+        return invalid_argument("device ", lead.device, " instruction ", lead.instruction,
+                                ": a receive whose send is not before it in the launch order");
+      sends[k] = queue.front();
+      queue.pop_front();
+    }
+  }
+  return sends;
+}
+
+GpuRanks gpu_ranks(const GpuPlacement &placement) {
+  GpuRanks ranks;
+  std::set<int> gpus(placement.gpu_of_device.begin(), placement.gpu_of_device.end());
+  ranks.gpu.assign(gpus.begin(), gpus.end());
+  for (int gpu : placement.gpu_of_device)
+    ranks.rank_of_device.push_back(static_cast<int>(
+        std::lower_bound(ranks.gpu.begin(), ranks.gpu.end(), gpu) - ranks.gpu.begin()));
+  return ranks;
+}
+
+const char *gpu_rank_action_name(GpuRankAction action) {
+  switch (action) {
+  case GpuRankAction::kSkip: return "skip";
+  case GpuRankAction::kLocal: return "local";
+  case GpuRankAction::kNcclSend: return "nccl send";
+  case GpuRankAction::kNcclRecv: return "nccl recv";
+  case GpuRankAction::kNcclCollective: return "nccl collective";
+  }
+  return "?";
+}
+
+int gpu_launch_group(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                     const GpuLaunch &launch, int tensor_parallel, int tp_groups_begin) {
+  using serialization::InstrKind;
+  const GpuLaunch::Part &lead = launch.parts.at(0);
+  const serialization::PlanInstruction &instr =
+      programs.at(static_cast<size_t>(lead.device)).instructions.at(lead.instruction);
+  if (launch.reduce || instr.kind == InstrKind::kAllReduce ||
+      instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather)
+    return instr.peer;
+  if (instr.kind == InstrKind::kCompute && tensor_parallel > 1 && instr.index < graph.num_nodes()) {
+    const std::string &op = graph.node(instr.index).op;
+    if (op == "TpAllReduce" || op == "TpAllGather" || op == "TpReduceScatter" || op == "TpAllToAll")
+      return tp_groups_begin + lead.device / tensor_parallel;
+  }
+  return -1;
+}
+
+Result<std::vector<GpuRankStep>>
+gpu_rank_steps(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+               const std::vector<std::vector<int32_t>> &groups, int tensor_parallel,
+               int tp_groups_begin, const std::vector<GpuLaunch> &order,
+               const GpuPlacement &placement, int rank) {
+  using serialization::InstrKind;
+  const GpuRanks ranks = gpu_ranks(placement);
+  if (rank < 0 || static_cast<size_t>(rank) >= ranks.gpu.size())
+    return invalid_argument("rank ", rank, " is not in a run over ", ranks.gpu.size(), " GPU(s)");
+  if (placement.gpu_of_device.size() != programs.size())
+    return invalid_argument("the placement has ", placement.gpu_of_device.size(),
+                            " devices; the plan has ", programs.size());
+  auto rank_of = [&](int device) { return ranks.rank_of_device[static_cast<size_t>(device)]; };
+  // Groups over several GPUs must have one member per GPU.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::set<int> gpus;
+    for (int32_t device : groups[g])
+      if (device >= 0 && static_cast<size_t>(device) < programs.size())
+        gpus.insert(placement.gpu_of_device[static_cast<size_t>(device)]);
+    if (gpus.size() > 1 && placement.group_transport.at(g) != GpuTransport::kNccl)
+      return unimplemented("group ", g, " spans ", gpus.size(), " GPUs but ",
+                           placement.group_why.at(g),
+                           "; a group is either on one GPU or one member per GPU (--gpus)");
+  }
+  bool flags_shared = false;
+  ASSIGN_OR_RETURN(const std::vector<GpuLaunch::Part> sends, gpu_matching_sends(programs, order));
+  std::vector<GpuRankStep> steps;
+  steps.reserve(order.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const GpuLaunch &launch = order[k];
+    GpuRankStep step;
+    const GpuLaunch::Part &lead = launch.parts.at(0);
+    const serialization::PlanInstruction &instr =
+        programs.at(static_cast<size_t>(lead.device)).instructions.at(lead.instruction);
+    if (!flags_shared && !launch.reduce && instr.kind == InstrKind::kUpdate) {
+      step.share_flags = true;
+      flags_shared = true;
+    }
+    const int group = gpu_launch_group(graph, programs, launch, tensor_parallel, tp_groups_begin);
+    bool all_here = true, any_here = false;
+    for (const GpuLaunch::Part &part : launch.parts) {
+      const bool here = rank_of(part.device) == rank;
+      all_here = all_here && here;
+      if (here && !any_here) step.part = part;
+      any_here = any_here || here;
+    }
+    if (!launch.reduce && instr.kind == InstrKind::kSend) {
+      if (any_here) step.action = GpuRankAction::kLocal; // staged here either way
+    } else if (!launch.reduce && instr.kind == InstrKind::kRecv) {
+      const GpuLaunch::Part send = sends[k];
+      const int from = rank_of(send.device), to = rank_of(lead.device);
+      if (from == rank && to == rank) {
+        step.action = GpuRankAction::kLocal;
+      } else if (to == rank) {
+        step.action = GpuRankAction::kNcclRecv;
+        step.peer = from;
+      } else if (from == rank) {
+        step.action = GpuRankAction::kNcclSend;
+        step.part = send;
+        step.peer = to;
+      }
+    } else if (any_here) {
+      const bool across = group >= 0 && !all_here;
+      step.action = across ? GpuRankAction::kNcclCollective : GpuRankAction::kLocal;
+      if (across) step.group = group;
+    }
+    steps.push_back(step);
+  }
+  return steps;
+}
+
 void CaptureRecord::add(std::string name, const void *address, TensorType type) {
   buffers_.push_back({std::move(name), address, std::move(type)});
 }

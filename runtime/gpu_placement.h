@@ -102,6 +102,64 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
                  const std::vector<std::vector<int32_t>> &groups, int tensor_parallel = 1,
                  int tp_groups_begin = -1);
 
+// A run over several GPUs has one host thread per GPU, its rank: ranks in
+// increasing GPU order, each enqueueing the launches of the same global order
+// (gpu_launch_order) that touch its GPU, so every rank issues its NCCL calls
+// in the same order and none can wait on a call another has not reached.
+struct GpuRanks {
+  std::vector<int> gpu;            // per rank: its GPU
+  std::vector<int> rank_of_device; // per plan device: the rank running it
+};
+GpuRanks gpu_ranks(const GpuPlacement &placement);
+
+// What one rank does at one launch of the global order.
+enum class GpuRankAction : uint8_t {
+  kSkip,           // nothing of the launch is on this GPU
+  kLocal,          // all of it is: streams and device copies, as on one GPU
+  kNcclSend,       // a receive on another GPU of a message staged here: ncclSend
+  kNcclRecv,       // a receive here of a message staged on another GPU: ncclRecv
+  kNcclCollective, // a collective of a group spread over GPUs: this GPU's member calls NCCL
+};
+const char *gpu_rank_action_name(GpuRankAction action);
+
+struct GpuRankStep {
+  GpuRankAction action = GpuRankAction::kSkip;
+  // The part on this rank: of kLocal the launch's own parts; of kNcclSend the
+  // send the receive matches; of kNcclRecv the receive; of kNcclCollective
+  // this GPU's member.
+  GpuLaunch::Part part;
+  int peer = -1;  // kNcclSend / kNcclRecv: the other rank
+  int group = -1; // kNcclCollective: the plan group whose communicator it uses
+  // Set on the launch of the step's first state update: before it every rank
+  // combines its devices' check flags with the others' (an all-reduce over
+  // all ranks), so a failed check on any GPU keeps every GPU's weights.
+  bool share_flags = false;
+};
+
+// The plan group a collective launch runs over: AllReduce, ReduceScatter,
+// AllGather and bucket reductions name it, a tensor-parallel node's is its
+// device's (groups[tp_groups_begin + device / tensor_parallel]); -1 for a
+// launch that is not a collective.
+int gpu_launch_group(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+                     const GpuLaunch &launch, int tensor_parallel, int tp_groups_begin);
+
+// Per launch of `order`: for a receive, the send it matches (same peers,
+// tensor and micro-batch, in order, as communicators match them); for any
+// other launch, device -1. Error: a receive whose send is not before it.
+Result<std::vector<GpuLaunch::Part>>
+gpu_matching_sends(const std::vector<serialization::PlanProgram> &programs,
+                   const std::vector<GpuLaunch> &order);
+
+// Rank `rank`'s step for every launch of `order` (one per launch, in order).
+// Errors: a group spread over GPUs with two members sharing one (NCCL takes
+// one rank per GPU, and a mix of copies and NCCL is not built), a receive
+// whose send is not in the order, a rank that is not there.
+Result<std::vector<GpuRankStep>>
+gpu_rank_steps(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
+               const std::vector<std::vector<int32_t>> &groups, int tensor_parallel,
+               int tp_groups_begin, const std::vector<GpuLaunch> &order,
+               const GpuPlacement &placement, int rank);
+
 // The buffers a captured step reads and writes.
 class CaptureRecord {
 public:

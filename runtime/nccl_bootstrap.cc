@@ -1,6 +1,7 @@
 #include "runtime/nccl_bootstrap.h"
 
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "strata_config.h"
@@ -40,8 +41,62 @@ Result<std::string> nccl_unique_id() {
 #endif
 }
 
+#if STRATA_HAVE_NCCL
+namespace {
+
+class Comm : public NcclComm {
+public:
+  explicit Comm(ncclComm_t comm) : comm_(comm) {}
+  ~Comm() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+  void *handle() const override { return comm_; }
+  void abort() override {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+private:
+  ncclComm_t comm_;
+};
+
+// Polls `comm` while NCCL reports a call in progress (spinning for a
+// millisecond, then napping), until `deadline` (`late`) or until `check`
+// fails (`stopped`); the last result.
+ncclResult_t poll(ncclComm_t comm, ncclResult_t result,
+                  std::chrono::steady_clock::time_point deadline, const NcclCheck &check,
+                  bool *late, Status *stopped) {
+  *late = false;
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  while (result == ncclInProgress && comm != nullptr) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
+      *late = true;
+      return result;
+    }
+    if (check) {
+      Status status = check();
+      if (!status.is_ok()) {
+        *stopped = std::move(status);
+        return result;
+      }
+    }
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    ncclCommGetAsyncError(comm, &result);
+  }
+  return result;
+}
+
+} // namespace
+#endif
+
 Result<std::unique_ptr<NcclComm>> nccl_init_rank(const std::string &id, int ranks, int rank,
-                                                 std::chrono::milliseconds timeout) {
+                                                 std::chrono::milliseconds timeout,
+                                                 const NcclCheck &check) {
 #if STRATA_HAVE_NCCL
   ncclUniqueId unique;
   if (id.size() != sizeof unique.internal)
@@ -52,15 +107,14 @@ Result<std::unique_ptr<NcclComm>> nccl_init_rank(const std::string &id, int rank
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t result = ncclCommInitRankConfig(&comm, ranks, unique, rank, &config);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (result == ncclInProgress && comm != nullptr) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(comm);
-      return deadline_exceeded("NCCL communicator init (rank ", rank, " of ", ranks,
-                               ") did not finish within ", timeout.count(), " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ncclCommGetAsyncError(comm, &result);
+  bool late = false;
+  Status stopped = Status::ok();
+  result = poll(comm, result, std::chrono::steady_clock::now() + timeout, check, &late, &stopped);
+  if (late || !stopped.is_ok()) {
+    ncclCommAbort(comm);
+    if (!stopped.is_ok()) return stopped;
+    return deadline_exceeded("NCCL communicator init (rank ", rank, " of ", ranks,
+                             ") did not finish within ", timeout.count(), " ms");
   }
   if (result != ncclSuccess) {
     std::string detail = ncclGetLastError(comm);
@@ -69,18 +123,93 @@ Result<std::unique_ptr<NcclComm>> nccl_init_rank(const std::string &id, int rank
                                ") failed: ", ncclGetErrorString(result), detail.empty() ? "" : ": ",
                                detail);
   }
-  class Comm : public NcclComm {
-  public:
-    explicit Comm(ncclComm_t comm) : comm_(comm) {}
-    ~Comm() override { ncclCommDestroy(comm_); }
-    void *handle() const override { return comm_; }
-
-  private:
-    ncclComm_t comm_;
-  };
   return std::unique_ptr<NcclComm>(new Comm(comm));
 #else
-  (void)id, (void)ranks, (void)rank, (void)timeout;
+  (void)id, (void)ranks, (void)rank, (void)timeout, (void)check;
+  return unimplemented("this strata was built without NCCL");
+#endif
+}
+
+Result<std::unique_ptr<NcclComm>> nccl_split(NcclComm &parent, int color, int key,
+                                             std::chrono::milliseconds timeout,
+                                             const NcclCheck &check) {
+#if STRATA_HAVE_NCCL
+  auto *from = static_cast<ncclComm_t>(parent.handle());
+  if (from == nullptr) return failed_precondition("NCCL split of a communicator already ended");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  // NCCL writes the new communicator when the split completes, which may be
+  // after a wait given up on: the slot must outlive this call then (leaked).
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  ncclResult_t result =
+      ncclCommSplit(from, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot.get(), &config);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool late = false;
+  Status stopped = Status::ok();
+  result = poll(from, result, deadline, check, &late, &stopped);
+  if (result == ncclSuccess && *slot != nullptr) {
+    ncclCommGetAsyncError(*slot, &result);
+    result = poll(*slot, result, deadline, check, &late, &stopped);
+  }
+  if (late || !stopped.is_ok()) {
+    parent.abort(); // ends the split too
+    (void)slot.release();
+    if (!stopped.is_ok()) return stopped;
+    return deadline_exceeded("NCCL communicator split (color ", color, ") did not finish within ",
+                             timeout.count(), " ms");
+  }
+  ncclComm_t comm = *slot;
+  if (result != ncclSuccess) {
+    std::string detail = ncclGetLastError(comm != nullptr ? comm : from);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return failed_precondition("NCCL communicator split (color ", color,
+                               ") failed: ", ncclGetErrorString(result), detail.empty() ? "" : ": ",
+                               detail);
+  }
+  if (comm == nullptr) return std::unique_ptr<NcclComm>();
+  return std::unique_ptr<NcclComm>(new Comm(comm));
+#else
+  (void)parent, (void)color, (void)key, (void)timeout, (void)check;
+  return unimplemented("this strata was built without NCCL");
+#endif
+}
+
+Status nccl_settle(NcclComm &comm, int result, std::string_view what,
+                   std::chrono::milliseconds timeout, const NcclCheck &check) {
+#if STRATA_HAVE_NCCL
+  auto *handle = static_cast<ncclComm_t>(comm.handle());
+  bool late = false;
+  Status stopped = Status::ok();
+  const auto status = poll(handle, static_cast<ncclResult_t>(result),
+                           std::chrono::steady_clock::now() + timeout, check, &late, &stopped);
+  if (!stopped.is_ok()) return stopped;
+  if (late)
+    return deadline_exceeded("NCCL ", what, " was not enqueued within ", timeout.count(), " ms");
+  if (status != ncclSuccess) {
+    std::string detail = handle != nullptr ? ncclGetLastError(handle) : "";
+    return internal_error("NCCL ", what, ": ", ncclGetErrorString(status),
+                          detail.empty() ? "" : ": ", detail);
+  }
+  return Status::ok();
+#else
+  (void)comm, (void)result, (void)what, (void)timeout, (void)check;
+  return unimplemented("this strata was built without NCCL");
+#endif
+}
+
+Status nccl_async_error(const NcclComm &comm, std::string_view what) {
+#if STRATA_HAVE_NCCL
+  auto *handle = static_cast<ncclComm_t>(comm.handle());
+  if (handle == nullptr)
+    return failed_precondition("NCCL ", what, ": the communicator was aborted");
+  ncclResult_t result = ncclSuccess;
+  ncclCommGetAsyncError(handle, &result);
+  if (result == ncclSuccess || result == ncclInProgress) return Status::ok();
+  std::string detail = ncclGetLastError(handle);
+  return internal_error("NCCL ", what, ": ", ncclGetErrorString(result), detail.empty() ? "" : ": ",
+                        detail);
+#else
+  (void)comm, (void)what;
   return unimplemented("this strata was built without NCCL");
 #endif
 }

@@ -42,9 +42,10 @@ struct RunArgs {
   bool interactive = false;     // rewrite a progress line with \r (stdout is a terminal)
   // Where a single-device model or plan runs: "cpu", or "cuda" (one GPU).
   std::string backend = "cpu";
-  int gpu = 0;                   // --backend cuda: the CUDA device ordinal
-  bool cuda_graph = true;        // --backend cuda: capture the step once, replay it after
-  bool tf32 = false;             // --backend cuda: f32 GEMMs on TF32 tensor cores
+  int gpu = 0;            // --backend cuda: the CUDA device ordinal
+  std::string gpus;       // --backend cuda, pipeline plan: each plan device's GPU ("0,0,1,1")
+  bool cuda_graph = true; // --backend cuda: capture the step once, replay it after
+  bool tf32 = false;      // --backend cuda: f32 GEMMs on TF32 tensor cores
   std::string precision = "f32"; // --backend cuda: f32, or bf16 (GEMM operands in bf16)
   // Pipeline plans only.
   std::string trace;     // write a Chrome / Perfetto trace of every device here

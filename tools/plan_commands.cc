@@ -741,18 +741,40 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
 
 namespace {
 
+// FLOPs of one training step by the op registry's costs, as the plan summary
+// counts them (recomputed nodes count again): every compute instruction of
+// every device, all micro-batches and replicas, or every node of a
+// single-device plan.
+double step_flops(const Plan &plan) {
+  double flops = 0;
+  if (plan.pipeline) {
+    for (const StageRow &row : stage_rows(plan))
+      flops += row.flops;
+  } else if (auto stats = compute_model_stats(plan.graph); stats.is_ok()) {
+    flops = stats->flops;
+  }
+  return flops;
+}
+
 Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interactive,
                 const std::shared_ptr<runtime::MpiWorld> &world, const EnvFault &fault) {
   if (args.steps < 1) return invalid_argument("--steps must be at least 1");
+  const double flops = step_flops(plan);
   if (args.log_every < 1) return invalid_argument("--log-every must be at least 1");
   if (args.checkpoint_every < 0) return invalid_argument("--checkpoint-every must be at least 0");
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
   if (args.backend == "cuda" && plan.pipeline && world)
-    return unimplemented("--backend cuda runs a pipeline plan's devices on one GPU of one "
-                         "process; across MPI ranks it needs the NCCL communicator, which is not "
-                         "built yet (run it with --backend cpu)");
+    return unimplemented("--backend cuda runs a pipeline plan's devices on the GPUs of one "
+                         "process (--gpus, NCCL between them); across MPI ranks is not built "
+                         "yet (run it with --backend cpu, or in one process)");
+  if (!args.gpus.empty() && (args.backend != "cuda" || !plan.pipeline))
+    return invalid_argument("--gpus places a pipeline plan's devices on GPUs (--backend cuda); ",
+                            plan.pipeline ? "add --backend cuda" : "this plan has one device",
+                            " (use --gpu for one GPU)");
+  if (!args.gpus.empty() && args.gpu != 0)
+    return invalid_argument("give --gpus or --gpu, not both");
   if (args.backend == "cuda" && !args.trace.empty())
     return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
                             "profile the GPU with Nsight Systems (nsys profile strata run ...)");
@@ -791,10 +813,18 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     pipeline_options.cuda_graph = gpu.cuda_graph;
     pipeline_options.tf32 = gpu.tf32;
     pipeline_options.bf16 = gpu.bf16;
+    pipeline_options.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
+    if (!args.gpus.empty()) {
+      ASSIGN_OR_RETURN(pipeline_options.gpus, runtime::parse_gpu_list(args.gpus));
+    }
     auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
     gpu_line =
-        str_cat((*created)->device_name(), " runs all ", (*created)->num_devices(),
+        str_cat((*created)->device_name(),
+                (*created)->num_gpus() > 1
+                    ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
+                    : str_cat(" runs all ", (*created)->num_devices()),
                 " plan devices (two streams each), ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
                 args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
@@ -919,6 +949,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   out << "done       " << ran << " step" << (ran == 1 ? "" : "s") << " in "
       << format_seconds(elapsed) << " s (" << format_rate(static_cast<double>(ran), elapsed)
       << " steps/s); loss " << format_loss(first_loss) << " -> " << format_loss(last_loss) << "\n";
+  if (ran > 0 && elapsed > 0)
+    out << "compute    " << human_flops(flops) << " per step, "
+        << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
   return Status::ok();
 }
 

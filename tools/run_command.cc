@@ -147,6 +147,7 @@ Status check_backend_options(const RunArgs &args) {
     return invalid_argument("--precision ", args.precision,
                             " needs --backend cuda (the CPU backend computes in f32)");
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
+  if (!args.gpus.empty()) return invalid_argument("--gpus needs --backend cuda");
   return Status::ok();
 }
 

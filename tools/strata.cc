@@ -381,14 +381,21 @@ void add_run(CLI::App &app, Action &action) {
       ->check(at_least(1))
       ->capture_default_str();
   sub->add_option("--backend", args.backend,
-                  "where the model or plan runs: cpu, or cuda (one GPU: cuBLASLt, cuDNN and "
-                  "strata's kernels, the whole step as one CUDA Graph; a pipeline, data- or "
-                  "tensor-parallel plan's devices become streams of that GPU)")
+                  "where the model or plan runs: cpu, or cuda (cuBLASLt, cuDNN and strata's "
+                  "kernels, each GPU's whole step as one CUDA Graph; a pipeline, data- or "
+                  "tensor-parallel plan's devices become streams of one GPU, or spread over "
+                  "several with --gpus)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   sub->add_option("--gpu", args.gpu, "--backend cuda: the GPU to run on (CUDA device ordinal)")
       ->check(at_least(0))
       ->capture_default_str();
+  sub->add_option("--gpus", args.gpus,
+                  "--backend cuda, pipeline plan: the GPU of each plan device, e.g. 0,0,1,1 for "
+                  "4 devices on 2 GPUs. Devices on one GPU are streams of it; GPUs talk over "
+                  "NCCL, a host thread each (a group is on one GPU or one member per GPU). "
+                  "Default: every device on --gpu")
+      ->type_name("LIST");
   sub->add_flag("!--no-cuda-graph", args.cuda_graph,
                 "--backend cuda: launch every kernel each step instead of replaying the step "
                 "captured as a CUDA Graph (for comparison)");
@@ -405,7 +412,8 @@ void add_run(CLI::App &app, Action &action) {
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");
   sub->add_option("--timeout", args.timeout_s,
-                  "pipeline plan: seconds any device waits for another before the run fails")
+                  "pipeline plan: seconds any device waits for another before the run fails "
+                  "(--backend cuda: a GPU's whole step, and NCCL's start-up)")
       ->capture_default_str();
   sub->add_option("--devices-per-rank", args.devices_per_rank,
                   "pipeline plan under mpirun: plan devices each rank runs as threads "

@@ -4,8 +4,10 @@
 #include "runtime/cuda_pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -81,81 +83,108 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
                            compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9", mesh(2, 2, 2)),
                            compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", tp),
                            compile(mlp_forward(), "adamw:lr=0.01", zero)}) {
-    SCOPED_TRACE(plan.graph.name() + " on " + std::to_string(plan.programs.size()) + " devices");
-    auto layout = cuda_pipeline_layout(plan, 1 << 20);
-    ASSERT_TRUE(layout.is_ok()) << layout.status().message();
-    const Graph &g = plan.graph;
-    const int64_t a = GpuArenaLayout::kGpuAlignment;
-    struct Region {
-      int64_t begin, end;
-      std::string what;
-    };
-    std::vector<Region> regions;
-    auto add = [&](int64_t offset, int64_t bytes, std::string what) {
-      EXPECT_EQ(offset % a, 0) << what;
-      EXPECT_GE(offset, 0) << what;
-      EXPECT_LE(offset + bytes, layout->total) << what;
-      if (bytes > 0) regions.push_back({offset, offset + bytes, std::move(what)});
-    };
-    ASSERT_EQ(layout->devices.size(), plan.programs.size());
-    size_t sends = 0, any_sharded = 0;
-    int64_t flags = 0; // every device's flags, one after another
-    for (size_t d = 0; d < plan.programs.size(); ++d) {
-      const auto &program = plan.programs[d];
-      const auto &device = layout->devices[d];
-      const std::string name = "device " + std::to_string(d);
-      EXPECT_EQ(device.arena_bytes, program.arena_bytes) << name;
-      add(device.arena, device.arena_bytes, name + " arena");
-      ASSERT_EQ(device.held.size(), program.holds.size()) << name;
-      const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
-      any_sharded += sharded.size();
-      const int64_t shards =
-          program.shard_group < 0
-              ? 1
-              : static_cast<int64_t>(
-                    plan.pipeline->groups[static_cast<size_t>(program.shard_group)].size());
-      for (size_t k = 0; k < program.holds.size(); ++k) {
-        EXPECT_EQ(device.held[k].first, program.holds[k]);
-        // A ZeRO-1 shard is its share of the tensor.
-        const int64_t bytes = g.tensor(program.holds[k]).type.size_bytes() /
-                              (sharded.contains(program.holds[k]) ? shards : 1);
-        add(device.held[k].second, bytes, name + " '" + g.tensor(program.holds[k]).name + "'");
-        // The next region starts where this one ends, aligned (nothing between).
-        if (k + 1 < program.holds.size()) {
-          EXPECT_EQ(device.held[k + 1].second, (device.held[k].second + bytes + a - 1) / a * a);
-        }
-      }
-      add(device.scratch, device.scratch_bytes, name + " scratch");
-      add(device.workspace, layout->workspace_bytes, name + " workspace");
-      EXPECT_EQ(device.first_flag, flags) << name;
-      flags += static_cast<int64_t>(program.instructions.size());
-      ASSERT_EQ(device.send.size(), program.instructions.size());
-      for (size_t i = 0; i < program.instructions.size(); ++i) {
-        const auto &instr = program.instructions[i];
-        if (instr.kind != InstrKind::kSend) {
-          EXPECT_EQ(device.send[i], -1) << name << " instruction " << i;
+    for (bool split : {false, true}) {
+      // Split: the even devices' GPU of a run over two (the odd ones elsewhere).
+      std::vector<bool> local;
+      for (size_t d = 0; split && d < plan.programs.size(); ++d)
+        local.push_back(d % 2 == 0);
+      SCOPED_TRACE(plan.graph.name() + " on " + std::to_string(plan.programs.size()) + " devices" +
+                   (split ? ", the even ones on this GPU" : ""));
+      auto layout = cuda_pipeline_layout(plan, 1 << 20, false, local);
+      ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+      const Graph &g = plan.graph;
+      const int64_t a = GpuArenaLayout::kGpuAlignment;
+      struct Region {
+        int64_t begin, end;
+        std::string what;
+      };
+      std::vector<Region> regions;
+      auto add = [&](int64_t offset, int64_t bytes, std::string what) {
+        EXPECT_EQ(offset % a, 0) << what;
+        EXPECT_GE(offset, 0) << what;
+        EXPECT_LE(offset + bytes, layout->total) << what;
+        if (bytes > 0) regions.push_back({offset, offset + bytes, std::move(what)});
+      };
+      ASSERT_EQ(layout->devices.size(), plan.programs.size());
+      size_t sends = 0, any_sharded = 0;
+      int64_t flags = 0; // every device's flags, one after another
+      for (size_t d = 0; d < plan.programs.size(); ++d) {
+        const auto &program = plan.programs[d];
+        const auto &device = layout->devices[d];
+        const std::string name = "device " + std::to_string(d);
+        EXPECT_EQ(device.first_flag, flags) << name;
+        if (split && !local[d]) { // on another GPU: nothing here
+          EXPECT_EQ(device.arena_bytes, 0) << name;
+          EXPECT_TRUE(device.held.empty()) << name;
+          EXPECT_EQ(device.scratch, -1) << name;
+          EXPECT_EQ(device.workspace, -1) << name;
+          EXPECT_EQ(device.tp_staging, -1) << name;
+          for (int64_t offset : device.send)
+            EXPECT_EQ(offset, -1) << name;
+          flags += static_cast<int64_t>(program.instructions.size());
           continue;
         }
-        ++sends;
-        add(device.send[i], g.tensor(instr.index).type.size_bytes(),
-            name + " send " + std::to_string(i));
+        // Over NCCL a tensor-parallel member stages its column-block pieces.
+        if (split && plan.pipeline->tensor_parallel > 1) {
+          EXPECT_GT(device.tp_staging_bytes, 0) << name;
+          add(device.tp_staging, device.tp_staging_bytes, name + " tensor-parallel staging");
+        } else {
+          EXPECT_EQ(device.tp_staging, -1) << name;
+        }
+        EXPECT_EQ(device.arena_bytes, program.arena_bytes) << name;
+        add(device.arena, device.arena_bytes, name + " arena");
+        ASSERT_EQ(device.held.size(), program.holds.size()) << name;
+        const std::set<TensorId> sharded(program.sharded_holds.begin(),
+                                         program.sharded_holds.end());
+        any_sharded += sharded.size();
+        const int64_t shards =
+            program.shard_group < 0
+                ? 1
+                : static_cast<int64_t>(
+                      plan.pipeline->groups[static_cast<size_t>(program.shard_group)].size());
+        for (size_t k = 0; k < program.holds.size(); ++k) {
+          EXPECT_EQ(device.held[k].first, program.holds[k]);
+          // A ZeRO-1 shard is its share of the tensor.
+          const int64_t bytes = g.tensor(program.holds[k]).type.size_bytes() /
+                                (sharded.contains(program.holds[k]) ? shards : 1);
+          add(device.held[k].second, bytes, name + " '" + g.tensor(program.holds[k]).name + "'");
+          // The next region starts where this one ends, aligned (nothing between).
+          if (k + 1 < program.holds.size()) {
+            EXPECT_EQ(device.held[k + 1].second, (device.held[k].second + bytes + a - 1) / a * a);
+          }
+        }
+        add(device.scratch, device.scratch_bytes, name + " scratch");
+        add(device.workspace, layout->workspace_bytes, name + " workspace");
+        flags += static_cast<int64_t>(program.instructions.size());
+        ASSERT_EQ(device.send.size(), program.instructions.size());
+        for (size_t i = 0; i < program.instructions.size(); ++i) {
+          const auto &instr = program.instructions[i];
+          if (instr.kind != InstrKind::kSend) {
+            EXPECT_EQ(device.send[i], -1) << name << " instruction " << i;
+            continue;
+          }
+          ++sends;
+          add(device.send[i], g.tensor(instr.index).type.size_bytes(),
+              name + " send " + std::to_string(i));
+        }
       }
+      EXPECT_GT(sends, 0u);
+      EXPECT_EQ(any_sharded > 0, plan.pipeline->zero == 1);
+      // Then one "any flag set" int per device, and the GPU's.
+      EXPECT_EQ(layout->instruction_flags, flags);
+      EXPECT_EQ(layout->flag_count, flags + static_cast<int64_t>(plan.programs.size()) + 1);
+      add(layout->flags, layout->flag_count * static_cast<int64_t>(sizeof(int)), "the flags");
+      const int64_t batch = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
+      ASSERT_EQ(layout->input.size(), g.inputs().size());
+      for (size_t k = 0; k < g.inputs().size(); ++k)
+        add(layout->input[k], g.tensor(g.inputs()[k]).type.size_bytes() * batch,
+            "the batch of '" + g.tensor(g.inputs()[k]).name + "'");
+      std::sort(regions.begin(), regions.end(),
+                [](const Region &x, const Region &y) { return x.begin < y.begin; });
+      for (size_t r = 1; r < regions.size(); ++r)
+        EXPECT_LE(regions[r - 1].end, regions[r].begin)
+            << regions[r - 1].what << " overlaps " << regions[r].what;
     }
-    EXPECT_GT(sends, 0u);
-    EXPECT_EQ(any_sharded > 0, plan.pipeline->zero == 1);
-    // Then one "any flag set" int per device.
-    EXPECT_EQ(layout->flag_count, flags + static_cast<int64_t>(plan.programs.size()));
-    add(layout->flags, layout->flag_count * static_cast<int64_t>(sizeof(int)), "the flags");
-    const int64_t batch = int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel;
-    ASSERT_EQ(layout->input.size(), g.inputs().size());
-    for (size_t k = 0; k < g.inputs().size(); ++k)
-      add(layout->input[k], g.tensor(g.inputs()[k]).type.size_bytes() * batch,
-          "the batch of '" + g.tensor(g.inputs()[k]).name + "'");
-    std::sort(regions.begin(), regions.end(),
-              [](const Region &x, const Region &y) { return x.begin < y.begin; });
-    for (size_t r = 1; r < regions.size(); ++r)
-      EXPECT_LE(regions[r - 1].end, regions[r].begin)
-          << regions[r - 1].what << " overlaps " << regions[r].what;
   }
 }
 
@@ -213,13 +242,17 @@ double relative_difference(const HostTensor &a, const HostTensor &b) {
 // Three steps of `plan` on the CPU pipeline runner and on one GPU (eager and
 // captured): the same losses and weights within `tolerance`, and the replayed
 // steps bitwise those launched eagerly.
-void expect_pipeline_matches(const serialization::Plan &plan, double tolerance) {
+// With `gpu_list`, the plan's devices are spread over those GPUs (NCCL).
+void expect_pipeline_matches(const serialization::Plan &plan, double tolerance,
+                             const std::vector<int> &gpu_list = {}) {
   auto cpu = PipelineRunner::create(plan);
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
   std::vector<std::unique_ptr<CudaPipelineRunner>> gpus;
   for (bool graph : {false, true}) {
     CudaPipelineOptions options;
     options.cuda_graph = graph;
+    options.gpus = gpu_list;
+    options.timeout = std::chrono::seconds(60);
     auto gpu = CudaPipelineRunner::create(plan, options);
     ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
     gpus.push_back(std::move(gpu).value());
@@ -293,6 +326,54 @@ TEST_F(CudaPipelineGpuTest, ZeroOneShardsTrainAsOnTheCpu) {
   expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01", zero), 1e-4);
   zero.bucket_bytes = 0;
   expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01,clip=1", zero), 1e-4);
+}
+
+// Plans spread over two GPUs: stages talk over NCCL send/recv, data- and
+// tensor-parallel groups with a member per GPU over NCCL collectives, and
+// devices sharing a GPU as on one. NCCL sums in its own order: equal to the
+// CPU's to rounding.
+TEST_F(CudaPipelineGpuTest, PlansOverTwoGpusTrainAsOnTheCpu) {
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one); this machine has "
+                 << cuda_device_count();
+  const std::string sgd = "sgd:lr=0.1,momentum=0.9";
+  expect_pipeline_matches(compile(gpt_forward(), sgd, mesh(2, 4)), 1e-4, {0, 1});
+  expect_pipeline_matches(compile(mlp_forward(), sgd, mesh(2, 2, 2)), 1e-4, {0, 0, 1, 1});
+  expect_pipeline_matches(compile(mlp_forward(), sgd, mesh(2, 2, 2)), 1e-4, {0, 1, 0, 1});
+  auto blocking = mesh(1, 2, 2);
+  blocking.bucket_bytes = 0;
+  expect_pipeline_matches(compile(mlp_forward(), sgd, blocking), 1e-4, {0, 1});
+  auto zero = mesh(1, 2, 2);
+  zero.zero = 1;
+  expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01", zero), 1e-4, {0, 1});
+  auto tp = mesh(1, 2);
+  tp.tensor_parallel = 2;
+  expect_pipeline_matches(compile(gpt_forward(), sgd, tp), 1e-4, {0, 1});
+}
+
+// A bad label on one GPU keeps every GPU's weights (the check flags are
+// combined over NCCL before the first update), and the run names it.
+TEST_F(CudaPipelineGpuTest, ABadLabelOnOneGpuKeepsEveryGpusWeights) {
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "needs 2 GPUs; this machine has " << cuda_device_count();
+  const serialization::Plan plan = compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2));
+  CudaPipelineOptions options;
+  options.gpus = {0, 1};
+  auto gpu = CudaPipelineRunner::create(plan, options);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  EXPECT_EQ((*gpu)->num_gpus(), 2);
+  std::vector<HostTensor> inputs = random_inputs(plan.graph, 7, 2);
+  std::map<TensorId, HostTensor> before;
+  for (TensorId id = 0; id < plan.graph.num_tensors(); ++id)
+    if (plan.graph.tensor(id).kind == TensorKind::kParameter) before[id] = (*gpu)->value(id);
+  reinterpret_cast<int64_t *>(inputs[1].data())[5] = 1000; // 10 classes
+  std::vector<HostTensor> outputs;
+  Status status = (*gpu)->run(inputs, &outputs);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("device 1 instruction"), std::string::npos) << status.message();
+  for (const auto &[id, value] : before)
+    EXPECT_EQ(std::memcmp((*gpu)->value(id).data(), value.data(), value.size_bytes()), 0)
+        << plan.graph.tensor(id).name << " changed after a failed step";
 }
 
 TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {

@@ -361,5 +361,175 @@ TEST(GpuLaunchOrder, AReceiveNeverSentNamesTheStuckDevices) {
   expect_error(order.status(), {"device 0 instruction", "not in group"});
 }
 
+// Over several GPUs every rank walks the same launch order and makes its
+// NCCL calls at the same launches as its peers: a message's send and receive
+// at the receive's launch, on the two ranks that hold its ends; a collective
+// spread over GPUs on every rank with a member; the check flags' all-reduce
+// at the step's first update on every rank. Every instruction of every
+// device is run by exactly its own GPU's rank.
+TEST(GpuRankSteps, EveryRankMeetsItsPeersAtTheSameLaunch) {
+  using serialization::InstrKind;
+  const std::vector<serialization::Plan> plans = launch_plans();
+  struct Case {
+    size_t plan;
+    std::vector<int> gpus;
+  };
+  const std::vector<Case> cases = {
+      {0, {0, 1, 2, 3}},                    // a 4-stage pipeline, a GPU per stage
+      {0, {0, 0, 1, 1}},                    // two stages per GPU: one link crosses
+      {1, {0, 1, 2, 3}},                    // pipeline x data parallel with buckets
+      {1, {0, 1, 0, 1}}, {2, {0, 1, 2, 3}}, // ... with blocking all-reduces
+      {3, {0, 1, 2, 3}},                    // pipeline x tensor parallel
+      {3, {0, 1, 0, 1}},
+  };
+  for (const Case &c : cases) {
+    const serialization::Plan &plan = plans[c.plan];
+    SCOPED_TRACE(testing::Message() << "plan " << c.plan << " on GPUs " << c.gpus[0] << ","
+                                    << c.gpus[1] << "," << c.gpus[2] << "," << c.gpus[3]);
+    const auto &groups = plan.pipeline->groups;
+    const int tp = plan.pipeline->tensor_parallel, tp_begin = plan.pipeline->tp_groups_begin;
+    auto placed = place_on_gpus(static_cast<int>(plan.programs.size()), groups, 4, c.gpus);
+    ASSERT_TRUE(placed.is_ok()) << placed.status().message();
+    const GpuRanks ranks = gpu_ranks(*placed);
+    auto order = gpu_launch_order(plan.graph, plan.programs, groups, tp, tp_begin);
+    ASSERT_TRUE(order.is_ok()) << order.status().message();
+    std::vector<std::vector<GpuRankStep>> steps;
+    for (size_t r = 0; r < ranks.gpu.size(); ++r) {
+      auto planned = gpu_rank_steps(plan.graph, plan.programs, groups, tp, tp_begin, *order,
+                                    *placed, static_cast<int>(r));
+      ASSERT_TRUE(planned.is_ok()) << planned.status().message();
+      ASSERT_EQ(planned->size(), order->size());
+      steps.push_back(std::move(planned).value());
+    }
+    auto rank_of = [&](int device) { return ranks.rank_of_device[static_cast<size_t>(device)]; };
+    // (device, instruction) -> times run by its rank.
+    std::map<std::pair<int, uint32_t>, int> ran;
+    size_t messages = 0, crossing = 0, collectives = 0, shared = 0;
+    for (size_t k = 0; k < order->size(); ++k) {
+      const GpuLaunch &launch = (*order)[k];
+      const auto &lead = plan.programs[static_cast<size_t>(launch.parts[0].device)]
+                             .instructions[launch.parts[0].instruction];
+      const bool is_recv = !launch.reduce && lead.kind == InstrKind::kRecv;
+      messages += is_recv ? 1 : 0;
+      const int group = gpu_launch_group(plan.graph, plan.programs, launch, tp, tp_begin);
+      std::set<int> holders;
+      for (const GpuLaunch::Part &part : launch.parts)
+        holders.insert(rank_of(part.device));
+      int senders = 0, receivers = 0;
+      for (size_t r = 0; r < steps.size(); ++r) {
+        const GpuRankStep &step = steps[r][k];
+        EXPECT_EQ(step.share_flags, steps[0][k].share_flags) << "launch " << k;
+        const bool holds = holders.contains(static_cast<int>(r));
+        switch (step.action) {
+        case GpuRankAction::kSkip:
+          EXPECT_FALSE(holds) << "rank " << r << " skips its launch " << k;
+          if (is_recv) {
+            EXPECT_NE(rank_of(lead.peer), static_cast<int>(r)) << "a send left unsent at " << k;
+          }
+          break;
+        case GpuRankAction::kLocal:
+          EXPECT_TRUE(holds);
+          if (is_recv) {
+            EXPECT_EQ(rank_of(lead.peer), static_cast<int>(r)) << "both ends here at " << k;
+          }
+          if (group >= 0) {
+            EXPECT_EQ(holders.size(), 1u) << "a collective over GPUs run locally at " << k;
+          }
+          for (const GpuLaunch::Part &part : launch.parts)
+            if (!launch.reduce) ++ran[{part.device, part.instruction}];
+          break;
+        case GpuRankAction::kNcclRecv: {
+          ++receivers;
+          ASSERT_TRUE(is_recv);
+          EXPECT_EQ(rank_of(launch.parts[0].device), static_cast<int>(r));
+          EXPECT_EQ(rank_of(lead.peer), step.peer);
+          EXPECT_NE(step.peer, static_cast<int>(r));
+          ++ran[{step.part.device, step.part.instruction}];
+          break;
+        }
+        case GpuRankAction::kNcclSend: {
+          ++senders;
+          ASSERT_TRUE(is_recv);
+          // The part is the send this receive matches, on this rank.
+          const auto &send = plan.programs[static_cast<size_t>(step.part.device)]
+                                 .instructions[step.part.instruction];
+          EXPECT_EQ(send.kind, InstrKind::kSend);
+          EXPECT_EQ(rank_of(step.part.device), static_cast<int>(r));
+          EXPECT_EQ(step.part.device, lead.peer);
+          EXPECT_EQ(send.peer, launch.parts[0].device);
+          EXPECT_EQ(send.index, lead.index);
+          EXPECT_EQ(send.microbatch, lead.microbatch);
+          EXPECT_EQ(step.peer, rank_of(launch.parts[0].device));
+          break;
+        }
+        case GpuRankAction::kNcclCollective: {
+          ++collectives;
+          EXPECT_TRUE(holds);
+          EXPECT_GT(holders.size(), 1u);
+          EXPECT_EQ(step.group, group);
+          EXPECT_EQ(rank_of(step.part.device), static_cast<int>(r));
+          // One member per GPU: the part is this rank's only one.
+          size_t mine = 0;
+          for (const GpuLaunch::Part &part : launch.parts)
+            if (rank_of(part.device) == static_cast<int>(r)) {
+              ++mine;
+              EXPECT_EQ(part.device, step.part.device);
+              if (!launch.reduce) ++ran[{part.device, part.instruction}];
+            }
+          EXPECT_EQ(mine, 1u);
+          break;
+        }
+        }
+      }
+      EXPECT_EQ(senders, receivers) << "launch " << k;
+      EXPECT_LE(senders, 1);
+      crossing += static_cast<size_t>(senders);
+      if (steps[0][k].share_flags) {
+        ++shared;
+        EXPECT_EQ(lead.kind, InstrKind::kUpdate);
+      }
+    }
+    for (size_t d = 0; d < plan.programs.size(); ++d)
+      for (uint32_t i = 0; i < plan.programs[d].instructions.size(); ++i)
+        EXPECT_EQ((ran[{static_cast<int>(d), i}]), 1)
+            << "device " << d << " instruction " << i << " runs once";
+    EXPECT_EQ(shared, 1u);
+    // Which messages and collectives cross GPUs follows the placement.
+    size_t expected_crossing = 0;
+    for (size_t d = 0; d < plan.programs.size(); ++d)
+      for (const auto &instr : plan.programs[d].instructions)
+        if (instr.kind == InstrKind::kRecv && rank_of(instr.peer) != rank_of(static_cast<int>(d)))
+          ++expected_crossing;
+    EXPECT_EQ(crossing, expected_crossing);
+    EXPECT_GE(messages, crossing);
+    const bool spread = std::set<int>(c.gpus.begin(), c.gpus.end()).size() == 4;
+    if (spread) {
+      EXPECT_EQ(crossing, messages) << "a GPU per device: every message crosses";
+    }
+    if (c.plan == 0 && !spread) {
+      EXPECT_GT(crossing, 0u);
+      EXPECT_LT(crossing, messages);
+    }
+    if (c.plan != 0 && spread) {
+      EXPECT_GT(collectives, 0u);
+    }
+  }
+}
+
+TEST(GpuRankSteps, AGroupPartlySharingAGpuIsRefused) {
+  // Devices 0 and 1 share GPU 0, device 2 is on GPU 1: the group is neither
+  // on one GPU nor one member per GPU.
+  const std::vector<std::vector<int32_t>> groups = {{0, 1, 2}};
+  auto placed = place_on_gpus(3, groups, 2, {0, 0, 1});
+  ASSERT_TRUE(placed.is_ok());
+  Graph graph("empty");
+  std::vector<serialization::PlanProgram> programs(3);
+  auto steps = gpu_rank_steps(graph, programs, groups, 1, -1, {}, *placed, 0);
+  ASSERT_FALSE(steps.is_ok());
+  expect_error(steps.status(), {"group 0 spans 2 GPUs", "devices 0 and 1 share GPU 0", "--gpus"});
+  auto no_rank = gpu_rank_steps(graph, programs, {}, 1, -1, {}, *placed, 2);
+  expect_error(no_rank.status(), {"rank 2", "2 GPU(s)"});
+}
+
 } // namespace
 } // namespace strata::runtime

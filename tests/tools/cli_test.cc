@@ -278,6 +278,18 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   }
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
                         "--trace records the CPU devices");
+  // --gpus: a pipeline plan's devices on GPUs, one index per device.
+  expect_one_line_error(strata({"run", "pp.splan", "--gpus", "0,1"}),
+                        "--gpus needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--gpus", "0"}),
+                        "this plan has one device");
+  expect_one_line_error(
+      strata({"run", "pp.splan", "--backend", "cuda", "--gpus", "0,1", "--gpu", "1"}),
+      "--gpus or --gpu, not both");
+  expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--gpus", "0,x"}),
+                        "entry 1 ('x') is not a GPU index");
+  Outcome too_many = strata({"run", "pp.splan", "--backend", "cuda", "--gpus", "0,1,2"});
+  expect_one_line_error(too_many, reason.empty() ? "lists 3 GPU(s); the plan has 2" : reason);
   // A pipeline plan runs its devices on one GPU, as the CPU runs them.
   Outcome pp_gpu = strata({"run", "pp.splan", "--backend", "cuda", "--steps", "3"});
   if (reason.empty()) {
@@ -467,6 +479,16 @@ TEST_F(CliTest, CompileAndTrainMlpLossFalls) {
   EXPECT_NE(run.out.find("step 20/20  loss "), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("steps/s)"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("done       20 steps"), std::string::npos) << run.out;
+  // The plan's FLOPs per step, as compile counted them, and the rate reached.
+  auto flops_line = [](const std::string &out, const std::string &label) {
+    const size_t at = out.find(label);
+    return at == std::string::npos
+               ? std::string()
+               : out.substr(at + label.size(), out.find(" per step", at) - at - label.size());
+  };
+  EXPECT_FALSE(flops_line(run.out, "compute    ").empty()) << run.out;
+  EXPECT_EQ(flops_line(run.out, "compute    "), flops_line(compile.out, "FLOPs        "));
+  EXPECT_NE(run.out.find("FLOP/s\n"), std::string::npos) << run.out;
 
   // --log-every prints fewer lines; the last step is always printed.
   Outcome sparse = strata({"run", "t.splan", "--steps", "7", "--log-every", "3"});
