@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -80,6 +81,7 @@ Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
 
+std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const { return {}; }
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
@@ -386,6 +388,7 @@ struct CudaPipelineRunner::State {
   // the other ranks' failures.
   Status watch() const {
     if (stop != nullptr && stop->load()) return aborted_by_peer();
+    if (options.watch) RETURN_IF_ERROR(options.watch());
     if (world) RETURN_IF_ERROR(nccl_async_error(*world, str_cat("on GPU ", gpu)));
     for (const auto &[group, comm] : group_comms)
       if (comm) RETURN_IF_ERROR(nccl_async_error(*comm, str_cat("group ", group, " on GPU ", gpu)));
@@ -684,7 +687,8 @@ struct CudaPipelineRunner::State {
   // enqueueing it), bounded by the run's timeout.
   Status nccl(NcclComm &comm, ncclResult_t result, std::string_view what) {
     return nccl_settle(comm, result, what, options.timeout, [this]() -> Status {
-      return stop != nullptr && stop->load() ? aborted_by_peer() : Status::ok();
+      if (stop != nullptr && stop->load()) return aborted_by_peer();
+      return options.watch ? options.watch() : Status::ok();
     });
   }
 
@@ -942,14 +946,35 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     return failed_precondition(reason).with_context(context);
   int gpus = 0;
   RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
+  // Across processes every process is one rank on one GPU: ranks are placed
+  // as if each process were a GPU of its own.
+  ProcessGroup *processes =
+      options.processes != nullptr && options.processes->size() > 1 ? options.processes : nullptr;
   std::vector<int> gpu_list = options.gpus;
-  if (gpu_list.empty()) {
-    if (options.gpu < 0 || options.gpu >= gpus)
-      return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
+  if (processes != nullptr) {
+    const int k = options.devices_per_process;
+    if (!gpu_list.empty())
+      return invalid_argument("--gpus places the devices of one process; across MPI processes "
+                              "each takes the GPU of its local rank")
           .with_context(context);
-    gpu_list.assign(num_devices, options.gpu);
+    if (k < 1 || static_cast<int64_t>(num_devices) != int64_t{k} * processes->size())
+      return invalid_argument("the plan has ", num_devices, " devices; ", processes->size(),
+                              " processes of ", k, " device(s) each run ",
+                              int64_t{k} * processes->size())
+          .with_context(context);
+    for (size_t d = 0; d < num_devices; ++d)
+      gpu_list.push_back(static_cast<int>(d) / k);
   }
-  auto placed = place_on_gpus(static_cast<int>(num_devices), groups, gpus, gpu_list);
+  if (gpu_list.empty() || processes != nullptr) {
+    if (options.gpu < 0 || options.gpu >= gpus)
+      return invalid_argument(
+                 "GPU ", options.gpu, " does not exist: this machine has ", gpus,
+                 processes != nullptr ? " (start at most one process per GPU on each node)" : "")
+          .with_context(context);
+    if (gpu_list.empty()) gpu_list.assign(num_devices, options.gpu);
+  }
+  auto placed = place_on_gpus(static_cast<int>(num_devices), groups,
+                              processes != nullptr ? processes->size() : gpus, gpu_list);
   if (!placed.is_ok()) return placed.status().with_context(context);
   const GpuPlacement placement = std::move(placed).value();
   const GpuRanks ranks = gpu_ranks(placement);
@@ -958,6 +983,11 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     return unimplemented("the plan's devices are on ", num_ranks,
                          " GPUs, which talk over NCCL; this strata was built without NCCL")
         .with_context(context);
+  // The ranks this process runs: all of them, or across processes its own.
+  std::vector<int> mine;
+  for (size_t r = 0; r < num_ranks; ++r)
+    if (processes == nullptr || static_cast<int>(r) == processes->rank())
+      mine.push_back(static_cast<int>(r));
   for (size_t k = 0; k < groups.size(); ++k)
     if (placement.group_transport[k] == GpuTransport::kDeviceCopy &&
         groups[k].size() > static_cast<size_t>(cuda::kMaxMembers))
@@ -968,8 +998,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // Per rank: its devices, its step per launch, its memory.
   std::vector<std::vector<bool>> local(num_ranks);
   std::vector<std::vector<GpuRankStep>> steps(num_ranks);
-  std::vector<CudaPipelineLayout> layouts;
-  for (size_t r = 0; r < num_ranks; ++r) {
+  std::vector<CudaPipelineLayout> layouts(num_ranks);
+  for (int rank : mine) {
+    const auto r = static_cast<size_t>(rank);
     if (num_ranks > 1) {
       for (size_t d = 0; d < num_devices; ++d)
         local[r].push_back(ranks.rank_of_device[d] == static_cast<int>(r));
@@ -981,7 +1012,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     }
     auto layout = cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16, local[r]);
     if (!layout.is_ok()) return layout.status().with_context(context);
-    layouts.push_back(std::move(layout).value());
+    layouts[r] = std::move(layout).value();
   }
 
   std::unique_ptr<CudaPipelineRunner> runner(new CudaPipelineRunner());
@@ -989,6 +1020,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   runner->microbatches_ = plan.pipeline->microbatches;
   runner->data_parallel_ = plan.pipeline->data_parallel;
   runner->tensor_parallel_ = tensor_parallel;
+  runner->processes_ = processes;
   for (const serialization::PlanShard &shard : plan.pipeline->shards) {
     auto id = plan.graph.find_tensor(shard.tensor);
     if (!id) return invalid_argument("pipeline plan: shard of unknown tensor '", shard.tensor, "'");
@@ -1050,7 +1082,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   }
   std::map<NodeId, HostTensor> constants;
   for (NodeId n = 0; n < g.num_nodes(); ++n) {
-    if (layouts[0].constant[n] < 0) continue; // the same nodes on every GPU
+    if (layouts[static_cast<size_t>(mine[0])].constant[n] < 0) continue; // the same on every GPU
     const Node &node = g.node(n);
     const ops::OpDef *def = registry.find(node.op);
     HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
@@ -1390,24 +1422,58 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // The ranks: one on one GPU; over several, each GPU's on its own thread,
   // which first joins the NCCL communicators (every rank must, before any
   // can fail on its own), then builds.
-  runner->ranks_.resize(num_ranks);
-  for (size_t r = 0; r < num_ranks; ++r) {
+  for (int r : mine) {
     auto state = std::make_unique<State>();
     state->options = options;
-    state->gpu = ranks.gpu[r];
-    state->rank = static_cast<int>(r);
-    state->local = local[r];
-    state->steps = std::move(steps[r]);
-    state->layout = std::move(layouts[r]);
+    state->gpu = processes != nullptr ? options.gpu : ranks.gpu[static_cast<size_t>(r)];
+    state->rank = r;
+    state->local = local[static_cast<size_t>(r)];
+    state->steps = std::move(steps[static_cast<size_t>(r)]);
+    state->layout = std::move(layouts[static_cast<size_t>(r)]);
     state->programs = plan.programs;
     state->groups = groups;
     state->order = *order;
     state->devices = shard_info;
     state->outputs.assign(g.outputs().size(), {-1, nullptr});
-    runner->ranks_[r] = std::move(state);
+    runner->ranks_.push_back(std::move(state));
   }
+  // A rank over NCCL: it joins the world and the communicators of its groups
+  // (every rank must, before any can fail on its own), then builds.
+  auto start = [&](State &s, const std::string &id, const NcclCheck &check) -> Status {
+    RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
+    ASSIGN_OR_RETURN(
+        s.world, nccl_init_rank(id, static_cast<int>(num_ranks), s.rank, options.timeout, check));
+    // A communicator per group spread over GPUs, in group order on every
+    // rank (a split is collective over all ranks).
+    for (size_t k = 0; k < groups.size(); ++k) {
+      if (placement.group_transport[k] != GpuTransport::kNccl || groups[k].size() < 2) continue;
+      int color = -1, key = 0;
+      for (size_t m = 0; m < groups[k].size(); ++m)
+        if (s.is_local(static_cast<size_t>(groups[k][m])))
+          color = static_cast<int>(k), key = static_cast<int>(m);
+      ASSIGN_OR_RETURN(auto comm, nccl_split(*s.world, color, key, options.timeout, check));
+      if (comm) s.group_comms.emplace(static_cast<int>(k), std::move(comm));
+    }
+    return build(s);
+  };
+  auto fail_all = [&](const Status &status) {
+    for (auto &state : runner->ranks_)
+      state->failed = true; // their communicators are aborted, not waited for
+    return status.with_context(context);
+  };
   if (num_ranks == 1) {
     RETURN_IF_ERROR(build(*runner->ranks_[0]).with_context(context));
+  } else if (processes != nullptr) {
+    // Rank 0 makes the id and shares it; every process starts its rank, then
+    // all learn whether every one did (so none trains beside a dead peer).
+    State &s = *runner->ranks_[0];
+    auto id = share_unique_id(*processes, [] { return nccl_unique_id(); });
+    if (!id.is_ok()) return fail_all(id.status());
+    Status started =
+        start(s, *id, options.watch)
+            .with_context(str_cat("process ", processes->rank(), " (GPU ", s.gpu, ")"));
+    Status agreed = agree_across(*processes, started, "CUDA start-up");
+    if (!agreed.is_ok()) return fail_all(agreed);
   } else {
     auto id = nccl_unique_id();
     if (!id.is_ok()) return id.status().with_context(context);
@@ -1422,25 +1488,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     for (size_t r = 0; r < num_ranks; ++r)
       threads.emplace_back([&, r] {
         State &s = *runner->ranks_[r];
-        built[r] = [&]() -> Status {
-          RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
-          ASSIGN_OR_RETURN(s.world, nccl_init_rank(*id, static_cast<int>(num_ranks),
-                                                   static_cast<int>(r), options.timeout, check));
-          // A communicator per group spread over GPUs, in group order on
-          // every rank (a split is collective over all ranks).
-          for (size_t k = 0; k < groups.size(); ++k) {
-            if (placement.group_transport[k] != GpuTransport::kNccl || groups[k].size() < 2)
-              continue;
-            int color = -1, key = 0;
-            for (size_t m = 0; m < groups[k].size(); ++m)
-              if (s.is_local(static_cast<size_t>(groups[k][m])))
-                color = static_cast<int>(k), key = static_cast<int>(m);
-            ASSIGN_OR_RETURN(auto comm, nccl_split(*s.world, color, key, options.timeout, check));
-            if (comm) s.group_comms.emplace(static_cast<int>(k), std::move(comm));
-          }
-          return build(s);
-        }()
-                                .with_context(str_cat("GPU ", s.gpu, " (rank ", r, ")"));
+        built[r] = start(s, *id, check).with_context(str_cat("GPU ", s.gpu, " (rank ", r, ")"));
         if (!built[r].is_ok()) build_failed = true;
       });
     for (std::thread &thread : threads)
@@ -1452,17 +1500,14 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
           (first.is_ok() ||
            first.message().find("another GPU of the run failed") != std::string::npos))
         first = built[r];
-    if (!first.is_ok()) {
-      for (auto &state : runner->ranks_)
-        state->failed = true; // their communicators are aborted, not waited for
-      return first.with_context(context);
-    }
+    if (!first.is_ok()) return fail_all(first);
   }
-  // Each output from the first rank that keeps it.
-  for (size_t k = 0; k < g.outputs().size(); ++k) {
+  // Each output from the first rank that keeps it (across processes, one
+  // process keeps it and shares it after every step).
+  for (size_t k = 0; k < g.outputs().size() && processes == nullptr; ++k) {
     bool kept = false;
-    for (size_t r = 0; r < num_ranks && !kept; ++r)
-      kept = runner->ranks_[r]->outputs[k].device >= 0;
+    for (const auto &rank : runner->ranks_)
+      kept = kept || rank->outputs[k].device >= 0;
     if (!kept)
       return invalid_argument("no device of the plan keeps graph output '",
                               g.tensor(g.outputs()[k]).name, "'")
@@ -1532,6 +1577,49 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
         status = statuses[r];
     }
   }
+  // This process's outputs and device checks.
+  std::vector<std::optional<HostTensor>> kept(graph_.outputs().size());
+  for (size_t k = 0; k < kept.size() && status.is_ok(); ++k)
+    for (const auto &rank : ranks_) {
+      if (rank->outputs[k].device < 0) continue;
+      HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
+      if (out.size_bytes() > 0)
+        status = cuda_check(
+            cudaMemcpy(out.data(), rank->outputs[k].data, out.size_bytes(), cudaMemcpyDefault),
+            "copying an output");
+      kept[k] = std::move(out);
+      break;
+    }
+  for (const auto &rank : ranks_) {
+    State &s = *rank;
+    for (size_t d = 0; d < s.devices.size() && status.is_ok(); ++d) {
+      if (!s.is_local(d) || s.devices[d].ops.empty()) continue;
+      std::vector<int> flags(s.devices[d].ops.size());
+      status = cuda_check(cudaMemcpy(flags.data(), s.devices[d].flags, flags.size() * sizeof(int),
+                                     cudaMemcpyDefault),
+                          "reading the error flags");
+      for (size_t i = 0; i < flags.size() && status.is_ok(); ++i)
+        if (flags[i] != 0) {
+          const State::Op &op = s.devices[d].ops[i];
+          status = out_of_range(op.op == nullptr || op.op->flag_meaning.empty()
+                                    ? std::string_view("device check failed")
+                                    : op.op->flag_meaning)
+                       .with_context(op.what);
+        }
+    }
+  }
+  // Across processes every process learns every output and whether any
+  // process failed (a failed one first ends its communicators, so that the
+  // others' NCCL calls fail instead of waiting for it).
+  if (processes_ != nullptr) {
+    if (!status.is_ok())
+      for (const auto &rank : ranks_)
+        rank->abort_comms();
+    std::vector<TensorType> types;
+    for (TensorId id : graph_.outputs())
+      types.push_back(graph_.tensor(id).type);
+    status = share_step_results(*processes_, status, types, &kept);
+  }
   if (!status.is_ok()) {
     for (const auto &rank : ranks_) {
       rank->failed = true;
@@ -1540,38 +1628,8 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
     return status;
   }
   outputs->clear();
-  for (size_t k = 0; k < graph_.outputs().size(); ++k) {
-    HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);
-    for (const auto &rank : ranks_) {
-      if (rank->outputs[k].device < 0) continue;
-      if (out.size_bytes() > 0)
-        RETURN_IF_ERROR(cuda_check(
-            cudaMemcpy(out.data(), rank->outputs[k].data, out.size_bytes(), cudaMemcpyDefault),
-            "copying an output"));
-      break;
-    }
-    outputs->push_back(std::move(out));
-  }
-  for (const auto &rank : ranks_) {
-    State &s = *rank;
-    for (size_t d = 0; d < s.devices.size(); ++d) {
-      if (!s.is_local(d) || s.devices[d].ops.empty()) continue;
-      std::vector<int> flags(s.devices[d].ops.size());
-      RETURN_IF_ERROR(cuda_check(cudaMemcpy(flags.data(), s.devices[d].flags,
-                                            flags.size() * sizeof(int), cudaMemcpyDefault),
-                                 "reading the error flags"));
-      for (size_t i = 0; i < flags.size(); ++i)
-        if (flags[i] != 0) {
-          for (const auto &other : ranks_)
-            other->failed = true;
-          const State::Op &op = s.devices[d].ops[i];
-          return out_of_range(op.op == nullptr || op.op->flag_meaning.empty()
-                                  ? std::string_view("device check failed")
-                                  : op.op->flag_meaning)
-              .with_context(op.what);
-        }
-    }
-  }
+  for (auto &output : kept)
+    outputs->push_back(std::move(output).value());
   return Status::ok();
 }
 
@@ -1678,11 +1736,70 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
           cuda_check(cudaMemcpyAsync(address, from, bytes, cudaMemcpyHostToDevice, state->origin),
                      str_cat("assigning '", graph_.tensor(id).name, "'")));
   }
-  if (!held) return invalid_argument("no device of the plan holds '", graph_.tensor(id).name, "'");
+  // Across processes, a tensor only other processes hold is theirs to set.
+  if (!held && processes_ == nullptr)
+    return invalid_argument("no device of the plan holds '", graph_.tensor(id).name, "'");
   for (const auto &rank : ranks_)
     RETURN_IF_ERROR(rank->wait("an assignment"));
   ranks_[0]->host.erase(id);
   return Status::ok();
+}
+
+std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const {
+  std::map<std::string, HostTensor> pieces;
+  for (const auto &rank : ranks_)
+    if (!rank->wait("a checkpoint").is_ok()) return pieces;
+  const std::vector<serialization::PlanProgram> &programs = ranks_[0]->programs;
+  // What device `d` of this process keeps of `id`: its piece, or its ZeRO-1
+  // shard (flat), as the CPU pipeline runner writes them.
+  auto read = [&](size_t d, TensorId id) -> std::optional<HostTensor> {
+    auto [state, address] = held_at(ranks_, d, id);
+    if (state == nullptr) return std::nullopt;
+    const State::Device &device = state->devices[d];
+    TensorType type = graph_.tensor(id).type;
+    if (device.sharded.contains(id))
+      type = TensorType{type.dtype, {type.num_elements() / device.shard_count}};
+    HostTensor value = HostTensor::zeros(type);
+    if (value.size_bytes() > 0)
+      cudaMemcpy(value.data(), address, value.size_bytes(), cudaMemcpyDefault);
+    return value;
+  };
+  auto holds = [&](size_t d, TensorId id, bool sharded) {
+    const auto &list = sharded ? programs[d].sharded_holds : programs[d].holds;
+    return std::find(list.begin(), list.end(), id) != list.end();
+  };
+  for (TensorId id = 0; id < graph_.num_tensors(); ++id) {
+    const Tensor &tensor = graph_.tensor(id);
+    if (tensor.kind != TensorKind::kParameter && tensor.kind != TensorKind::kState) continue;
+    size_t first = programs.size();
+    for (size_t d = 0; d < programs.size() && first == programs.size(); ++d)
+      if (holds(d, id, false)) first = d;
+    if (first == programs.size()) continue;
+    // Tensor parallelism: every member of the first holder's group writes
+    // its piece, "<name>@tp<m>of<T>".
+    const bool in_pieces = tp_shards_.contains(id);
+    const size_t base = in_pieces ? first - first % static_cast<size_t>(tensor_parallel_) : first;
+    for (int m = 0; m < (in_pieces ? tensor_parallel_ : 1); ++m) {
+      const size_t holder = base + static_cast<size_t>(m);
+      const std::string name =
+          in_pieces ? str_cat(tensor.name, "@tp", m, "of", tensor_parallel_) : tensor.name;
+      if (!holds(holder, id, true)) {
+        if (auto value = read(holder, id)) pieces.emplace(name, std::move(*value));
+        continue;
+      }
+      for (size_t e = 0; e < programs.size(); ++e) {
+        if (programs[e].shard_group != programs[holder].shard_group || !holds(e, id, true))
+          continue;
+        auto [state, address] = held_at(ranks_, e, id);
+        if (state == nullptr) continue;
+        const State::Device &device = state->devices[e];
+        if (auto value = read(e, id))
+          pieces.emplace(str_cat(name, "@shard", device.shard_rank, "of", device.shard_count),
+                         std::move(*value));
+      }
+    }
+  }
+  return pieces;
 }
 
 int CudaPipelineRunner::num_devices() const { return static_cast<int>(ranks_[0]->programs.size()); }

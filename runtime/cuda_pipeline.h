@@ -59,6 +59,15 @@
 // communicators' errors and the other ranks: a failure aborts every
 // communicator and ends the step with the failing GPU's error.
 //
+// Across the processes of an MPI job (CudaPipelineOptions::processes) each
+// process is one such rank on the GPU of its local rank, running its
+// devices; rank 0 shares the NCCL unique id through the process group, all
+// agree that every rank started, and after each step the processes share
+// the outputs (from the process keeping each) and the step's verdict, so
+// every process sees the same losses and the same first failure. value()
+// reads only this process's tensors; checkpoints go through
+// checkpoint_pieces(), as with the CPU runner over MPI.
+//
 // A device check that fails (a label out of range) ends the step with an
 // error naming the device and instruction, and, as with the CPU pipeline
 // runner, leaves the runner unusable. A device's state updates are skipped
@@ -67,6 +76,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -89,6 +99,14 @@ struct CudaPipelineOptions {
   // How long a GPU may take for a step, and NCCL for its start-up, before the
   // run ends with an error naming what did not finish (communicators aborted).
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Across the processes of an MPI job: process r runs plan devices
+  // [r k, (r + 1) k) (k = devices_per_process) on its GPU `gpu`, a rank of
+  // the NCCL world, whose unique id rank 0 shares through `processes`.
+  // `watch` is asked during every wait: an error (another process failed)
+  // ends it. Null: this process runs every device.
+  ProcessGroup *processes = nullptr;
+  int devices_per_process = 1;
+  std::function<Status()> watch;
   bool cuda_graph = true;             // false: launch every instruction eagerly each step
   bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
   bool bf16 = false;                  // GEMM operands in bf16 (CudaExecutorOptions::bf16)
@@ -147,6 +165,10 @@ public:
   // To every plan device holding the tensor (each member its piece).
   Status assign(TensorId id, const HostTensor &value) override;
   Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
+  // Across processes: the process group, and what this process's devices
+  // write to a checkpoint (StepRunner::checkpoint_pieces).
+  ProcessGroup *processes() const override { return processes_; }
+  std::map<std::string, HostTensor> checkpoint_pieces() const override;
 
   int num_devices() const;      // plan devices
   int num_gpus() const;         // GPUs they run on (a host thread and NCCL rank each)
@@ -162,7 +184,10 @@ private:
   int microbatches_ = 1, data_parallel_ = 1, tensor_parallel_ = 1;
   // Tensor parallelism: tensors every member holds a piece of, by id.
   std::map<TensorId, serialization::PlanShard> tp_shards_;
-  std::vector<std::unique_ptr<State>> ranks_; // one per GPU the plan runs on
+  // One per GPU the plan runs on in this process (across processes, this
+  // process's one).
+  std::vector<std::unique_ptr<State>> ranks_;
+  ProcessGroup *processes_ = nullptr;
 };
 
 } // namespace strata::runtime

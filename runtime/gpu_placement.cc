@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <set>
@@ -397,6 +398,138 @@ gpu_rank_steps(const Graph &graph, const std::vector<serialization::PlanProgram>
     steps.push_back(step);
   }
   return steps;
+}
+
+namespace {
+
+constexpr std::string_view kPeerFailed = "another process of the run failed";
+
+void put_u64(std::string *out, uint64_t value) {
+  for (int i = 0; i < 8; ++i)
+    out->push_back(static_cast<char>(value >> (8 * i) & 0xff));
+}
+
+bool get_u64(std::string_view *in, uint64_t *value) {
+  if (in->size() < 8) return false;
+  *value = 0;
+  for (int i = 0; i < 8; ++i)
+    *value |= uint64_t{static_cast<uint8_t>((*in)[static_cast<size_t>(i)])} << (8 * i);
+  in->remove_prefix(8);
+  return true;
+}
+
+// A process's report: its error message (empty: OK), then the outputs it
+// keeps as (index, bytes, data).
+std::string encode_report(const std::string &error,
+                          const std::vector<std::optional<HostTensor>> &outputs) {
+  std::string out;
+  put_u64(&out, error.size());
+  out += error;
+  uint64_t kept = 0;
+  for (const auto &output : outputs)
+    kept += output.has_value() ? 1 : 0;
+  put_u64(&out, kept);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (!outputs[k]) continue;
+    put_u64(&out, k);
+    put_u64(&out, outputs[k]->size_bytes());
+    if (outputs[k]->size_bytes() > 0)
+      out.append(reinterpret_cast<const char *>(outputs[k]->data()), outputs[k]->size_bytes());
+  }
+  return out;
+}
+
+// Decodes a report into `error` and the outputs it carries (each must have
+// the size `types` gives, and fill a slot not yet filled).
+Status decode_report(std::string_view in, const std::vector<TensorType> &types, std::string *error,
+                     std::vector<std::optional<HostTensor>> *outputs, std::string_view who) {
+  auto bad = [&](std::string_view why) {
+    return data_loss("the step report of ", who, " is malformed: ", why);
+  };
+  uint64_t length = 0, kept = 0;
+  if (!get_u64(&in, &length) || in.size() < length) return bad("truncated status");
+  *error = std::string(in.substr(0, length));
+  in.remove_prefix(length);
+  if (!get_u64(&in, &kept)) return bad("no output count");
+  for (uint64_t i = 0; i < kept; ++i) {
+    uint64_t k = 0, bytes = 0;
+    if (!get_u64(&in, &k) || !get_u64(&in, &bytes) || in.size() < bytes)
+      return bad("truncated output");
+    if (k >= types.size()) return bad(str_cat("output ", k, " of ", types.size()));
+    if (static_cast<int64_t>(bytes) != types[k].size_bytes())
+      return bad(str_cat("output ", k, " has ", bytes, " bytes, not ", types[k].size_bytes()));
+    if (!(*outputs)[k]) {
+      HostTensor value = HostTensor::zeros(types[k]);
+      if (bytes > 0) std::memcpy(value.data(), in.data(), bytes);
+      (*outputs)[k] = std::move(value);
+    }
+    in.remove_prefix(bytes);
+  }
+  if (!in.empty()) return bad("trailing bytes");
+  return Status::ok();
+}
+
+// Whether `error` only says that another process failed.
+bool only_peer_failed(const std::string &error) {
+  return error.find(kPeerFailed) != std::string::npos ||
+         error.find("another GPU of the run failed") != std::string::npos;
+}
+
+// Rank 0: the reports of every process combined into one (the first real
+// failure, every output from its first keeper).
+Result<std::string> combine_reports(const std::vector<std::string> &reports,
+                                    const std::vector<TensorType> &types) {
+  std::string first;
+  std::vector<std::optional<HostTensor>> outputs(types.size());
+  for (size_t r = 0; r < reports.size(); ++r) {
+    std::string error;
+    RETURN_IF_ERROR(decode_report(reports[r], types, &error, &outputs, str_cat("process ", r)));
+    if (!error.empty() && (first.empty() || (only_peer_failed(first) && !only_peer_failed(error))))
+      first = str_cat("process ", r, ": ", error);
+  }
+  for (size_t k = 0; k < outputs.size() && first.empty(); ++k)
+    if (!outputs[k]) first = str_cat("no process keeps output ", k);
+  return encode_report(first, outputs);
+}
+
+// Every process's report to rank 0, combined there, and back to all.
+Status exchange_reports(ProcessGroup &processes, const Status &mine,
+                        std::vector<std::optional<HostTensor>> *outputs,
+                        const std::vector<TensorType> &types, std::string_view what) {
+  std::string report = encode_report(mine.is_ok() ? std::string() : mine.message(), *outputs);
+  std::vector<std::string> all;
+  RETURN_IF_ERROR(processes.gather(report, &all, what));
+  std::string combined;
+  if (processes.rank() == 0) {
+    auto made = combine_reports(all, types);
+    combined = made.is_ok() ? *made : encode_report(made.status().message(), {});
+  }
+  RETURN_IF_ERROR(processes.broadcast(&combined, what));
+  std::string error;
+  std::vector<std::optional<HostTensor>> shared(types.size());
+  RETURN_IF_ERROR(decode_report(combined, types, &error, &shared, "rank 0"));
+  if (!error.empty()) {
+    if (!mine.is_ok() && error.find(mine.message()) != std::string::npos) return mine;
+    return failed_precondition(
+        error.find(kPeerFailed) == std::string::npos ? str_cat(kPeerFailed, ": ", error) : error);
+  }
+  *outputs = std::move(shared);
+  return Status::ok();
+}
+
+} // namespace
+
+Status agree_across(ProcessGroup &processes, const Status &mine, std::string_view what) {
+  std::vector<std::optional<HostTensor>> none;
+  return exchange_reports(processes, mine, &none, {}, what);
+}
+
+Status share_step_results(ProcessGroup &processes, const Status &mine,
+                          const std::vector<TensorType> &types,
+                          std::vector<std::optional<HostTensor>> *outputs) {
+  if (outputs->size() != types.size())
+    return invalid_argument(outputs->size(), " outputs of ", types.size(), " types");
+  return exchange_reports(processes, mine, outputs, types, "the step's outputs");
 }
 
 void CaptureRecord::add(std::string name, const void *address, TensorType type) {

@@ -13,11 +13,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/host_tensor.h"
+#include "runtime/device_world.h"
 #include "serialization/plan_io.h"
 
 namespace strata::runtime {
@@ -159,6 +162,21 @@ gpu_rank_steps(const Graph &graph, const std::vector<serialization::PlanProgram>
                const std::vector<std::vector<int32_t>> &groups, int tensor_parallel,
                int tp_groups_begin, const std::vector<GpuLaunch> &order,
                const GpuPlacement &placement, int rank);
+
+// Across the processes of a run, every process's status to all: OK where
+// every process's is, else the same error on every process, the first
+// failure by rank (one that only says another process failed counts last).
+// `what` names the exchange in the group's errors.
+Status agree_across(ProcessGroup &processes, const Status &mine, std::string_view what);
+
+// After a step across processes: each process's outputs (those it keeps, of
+// `types`; `outputs[k]` empty where it keeps none) and status go to every
+// process, which gets every output from the first process keeping it and
+// the step's status as agree_across decides it. An output no process keeps
+// is an error.
+Status share_step_results(ProcessGroup &processes, const Status &mine,
+                          const std::vector<TensorType> &types,
+                          std::vector<std::optional<HostTensor>> *outputs);
 
 // The buffers a captured step reads and writes.
 class CaptureRecord {

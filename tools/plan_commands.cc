@@ -765,10 +765,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
-  if (args.backend == "cuda" && plan.pipeline && world)
-    return unimplemented("--backend cuda runs a pipeline plan's devices on the GPUs of one "
-                         "process (--gpus, NCCL between them); across MPI ranks is not built "
-                         "yet (run it with --backend cpu, or in one process)");
+  if (args.backend == "cuda" && world && (!args.gpus.empty() || args.gpu != 0))
+    return invalid_argument("under an MPI launcher each process runs its devices on the GPU of "
+                            "its local rank on its node; drop --gpu/--gpus");
   if (!args.gpus.empty() && (args.backend != "cuda" || !plan.pipeline))
     return invalid_argument("--gpus places a pipeline plan's devices on GPUs (--backend cuda); ",
                             plan.pipeline ? "add --backend cuda" : "this plan has one device",
@@ -818,17 +817,28 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (!args.gpus.empty()) {
       ASSIGN_OR_RETURN(pipeline_options.gpus, runtime::parse_gpu_list(args.gpus));
     }
+    if (world) {
+      // One GPU per process: the launcher's local rank picks it; NCCL joins
+      // the processes, whose failures end every wait.
+      const auto launch = runtime::detect_mpi_launch();
+      pipeline_options.gpu = launch ? launch->local_rank : 0;
+      pipeline_options.processes = world.get();
+      pipeline_options.devices_per_process = args.devices_per_rank;
+      pipeline_options.watch = [world] { return world->failure(); };
+    }
     auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
-    gpu_line =
-        str_cat((*created)->device_name(),
-                (*created)->num_gpus() > 1
-                    ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
-                    : str_cat(" runs all ", (*created)->num_devices()),
-                " plan devices (two streams each), ",
-                human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
-                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-                gpu.bf16 ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
+    gpu_line = str_cat(
+        (*created)->device_name(),
+        world ? str_cat(" (rank 0 of ", world->size(), " processes, NCCL between their GPUs) runs ",
+                        args.devices_per_rank, " of the ", (*created)->num_devices())
+        : (*created)->num_gpus() > 1
+            ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
+            : str_cat(" runs all ", (*created)->num_devices()),
+        " plan devices (two streams each), ",
+        human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
+        args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
+        gpu.bf16 ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
     runner = std::move(created).value();
   } else if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;

@@ -387,7 +387,9 @@ void add_run(CLI::App &app, Action &action) {
                   "several with --gpus)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  sub->add_option("--gpu", args.gpu, "--backend cuda: the GPU to run on (CUDA device ordinal)")
+  sub->add_option("--gpu", args.gpu,
+                  "--backend cuda: the GPU to run on (CUDA device ordinal; under mpirun each "
+                  "rank takes the GPU of its local rank instead)")
       ->check(at_least(0))
       ->capture_default_str();
   sub->add_option("--gpus", args.gpus,
@@ -416,8 +418,8 @@ void add_run(CLI::App &app, Action &action) {
                   "(--backend cuda: a GPU's whole step, and NCCL's start-up)")
       ->capture_default_str();
   sub->add_option("--devices-per-rank", args.devices_per_rank,
-                  "pipeline plan under mpirun: plan devices each rank runs as threads "
-                  "(ranks x this = the plan's devices)")
+                  "pipeline plan under mpirun: plan devices each rank runs as threads, or "
+                  "with --backend cuda as streams of its GPU (ranks x this = the plan's devices)")
       ->check(at_least(1))
       ->capture_default_str();
   sub->footer("Without --input, floating inputs are drawn from normal(0, 1) and index inputs\n"

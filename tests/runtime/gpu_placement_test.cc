@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "partitioner/compile_pipeline.h"
@@ -514,6 +518,141 @@ TEST(GpuRankSteps, EveryRankMeetsItsPeersAtTheSameLaunch) {
       EXPECT_GT(collectives, 0u);
     }
   }
+}
+
+// Processes as threads: gather to rank 0 and broadcast from it, each call
+// collective (every rank makes it, in the same order).
+class ThreadProcesses {
+public:
+  explicit ThreadProcesses(int size) : size_(size) {}
+  class Member : public ProcessGroup {
+  public:
+    Member(ThreadProcesses *all, int rank) : all_(all), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return all_->size_; }
+    Status gather(const std::string &mine, std::vector<std::string> *all,
+                  std::string_view) override {
+      std::unique_lock lock(all_->mutex_);
+      const int64_t round = all_->round_;
+      if (all_->slots_.empty()) all_->slots_.assign(static_cast<size_t>(all_->size_), "");
+      all_->slots_[static_cast<size_t>(rank_)] = mine;
+      if (++all_->arrived_ == all_->size_) {
+        all_->gathered_ = std::move(all_->slots_);
+        all_->slots_.clear();
+        all_->arrived_ = 0;
+        ++all_->round_;
+        all_->changed_.notify_all();
+      }
+      all_->changed_.wait(lock, [&] { return all_->round_ != round; });
+      if (rank_ == 0) *all = all_->gathered_;
+      return Status::ok();
+    }
+    Status broadcast(std::string *data, std::string_view) override {
+      std::unique_lock lock(all_->mutex_);
+      const int64_t round = all_->round_;
+      if (rank_ == 0) all_->sent_ = *data;
+      if (++all_->arrived_ == all_->size_) {
+        all_->arrived_ = 0;
+        ++all_->round_;
+        all_->changed_.notify_all();
+      }
+      all_->changed_.wait(lock, [&] { return all_->round_ != round; });
+      *data = all_->sent_;
+      return Status::ok();
+    }
+
+  private:
+    ThreadProcesses *all_;
+    int rank_;
+  };
+  // Runs body(rank's group) on a thread per rank.
+  template <typename Body> void run(Body body) {
+    std::vector<Member> members;
+    for (int r = 0; r < size_; ++r)
+      members.emplace_back(this, r);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size_; ++r)
+      threads.emplace_back([&, r] { body(members[static_cast<size_t>(r)]); });
+    for (std::thread &thread : threads)
+      thread.join();
+  }
+
+private:
+  int size_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+  std::vector<std::string> slots_, gathered_;
+  std::string sent_;
+};
+
+// After a step across processes every process has every output, from the
+// process keeping it, and the same verdict: the first real failure by rank
+// (not a process that stopped because another failed).
+TEST(StepResults, EveryProcessGetsEveryOutputAndTheFirstFailure) {
+  const std::vector<TensorType> types = {{DType::kF32, {2}}, {DType::kI64, {}}};
+  auto kept_by = [&](int rank) {
+    std::vector<std::optional<HostTensor>> kept(2);
+    if (rank == 1) {
+      HostTensor loss = HostTensor::zeros(types[0]);
+      reinterpret_cast<float *>(loss.data())[0] = 1.5f;
+      reinterpret_cast<float *>(loss.data())[1] = -2.0f;
+      kept[0] = std::move(loss);
+    }
+    if (rank == 2 || rank == 1) {
+      HostTensor count = HostTensor::zeros(types[1]);
+      *reinterpret_cast<int64_t *>(count.data()) = 40 + rank; // the first keeper's wins
+      kept[1] = std::move(count);
+    }
+    return kept;
+  };
+  ThreadProcesses three(3);
+  std::vector<Status> statuses(3, Status::ok());
+  std::vector<std::vector<std::optional<HostTensor>>> results(3);
+  three.run([&](ProcessGroup &group) {
+    auto kept = kept_by(group.rank());
+    statuses[static_cast<size_t>(group.rank())] =
+        share_step_results(group, Status::ok(), types, &kept);
+    results[static_cast<size_t>(group.rank())] = std::move(kept);
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(statuses[static_cast<size_t>(r)].is_ok())
+        << statuses[static_cast<size_t>(r)].message();
+    const auto &kept = results[static_cast<size_t>(r)];
+    ASSERT_TRUE(kept[0] && kept[1]) << "rank " << r;
+    EXPECT_EQ(reinterpret_cast<const float *>(kept[0]->data())[1], -2.0f);
+    EXPECT_EQ(*reinterpret_cast<const int64_t *>(kept[1]->data()), 41) << "rank " << r;
+  }
+
+  // Rank 0 stopped because another failed; rank 2 failed for real.
+  three.run([&](ProcessGroup &group) {
+    auto kept = kept_by(group.rank());
+    const Status mine = group.rank() == 2   ? out_of_range("label 11 of 10 classes")
+                        : group.rank() == 0 ? failed_precondition("another GPU of the run failed")
+                                            : Status::ok();
+    statuses[static_cast<size_t>(group.rank())] = share_step_results(group, mine, types, &kept);
+  });
+  for (int r = 0; r < 3; ++r) {
+    const Status &status = statuses[static_cast<size_t>(r)];
+    ASSERT_FALSE(status.is_ok()) << "rank " << r;
+    EXPECT_NE(status.message().find("label 11 of 10 classes"), std::string::npos)
+        << "rank " << r << ": " << status.message();
+  }
+  EXPECT_EQ(statuses[2].code(), StatusCode::kOutOfRange); // its own error, as it was
+  EXPECT_NE(statuses[1].message().find("process 2"), std::string::npos) << statuses[1].message();
+
+  // Nobody keeps output 1.
+  three.run([&](ProcessGroup &group) {
+    std::vector<std::optional<HostTensor>> kept(2);
+    statuses[static_cast<size_t>(group.rank())] =
+        agree_across(group, Status::ok(), "start-up").is_ok()
+            ? share_step_results(group, Status::ok(), types, &kept)
+            : internal_error("agree failed");
+  });
+  for (const Status &status : statuses)
+    EXPECT_NE(status.message().find("no process keeps output 0"), std::string::npos)
+        << status.message();
 }
 
 TEST(GpuRankSteps, AGroupPartlySharingAGpuIsRefused) {

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/cuda_executor.h"
 #include "runtime/mpi_world.h"
 #include "runtime/nccl_bootstrap.h"
 #include "serialization/checkpoint.h"
@@ -339,6 +340,38 @@ TEST_F(MpiTest, UniqueIdReachesEveryRank) {
     ++inits;
   EXPECT_EQ(inits, 3) << o.out;
   EXPECT_LT(o.seconds, 20.0);
+}
+
+// A pipeline on GPUs across ranks: each rank takes the GPU of its local rank
+// and the ranks talk over NCCL. It trains as the CPU run does on a machine
+// with a GPU per rank; elsewhere every rank ends with the reason at once.
+TEST_F(MpiTest, CudaPipelineAcrossRanksTrainsOrSaysWhyNot) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "pp2.splan", {"--mesh", "1x1x2", "--microbatches", "4"});
+  Outcome pinned = mpirun(2, {"run", "pp2.splan", "--backend", "cuda", "--gpu", "1"}, 60);
+  EXPECT_NE(pinned.code, 0);
+  EXPECT_NE(pinned.err.find("drop --gpu/--gpus"), std::string::npos) << pinned.err;
+  Outcome gpu =
+      mpirun(2, {"run", "pp2.splan", "--backend", "cuda", "--steps", "3", "--timeout", "30"}, 120);
+  const std::string reason = runtime::cuda_unavailable_reason();
+  if (!reason.empty()) {
+    EXPECT_NE(gpu.code, 0);
+    EXPECT_EQ(count_of(gpu.err, reason), 2) << gpu.err;
+    return;
+  }
+  if (runtime::cuda_device_count() < 2) {
+    EXPECT_NE(gpu.code, 0);
+    EXPECT_NE(gpu.err.find("start at most one process per GPU"), std::string::npos) << gpu.err;
+    return;
+  }
+  ASSERT_EQ(gpu.code, 0) << gpu.err;
+  EXPECT_NE(gpu.out.find("processes, NCCL between their GPUs"), std::string::npos) << gpu.out;
+  Outcome cpu = strata({"run", "pp2.splan", "--steps", "3"});
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  const std::vector<std::string> on_gpu = losses(gpu.out), on_cpu = losses(cpu.out);
+  ASSERT_EQ(on_gpu.size(), on_cpu.size()) << gpu.out << cpu.out;
+  for (size_t i = 0; i < on_gpu.size(); ++i)
+    EXPECT_NEAR(std::stod(on_gpu[i]), std::stod(on_cpu[i]), 2e-4) << "step " << i + 1;
 }
 
 // The injected faults: device 1 (rank 1) at step 2, instruction 3.
