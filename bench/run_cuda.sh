@@ -84,6 +84,10 @@ echo -n "strata gpt bf16 graph "
 strata_steps "$work/gpt.splan" --precision bf16
 echo -n "strata gpt bf16 eager "
 strata_steps "$work/gpt.splan" --precision bf16 --no-cuda-graph
+# f16 operands, each scaled into f16's range on the device (two extra
+# passes over every GEMM operand: its largest magnitude, then the rounding).
+echo -n "strata gpt f16 graph  "
+strata_steps "$work/gpt.splan" --precision f16
 # shellcheck disable=SC2086
 python3 "$root/bench/peers/torch_cuda_step.py" gpt $gpt --steps "$steps" --compile --bf16 |
   grep -v '^device' | with_mfu

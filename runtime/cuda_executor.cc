@@ -218,7 +218,7 @@ struct CudaExecutor::State {
   std::vector<Copy> output_copies, updates;
   int *flags = nullptr;
   void *workspace = nullptr;
-  void *bf16 = nullptr; // --precision bf16: the GEMM operands' staging
+  void *bf16 = nullptr; // --precision bf16 or f16: the GEMM operands' staging
   CapturedStep step;
   std::vector<CudaLayout::Guard> guards;
   mutable std::vector<HostTensor> host; // value()'s copies
@@ -264,7 +264,7 @@ struct CudaExecutor::State {
           *step.node,   *step.def, step.inputs,  step.outputs,
           stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
           step.scratch, step.flag, options.tf32, cudnn,
-          &step.cache,  bf16};
+          &step.cache,  bf16,      options.f16};
       Status status = step.op->kernel(context);
       if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
     }
@@ -376,9 +376,9 @@ Result<CudaLayout> cuda_layout(const Graph &g, int64_t workspace_bytes, int64_t 
       std::vector<TensorType> types;
       for (TensorId t : g.node(id).inputs)
         types.push_back(g.tensor(t).type);
-      l.bf16_bytes = std::max(l.bf16_bytes, cuda::bf16_staging_bytes(g.node(id), types));
+      l.bf16_bytes = std::max(l.bf16_bytes, cuda::half_staging_bytes(g.node(id), types));
     }
-    l.bf16 = place(l.bf16_bytes, [] { return std::string("the bf16 staging"); });
+    l.bf16 = place(l.bf16_bytes, [] { return std::string("the half-precision staging"); });
   }
   l.flags = place(static_cast<int64_t>((steps + 1) * sizeof(int)),
                   [] { return std::string("the error flags"); });
@@ -413,8 +413,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
   else
     state->device_name = str_cat("GPU ", options.gpu);
-  auto layout =
-      cuda_layout(g, options.workspace_bytes, options.guard_bytes, options.bf16, options.fuse);
+  if (options.bf16 && options.f16)
+    return invalid_argument("bf16 or f16 GEMM operands, not both").with_context(context);
+  auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes,
+                            options.bf16 || options.f16, options.fuse);
   if (!layout.is_ok()) return layout.status().with_context(context);
   CudaLayout &l = *layout;
   state->order = l.order;

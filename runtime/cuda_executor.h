@@ -42,6 +42,10 @@ struct CudaExecutorOptions {
   // rounded to bf16 on the tensor cores, accumulating in f32; weights, optimizer
   // state, activations and every other op stay f32 (the master copy).
   bool bf16 = false;
+  // --precision f16: the same with f16 operands, each scaled on the device by
+  // a power of two that fits its largest magnitude into f16's range (no loss
+  // scaling needed; cuda::to_f16_scaled). Not together with bf16.
+  bool f16 = false;
   // Run chains of elementwise nodes as one kernel each (passes/
   // fuse_elementwise.h): the same bits, fewer launches and no intermediates
   // written. false: every node on its own (for comparison).
@@ -88,7 +92,7 @@ struct CudaLayout {
   std::vector<int64_t> scratch_bytes; // per step
   std::vector<int64_t> input, output; // per graph input / output: staging
   int64_t workspace = 0, workspace_bytes = 0;
-  int64_t bf16 = -1, bf16_bytes = 0;       // with bf16: the GEMM operands' staging
+  int64_t bf16 = -1, bf16_bytes = 0;       // with bf16 or f16: the GEMM operands' staging
   std::vector<std::vector<NodeId>> chains; // with fuse: passes/fuse_elementwise.h
   int64_t flags = 0;                       // (steps + 1) ints
   int64_t total = 0;
@@ -102,7 +106,8 @@ struct CudaLayout {
 // Errors: what check_cuda_ops says, a graph that is not a DAG. With
 // guard_bytes > 0 every intermediate gets its own region (no arena) and every
 // region at least that many guard bytes after it.
-// With bf16, a region for the largest GEMM's operands in bf16 (one stream runs
+// With bf16 (true for --precision bf16 or f16), a region for the largest
+// GEMM's operands in half precision and their scales (one stream runs
 // the nodes one after another, so they share it). With fuse, the elementwise
 // chains the executor runs as one kernel each, and a memory plan in which
 // each chain reads and writes at its last node's step.

@@ -197,7 +197,7 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
         for (TensorId t : node.inputs)
           types.push_back(g.tensor(t).type);
         if (bf16)
-          device.bf16_bytes = std::max(device.bf16_bytes, cuda::bf16_staging_bytes(node, types));
+          device.bf16_bytes = std::max(device.bf16_bytes, cuda::half_staging_bytes(node, types));
         if (op->scratch != nullptr)
           device.scratch_bytes =
               std::max(device.scratch_bytes, op->scratch(node, *registry.find(node.op), types));
@@ -533,7 +533,8 @@ struct CudaPipelineRunner::State {
           device.workspace, static_cast<size_t>(options.workspace_bytes),
           device.scratch,   op.flag,
           options.tf32,     device.cudnn,
-          op.cache,         device.bf16};
+          op.cache,         device.bf16,
+          options.f16};
       return op.op->kernel(context);
     }
     case InstrKind::kSend:
@@ -936,6 +937,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context(context));
   RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
                       .with_context(context));
+  if (options.bf16 && options.f16)
+    return invalid_argument("bf16 or f16 GEMM operands, not both").with_context(context);
   const size_t num_devices = plan.programs.size();
   const auto &groups = plan.pipeline->groups;
   const int tensor_parallel = plan.pipeline->tensor_parallel;
@@ -1010,7 +1013,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (!planned.is_ok()) return planned.status().with_context(context);
       steps[r] = std::move(planned).value();
     }
-    auto layout = cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16, local[r]);
+    auto layout =
+        cuda_pipeline_layout(plan, options.workspace_bytes, options.bf16 || options.f16, local[r]);
     if (!layout.is_ok()) return layout.status().with_context(context);
     layouts[r] = std::move(layout).value();
   }

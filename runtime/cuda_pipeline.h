@@ -110,6 +110,7 @@ struct CudaPipelineOptions {
   bool cuda_graph = true;             // false: launch every instruction eagerly each step
   bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
   bool bf16 = false;                  // GEMM operands in bf16 (CudaExecutorOptions::bf16)
+  bool f16 = false;                   // or in scaled f16 (CudaExecutorOptions::f16)
   int64_t workspace_bytes = 32 << 20; // cuBLASLt/cuDNN workspace per plan device
 };
 

@@ -812,6 +812,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     pipeline_options.cuda_graph = gpu.cuda_graph;
     pipeline_options.tf32 = gpu.tf32;
     pipeline_options.bf16 = gpu.bf16;
+    pipeline_options.f16 = gpu.f16;
     pipeline_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
     if (!args.gpus.empty()) {
@@ -838,7 +839,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         " plan devices (two streams each), ",
         human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
         args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-        gpu.bf16 ? ", bf16 GEMMs (f32 weights and optimizer state)" : "");
+        args.precision != "f32"
+            ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
+            : std::string());
     runner = std::move(created).value();
   } else if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;
@@ -859,7 +862,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         str_cat((*created)->device_name(), ", ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
                 args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-                args.precision == "bf16" ? ", bf16 GEMMs (f32 weights and optimizer state)" : "",
+                args.precision != "f32"
+                    ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
+                    : std::string(),
                 (*created)->fused_chains() > 0
                     ? str_cat(", ", (*created)->fused_chains(), " elementwise chains fused")
                     : std::string());

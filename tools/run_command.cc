@@ -134,6 +134,7 @@ runtime::CudaExecutorOptions cuda_options(const RunArgs &args) {
   options.cuda_graph = args.cuda_graph;
   options.tf32 = args.tf32;
   options.bf16 = args.precision == "bf16";
+  options.f16 = args.precision == "f16";
   return options;
 }
 

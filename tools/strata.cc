@@ -405,10 +405,12 @@ void add_run(CLI::App &app, Action &action) {
                 "--backend cuda: f32 matrix products on TF32 tensor cores (faster, ~1e-3 "
                 "relative error)");
   sub->add_option("--precision", args.precision,
-                  "--backend cuda: f32, or bf16 (mixed precision: MatMul and Gemm multiply bf16 "
-                  "operands on the tensor cores with f32 accumulation; weights, optimizer state "
-                  "and every other op stay f32)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+                  "--backend cuda: f32, bf16 or f16 (mixed precision: MatMul and Gemm multiply "
+                  "half-precision operands on the tensor cores with f32 accumulation; weights, "
+                  "optimizer state and every other op stay f32. f16 scales each operand by a "
+                  "power of two that fits it into f16's range, so small gradients survive "
+                  "without loss scaling)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")

@@ -209,7 +209,8 @@ TEST(CudaExecutor, Bf16LayoutStagesTheLargestGemmsOperands) {
     if (node.op != "MatMul" && node.op != "Gemm") continue;
     const int64_t a = graph.tensor(node.inputs[0]).type.num_elements();
     const int64_t b = graph.tensor(node.inputs[1]).type.num_elements();
-    largest = std::max(largest, (a * 2 + 255) / 256 * 256 + b * 2);
+    // Both operands in half precision, then f16's scales.
+    largest = std::max(largest, (a * 2 + 255) / 256 * 256 + (b * 2 + 255) / 256 * 256 + 256);
   }
   EXPECT_GT(largest, 0);
   EXPECT_EQ(bf16->bf16_bytes, largest);
@@ -705,15 +706,92 @@ TEST_F(CudaGpuTest, Bf16GemmsMultiplyTheRoundedOperands) {
   }
 }
 
-// --precision bf16 trains within a stated tolerance of the CPU's f32 (losses
-// and weights within 2e-2 after 4 steps) and replays bitwise.
-TEST_F(CudaGpuTest, Bf16TrainingStaysCloseToF32) {
+// x rounded to f16 after scaling the whole operand by 2^s, s putting its
+// largest magnitude just under 2^14 (as the CUDA backend does), and scaled
+// back: f16's 11-bit rounding at any magnitude, without its range limits.
+std::vector<float> round_to_scaled_f16(const float *x, int64_t n, bool scale) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i)
+    amax = std::max(amax, std::fabs(x[i]));
+  int e = 0;
+  std::frexp(amax, &e);
+  const int s = scale && amax > 0 ? std::clamp(14 - e, -60, 60) : 0;
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[static_cast<size_t>(i)] =
+        std::ldexp(static_cast<float>(static_cast<_Float16>(std::ldexp(x[i], s))), -s);
+  return out;
+}
+
+// Under --precision f16 a GEMM's operands are scaled into f16's range: tiny
+// operands (where plain f16 keeps a few bits, or none) and huge ones (where
+// it overflows) multiply as their 11-bit roundings, and alpha and beta stay
+// as given.
+TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
+  const std::vector<OpCase> cases = {
+      {"MatMul", {}, {{DType::kF32, {2, 3, 40, 24}}, {DType::kF32, {2, 3, 24, 16}}}},
+      {"Gemm",
+       {{"trans_b", int64_t{1}}, {"alpha", 0.25}, {"beta", 0.5}},
+       {{DType::kF32, {40, 24}}, {DType::kF32, {16, 24}}, {DType::kF32, {16}}}}};
+  for (const OpCase &c : cases)
+    for (float magnitude : {1e-6f, 1.0f, 1e6f}) {
+      SCOPED_TRACE(describe(c) + " at " + std::to_string(magnitude));
+      Graph graph = one_node(c);
+      std::vector<HostTensor> inputs = random_inputs(graph, 12);
+      if (inputs.size() > 2) // C at the product's magnitude
+        for (int64_t i = 0; i < inputs[2].type.num_elements(); ++i)
+          inputs[2].as<float>()[i] *= magnitude * magnitude;
+      std::vector<HostTensor> scaled = inputs, plain = inputs;
+      for (size_t k = 0; k < 2; ++k) {
+        float *x = inputs[k].as<float>();
+        const int64_t n = inputs[k].type.num_elements();
+        for (int64_t i = 0; i < n; ++i)
+          x[i] *= magnitude;
+        const std::vector<float> s = round_to_scaled_f16(x, n, true);
+        const std::vector<float> p = round_to_scaled_f16(x, n, false);
+        scaled[k] = HostTensor::zeros(inputs[k].type);
+        plain[k] = HostTensor::zeros(inputs[k].type);
+        std::copy(s.begin(), s.end(), scaled[k].as<float>());
+        std::copy(p.begin(), p.end(), plain[k].as<float>());
+      }
+      auto cpu = CpuExecutor::create(graph);
+      ASSERT_TRUE(cpu.is_ok());
+      std::vector<HostTensor> expected, unscaled, got;
+      ASSERT_TRUE((*cpu)->run(scaled, &expected).is_ok());
+      ASSERT_TRUE((*cpu)->run(plain, &unscaled).is_ok());
+      CudaExecutorOptions options;
+      options.f16 = true;
+      auto gpu = CudaExecutor::create(graph, options);
+      ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+      Status status = (*gpu)->run(inputs, &got);
+      ASSERT_TRUE(status.is_ok()) << status.message();
+      double largest = 0;
+      for (int64_t i = 0; i < expected[0].type.num_elements(); ++i)
+        largest = std::max(largest, std::fabs(double{expected[0].as<float>()[i]}));
+      ASSERT_GT(largest, 0);
+      EXPECT_LE(max_difference(got[0], expected[0]) / largest, 1e-5);
+      // Plain f16 loses the tiny operands' bits and overflows on the huge
+      // ones (inf, NaN); scaled, nothing is lost.
+      if (magnitude != 1.0f) {
+        bool lost = false;
+        for (int64_t i = 0; i < expected[0].type.num_elements(); ++i)
+          lost = lost || !(std::fabs(unscaled[0].as<float>()[i] - expected[0].as<float>()[i]) <=
+                           1e-3 * largest);
+        EXPECT_TRUE(lost);
+      }
+    }
+}
+
+// Mixed precision (bf16, or scaled f16) trains within `tolerance` of the
+// CPU's f32 (losses and weights after 4 steps) and replays bitwise.
+void expect_half_training_close(bool f16, double tolerance) {
   for (const Graph &graph : {mlp_graph(), gpt_graph()}) {
     SCOPED_TRACE(graph.name());
     auto cpu = CpuExecutor::create(graph);
     ASSERT_TRUE(cpu.is_ok());
     CudaExecutorOptions options;
-    options.bf16 = true;
+    options.bf16 = !f16;
+    options.f16 = f16;
     options.cuda_graph = false;
     auto eager = CudaExecutor::create(graph, options);
     options.cuda_graph = true;
@@ -724,15 +802,27 @@ TEST_F(CudaGpuTest, Bf16TrainingStaysCloseToF32) {
       ASSERT_TRUE((*cpu)->run(inputs, &a).is_ok());
       ASSERT_TRUE((*eager)->run(inputs, &b).is_ok());
       ASSERT_TRUE((*replayed)->run(inputs, &c).is_ok());
-      EXPECT_LE(max_difference(b[0], a[0]), 2e-2) << "loss, step " << step;
+      EXPECT_LE(max_difference(b[0], a[0]), tolerance) << "loss, step " << step;
       EXPECT_EQ(std::memcmp(b[0].data(), c[0].data(), b[0].size_bytes()), 0);
     }
     for (TensorId id = 0; id < graph.num_tensors(); ++id) {
       const Tensor &t = graph.tensor(id);
       if (t.kind != TensorKind::kParameter || t.type.dtype != DType::kF32) continue;
-      EXPECT_LE(max_difference((*eager)->value(id), (*cpu)->value(id)), 2e-2) << t.name;
+      EXPECT_LE(max_difference((*eager)->value(id), (*cpu)->value(id)), tolerance) << t.name;
     }
   }
+}
+
+TEST_F(CudaGpuTest, Bf16TrainingStaysCloseToF32) { expect_half_training_close(false, 2e-2); }
+
+// f16 keeps 11 bits to bf16's 8: closer.
+TEST_F(CudaGpuTest, F16TrainingStaysCloseToF32) {
+  expect_half_training_close(true, 1e-2);
+  CudaExecutorOptions both;
+  both.bf16 = both.f16 = true;
+  auto refused = CudaExecutor::create(mlp_graph(), both);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("not both"), std::string::npos);
 }
 
 // Elementwise chains run as one kernel give bitwise the losses and weights of

@@ -264,7 +264,9 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
                         "--no-cuda-graph needs --backend cuda");
   expect_one_line_error(strata({"run", "mlp.splan", "--precision", "bf16"}),
                         "--precision bf16 needs --backend cuda");
-  expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--precision", "f16"}),
+  expect_one_line_error(strata({"run", "mlp.splan", "--precision", "f16"}),
+                        "--precision f16 needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--precision", "f8"}),
                         "--precision");
   ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--optimizer", "adamw:lr=0.01", "--mesh",
                     "2x1x1", "--zero", "1", "-o", "zero.splan"})

@@ -672,7 +672,11 @@ struct Product {
   int64_t m = 0, n = 0, k = 0;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
   float alpha = 1, beta = 0;
-  bool bf16 = false; // A and B are bf16 (strides in their elements)
+  // A and B in half precision (strides in their elements): bf16, or f16 with
+  // alpha and beta read from `scalars` on the device (they undo the
+  // operands' scales, which the device chose).
+  bool bf16 = false, f16 = false;
+  const float *scalars = nullptr;
 };
 
 // Owns cuBLASLt descriptors for one call.
@@ -725,10 +729,17 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
                                              const void *a, const void *b, const float *d) {
   auto plan = std::make_shared<LtPlan>();
   LtObjects &lt = plan->lt;
-  // TF32 applies to f32 operands only (cuBLASLt refuses it with bf16 ones).
+  // TF32 applies to f32 operands only (cuBLASLt refuses it with half ones).
+  const bool half = p.bf16 || p.f16;
   const cublasComputeType_t compute =
-      c.tf32 && !p.bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      c.tf32 && !half ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
+  if (p.scalars != nullptr) {
+    const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(
+                                 lt.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode),
+                             "pointer mode"));
+  }
   // cuBLASLt's first operand is B, its second A.
   const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -741,9 +752,9 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   // B row-major [K, N] is column-major [N, K] (ld N); transposed, [K, N] (ld K).
   const uint64_t m = static_cast<uint64_t>(p.m), n = static_cast<uint64_t>(p.n),
                  k = static_cast<uint64_t>(p.k);
-  // Operands f32, or bf16 under --precision bf16; D always f32.
-  const cudaDataType_t in = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const size_t in_bytes = p.bf16 ? 2 : sizeof(float);
+  // Operands f32, or bf16 / f16 under --precision; D always f32.
+  const cudaDataType_t in = p.bf16 ? CUDA_R_16BF : p.f16 ? CUDA_R_16F : CUDA_R_32F;
+  const size_t in_bytes = half ? 2 : sizeof(float);
   RETURN_IF_ERROR(p.trans_b ? layout(&lt.a, in, k, n, p.k, p.batch, p.stride_b)
                             : layout(&lt.a, in, n, k, p.n, p.batch, p.stride_b));
   RETURN_IF_ERROR(p.trans_a ? layout(&lt.b, in, m, k, p.m, p.batch, p.stride_a)
@@ -800,36 +811,53 @@ Status run_product(const CudaKernelContext &c, const Product &p, const void *a, 
     if (cache != nullptr) *cache = plan;
   }
   const LtObjects &lt = plan->lt;
-  return check_lt(cublasLtMatmul(c.lt, lt.desc, &p.alpha, b, lt.a, a, lt.b, &p.beta, d, lt.d, d,
-                                 lt.d, &plan->heuristic.algo, c.workspace, c.workspace_bytes,
-                                 c.stream),
+  const float *alpha = p.scalars != nullptr ? p.scalars : &p.alpha;
+  const float *beta = p.scalars != nullptr ? p.scalars + 1 : &p.beta;
+  return check_lt(cublasLtMatmul(c.lt, lt.desc, alpha, b, lt.a, a, lt.b, beta, d, lt.d, d, lt.d,
+                                 &plan->heuristic.algo, c.workspace, c.workspace_bytes, c.stream),
                   "matmul");
 }
 
 // A product's operands (inputs 0 and 1) as the GEMM reads them: the f32
-// tensors themselves, or under --precision bf16 their bf16 copies in the
-// staging (A, then B at the next 256-byte boundary); p.bf16 says which.
+// tensors themselves, or under --precision bf16 / f16 their half copies in
+// the staging (A, then B, then for f16 the scalars, each at a 256-byte
+// boundary); p.bf16 / p.f16 say which. With f16 the scalars hold both
+// operands' largest magnitudes (as bits) and the product's alpha and beta.
 struct Operands {
   const std::byte *a = nullptr, *b = nullptr;
   size_t element = sizeof(float);
 };
-int64_t staging_offset_b(int64_t a_elements) { return (a_elements * 2 + 255) / 256 * 256; }
+int64_t half_bytes(int64_t elements) { return (elements * 2 + 255) / 256 * 256; }
+constexpr int64_t kF16Scalars = 256; // amax of A and B (bits), alpha, beta
 Result<Operands> gemm_operands(const CudaKernelContext &c, Product &p) {
   Operands operands;
-  if (c.bf16 == nullptr) {
+  if (c.half == nullptr) {
     operands.a = reinterpret_cast<const std::byte *>(in_f32(c, 0));
     operands.b = reinterpret_cast<const std::byte *>(in_f32(c, 1));
     return operands;
   }
   const int64_t a_elements = c.inputs[0].num_elements(), b_elements = c.inputs[1].num_elements();
-  auto *a = static_cast<std::byte *>(c.bf16), *b = a + staging_offset_b(a_elements);
-  RETURN_IF_ERROR(check(
-      to_bf16(in_f32(c, 0), reinterpret_cast<uint16_t *>(a), a_elements, c.stream), "launch"));
-  RETURN_IF_ERROR(check(
-      to_bf16(in_f32(c, 1), reinterpret_cast<uint16_t *>(b), b_elements, c.stream), "launch"));
-  p.bf16 = true;
-  operands = {a, b, 2};
-  return operands;
+  auto *a = static_cast<std::byte *>(c.half), *b = a + half_bytes(a_elements);
+  auto *a16 = reinterpret_cast<uint16_t *>(a), *b16 = reinterpret_cast<uint16_t *>(b);
+  if (!c.f16) {
+    RETURN_IF_ERROR(check(to_bf16(in_f32(c, 0), a16, a_elements, c.stream), "launch"));
+    RETURN_IF_ERROR(check(to_bf16(in_f32(c, 1), b16, b_elements, c.stream), "launch"));
+    p.bf16 = true;
+    return Operands{a, b, 2};
+  }
+  auto *amax = reinterpret_cast<unsigned *>(b + half_bytes(b_elements));
+  auto *scalars = reinterpret_cast<float *>(amax + 2);
+  RETURN_IF_ERROR(check(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), c.stream), "memset"));
+  RETURN_IF_ERROR(check(f16_amax(in_f32(c, 0), a_elements, amax, c.stream), "launch"));
+  RETURN_IF_ERROR(check(f16_amax(in_f32(c, 1), b_elements, amax + 1, c.stream), "launch"));
+  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 0), a16, a_elements, amax, c.stream), "launch"));
+  RETURN_IF_ERROR(
+      check(to_f16_scaled(in_f32(c, 1), b16, b_elements, amax + 1, c.stream), "launch"));
+  RETURN_IF_ERROR(
+      check(f16_gemm_scalars(amax, amax + 1, p.alpha, p.beta, scalars, c.stream), "launch"));
+  p.f16 = true;
+  p.scalars = scalars;
+  return Operands{a, b, 2};
 }
 
 Status matmul_op(const CudaKernelContext &c) {
@@ -1037,9 +1065,9 @@ Result<FusedStep> fused_step(const Node &node, const ops::OpDef &def) {
   return invalid_argument("node '", node.name, "' (", node.op, ") is not a fusable elementwise op");
 }
 
-int64_t bf16_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs) {
+int64_t half_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs) {
   if ((node.op != "MatMul" && node.op != "Gemm") || inputs.size() < 2) return 0;
-  return staging_offset_b(inputs[0].num_elements()) + inputs[1].num_elements() * 2;
+  return half_bytes(inputs[0].num_elements()) + half_bytes(inputs[1].num_elements()) + kF16Scalars;
 }
 
 Status expect_f32(const CudaKernelContext &context, std::initializer_list<size_t> inputs) {

@@ -41,10 +41,13 @@ struct CudaKernelContext {
   // and algorithms), kept by the executor for the executor's life; null: plan
   // every time.
   std::shared_ptr<void> *cache = nullptr;
-  // Mixed precision (--precision bf16): non-null, MatMul and Gemm round their
-  // operands to bf16 here (bf16_staging_bytes of it) and multiply them on the
-  // tensor cores, accumulating and writing f32; everything else stays f32.
-  void *bf16 = nullptr;
+  // Mixed precision (--precision bf16 or f16): non-null, MatMul and Gemm
+  // round their operands to half precision here (half_staging_bytes of it)
+  // and multiply them on the tensor cores, accumulating and writing f32;
+  // everything else stays f32. bf16, or with `f16` f16 operands, each scaled
+  // by its own power of two into f16's range (launch.h's to_f16_scaled).
+  void *half = nullptr;
+  bool f16 = false;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 
@@ -58,9 +61,10 @@ Dims operand_strides(llvm::ArrayRef<int64_t> operand, const Dims &shape);
 // operands. An error for any other op.
 Result<FusedStep> fused_step(const Node &node, const ops::OpDef &def);
 
-// What a node needs in CudaKernelContext::bf16 under --precision bf16 (0 for
-// ops that stay f32). One region serves every node of a stream.
-int64_t bf16_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs);
+// What a node needs in CudaKernelContext::half under --precision bf16 or f16
+// (0 for ops that stay f32): both operands in half precision and, for f16,
+// their scales. One region serves every node of a stream.
+int64_t half_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs);
 
 using CudaKernelFn = Status (*)(const CudaKernelContext &context);
 // Device scratch a node needs besides its outputs, from its input types.

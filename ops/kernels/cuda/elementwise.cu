@@ -2,6 +2,7 @@
 // transposes, and the optimizer updates. Compiled with --fmad=false so each
 // a * b + c rounds twice, as the CPU kernels do.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
@@ -515,6 +516,61 @@ __global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
 cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16 *>(y), n);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// The power of two an operand of largest magnitude `amax` is scaled by:
+// amax 2^s < 2^14, s clamped so scales and their inverses stay finite; 0 for
+// an all-zero (or non-finite) operand.
+__device__ int f16_shift(unsigned amax_bits) {
+  const float amax = __uint_as_float(amax_bits);
+  if (!(amax > 0.0f) || !isfinite(amax)) return 0;
+  int e = 0;
+  frexpf(amax, &e); // amax = m 2^e, 0.5 <= m < 1
+  return max(-60, min(60, 14 - e));
+}
+
+__global__ void f16_amax_kernel(const float *x, int64_t n, unsigned *amax_bits) {
+  float m = 0.0f;
+  STRATA_GRID_STRIDE(i, n) { m = fmaxf(m, fabsf(x[i])); }
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
+
+__global__ void to_f16_scaled_kernel(const float *x, __half *y, int64_t n,
+                                     const unsigned *amax_bits) {
+  const int s = f16_shift(*amax_bits);
+  STRATA_GRID_STRIDE(i, n) { y[i] = __float2half_rn(ldexpf(x[i], s)); }
+}
+
+__global__ void f16_gemm_scalars_kernel(const unsigned *amax_a, const unsigned *amax_b, float alpha,
+                                        float beta, float *scalars) {
+  scalars[0] = ldexpf(alpha, -(f16_shift(*amax_a) + f16_shift(*amax_b)));
+  scalars[1] = beta;
+}
+
+} // namespace
+
+cudaError_t f16_amax(const float *x, int64_t n, unsigned *amax_bits, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  f16_amax_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, amax_bits);
+  return cudaGetLastError();
+}
+
+cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax_bits,
+                          cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  to_f16_scaled_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__half *>(y), n,
+                                                             amax_bits);
+  return cudaGetLastError();
+}
+
+cudaError_t f16_gemm_scalars(const unsigned *amax_a, const unsigned *amax_b, float alpha,
+                             float beta, float *scalars, cudaStream_t stream) {
+  f16_gemm_scalars_kernel<<<1, 1, 0, stream>>>(amax_a, amax_b, alpha, beta, scalars);
   return cudaGetLastError();
 }
 
