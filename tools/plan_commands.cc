@@ -16,6 +16,7 @@
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
 #include "passes/recompute.h"
@@ -248,6 +249,21 @@ void print_plan_summary(const Plan &plan, std::ostream &out) {
     print_pipeline_summary(plan, out);
     if (!plan.producer.empty()) out << "producer     " << plan.producer << "\n";
     return;
+  }
+  // What the CUDA backend runs as one kernel per chain (the CPU runs every
+  // node on its own).
+  if (auto order = plan.graph.topological_order(); order.is_ok()) {
+    const auto chains = passes::find_elementwise_chains(plan.graph, *order);
+    if (!chains.empty()) {
+      size_t nodes = 0, longest = 0;
+      for (const auto &chain : chains) {
+        nodes += chain.size();
+        longest = std::max(longest, chain.size());
+      }
+      out << "fusion       " << chains.size() << " elementwise chain"
+          << (chains.size() == 1 ? "" : "s") << " (" << nodes << " nodes, the longest " << longest
+          << ") run as one kernel each with --backend cuda\n";
+    }
   }
   for (const serialization::PlanProgram &program : plan.programs) {
     std::string kind = "cpu";

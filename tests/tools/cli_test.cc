@@ -527,6 +527,19 @@ TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
   for (const char *field : {"mode         train", "fingerprint", "loss         mse",
                             "adamw:lr=3e-04", "clip=1", "device cpu:0", "targets f32[4, 10]"})
     EXPECT_NE(inspect.out.find(field), std::string::npos) << field << "\n" << inspect.out;
+  // The MLP has no elementwise chain to fuse (every activation is read by
+  // backward); the GPT's training graph has a pair per bias and residual.
+  EXPECT_EQ(inspect.out.find("fusion"), std::string::npos) << inspect.out;
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8",
+                    "--vocab", "32", "--batch", "2", "-o", "g.json"})
+                .code,
+            0);
+  ASSERT_EQ(strata({"compile", "g.json", "--train", "-o", "g.splan"}).code, 0);
+  Outcome gpt = strata({"inspect", "g.splan"});
+  ASSERT_EQ(gpt.code, 0) << gpt.err;
+  EXPECT_NE(gpt.out.find("fusion       6 elementwise chains (12 nodes, the longest 2)"),
+            std::string::npos)
+      << gpt.out;
   Outcome json = strata({"inspect", "a.splan", "--format", "json"});
   ASSERT_EQ(json.code, 0) << json.err;
   auto parsed = nlohmann::json::parse(json.out);
