@@ -534,34 +534,12 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
     for (size_t s = 0; s < state->order.size(); ++s)
       position[state->order[s]] = s;
     for (const std::vector<NodeId> &chain : l.chains) {
-      auto program = std::make_unique<cuda::Fused>();
-      const auto &program_shape = g.tensor(g.node(chain.back()).outputs[0]).type.shape;
-      ASSIGN_OR_RETURN(program->shape, cuda::shape_dims(program_shape));
-      std::map<TensorId, int> operand;
-      TensorId running = kInvalidTensor;
-      auto index_of = [&](TensorId id) {
-        if (id == running) return -1;
-        auto [it, added] = operand.emplace(id, program->inputs);
-        if (added) {
-          const TensorType &type = g.tensor(id).type;
-          program->input[program->inputs] = reinterpret_cast<const float *>(state->address[id]);
-          program->mode[program->inputs] = type.num_elements() == 1      ? 1
-                                           : type.shape == program_shape ? 0
-                                                                         : 2;
-          program->strides[program->inputs] = cuda::operand_strides(type.shape, program->shape);
-          ++program->inputs;
-        }
-        return it->second;
-      };
-      for (NodeId id : chain) {
-        const Node &node = g.node(id);
-        ASSIGN_OR_RETURN(cuda::FusedStep step, cuda::fused_step(node, *registry.find(node.op)));
-        step.lhs = index_of(node.inputs[0]);
-        if (node.inputs.size() > 1) step.rhs = index_of(node.inputs[1]);
-        program->step[program->steps++] = step;
-        running = node.outputs[0];
+      ASSIGN_OR_RETURN(std::unique_ptr<cuda::Fused> program,
+                       fused_chain_program(g, chain, [&](TensorId id) -> const void * {
+                         return state->address[id];
+                       }));
+      for (NodeId id : chain)
         state->steps[position[id]].skip = true;
-      }
       State::Step &last = state->steps[position[chain.back()]];
       last.skip = false;
       last.fused = std::move(program);

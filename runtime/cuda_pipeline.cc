@@ -15,6 +15,7 @@
 #include "ops/registry.h"
 #include "partitioner/pipeline.h"
 #include "partitioner/tensor_parallel.h"
+#include "passes/fuse_elementwise.h"
 #include "runtime/collectives.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
@@ -85,6 +86,7 @@ std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const 
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
+int64_t CudaPipelineRunner::fused_chains() const { return 0; }
 int CudaPipelineRunner::num_gpus() const { return 0; }
 std::string CudaPipelineRunner::device_name() const { return ""; }
 
@@ -301,6 +303,7 @@ struct CudaPipelineRunner::State {
   std::vector<serialization::PlanProgram> programs;
   std::vector<std::vector<int32_t>> groups; // the plan's
   std::vector<GpuLaunch> order;
+  int64_t fused_chains = 0; // instances over this GPU's devices and micro-batches
   cudaStream_t origin = nullptr;
   cublasLtHandle_t lt = nullptr;
   std::byte *base = nullptr;
@@ -317,6 +320,10 @@ struct CudaPipelineRunner::State {
     std::vector<ops::TensorView> outputs;
     std::shared_ptr<void> *cache = nullptr;
     int *flag = nullptr;
+    // An elementwise chain run as one kernel: its last node runs `fused`, the
+    // others are skipped.
+    bool skip = false;
+    std::shared_ptr<cuda::Fused> fused;
     // Transfers, accumulate, scale, update: `data` is written (or sent from).
     std::byte *data = nullptr;
     const std::byte *source = nullptr;
@@ -523,6 +530,12 @@ struct CudaPipelineRunner::State {
         return copy_block(op.outputs[0].data, op.run,
                           static_cast<const std::byte *>(op.inputs[0].data) + op.member * op.run,
                           op.parts * op.run, op.run, op.rows, stream);
+      if (op.skip) return Status::ok();
+      if (op.fused)
+        return cuda_check(cuda::fused_elementwise(*op.fused,
+                                                  static_cast<float *>(op.outputs[0].data),
+                                                  op.outputs[0].type->num_elements(), stream),
+                          "launch");
       if (op.op == nullptr)
         return copy(op.outputs[0].data, op.source,
                     static_cast<size_t>(op.outputs[0].type->size_bytes()), stream);
@@ -1097,6 +1110,15 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     constants.emplace(n, std::move(value));
   }
 
+  // The graph's elementwise chains (each device runs those it has back to
+  // back as one kernel; program_chains).
+  std::vector<std::vector<NodeId>> chains;
+  if (options.fuse) {
+    auto topological = g.topological_order();
+    if (!topological.is_ok()) return topological.status().with_context(context);
+    chains = passes::find_elementwise_chains(g, *topological, cuda::kMaxFused, cuda::kMaxFused);
+  }
+
   // One GPU's State: its memory, streams, held tensors and resolved
   // instructions (for a rank of a run over several, on its own thread, after
   // its communicators are up).
@@ -1371,6 +1393,23 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         case InstrKind::kWaitBucket: break;
         default: return unimplemented(op.what, ": not run on the CUDA backend yet");
         }
+      }
+      // Elementwise chains whose nodes run back to back: one kernel at the
+      // last node's place, the others skipped.
+      for (const ProgramChain &run : program_chains(g, program, chains)) {
+        ASSIGN_OR_RETURN(std::unique_ptr<cuda::Fused> fused,
+                         fused_chain_program(g, chains[run.chain], [&](TensorId t) -> const void * {
+                           for (size_t i = run.first; i <= run.last; ++i) {
+                             const Node &node = *device.ops[i].node;
+                             for (size_t j = 0; j < node.inputs.size(); ++j)
+                               if (node.inputs[j] == t) return device.ops[i].inputs[j].data;
+                           }
+                           return nullptr;
+                         }));
+        for (size_t i = run.first; i < run.last; ++i)
+          device.ops[i].skip = true;
+        device.ops[run.last].fused = std::move(fused);
+        ++s.fused_chains;
       }
       for (size_t k = 0; k < g.outputs().size(); ++k) {
         auto it = slots.find({g.outputs()[k], -1});
@@ -1814,6 +1853,12 @@ int64_t CudaPipelineRunner::device_bytes() const {
   return bytes;
 }
 int64_t CudaPipelineRunner::replays() const { return ranks_[0]->step.replays(); }
+int64_t CudaPipelineRunner::fused_chains() const {
+  int64_t chains = 0;
+  for (const auto &rank : ranks_)
+    chains += rank->fused_chains;
+  return chains;
+}
 int CudaPipelineRunner::num_gpus() const { return static_cast<int>(ranks_.size()); }
 std::string CudaPipelineRunner::device_name() const {
   std::string name;

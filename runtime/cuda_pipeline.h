@@ -107,10 +107,13 @@ struct CudaPipelineOptions {
   ProcessGroup *processes = nullptr;
   int devices_per_process = 1;
   std::function<Status()> watch;
-  bool cuda_graph = true;             // false: launch every instruction eagerly each step
-  bool tf32 = false;                  // f32 GEMMs and convolutions may use TF32 tensor cores
-  bool bf16 = false;                  // GEMM operands in bf16 (CudaExecutorOptions::bf16)
-  bool f16 = false;                   // or in scaled f16 (CudaExecutorOptions::f16)
+  bool cuda_graph = true; // false: launch every instruction eagerly each step
+  bool tf32 = false;      // f32 GEMMs and convolutions may use TF32 tensor cores
+  bool bf16 = false;      // GEMM operands in bf16 (CudaExecutorOptions::bf16)
+  bool f16 = false;       // or in scaled f16 (CudaExecutorOptions::f16)
+  // Elementwise chains a device runs back to back (program_chains) as one
+  // kernel each: the same bits, fewer launches. false: node by node.
+  bool fuse = true;
   int64_t workspace_bytes = 32 << 20; // cuBLASLt/cuDNN workspace per plan device
 };
 
@@ -175,6 +178,8 @@ public:
   int num_gpus() const;         // GPUs they run on (a host thread and NCCL rank each)
   int64_t device_bytes() const; // over every GPU
   int64_t replays() const;      // steps launched from the captured graph
+  // Elementwise chains run as one kernel, counted per device and micro-batch.
+  int64_t fused_chains() const;
   std::string device_name() const;
 
   struct State; // one GPU's: public for the helpers in cuda_pipeline.cc

@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <thread>
+
+#include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/registry.h"
 
 namespace strata::runtime {
 
@@ -36,6 +40,45 @@ Status wait_for_stream(cudaStream_t stream, std::string_view what,
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(1000));
   }
+}
+
+Result<std::unique_ptr<cuda::Fused>>
+fused_chain_program(const Graph &graph, const std::vector<NodeId> &chain,
+                    const std::function<const void *(TensorId)> &address) {
+  if (chain.empty()) return invalid_argument("an empty chain");
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  auto program = std::make_unique<cuda::Fused>();
+  const auto &shape = graph.tensor(graph.node(chain.back()).outputs[0]).type.shape;
+  ASSIGN_OR_RETURN(program->shape, cuda::shape_dims(shape));
+  std::map<TensorId, int> operand;
+  TensorId running = kInvalidTensor;
+  auto index_of = [&](TensorId id) -> Result<int> {
+    if (id == running) return -1;
+    auto [it, added] = operand.emplace(id, program->inputs);
+    if (added) {
+      if (program->inputs >= cuda::kMaxFused)
+        return invalid_argument("a chain reading more than ", cuda::kMaxFused, " tensors");
+      const TensorType &type = graph.tensor(id).type;
+      program->input[program->inputs] = static_cast<const float *>(address(id));
+      program->mode[program->inputs] = type.num_elements() == 1 ? 1 : type.shape == shape ? 0 : 2;
+      program->strides[program->inputs] = cuda::operand_strides(type.shape, program->shape);
+      ++program->inputs;
+    }
+    return it->second;
+  };
+  for (NodeId id : chain) {
+    const Node &node = graph.node(id);
+    if (program->steps >= cuda::kMaxFused)
+      return invalid_argument("a chain of more than ", cuda::kMaxFused, " nodes");
+    ASSIGN_OR_RETURN(cuda::FusedStep step, cuda::fused_step(node, *registry.find(node.op)));
+    ASSIGN_OR_RETURN(step.lhs, index_of(node.inputs[0]));
+    if (node.inputs.size() > 1) {
+      ASSIGN_OR_RETURN(step.rhs, index_of(node.inputs[1]));
+    }
+    program->step[program->steps++] = step;
+    running = node.outputs[0];
+  }
+  return program;
 }
 
 CapturedStep::~CapturedStep() { reset(); }

@@ -9,7 +9,9 @@
 #include <functional>
 #include <string_view>
 
+#include "graph/graph.h"
 #include "graph/status.h"
+#include "ops/kernels/cuda/launch.h"
 #include "runtime/gpu_placement.h"
 
 namespace strata::runtime {
@@ -26,6 +28,13 @@ Status cuda_check(cudaError_t error, std::string_view what);
 Status wait_for_stream(cudaStream_t stream, std::string_view what,
                        std::chrono::milliseconds timeout = std::chrono::minutes(10),
                        const std::function<Status()> &check = {});
+
+// The one-kernel program of an elementwise chain (passes/fuse_elementwise.h,
+// in order): each node a step on the running value, its other operands read
+// from `address(tensor)`: densely, as a scalar, or through broadcast strides.
+Result<std::unique_ptr<cuda::Fused>>
+fused_chain_program(const Graph &graph, const std::vector<NodeId> &chain,
+                    const std::function<const void *(TensorId)> &address);
 
 // A step launched as a CUDA Graph: the first launch runs `enqueue` eagerly
 // (kernels load, cuBLASLt and cuDNN settle on their algorithms), the second

@@ -532,6 +532,54 @@ Status share_step_results(ProcessGroup &processes, const Status &mine,
   return exchange_reports(processes, mine, outputs, types, "the step's outputs");
 }
 
+std::vector<ProgramChain> program_chains(const Graph &graph,
+                                         const serialization::PlanProgram &program,
+                                         const std::vector<std::vector<NodeId>> &chains) {
+  using serialization::InstrKind;
+  std::map<NodeId, size_t> starting; // first node -> chain
+  for (size_t c = 0; c < chains.size(); ++c)
+    if (chains[c].size() >= 2) starting.emplace(chains[c].front(), c);
+  std::map<std::pair<TensorId, int32_t>, int64_t> slot;
+  for (const serialization::PlanSlot &s : program.slots)
+    slot[{s.tensor, s.microbatch}] = s.offset;
+  auto bytes = [&](TensorId t) { return graph.tensor(t).type.size_bytes(); };
+  std::vector<ProgramChain> runs;
+  const auto &instructions = program.instructions;
+  for (size_t i = 0; i < instructions.size(); ++i) {
+    const serialization::PlanInstruction &head = instructions[i];
+    if (head.kind != InstrKind::kCompute || head.index >= graph.num_nodes()) continue;
+    auto found = starting.find(head.index);
+    if (found == starting.end()) continue;
+    const std::vector<NodeId> &chain = chains[found->second];
+    if (i + chain.size() > instructions.size()) continue;
+    bool whole = true;
+    for (size_t j = 0; j < chain.size() && whole; ++j) {
+      const serialization::PlanInstruction &instr = instructions[i + j];
+      whole = instr.kind == InstrKind::kCompute && instr.index == chain[j] &&
+              instr.microbatch == head.microbatch;
+    }
+    if (!whole) continue;
+    const TensorId out = graph.node(chain.back()).outputs[0];
+    auto out_slot = slot.find({out, head.microbatch});
+    if (out_slot == slot.end()) continue;
+    const int64_t out_begin = out_slot->second, out_end = out_begin + bytes(out);
+    bool apart = true;
+    for (NodeId id : chain)
+      for (TensorId t : graph.node(id).inputs) {
+        if (std::find(chain.begin(), chain.end(), graph.tensor(t).producer) != chain.end())
+          continue; // the chain's own intermediate: never written
+        auto in = slot.find({t, head.microbatch});
+        if (in == slot.end()) in = slot.find({t, -1});
+        if (in == slot.end()) continue; // a weight or the batch: not in the arena
+        apart = apart && (in->second + bytes(t) <= out_begin || out_end <= in->second);
+      }
+    if (!apart) continue;
+    runs.push_back({i, i + chain.size() - 1, found->second});
+    i += chain.size() - 1;
+  }
+  return runs;
+}
+
 void CaptureRecord::add(std::string name, const void *address, TensorType type) {
   buffers_.push_back({std::move(name), address, std::move(type)});
 }

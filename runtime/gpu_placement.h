@@ -178,6 +178,20 @@ Status share_step_results(ProcessGroup &processes, const Status &mine,
                           const std::vector<TensorType> &types,
                           std::vector<std::optional<HostTensor>> *outputs);
 
+// Where a device's program may run an elementwise chain (passes/
+// fuse_elementwise.h) as one kernel: the chain's nodes are consecutive
+// compute instructions on one micro-batch, and the slot of its output does
+// not overlap the slot of any tensor the chain reads (the compile-time memory
+// plan did not foresee the chain reading its operands at its last node's
+// place). The runs in program order.
+struct ProgramChain {
+  size_t first = 0, last = 0; // instruction indices
+  size_t chain = 0;           // index into `chains`
+};
+std::vector<ProgramChain> program_chains(const Graph &graph,
+                                         const serialization::PlanProgram &program,
+                                         const std::vector<std::vector<NodeId>> &chains);
+
 // The buffers a captured step reads and writes.
 class CaptureRecord {
 public:

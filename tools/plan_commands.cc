@@ -857,6 +857,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
         args.precision != "f32"
             ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
+            : std::string(),
+        (*created)->fused_chains() > 0
+            ? str_cat(", ", (*created)->fused_chains(), " elementwise chains fused")
             : std::string());
     runner = std::move(created).value();
   } else if (plan.pipeline) {

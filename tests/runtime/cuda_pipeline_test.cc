@@ -328,6 +328,37 @@ TEST_F(CudaPipelineGpuTest, ZeroOneShardsTrainAsOnTheCpu) {
   expect_pipeline_matches(compile(mlp_forward(), "adamw:lr=0.01,clip=1", zero), 1e-4);
 }
 
+// Elementwise chains a device runs back to back, run as one kernel, give
+// bitwise the losses and weights of the nodes one by one.
+TEST_F(CudaPipelineGpuTest, FusedChainsEqualTheNodesOneByOne) {
+  const serialization::Plan plan = compile(gpt_forward(), "adamw:lr=0.01", mesh(2, 4));
+  std::vector<std::unique_ptr<CudaPipelineRunner>> runners;
+  for (bool fuse : {false, true}) {
+    CudaPipelineOptions options;
+    options.fuse = fuse;
+    auto runner = CudaPipelineRunner::create(plan, options);
+    ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+    runners.push_back(std::move(runner).value());
+  }
+  EXPECT_EQ(runners[0]->fused_chains(), 0);
+  EXPECT_GT(runners[1]->fused_chains(), 0);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<HostTensor> inputs = random_inputs(plan.graph, 40 + step, 4);
+    std::vector<HostTensor> plain, fused;
+    ASSERT_TRUE(runners[0]->run(inputs, &plain).is_ok());
+    ASSERT_TRUE(runners[1]->run(inputs, &fused).is_ok());
+    EXPECT_EQ(std::memcmp(plain[0].data(), fused[0].data(), plain[0].size_bytes()), 0)
+        << "loss, step " << step;
+  }
+  for (TensorId id = 0; id < plan.graph.num_tensors(); ++id) {
+    if (plan.graph.tensor(id).kind != TensorKind::kParameter) continue;
+    EXPECT_EQ(std::memcmp(runners[0]->value(id).data(), runners[1]->value(id).data(),
+                          runners[0]->value(id).size_bytes()),
+              0)
+        << plan.graph.tensor(id).name;
+  }
+}
+
 // Plans spread over two GPUs: stages talk over NCCL send/recv, data- and
 // tensor-parallel groups with a member per GPU over NCCL collectives, and
 // devices sharing a GPU as on one. NCCL sums in its own order: equal to the

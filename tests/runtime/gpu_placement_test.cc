@@ -14,6 +14,7 @@
 
 #include "partitioner/compile_pipeline.h"
 #include "partitioner/pipeline.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/make_training.h"
 #include "runtime/gpu_placement.h"
 #include "tools/zoo.h"
@@ -653,6 +654,65 @@ TEST(StepResults, EveryProcessGetsEveryOutputAndTheFirstFailure) {
   for (const Status &status : statuses)
     EXPECT_NE(status.message().find("no process keeps output 0"), std::string::npos)
         << status.message();
+}
+
+// A device runs an elementwise chain as one kernel only where its nodes are
+// back to back on one micro-batch and the chain's output slot is apart from
+// everything the chain reads.
+TEST(ProgramChains, ConsecutiveRunsWhoseOutputIsApartFromTheirOperands) {
+  using serialization::InstrKind;
+  for (const serialization::Plan &plan : launch_plans()) {
+    SCOPED_TRACE(std::to_string(plan.programs.size()) + " devices");
+    const Graph &g = plan.graph;
+    const auto chains = passes::find_elementwise_chains(g, *g.topological_order());
+    ASSERT_FALSE(chains.empty());
+    size_t runs = 0;
+    for (const serialization::PlanProgram &program : plan.programs) {
+      std::map<std::pair<TensorId, int32_t>, int64_t> slot;
+      for (const auto &s : program.slots)
+        slot[{s.tensor, s.microbatch}] = s.offset;
+      size_t after = 0;
+      for (const ProgramChain &run : program_chains(g, program, chains)) {
+        ++runs;
+        EXPECT_GE(run.first, after) << "runs overlap or are out of order";
+        after = run.last + 1;
+        const auto &chain = chains.at(run.chain);
+        ASSERT_EQ(run.last - run.first + 1, chain.size());
+        const int32_t mb = program.instructions[run.first].microbatch;
+        for (size_t j = 0; j < chain.size(); ++j) {
+          const auto &instr = program.instructions[run.first + j];
+          EXPECT_EQ(instr.kind, InstrKind::kCompute);
+          EXPECT_EQ(instr.index, chain[j]);
+          EXPECT_EQ(instr.microbatch, mb);
+        }
+        const TensorId out = g.node(chain.back()).outputs[0];
+        const int64_t begin = slot.at({out, mb}), end = begin + g.tensor(out).type.size_bytes();
+        for (NodeId id : chain)
+          for (TensorId t : g.node(id).inputs) {
+            auto in = slot.find({t, mb});
+            if (in == slot.end() ||
+                std::find(chain.begin(), chain.end(), g.tensor(t).producer) != chain.end())
+              continue;
+            EXPECT_TRUE(in->second + g.tensor(t).type.size_bytes() <= begin || end <= in->second)
+                << "'" << g.tensor(t).name << "' shares bytes with the chain's output";
+          }
+      }
+    }
+    EXPECT_GT(runs, 0u);
+  }
+  // A chain broken by another instruction in between is not fused.
+  serialization::Plan plan = launch_plans()[0];
+  const Graph &g = plan.graph;
+  const auto chains = passes::find_elementwise_chains(g, *g.topological_order());
+  auto &program = plan.programs[0];
+  const auto before = program_chains(g, program, chains);
+  ASSERT_FALSE(before.empty());
+  serialization::PlanInstruction between = program.instructions.back(); // not in a chain
+  ASSERT_NE(between.kind, InstrKind::kCompute);
+  program.instructions.insert(
+      program.instructions.begin() + static_cast<std::ptrdiff_t>(before[0].first + 1), between);
+  const auto after = program_chains(g, program, chains);
+  EXPECT_EQ(after.size() + 1, before.size());
 }
 
 TEST(GpuRankSteps, AGroupPartlySharingAGpuIsRefused) {
