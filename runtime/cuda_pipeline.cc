@@ -82,7 +82,9 @@ Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
 
-std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const { return {}; }
+Result<std::map<std::string, HostTensor>> CudaPipelineRunner::checkpoint_pieces() const {
+  return unimplemented(cuda_unavailable_reason());
+}
 int CudaPipelineRunner::num_devices() const { return 0; }
 int64_t CudaPipelineRunner::device_bytes() const { return 0; }
 int64_t CudaPipelineRunner::replays() const { return 0; }
@@ -1068,7 +1070,14 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     if (runner->tp_shards_.contains(id)) return static_cast<int>(d) % tensor_parallel;
     return shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : 0;
   };
+  // Only what this process's devices hold (across processes, not the rest).
+  std::vector<bool> needed(num_devices, false);
+  for (int r : mine)
+    for (size_t d = 0; d < num_devices; ++d)
+      needed[d] =
+          needed[d] || local[static_cast<size_t>(r)].empty() || local[static_cast<size_t>(r)][d];
   for (const auto &program : plan.programs) {
+    if (!needed[program.device]) continue;
     const int member = static_cast<int>(program.device) % tensor_parallel;
     for (TensorId id : program.holds) {
       auto shard = runner->tp_shards_.find(id);
@@ -1515,6 +1524,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     Status started =
         start(s, *id, options.watch)
             .with_context(str_cat("process ", processes->rank(), " (GPU ", s.gpu, ")"));
+    // A process that failed tells the others at once (they may be waiting
+    // in NCCL's start-up for it), then all agree.
+    if (!started.is_ok() && options.fail) options.fail(started);
     Status agreed = agree_across(*processes, started, "CUDA start-up");
     if (!agreed.is_ok()) return fail_all(agreed);
   } else {
@@ -1655,9 +1667,12 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
   // process failed (a failed one first ends its communicators, so that the
   // others' NCCL calls fail instead of waiting for it).
   if (processes_ != nullptr) {
-    if (!status.is_ok())
+    if (!status.is_ok()) {
       for (const auto &rank : ranks_)
         rank->abort_comms();
+      // The others may be waiting in NCCL for this process: tell them now.
+      if (ranks_[0]->options.fail) ranks_[0]->options.fail(status);
+    }
     std::vector<TensorType> types;
     for (TensorId id : graph_.outputs())
       types.push_back(graph_.tensor(id).type);
@@ -1788,10 +1803,11 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
   return Status::ok();
 }
 
-std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const {
+Result<std::map<std::string, HostTensor>> CudaPipelineRunner::checkpoint_pieces() const {
   std::map<std::string, HostTensor> pieces;
   for (const auto &rank : ranks_)
-    if (!rank->wait("a checkpoint").is_ok()) return pieces;
+    RETURN_IF_ERROR(rank->wait("the step before a checkpoint"));
+  Status copied = Status::ok();
   const std::vector<serialization::PlanProgram> &programs = ranks_[0]->programs;
   // What device `d` of this process keeps of `id`: its piece, or its ZeRO-1
   // shard (flat), as the CPU pipeline runner writes them.
@@ -1803,8 +1819,9 @@ std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const 
     if (device.sharded.contains(id))
       type = TensorType{type.dtype, {type.num_elements() / device.shard_count}};
     HostTensor value = HostTensor::zeros(type);
-    if (value.size_bytes() > 0)
-      cudaMemcpy(value.data(), address, value.size_bytes(), cudaMemcpyDefault);
+    if (value.size_bytes() > 0 && copied.is_ok())
+      copied = cuda_check(cudaMemcpy(value.data(), address, value.size_bytes(), cudaMemcpyDefault),
+                          str_cat("reading '", graph_.tensor(id).name, "' for a checkpoint"));
     return value;
   };
   auto holds = [&](size_t d, TensorId id, bool sharded) {
@@ -1842,6 +1859,7 @@ std::map<std::string, HostTensor> CudaPipelineRunner::checkpoint_pieces() const 
       }
     }
   }
+  RETURN_IF_ERROR(copied);
   return pieces;
 }
 

@@ -107,6 +107,9 @@ struct CudaPipelineOptions {
   ProcessGroup *processes = nullptr;
   int devices_per_process = 1;
   std::function<Status()> watch;
+  // Told at once of this process's failure (MpiWorld::fail), so the others
+  // stop waiting for it instead of running into their timeouts.
+  std::function<void(const Status &)> fail;
   bool cuda_graph = true; // false: launch every instruction eagerly each step
   bool tf32 = false;      // f32 GEMMs and convolutions may use TF32 tensor cores
   bool bf16 = false;      // GEMM operands in bf16 (CudaExecutorOptions::bf16)
@@ -172,7 +175,7 @@ public:
   // Across processes: the process group, and what this process's devices
   // write to a checkpoint (StepRunner::checkpoint_pieces).
   ProcessGroup *processes() const override { return processes_; }
-  std::map<std::string, HostTensor> checkpoint_pieces() const override;
+  Result<std::map<std::string, HostTensor>> checkpoint_pieces() const override;
 
   int num_devices() const;      // plan devices
   int num_gpus() const;         // GPUs they run on (a host thread and NCCL rank each)

@@ -497,14 +497,19 @@ Status exchange_reports(ProcessGroup &processes, const Status &mine,
                         std::vector<std::optional<HostTensor>> *outputs,
                         const std::vector<TensorType> &types, std::string_view what) {
   std::string report = encode_report(mine.is_ok() ? std::string() : mine.message(), *outputs);
+  // Where the exchange itself fails (the group ended by a failure), a
+  // process that failed keeps its own error.
+  auto exchange_failed = [&](const Status &exchange) { return mine.is_ok() ? exchange : mine; };
   std::vector<std::string> all;
-  RETURN_IF_ERROR(processes.gather(report, &all, what));
+  if (Status gathered = processes.gather(report, &all, what); !gathered.is_ok())
+    return exchange_failed(gathered);
   std::string combined;
   if (processes.rank() == 0) {
     auto made = combine_reports(all, types);
     combined = made.is_ok() ? *made : encode_report(made.status().message(), {});
   }
-  RETURN_IF_ERROR(processes.broadcast(&combined, what));
+  if (Status sent = processes.broadcast(&combined, what); !sent.is_ok())
+    return exchange_failed(sent);
   std::string error;
   std::vector<std::optional<HostTensor>> shared(types.size());
   RETURN_IF_ERROR(decode_report(combined, types, &error, &shared, "rank 0"));

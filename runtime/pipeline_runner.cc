@@ -1025,7 +1025,7 @@ Result<HostTensor> PipelineRunner::join_pieces(TensorId id,
   return partitioner::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
 }
 
-std::map<std::string, HostTensor> PipelineRunner::checkpoint_pieces() const {
+Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() const {
   std::map<std::string, HostTensor> pieces;
   auto copy_of = [](const HostTensor &value) {
     HostTensor copy = HostTensor::zeros(value.type);

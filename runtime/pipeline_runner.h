@@ -72,7 +72,7 @@ public:
   Status assign(TensorId id, const HostTensor &value) override;
   // Over several processes: what this one writes (whole tensors it is the
   // first holder of; its shards of ZeRO-sharded ones).
-  std::map<std::string, HostTensor> checkpoint_pieces() const override;
+  Result<std::map<std::string, HostTensor>> checkpoint_pieces() const override;
   Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
   ProcessGroup *processes() const override { return world_->processes(); }
 

@@ -53,7 +53,11 @@ public:
   // writes to a checkpoint, by name; a shard of a tensor that several devices
   // hold in pieces is named "<name>@shard<i>of<n>", a tensor-parallel piece
   // "<name>@tp<m>of<T>" (possibly itself in shards). Unused otherwise.
-  virtual std::map<std::string, HostTensor> checkpoint_pieces() const { return {}; }
+  // An error where they cannot be read (a GPU that failed): the checkpoint is
+  // then not committed.
+  virtual Result<std::map<std::string, HostTensor>> checkpoint_pieces() const {
+    return std::map<std::string, HostTensor>();
+  }
 };
 
 } // namespace strata::runtime

@@ -199,8 +199,11 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
   // Every rank writes its file; rank 0 commits the manifest only once all of
   // them are durable, then tells everyone how it went.
   const int rank = processes->rank(), ranks = processes->size();
-  auto written = serialization::write_checkpoint_file(
-      dir, serialization::checkpoint_file_name(step_, rank, ranks), executor_->checkpoint_pieces());
+  auto written = [&]() -> Result<serialization::CheckpointFile> {
+    ASSIGN_OR_RETURN(auto pieces, executor_->checkpoint_pieces());
+    return serialization::write_checkpoint_file(
+        dir, serialization::checkpoint_file_name(step_, rank, ranks), pieces);
+  }();
   if (written.is_ok() && options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
   nlohmann::json entry;
   if (written.is_ok())

@@ -20,6 +20,7 @@
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
 #include "passes/recompute.h"
+#include "runtime/cuda_executor.h"
 #include "runtime/cuda_pipeline.h"
 #include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
@@ -837,11 +838,18 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (world) {
       // One GPU per process: the launcher's local rank picks it; NCCL joins
       // the processes, whose failures end every wait.
+      // A launcher that shows each process its own GPU only (Slurm's
+      // --gpus-per-task, CUDA_VISIBLE_DEVICES per rank) leaves one: GPU 0.
       const auto launch = runtime::detect_mpi_launch();
-      pipeline_options.gpu = launch ? launch->local_rank : 0;
+      pipeline_options.gpu = launch && runtime::cuda_device_count() > 1 ? launch->local_rank : 0;
       pipeline_options.processes = world.get();
       pipeline_options.devices_per_process = args.devices_per_rank;
-      pipeline_options.watch = [world] { return world->failure(); };
+      pipeline_options.watch = [world]() -> Status {
+        Status failure = world->failure();
+        if (failure.is_ok()) return failure;
+        return failed_precondition("another process of the run failed: ", failure.message());
+      };
+      pipeline_options.fail = [world](const Status &status) { world->fail(status); };
     }
     auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);

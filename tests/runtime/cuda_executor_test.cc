@@ -716,10 +716,19 @@ std::vector<float> round_to_scaled_f16(const float *x, int64_t n, bool scale) {
   int e = 0;
   std::frexp(amax, &e);
   const int s = scale && amax > 0 ? std::clamp(14 - e, -60, 60) : 0;
+  // f16 rounding to nearest even: 11 significant bits down to 2^-14, a fixed
+  // quantum of 2^-24 below (subnormals), infinity past 65504.
+  auto to_f16 = [](float v) {
+    if (!std::isfinite(v) || v == 0.0f) return v;
+    int exponent = 0;
+    std::frexp(v, &exponent);
+    const float quantum = std::ldexp(1.0f, std::max(exponent, -13) - 11);
+    const float r = std::nearbyint(v / quantum) * quantum;
+    return std::fabs(r) > 65504.0f ? std::copysign(INFINITY, v) : r;
+  };
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    out[static_cast<size_t>(i)] =
-        std::ldexp(static_cast<float>(static_cast<_Float16>(std::ldexp(x[i], s))), -s);
+    out[static_cast<size_t>(i)] = std::ldexp(to_f16(std::ldexp(x[i], s)), -s);
   return out;
 }
 

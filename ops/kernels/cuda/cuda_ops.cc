@@ -811,6 +811,13 @@ Status run_product(const CudaKernelContext &c, const Product &p, const void *a, 
     if (cache != nullptr) *cache = plan;
   }
   const LtObjects &lt = plan->lt;
+  if (p.scalars != nullptr && p.beta == 0.0f) {
+    // beta is read on the device: D (also C) must hold no NaN from its
+    // bytes' earlier use, which 0 x NaN would keep.
+    const int64_t elements = (p.batch - 1) * p.stride_d + p.m * p.n;
+    RETURN_IF_ERROR(check(
+        cudaMemsetAsync(d, 0, static_cast<size_t>(elements) * sizeof(float), c.stream), "memset"));
+  }
   const float *alpha = p.scalars != nullptr ? p.scalars : &p.alpha;
   const float *beta = p.scalars != nullptr ? p.scalars + 1 : &p.beta;
   return check_lt(cublasLtMatmul(c.lt, lt.desc, alpha, b, lt.a, a, lt.b, beta, d, lt.d, d, lt.d,

@@ -532,12 +532,21 @@ __device__ int f16_shift(unsigned amax_bits) {
   return max(-60, min(60, 14 - e));
 }
 
+// Each block reduces its threads' maxima (warps, then the block's first
+// warp) and raises the result once.
 __global__ void f16_amax_kernel(const float *x, int64_t n, unsigned *amax_bits) {
+  __shared__ float warps[kThreads / 32];
   float m = 0.0f;
   STRATA_GRID_STRIDE(i, n) { m = fmaxf(m, fabsf(x[i])); }
   for (int offset = 16; offset > 0; offset /= 2)
     m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(m));
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  m = threadIdx.x < kThreads / 32 ? warps[threadIdx.x] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, offset));
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
 __global__ void to_f16_scaled_kernel(const float *x, __half *y, int64_t n,
