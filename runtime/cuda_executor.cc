@@ -48,7 +48,7 @@ std::string cuda_unavailable_reason() {
   return "this strata was built without the CUDA toolkit (meson setup -Dcuda=enabled needs it)";
 }
 int cuda_device_count() { return 0; }
-Status check_cuda_ops(const Graph &, const std::function<bool(const Node &)> &) {
+Status check_cuda_ops(const Graph &, const std::function<bool(const Node &)> &, int) {
   return unimplemented(cuda_unavailable_reason());
 }
 std::vector<std::string_view> cuda_backend_ops() { return {}; }
@@ -113,17 +113,21 @@ bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
     if (!integer) return dtype == DType::kF32;
     return graph.tensor(node.inputs[0]).type.dtype == graph.tensor(node.inputs[1]).type.dtype;
   }
-  const bool index_slot = ((op == "Gather" || op == "GatherGrad") && i == 1) ||
-                          (op == "SoftmaxCrossEntropy" && i == 1) ||
-                          (op == "SoftmaxCrossEntropyGrad" && i == 2) ||
-                          (op == "SgdUpdate" && i == 4) || (op == "AdamUpdate" && i == 5) ||
-                          (op == "LearningRate" && i == 0) || (op == "Dropout" && i == 1);
+  const bool index_slot =
+      ((op == "Gather" || op == "GatherGrad") && i == 1) ||
+      ((op == "SoftmaxCrossEntropy" || op == "VocabParallelStats" ||
+        op == "VocabParallelCrossEntropy") &&
+       i == 1) ||
+      ((op == "SoftmaxCrossEntropyGrad" || op == "VocabParallelCrossEntropyGrad") && i == 2) ||
+      (op == "SgdUpdate" && i == 4) || (op == "AdamUpdate" && i == 5) ||
+      (op == "LearningRate" && i == 0) || (op == "Dropout" && i == 1);
   return index_slot ? integer : dtype == DType::kF32;
 }
 
 } // namespace
 
-Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)> &runs_elsewhere) {
+Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)> &runs_elsewhere,
+                      int tensor_parallel) {
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   std::map<std::string, std::vector<std::string>> missing;
   // Ops that only move bytes run on any dtype; the others compute in f32 (and
@@ -137,9 +141,13 @@ Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)
     const ops::OpDef *def = registry.find(node.op);
     if (def != nullptr && computed_at_load(node, *def)) continue;
     if (runs_elsewhere && runs_elsewhere(node)) continue;
-    if ((node.op == "Gather" || node.op == "GatherGrad") &&
-        node.int_attr("parts").value_or(1) > 1) {
-      missing[str_cat(node.op, " of a vocabulary-parallel table (parts > 1)")].push_back(node.name);
+    // A piece of a table or of logits split over `parts` members runs where
+    // the device is one of a tensor-parallel group of that many.
+    if (const int64_t parts = node.int_attr("parts").value_or(1);
+        parts > 1 && parts != tensor_parallel && !node.op.starts_with("Tp")) {
+      missing[str_cat(node.op, " of a tensor split over ", parts,
+                      " members outside a tensor-parallel group of ", parts)]
+          .push_back(node.name);
       continue;
     }
     if (cuda::find_cuda_op(node.op) == nullptr) {

@@ -71,9 +71,12 @@ std::vector<std::string_view> cuda_backend_ops();
 // OK when the CUDA backend has a kernel for every node of `graph`; otherwise
 // one error naming every op it lacks with the nodes that use it. A runner
 // that runs some nodes itself (the pipeline runner's tensor-parallel
-// collectives) names them with `runs_elsewhere`.
+// collectives) names them with `runs_elsewhere`; ops on a piece of a tensor
+// split over `parts` members (vocabulary-parallel tables and losses) run only
+// where the devices are in tensor-parallel groups of that size.
 Status check_cuda_ops(const Graph &graph,
-                      const std::function<bool(const Node &)> &runs_elsewhere = {});
+                      const std::function<bool(const Node &)> &runs_elsewhere = {},
+                      int tensor_parallel = 1);
 
 // The one GPU allocation of a CudaExecutor, laid out before anything is
 // allocated (so it is tested without a GPU). Byte offsets from its start; every

@@ -125,10 +125,13 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
   // The tensor-parallel nodes the runner itself runs (TpAllToAll, of
   // --split-activations plans, not yet).
   const bool tp = pipeline.tensor_parallel > 1;
-  RETURN_IF_ERROR(check_cuda_ops(g, [tp](const Node &node) {
-    return tp && (node.op == "TpCopy" || node.op == "TpSplit" || node.op == "TpAllReduce" ||
-                  node.op == "TpAllGather" || node.op == "TpReduceScatter");
-  }));
+  RETURN_IF_ERROR(check_cuda_ops(
+      g,
+      [tp](const Node &node) {
+        return tp && (node.op == "TpCopy" || node.op == "TpSplit" || node.op == "TpAllReduce" ||
+                      node.op == "TpAllGather" || node.op == "TpReduceScatter");
+      },
+      pipeline.tensor_parallel));
   if (workspace_bytes < 0) return invalid_argument("the workspace cannot be negative");
   if (!local.empty() && local.size() != plan.programs.size())
     return invalid_argument("the local set names ", local.size(), " devices; the plan has ",
@@ -549,7 +552,8 @@ struct CudaPipelineRunner::State {
           device.scratch,   op.flag,
           options.tf32,     device.cudnn,
           op.cache,         device.bf16,
-          options.f16};
+          options.f16,      op.member,
+          op.parts};
       return op.op->kernel(context);
     }
     case InstrKind::kSend:
@@ -1307,6 +1311,10 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
             if (node.op == "SumOfSquares") at = data, type = &g.tensor(t).type; // the whole pair
             op.outputs.push_back({at, type});
           }
+          // Its place in its tensor-parallel group (ops on a piece of a
+          // split table or of split logits read it; 0 of 1 without).
+          op.member = static_cast<int>(d) % tensor_parallel;
+          op.parts = tensor_parallel;
           using Tp = State::Op::Tp;
           op.tp = shard                          ? Tp::kNone
                   : node.op == "TpCopy"          ? Tp::kCopy

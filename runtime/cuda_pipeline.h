@@ -38,9 +38,10 @@
 // ZeRO-1 runs too: a replica holds its shard of the sharded state, its
 // ComputeShard updates run on views of its chunk, and the gradients'
 // reduce-scatters (blocking, or as buckets) and the parameters' all-gathers
-// are group collectives like the all-reduce. ZeRO-1 of tensor-parallel
-// pieces, TpAllToAll (some --split-activations plans) and vocabulary-parallel
-// embeddings and losses are refused with the reason.
+// are group collectives like the all-reduce. Megatron's vocabulary-parallel
+// embedding and cross entropy run on each member's piece (the kernels take
+// the member's place in its group). ZeRO-1 of tensor-parallel pieces and
+// TpAllToAll (some --split-activations plans) are refused with the reason.
 //
 // Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
 // own host thread, State and CUDA Graph, and the ranks talk over NCCL: a

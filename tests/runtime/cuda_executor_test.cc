@@ -112,9 +112,13 @@ TEST(CudaOps, MissingKernelsAreListedAllAtOnceWithTheirNodes) {
   EXPECT_NE(text.find("ReduceSum on i64 ('count')"), std::string::npos) << text;
   EXPECT_NE(text.find("Conv2d with asymmetric pads ('same_pad')"), std::string::npos) << text;
   EXPECT_NE(text.find("--backend cpu"), std::string::npos) << text;
-  EXPECT_NE(text.find("Gather of a vocabulary-parallel table (parts > 1) ('vocab_piece')"),
+  // A piece of a split table needs a tensor-parallel group (the pipeline
+  // runner's), not a single device.
+  EXPECT_NE(text.find("Gather of a tensor split over 2 members outside a tensor-parallel group "
+                      "of 2 ('vocab_piece')"),
             std::string::npos)
       << text;
+  EXPECT_TRUE(check_cuda_ops(*graph, {}, 2).message().find("vocab_piece") == std::string::npos);
   // Nodes the backend runs are not listed.
   EXPECT_EQ(text.find("'fine'"), std::string::npos) << text;
   // Nor those a runner runs itself.
@@ -418,6 +422,26 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"SoftmaxCrossEntropyGrad",
                    {{"reduction", std::string("none")}},
                    {{f, {8}}, {f, {8, 10}}, {DType::kI32, {8}}}});
+  // The vocabulary-parallel loss as one member of one (parts 1): the same
+  // kernels as in a group, whose pieces the pipeline tests cover. Positive
+  // statistics: their sums go through a log.
+  const Attribute one_part{"parts", int64_t{1}};
+  cases.push_back({"VocabParallelStats", {one_part}, {{f, {8, 10}}, {DType::kI64, {8}}}});
+  for (const char *reduction : {"mean", "none"}) {
+    const std::vector<Attribute> attrs = {one_part, {"reduction", std::string(reduction)}};
+    const bool none = std::string_view(reduction) == "none";
+    cases.push_back({"VocabParallelCrossEntropy",
+                     attrs,
+                     {{f, {8, 10}}, {DType::kI64, {8}}, {f, {8, 3}}},
+                     1e-5,
+                     true});
+    cases.push_back(
+        {"VocabParallelCrossEntropyGrad",
+         attrs,
+         {{f, none ? Shape{8} : Shape{}}, {f, {8, 10}}, {DType::kI32, {8}}, {f, {8, 3}}},
+         1e-5,
+         true});
+  }
   cases.push_back({"Gather", {}, {{f, {10, 4}}, {DType::kI64, {2, 3}}}});
   cases.push_back({"Gather", {{"axis", int64_t{1}}}, {{f, {3, 7, 2}}, {DType::kI32, {4}}}});
   cases.push_back({"GatherGrad", {{"shape", ints({10, 4})}}, {{f, {12, 4}}, {DType::kI64, {12}}}});

@@ -27,13 +27,13 @@ namespace {
 
 using serialization::InstrKind;
 
-Graph gpt_forward() {
+Graph gpt_forward(int64_t vocab = 64) {
   zoo::GptOptions o;
   o.layers = 4;
   o.hidden = 32;
   o.heads = 4;
   o.seq = 8;
-  o.vocab = 64;
+  o.vocab = vocab;
   o.batch = 16; // split into micro-batches by the compiler
   return *zoo::make_gpt(o);
 }
@@ -200,10 +200,16 @@ TEST(CudaPipelineLayout, RefusesWhatItDoesNotRunYetSayingWhy) {
             std::string::npos)
       << layout.status().message();
 
-  // Tensor parallelism runs: the runner moves the pieces itself.
+  // Tensor parallelism runs: the runner moves the pieces itself, and runs
+  // the vocabulary-parallel embedding and loss of a large vocabulary.
   auto tp = mesh(1, 2);
   tp.tensor_parallel = 2;
   layout = cuda_pipeline_layout(compile(gpt_forward(), "sgd:lr=0.1", tp), 0);
+  EXPECT_TRUE(layout.is_ok()) << layout.status().message();
+  const serialization::Plan vocab = compile(gpt_forward(4096), "sgd:lr=0.1", tp);
+  EXPECT_TRUE(std::any_of(vocab.graph.nodes().begin(), vocab.graph.nodes().end(),
+                          [](const Node &n) { return n.op == "VocabParallelCrossEntropy"; }));
+  layout = cuda_pipeline_layout(vocab, 0);
   EXPECT_TRUE(layout.is_ok()) << layout.status().message();
 
   serialization::Plan single;
@@ -315,6 +321,9 @@ TEST_F(CudaPipelineGpuTest, TensorParallelGroupsTrainAsOnTheCpu) {
   auto dp_tp = mesh(1, 2, 2);
   dp_tp.tensor_parallel = 2;
   expect_pipeline_matches(compile(gpt_forward(), "adamw:lr=0.01", dp_tp), 1e-4);
+  // A large vocabulary: the embedding table and the logits split by class
+  // (Megatron-LM's vocabulary-parallel embedding and cross entropy).
+  expect_pipeline_matches(compile(gpt_forward(4096), "sgd:lr=0.1,momentum=0.9", tp), 1e-4);
 }
 
 // ZeRO-1: every replica keeps its shard of the optimizer state, gradients are

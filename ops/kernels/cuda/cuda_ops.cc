@@ -390,30 +390,87 @@ Status cross_entropy_grad_op(const CudaKernelContext &c) {
                "launch");
 }
 
-Status expect_whole_table(const CudaKernelContext &c) {
-  if (c.attrs().get_int("parts") != 1)
-    return unimplemented(c.def.name, " of a table split over ", c.attrs().get_int("parts"),
-                         " tensor-parallel members does not run on the CUDA backend yet");
-  return Status::ok();
+// This device's piece of a table (or logits) split over `parts` members:
+// the first of its `rows` rows (classes) among rows x parts. An error unless
+// the device runs in a tensor-parallel group of `parts` (parts 1 runs
+// anywhere, as member 0 of 1).
+struct Piece {
+  int64_t parts = 1, first = 0, bound = 0;
+};
+Result<Piece> split_piece(const CudaKernelContext &c, int64_t rows) {
+  Piece piece;
+  piece.parts = c.attrs().get_int("parts");
+  if (piece.parts < 1) return invalid_argument(c.def.name, ": parts must be at least 1");
+  if (piece.parts > 1 && piece.parts != c.group)
+    return failed_precondition(c.def.name, " of a tensor split over ", piece.parts,
+                               " members runs in a tensor-parallel group of ", piece.parts,
+                               "; this device is in one of ", c.group);
+  piece.first = piece.parts == 1 ? 0 : rows * c.member;
+  piece.bound = rows * piece.parts;
+  return piece;
 }
 
 Status gather_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
-  RETURN_IF_ERROR(expect_whole_table(c));
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
+  ASSIGN_OR_RETURN(Piece piece, split_piece(c, r.axis));
   return check(gather(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                      c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream),
+                      c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream, piece.first,
+                      piece.bound),
                "launch");
 }
 
 Status gather_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
-  RETURN_IF_ERROR(expect_whole_table(c));
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
+  ASSIGN_OR_RETURN(Piece piece, split_piece(c, r.axis));
   return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch, c.stream),
+                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch, c.stream,
+                           piece.first, piece.bound),
+               "launch");
+}
+
+// Megatron's vocabulary-parallel cross entropy (ops/ops_nn.cc): the statistics
+// of this member's piece of the logits, the loss from every member's, and
+// the gradient of the piece.
+Status vocab_parallel_stats_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0}));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
+  const int64_t classes = c.inputs[0].shape().back();
+  ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
+  return check(vocab_parallel_stats(in_f32(c, 0), c.inputs[1].data, bytes,
+                                    c.inputs[1].num_elements(), classes, piece.first, piece.bound,
+                                    c.attrs().get_int("ignore_index"), out_f32(c, 0), c.flag,
+                                    c.stream),
+               "launch");
+}
+
+Status vocab_parallel_cross_entropy_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 2}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
+  const int64_t classes = c.inputs[0].shape().back();
+  ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
+  return check(vocab_parallel_cross_entropy(
+                   c.inputs[1].data, bytes, in_f32(c, 2), c.inputs[1].num_elements(), piece.parts,
+                   piece.bound, c.attrs().get_int("ignore_index"), reduction,
+                   static_cast<double *>(c.scratch), out_f32(c, 0), c.flag, c.stream),
+               "launch");
+}
+
+Status vocab_parallel_cross_entropy_grad_op(const CudaKernelContext &c) {
+  RETURN_IF_ERROR(expect_f32(c, {0, 1, 3}));
+  ASSIGN_OR_RETURN(int reduction, reduction_code(c));
+  ASSIGN_OR_RETURN(int bytes, index_bytes(c, 2));
+  const int64_t classes = c.inputs[1].shape().back();
+  ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
+  return check(vocab_parallel_cross_entropy_grad(
+                   in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes, in_f32(c, 3),
+                   c.inputs[2].num_elements(), classes, piece.parts, piece.first,
+                   c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0), c.flag,
+                   static_cast<double *>(c.scratch), c.stream),
                "launch");
 }
 
@@ -1016,6 +1073,11 @@ const std::vector<CudaOp> &table() {
         op("TanhGrad", binary_op<Binary::kTanhGrad>),
         op("Transpose", transpose_op),
         op("Unsqueeze", copy_op),
+        op("VocabParallelCrossEntropy", vocab_parallel_cross_entropy_op, cross_entropy_scratch,
+           kBadLabel),
+        op("VocabParallelCrossEntropyGrad", vocab_parallel_cross_entropy_grad_op,
+           cross_entropy_grad_scratch, kBadLabel),
+        op("VocabParallelStats", vocab_parallel_stats_op, nullptr, kBadLabel),
         op("Where", where_op),
     };
     for (const CudaOp &entry : cudnn_ops())

@@ -48,6 +48,10 @@ struct CudaKernelContext {
   // by its own power of two into f16's range (launch.h's to_f16_scaled).
   void *half = nullptr;
   bool f16 = false;
+  // In a tensor-parallel group of `group` devices, this device's position:
+  // ops on its piece of a split tensor (Gather of a vocabulary-parallel
+  // table, the vocabulary-parallel loss) need it. 0 of 1 elsewhere.
+  int member = 0, group = 1;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 

@@ -153,6 +153,29 @@ cudaError_t batch_norm_grad(const float *dy, const float *x, const float *scale,
 cudaError_t cross_entropy(const float *logits, const void *labels, int label_bytes, int64_t rows,
                           int64_t classes, int64_t ignore_index, int reduction, double *row_loss,
                           float *loss, int *bad_label, cudaStream_t stream);
+// Megatron's vocabulary-parallel cross entropy, over this member's piece of
+// the logits ([rows, classes], classes [first, first + classes) of `total`):
+// vocab_parallel_stats writes per row the piece's max, sum of e^(x - max)
+// and the label's logit where the piece holds it (else 0); from every
+// member's three (gathered: [rows, 3 parts]) vocab_parallel_cross_entropy
+// reduces the rows' losses as cross_entropy does (`row_loss` scratch for rows
+// doubles) and vocab_parallel_cross_entropy_grad writes d piece = (softmax -
+// onehot) * dLoss (`weight` scratch for one double). Labels outside [0,
+// total) that are not ignore_index set *bad_label.
+cudaError_t vocab_parallel_stats(const float *piece, const void *labels, int label_bytes,
+                                 int64_t rows, int64_t classes, int64_t first, int64_t total,
+                                 int64_t ignore_index, float *stats, int *bad_label,
+                                 cudaStream_t stream);
+cudaError_t vocab_parallel_cross_entropy(const void *labels, int label_bytes, const float *stats,
+                                         int64_t rows, int64_t parts, int64_t total,
+                                         int64_t ignore_index, int reduction, double *row_loss,
+                                         float *loss, int *bad_label, cudaStream_t stream);
+cudaError_t vocab_parallel_cross_entropy_grad(const float *dloss, const float *piece,
+                                              const void *labels, int label_bytes,
+                                              const float *stats, int64_t rows, int64_t classes,
+                                              int64_t parts, int64_t first, int64_t ignore_index,
+                                              int reduction, float *dpiece, int *bad_label,
+                                              double *weight, cudaStream_t stream);
 // d logits = (softmax - onehot) * dLoss (per row for reduction none, divided by
 // the counted rows for mean); a bad label sets *bad_label. `weight` is scratch
 // for one double.
@@ -163,19 +186,24 @@ cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const vo
 
 // Gather along an axis: data [outer, axis_size, inner], indices (i32 or i64,
 // n of them) -> out [outer, n, inner]. Negative indices count from the end;
-// an index out of range sets *bad_index and writes zeros.
+// an index out of range sets *bad_index and writes zeros. A table split by
+// rows over tensor-parallel members (Megatron's vocabulary-parallel
+// embedding): `data` holds rows [first, first + axis_size) of `bound`, and
+// the other members' rows read as zeros (bound 0: the whole table).
 cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
                    const void *indices, int index_bytes, int64_t n, float *out, int *bad_index,
-                   cudaStream_t stream);
+                   cudaStream_t stream, int64_t first = 0, int64_t bound = 0);
 // dData [outer, axis_size, inner] = zeros plus dY rows added at the indices.
 // Each output element sums its contributions in index order (deterministic);
 // an index out of range sets *bad_index. With outer == 1 (an embedding table)
 // the positions are first sorted by index with a stable radix sort (CUB), so
 // the work is one pass over dY; `scratch` holds gather_grad_scratch(n,
 // axis_size) bytes for it (null: the unsorted kernel, n reads per element).
+// With `first` and `bound` as gather's: only this member's rows.
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, void *scratch, cudaStream_t stream);
+                        int *bad_index, void *scratch, cudaStream_t stream, int64_t first = 0,
+                        int64_t bound = 0);
 size_t gather_grad_scratch(int64_t n, int64_t axis_size);
 
 // A pooling window over planes of h x w (MaxPool2d, AveragePool2d): output

@@ -484,19 +484,113 @@ __global__ void cross_entropy_grad_kernel(const float *dloss, const float *logit
   }
 }
 
+// ---- vocabulary-parallel cross entropy ------------------------------------------------
+
+// One block per row of the piece: max, sum of e^(x - max), the label's logit.
+__global__ void vocab_stats_kernel(const float *piece, const void *labels, int label_bytes,
+                                   int64_t classes, int64_t first, int64_t total,
+                                   int64_t ignore_index, float *stats, int *bad_label) {
+  __shared__ float shared_max[kThreads];
+  __shared__ double shared_sum[kThreads];
+  const int64_t r = blockIdx.x;
+  const float *row = piece + r * classes;
+  const ExpStats s = exp_stats(row, classes, shared_max, shared_sum);
+  if (threadIdx.x != 0) return;
+  const int64_t label = label_at(labels, label_bytes, r);
+  const bool ignored = label == ignore_index;
+  if (!ignored && (label < 0 || label >= total)) *bad_label = 1;
+  const int64_t local = ignored ? -1 : label - first;
+  float *out = stats + 3 * r;
+  out[0] = s.max;
+  out[1] = static_cast<float>(s.sum);
+  out[2] = local >= 0 && local < classes ? row[local] : 0.0f;
+}
+
+// Row r's max over every class, log of its sum of exponentials and label
+// logit, from every member's three (in member order, as the CPU adds them).
+struct RowSoftmax {
+  double max, log_sum, target;
+};
+__device__ RowSoftmax combine_stats(const float *stats, int64_t parts) {
+  float max = stats[0];
+  for (int64_t p = 1; p < parts; ++p)
+    max = fmaxf(max, stats[3 * p]);
+  double sum = 0, target = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    sum += static_cast<double>(stats[3 * p + 1]) *
+           exp(static_cast<double>(stats[3 * p]) - static_cast<double>(max));
+    target += stats[3 * p + 2];
+  }
+  return {max, ::log(sum), target};
+}
+
+// One thread per row: its loss (0 for an ignored or bad row).
+__global__ void vocab_loss_rows_kernel(const void *labels, int label_bytes, const float *stats,
+                                       int64_t rows, int64_t parts, int64_t total,
+                                       int64_t ignore_index, int reduction, double *row_loss,
+                                       float *loss, int *bad_label) {
+  STRATA_GRID_STRIDE(r, rows) {
+    const int64_t label = label_at(labels, label_bytes, r);
+    const bool ignored = label == ignore_index;
+    const bool bad = !ignored && (label < 0 || label >= total);
+    if (bad) *bad_label = 1;
+    double value = 0;
+    if (!ignored && !bad) {
+      const RowSoftmax row = combine_stats(stats + 3 * parts * r, parts);
+      value = row.max + row.log_sum - row.target;
+    }
+    row_loss[r] = value;
+    if (reduction == 2) loss[r] = static_cast<float>(value);
+  }
+}
+
+__global__ void vocab_grad_kernel(const float *dloss, const float *piece, const void *labels,
+                                  int label_bytes, const float *stats, int64_t classes,
+                                  int64_t parts, int64_t first, int64_t ignore_index, int reduction,
+                                  const double *shared, float *dpiece, int *bad_label) {
+  const int64_t r = blockIdx.x;
+  const float *row = piece + r * classes;
+  float *out = dpiece + r * classes;
+  const int64_t label = label_at(labels, label_bytes, r);
+  if (label == ignore_index || label < 0 || label >= classes * parts) {
+    if (label != ignore_index && threadIdx.x == 0) *bad_label = 1;
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+      out[c] = 0.0f;
+    return;
+  }
+  const RowSoftmax softmax = combine_stats(stats + 3 * parts * r, parts);
+  const double weight = reduction == 2 ? static_cast<double>(dloss[r]) : *shared;
+  const int64_t local = label - first;
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+    const double p = exp(static_cast<double>(row[c]) - softmax.max - softmax.log_sum);
+    out[c] = static_cast<float>(weight * (p - (c == local ? 1.0 : 0.0)));
+  }
+}
+
 // ---- gather --------------------------------------------------------------------------
+
+// The row of this piece (rows [first, first + axis_size) of `bound`) that
+// index j names: its local row, -1 for another member's row, -2 for an index
+// out of range.
+__device__ int64_t piece_row(const void *indices, int index_bytes, int64_t j, int64_t first,
+                             int64_t axis_size, int64_t bound) {
+  int64_t index = label_at(indices, index_bytes, j);
+  if (index < 0) index += bound;
+  if (index < 0 || index >= bound) return -2;
+  index -= first;
+  return index >= 0 && index < axis_size ? index : -1;
+}
 
 __global__ void gather_kernel(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
                               const void *indices, int index_bytes, int64_t n, float *out,
-                              int *bad_index) {
+                              int *bad_index, int64_t first, int64_t bound) {
   const int64_t total = outer * n * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t k = i % inner, j = (i / inner) % n, o = i / (inner * n);
-    int64_t index = label_at(indices, index_bytes, j);
-    if (index < 0) index += axis_size;
-    if (index < 0 || index >= axis_size) {
-      *bad_index = 1;
+    const int64_t index = piece_row(indices, index_bytes, j, first, axis_size, bound);
+    if (index < 0) {
+      if (index == -2) *bad_index = 1;
       out[i] = 0.0f;
       continue;
     }
@@ -509,16 +603,15 @@ __global__ void gather_kernel(const float *data, int64_t outer, int64_t axis_siz
 // the zoo models; a sort-based pass is the way for large vocabularies.
 __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                                    const void *indices, int index_bytes, int64_t n, float *ddata,
-                                   int *bad_index) {
+                                   int *bad_index, int64_t first, int64_t bound) {
   const int64_t total = outer * axis_size * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t k = i % inner, row = (i / inner) % axis_size, o = i / (inner * axis_size);
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      int64_t index = label_at(indices, index_bytes, j);
-      if (index < 0) index += axis_size;
-      if (index < 0 || index >= axis_size) *bad_index = 1;
+      const int64_t index = piece_row(indices, index_bytes, j, first, axis_size, bound);
+      if (index == -2) *bad_index = 1;
       if (index == row) sum += dy[(o * n + j) * inner + k];
     }
     ddata[i] = sum;
@@ -530,14 +623,11 @@ __global__ void gather_grad_kernel(const float *dy, int64_t outer, int64_t axis_
 // Row of every position (out-of-range ones get axis_size: sorted last, unused).
 __global__ void index_keys_kernel(const void *indices, int index_bytes, int64_t n,
                                   int64_t axis_size, uint32_t *keys, uint32_t *positions,
-                                  int *bad_index) {
+                                  int *bad_index, int64_t first, int64_t bound) {
   STRATA_GRID_STRIDE(j, n) {
-    int64_t index = label_at(indices, index_bytes, j);
-    if (index < 0) index += axis_size;
-    if (index < 0 || index >= axis_size) {
-      *bad_index = 1;
-      index = axis_size;
-    }
+    int64_t index = piece_row(indices, index_bytes, j, first, axis_size, bound);
+    if (index == -2) *bad_index = 1;
+    if (index < 0) index = axis_size; // another member's row, or out of range
     keys[j] = static_cast<uint32_t>(index);
     positions[j] = static_cast<uint32_t>(j);
   }
@@ -789,13 +879,57 @@ cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const vo
   return cudaGetLastError();
 }
 
+cudaError_t vocab_parallel_stats(const float *piece, const void *labels, int label_bytes,
+                                 int64_t rows, int64_t classes, int64_t first, int64_t total,
+                                 int64_t ignore_index, float *stats, int *bad_label,
+                                 cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  vocab_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      piece, labels, label_bytes, classes, first, total, ignore_index, stats, bad_label);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_parallel_cross_entropy(const void *labels, int label_bytes, const float *stats,
+                                         int64_t rows, int64_t parts, int64_t total,
+                                         int64_t ignore_index, int reduction, double *row_loss,
+                                         float *loss, int *bad_label, cudaStream_t stream) {
+  if (rows == 0) {
+    if (reduction != 2) return cudaMemsetAsync(loss, 0, sizeof(float), stream);
+    return cudaSuccess;
+  }
+  vocab_loss_rows_kernel<<<grid_for(rows), kThreads, 0, stream>>>(
+      labels, label_bytes, stats, rows, parts, total, ignore_index, reduction, row_loss, loss,
+      bad_label);
+  if (reduction != 2)
+    cross_entropy_reduce_kernel<<<1, 1, 0, stream>>>(row_loss, labels, label_bytes, rows,
+                                                     ignore_index, reduction, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t vocab_parallel_cross_entropy_grad(const float *dloss, const float *piece,
+                                              const void *labels, int label_bytes,
+                                              const float *stats, int64_t rows, int64_t classes,
+                                              int64_t parts, int64_t first, int64_t ignore_index,
+                                              int reduction, float *dpiece, int *bad_label,
+                                              double *weight, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (reduction != 2)
+    cross_entropy_weight_kernel<<<1, 1, 0, stream>>>(dloss, labels, label_bytes, rows, ignore_index,
+                                                     reduction, weight);
+  vocab_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      dloss, piece, labels, label_bytes, stats, classes, parts, first, ignore_index, reduction,
+      weight, dpiece, bad_label);
+  return cudaGetLastError();
+}
+
 cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t inner,
                    const void *indices, int index_bytes, int64_t n, float *out, int *bad_index,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int64_t first, int64_t bound) {
   const int64_t total = outer * n * inner;
   if (total == 0) return cudaSuccess;
   gather_kernel<<<grid_for(total), kThreads, 0, stream>>>(data, outer, axis_size, inner, indices,
-                                                          index_bytes, n, out, bad_index);
+                                                          index_bytes, n, out, bad_index, first,
+                                                          bound > 0 ? bound : axis_size);
   return cudaGetLastError();
 }
 
@@ -806,17 +940,19 @@ size_t gather_grad_scratch(int64_t n, int64_t axis_size) {
 
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, void *scratch, cudaStream_t stream) {
+                        int *bad_index, void *scratch, cudaStream_t stream, int64_t first,
+                        int64_t bound) {
   const int64_t total = outer * axis_size * inner;
   if (total == 0) return cudaSuccess;
+  if (bound <= 0) bound = axis_size;
   if (outer != 1 || scratch == nullptr || gather_grad_scratch(n, axis_size) == 0) {
     gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
-        dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index);
+        dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index, first, bound);
     return cudaGetLastError();
   }
   SortScratch s = carve(scratch, n, axis_size);
-  index_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(indices, index_bytes, n, axis_size,
-                                                          s.keys_in, s.positions_in, bad_index);
+  index_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      indices, index_bytes, n, axis_size, s.keys_in, s.positions_in, bad_index, first, bound);
   const cudaError_t sorted =
       cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.positions_in,
                                       s.positions_out, n, 0, key_bits(axis_size), stream);
