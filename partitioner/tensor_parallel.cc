@@ -904,6 +904,34 @@ PieceLayout piece_layout(const Node &node, const TensorType &piece) {
   return layout;
 }
 
+Result<AllToAllLayout> all_to_all_layout(const Node &node, const TensorType &in,
+                                         const TensorType &out, int parts) {
+  // One piece of `whole` cut along the attribute `axis_name`, as
+  // piece_layout sees a node of that axis and outer.
+  auto piece_of = [&](const TensorType &whole, const char *axis_name,
+                      const char *outer_name) -> Result<PieceLayout> {
+    int64_t axis = node.int_attr(axis_name).value_or(0);
+    if (axis < 0) axis += whole.rank();
+    if (axis < 0 || axis >= whole.rank() || whole.shape[static_cast<size_t>(axis)] % parts != 0)
+      return invalid_argument("node '", node.name, "': ", whole.to_string(),
+                              " does not split into ", parts, " along ", axis_name);
+    Node view = node;
+    view.attrs = {{"axis", axis}, {"outer", node.int_attr(outer_name).value_or(1)}};
+    TensorType piece = whole;
+    piece.shape[static_cast<size_t>(axis)] /= parts;
+    return piece_layout(view, piece);
+  };
+  AllToAllLayout layout;
+  ASSIGN_OR_RETURN(layout.cut, piece_of(in, "axis", "outer"));
+  ASSIGN_OR_RETURN(layout.place, piece_of(out, "from_axis", "from_outer"));
+  layout.block = static_cast<size_t>(in.size_bytes()) / static_cast<size_t>(parts);
+  if (layout.cut.rows * layout.cut.run != layout.block ||
+      layout.place.rows * layout.place.run != layout.block)
+    return invalid_argument("node '", node.name, "': ", in.to_string(), " -> ", out.to_string(),
+                            " does not cut into ", parts, " equal blocks");
+  return layout;
+}
+
 Result<HostTensor> join_pieces(const Tensor &tensor, const TensorShard &shard, int parts,
                                const std::vector<HostTensor> &pieces) {
   if (pieces.size() != static_cast<size_t>(parts))

@@ -113,4 +113,16 @@ struct PieceLayout {
 };
 PieceLayout piece_layout(const Node &node, const TensorType &piece);
 
+// A TpAllToAll of `parts` members from `in` to `out`: how its input is cut
+// along `axis` (block j, for member j, is `cut` within the input) and how its
+// output is put together along `from_axis` (piece j, from member j, is
+// `place` within the output); every block has the same bytes, and member r's
+// output piece j is member j's input block r.
+struct AllToAllLayout {
+  PieceLayout cut, place;
+  size_t block = 0; // bytes
+};
+Result<AllToAllLayout> all_to_all_layout(const Node &node, const TensorType &in,
+                                         const TensorType &out, int parts);
+
 } // namespace strata::partitioner

@@ -122,14 +122,14 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
   if (!plan.pipeline) return invalid_argument("the plan has no pipeline (one device)");
   const Graph &g = plan.graph;
   const serialization::PlanPipeline &pipeline = *plan.pipeline;
-  // The tensor-parallel nodes the runner itself runs (TpAllToAll, of
-  // --split-activations plans, not yet).
+  // The tensor-parallel nodes the runner itself runs.
   const bool tp = pipeline.tensor_parallel > 1;
   RETURN_IF_ERROR(check_cuda_ops(
       g,
       [tp](const Node &node) {
         return tp && (node.op == "TpCopy" || node.op == "TpSplit" || node.op == "TpAllReduce" ||
-                      node.op == "TpAllGather" || node.op == "TpReduceScatter");
+                      node.op == "TpAllGather" || node.op == "TpReduceScatter" ||
+                      node.op == "TpAllToAll");
       },
       pipeline.tensor_parallel));
   if (workspace_bytes < 0) return invalid_argument("the workspace cannot be negative");
@@ -198,6 +198,12 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
               std::max(device.tp_staging_bytes,
                        g.tensor(node.op == "TpAllGather" ? node.outputs[0] : node.inputs[0])
                            .type.size_bytes());
+        // An all-to-all cuts its input into blocks there, and over NCCL
+        // receives the others' blocks beside them.
+        if (node.op == "TpAllToAll")
+          device.tp_staging_bytes =
+              std::max(device.tp_staging_bytes,
+                       (local.empty() ? 1 : 2) * g.tensor(node.inputs[0]).type.size_bytes());
         const cuda::CudaOp *op = cuda::find_cuda_op(node.op);
         if (op == nullptr) break;
         std::vector<TensorType> types;
@@ -343,10 +349,21 @@ struct CudaPipelineRunner::State {
     cudaEvent_t arrived = nullptr; // collectives: this member is there
     // A tensor-parallel node: what it does, this device's position in its
     // group, and the pieces' layout (partitioner::piece_layout).
-    enum class Tp : uint8_t { kNone, kCopy, kSplit, kAllReduce, kAllGather, kReduceScatter };
+    enum class Tp : uint8_t {
+      kNone,
+      kCopy,
+      kSplit,
+      kAllReduce,
+      kAllGather,
+      kReduceScatter,
+      kAllToAll
+    };
     Tp tp = Tp::kNone;
     int member = 0, parts = 1;
     size_t rows = 1, run = 0;
+    // An all-to-all: its input cut along `axis` (rows x run) and its output
+    // placed along `from_axis` (place_rows x place_run), `block` bytes each.
+    size_t place_rows = 1, place_run = 0, block = 0;
     cudaEvent_t *reduced = nullptr; // AllReduce, Start/WaitBucket: the sum is done
   };
   struct Device {
@@ -508,6 +525,25 @@ struct CudaPipelineRunner::State {
                                                            static_cast<int64_t>(m) * run, stream),
                                    "launch"));
       }
+      break;
+    }
+    case Op::Tp::kAllToAll: {
+      // Each member's input cut into contiguous blocks (block j for member
+      // j) in its staging; then member r's output piece j is member j's
+      // block r.
+      auto staging = [&](size_t m) {
+        return static_cast<std::byte *>(
+            devices[static_cast<size_t>(launch.parts[m].device)].tp_staging);
+      };
+      for (size_t m = 0; m < parts; ++m)
+        for (size_t j = 0; j < parts; ++j)
+          RETURN_IF_ERROR(copy_block(staging(m) + j * first.block, first.run, in(m) + j * first.run,
+                                     parts * first.run, first.run, first.rows, stream));
+      for (size_t r = 0; r < parts; ++r)
+        for (size_t j = 0; j < parts; ++j)
+          RETURN_IF_ERROR(copy_block(out(r) + j * first.place_run, parts * first.place_run,
+                                     staging(j) + r * first.block, first.place_run, first.place_run,
+                                     first.place_rows, stream));
       break;
     }
     default: return internal_error(first.what, ": not a tensor-parallel collective");
@@ -836,6 +872,35 @@ struct CudaPipelineRunner::State {
           comm,
           ncclReduceScatter(staging, out, piece / sizeof(float), ncclFloat32, ncclSum, c, stream),
           "tensor-parallel reduce-scatter");
+    case Op::Tp::kAllToAll: {
+      // This member's input cut into blocks (block j for member j), the
+      // others' blocks for it received beside them, then placed.
+      std::byte *outgoing = staging, *incoming = staging + p * op.block;
+      for (size_t j = 0; j < p; ++j)
+        RETURN_IF_ERROR(copy_block(outgoing + j * op.block, op.run,
+                                   static_cast<const std::byte *>(in) + j * op.run, p * op.run,
+                                   op.run, op.rows, stream));
+      RETURN_IF_ERROR(nccl(comm, ncclGroupStart(), "group start"));
+      Status status = Status::ok();
+      for (size_t j = 0; j < p && status.is_ok(); ++j) {
+        if (j == m) continue;
+        const int peer = static_cast<int>(j);
+        status = nccl(comm, ncclSend(outgoing + j * op.block, op.block, ncclUint8, peer, c, stream),
+                      "tensor-parallel all-to-all");
+        if (status.is_ok())
+          status =
+              nccl(comm, ncclRecv(incoming + j * op.block, op.block, ncclUint8, peer, c, stream),
+                   "tensor-parallel all-to-all");
+      }
+      Status ended = nccl(comm, ncclGroupEnd(), "tensor-parallel all-to-all");
+      RETURN_IF_ERROR(status);
+      RETURN_IF_ERROR(ended);
+      for (size_t j = 0; j < p; ++j)
+        RETURN_IF_ERROR(copy_block(static_cast<std::byte *>(out) + j * op.place_run,
+                                   p * op.place_run, (j == m ? outgoing : incoming) + j * op.block,
+                                   op.place_run, op.place_run, op.place_rows, stream));
+      return Status::ok();
+    }
     default: return internal_error(op.what, ": not a collective NCCL runs");
     }
   }
@@ -1322,6 +1387,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                   : node.op == "TpAllReduce"     ? Tp::kAllReduce
                   : node.op == "TpAllGather"     ? Tp::kAllGather
                   : node.op == "TpReduceScatter" ? Tp::kReduceScatter
+                  : node.op == "TpAllToAll"      ? Tp::kAllToAll
                                                  : Tp::kNone;
           if (op.tp != Tp::kNone) {
             if (node.int_attr("parts").value_or(1) != tensor_parallel)
@@ -1330,6 +1396,16 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                                       " parts in a plan of tensor_parallel = ", tensor_parallel);
             op.member = static_cast<int>(d) % tensor_parallel;
             op.parts = tensor_parallel;
+            if (op.tp == Tp::kAllToAll) {
+              auto layout = partitioner::all_to_all_layout(node, *op.inputs[0].type,
+                                                           *op.outputs[0].type, tensor_parallel);
+              if (!layout.is_ok()) return layout.status().with_context(op.what);
+              op.rows = layout->cut.rows;
+              op.run = layout->cut.run;
+              op.place_rows = layout->place.rows;
+              op.place_run = layout->place.run;
+              op.block = layout->block;
+            }
             if (op.tp == Tp::kAllGather || op.tp == Tp::kReduceScatter || op.tp == Tp::kSplit) {
               // The piece: the input of an all-gather, the output of the others.
               const partitioner::PieceLayout piece = partitioner::piece_layout(

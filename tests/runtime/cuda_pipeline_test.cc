@@ -14,7 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include "graph/builder.h"
+#include "ops/registry.h"
+#include "partitioner/cluster.h"
 #include "partitioner/compile_pipeline.h"
+#include "partitioner/tensor_parallel.h"
 #include "passes/make_training.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
@@ -66,6 +70,31 @@ mesh(int stages, int microbatches, int data_parallel = 1,
   o.schedule = schedule;
   o.bucket_bytes = data_parallel > 1 ? 4096 : 0;
   return o;
+}
+
+// A projection whose softmax pays for moving the split from the columns to
+// the rows (compute priced slow): the plan holds TpAllToAll nodes.
+serialization::Plan all_to_all_plan(int tp) {
+  GraphBuilder b("projection_softmax", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {16, 32});
+  TensorId w1 = b.parameter("w1", DType::kF32, {32, 64},
+                            Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 1});
+  TensorId w2 =
+      b.parameter("w2", DType::kF32, {64, 8}, Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 2});
+  TensorId h = b.op1("MatMul", {x, w1}, {}, "proj");
+  TensorId p = b.op1("Softmax", {h}, {{"axis", int64_t{1}}}, "softmax");
+  b.output(b.op1("MatMul", {p, w2}, {}, "head"));
+  const Graph forward = *std::move(b).finish();
+  passes::TrainingOptions training;
+  training.optimizer = *passes::parse_optimizer("adamw:lr=0.05");
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.tensor_parallel = tp;
+  partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(tp);
+  cluster.device.peak_flops.f32 = 1e6;
+  pipeline.cluster = cluster;
+  auto plan = partitioner::compile_pipeline(forward, training, pipeline);
+  EXPECT_TRUE(plan.is_ok()) << plan.status().message();
+  return std::move(plan).value();
 }
 
 bool cuda_built() { return cuda_unavailable_reason().find("built without") == std::string::npos; }
@@ -211,6 +240,14 @@ TEST(CudaPipelineLayout, RefusesWhatItDoesNotRunYetSayingWhy) {
                           [](const Node &n) { return n.op == "VocabParallelCrossEntropy"; }));
   layout = cuda_pipeline_layout(vocab, 0);
   EXPECT_TRUE(layout.is_ok()) << layout.status().message();
+  // An all-to-all (one split becoming another) runs too, through a staging
+  // block per member.
+  const serialization::Plan all_to_all = all_to_all_plan(2);
+  EXPECT_TRUE(std::any_of(all_to_all.graph.nodes().begin(), all_to_all.graph.nodes().end(),
+                          [](const Node &n) { return n.op == "TpAllToAll"; }));
+  layout = cuda_pipeline_layout(all_to_all, 0);
+  ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+  EXPECT_GE(layout->devices[0].tp_staging_bytes, int64_t{16 * 64 / 2 * 4});
 
   serialization::Plan single;
   single.graph = mlp_forward();
@@ -326,6 +363,79 @@ TEST_F(CudaPipelineGpuTest, TensorParallelGroupsTrainAsOnTheCpu) {
   expect_pipeline_matches(compile(gpt_forward(4096), "sgd:lr=0.1,momentum=0.9", tp), 1e-4);
 }
 
+// The CUDA runners' all-to-all (2-D block copies by all_to_all_layout) moves
+// every byte where the CPU runner's (copy_piece cuts and placements) does.
+TEST(CudaAllToAll, BlockCopiesMatchTheCpuRunnersPieces) {
+  for (int tp : {2, 4}) {
+    const serialization::Plan plan = all_to_all_plan(tp);
+    int checked = 0;
+    for (const Node &node : plan.graph.nodes()) {
+      if (node.op != "TpAllToAll") continue;
+      ++checked;
+      const TensorType &in = plan.graph.tensor(node.inputs[0]).type;
+      const TensorType &out = plan.graph.tensor(node.outputs[0]).type;
+      auto layout = partitioner::all_to_all_layout(node, in, out, tp);
+      ASSERT_TRUE(layout.is_ok()) << layout.status().message();
+      const auto parts = static_cast<size_t>(tp);
+      const size_t bytes = static_cast<size_t>(in.size_bytes()), element = dtype_size(in.dtype);
+      ASSERT_EQ(layout->block * parts, bytes);
+      std::vector<std::vector<std::byte>> inputs(parts, std::vector<std::byte>(bytes));
+      for (size_t m = 0; m < parts; ++m)
+        for (size_t i = 0; i < bytes; ++i)
+          inputs[m][i] = static_cast<std::byte>((m * 131 + i * 7 + i / 251) & 0xff);
+      auto dim = [&](const char *name, const TensorType &type) {
+        const auto axis = static_cast<int32_t>(node.int_attr(name).value_or(0));
+        return axis < 0 ? axis + static_cast<int32_t>(type.rank()) : axis;
+      };
+      const serialization::PlanShard cut{"",
+                                         {in.shape.begin(), in.shape.end()},
+                                         dim("axis", in),
+                                         node.int_attr("outer").value_or(1)};
+      const serialization::PlanShard place{"",
+                                           {out.shape.begin(), out.shape.end()},
+                                           dim("from_axis", out),
+                                           node.int_attr("from_outer").value_or(1)};
+      // The CPU runner: block j of member m is copy_piece's piece j of its input.
+      std::vector<std::vector<std::byte>> expected(parts, std::vector<std::byte>(bytes));
+      for (size_t r = 0; r < parts; ++r)
+        for (size_t j = 0; j < parts; ++j) {
+          std::vector<std::byte> block(layout->block);
+          partitioner::copy_piece(cut, tp, static_cast<int>(r), element, inputs[j].data(),
+                                  block.data(), true);
+          partitioner::copy_piece(place, tp, static_cast<int>(j), element, expected[r].data(),
+                                  block.data(), false);
+        }
+      // The CUDA runners: 2-D copies of (rows, run) blocks through staging.
+      auto copy_block = [](std::byte *to, size_t to_pitch, const std::byte *from, size_t from_pitch,
+                           size_t width, size_t rows) {
+        for (size_t row = 0; row < rows; ++row)
+          std::memcpy(to + row * to_pitch, from + row * from_pitch, width);
+      };
+      const partitioner::PieceLayout &c = layout->cut, &pl = layout->place;
+      std::vector<std::vector<std::byte>> staging(parts, std::vector<std::byte>(bytes)),
+          got(parts, std::vector<std::byte>(bytes));
+      for (size_t m = 0; m < parts; ++m)
+        for (size_t j = 0; j < parts; ++j)
+          copy_block(staging[m].data() + j * layout->block, c.run, inputs[m].data() + j * c.run,
+                     parts * c.run, c.run, c.rows);
+      for (size_t r = 0; r < parts; ++r)
+        for (size_t j = 0; j < parts; ++j)
+          copy_block(got[r].data() + j * pl.run, parts * pl.run,
+                     staging[j].data() + r * layout->block, pl.run, pl.run, pl.rows);
+      for (size_t r = 0; r < parts; ++r)
+        EXPECT_TRUE(got[r] == expected[r]) << node.name << " member " << r << " of " << tp;
+    }
+    EXPECT_GT(checked, 0) << "tp " << tp;
+  }
+}
+
+// TpAllToAll between members on one GPU: each member's input cut into
+// blocks, each member's output placed from the others' blocks.
+TEST_F(CudaPipelineGpuTest, AllToAllTrainsAsOnTheCpu) {
+  for (int tp : {2, 4})
+    expect_pipeline_matches(all_to_all_plan(tp), 1e-4);
+}
+
 // ZeRO-1: every replica keeps its shard of the optimizer state, gradients are
 // reduce-scattered (blocking, or in buckets beside backward) and the updated
 // shards all-gathered.
@@ -389,6 +499,8 @@ TEST_F(CudaPipelineGpuTest, PlansOverTwoGpusTrainAsOnTheCpu) {
   auto tp = mesh(1, 2);
   tp.tensor_parallel = 2;
   expect_pipeline_matches(compile(gpt_forward(), sgd, tp), 1e-4, {0, 1});
+  expect_pipeline_matches(compile(gpt_forward(4096), sgd, tp), 1e-4, {0, 1});
+  expect_pipeline_matches(all_to_all_plan(2), 1e-4, {0, 1});
 }
 
 // A bad label on one GPU keeps every GPU's weights (the check flags are
