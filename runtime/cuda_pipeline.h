@@ -40,8 +40,9 @@
 // reduce-scatters (blocking, or as buckets) and the parameters' all-gathers
 // are group collectives like the all-reduce. Megatron's vocabulary-parallel
 // embedding and cross entropy run on each member's piece (the kernels take
-// the member's place in its group). ZeRO-1 of tensor-parallel pieces and
-// TpAllToAll (some --split-activations plans) are refused with the reason.
+// the member's place in its group), and TpAllToAll moves blocks through a
+// staging buffer per member (partitioner::all_to_all_layout). ZeRO-1 of
+// tensor-parallel pieces is refused with the reason.
 //
 // Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
 // own host thread, State and CUDA Graph, and the ranks talk over NCCL: a

@@ -14,8 +14,6 @@
 
 #include <gtest/gtest.h>
 
-#include "graph/builder.h"
-#include "ops/registry.h"
 #include "partitioner/cluster.h"
 #include "partitioner/compile_pipeline.h"
 #include "partitioner/tensor_parallel.h"
@@ -24,6 +22,7 @@
 #include "runtime/executor.h"
 #include "runtime/pipeline_runner.h"
 #include "strata_config.h"
+#include "tests/runtime/projection_softmax.h"
 #include "tools/zoo.h"
 
 namespace strata::runtime {
@@ -72,19 +71,10 @@ mesh(int stages, int microbatches, int data_parallel = 1,
   return o;
 }
 
-// A projection whose softmax pays for moving the split from the columns to
-// the rows (compute priced slow): the plan holds TpAllToAll nodes.
+// Tensor-parallel plans of testing_graphs::projection_softmax (compute priced
+// slow): they hold TpAllToAll nodes.
 serialization::Plan all_to_all_plan(int tp) {
-  GraphBuilder b("projection_softmax", ops::OpRegistry::global());
-  TensorId x = b.input("x", DType::kF32, {16, 32});
-  TensorId w1 = b.parameter("w1", DType::kF32, {32, 64},
-                            Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 1});
-  TensorId w2 =
-      b.parameter("w2", DType::kF32, {64, 8}, Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 2});
-  TensorId h = b.op1("MatMul", {x, w1}, {}, "proj");
-  TensorId p = b.op1("Softmax", {h}, {{"axis", int64_t{1}}}, "softmax");
-  b.output(b.op1("MatMul", {p, w2}, {}, "head"));
-  const Graph forward = *std::move(b).finish();
+  const Graph forward = testing_graphs::projection_softmax();
   passes::TrainingOptions training;
   training.optimizer = *passes::parse_optimizer("adamw:lr=0.05");
   partitioner::PipelineCompileOptions pipeline;

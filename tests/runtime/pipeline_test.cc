@@ -24,6 +24,7 @@
 #include "partitioner/compile_pipeline.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/projection_softmax.h"
 #include "tools/zoo.h"
 
 namespace strata::runtime {
@@ -425,16 +426,7 @@ TEST_F(PipelineTest, SplitActivationsMatchOneDevice) {
 // Compute is priced slow so that splitting the softmax pays for moving the
 // split from the projection's columns to the rows.
 TEST_F(PipelineTest, AllToAllMatchesOneDevice) {
-  GraphBuilder b("projection_softmax", ops::OpRegistry::global());
-  TensorId x = b.input("x", DType::kF32, {16, 32});
-  TensorId w1 = b.parameter("w1", DType::kF32, {32, 64},
-                            Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 1});
-  TensorId w2 =
-      b.parameter("w2", DType::kF32, {64, 8}, Initializer{Initializer::Kind::kNormal, 0.0, 0.5, 2});
-  TensorId h = b.op1("MatMul", {x, w1}, {}, "proj");
-  TensorId p = b.op1("Softmax", {h}, {{"axis", int64_t{1}}}, "softmax");
-  b.output(b.op1("MatMul", {p, w2}, {}, "head"));
-  const Graph forward = *std::move(b).finish();
+  const Graph forward = testing_graphs::projection_softmax();
   const auto options = training("adamw:lr=0.05");
   const TrainRun want = reference(forward, options);
   for (int tp : {2, 4}) {
