@@ -155,11 +155,6 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
     // ZeRO-1: tensors held as this device's shard of its shard group.
     int64_t shard_count = 1;
     if (!program.sharded_holds.empty()) {
-      if (pipeline.tensor_parallel > 1)
-        return unimplemented("device ", d,
-                             " holds ZeRO-1 shards of tensor-parallel pieces; the "
-                             "CUDA backend runs ZeRO-1 without tensor parallelism so far (run it "
-                             "with --backend cpu)");
       if (program.shard_group < 0 ||
           static_cast<size_t>(program.shard_group) >= pipeline.groups.size())
         return invalid_argument("device ", d, ": no shard group ", program.shard_group);
@@ -1135,9 +1130,12 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       device.sharded.insert(program.sharded_holds.begin(), program.sharded_holds.end());
     }
   }
+  // Which part of a tensor device d holds: its tensor-parallel piece (the
+  // member) and, with ZeRO-1, its shard of that (or of the whole tensor).
   auto part_of = [&](size_t d, TensorId id) {
-    if (runner->tp_shards_.contains(id)) return static_cast<int>(d) % tensor_parallel;
-    return shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : 0;
+    const int member = runner->tp_shards_.contains(id) ? static_cast<int>(d) % tensor_parallel : 0;
+    const int shard = shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : 0;
+    return member * (shard_info[d].shard_count + 1) + shard;
   };
   // Only what this process's devices hold (across processes, not the rest).
   std::vector<bool> needed(num_devices, false);
@@ -1158,19 +1156,21 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       auto value = materialize(whole, options.model_dir);
       if (!value.is_ok()) return value.status().with_context(str_cat("device ", program.device));
       if (shard != runner->tp_shards_.end()) {
-        HostTensor mine = HostTensor::zeros(g.tensor(id).type);
+        HostTensor part = HostTensor::zeros(g.tensor(id).type);
         partitioner::copy_piece(shard->second, tensor_parallel, member,
-                                dtype_size(whole.type.dtype), value->data(), mine.data(), true);
-        value = std::move(mine);
-      } else if (shard_info[program.device].sharded.contains(id)) {
-        // This device's ZeRO-1 shard: elements [r n / D, (r + 1) n / D).
+                                dtype_size(whole.type.dtype), value->data(), part.data(), true);
+        value = std::move(part);
+      }
+      if (shard_info[program.device].sharded.contains(id)) {
+        // This device's ZeRO-1 shard of its piece (or of the whole tensor):
+        // elements [r n / D, (r + 1) n / D).
         const int64_t count = shard_info[program.device].shard_count;
-        HostTensor mine =
-            HostTensor::zeros({whole.type.dtype, {whole.type.num_elements() / count}});
-        if (mine.size_bytes() > 0)
-          std::memcpy(mine.data(), value->data() + mine.size_bytes() * static_cast<size_t>(piece),
-                      mine.size_bytes());
-        value = std::move(mine);
+        const auto rank = static_cast<size_t>(shard_info[program.device].shard_rank);
+        HostTensor part =
+            HostTensor::zeros({value->type.dtype, {value->type.num_elements() / count}});
+        if (part.size_bytes() > 0)
+          std::memcpy(part.data(), value->data() + part.size_bytes() * rank, part.size_bytes());
+        value = std::move(part);
       }
       values.emplace(std::pair{id, piece}, std::move(value).value());
     }
@@ -1804,34 +1804,41 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
   for (const auto &rank : ranks_)
     if (!rank->wait("a read").is_ok())
       return cache.host.emplace(id, std::move(whole)).first->second;
+  // What device `d` holds of the tensor, whole (its piece under tensor
+  // parallelism): read directly, or with ZeRO-1 put together from the
+  // shards of d's shard group, each at its position.
+  // False where d is not in this process.
+  auto held_whole = [&](size_t d, HostTensor *out) {
+    auto [state, address] = held_at(ranks_, d, id);
+    if (state == nullptr) return false;
+    if (out->size_bytes() == 0) return true;
+    const State::Device &device = state->devices[d];
+    if (!device.sharded.contains(id)) {
+      cudaMemcpy(out->data(), address, out->size_bytes(), cudaMemcpyDefault);
+      return true;
+    }
+    const size_t chunk = out->size_bytes() / static_cast<size_t>(device.shard_count);
+    for (size_t e = 0; e < devices && chunk > 0; ++e) {
+      auto [other_state, other] = held_at(ranks_, e, id);
+      if (other_state == nullptr || !other_state->devices[e].sharded.contains(id) ||
+          cache.programs[e].shard_group != cache.programs[d].shard_group)
+        continue;
+      cudaMemcpy(out->data() + chunk * static_cast<size_t>(other_state->devices[e].shard_rank),
+                 other, chunk, cudaMemcpyDefault);
+    }
+    return true;
+  };
   for (size_t d = 0; d < devices; ++d) {
     auto [state, address] = held_at(ranks_, d, id);
     if (state == nullptr) continue;
-    const State::Device &device = state->devices[d];
-    if (device.sharded.contains(id)) {
-      // ZeRO-1: the shards of the device's group, each at its position.
-      const size_t chunk = whole.size_bytes() / static_cast<size_t>(device.shard_count);
-      for (size_t e = 0; e < devices && chunk > 0; ++e) {
-        auto [other_state, other] = held_at(ranks_, e, id);
-        if (other_state == nullptr || !other_state->devices[e].sharded.contains(id) ||
-            cache.programs[e].shard_group != cache.programs[d].shard_group)
-          continue;
-        cudaMemcpy(whole.data() + chunk * static_cast<size_t>(other_state->devices[e].shard_rank),
-                   other, chunk, cudaMemcpyDefault);
-      }
-      break;
-    }
     if (shard == tp_shards_.end()) {
-      if (whole.size_bytes() > 0)
-        cudaMemcpy(whole.data(), address, whole.size_bytes(), cudaMemcpyDefault);
+      held_whole(d, &whole);
       break;
     }
     // The first holder is member 0 of its group; the group's members follow.
     HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
     for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < devices; ++m) {
-      auto [member_state, member] = held_at(ranks_, d + static_cast<size_t>(m), id);
-      if (member_state == nullptr || piece.size_bytes() == 0) continue;
-      cudaMemcpy(piece.data(), member, piece.size_bytes(), cudaMemcpyDefault);
+      if (!held_whole(d + static_cast<size_t>(m), &piece)) continue;
       partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
                               whole.data(), piece.data(), false);
     }

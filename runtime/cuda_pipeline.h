@@ -41,8 +41,8 @@
 // are group collectives like the all-reduce. Megatron's vocabulary-parallel
 // embedding and cross entropy run on each member's piece (the kernels take
 // the member's place in its group), and TpAllToAll moves blocks through a
-// staging buffer per member (partitioner::all_to_all_layout). ZeRO-1 of
-// tensor-parallel pieces is refused with the reason.
+// staging buffer per member (partitioner::all_to_all_layout). ZeRO-1 shards
+// tensor-parallel pieces too: a replica holds its shard of its member's piece.
 //
 // Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
 // own host thread, State and CUDA Graph, and the ranks talk over NCCL: a
@@ -151,8 +151,8 @@ struct CudaPipelineLayout {
 // `local` (one flag per plan device; empty: all) limits it to the devices of
 // one GPU of a run over several: the others get no regions, and the local
 // ones' tensor-parallel staging for NCCL. Errors: what check_cuda_ops says,
-// and what this runner does not run yet (ZeRO-1 of tensor-parallel pieces,
-// non-f32 accumulation), each naming the device and instruction.
+// and what this runner does not run yet (non-f32 accumulation), each naming
+// the device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
                                                 int64_t workspace_bytes, bool bf16 = false,
                                                 const std::vector<bool> &local = {});
