@@ -8,8 +8,9 @@
 # and times PyTorch's step eagerly, captured whole as a CUDA Graph, and under
 # torch.compile(mode="reduce-overhead") (bench/peers/torch_cuda_step.py). All
 # f32, TF32 off, SGD with momentum 0.9, the loss read back every step; then the
-# GPT in bf16 (strata --precision bf16 against torch.autocast) and as a 4-stage
-# pipeline on the one GPU.
+# GPT in bf16 (strata --precision bf16 against torch.autocast) and f16, as a
+# 4-stage pipeline on the one GPU, and with two GPUs data-parallel and
+# pipelined over NCCL. Every row prints MFU against 989 TFLOP/s.
 # Record the output under bench/results/ with the GPU's name.
 #
 # Usage: bench/run_cuda.sh [build-dir]   (default: build-cuda, configured here)
@@ -102,3 +103,23 @@ echo -n "strata gpt pp4 graph  "
 strata_steps "$work/gpt_pp.splan"
 echo -n "strata gpt pp4 eager  "
 strata_steps "$work/gpt_pp.splan" --no-cuda-graph
+
+# With two or more GPUs: the same GPT as two data-parallel replicas (a GPU
+# each, gradients all-reduced over NCCL in buckets) and as a 2-stage pipeline
+# over two GPUs (activations sent over NCCL). Each step does the one-GPU
+# step's work per replica, so steps/s against the single-GPU row is the
+# scaling. MFU is over one GPU's peak.
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  echo "== gpt over 2 GPUs (NCCL)"
+  "$strata" compile "$work/gpt.strata" --train --optimizer sgd:lr=0.01,momentum=0.9 \
+    --mesh 2x1x1 -o "$work/gpt_dp2.splan" >/dev/null
+  echo -n "strata gpt dp2 graph  "
+  strata_steps "$work/gpt_dp2.splan" --gpus 0,1
+  "$strata" compile "$work/gpt.strata" --train --optimizer sgd:lr=0.01,momentum=0.9 \
+    --mesh 1x1x2 --microbatches 8 -o "$work/gpt_pp2.splan" >/dev/null
+  echo -n "strata gpt pp2 graph  "
+  strata_steps "$work/gpt_pp2.splan" --gpus 0,1
+else
+  echo "== one GPU here: the NCCL rows (data parallel and pipeline over 2 GPUs) need two"
+fi
