@@ -1114,9 +1114,10 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // Host values: what each device holds (the same tensor materializes to the
   // same bytes on every holder; a tensor-parallel member holds its piece of
   // it), and the nodes computed at load.
-  // By tensor and which part: the tensor-parallel member for a piece, the
-  // shard's position for a ZeRO-1 shard (never both: refused), else 0.
-  std::map<std::pair<TensorId, int>, HostTensor> values;
+  // By tensor and which part: the tensor-parallel member for a piece (else
+  // 0) and the shard's position for a ZeRO-1 shard (of the piece, or of the
+  // whole tensor; else -1).
+  std::map<std::tuple<TensorId, int, int>, HostTensor> values;
   // Every device's ZeRO-1 shard (each rank's devices start as copies).
   std::vector<State::Device> shard_info(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
@@ -1134,8 +1135,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   // member) and, with ZeRO-1, its shard of that (or of the whole tensor).
   auto part_of = [&](size_t d, TensorId id) {
     const int member = runner->tp_shards_.contains(id) ? static_cast<int>(d) % tensor_parallel : 0;
-    const int shard = shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : 0;
-    return member * (shard_info[d].shard_count + 1) + shard;
+    const int shard = shard_info[d].sharded.contains(id) ? shard_info[d].shard_rank : -1;
+    return std::tuple<TensorId, int, int>{id, member, shard};
   };
   // Only what this process's devices hold (across processes, not the rest).
   std::vector<bool> needed(num_devices, false);
@@ -1148,8 +1149,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     const int member = static_cast<int>(program.device) % tensor_parallel;
     for (TensorId id : program.holds) {
       auto shard = runner->tp_shards_.find(id);
-      const int piece = part_of(program.device, id);
-      if (values.contains({id, piece})) continue;
+      const auto piece = part_of(program.device, id);
+      if (values.contains(piece)) continue;
       Tensor whole = g.tensor(id);
       if (shard != runner->tp_shards_.end())
         whole.type.shape.assign(shard->second.full_shape.begin(), shard->second.full_shape.end());
@@ -1172,7 +1173,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
           std::memcpy(part.data(), value->data() + part.size_bytes() * rank, part.size_bytes());
         value = std::move(part);
       }
-      values.emplace(std::pair{id, piece}, std::move(value).value());
+      values.emplace(piece, std::move(value).value());
     }
   }
   std::map<NodeId, HostTensor> constants;
@@ -1256,7 +1257,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       device.any = s.flags + l.instruction_flags + static_cast<int64_t>(d);
       for (const auto &[id, offset] : region.held) {
         device.held[id] = s.base + offset;
-        const HostTensor &value = values.at({id, part_of(d, id)});
+        const HostTensor &value = values.at(part_of(d, id));
         if (value.size_bytes() > 0)
           RETURN_IF_ERROR(
               cuda_check(cudaMemcpyAsync(s.base + offset, value.data(), value.size_bytes(),
@@ -1836,8 +1837,8 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
       break;
     }
     // The first holder is member 0 of its group; the group's members follow.
-    HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
     for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < devices; ++m) {
+      HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
       if (!held_whole(d + static_cast<size_t>(m), &piece)) continue;
       partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
                               whole.data(), piece.data(), false);

@@ -548,6 +548,19 @@ std::vector<ProgramChain> program_chains(const Graph &graph,
   for (const serialization::PlanSlot &s : program.slots)
     slot[{s.tensor, s.microbatch}] = s.offset;
   auto bytes = [&](TensorId t) { return graph.tensor(t).type.size_bytes(); };
+  // Tensors the program's other instructions name (sends, accumulations,
+  // reductions, buckets): a chain whose intermediate is one of them would
+  // leave it unwritten, so it stays unfused (the lowering makes none today).
+  std::set<TensorId> named;
+  for (const serialization::PlanInstruction &instr : program.instructions)
+    if (instr.kind != InstrKind::kCompute && instr.kind != InstrKind::kComputeShard &&
+        instr.kind != InstrKind::kStartBucket && instr.kind != InstrKind::kWaitBucket &&
+        instr.kind != InstrKind::kUpdate)
+      named.insert(instr.index);
+  for (const serialization::PlanBucket &bucket : program.buckets)
+    named.insert(bucket.tensors.begin(), bucket.tensors.end());
+  for (const StateUpdate &update : graph.updates())
+    named.insert(update.value);
   std::vector<ProgramChain> runs;
   const auto &instructions = program.instructions;
   for (size_t i = 0; i < instructions.size(); ++i) {
@@ -563,6 +576,8 @@ std::vector<ProgramChain> program_chains(const Graph &graph,
       whole = instr.kind == InstrKind::kCompute && instr.index == chain[j] &&
               instr.microbatch == head.microbatch;
     }
+    for (size_t j = 0; j + 1 < chain.size() && whole; ++j)
+      whole = !named.contains(graph.node(chain[j]).outputs[0]);
     if (!whole) continue;
     const TensorId out = graph.node(chain.back()).outputs[0];
     auto out_slot = slot.find({out, head.microbatch});

@@ -713,6 +713,18 @@ TEST(ProgramChains, ConsecutiveRunsWhoseOutputIsApartFromTheirOperands) {
       program.instructions.begin() + static_cast<std::ptrdiff_t>(before[0].first + 1), between);
   const auto after = program_chains(g, program, chains);
   EXPECT_EQ(after.size() + 1, before.size());
+  // Nor is one whose intermediate another instruction names (a send of it).
+  serialization::Plan sent = launch_plans()[0];
+  auto &instructions = sent.programs[0].instructions;
+  const auto runs = program_chains(g, sent.programs[0], chains);
+  ASSERT_FALSE(runs.empty());
+  serialization::PlanInstruction send;
+  send.kind = InstrKind::kSend;
+  send.index = g.node(chains[runs[0].chain].front()).outputs[0];
+  send.microbatch = instructions[runs[0].first].microbatch;
+  send.peer = 1;
+  instructions.push_back(send);
+  EXPECT_LT(program_chains(g, sent.programs[0], chains).size(), runs.size());
 }
 
 TEST(GpuRankSteps, AGroupPartlySharingAGpuIsRefused) {
