@@ -1674,7 +1674,7 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
   // One GPU's step: the batch in, the first step eagerly, the second
   // captured, later ones replayed, then a bounded wait (a copy into pageable
   // memory would block until the step is done, past any bound).
-  auto run_rank = [&](State &s) -> Status {
+  auto launch_rank = [&](State &s) -> Status {
     RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
     s.host.clear();
     for (size_t k = 0; k < inputs.size(); ++k)
@@ -1683,14 +1683,30 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
             cuda_check(cudaMemcpyAsync(s.input_staging[k], inputs[k].data(), s.input_bytes[k],
                                        cudaMemcpyHostToDevice, s.origin),
                        str_cat("copying input '", graph_.tensor(graph_.inputs()[k]).name, "'")));
-    RETURN_IF_ERROR(s.step.launch(
+    return s.step.launch(
         s.origin, s.options.cuda_graph, [&] { return s.enqueue(divisor); },
-        [&] { return s.record(graph_); }));
+        [&] { return s.record(graph_); });
+  };
+  auto run_rank = [&](State &s) -> Status {
+    RETURN_IF_ERROR(launch_rank(s));
     return s.wait("the step");
   };
+  // Replays enqueue nothing that waits on another GPU: one host thread
+  // launches every GPU's graph, then waits for each (no thread per step).
+  bool replays = true;
+  for (const auto &rank : ranks_)
+    replays = replays && rank->options.cuda_graph && rank->step.replays_next();
   Status status = Status::ok();
   if (ranks_.size() == 1) {
     status = run_rank(*ranks_[0]);
+  } else if (replays) {
+    for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
+      status =
+          launch_rank(*ranks_[r]).with_context(str_cat("GPU ", ranks_[r]->gpu, " (rank ", r, ")"));
+    for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
+      status = ranks_[r]
+                   ->wait("the step")
+                   .with_context(str_cat("GPU ", ranks_[r]->gpu, " (rank ", r, ")"));
   } else {
     // A thread per GPU: NCCL calls of one rank may wait, while being
     // enqueued, for the other ranks to reach theirs. A rank that fails stops

@@ -45,7 +45,10 @@
 // tensor-parallel pieces too: a replica holds its shard of its member's piece.
 //
 // Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
-// own host thread, State and CUDA Graph, and the ranks talk over NCCL: a
+// own State and CUDA Graph (and its own host thread for the eager and
+// captured steps, whose NCCL calls may wait on the other ranks' while being
+// enqueued; replays are launched by the calling thread, one graph per GPU),
+// and the ranks talk over NCCL: a
 // world communicator (from one unique id shared in-process) for messages and
 // one split off it per plan group spread over GPUs (one member per GPU; a
 // group on one GPU keeps the copies above). Every rank walks the same launch

@@ -51,6 +51,9 @@ public:
   Status launch(cudaStream_t stream, bool use_graph, const std::function<Status()> &enqueue,
                 const std::function<CaptureRecord()> &record);
   int64_t replays() const { return replays_; }
+  // Whether the next launch (with graphs on) replays the captured graph: it
+  // enqueues nothing itself, so it never waits on another GPU's host thread.
+  bool replays_next() const { return exec_ != nullptr; }
   // Destroys the graph (before the streams and memory it uses go); the next
   // launch captures again.
   void reset();
