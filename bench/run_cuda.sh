@@ -75,6 +75,15 @@ run_model() { # name, zoo args, torch args
 run_model mlp "mlp --input 784 --hidden 256,256 --classes 10 --batch 32" \
   "mlp --input 784 --hidden 256,256 --classes 10 --batch 32"
 run_model convnet "convnet --batch 32" "convnet --batch 32"
+# The conv+fc network's convolutions split as the survey's table splits them
+# (REFERENCE.md: "Survey on Distributed Neural Networks and GPU Programming
+# Frameworks", Table 1: forward 0.207 / 0.138 ms, backward-data 0.215 / 0.113
+# ms, backward-weights 0.029 / 0.199 ms for cuDNN-direct / PyTorch, on their
+# network and GPU): strata's Conv2d, Conv2dGradInput and Conv2dGradWeight
+# nodes of the zoo convnet's step, timed one by one (--op-times).
+echo "== convnet, convolution time per pass (one step, eager, per-node events)"
+"$strata" run "$work/convnet.splan" --backend cuda --steps 3 --op-times |
+  grep -E '^ +(op |Conv2d|Conv2dGradInput|Conv2dGradWeight|Gemm|total)'
 gpt="--layers 4 --hidden 512 --heads 8 --seq 256 --vocab 8192 --batch 8"
 run_model gpt "gpt $gpt" "gpt $gpt"
 

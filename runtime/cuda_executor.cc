@@ -76,6 +76,13 @@ int64_t CudaExecutor::replays() const { return 0; }
 int64_t CudaExecutor::fused_chains() const { return 0; }
 std::string CudaExecutor::device_name() const { return ""; }
 Status CudaExecutor::check_guards() const { return unimplemented(cuda_unavailable_reason()); }
+Result<std::vector<double>> CudaExecutor::node_times(llvm::ArrayRef<HostTensor>) {
+  return unimplemented(cuda_unavailable_reason());
+}
+Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor>, std::vector<HostTensor> *,
+                              std::vector<double> *) {
+  return unimplemented(cuda_unavailable_reason());
+}
 
 #else
 
@@ -245,36 +252,41 @@ struct CudaExecutor::State {
   Status wait(std::string_view what) const { return wait_for_stream(stream, what); }
 
   // Everything one step does on the GPU, in order.
-  Status enqueue() {
+  // One node's work on the stream (nothing for a node a fused chain runs).
+  Status launch_step(Step &step) {
+    if (step.skip) return Status::ok();
+    if (step.fused) {
+      const ops::TensorView &out = step.outputs[0];
+      return cuda_check(cuda::fused_elementwise(*step.fused, static_cast<float *>(out.data),
+                                                out.type->num_elements(), stream),
+                        "launch");
+    }
+    if (step.op == nullptr) {
+      const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
+      if (size == 0) return Status::ok();
+      return cuda_check(cudaMemcpyAsync(step.outputs[0].data, step.constant, size,
+                                        cudaMemcpyDeviceToDevice, stream),
+                        "copy");
+    }
+    cuda::CudaKernelContext context{
+        *step.node,   *step.def, step.inputs,  step.outputs,
+        stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
+        step.scratch, step.flag, options.tf32, cudnn,
+        &step.cache,  bf16,      options.f16};
+    return step.op->kernel(context);
+  }
+
+  // With `timing` (steps + 1 timing events, eager runs only): an event before
+  // the first node and after each.
+  Status enqueue(const std::vector<cudaEvent_t> *timing = nullptr) {
     RETURN_IF_ERROR(
         cuda_check(cudaMemsetAsync(flags, 0, steps.size() * sizeof(int), stream), "memset"));
-    for (Step &step : steps) {
-      if (step.skip) continue;
-      if (step.fused) {
-        const ops::TensorView &out = step.outputs[0];
-        RETURN_IF_ERROR(
-            cuda_check(cuda::fused_elementwise(*step.fused, static_cast<float *>(out.data),
-                                               out.type->num_elements(), stream),
-                       "launch")
-                .with_context(node_context(*step.node)));
-        continue;
-      }
-      if (step.op == nullptr) {
-        const size_t size = static_cast<size_t>(step.outputs[0].type->size_bytes());
-        if (size > 0)
-          RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(step.outputs[0].data, step.constant, size,
-                                                     cudaMemcpyDeviceToDevice, stream),
-                                     "copy")
-                              .with_context(node_context(*step.node)));
-        continue;
-      }
-      cuda::CudaKernelContext context{
-          *step.node,   *step.def, step.inputs,  step.outputs,
-          stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
-          step.scratch, step.flag, options.tf32, cudnn,
-          &step.cache,  bf16,      options.f16};
-      Status status = step.op->kernel(context);
-      if (!status.is_ok()) return std::move(status).with_context(node_context(*step.node));
+    if (timing) RETURN_IF_ERROR(cuda_check(cudaEventRecord((*timing)[0], stream), "event record"));
+    for (size_t s = 0; s < steps.size(); ++s) {
+      Status status = launch_step(steps[s]);
+      if (!status.is_ok()) return std::move(status).with_context(node_context(*steps[s].node));
+      if (timing)
+        RETURN_IF_ERROR(cuda_check(cudaEventRecord((*timing)[s + 1], stream), "event record"));
     }
     for (const Copy &copy : output_copies)
       if (copy.bytes > 0 && copy.source != copy.target)
@@ -561,6 +573,18 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
 }
 
 Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) {
+  return run_step(inputs, outputs, nullptr);
+}
+
+Result<std::vector<double>> CudaExecutor::node_times(llvm::ArrayRef<HostTensor> inputs) {
+  std::vector<double> times;
+  std::vector<HostTensor> outputs;
+  RETURN_IF_ERROR(run_step(inputs, &outputs, &times));
+  return times;
+}
+
+Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs,
+                              std::vector<double> *times) {
   const auto graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
     return invalid_argument("graph '", graph_.name(), "' takes ", graph_inputs.size(),
@@ -582,15 +606,43 @@ Status CudaExecutor::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTens
                           cudaMemcpyHostToDevice, state.stream),
           str_cat("copying input '", graph_.tensor(graph_inputs[k]).name, "'")));
 
-  // The first step runs eagerly (kernels load, cuBLASLt and cuDNN settle on
-  // their algorithms), the second is captured, and every later one replays it.
-  RETURN_IF_ERROR(state.step.launch(
-      state.stream, state.options.cuda_graph, [&] { return state.enqueue(); },
-      [&] { return state.record(graph_); }));
+  // Timed: eagerly, an event after every node (events that time cannot be
+  // captured into a graph).
+  std::vector<cudaEvent_t> timing;
+  struct Events {
+    std::vector<cudaEvent_t> *events;
+    ~Events() {
+      for (cudaEvent_t event : *events)
+        cudaEventDestroy(event);
+    }
+  } destroy{&timing};
+  if (times != nullptr) {
+    for (size_t s = 0; s <= state.steps.size(); ++s) {
+      cudaEvent_t event = nullptr;
+      RETURN_IF_ERROR(cuda_check(cudaEventCreate(&event), "event"));
+      timing.push_back(event);
+    }
+    RETURN_IF_ERROR(state.enqueue(&timing));
+  } else {
+    // The first step runs eagerly (kernels load, cuBLASLt and cuDNN settle on
+    // their algorithms), the second is captured, and every later one replays it.
+    RETURN_IF_ERROR(state.step.launch(
+        state.stream, state.options.cuda_graph, [&] { return state.enqueue(); },
+        [&] { return state.record(graph_); }));
+  }
 
   // Wait (bounded) before reading back: a copy into pageable memory would
   // block until the step is done, past any bound.
   RETURN_IF_ERROR(state.wait("the step"));
+  if (times != nullptr) {
+    times->assign(graph_.num_nodes(), 0.0);
+    for (size_t s = 0; s < state.steps.size(); ++s) {
+      float ms = 0;
+      RETURN_IF_ERROR(
+          cuda_check(cudaEventElapsedTime(&ms, timing[s], timing[s + 1]), "event elapsed time"));
+      (*times)[state.order[s]] = ms;
+    }
+  }
   outputs->clear();
   for (size_t k = 0; k < graph_.outputs().size(); ++k) {
     HostTensor out = HostTensor::zeros(graph_.tensor(graph_.outputs()[k]).type);

@@ -137,12 +137,18 @@ public:
   int64_t fused_chains() const;
   // "GPU 0 (NVIDIA H100 80GB HBM3)".
   std::string device_name() const;
+  // One step run eagerly with an event after every node: each node's GPU
+  // milliseconds, by node id (a fused chain's on its last node, 0 on the
+  // others). A real step: a training graph's weights update.
+  Result<std::vector<double>> node_times(llvm::ArrayRef<HostTensor> inputs);
   // With CudaExecutorOptions::guard_bytes: an error naming the first buffer
   // whose guard bytes changed (waits for the step in flight).
   Status check_guards() const;
 
 private:
   CudaExecutor() = default;
+  Status run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs,
+                  std::vector<double> *times);
   Graph graph_;
   struct State;
   std::unique_ptr<State> state_;

@@ -47,6 +47,7 @@ struct RunArgs {
   bool cuda_graph = true; // --backend cuda: capture the step once, replay it after
   bool tf32 = false;      // --backend cuda: f32 GEMMs on TF32 tensor cores
   std::string precision = "f32"; // --backend cuda: f32, or bf16 (GEMM operands in bf16)
+  bool op_times = false; // --backend cuda, one-device plan: time every node of one more step
   // Pipeline plans only.
   std::string trace;     // write a Chrome / Perfetto trace of every device here
   double timeout_s = 30; // bound on every wait between devices

@@ -66,6 +66,23 @@ std::string human_count(double value) {
   return scaled(value, kUnits, 5, 1000.0, "");
 }
 
+std::vector<OpTime> op_times(const Graph &graph, const std::vector<double> &node_ms) {
+  std::map<std::string, OpTime> by_op;
+  for (NodeId n = 0; n < graph.num_nodes() && n < node_ms.size(); ++n) {
+    if (!(node_ms[n] > 0)) continue;
+    OpTime &row = by_op[graph.node(n).op];
+    row.op = graph.node(n).op;
+    ++row.nodes;
+    row.ms += node_ms[n];
+  }
+  std::vector<OpTime> rows;
+  for (auto &[op, row] : by_op)
+    rows.push_back(std::move(row));
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const OpTime &a, const OpTime &b) { return a.ms > b.ms; });
+  return rows;
+}
+
 std::string human_flops(double flops) {
   static const char *const kUnits[] = {"FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
   return scaled(flops, kUnits, 6, 1000.0, " ");

@@ -41,6 +41,16 @@ Result<ModelStats> compute_model_stats(const Graph &graph,
 double node_flops(const Graph &graph, NodeId node,
                   const ops::OpRegistry &registry = ops::OpRegistry::global());
 
+// Time per op type from per-node times (by node id, as the executors'
+// node_times give them): nodes with a time > 0 counted, sums largest first
+// (ties by name).
+struct OpTime {
+  std::string op;
+  int64_t nodes = 0;
+  double ms = 0;
+};
+std::vector<OpTime> op_times(const Graph &graph, const std::vector<double> &node_ms);
+
 // Human units: "1.23M" (counts, powers of 1000), "1.23 GFLOP", "1.23 MiB".
 std::string human_count(double value);
 std::string human_flops(double flops);

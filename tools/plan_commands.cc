@@ -794,6 +794,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.backend == "cuda" && !args.trace.empty())
     return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
                             "profile the GPU with Nsight Systems (nsys profile strata run ...)");
+  if (args.op_times && (args.backend != "cuda" || plan.pipeline))
+    return invalid_argument("--op-times times a one-device plan's nodes on the GPU (--backend "
+                            "cuda); this plan ",
+                            plan.pipeline ? "has several devices" : "runs on the CPU");
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
@@ -820,7 +824,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   std::string model_name = plan.graph.name();
   runtime::PipelineRunner *pipeline = nullptr;
   std::unique_ptr<runtime::StepRunner> runner;
-  std::string gpu_line; // --backend cuda
+  std::string gpu_line;                           // --backend cuda
+  runtime::CudaExecutor *cuda_executor = nullptr; // --op-times
   if (plan.pipeline && args.backend == "cuda") {
     const runtime::CudaExecutorOptions gpu = cuda_options(args);
     runtime::CudaPipelineOptions pipeline_options;
@@ -885,6 +890,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   } else if (args.backend == "cuda") {
     auto created = runtime::CudaExecutor::create(std::move(plan.graph), cuda_options(args));
     if (!created.is_ok()) return created.status().with_context(args.model);
+    cuda_executor = created->get();
     gpu_line =
         str_cat((*created)->device_name(), ", ",
                 human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
@@ -994,6 +1000,29 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (ran > 0 && elapsed > 0)
     out << "compute    " << human_flops(flops) << " per step, "
         << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
+  if (cuda_executor != nullptr && args.op_times) {
+    // One more step on a synthetic batch, eagerly, an event after each node.
+    const Graph &graph = cuda_executor->graph();
+    ASSIGN_OR_RETURN(std::vector<double> times,
+                     cuda_executor->node_times(runtime::random_inputs(graph, args.seed)));
+    const std::vector<tools::OpTime> rows = tools::op_times(graph, times);
+    double total = 0;
+    for (const tools::OpTime &row : rows)
+      total += row.ms;
+    char line[128];
+    out << "op times   one more step, eager, GPU time per op type (fused chains count on their "
+           "last node)\n";
+    std::snprintf(line, sizeof line, "  %-28s %6s %10s %7s\n", "op", "nodes", "ms", "share");
+    out << line;
+    for (const tools::OpTime &row : rows) {
+      std::snprintf(line, sizeof line, "  %-28s %6lld %10.4f %6.1f%%\n", row.op.c_str(),
+                    static_cast<long long>(row.nodes), row.ms,
+                    total > 0 ? 100 * row.ms / total : 0.0);
+      out << line;
+    }
+    std::snprintf(line, sizeof line, "  %-28s %6s %10.4f\n", "total", "", total);
+    out << line;
+  }
   return Status::ok();
 }
 

@@ -149,6 +149,7 @@ Status check_backend_options(const RunArgs &args) {
                             " needs --backend cuda (the CPU backend computes in f32)");
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
   if (!args.gpus.empty()) return invalid_argument("--gpus needs --backend cuda");
+  if (args.op_times) return invalid_argument("--op-times needs --backend cuda");
   return Status::ok();
 }
 

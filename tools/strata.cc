@@ -401,6 +401,10 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_flag("!--no-cuda-graph", args.cuda_graph,
                 "--backend cuda: launch every kernel each step instead of replaying the step "
                 "captured as a CUDA Graph (for comparison)");
+  sub->add_flag("--op-times", args.op_times,
+                "--backend cuda, one-device training plan: after the run, time one more step "
+                "eagerly with an event after every node and print the GPU time per op type "
+                "(Conv2d, Conv2dGradInput, Conv2dGradWeight, ...), largest first");
   sub->add_flag("--tf32", args.tf32,
                 "--backend cuda: f32 matrix products on TF32 tensor cores (faster, ~1e-3 "
                 "relative error)");

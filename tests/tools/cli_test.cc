@@ -280,6 +280,19 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   }
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
                         "--trace records the CPU devices");
+  // --op-times: a one-device plan's nodes timed on the GPU.
+  expect_one_line_error(strata({"run", "mlp.splan", "--op-times"}),
+                        "--op-times needs --backend cuda");
+  expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--op-times"}),
+                        "has several devices");
+  Outcome timed = strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "2", "--op-times"});
+  if (reason.empty()) {
+    ASSERT_EQ(timed.code, 0) << timed.err;
+    EXPECT_NE(timed.out.find("op times"), std::string::npos) << timed.out;
+    EXPECT_NE(timed.out.find("Gemm"), std::string::npos) << timed.out;
+  } else {
+    expect_one_line_error(timed, reason);
+  }
   // --gpus: a pipeline plan's devices on GPUs, one index per device.
   expect_one_line_error(strata({"run", "pp.splan", "--gpus", "0,1"}),
                         "--gpus needs --backend cuda");

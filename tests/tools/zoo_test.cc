@@ -509,4 +509,34 @@ TEST(ModelStatsTest, HumanUnits) {
 }
 
 } // namespace
+// Per-node GPU times summed per op type, largest first; untimed nodes (0:
+// run inside a fused chain) are not counted.
+TEST(OpTimes, SumsNodesPerOpLargestFirst) {
+  auto mlp = zoo::make_mlp(zoo::MlpOptions{});
+  ASSERT_TRUE(mlp.is_ok());
+  const Graph &g = *mlp;
+  std::vector<double> ms(g.num_nodes(), 0.0);
+  double gemm = 0, relu = 0;
+  int64_t gemms = 0;
+  for (NodeId n = 0; n < g.num_nodes(); ++n) {
+    if (g.node(n).op == "Gemm") {
+      ms[n] = 0.5 + static_cast<double>(n);
+      gemm += ms[n];
+      ++gemms;
+    } else if (g.node(n).op == "Relu") {
+      ms[n] = 0.25;
+      relu += ms[n];
+    }
+  }
+  const auto rows = tools::op_times(g, ms);
+  ASSERT_EQ(rows.size(), relu > 0 ? 2u : 1u);
+  EXPECT_EQ(rows[0].op, "Gemm");
+  EXPECT_EQ(rows[0].nodes, gemms);
+  EXPECT_DOUBLE_EQ(rows[0].ms, gemm);
+  if (relu > 0) {
+    EXPECT_EQ(rows[1].op, "Relu");
+    EXPECT_DOUBLE_EQ(rows[1].ms, relu);
+  }
+}
+
 } // namespace strata
