@@ -861,6 +861,33 @@ TEST_F(CudaGpuTest, F16TrainingStaysCloseToF32) {
 // Elementwise chains run as one kernel give bitwise the losses and weights of
 // the same nodes run one by one (the GPT training graph has six: the scores'
 // scale and mask, the biases and residual adds).
+// node_times: every node that launches work gets a positive time, nodes a
+// fused chain runs get 0, and the timed step is a real step (the weights
+// move as in a plain one).
+TEST_F(CudaGpuTest, NodeTimesTimeEveryLaunchedNode) {
+  const Graph graph = gpt_graph();
+  auto timed = CudaExecutor::create(graph);
+  auto plain = CudaExecutor::create(graph);
+  ASSERT_TRUE(timed.is_ok() && plain.is_ok());
+  const std::vector<HostTensor> inputs = random_inputs(graph, 5);
+  auto times = (*timed)->node_times(inputs);
+  ASSERT_TRUE(times.is_ok()) << times.status().message();
+  ASSERT_EQ(times->size(), static_cast<size_t>(graph.num_nodes()));
+  size_t zero = 0;
+  for (NodeId n = 0; n < graph.num_nodes(); ++n) {
+    EXPECT_GE((*times)[n], 0.0) << graph.node(n).name;
+    zero += (*times)[n] == 0.0;
+  }
+  EXPECT_LT(zero, static_cast<size_t>(graph.num_nodes()) / 2);
+  std::vector<HostTensor> out;
+  ASSERT_TRUE((*plain)->run(inputs, &out).is_ok());
+  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
+    if (graph.tensor(id).kind != TensorKind::kParameter) continue;
+    EXPECT_EQ(max_difference((*timed)->value(id), (*plain)->value(id)), 0.0)
+        << graph.tensor(id).name;
+  }
+}
+
 TEST_F(CudaGpuTest, FusedChainsEqualTheNodesOneByOne) {
   for (const Graph &graph : {gpt_graph()}) {
     SCOPED_TRACE(graph.name());
