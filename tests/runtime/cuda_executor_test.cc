@@ -739,7 +739,7 @@ std::vector<float> round_to_scaled_f16(const float *x, int64_t n, bool scale) {
     amax = std::max(amax, std::fabs(x[i]));
   int e = 0;
   std::frexp(amax, &e);
-  const int s = scale && amax > 0 ? std::clamp(14 - e, -60, 60) : 0;
+  const int s = scale && amax > 0 ? 14 - e : 0;
   // f16 rounding to nearest even: 11 significant bits down to 2^-14, a fixed
   // quantum of 2^-24 below (subnormals), infinity past 65504.
   auto to_f16 = [](float v) {
