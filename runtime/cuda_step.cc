@@ -32,11 +32,12 @@ Status wait_for_stream(cudaStream_t stream, std::string_view what,
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline)
       return deadline_exceeded("the GPU did not finish ", what, " within ", timeout.count(), " ms");
-    if (check) RETURN_IF_ERROR(check());
     if (now < spin_until) {
       std::this_thread::yield();
       continue;
     }
+    // Past the spin (a short step never gets here): between naps only.
+    if (check) RETURN_IF_ERROR(check());
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(1000));
   }

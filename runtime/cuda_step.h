@@ -22,8 +22,8 @@ Status cuda_check(cudaError_t error, std::string_view what);
 
 // Waits until `stream` has finished its work: spins for 2 ms (a short step
 // should not pay a sleep's latency), then naps up to 1 ms at a time; a GPU
-// that does not finish within `timeout` is an error naming `what`. While it
-// waits, `check` (where given) is asked between naps; an error from it (a
+// that does not finish within `timeout` is an error naming `what`. Once it
+// naps, `check` (where given) is asked between naps; an error from it (a
 // communicator's asynchronous error, another GPU's failure) ends the wait.
 Status wait_for_stream(cudaStream_t stream, std::string_view what,
                        std::chrono::milliseconds timeout = std::chrono::minutes(10),

@@ -301,17 +301,6 @@ GpuRanks gpu_ranks(const GpuPlacement &placement) {
   return ranks;
 }
 
-const char *gpu_rank_action_name(GpuRankAction action) {
-  switch (action) {
-  case GpuRankAction::kSkip: return "skip";
-  case GpuRankAction::kLocal: return "local";
-  case GpuRankAction::kNcclSend: return "nccl send";
-  case GpuRankAction::kNcclRecv: return "nccl recv";
-  case GpuRankAction::kNcclCollective: return "nccl collective";
-  }
-  return "?";
-}
-
 int gpu_launch_group(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
                      const GpuLaunch &launch, int tensor_parallel, int tp_groups_begin) {
   using serialization::InstrKind;

@@ -105,10 +105,11 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
                  const std::vector<std::vector<int32_t>> &groups, int tensor_parallel = 1,
                  int tp_groups_begin = -1);
 
-// A run over several GPUs has one host thread per GPU, its rank: ranks in
-// increasing GPU order, each enqueueing the launches of the same global order
-// (gpu_launch_order) that touch its GPU, so every rank issues its NCCL calls
-// in the same order and none can wait on a call another has not reached.
+// A run over several GPUs has one rank per GPU (in increasing GPU order, or
+// one per process across MPI processes), each enqueueing the launches of the
+// same global order (gpu_launch_order) that touch its GPU, so every rank
+// issues its NCCL calls in the same order and none can wait on a call
+// another has not reached.
 struct GpuRanks {
   std::vector<int> gpu;            // per rank: its GPU
   std::vector<int> rank_of_device; // per plan device: the rank running it
@@ -123,7 +124,6 @@ enum class GpuRankAction : uint8_t {
   kNcclRecv,       // a receive here of a message staged on another GPU: ncclRecv
   kNcclCollective, // a collective of a group spread over GPUs: this GPU's member calls NCCL
 };
-const char *gpu_rank_action_name(GpuRankAction action);
 
 struct GpuRankStep {
   GpuRankAction action = GpuRankAction::kSkip;

@@ -758,6 +758,17 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
 
 namespace {
 
+// How a GPU runs each step, for the `gpu` line: replayed or eager, the GEMMs'
+// precision, the fused chains.
+std::string gpu_step_line(const RunArgs &args, int64_t fused_chains) {
+  return str_cat(args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
+                 args.precision != "f32"
+                     ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
+                     : std::string(),
+                 fused_chains > 0 ? str_cat(", ", fused_chains, " elementwise chains fused")
+                                  : std::string());
+}
+
 // FLOPs of one training step by the op registry's costs, as the plan summary
 // counts them (recomputed nodes count again): every compute instruction of
 // every device, all micro-batches and replicas, or every node of a
@@ -858,22 +869,16 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     }
     auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
-    gpu_line = str_cat(
-        (*created)->device_name(),
-        world ? str_cat(" (rank 0 of ", world->size(), " processes, NCCL between their GPUs) runs ",
-                        args.devices_per_rank, " of the ", (*created)->num_devices())
-        : (*created)->num_gpus() > 1
-            ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
-            : str_cat(" runs all ", (*created)->num_devices()),
-        " plan devices (two streams each), ",
-        human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
-        args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-        args.precision != "f32"
-            ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
-            : std::string(),
-        (*created)->fused_chains() > 0
-            ? str_cat(", ", (*created)->fused_chains(), " elementwise chains fused")
-            : std::string());
+    gpu_line = str_cat((*created)->device_name(),
+                       world ? str_cat(" (rank 0 of ", world->size(),
+                                       " processes, NCCL between their GPUs) runs ",
+                                       args.devices_per_rank, " of the ", (*created)->num_devices())
+                       : (*created)->num_gpus() > 1
+                           ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
+                           : str_cat(" runs all ", (*created)->num_devices()),
+                       " plan devices (two streams each), ",
+                       human_bytes(static_cast<double>((*created)->device_bytes())),
+                       " allocated once, ", gpu_step_line(args, (*created)->fused_chains()));
     runner = std::move(created).value();
   } else if (plan.pipeline) {
     runtime::PipelineRunnerOptions pipeline_options;
@@ -891,16 +896,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     auto created = runtime::CudaExecutor::create(std::move(plan.graph), cuda_options(args));
     if (!created.is_ok()) return created.status().with_context(args.model);
     cuda_executor = created->get();
-    gpu_line =
-        str_cat((*created)->device_name(), ", ",
-                human_bytes(static_cast<double>((*created)->device_bytes())), " allocated once, ",
-                args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
-                args.precision != "f32"
-                    ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
-                    : std::string(),
-                (*created)->fused_chains() > 0
-                    ? str_cat(", ", (*created)->fused_chains(), " elementwise chains fused")
-                    : std::string());
+    gpu_line = str_cat((*created)->device_name(), ", ",
+                       human_bytes(static_cast<double>((*created)->device_bytes())),
+                       " allocated once, ", gpu_step_line(args, (*created)->fused_chains()));
     runner = std::move(created).value();
   } else {
     runtime::ExecutorOptions executor_options;

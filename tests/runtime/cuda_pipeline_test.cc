@@ -14,7 +14,6 @@
 
 #include <gtest/gtest.h>
 
-#include "partitioner/cluster.h"
 #include "partitioner/compile_pipeline.h"
 #include "partitioner/tensor_parallel.h"
 #include "passes/make_training.h"
@@ -77,12 +76,8 @@ serialization::Plan all_to_all_plan(int tp) {
   const Graph forward = testing_graphs::projection_softmax();
   passes::TrainingOptions training;
   training.optimizer = *passes::parse_optimizer("adamw:lr=0.05");
-  partitioner::PipelineCompileOptions pipeline;
-  pipeline.tensor_parallel = tp;
-  partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(tp);
-  cluster.device.peak_flops.f32 = 1e6;
-  pipeline.cluster = cluster;
-  auto plan = partitioner::compile_pipeline(forward, training, pipeline);
+  auto plan = partitioner::compile_pipeline(forward, training,
+                                            testing_graphs::slow_compute_tensor_parallel(tp));
   EXPECT_TRUE(plan.is_ok()) << plan.status().message();
   return std::move(plan).value();
 }

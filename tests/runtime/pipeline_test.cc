@@ -430,12 +430,8 @@ TEST_F(PipelineTest, AllToAllMatchesOneDevice) {
   const auto options = training("adamw:lr=0.05");
   const TrainRun want = reference(forward, options);
   for (int tp : {2, 4}) {
-    partitioner::PipelineCompileOptions pipeline;
-    pipeline.tensor_parallel = tp;
-    partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(tp);
-    cluster.device.peak_flops.f32 = 1e6;
-    pipeline.cluster = cluster;
-    auto plan = partitioner::compile_pipeline(forward, options, pipeline);
+    auto plan = partitioner::compile_pipeline(forward, options,
+                                              testing_graphs::slow_compute_tensor_parallel(tp));
     ASSERT_TRUE(plan.is_ok()) << plan.status().message();
     int all_to_all = 0;
     for (const Node &node : plan->graph.nodes())

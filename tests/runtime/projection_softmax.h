@@ -6,6 +6,8 @@
 
 #include "graph/builder.h"
 #include "ops/registry.h"
+#include "partitioner/cluster.h"
+#include "partitioner/compile_pipeline.h"
 
 namespace strata::testing_graphs {
 
@@ -20,6 +22,17 @@ inline Graph projection_softmax() {
   TensorId p = b.op1("Softmax", {h}, {{"axis", int64_t{1}}}, "softmax");
   b.output(b.op1("MatMul", {p, w2}, {}, "head"));
   return *std::move(b).finish();
+}
+
+// Tensor parallelism over `tp` devices whose compute is priced slow, so that
+// the plan moves the split (TpAllToAll) to split the softmax.
+inline partitioner::PipelineCompileOptions slow_compute_tensor_parallel(int tp) {
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.tensor_parallel = tp;
+  partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(tp);
+  cluster.device.peak_flops.f32 = 1e6;
+  pipeline.cluster = cluster;
+  return pipeline;
 }
 
 } // namespace strata::testing_graphs
