@@ -84,6 +84,12 @@ run_model convnet "convnet --batch 32" "convnet --batch 32"
 echo "== convnet, convolution time per pass (one step, eager, per-node events)"
 "$strata" run "$work/convnet.splan" --backend cuda --steps 3 --op-times |
   grep -E '^ +(op |Conv2d|Conv2dGradInput|Conv2dGradWeight|Gemm|total)'
+# Its pooling through cuDNN (the default) and through strata's own kernels.
+for pool_norm in cudnn strata; do
+  echo "== convnet, pooling with --pool-norm $pool_norm (one step, eager, per-node events)"
+  "$strata" run "$work/convnet.splan" --backend cuda --steps 3 --op-times \
+    --pool-norm "$pool_norm" | grep -E '^ +(op |MaxPool2d|MaxPool2dGrad|total)'
+done
 gpt="--layers 4 --hidden 512 --heads 8 --seq 256 --vocab 8192 --batch 8"
 run_model gpt "gpt $gpt" "gpt $gpt"
 

@@ -436,6 +436,57 @@ Result<Window> read_window(const OpDef &def, const AttrReader &attrs) {
 }
 
 namespace {
+constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
+} // namespace
+
+std::string cudnn_pool_mismatch(const Window &w, llvm::ArrayRef<int64_t> x,
+                                llvm::ArrayRef<int64_t> y) {
+  if (x.size() != 4 || y.size() != 4)
+    return str_cat("X ", shape_to_string(x), " and Y ", shape_to_string(y),
+                   " are not [N, C, H, W]");
+  if (w.dilation_h != 1 || w.dilation_w != 1)
+    return str_cat("dilations [", w.dilation_h, ", ", w.dilation_w, "]: cuDNN pools without");
+  if (w.pad_top != w.pad_bottom || w.pad_left != w.pad_right)
+    return str_cat("pads [", w.pad_top, ", ", w.pad_left, ", ", w.pad_bottom, ", ", w.pad_right,
+                   "] (top, left, bottom, right): cuDNN pads both sides alike");
+  if (w.pad_top >= w.kernel_h || w.pad_left >= w.kernel_w)
+    return str_cat("pads ", w.pad_top, ", ", w.pad_left, " against a ", w.kernel_h, "x", w.kernel_w,
+                   " window: a window may lie wholly in the padding");
+  const int64_t h = x[2], width = x[3];
+  if (num_elements(x) == 0 || num_elements(y) == 0) return "X or Y has no elements";
+  if (w.stride_h < 1 || w.stride_w < 1 || h + 2 * w.pad_top < w.kernel_h ||
+      width + 2 * w.pad_left < w.kernel_w)
+    return "the window does not fit the padded input";
+  const int64_t floor_h = (h + 2 * w.pad_top - w.kernel_h) / w.stride_h + 1;
+  const int64_t floor_w = (width + 2 * w.pad_left - w.kernel_w) / w.stride_w + 1;
+  if (floor_h != y[2] || floor_w != y[3])
+    return str_cat("output ", y[2], "x", y[3], " is rounded up (ceil_mode); cuDNN's is ", floor_h,
+                   "x", floor_w);
+  for (int64_t d : {x[0], x[1], h, width, w.kernel_h, w.kernel_w, w.stride_h, w.stride_w})
+    if (d > kInt32Max) return str_cat("a size of ", d, " is beyond cuDNN's 32-bit descriptors");
+  if (num_elements(x) > kInt32Max)
+    return str_cat("X's ", num_elements(x), " elements are beyond cuDNN's 32-bit indexing");
+  return {};
+}
+
+std::string cudnn_batch_norm_mismatch(int64_t batch, int64_t channels, int64_t inner,
+                                      double epsilon, bool training) {
+  if (channels < 1) return "X has no channels";
+  if (batch * inner < 2) return "one value per channel (cuDNN needs a batch to normalize over)";
+  if (!(epsilon >= 0.0) || !std::isfinite(epsilon))
+    return str_cat("epsilon ", epsilon, " is not a finite non-negative number");
+  const int64_t most = training ? 880801 : 65535;
+  if (batch > most)
+    return str_cat("batch ", batch, " is beyond cuDNN's ", most, " for ",
+                   training ? "training" : "inference");
+  if (batch > kInt32Max || channels > kInt32Max || inner > kInt32Max ||
+      batch * channels * inner > kInt32Max)
+    return str_cat("X [", batch, ", ", channels, ", ", inner,
+                   "] is beyond cuDNN's 32-bit descriptors");
+  return {};
+}
+
+namespace {
 
 // Output size along one dimension (ONNX): floor or ceil of
 // (in + pads - extent) / stride + 1; in ceil mode a window that would start in

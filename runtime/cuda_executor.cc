@@ -273,6 +273,7 @@ struct CudaExecutor::State {
         stream,       lt,        workspace,    static_cast<size_t>(options.workspace_bytes),
         step.scratch, step.flag, options.tf32, cudnn,
         &step.cache,  bf16,      options.f16};
+    context.cudnn_pool_norm = options.cudnn_pool_norm;
     return step.op->kernel(context);
   }
 

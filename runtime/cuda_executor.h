@@ -50,6 +50,11 @@ struct CudaExecutorOptions {
   // fuse_elementwise.h): the same bits, fewer launches and no intermediates
   // written. false: every node on its own (for comparison).
   bool fuse = true;
+  // Pooling and batch norm through cuDNN where it computes the node as strata
+  // defines it (cuda::cudnn_pool_mismatch: no dilation, even padding, output
+  // rounded down); elsewhere, or false, strata's kernels, which match the CPU
+  // element for element. cuDNN's results agree within rounding.
+  bool cudnn_pool_norm = true;
   int64_t workspace_bytes = 32 << 20;
   // For tests: every buffer (intermediates too, outside the shared arena) gets
   // at least this many guard bytes after it, filled with kGuardByte at load;

@@ -584,7 +584,7 @@ struct CudaPipelineRunner::State {
           options.tf32,     device.cudnn,
           op.cache,         device.bf16,
           options.f16,      op.member,
-          op.parts};
+          op.parts,         options.cudnn_pool_norm};
       return op.op->kernel(context);
     }
     case InstrKind::kSend:
@@ -1224,6 +1224,13 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         if (n.op == op.name) return true;
       return false;
     });
+    // Pooling and batch norm take cuDNN when it starts, else strata's kernels.
+    const std::vector<std::string_view> preferred = cuda::cudnn_preferred_ops();
+    const bool wants_cudnn =
+        options.cudnn_pool_norm &&
+        std::any_of(g.nodes().begin(), g.nodes().end(), [&](const Node &n) {
+          return std::find(preferred.begin(), preferred.end(), n.op) != preferred.end();
+        });
     ASSIGN_OR_RETURN(s.fork, s.make_event());
     s.flags = reinterpret_cast<int *>(s.base + l.flags);
     s.flag_count = l.flag_count;
@@ -1244,10 +1251,10 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
           cuda_check(cudaStreamCreateWithFlags(&device.stream, cudaStreamNonBlocking), "stream"));
       RETURN_IF_ERROR(
           cuda_check(cudaStreamCreateWithFlags(&device.side, cudaStreamNonBlocking), "stream"));
-      if (needs_cudnn) {
+      if (needs_cudnn || wants_cudnn) {
         std::string why;
         device.cudnn = cuda::create_cudnn(device.stream, &why);
-        if (device.cudnn == nullptr) return failed_precondition(why);
+        if (device.cudnn == nullptr && needs_cudnn) return failed_precondition(why);
       }
       device.scratch = s.base + region.scratch;
       device.workspace = s.base + region.workspace;

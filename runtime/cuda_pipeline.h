@@ -122,6 +122,9 @@ struct CudaPipelineOptions {
   // Elementwise chains a device runs back to back (program_chains) as one
   // kernel each: the same bits, fewer launches. false: node by node.
   bool fuse = true;
+  // Pooling and batch norm through cuDNN where it computes the node as strata
+  // defines it (CudaExecutorOptions::cudnn_pool_norm). false: strata's kernels.
+  bool cudnn_pool_norm = true;
   int64_t workspace_bytes = 32 << 20; // cuBLASLt/cuDNN workspace per plan device
 };
 

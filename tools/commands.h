@@ -48,6 +48,9 @@ struct RunArgs {
   bool tf32 = false;      // --backend cuda: f32 GEMMs on TF32 tensor cores
   std::string precision = "f32"; // --backend cuda: f32, or bf16 (GEMM operands in bf16)
   bool op_times = false; // --backend cuda, one-device plan: time every node of one more step
+  // --backend cuda: who runs pooling and batch norm, "cudnn" (where it computes
+  // the node as strata defines it) or "strata" (its own kernels throughout).
+  std::string pool_norm = "cudnn";
   // Pipeline plans only.
   std::string trace;     // write a Chrome / Perfetto trace of every device here
   double timeout_s = 30; // bound on every wait between devices

@@ -766,7 +766,8 @@ std::string gpu_step_line(const RunArgs &args, int64_t fused_chains) {
                      ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
                      : std::string(),
                  fused_chains > 0 ? str_cat(", ", fused_chains, " elementwise chains fused")
-                                  : std::string());
+                                  : std::string(),
+                 args.pool_norm == "strata" ? ", pooling and batch norm by strata's kernels" : "");
 }
 
 // FLOPs of one training step by the op registry's costs, as the plan summary
@@ -846,6 +847,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     pipeline_options.tf32 = gpu.tf32;
     pipeline_options.bf16 = gpu.bf16;
     pipeline_options.f16 = gpu.f16;
+    pipeline_options.cudnn_pool_norm = gpu.cudnn_pool_norm;
     pipeline_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
     if (!args.gpus.empty()) {

@@ -135,6 +135,7 @@ runtime::CudaExecutorOptions cuda_options(const RunArgs &args) {
   options.tf32 = args.tf32;
   options.bf16 = args.precision == "bf16";
   options.f16 = args.precision == "f16";
+  options.cudnn_pool_norm = args.pool_norm != "strata";
   return options;
 }
 
@@ -150,6 +151,7 @@ Status check_backend_options(const RunArgs &args) {
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
   if (!args.gpus.empty()) return invalid_argument("--gpus needs --backend cuda");
   if (args.op_times) return invalid_argument("--op-times needs --backend cuda");
+  if (args.pool_norm != "cudnn") return invalid_argument("--pool-norm needs --backend cuda");
   return Status::ok();
 }
 

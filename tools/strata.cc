@@ -416,6 +416,13 @@ void add_run(CLI::App &app, Action &action) {
                   "without loss scaling)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
+  sub->add_option("--pool-norm", args.pool_norm,
+                  "--backend cuda: who runs pooling and batch norm: cudnn (where cuDNN computes "
+                  "the node as strata defines it: no dilation, even padding, output rounded "
+                  "down; strata's kernels elsewhere) or strata (its own kernels, which match the "
+                  "CPU element for element; for comparison)")
+      ->check(CLI::IsMember({"cudnn", "strata"}))
+      ->capture_default_str();
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");

@@ -11,6 +11,7 @@
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
+#include "ops/window.h"
 #include "tests/ops/op_test_util.h"
 
 namespace strata::ops {
@@ -546,6 +547,104 @@ TEST(Pool, InferenceErrors) {
       infer("MaxPool2d", {x}, {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {0, 1})})
           .status(),
       {"strides", ">= 1"});
+}
+
+// A pool as cuDNN's descriptor API defines it: the top and left pads on both
+// sides, no dilation, the output size rounded down, and windows that reach
+// only the input's values (max ignores the padding; the average divides by
+// the window's size with padding counted, else by its taps inside).
+Reference cudnn_style_pool(const TestTensor &x, const PoolCase &c, bool is_max) {
+  const int64_t h = c.x[2], w = c.x[3], pad_h = c.pads[0], pad_w = c.pads[1];
+  const int64_t oh = (h + 2 * pad_h - c.kernel[0]) / c.strides[0] + 1;
+  const int64_t ow = (w + 2 * pad_w - c.kernel[1]) / c.strides[1] + 1;
+  Reference out{{c.x[0], c.x[1], oh, ow}, {}};
+  for (int64_t plane = 0; plane < c.x[0] * c.x[1]; ++plane)
+    for (int64_t y = 0; y < oh; ++y)
+      for (int64_t xo = 0; xo < ow; ++xo) {
+        double best = -std::numeric_limits<double>::infinity(), sum = 0;
+        int64_t inside = 0;
+        for (int64_t iy = y * c.strides[0] - pad_h; iy < y * c.strides[0] - pad_h + c.kernel[0];
+             ++iy)
+          for (int64_t ix = xo * c.strides[1] - pad_w; ix < xo * c.strides[1] - pad_w + c.kernel[1];
+               ++ix) {
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            const double v = x.get((plane * h + iy) * w + ix);
+            best = std::max(best, v);
+            sum += v;
+            ++inside;
+          }
+        const int64_t divisor = c.include_pad ? c.kernel[0] * c.kernel[1] : inside;
+        out.values.push_back(is_max ? best : sum / static_cast<double>(divisor));
+      }
+  return out;
+}
+
+// Where cudnn_pool_mismatch lets cuDNN pool, cuDNN's definition gives strata's
+// results (shape and values, max and both averages); where it does not, the
+// reason names what differs.
+TEST(Pool, CudnnTakesOnlyWindowsItPoolsAsStrataDoes) {
+  struct Case {
+    PoolCase pool;
+    std::string reason; // empty: cuDNN fits
+  };
+  const std::vector<Case> cases = {
+      {{{2, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, false}, ""},
+      {{{2, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, true}, ""},
+      {{{1, 2, 8, 12}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false}, ""},
+      {{{1, 2, 7, 6}, {3, 2}, {1, 2}, {2, 1, 2, 1}, {1, 1}, false, true}, ""},
+      // ceil_mode that changes nothing (the sizes divide evenly) still fits.
+      {{{1, 2, 8, 8}, {2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}, true, false}, ""},
+      {{{2, 3, 9, 8}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, true, false}, "ceil_mode"},
+      {{{1, 1, 6, 7}, {2, 3}, {3, 2}, {0, 1, 1, 0}, {1, 1}, false, false}, "both sides alike"},
+      {{{1, 1, 9, 20}, {3, 3}, {1, 1}, {1, 1, 1, 1}, {2, 2}, false, false}, "dilations"},
+      {{{1, 1, 6, 6}, {2, 2}, {2, 2}, {2, 2, 2, 2}, {1, 1}, false, false}, "wholly in the padding"},
+  };
+  uint32_t seed = 450;
+  for (const Case &k : cases) {
+    const PoolCase &c = k.pool;
+    Window window;
+    window.kernel_h = c.kernel[0];
+    window.kernel_w = c.kernel[1];
+    window.stride_h = c.strides[0];
+    window.stride_w = c.strides[1];
+    window.pad_top = c.pads[0];
+    window.pad_left = c.pads[1];
+    window.pad_bottom = c.pads[2];
+    window.pad_right = c.pads[3];
+    window.dilation_h = c.dilations[0];
+    window.dilation_w = c.dilations[1];
+    std::mt19937 rng(seed++);
+    TestTensor x = random_tensor(kF32, c.x, rng, -3.0, -1.0); // padding must lose the max
+    for (bool is_max : {true, false}) {
+      const Reference strata = reference_pool(x, c, is_max);
+      const std::string why = cudnn_pool_mismatch(window, c.x, strata.shape);
+      const std::string what = shape_to_string(c.x) + (is_max ? " max" : " average");
+      if (!k.reason.empty()) {
+        EXPECT_NE(why.find(k.reason), std::string::npos) << what << ": " << why;
+        continue;
+      }
+      EXPECT_EQ(why, "") << what;
+      const Reference cudnn = cudnn_style_pool(x, c, is_max);
+      ASSERT_EQ(cudnn.shape, strata.shape) << what;
+      for (size_t i = 0; i < strata.values.size(); ++i)
+        EXPECT_NEAR(cudnn.values[i], strata.values[i], 1e-12) << what << " at " << i;
+    }
+  }
+  EXPECT_NE(cudnn_pool_mismatch(Window{}, {1, 1, int64_t{1} << 32, 1}, {1, 1, int64_t{1} << 32, 1})
+                .find("32-bit"),
+            std::string::npos);
+  EXPECT_NE(cudnn_pool_mismatch(Window{}, {0, 3, 4, 4}, {0, 3, 4, 4}).find("no elements"),
+            std::string::npos);
+  EXPECT_EQ(cudnn_batch_norm_mismatch(4, 3, 30, 1e-5, true), "");
+  EXPECT_EQ(cudnn_batch_norm_mismatch(70000, 3, 1, 0.0, true), "");
+  EXPECT_NE(cudnn_batch_norm_mismatch(70000, 3, 1, 1e-5, false).find("beyond cuDNN's 65535"),
+            std::string::npos);
+  EXPECT_NE(cudnn_batch_norm_mismatch(1, 3, 1, 1e-5, true).find("one value per channel"),
+            std::string::npos);
+  EXPECT_NE(cudnn_batch_norm_mismatch(4, 0, 30, 1e-5, true).find("no channels"), std::string::npos);
+  EXPECT_NE(cudnn_batch_norm_mismatch(4, 3, 30, -1e-5, true).find("epsilon"), std::string::npos);
+  EXPECT_NE(cudnn_batch_norm_mismatch(4096, 64, int64_t{1} << 20, 1e-5, true).find("32-bit"),
+            std::string::npos);
 }
 
 // ---------------------------------------------------------------------------

@@ -452,7 +452,11 @@ std::vector<OpCase> op_cases() {
                                     {"pads", ints({0, 1, 1, 0})},
                                     {"dilations", ints({2, 1})},
                                     {"ceil_mode", int64_t{1}}};
+  // `window` and `convnet` run through cuDNN by default, `dilated` never.
+  const std::vector<Attribute> convnet = {{"kernel_shape", ints({2, 2})},
+                                          {"strides", ints({2, 2})}};
   cases.push_back({"MaxPool2d", window, {{f, {2, 3, 9, 8}}}});
+  cases.push_back({"MaxPool2d", convnet, {{f, {2, 3, 8, 6}}}});
   cases.push_back({"MaxPool2d", dilated, {{f, {2, 3, 9, 8}}}});
   cases.push_back({"MaxPool2dGrad", window, {{f, {2, 3, 5, 4}}, {f, {2, 3, 9, 8}}}});
   cases.push_back({"MaxPool2dGrad", dilated, {{f, {2, 3, 5, 7}}, {f, {2, 3, 9, 8}}}});
@@ -464,10 +468,15 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"AveragePool2dGrad", average, {{f, {2, 3, 5, 4}}}});
   cases.push_back({"GlobalAveragePool", {}, {{f, {2, 3, 5, 7}}}});
   const std::vector<TensorType> bn = {{f, {4, 3, 5, 6}}, {f, {3}}, {f, {3}}, {f, {3}}, {f, {3}}};
-  cases.push_back({"BatchNormalization", {{"training", int64_t{1}}}, bn});
+  // cuDNN's batch statistics are summed in another order than the CPU's.
+  cases.push_back({"BatchNormalization", {{"training", int64_t{1}}}, bn, 1e-4});
   cases.push_back({"BatchNormalization", {}, bn, 1e-5, true}); // var > 0
+  const std::vector<TensorType> bn1d = {{f, {8, 5}}, {f, {5}}, {f, {5}}, {f, {5}}, {f, {5}}};
+  cases.push_back({"BatchNormalization", {{"training", int64_t{1}}}, bn1d, 1e-4});
   cases.push_back({"BatchNormStats", {}, {{f, {4, 3, 5, 6}}}});
-  cases.push_back({"BatchNormalizationGrad", {}, {{f, {4, 3, 5, 6}}, {f, {4, 3, 5, 6}}, {f, {3}}}});
+  cases.push_back(
+      {"BatchNormalizationGrad", {}, {{f, {4, 3, 5, 6}}, {f, {4, 3, 5, 6}}, {f, {3}}}, 1e-4});
+  cases.push_back({"BatchNormalizationGrad", {}, {{f, {8, 5}}, {f, {8, 5}}, {f, {5}}}, 1e-4});
   cases.push_back(
       {"GlobalAveragePoolGrad", {{"input_shape", ints({2, 3, 5, 7})}}, {{f, {2, 3, 1, 1}}}});
   if (STRATA_HAVE_CUDNN) {
@@ -580,9 +589,17 @@ TEST_F(CudaGpuTest, EveryOpMatchesTheCpu) {
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
     std::vector<HostTensor> expected, got;
     ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
-    for (bool cuda_graph : {false, true}) {
+    // Pooling and batch norm both through cuDNN (where it fits) and through
+    // strata's kernels.
+    const bool cudnn_choice =
+        c.op.find("Pool2d") != std::string::npos || c.op.rfind("BatchNormalization", 0) == 0;
+    for (int pass = 0; pass < (cudnn_choice ? 4 : 2); ++pass) {
+      const bool cuda_graph = pass % 2 == 1;
       CudaExecutorOptions options;
       options.cuda_graph = cuda_graph;
+      options.cudnn_pool_norm = pass < 2;
+      SCOPED_TRACE(str_cat(cuda_graph ? "captured" : "eager",
+                           options.cudnn_pool_norm ? "" : ", strata's pool/norm kernels"));
       options.guard_bytes = 256; // every buffer guarded; checked after each run
       auto gpu = CudaExecutor::create(graph, options);
       ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();

@@ -268,6 +268,10 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
                         "--precision f16 needs --backend cuda");
   expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--precision", "f8"}),
                         "--precision");
+  expect_one_line_error(strata({"run", "mlp.splan", "--pool-norm", "strata"}),
+                        "--pool-norm needs --backend cuda");
+  expect_one_line_error(strata({"run", "mlp.splan", "--backend", "cuda", "--pool-norm", "miopen"}),
+                        "--pool-norm");
   ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--optimizer", "adamw:lr=0.01", "--mesh",
                     "2x1x1", "--zero", "1", "-o", "zero.splan"})
                 .code,

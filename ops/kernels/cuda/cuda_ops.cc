@@ -10,6 +10,7 @@
 #include "ops/slice_plan.h"
 
 #include "ops/window.h"
+#include "strata_config.h"
 
 namespace strata::cuda {
 namespace {
@@ -514,16 +515,38 @@ Result<Window> pool_window(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x
   return w;
 }
 
+// Whether this node's pooling or batch norm goes through cuDNN.
+bool through_cudnn(const CudaKernelContext &c, const std::string &mismatch) {
+  return c.cudnn != nullptr && c.cudnn_pool_norm && mismatch.empty();
+}
+
+// ops::cudnn_pool_mismatch of a pooling node over X (`x`) giving Y (`y`).
+std::string cudnn_pool_mismatch(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x,
+                                llvm::ArrayRef<int64_t> y) {
+  auto window = ops::read_window(c.def, c.attrs());
+  if (!window.is_ok()) return window.status().message();
+  return ops::cudnn_pool_mismatch(*window, x, y);
+}
+
 template <bool kMax> Status pool_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Window w, pool_window(c, c.inputs[0].shape(), c.outputs[0].shape()));
+  if (through_cudnn(c, cudnn_pool_mismatch(c, c.inputs[0].shape(), c.outputs[0].shape())))
+    return cudnn_pool(c, kMax, w);
   return check(pool(kMax, w, in_f32(c, 0), out_f32(c, 0), c.stream), "launch");
+}
+
+// cuDNN's max-pooling gradient needs Y, which MaxPool2dGrad recomputes.
+int64_t max_pool_grad_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType> inputs) {
+  return STRATA_HAVE_CUDNN ? inputs[0].size_bytes() : 0;
 }
 
 // MaxPool2dGrad(dY, X), AveragePool2dGrad(dY): dX has X's shape.
 template <bool kMax> Status pool_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Window w, pool_window(c, c.outputs[0].shape(), c.inputs[0].shape()));
+  if (through_cudnn(c, cudnn_pool_mismatch(c, c.outputs[0].shape(), c.inputs[0].shape())))
+    return cudnn_pool_grad(c, kMax, w);
   return check(
       pool_grad(kMax, w, in_f32(c, 0), kMax ? in_f32(c, 1) : nullptr, out_f32(c, 0), c.stream),
       "launch");
@@ -616,9 +639,12 @@ std::tuple<int64_t, int64_t, int64_t> channel_dims(llvm::ArrayRef<int64_t> x) {
 Status batch_norm_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2, 3, 4}));
   const auto [batch, channels, inner] = channel_dims(c.inputs[0].shape());
+  const double epsilon = c.attrs().get_float("epsilon");
+  const bool training = c.attrs().get_int("training") != 0;
+  if (through_cudnn(c, ops::cudnn_batch_norm_mismatch(batch, channels, inner, epsilon, training)))
+    return cudnn_batch_norm(c, batch, channels, inner, epsilon, training);
   return check(batch_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
-                          out_f32(c, 0), batch, channels, inner, c.attrs().get_float("epsilon"),
-                          c.attrs().get_int("training") != 0, c.stream),
+                          out_f32(c, 0), batch, channels, inner, epsilon, training, c.stream),
                "launch");
 }
 
@@ -634,9 +660,12 @@ Status batch_norm_stats_op(const CudaKernelContext &c) {
 Status batch_norm_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   const auto [batch, channels, inner] = channel_dims(c.inputs[1].shape());
+  const double epsilon = c.attrs().get_float("epsilon");
+  if (through_cudnn(c, ops::cudnn_batch_norm_mismatch(batch, channels, inner, epsilon, true)))
+    return cudnn_batch_norm_grad(c, batch, channels, inner, epsilon);
   return check(batch_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
-                               out_f32(c, 1), out_f32(c, 2), batch, channels, inner,
-                               c.attrs().get_float("epsilon"), c.stream),
+                               out_f32(c, 1), out_f32(c, 2), batch, channels, inner, epsilon,
+                               c.stream),
                "launch");
 }
 
@@ -1043,7 +1072,7 @@ const std::vector<CudaOp> &table() {
         op("LogSoftmaxGrad", softmax_grad_op<true>),
         op("MatMul", matmul_op),
         op("MaxPool2d", pool_op<true>),
-        op("MaxPool2dGrad", pool_grad_op<true>),
+        op("MaxPool2dGrad", pool_grad_op<true>, max_pool_grad_scratch),
         op("MseLoss", mse_loss_op, mse_scratch),
         op("MseLossGrad", mse_loss_grad_op),
         op("Mul", binary_op<Binary::kMul>),
@@ -1159,6 +1188,12 @@ std::vector<std::string_view> cuda_op_names() {
   for (const CudaOp &op : table())
     names.push_back(op.name);
   return names;
+}
+
+std::vector<std::string_view> cudnn_preferred_ops() {
+  if (!STRATA_HAVE_CUDNN) return {};
+  return {"AveragePool2d",          "AveragePool2dGrad", "BatchNormalization",
+          "BatchNormalizationGrad", "MaxPool2d",         "MaxPool2dGrad"};
 }
 
 } // namespace strata::cuda

@@ -52,6 +52,11 @@ struct CudaKernelContext {
   // ops on its piece of a split tensor (Gather of a vocabulary-parallel
   // table, the vocabulary-parallel loss) need it. 0 of 1 elsewhere.
   int member = 0, group = 1;
+  // Pooling and batch norm run through cuDNN when `cudnn` is set and cuDNN
+  // computes the node as strata defines it (ops/window.h's cudnn_pool_mismatch
+  // and cudnn_batch_norm_mismatch); false, or where it does not: strata's own
+  // kernels, which follow the CPU's element for element.
+  bool cudnn_pool_norm = true;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 
@@ -88,12 +93,30 @@ const CudaOp *find_cuda_op(std::string_view op);
 // Every op the CUDA backend runs, sorted by name.
 std::vector<std::string_view> cuda_op_names();
 
-// The ops that run through cuDNN (convolutions; none in a build without it).
+// The ops that need cuDNN (convolutions; none in a build without it).
 std::vector<CudaOp> cudnn_ops();
 // A cuDNN handle bound to `stream`, or null with `error` set (no cuDNN in the
 // build, or cuDNN could not start); destroy_cudnn(null) does nothing.
 void *create_cudnn(cudaStream_t stream, std::string *error);
 void destroy_cudnn(void *handle);
+
+// The ops that take cuDNN when there is a handle and it fits the node
+// (pooling and batch norm), else strata's kernels; none without cuDNN.
+std::vector<std::string_view> cudnn_preferred_ops();
+
+// Pooling and batch norm through cuDNN's descriptor API, for nodes the
+// mismatch functions accept (descriptors kept in the context's cache). Max
+// pooling's gradient recomputes Y into the node's scratch (cuDNN needs it;
+// the graph passes only dY and X). Without cuDNN in the build: an error.
+Status cudnn_pool(const CudaKernelContext &context, bool max, const Window &window);
+Status cudnn_pool_grad(const CudaKernelContext &context, bool max, const Window &window);
+// BatchNormalization(X, scale, B, mean, var) -> Y (training: batch
+// statistics) and BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dB, X
+// taken as [batch, channels, inner, 1].
+Status cudnn_batch_norm(const CudaKernelContext &context, int64_t batch, int64_t channels,
+                        int64_t inner, double epsilon, bool training);
+Status cudnn_batch_norm_grad(const CudaKernelContext &context, int64_t batch, int64_t channels,
+                             int64_t inner, double epsilon);
 
 // What an op with dtype `dtype` on input `index` lacks, or ok: the kernels are
 // f32 (integers for indices and labels, any dtype for pure data movement).

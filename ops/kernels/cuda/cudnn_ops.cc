@@ -1,4 +1,4 @@
-// Conv2d and its two gradients through cuDNN.
+// Conv2d and its two gradients, pooling and batch norm through cuDNN.
 //
 // These use cuDNN's descriptor API (cudnnConvolutionForward and friends), which
 // cuDNN 9 still ships but marks deprecated in favour of its graph API; the
@@ -22,6 +22,18 @@ namespace strata::cuda {
 #if !STRATA_HAVE_CUDNN
 
 std::vector<CudaOp> cudnn_ops() { return {}; }
+Status cudnn_pool(const CudaKernelContext &c, bool, const Window &) {
+  return failed_precondition(c.def.name, ": this strata was built without cuDNN");
+}
+Status cudnn_pool_grad(const CudaKernelContext &c, bool, const Window &) {
+  return failed_precondition(c.def.name, ": this strata was built without cuDNN");
+}
+Status cudnn_batch_norm(const CudaKernelContext &c, int64_t, int64_t, int64_t, double, bool) {
+  return failed_precondition(c.def.name, ": this strata was built without cuDNN");
+}
+Status cudnn_batch_norm_grad(const CudaKernelContext &c, int64_t, int64_t, int64_t, double) {
+  return failed_precondition(c.def.name, ": this strata was built without cuDNN");
+}
 void *create_cudnn(cudaStream_t, std::string *error) {
   *error = "this strata was built without cuDNN";
   return nullptr;
@@ -221,7 +233,144 @@ Status conv_grad_weight_op(const CudaKernelContext &c) {
                    "backward filter");
 }
 
+// ---- pooling and batch norm ---------------------------------------------------------
+
+// A pooling node's descriptors: X [N, C, H, W] and Y [N, C, oH, oW].
+struct PoolPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnPoolingDescriptor_t pool = nullptr;
+  ~PoolPlan() {
+    if (pool) cudnnDestroyPoolingDescriptor(pool);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+Result<std::shared_ptr<PoolPlan>> plan_pool(const CudaKernelContext &c, bool max, const Window &w,
+                                            llvm::ArrayRef<int64_t> x, llvm::ArrayRef<int64_t> y) {
+  if (c.cache != nullptr && *c.cache != nullptr)
+    return std::static_pointer_cast<PoolPlan>(*c.cache);
+  auto plan = std::make_shared<PoolPlan>();
+  RETURN_IF_ERROR(tensor4d(&plan->x, x));
+  RETURN_IF_ERROR(tensor4d(&plan->y, y));
+  RETURN_IF_ERROR(check_dnn(cudnnCreatePoolingDescriptor(&plan->pool), "pooling descriptor"));
+  // Max: padding never wins and NaN propagates, as in strata's kernels; the
+  // deterministic mode keeps a replayed step bitwise equal to an eager one.
+  // Average: the divisor counts padding only with count_include_pad.
+  const cudnnPoolingMode_t mode = max             ? CUDNN_POOLING_MAX_DETERMINISTIC
+                                  : w.include_pad ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                                  : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+  RETURN_IF_ERROR(check_dnn(
+      cudnnSetPooling2dDescriptor(plan->pool, mode, CUDNN_PROPAGATE_NAN,
+                                  static_cast<int>(w.kernel_h), static_cast<int>(w.kernel_w),
+                                  static_cast<int>(w.pad_top), static_cast<int>(w.pad_left),
+                                  static_cast<int>(w.stride_h), static_cast<int>(w.stride_w)),
+      "pooling descriptor"));
+  int n = 0, channels = 0, out_h = 0, out_w = 0;
+  RETURN_IF_ERROR(check_dnn(
+      cudnnGetPooling2dForwardOutputDim(plan->pool, plan->x, &n, &channels, &out_h, &out_w),
+      "pooling output size"));
+  if (out_h != w.out_h || out_w != w.out_w)
+    return internal_error(c.def.name, ": cuDNN pools to ", out_h, "x", out_w, ", the node to ",
+                          w.out_h, "x", w.out_w);
+  if (c.cache != nullptr) *c.cache = plan;
+  return plan;
+}
+
+// A batch-norm node's descriptors: X as [batch, channels, inner, 1] and the
+// per-channel parameters as [1, channels, 1, 1].
+struct NormPlan {
+  cudnnTensorDescriptor_t x = nullptr, channel = nullptr;
+  ~NormPlan() {
+    if (channel) cudnnDestroyTensorDescriptor(channel);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+Result<std::shared_ptr<NormPlan>> plan_norm(const CudaKernelContext &c, int64_t batch,
+                                            int64_t channels, int64_t inner) {
+  if (c.cache != nullptr && *c.cache != nullptr)
+    return std::static_pointer_cast<NormPlan>(*c.cache);
+  auto plan = std::make_shared<NormPlan>();
+  const int64_t x[4] = {batch, channels, inner, 1}, channel[4] = {1, channels, 1, 1};
+  RETURN_IF_ERROR(tensor4d(&plan->x, x));
+  RETURN_IF_ERROR(tensor4d(&plan->channel, channel));
+  if (c.cache != nullptr) *c.cache = plan;
+  return plan;
+}
+
 } // namespace
+
+Status cudnn_pool(const CudaKernelContext &c, bool max, const Window &w) {
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  ASSIGN_OR_RETURN(auto plan, plan_pool(c, max, w, c.inputs[0].shape(), c.outputs[0].shape()));
+  const float one = 1.0f, zero = 0.0f;
+  return check_dnn(cudnnPoolingForward(handle, plan->pool, &one, plan->x, c.inputs[0].data, &zero,
+                                       plan->y, c.outputs[0].data),
+                   "pooling");
+}
+
+// MaxPool2dGrad(dY, X) and AveragePool2dGrad(dY) -> dX.
+Status cudnn_pool_grad(const CudaKernelContext &c, bool max, const Window &w) {
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  ASSIGN_OR_RETURN(auto plan, plan_pool(c, max, w, c.outputs[0].shape(), c.inputs[0].shape()));
+  const float one = 1.0f, zero = 0.0f;
+  const void *dy = c.inputs[0].data;
+  void *dx = c.outputs[0].data;
+  // Average pooling's gradient does not depend on Y or X, but cuDNN takes
+  // them (TensorFlow's AvgPoolGrad passes unset buffers): dY and dX stand in.
+  if (!max)
+    return check_dnn(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, dy, plan->y, dy,
+                                          plan->x, dx, &zero, plan->x, dx),
+                     "pooling gradient");
+  if (c.scratch == nullptr)
+    return internal_error(c.def.name, ": no scratch for the recomputed pooling output");
+  const void *x = c.inputs[1].data;
+  RETURN_IF_ERROR(check_dnn(
+      cudnnPoolingForward(handle, plan->pool, &one, plan->x, x, &zero, plan->y, c.scratch),
+      "pooling (for its gradient)"));
+  return check_dnn(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, c.scratch, plan->y, dy,
+                                        plan->x, x, &zero, plan->x, dx),
+                   "pooling gradient");
+}
+
+// BatchNormalization(X, scale, B, mean, var) -> Y, per channel over batch and
+// inner: SPATIAL mode. Training normalizes with the batch's mean and biased
+// variance and leaves the running statistics to BatchNormStats (none passed).
+Status cudnn_batch_norm(const CudaKernelContext &c, int64_t batch, int64_t channels, int64_t inner,
+                        double epsilon, bool training) {
+
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  ASSIGN_OR_RETURN(auto plan, plan_norm(c, batch, channels, inner));
+  const float one = 1.0f, zero = 0.0f;
+  const void *x = c.inputs[0].data, *scale = c.inputs[1].data, *bias = c.inputs[2].data;
+  void *y = c.outputs[0].data;
+  if (training)
+    return check_dnn(
+        cudnnBatchNormalizationForwardTraining(handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                               plan->x, x, plan->x, y, plan->channel, scale, bias,
+                                               0.0, nullptr, nullptr, epsilon, nullptr, nullptr),
+        "batch norm");
+  return check_dnn(cudnnBatchNormalizationForwardInference(
+                       handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, plan->x, x, plan->x, y,
+                       plan->channel, scale, bias, c.inputs[3].data, c.inputs[4].data, epsilon),
+                   "batch norm");
+}
+
+// BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dB; cuDNN recomputes the
+// batch statistics from X (none saved).
+Status cudnn_batch_norm_grad(const CudaKernelContext &c, int64_t batch, int64_t channels,
+                             int64_t inner, double epsilon) {
+  auto handle = static_cast<cudnnHandle_t>(c.cudnn);
+  ASSIGN_OR_RETURN(auto plan, plan_norm(c, batch, channels, inner));
+  const float one = 1.0f, zero = 0.0f;
+  return check_dnn(cudnnBatchNormalizationBackward(
+                       handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, plan->x,
+                       c.inputs[1].data, plan->x, c.inputs[0].data, plan->x, c.outputs[0].data,
+                       plan->channel, c.inputs[2].data, c.outputs[1].data, c.outputs[2].data,
+                       epsilon, nullptr, nullptr),
+                   "batch norm gradient");
+}
 
 std::vector<CudaOp> cudnn_ops() {
   return {CudaOp{"Conv2d", conv_op, nullptr, {}},
