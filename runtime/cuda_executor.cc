@@ -213,6 +213,7 @@ struct CudaExecutor::State {
     std::vector<ops::ConstTensorView> inputs;
     std::vector<ops::TensorView> outputs;
     void *scratch = nullptr;
+    int64_t scratch_bytes = 0;
     int *flag = nullptr;
     std::shared_ptr<void> cache; // the op's plan (ops/kernels/cuda/cuda_ops.h)
     const std::byte *constant = nullptr;
@@ -274,6 +275,7 @@ struct CudaExecutor::State {
         step.scratch, step.flag, options.tf32, cudnn,
         &step.cache,  bf16,      options.f16};
     context.cudnn_pool_norm = options.cudnn_pool_norm;
+    context.scratch_bytes = step.scratch_bytes;
     return step.op->kernel(context);
   }
 
@@ -546,7 +548,10 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
       step.inputs.push_back({state->address[id], &g.tensor(id).type});
     for (TensorId id : node.outputs)
       step.outputs.push_back({state->address[id], &g.tensor(id).type});
-    if (step_scratch[s] >= 0) step.scratch = state->base + step_scratch[s];
+    if (step_scratch[s] >= 0) {
+      step.scratch = state->base + step_scratch[s];
+      step.scratch_bytes = l.scratch_bytes[s];
+    }
     if (step_constant[s] >= 0) step.constant = state->base + step_constant[s];
     step.flag = state->flags + s;
   }

@@ -365,6 +365,7 @@ struct CudaPipelineRunner::State {
     cudaStream_t stream = nullptr, side = nullptr;
     void *cudnn = nullptr;
     void *scratch = nullptr, *workspace = nullptr, *bf16 = nullptr;
+    int64_t scratch_bytes = 0;
     void *tp_staging = nullptr; // over NCCL: column-block pieces laid out for it
     int *flags = nullptr;       // its instructions' flags
     int *any = nullptr;         // set before its first update: did any check fail?
@@ -575,16 +576,25 @@ struct CudaPipelineRunner::State {
       if (op.op == nullptr)
         return copy(op.outputs[0].data, op.source,
                     static_cast<size_t>(op.outputs[0].type->size_bytes()), stream);
-      cuda::CudaKernelContext context{
-          *op.node,         *op.def,
-          op.inputs,        op.outputs,
-          stream,           lt,
-          device.workspace, static_cast<size_t>(options.workspace_bytes),
-          device.scratch,   op.flag,
-          options.tf32,     device.cudnn,
-          op.cache,         device.bf16,
-          options.f16,      op.member,
-          op.parts,         options.cudnn_pool_norm};
+      cuda::CudaKernelContext context{*op.node,
+                                      *op.def,
+                                      op.inputs,
+                                      op.outputs,
+                                      stream,
+                                      lt,
+                                      device.workspace,
+                                      static_cast<size_t>(options.workspace_bytes),
+                                      device.scratch,
+                                      op.flag,
+                                      options.tf32,
+                                      device.cudnn,
+                                      op.cache,
+                                      device.bf16,
+                                      options.f16,
+                                      op.member,
+                                      op.parts,
+                                      options.cudnn_pool_norm,
+                                      device.scratch_bytes};
       return op.op->kernel(context);
     }
     case InstrKind::kSend:
@@ -1257,6 +1267,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         if (device.cudnn == nullptr && needs_cudnn) return failed_precondition(why);
       }
       device.scratch = s.base + region.scratch;
+      device.scratch_bytes = region.scratch_bytes;
       device.workspace = s.base + region.workspace;
       if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
       if (region.tp_staging >= 0) device.tp_staging = s.base + region.tp_staging;

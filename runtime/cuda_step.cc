@@ -75,6 +75,9 @@ fused_chain_program(const Graph &graph, const std::vector<NodeId> &chain,
     ASSIGN_OR_RETURN(step.lhs, index_of(node.inputs[0]));
     if (node.inputs.size() > 1) {
       ASSIGN_OR_RETURN(step.rhs, index_of(node.inputs[1]));
+      // A one-element exponent of 2 or 1 is an exact product (binary_op's rule).
+      if (node.op == "Pow" && graph.tensor(node.inputs[1]).type.num_elements() == 1)
+        step.op = static_cast<int>(cuda::Binary::kPowScalar);
     }
     program->step[program->steps++] = step;
     running = node.outputs[0];

@@ -982,6 +982,58 @@ TEST_F(CudaGpuTest, AFusedChainKeepsOperandOrderBroadcastsAndAttributes) {
   EXPECT_EQ(std::memcmp(a[0].data(), c[0].data(), a[0].size_bytes()), 0);
 }
 
+// Pow with a one-element exponent of 2 or 1 is the exact product (x * x, or
+// x) on the CPU; so on the GPU, node by node and fused into a chain.
+TEST_F(CudaGpuTest, PowOfAScalarTwoOrOneIsTheCpusExactProduct) {
+  GraphBuilder b("pow", registry());
+  TensorId x = b.input("x", DType::kF32, {4099});
+  TensorId e = b.input("e", DType::kF32, {});
+  TensorId y = b.op1("Pow", {x, e}, {}, "pow");
+  b.output(b.op1("Add", {y, x}, {}, "add"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().message();
+  std::vector<HostTensor> inputs = random_inputs(*graph, 11);
+  auto cpu = CpuExecutor::create(*graph);
+  ASSERT_TRUE(cpu.is_ok());
+  for (float exponent : {2.0f, 1.0f, 3.0f}) {
+    *reinterpret_cast<float *>(inputs[1].data()) = exponent;
+    std::vector<HostTensor> expected, got;
+    ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
+    for (bool fuse : {false, true}) {
+      SCOPED_TRACE(str_cat("exponent ", exponent, fuse ? ", fused" : ""));
+      CudaExecutorOptions options;
+      options.fuse = fuse;
+      auto gpu = CudaExecutor::create(*graph, options);
+      ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+      EXPECT_EQ((*gpu)->fused_chains(), fuse ? 1 : 0);
+      ASSERT_TRUE((*gpu)->run(inputs, &got).is_ok());
+      if (exponent == 3.0f) {
+        EXPECT_LE(max_difference(got[0], expected[0]), 1e-5);
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(got[0].data(), expected[0].data(), got[0].size_bytes()), 0);
+    }
+  }
+}
+
+// A bool byte other than 0 or 1 casts to 1, as on the CPU.
+TEST_F(CudaGpuTest, CastReadsAnyNonZeroBoolByteAsTrue) {
+  GraphBuilder b("cast", registry());
+  TensorId x = b.input("x", DType::kBool, {4});
+  b.output(b.op1("Cast", {x}, {{"to", std::string("f32")}}, "cast"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().message();
+  HostTensor flags = HostTensor::zeros(TensorType{DType::kBool, {4}});
+  const uint8_t bytes[4] = {0, 1, 2, 255};
+  std::memcpy(flags.data(), bytes, 4);
+  auto gpu = CudaExecutor::create(*graph);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+  std::vector<HostTensor> got;
+  ASSERT_TRUE((*gpu)->run({flags}, &got).is_ok());
+  const float *y = reinterpret_cast<const float *>(got[0].data());
+  EXPECT_EQ(std::vector<float>(y, y + 4), (std::vector<float>{0, 1, 1, 1}));
+}
+
 TEST_F(CudaGpuTest, MlpTrainsAsOnTheCpu) { expect_training_matches(mlp_graph(), 1e-4, true); }
 
 TEST_F(CudaGpuTest, GptTrainsAsOnTheCpu) { expect_training_matches(gpt_graph(), 1e-4, true); }

@@ -96,6 +96,8 @@ template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
   }
   if constexpr (kOp == Binary::kGeluErfGrad)
     if (c.attrs().get_string("approximate") == "tanh") op = Binary::kGeluTanhGrad;
+  if constexpr (kOp == Binary::kPow)
+    if (c.inputs[1].num_elements() == 1) op = Binary::kPowScalar;
   return check(binary(op, in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape), in_f32(c, 1),
                       broadcast_strides(c.inputs[1].shape(), shape), out_f32(c, 0), shape, a, b,
                       c.stream),
@@ -219,6 +221,27 @@ Result<int64_t> axis_of(const CudaKernelContext &c, const TensorType &type) {
   return ops::normalize_axis(c.attrs().get_int("axis"), type.rank(), "axis");
 }
 
+// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
+// (`dpitch` apart). cudaMemcpy2DAsync refuses pitches beyond the device's
+// limit (about 2 GiB), as a concat along axis 0 of a large tensor has: such
+// copies, and single rows, go row by row.
+Status copy_rows(void *dst, int64_t dpitch, const void *src, int64_t spitch, int64_t width,
+                 int64_t rows, cudaStream_t stream) {
+  constexpr int64_t kMaxPitch = int64_t{1} << 30;
+  if (rows > 1 && dpitch < kMaxPitch && spitch < kMaxPitch)
+    return check(cudaMemcpy2DAsync(dst, static_cast<size_t>(dpitch), src,
+                                   static_cast<size_t>(spitch), static_cast<size_t>(width),
+                                   static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
+                 "copy");
+  for (int64_t r = 0; r < rows; ++r)
+    RETURN_IF_ERROR(
+        check(cudaMemcpyAsync(static_cast<std::byte *>(dst) + r * dpitch,
+                              static_cast<const std::byte *>(src) + r * spitch,
+                              static_cast<size_t>(width), cudaMemcpyDeviceToDevice, stream),
+              "copy"));
+  return Status::ok();
+}
+
 Status concat_op(const CudaKernelContext &c) {
   const TensorType &out = *c.outputs[0].type;
   ASSIGN_OR_RETURN(Along a, along_axis(c, out));
@@ -228,12 +251,8 @@ Status concat_op(const CudaKernelContext &c) {
   for (const ConstTensorView &in : c.inputs) {
     const int64_t width = in.shape()[static_cast<size_t>(axis)] * a.inner_bytes;
     if (width > 0 && a.outer > 0)
-      RETURN_IF_ERROR(
-          check(cudaMemcpy2DAsync(static_cast<std::byte *>(c.outputs[0].data) + offset,
-                                  static_cast<size_t>(dpitch), in.data, static_cast<size_t>(width),
-                                  static_cast<size_t>(width), static_cast<size_t>(a.outer),
-                                  cudaMemcpyDeviceToDevice, c.stream),
-                "copy"));
+      RETURN_IF_ERROR(copy_rows(static_cast<std::byte *>(c.outputs[0].data) + offset, dpitch,
+                                in.data, width, width, a.outer, c.stream));
     offset += width;
   }
   return Status::ok();
@@ -248,12 +267,9 @@ Status split_op(const CudaKernelContext &c) {
   for (const TensorView &out : c.outputs) {
     const int64_t width = out.shape()[static_cast<size_t>(axis)] * a.inner_bytes;
     if (width > 0 && a.outer > 0)
-      RETURN_IF_ERROR(
-          check(cudaMemcpy2DAsync(out.data, static_cast<size_t>(width),
-                                  static_cast<const std::byte *>(c.inputs[0].data) + offset,
-                                  static_cast<size_t>(spitch), static_cast<size_t>(width),
-                                  static_cast<size_t>(a.outer), cudaMemcpyDeviceToDevice, c.stream),
-                "copy"));
+      RETURN_IF_ERROR(copy_rows(out.data, width,
+                                static_cast<const std::byte *>(c.inputs[0].data) + offset, spitch,
+                                width, a.outer, c.stream));
     offset += width;
   }
   return Status::ok();
@@ -428,8 +444,9 @@ Status gather_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, r.axis));
   return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch, c.stream,
-                           piece.first, piece.bound),
+                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch,
+                           static_cast<size_t>(c.scratch_bytes), c.stream, piece.first,
+                           piece.bound),
                "launch");
 }
 
@@ -475,15 +492,19 @@ Status vocab_parallel_cross_entropy_grad_op(const CudaKernelContext &c) {
                "launch");
 }
 
-// The radix sort's room when the table is indexed along axis 0 (an embedding).
+// The radix sort's room when nothing precedes the indexed axis (an embedding
+// table indexed along axis 0, or [1, T, H] along 1): gather_grad sorts then.
 int64_t gather_grad_scratch_bytes(const Node &node, const ops::OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
   const ops::AttrReader attrs(node, def);
   const std::vector<int64_t> shape = attrs.get_ints("shape");
   auto axis =
       ops::normalize_axis(attrs.get_int("axis"), static_cast<int64_t>(shape.size()), "axis");
-  if (!axis.is_ok() || *axis != 0) return 0;
-  return static_cast<int64_t>(gather_grad_scratch(inputs[1].num_elements(), shape[0]));
+  if (!axis.is_ok()) return 0;
+  for (int64_t d = 0; d < *axis; ++d)
+    if (shape[static_cast<size_t>(d)] != 1) return 0;
+  return static_cast<int64_t>(
+      gather_grad_scratch(inputs[1].num_elements(), shape[static_cast<size_t>(*axis)]));
 }
 
 // ---- pooling -------------------------------------------------------------------------

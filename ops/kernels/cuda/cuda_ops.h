@@ -33,7 +33,7 @@ struct CudaKernelContext {
   cublasLtHandle_t lt = nullptr;
   void *workspace = nullptr; // cuBLASLt's, shared by every node
   size_t workspace_bytes = 0;
-  void *scratch = nullptr; // this node's, scratch_bytes() of it
+  void *scratch = nullptr; // this node's, scratch_bytes of it (its ScratchFn's or more)
   int *flag = nullptr;     // this node's device error flag (0: fine)
   bool tf32 = false;       // f32 GEMMs and convolutions may use TF32 tensor cores
   void *cudnn = nullptr;   // the cudnnHandle_t, bound to `stream` (null without cuDNN)
@@ -57,6 +57,7 @@ struct CudaKernelContext {
   // and cudnn_batch_norm_mismatch); false, or where it does not: strata's own
   // kernels, which follow the CPU's element for element.
   bool cudnn_pool_norm = true;
+  int64_t scratch_bytes = 0;
   ops::AttrReader attrs() const { return ops::AttrReader(node, def); }
 };
 

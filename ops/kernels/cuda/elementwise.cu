@@ -87,6 +87,7 @@ __device__ float apply(Binary op, float l, float r, float a, float b) {
   case Binary::kMul: return l * r;
   case Binary::kDiv: return l / r;
   case Binary::kPow: return powf(l, r);
+  case Binary::kPowScalar: return r == 2.0f ? l * l : r == 1.0f ? l : powf(l, r);
   case Binary::kReluGrad: return r > 0.0f ? l : 0.0f;
   case Binary::kGeluErfGrad: return l * gelu_erf_grad(r);
   case Binary::kGeluTanhGrad: return l * gelu_tanh_grad(r);
@@ -216,6 +217,8 @@ template <typename I> __device__ I saturating(float v) {
 
 template <typename From, typename To> __device__ To convert(From v, Elem to) {
   if (to == Elem::kBool) return static_cast<To>(v != From(0));
+  // A bool byte other than 0 or 1 still reads as true (1), as on the CPU.
+  if constexpr (std::is_same_v<From, uint8_t>) return static_cast<To>(v != 0);
   if constexpr (std::is_same_v<From, float> && std::is_integral_v<To>) {
     return saturating<To>(v);
   } else {
@@ -530,7 +533,7 @@ __device__ int f16_shift(unsigned amax_bits) {
   if (!(amax > 0.0f) || !isfinite(amax)) return 0;
   int e = 0;
   frexpf(amax, &e); // amax = m 2^e, 0.5 <= m < 1
-  return 14 - e; // in [-115, 162]: x 2^s stays finite, as it is at most 2^14
+  return 14 - e;    // in [-115, 162]: x 2^s stays finite, as it is at most 2^14
 }
 
 // Each block reduces its threads' maxima (warps, then the block's first

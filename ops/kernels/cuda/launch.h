@@ -47,6 +47,7 @@ enum class Binary : int {
   kMul,
   kDiv,
   kPow,
+  kPowScalar,    // a one-element exponent: 2 and 1 exactly (x * x, x), as on the CPU
   kReluGrad,     // (dY, X)
   kGeluErfGrad,  // (dY, X)
   kGeluTanhGrad, // (dY, X)
@@ -197,13 +198,13 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
 // Each output element sums its contributions in index order (deterministic);
 // an index out of range sets *bad_index. With outer == 1 (an embedding table)
 // the positions are first sorted by index with a stable radix sort (CUB), so
-// the work is one pass over dY; `scratch` holds gather_grad_scratch(n,
-// axis_size) bytes for it (null: the unsorted kernel, n reads per element).
-// With `first` and `bound` as gather's: only this member's rows.
+// the work is one pass over dY, when `scratch` (`scratch_bytes` of it) holds
+// gather_grad_scratch(n, axis_size) bytes; else the unsorted kernel, n reads
+// per element. With `first` and `bound` as gather's: only this member's rows.
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, void *scratch, cudaStream_t stream, int64_t first = 0,
-                        int64_t bound = 0);
+                        int *bad_index, void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                        int64_t first = 0, int64_t bound = 0);
 size_t gather_grad_scratch(int64_t n, int64_t axis_size);
 
 // A pooling window over planes of h x w (MaxPool2d, AveragePool2d): output

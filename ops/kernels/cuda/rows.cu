@@ -677,16 +677,19 @@ int key_bits(int64_t axis_size) {
   return bits;
 }
 
+// CUB's temporary storage for sorting n keys (0: CUB could not say).
 size_t sort_temp_bytes(int64_t n, int64_t axis_size) {
   size_t temp = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<const uint32_t *>(nullptr),
-                                  static_cast<uint32_t *>(nullptr),
-                                  static_cast<const uint32_t *>(nullptr),
-                                  static_cast<uint32_t *>(nullptr), n, 0, key_bits(axis_size));
-  return temp;
+  const cudaError_t error = cub::DeviceRadixSort::SortPairs(
+      nullptr, temp, static_cast<const uint32_t *>(nullptr), static_cast<uint32_t *>(nullptr),
+      static_cast<const uint32_t *>(nullptr), static_cast<uint32_t *>(nullptr), n, 0,
+      key_bits(axis_size));
+  return error == cudaSuccess ? temp : 0;
 }
 
-SortScratch carve(void *scratch, int64_t n, int64_t axis_size) {
+// The four key and position arrays, then CUB's storage: the rest of the
+// scratch (CUB checks it is enough).
+SortScratch carve(void *scratch, size_t scratch_bytes, int64_t n) {
   auto *base = static_cast<char *>(scratch);
   const size_t array = align256(static_cast<size_t>(n) * sizeof(uint32_t));
   SortScratch s;
@@ -695,7 +698,7 @@ SortScratch carve(void *scratch, int64_t n, int64_t axis_size) {
   s.positions_in = reinterpret_cast<uint32_t *>(base + 2 * array);
   s.positions_out = reinterpret_cast<uint32_t *>(base + 3 * array);
   s.temp = base + 4 * array;
-  s.temp_bytes = sort_temp_bytes(n, axis_size);
+  s.temp_bytes = scratch_bytes - 4 * array;
   return s;
 }
 
@@ -713,7 +716,7 @@ __global__ void sum_squares_kernel(const float *x, int64_t n, double *partials) 
 
 __device__ float clip_scale(double sum, double max_norm) {
   const double scale = max_norm / (sqrt(sum) + 1e-6);
-  return static_cast<float>(scale < 1.0 ? scale : 1.0);
+  return static_cast<float>(1.0 < scale ? 1.0 : scale); // NaN stays NaN, as std::min
 }
 
 __global__ void finish_norm_kernel(const double *partials, int64_t inputs, bool pair,
@@ -935,22 +938,25 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
 
 size_t gather_grad_scratch(int64_t n, int64_t axis_size) {
   if (n <= 0 || n >= (int64_t{1} << 32) || axis_size >= (int64_t{1} << 32) - 1) return 0;
-  return 4 * align256(static_cast<size_t>(n) * sizeof(uint32_t)) + sort_temp_bytes(n, axis_size);
+  const size_t temp = sort_temp_bytes(n, axis_size);
+  if (temp == 0) return 0;
+  return 4 * align256(static_cast<size_t>(n) * sizeof(uint32_t)) + temp;
 }
 
 cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64_t inner,
                         const void *indices, int index_bytes, int64_t n, float *ddata,
-                        int *bad_index, void *scratch, cudaStream_t stream, int64_t first,
-                        int64_t bound) {
+                        int *bad_index, void *scratch, size_t scratch_bytes, cudaStream_t stream,
+                        int64_t first, int64_t bound) {
   const int64_t total = outer * axis_size * inner;
   if (total == 0) return cudaSuccess;
   if (bound <= 0) bound = axis_size;
-  if (outer != 1 || scratch == nullptr || gather_grad_scratch(n, axis_size) == 0) {
+  const size_t needed = outer == 1 ? gather_grad_scratch(n, axis_size) : 0;
+  if (needed == 0 || scratch == nullptr || scratch_bytes < needed) {
     gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
         dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index, first, bound);
     return cudaGetLastError();
   }
-  SortScratch s = carve(scratch, n, axis_size);
+  SortScratch s = carve(scratch, scratch_bytes, n);
   index_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(
       indices, index_bytes, n, axis_size, s.keys_in, s.positions_in, bad_index, first, bound);
   const cudaError_t sorted =
