@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "graph/host_tensor.h"
+#include "ops/kernels/gelu_math.h"
 
 #include "tests/ops/op_test_util.h"
 
@@ -290,6 +291,38 @@ TEST(ElementwiseTest, GeluDenseSweepAndSpecialValues) {
                               {string_attr("approximate", form)});
     for (int64_t i = 0; i < 7; ++i)
       EXPECT_EQ(many.get(i), one.get(0)) << form;
+  }
+}
+
+// The CUDA kernels evaluate gelu_math.h's templates one float at a time; the
+// CPU kernels four lanes at a time. The two must give the same bits (the CUDA
+// backend's Gelu parity rests on it): the float instantiation against the
+// registry's kernels over a dense sweep, both forms, values and gradients.
+TEST(ElementwiseTest, GeluScalarMathIsTheKernelsBitForBit) {
+  std::vector<double> xs;
+  for (int i = -130000; i <= 130000; ++i)
+    xs.push_back(static_cast<float>(i * 1e-4));
+  for (double v : {-0.0, 1e-40, -1e-40, 20.0, -20.0, 88.8, -88.8, 1e30, -1e30})
+    xs.push_back(v);
+  const auto n = static_cast<int64_t>(xs.size());
+  TestTensor x = tensor(DType::kF32, {n}, xs);
+  TestTensor ones = tensor(DType::kF32, {n}, std::vector<double>(xs.size(), 1.0));
+  for (const char *form : {"none", "tanh"}) {
+    const bool tanh_form = std::string(form) == "tanh";
+    TestTensor y = run_one("Gelu", {x}, {string_attr("approximate", form)});
+    TestTensor dx = run_one("GeluGrad", {ones, x}, {string_attr("approximate", form)});
+    int64_t differing = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto v = static_cast<float>(xs[static_cast<size_t>(i)]);
+      const float value = tanh_form ? gelu::gelu_tanh_f32(v) : gelu::gelu_erf_f32(v);
+      const float slope = tanh_form ? gelu::gelu_tanh_grad_f32(v) : gelu::gelu_erf_grad_f32(v);
+      const float kernel_value = static_cast<float>(y.get(i));
+      const float kernel_slope = static_cast<float>(dx.get(i));
+      if (std::memcmp(&value, &kernel_value, sizeof(float)) != 0 ||
+          std::memcmp(&slope, &kernel_slope, sizeof(float)) != 0)
+        ++differing;
+    }
+    EXPECT_EQ(differing, 0) << form;
   }
 }
 

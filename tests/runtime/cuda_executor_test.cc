@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -1012,6 +1013,55 @@ TEST_F(CudaGpuTest, PowOfAScalarTwoOrOneIsTheCpusExactProduct) {
         continue;
       }
       EXPECT_EQ(std::memcmp(got[0].data(), expected[0].data(), got[0].size_bytes()), 0);
+    }
+  }
+}
+
+// Gelu and GeluGrad, erf and tanh forms, run the CPU kernels' own math
+// (ops/kernels/gelu_math.h) on the GPU: bit for bit over the whole range,
+// tails, zeros and infinities included (NaN in, NaN out).
+TEST_F(CudaGpuTest, GeluIsTheCpusBitForBit) {
+  constexpr int64_t kN = 4801;
+  GraphBuilder b("gelu", registry());
+  TensorId x = b.input("x", DType::kF32, {kN});
+  TensorId dy = b.input("dy", DType::kF32, {kN});
+  for (const char *form : {"none", "tanh"}) {
+    const std::vector<Attribute> attrs = {{"approximate", std::string(form)}};
+    b.output(b.op1("Gelu", {x}, attrs, str_cat("gelu_", form)));
+    b.output(b.op1("GeluGrad", {dy, x}, attrs, str_cat("gelu_grad_", form)));
+  }
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().message();
+  std::vector<HostTensor> inputs = random_inputs(*graph, 5);
+  float *xs = reinterpret_cast<float *>(inputs[0].data());
+  for (int64_t i = 0; i < kN - 5; ++i)
+    xs[i] = -12.0f + 24.0f * static_cast<float>(i) / static_cast<float>(kN - 6);
+  const float specials[5] = {-0.0f, std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(), 1e-30f};
+  std::copy(specials, specials + 5, xs + kN - 5);
+  auto cpu = CpuExecutor::create(*graph);
+  ASSERT_TRUE(cpu.is_ok());
+  std::vector<HostTensor> expected, got;
+  ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
+  for (bool fuse : {false, true}) {
+    CudaExecutorOptions options;
+    options.fuse = fuse;
+    auto gpu = CudaExecutor::create(*graph, options);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+    ASSERT_TRUE((*gpu)->run(inputs, &got).is_ok());
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t k = 0; k < got.size(); ++k) {
+      const float *want = reinterpret_cast<const float *>(expected[k].data());
+      const float *have = reinterpret_cast<const float *>(got[k].data());
+      int64_t differing = 0;
+      for (int64_t i = 0; i < kN; ++i) {
+        if (std::isnan(want[i]) && std::isnan(have[i])) continue;
+        if (std::memcmp(&want[i], &have[i], sizeof(float)) != 0 && differing++ < 3)
+          ADD_FAILURE() << "output " << k << " x = " << xs[i] << ": cpu " << want[i] << ", gpu "
+                        << have[i];
+      }
+      EXPECT_EQ(differing, 0) << "output " << k;
     }
   }
 }

@@ -6,6 +6,7 @@
 
 #include "ops/kernels/cuda/grid.cuh"
 #include "ops/kernels/cuda/launch.h"
+#include "ops/kernels/gelu_math.h"
 
 #include <cmath>
 #include <cstdint>
@@ -14,34 +15,11 @@
 namespace strata::cuda {
 namespace {
 
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluTanhA = 0.044715f;
-constexpr float kGeluSaturate = 9.0f;
-
-__device__ float gelu_erf(float x) {
-  if (x < -kGeluSaturate) return -0.0f;
-  return x * (0.5f * erfcf(-x * kInvSqrt2));
-}
-__device__ float gelu_erf_grad(float x) {
-  if (fabsf(x) > kGeluSaturate) return x > 0.0f ? 1.0f : 0.0f;
-  const float cdf = 0.5f * erfcf(-x * kInvSqrt2);
-  return cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x);
-}
-__device__ float gelu_tanh(float x) {
-  if (x < -kGeluSaturate) return -0.0f;
-  const float u = kSqrt2OverPi * (x + kGeluTanhA * x * x * x);
-  return x / (1.0f + expf(-2.0f * u));
-}
-__device__ float gelu_tanh_grad(float x) {
-  if (fabsf(x) > kGeluSaturate) return x > 0.0f ? 1.0f : 0.0f;
-  const float u = kSqrt2OverPi * (x + kGeluTanhA * x * x * x);
-  const float e = expf(-2.0f * u);
-  const float s = 1.0f / (1.0f + e);
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhA * x * x);
-  return s + 2.0f * x * (s * s * e) * du;
-}
+// Gelu's math is the CPU kernels' (ops/kernels/gelu_math.h): the same bits.
+__device__ float gelu_erf(float x) { return ops::gelu::gelu_erf_f32(x); }
+__device__ float gelu_erf_grad(float x) { return ops::gelu::gelu_erf_grad_f32(x); }
+__device__ float gelu_tanh(float x) { return ops::gelu::gelu_tanh_f32(x); }
+__device__ float gelu_tanh_grad(float x) { return ops::gelu::gelu_tanh_grad_f32(x); }
 
 __device__ float apply_unary(Unary op, float v, float a, float b) {
   float r = v;
