@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -748,16 +750,31 @@ TEST_F(CudaGpuTest, Bf16GemmsMultiplyTheRoundedOperands) {
   }
 }
 
-// x rounded to f16 after scaling the whole operand by 2^s, s putting its
-// largest magnitude just under 2^14 (as the CUDA backend does), and scaled
-// back: f16's 11-bit rounding at any magnitude, without its range limits.
-std::vector<float> round_to_scaled_f16(const float *x, int64_t n, bool scale) {
+// The shift that puts an operand's largest magnitude just under 2^14.
+int f16_shift_of(const float *x, int64_t n) {
   float amax = 0;
   for (int64_t i = 0; i < n; ++i)
     amax = std::max(amax, std::fabs(x[i]));
   int e = 0;
   std::frexp(amax, &e);
-  const int s = scale && amax > 0 ? 14 - e : 0;
+  return amax > 0 ? 14 - e : 0;
+}
+
+// A's and B's shifts as the CUDA backend caps them: their sum at most 100,
+// the larger giving way first, then both alike.
+std::pair<int, int> capped_f16_shifts(int a, int b) {
+  int excess = a + b - 100;
+  if (excess <= 0) return {a, b};
+  const int gap = std::min(excess, std::abs(a - b));
+  (a > b ? a : b) -= gap;
+  excess -= gap;
+  return {a - excess / 2, b - (excess - excess / 2)};
+}
+
+// x rounded to f16 after scaling the whole operand by 2^s (s from the two
+// functions above, as the CUDA backend does), and scaled back: f16's 11-bit
+// rounding at any magnitude, without its range limits.
+std::vector<float> round_to_scaled_f16(const float *x, int64_t n, int s) {
   // f16 rounding to nearest even: 11 significant bits down to 2^-14, a fixed
   // quantum of 2^-24 below (subnormals), infinity past 65504.
   auto to_f16 = [](float v) {
@@ -785,7 +802,9 @@ TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
        {{"trans_b", int64_t{1}}, {"alpha", 0.25}, {"beta", 0.5}},
        {{DType::kF32, {40, 24}}, {DType::kF32, {16, 24}}, {DType::kF32, {16}}}}};
   for (const OpCase &c : cases)
-    for (float magnitude : {1e-6f, 1.0f, 1e6f}) {
+    // 3e-19: both shifts near 76, whose sum would unscale by 2^-152 (zero in
+    // f32, where the product, ~1e-36, is not): they are capped.
+    for (float magnitude : {1e-6f, 1.0f, 1e6f, 3e-19f}) {
       SCOPED_TRACE(describe(c) + " at " + std::to_string(magnitude));
       Graph graph = one_node(c);
       std::vector<HostTensor> inputs = random_inputs(graph, 12);
@@ -793,13 +812,20 @@ TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
         for (int64_t i = 0; i < inputs[2].type.num_elements(); ++i)
           inputs[2].as<float>()[i] *= magnitude * magnitude;
       std::vector<HostTensor> scaled = inputs, plain = inputs;
+      int shifts[2];
       for (size_t k = 0; k < 2; ++k) {
         float *x = inputs[k].as<float>();
         const int64_t n = inputs[k].type.num_elements();
         for (int64_t i = 0; i < n; ++i)
           x[i] *= magnitude;
-        const std::vector<float> s = round_to_scaled_f16(x, n, true);
-        const std::vector<float> p = round_to_scaled_f16(x, n, false);
+        shifts[k] = f16_shift_of(x, n);
+      }
+      std::tie(shifts[0], shifts[1]) = capped_f16_shifts(shifts[0], shifts[1]);
+      for (size_t k = 0; k < 2; ++k) {
+        const float *x = inputs[k].as<float>();
+        const int64_t n = inputs[k].type.num_elements();
+        const std::vector<float> s = round_to_scaled_f16(x, n, shifts[k]);
+        const std::vector<float> p = round_to_scaled_f16(x, n, 0);
         scaled[k] = HostTensor::zeros(inputs[k].type);
         plain[k] = HostTensor::zeros(inputs[k].type);
         std::copy(s.begin(), s.end(), scaled[k].as<float>());

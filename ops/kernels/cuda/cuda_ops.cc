@@ -964,11 +964,9 @@ Result<Operands> gemm_operands(const CudaKernelContext &c, Product &p) {
   RETURN_IF_ERROR(check(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), c.stream), "memset"));
   RETURN_IF_ERROR(check(f16_amax(in_f32(c, 0), a_elements, amax, c.stream), "launch"));
   RETURN_IF_ERROR(check(f16_amax(in_f32(c, 1), b_elements, amax + 1, c.stream), "launch"));
-  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 0), a16, a_elements, amax, c.stream), "launch"));
-  RETURN_IF_ERROR(
-      check(to_f16_scaled(in_f32(c, 1), b16, b_elements, amax + 1, c.stream), "launch"));
-  RETURN_IF_ERROR(
-      check(f16_gemm_scalars(amax, amax + 1, p.alpha, p.beta, scalars, c.stream), "launch"));
+  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 0), a16, a_elements, amax, 0, c.stream), "launch"));
+  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 1), b16, b_elements, amax, 1, c.stream), "launch"));
+  RETURN_IF_ERROR(check(f16_gemm_scalars(amax, p.alpha, p.beta, scalars, c.stream), "launch"));
   p.f16 = true;
   p.scalars = scalars;
   return Operands{a, b, 2};

@@ -8,6 +8,7 @@
 #include "ops/kernels/cuda/launch.h"
 #include "ops/kernels/gelu_math.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -502,10 +503,9 @@ cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream)
 
 namespace {
 
-// The power of two an operand of largest magnitude `amax` is scaled by:
-// amax 2^s < 2^14 (every scaled element finite, whatever the operand's
-// range); 0 for an all-zero (or non-finite) operand. The product's
-// alpha 2^-(s_A + s_B) leaves f32's range only where the product does.
+// The power of two an operand of largest finite magnitude `amax` is scaled
+// by: amax 2^s < 2^14 (every scaled element finite, whatever the operand's
+// range); 0 for an operand without a finite non-zero element.
 __device__ int f16_shift(unsigned amax_bits) {
   const float amax = __uint_as_float(amax_bits);
   if (!(amax > 0.0f) || !isfinite(amax)) return 0;
@@ -514,12 +514,41 @@ __device__ int f16_shift(unsigned amax_bits) {
   return 14 - e;    // in [-115, 162]: x 2^s stays finite, as it is at most 2^14
 }
 
+// The shifts of A and B (`amax` holds both). The product is unscaled by
+// alpha 2^-(s_A + s_B), which must stay a normal float: where two tiny
+// operands would push s_A + s_B past kF16MostShift, the larger shift gives
+// way first, then both alike. The operands' largest magnitudes then multiply
+// to below 2^-72; each scaled one stays in f16's normal range (>= 2^-14)
+// until their product is below f32's (2^-126), where f32 itself loses bits.
+constexpr int kF16MostShift = 100;
+__device__ void f16_shifts(const unsigned *amax, int *s_a, int *s_b) {
+  int a = f16_shift(amax[0]), b = f16_shift(amax[1]);
+  int excess = a + b - kF16MostShift;
+  if (excess > 0) {
+    const int gap = min(excess, a > b ? a - b : b - a);
+    if (a > b)
+      a -= gap;
+    else
+      b -= gap;
+    excess -= gap;
+    a -= excess / 2;
+    b -= excess - excess / 2;
+  }
+  *s_a = a;
+  *s_b = b;
+}
+
 // Each block reduces its threads' maxima (warps, then the block's first
 // warp) and raises the result once.
 __global__ void f16_amax_kernel(const float *x, int64_t n, unsigned *amax_bits) {
   __shared__ float warps[kThreads / 32];
   float m = 0.0f;
-  STRATA_GRID_STRIDE(i, n) { m = fmaxf(m, fabsf(x[i])); }
+  // Finite magnitudes only: an inf (or NaN) element is inf (NaN) whatever the
+  // scale, and must not keep the operand's finite values from being scaled.
+  STRATA_GRID_STRIDE(i, n) {
+    const float a = fabsf(x[i]);
+    if (a <= FLT_MAX) m = fmaxf(m, a);
+  }
   for (int offset = 16; offset > 0; offset /= 2)
     m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, offset));
   if ((threadIdx.x & 31) == 0) warps[threadIdx.x / 32] = m;
@@ -531,15 +560,19 @@ __global__ void f16_amax_kernel(const float *x, int64_t n, unsigned *amax_bits) 
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
-__global__ void to_f16_scaled_kernel(const float *x, __half *y, int64_t n,
-                                     const unsigned *amax_bits) {
-  const int s = f16_shift(*amax_bits);
+__global__ void to_f16_scaled_kernel(const float *x, __half *y, int64_t n, const unsigned *amax,
+                                     int operand) {
+  int s_a = 0, s_b = 0;
+  f16_shifts(amax, &s_a, &s_b);
+  const int s = operand == 0 ? s_a : s_b;
   STRATA_GRID_STRIDE(i, n) { y[i] = __float2half_rn(ldexpf(x[i], s)); }
 }
 
-__global__ void f16_gemm_scalars_kernel(const unsigned *amax_a, const unsigned *amax_b, float alpha,
-                                        float beta, float *scalars) {
-  scalars[0] = ldexpf(alpha, -(f16_shift(*amax_a) + f16_shift(*amax_b)));
+__global__ void f16_gemm_scalars_kernel(const unsigned *amax, float alpha, float beta,
+                                        float *scalars) {
+  int s_a = 0, s_b = 0;
+  f16_shifts(amax, &s_a, &s_b);
+  scalars[0] = ldexpf(alpha, -(s_a + s_b));
   scalars[1] = beta;
 }
 
@@ -551,17 +584,17 @@ cudaError_t f16_amax(const float *x, int64_t n, unsigned *amax_bits, cudaStream_
   return cudaGetLastError();
 }
 
-cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax_bits,
+cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax, int operand,
                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   to_f16_scaled_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__half *>(y), n,
-                                                             amax_bits);
+                                                             amax, operand);
   return cudaGetLastError();
 }
 
-cudaError_t f16_gemm_scalars(const unsigned *amax_a, const unsigned *amax_b, float alpha,
-                             float beta, float *scalars, cudaStream_t stream) {
-  f16_gemm_scalars_kernel<<<1, 1, 0, stream>>>(amax_a, amax_b, alpha, beta, scalars);
+cudaError_t f16_gemm_scalars(const unsigned *amax, float alpha, float beta, float *scalars,
+                             cudaStream_t stream) {
+  f16_gemm_scalars_kernel<<<1, 1, 0, stream>>>(amax, alpha, beta, scalars);
   return cudaGetLastError();
 }
 

@@ -288,15 +288,17 @@ cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream)
 // puts its largest magnitude just under 2^14 (so small gradients do not
 // underflow f16's range and large values do not overflow it: per-operand
 // scaling, no loss scaling). f16_amax raises *amax_bits (set to 0 first) to
-// the bits of max |x| (non-negative floats order as their bits);
-// to_f16_scaled writes y = f16(x 2^s) for the s *amax_bits gives; and
-// f16_gemm_scalars writes {alpha 2^-(s_a + s_b), beta}, the product's scalars
-// undoing both scales (device-side, for a captured step).
+// the bits of max |x| over x's finite elements (non-negative floats order as
+// their bits); to_f16_scaled writes y = f16(x 2^s) for operand 0 (A) or 1
+// (B), s from amax[0] and amax[1] (A's and B's: when both are tiny, their
+// shifts are capped together so the product's unscaling stays a normal
+// float); and f16_gemm_scalars writes {alpha 2^-(s_a + s_b), beta}, the
+// product's scalars undoing both scales (device-side, for a captured step).
 cudaError_t f16_amax(const float *x, int64_t n, unsigned *amax_bits, cudaStream_t stream);
-cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax_bits,
+cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax, int operand,
                           cudaStream_t stream);
-cudaError_t f16_gemm_scalars(const unsigned *amax_a, const unsigned *amax_b, float alpha,
-                             float beta, float *scalars, cudaStream_t stream);
+cudaError_t f16_gemm_scalars(const unsigned *amax, float alpha, float beta, float *scalars,
+                             cudaStream_t stream);
 
 // *any = 1 if any of the n flags is set, else 0 (one thread, in order).
 cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream);
