@@ -68,6 +68,7 @@ const HostTensor &CudaExecutor::value(TensorId) const {
   static const HostTensor empty;
   return empty;
 }
+Status CudaExecutor::read_status() const { return unimplemented(cuda_unavailable_reason()); }
 Status CudaExecutor::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
@@ -239,8 +240,15 @@ struct CudaExecutor::State {
   std::vector<CudaLayout::Guard> guards;
   mutable std::vector<HostTensor> host; // value()'s copies
   mutable std::vector<bool> host_fresh;
+  mutable Status read_error; // the first value() since the last step that failed
+  // A wait ran out of time: the GPU may still be working (or hung), so the
+  // destructor leaves its memory and handles alone rather than wait unbounded
+  // in cudaFree or cudnnDestroy.
+  mutable bool stuck = false;
 
   ~State() {
+    if (stuck) return;
+    cudaSetDevice(options.gpu);
     step.reset(); // the graph goes before the streams and memory it uses
     if (lt) cublasLtDestroy(lt);
     cuda::destroy_cudnn(cudnn);
@@ -250,7 +258,11 @@ struct CudaExecutor::State {
 
   // Waits for the stream, bounded: a GPU that never finishes is an error, not
   // a hang.
-  Status wait(std::string_view what) const { return wait_for_stream(stream, what); }
+  Status wait(std::string_view what) const {
+    Status status = wait_for_stream(stream, what);
+    if (status.code() == StatusCode::kDeadlineExceeded) stuck = true;
+    return status;
+  }
 
   // Everything one step does on the GPU, in order.
   // One node's work on the stream (nothing for a node a fused chain runs).
@@ -414,6 +426,9 @@ CudaExecutor::~CudaExecutor() = default;
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
                                                            const CudaExecutorOptions &options) {
   const std::string context = str_cat("CUDA executor for graph '", graph.name(), "'");
+  if (options.workspace_bytes < 0 || options.guard_bytes < 0)
+    return invalid_argument("workspace and guard bytes must be at least 0, got ",
+                            options.workspace_bytes, " and ", options.guard_bytes);
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   RETURN_IF_ERROR(verify_graph(graph, registry).with_context(context));
   RETURN_IF_ERROR(check_cuda_ops(graph));
@@ -604,6 +619,10 @@ Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<Hos
   }
   State &state = *state_;
   RETURN_IF_ERROR(cuda_check(cudaSetDevice(state.options.gpu), "set device"));
+  // Whatever value() read before is stale from here on, even if this step
+  // fails part-way.
+  std::fill(state.host_fresh.begin(), state.host_fresh.end(), false);
+  state.read_error = Status::ok();
   for (size_t k = 0; k < inputs.size(); ++k)
     if (graph_.tensor(graph_inputs[k]).type.size_bytes() > 0)
       RETURN_IF_ERROR(cuda_check(
@@ -677,17 +696,31 @@ const HostTensor &CudaExecutor::value(TensorId id) const {
   if (!state.host_fresh[id]) {
     const Tensor &tensor = graph_.tensor(id);
     HostTensor copy = HostTensor::zeros(tensor.type);
-    if (state.address[id] != nullptr && copy.size_bytes() > 0 && state.wait("a read").is_ok())
-      cudaMemcpy(copy.data(), state.address[id], copy.size_bytes(), cudaMemcpyDeviceToHost);
+    Status read = Status::ok();
+    if (state.address[id] != nullptr && copy.size_bytes() > 0) {
+      read = cuda_check(cudaSetDevice(state.options.gpu), "set device");
+      if (read.is_ok()) read = state.wait("a read");
+      if (read.is_ok())
+        read = cuda_check(
+            cudaMemcpy(copy.data(), state.address[id], copy.size_bytes(), cudaMemcpyDeviceToHost),
+            "copying to the host");
+    }
     state.host[id] = std::move(copy);
-    state.host_fresh[id] = true;
+    // A failed read stays unread (zero, not cached) and is reported by
+    // read_status().
+    state.host_fresh[id] = read.is_ok();
+    if (!read.is_ok() && state.read_error.is_ok())
+      state.read_error = std::move(read).with_context(str_cat("reading '", tensor.name, "'"));
   }
   return state.host[id];
 }
 
+Status CudaExecutor::read_status() const { return state_->read_error; }
+
 Status CudaExecutor::assign(TensorId id, const HostTensor &value) {
   RETURN_IF_ERROR(check_assignable(graph_, id, value));
   State &state = *state_;
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(state.options.gpu), "set device"));
   RETURN_IF_ERROR(state.wait("the step before an assignment"));
   if (value.size_bytes() > 0) {
     RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state.address[id], value.data(), value.size_bytes(),
@@ -706,6 +739,7 @@ std::string CudaExecutor::device_name() const { return state_->device_name; }
 
 Status CudaExecutor::check_guards() const {
   const State &state = *state_;
+  RETURN_IF_ERROR(cuda_check(cudaSetDevice(state.options.gpu), "set device"));
   RETURN_IF_ERROR(state.wait("a guard check"));
   std::vector<uint8_t> bytes(static_cast<size_t>(state.bytes));
   RETURN_IF_ERROR(

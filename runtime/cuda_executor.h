@@ -132,6 +132,7 @@ public:
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
   // Reads the tensor back from the GPU (waits for the step in flight).
   const HostTensor &value(TensorId id) const override;
+  Status read_status() const override;
   Status assign(TensorId id, const HostTensor &value) override;
 
   // Bytes of the one GPU allocation.

@@ -78,6 +78,7 @@ const HostTensor &CudaPipelineRunner::value(TensorId) const {
   static const HostTensor empty;
   return empty;
 }
+Status CudaPipelineRunner::read_status() const { return unimplemented(cuda_unavailable_reason()); }
 Status CudaPipelineRunner::assign(TensorId, const HostTensor &) {
   return unimplemented(cuda_unavailable_reason());
 }
@@ -398,6 +399,7 @@ struct CudaPipelineRunner::State {
   CapturedStep step;
   bool failed = false;
   mutable std::map<TensorId, HostTensor> host; // value()'s copies, until the next step
+  mutable Status read_error; // rank 0's: the first value() since the step that failed
 
   bool is_local(size_t d) const { return local.empty() || local[d]; }
 
@@ -1695,6 +1697,7 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
   auto launch_rank = [&](State &s) -> Status {
     RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
     s.host.clear();
+    s.read_error = Status::ok();
     for (size_t k = 0; k < inputs.size(); ++k)
       if (s.input_bytes[k] > 0)
         RETURN_IF_ERROR(
@@ -1836,9 +1839,18 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
   HostTensor whole = HostTensor::zeros(value_type(id));
   const auto shard = tp_shards_.find(id);
   const size_t devices = cache.programs.size();
-  for (const auto &rank : ranks_)
-    if (!rank->wait("a read").is_ok())
-      return cache.host.emplace(id, std::move(whole)).first->second;
+  // A read that fails leaves the value zero and is reported by read_status().
+  Status read = Status::ok();
+  auto failed = [&]() -> const HostTensor & {
+    if (cache.read_error.is_ok())
+      cache.read_error =
+          std::move(read).with_context(str_cat("reading '", graph_.tensor(id).name, "'"));
+    return cache.host.emplace(id, HostTensor::zeros(value_type(id))).first->second;
+  };
+  for (const auto &rank : ranks_) {
+    read = rank->wait("a read");
+    if (!read.is_ok()) return failed();
+  }
   // What device `d` holds of the tensor, whole (its piece under tensor
   // parallelism): read directly, or with ZeRO-1 put together from the
   // shards of d's shard group, each at its position.
@@ -1849,7 +1861,9 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
     if (out->size_bytes() == 0) return true;
     const State::Device &device = state->devices[d];
     if (!device.sharded.contains(id)) {
-      cudaMemcpy(out->data(), address, out->size_bytes(), cudaMemcpyDefault);
+      if (read.is_ok())
+        read = cuda_check(cudaMemcpy(out->data(), address, out->size_bytes(), cudaMemcpyDefault),
+                          "copying to the host");
       return true;
     }
     const size_t chunk = out->size_bytes() / static_cast<size_t>(device.shard_count);
@@ -1858,8 +1872,11 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
       if (other_state == nullptr || !other_state->devices[e].sharded.contains(id) ||
           cache.programs[e].shard_group != cache.programs[d].shard_group)
         continue;
-      cudaMemcpy(out->data() + chunk * static_cast<size_t>(other_state->devices[e].shard_rank),
-                 other, chunk, cudaMemcpyDefault);
+      if (read.is_ok())
+        read = cuda_check(cudaMemcpy(out->data() + chunk * static_cast<size_t>(
+                                                               other_state->devices[e].shard_rank),
+                                     other, chunk, cudaMemcpyDefault),
+                          "copying a shard to the host");
     }
     return true;
   };
@@ -1879,8 +1896,11 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
     }
     break;
   }
+  if (!read.is_ok()) return failed();
   return cache.host.emplace(id, std::move(whole)).first->second;
 }
+
+Status CudaPipelineRunner::read_status() const { return ranks_[0]->read_error; }
 
 Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
   const TensorType type = value_type(id);

@@ -175,6 +175,7 @@ public:
   // From the first plan device holding the tensor (waits for the step in
   // flight); a tensor-parallel one put together from its group's pieces.
   const HostTensor &value(TensorId id) const override;
+  Status read_status() const override;
   // Tensor-parallel pieces are whole here: the full tensor's type.
   TensorType value_type(TensorId id) const override;
   // To every plan device holding the tensor (each member its piece).

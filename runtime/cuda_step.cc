@@ -100,21 +100,29 @@ Status CapturedStep::launch(cudaStream_t stream, bool use_graph,
                             const std::function<CaptureRecord()> &record) {
   if (!use_graph || launches_++ == 0) return enqueue();
   if (exec_ == nullptr) {
-    RETURN_IF_ERROR(
-        cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"));
+    // What failed while capturing, and what a user can do about it.
+    auto capturing = [](Status status) {
+      return std::move(status).with_context(
+          "capturing the step as a CUDA Graph (--no-cuda-graph launches it eagerly instead)");
+    };
+    RETURN_IF_ERROR(capturing(
+        cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture")));
     Status enqueued = enqueue();
     cudaGraph_t captured = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &captured);
     if (!enqueued.is_ok()) {
+      // The stream is out of capture again; its error must not be reported
+      // later by an unrelated launch.
+      cudaGetLastError();
       if (captured) cudaGraphDestroy(captured);
-      return enqueued;
+      return capturing(std::move(enqueued));
     }
-    RETURN_IF_ERROR(cuda_check(ended, "end capture"));
+    RETURN_IF_ERROR(capturing(cuda_check(ended, "end capture")));
     const cudaError_t instantiated = cudaGraphInstantiate(&exec_, captured, 0);
     if (instantiated != cudaSuccess) {
       cudaGraphDestroy(captured);
       exec_ = nullptr;
-      return cuda_check(instantiated, "instantiating the captured step");
+      return capturing(cuda_check(instantiated, "instantiating the captured step"));
     }
     graph_ = captured;
     capture_ = record();

@@ -31,6 +31,10 @@ public:
   virtual Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) = 0;
   // The current value of a parameter, state or constant tensor.
   virtual const HostTensor &value(TensorId id) const = 0;
+  // Whether every value() since the last run() could be read: an error naming
+  // the first that could not (a GPU that failed; its value() came back zero).
+  // Whoever keeps values checks it (a checkpoint is then not committed).
+  virtual Status read_status() const { return Status::ok(); }
   // The type value(id) has: the graph's, except for tensors a runner holds in
   // tensor-parallel pieces (the full tensor's).
   virtual TensorType value_type(TensorId id) const { return graph().tensor(id).type; }

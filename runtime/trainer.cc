@@ -190,9 +190,11 @@ std::map<std::string, HostTensor> Trainer::state() const {
 Status Trainer::save_checkpoint(const std::string &dir) const {
   ProcessGroup *processes = executor_->processes();
   if (processes == nullptr || processes->size() == 1) {
+    std::map<std::string, HostTensor> tensors = state();
+    RETURN_IF_ERROR(executor_->read_status().with_context("reading the weights to checkpoint"));
     ASSIGN_OR_RETURN(serialization::CheckpointFile file,
                      serialization::write_checkpoint_file(
-                         dir, serialization::checkpoint_file_name(step_, 0, 1), state()));
+                         dir, serialization::checkpoint_file_name(step_, 0, 1), tensors));
     if (options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
     return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file});
   }

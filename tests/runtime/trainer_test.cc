@@ -187,6 +187,52 @@ TEST_F(TrainerTest, CheckpointMismatchesAreRefusedNamingFileAndTensor) {
       << corrupt.message();
 }
 
+// A CPU executor whose reads fail once `broken` is set, as a GPU's would.
+class UnreadableRunner : public StepRunner {
+public:
+  explicit UnreadableRunner(std::unique_ptr<StepRunner> inner) : inner_(std::move(inner)) {}
+  const Graph &graph() const override { return inner_->graph(); }
+  Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override {
+    return inner_->run(inputs, outputs);
+  }
+  const HostTensor &value(TensorId id) const override { return inner_->value(id); }
+  Status assign(TensorId id, const HostTensor &value) override { return inner_->assign(id, value); }
+  Status read_status() const override {
+    return broken ? internal_error("CUDA copying to the host: an illegal memory access")
+                  : Status::ok();
+  }
+  bool broken = false;
+
+private:
+  std::unique_ptr<StepRunner> inner_;
+};
+
+// Weights that could not be read are not checkpointed: the previous
+// checkpoint stays the one the manifest names.
+TEST_F(TrainerTest, AnUnreadableRunnerCommitsNoCheckpoint) {
+  Graph graph = training_graph();
+  Dataset data = synthetic_dataset(graph, 5);
+  auto cpu = CpuExecutor::create(graph);
+  ASSERT_TRUE(cpu.is_ok());
+  auto runner = std::make_unique<UnreadableRunner>(std::move(cpu).value());
+  UnreadableRunner *unreadable = runner.get();
+  TrainerOptions options;
+  options.fingerprint = "plan-fingerprint";
+  auto t = Trainer::create(std::move(runner), "loss", std::move(data), options);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  ASSERT_TRUE((*t)->train_step().is_ok());
+  ASSERT_TRUE((*t)->save_checkpoint(path("ck")).is_ok());
+  ASSERT_TRUE((*t)->train_step().is_ok());
+  unreadable->broken = true;
+  Status saved = (*t)->save_checkpoint(path("ck"));
+  ASSERT_FALSE(saved.is_ok());
+  EXPECT_NE(saved.message().find("illegal memory access"), std::string::npos) << saved.message();
+  EXPECT_NE(saved.message().find("checkpoint"), std::string::npos) << saved.message();
+  auto reloaded = trainer();
+  ASSERT_TRUE(reloaded->restore_checkpoint(path("ck")).is_ok());
+  EXPECT_EQ(reloaded->step(), 1);
+}
+
 TEST_F(TrainerTest, DataFolderBatchesAreReadInOrder) {
   Graph graph = training_graph();
   // Two batches: the synthetic batches 0 and 1, stacked.
