@@ -242,13 +242,14 @@ struct CudaExecutor::State {
   mutable std::vector<bool> host_fresh;
   mutable Status read_error; // the first value() since the last step that failed
   // A wait ran out of time: the GPU may still be working (or hung), so the
-  // destructor leaves its memory and handles alone rather than wait unbounded
-  // in cudaFree or cudnnDestroy.
+  // destructor waits a little more, bounded, and if it is still busy leaves
+  // its memory and handles alone rather than wait unbounded in cudaFree or
+  // cudnnDestroy.
   mutable bool stuck = false;
 
   ~State() {
-    if (stuck) return;
     cudaSetDevice(options.gpu);
+    if (stuck && !wait_for_stream(stream, "teardown", std::chrono::seconds(2)).is_ok()) return;
     step.reset(); // the graph goes before the streams and memory it uses
     if (lt) cublasLtDestroy(lt);
     cuda::destroy_cudnn(cudnn);

@@ -427,8 +427,13 @@ struct CudaPipelineRunner::State {
 
   ~State() {
     cudaSetDevice(gpu);
+    if (failed || stuck) abort_comms();
+    // A step that ran out of time may still be running (or hung): after the
+    // comms are aborted it gets a short, bounded wait; if it still has not
+    // finished, memory and handles are left alone rather than freed, since
+    // cudaFree and cudnnDestroy would wait for it unbounded.
+    if (stuck && !wait_for_stream(origin, "teardown", std::chrono::seconds(2)).is_ok()) return;
     step.reset(); // the graph goes before the streams and memory it uses
-    if (failed) abort_comms();
     group_comms.clear();
     world.reset();
     for (cudaEvent_t event : events)
@@ -452,9 +457,13 @@ struct CudaPipelineRunner::State {
 
   // Waits for the origin stream (which every step joins back into), bounded.
   Status wait(std::string_view what) const {
-    if (steps.empty()) return wait_for_stream(origin, what, options.timeout);
-    return wait_for_stream(origin, what, options.timeout, [this] { return watch(); });
+    Status status =
+        steps.empty() ? wait_for_stream(origin, what, options.timeout)
+                      : wait_for_stream(origin, what, options.timeout, [this] { return watch(); });
+    if (status.code() == StatusCode::kDeadlineExceeded) stuck = true;
+    return status;
   }
+  mutable bool stuck = false; // a wait ran out of time (see ~State)
 
   Status copy(void *to, const void *from, size_t bytes, cudaStream_t stream) {
     if (bytes == 0 || to == from) return Status::ok();

@@ -804,6 +804,8 @@ Status layout(cublasLtMatrixLayout_t *layout, cudaDataType_t type, uint64_t rows
               int64_t ld, int64_t batch, int64_t stride) {
   RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutCreate(layout, type, rows, cols, ld), "layout"));
   if (batch > 1) {
+    if (batch > INT32_MAX)
+      return unimplemented("a batch of ", batch, " matrices is beyond cuBLASLt's 32-bit count");
     const int32_t count = static_cast<int32_t>(batch);
     RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutSetAttribute(
                                  *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
