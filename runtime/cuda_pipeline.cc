@@ -301,6 +301,7 @@ struct CudaPipelineRunner::State {
   std::map<int, std::unique_ptr<NcclComm>> group_comms;
   int *rank_any = nullptr;            // this GPU's checks and (after sharing) every GPU's
   cudaEvent_t flags_shared = nullptr; // rank_any is final
+  bool flags_combined = false;        // this step's checks are in rank_any (while enqueueing)
   std::vector<cudaEvent_t> marks;     // per local device: its stream reached the sharing
   // The last NCCL call enqueued this step: its stream and an event after it.
   cudaStream_t nccl_stream = nullptr;
@@ -724,21 +725,18 @@ struct CudaPipelineRunner::State {
       return Status::ok();
     }
     case InstrKind::kUpdate:
-      if (!device.checked && !steps.empty()) {
-        // Over several GPUs the checks were combined at the step's first
-        // update (share_flags); the device waits for that.
+      if (!device.checked) {
+        // The checks were combined once, at the step's first update (on one
+        // GPU here, over several by share_flags): every device's updates read
+        // that one verdict, so all of them are skipped or none.
+        if (steps.empty() && !flags_combined) {
+          RETURN_IF_ERROR(combine_local_flags());
+          RETURN_IF_ERROR(cuda_check(
+              cudaEventRecord(flags_shared, devices.at(first_local()).stream), "event record"));
+        }
         RETURN_IF_ERROR(
             cuda_check(cudaStreamWaitEvent(device.stream, flags_shared, 0), "event wait"));
         device.any = rank_any;
-        device.checked = true;
-      }
-      if (!device.checked) {
-        // Whether any check before this device's first update failed. Every
-        // forward check precedes every update through the transfers; a
-        // backward check of another stage may come later (today those repeat
-        // forward checks: an index the forward Gather already flagged).
-        RETURN_IF_ERROR(cuda_check(
-            cuda::any_flag(flags, layout.instruction_flags, device.any, device.stream), "launch"));
         device.checked = true;
       }
       return cuda_check(cuda::guarded_copy(op.data, op.source, static_cast<int64_t>(op.bytes),
@@ -778,24 +776,38 @@ struct CudaPipelineRunner::State {
   }
   static ncclComm_t handle(const NcclComm &comm) { return static_cast<ncclComm_t>(comm.handle()); }
 
-  // The step's first update, over several GPUs: every local device's checks
-  // so far, then every GPU's (the maximum over `world`), into rank_any, which
-  // every local update then reads (run_launch's kUpdate). On one GPU each
-  // device combines the flags at its own first update instead; both see
-  // every check as long as all checks precede the step's first update, which
-  // they do (forward checks precede every update through the transfers).
-  Status share_flags() {
-    size_t first = devices.size();
-    for (size_t d = 0; d < devices.size() && first == devices.size(); ++d)
-      if (is_local(d)) first = d;
+  // The first device this GPU runs.
+  size_t first_local() const {
+    for (size_t d = 0; d < devices.size(); ++d)
+      if (is_local(d)) return d;
+    return devices.size();
+  }
+
+  // The checks of every local device so far, into rank_any (on the first
+  // local device's stream, after every other local device's work so far).
+  // At the step's first update: every forward check precedes every update
+  // through the transfers; a backward check of another stage may come later
+  // (today those repeat forward checks: an index the forward Gather already
+  // flagged), and is then missed by every device alike.
+  Status combine_local_flags() {
+    const size_t first = first_local();
     cudaStream_t stream = devices.at(first).stream;
     for (size_t d = first + 1; d < devices.size(); ++d) {
       if (!is_local(d)) continue;
       RETURN_IF_ERROR(cuda_check(cudaEventRecord(marks[d], devices[d].stream), "event record"));
       RETURN_IF_ERROR(cuda_check(cudaStreamWaitEvent(stream, marks[d], 0), "event wait"));
     }
-    RETURN_IF_ERROR(
-        cuda_check(cuda::any_flag(flags, layout.instruction_flags, rank_any, stream), "launch"));
+    flags_combined = true;
+    return cuda_check(cuda::any_flag(flags, layout.instruction_flags, rank_any, stream), "launch");
+  }
+
+  // The step's first update, over several GPUs: every local device's checks
+  // so far (combine_local_flags), then every GPU's (the maximum over
+  // `world`), into rank_any, which every local update then reads
+  // (run_launch's kUpdate).
+  Status share_flags() {
+    RETURN_IF_ERROR(combine_local_flags());
+    cudaStream_t stream = devices.at(first_local()).stream;
     RETURN_IF_ERROR(nccl_after_last(stream));
     RETURN_IF_ERROR(nccl(
         *world, ncclAllReduce(rank_any, rank_any, 1, ncclInt32, ncclMax, handle(*world), stream),
@@ -982,6 +994,7 @@ struct CudaPipelineRunner::State {
       if (!is_local(d)) continue;
       Device &device = devices[d];
       device.checked = false;
+      flags_combined = false;
       if (status.is_ok())
         status = cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait");
       if (status.is_ok())
@@ -1256,8 +1269,8 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     s.flags = reinterpret_cast<int *>(s.base + l.flags);
     s.flag_count = l.flag_count;
     s.rank_any = s.flags + l.instruction_flags + static_cast<int64_t>(num_devices);
+    ASSIGN_OR_RETURN(s.flags_shared, s.make_event());
     if (!s.steps.empty()) {
-      ASSIGN_OR_RETURN(s.flags_shared, s.make_event());
       ASSIGN_OR_RETURN(s.nccl_done, s.make_event());
     }
     s.marks.assign(num_devices, nullptr);

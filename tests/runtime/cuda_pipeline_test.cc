@@ -528,12 +528,19 @@ TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {
   auto gpu = CudaPipelineRunner::create(plan);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
   std::vector<HostTensor> inputs = random_inputs(plan.graph, 3, 2);
+  std::map<TensorId, HostTensor> before;
+  for (TensorId id = 0; id < plan.graph.num_tensors(); ++id)
+    if (plan.graph.tensor(id).kind == TensorKind::kParameter) before[id] = (*gpu)->value(id);
   reinterpret_cast<int64_t *>(inputs[1].data())[5] = 1000; // 10 classes
   std::vector<HostTensor> outputs;
   Status status = (*gpu)->run(inputs, &outputs);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("device 1 instruction"), std::string::npos) << status.message();
   EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
+  // Every device read the one verdict, combined at the step's first update.
+  for (const auto &[id, value] : before)
+    EXPECT_EQ(std::memcmp((*gpu)->value(id).data(), value.data(), value.size_bytes()), 0)
+        << plan.graph.tensor(id).name << " changed after a failed step";
   status = (*gpu)->run(random_inputs(plan.graph, 4, 2), &outputs);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("earlier step"), std::string::npos) << status.message();
