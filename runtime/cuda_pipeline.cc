@@ -461,8 +461,18 @@ struct CudaPipelineRunner::State {
     Status status =
         steps.empty() ? wait_for_stream(origin, what, options.timeout)
                       : wait_for_stream(origin, what, options.timeout, [this] { return watch(); });
-    if (status.code() == StatusCode::kDeadlineExceeded) stuck = true;
-    return status;
+    if (status.code() != StatusCode::kDeadlineExceeded) return status;
+    stuck = true;
+    // Launched eagerly (not replayed), each device's join events say which
+    // devices have not finished their part of the step.
+    if (step.replays_next() || joins.empty()) return status;
+    std::string unfinished;
+    for (size_t d = 0; d < devices.size(); ++d)
+      if (is_local(d) && (cudaEventQuery(joins[2 * d]) == cudaErrorNotReady ||
+                          cudaEventQuery(joins[2 * d + 1]) == cudaErrorNotReady))
+        unfinished += str_cat(unfinished.empty() ? "" : ", ", d);
+    if (unfinished.empty()) return status;
+    return std::move(status).with_context(str_cat("devices not finished: ", unfinished));
   }
   mutable bool stuck = false; // a wait ran out of time (see ~State)
 
