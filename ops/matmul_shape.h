@@ -26,4 +26,17 @@ Result<MatMulDims> matmul_dims(const OpDef &def, const AttrReader &attrs, const 
 std::vector<int64_t> batch_offsets(llvm::ArrayRef<int64_t> operand_batch,
                                    llvm::ArrayRef<int64_t> batch, int64_t matrix_size);
 
+// A batched product as `outer` blocks of `inner` consecutive batch entries,
+// each block one strided product: entry j * inner + i reads A at
+// a_offsets[j * inner] + i * stride_a and B likewise. The largest such inner
+// over the trailing batch dims (1 when nothing else fits: a product each).
+// E.g. [B, H, M, K] x [H, K, N]: B blocks of H; [2, 1, M, K] x [1, 3, K, N]:
+// 2 blocks of 3 (A's stride 0).
+struct BatchBlocks {
+  int64_t outer = 1, inner = 1;
+  int64_t stride_a = 0, stride_b = 0;
+};
+BatchBlocks strided_batch_blocks(llvm::ArrayRef<int64_t> batch, llvm::ArrayRef<int64_t> a_offsets,
+                                 llvm::ArrayRef<int64_t> b_offsets);
+
 } // namespace strata::ops

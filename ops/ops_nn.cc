@@ -177,6 +177,31 @@ OpCost matmul_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType
                      static_cast<double>(dims->k));
 }
 
+BatchBlocks strided_batch_blocks(llvm::ArrayRef<int64_t> batch, llvm::ArrayRef<int64_t> a_offsets,
+                                 llvm::ArrayRef<int64_t> b_offsets) {
+  const int64_t count = num_elements(batch);
+  // The stride within every block of `inner` entries, or -1 where the blocks
+  // do not all step evenly by one stride.
+  auto block_stride = [&](llvm::ArrayRef<int64_t> offsets, int64_t inner) -> int64_t {
+    const int64_t stride = inner > 1 ? offsets[1] - offsets[0] : 0;
+    for (int64_t j = 0; j < count; j += inner)
+      for (int64_t i = 0; i < inner; ++i)
+        if (offsets[static_cast<size_t>(j + i)] != offsets[static_cast<size_t>(j)] + i * stride)
+          return -1;
+    return stride;
+  };
+  // Trailing batch dims, most first: the first split that fits has the
+  // largest inner.
+  for (size_t split = 0; split <= batch.size(); ++split) {
+    const int64_t inner = num_elements(batch.drop_front(split));
+    if (inner == 0) return {0, 0, 0, 0};
+    const int64_t stride_a = block_stride(a_offsets, inner);
+    const int64_t stride_b = block_stride(b_offsets, inner);
+    if (stride_a >= 0 && stride_b >= 0) return {count / inner, inner, stride_a, stride_b};
+  }
+  return {count, 1, 0, 0};
+}
+
 std::vector<int64_t> batch_offsets(llvm::ArrayRef<int64_t> operand_batch,
                                    llvm::ArrayRef<int64_t> batch, int64_t matrix_size) {
   const size_t rank = batch.size();

@@ -10,6 +10,7 @@
 
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
+#include "ops/matmul_shape.h"
 #include "ops/registry.h"
 #include "ops/window.h"
 #include "tests/ops/op_test_util.h"
@@ -124,6 +125,50 @@ TEST(MatMul, MatchesReference) {
       EXPECT_EQ(y.type.shape, want.shape) << what;
       expect_close(y, want.values, 1e-5, 1e-4, what);
     });
+  }
+}
+
+// The CUDA backend issues a batched MatMul as strided products over blocks
+// of its batch: every entry's offsets follow from its block's first entry
+// and the strides, and the blocks are as large as the trailing dims allow.
+TEST(MatMul, StridedBatchBlocksReproduceEveryOffset) {
+  struct Case {
+    Shape a_batch, b_batch;
+    int64_t outer, inner;
+  };
+  const int64_t mk = 6, kn = 10; // matrix sizes of A and B
+  const std::vector<Case> cases = {
+      {{4}, {4}, 1, 4},             // both step through the batch
+      {{4}, {1}, 1, 4},             // B shared by every entry
+      {{2, 3}, {3}, 2, 3},          // weights shared over an outer batch
+      {{2, 1}, {1, 3}, 2, 3},       // A fixed within a block of B's
+      {{3, 1}, {1, 2}, 3, 2},       //
+      {{2, 1, 2}, {1, 2, 1}, 4, 2}, // only the last dim steps evenly
+      {{}, {}, 1, 1},               // no batch dims
+  };
+  for (const Case &c : cases) {
+    const std::string what = shape_to_string(c.a_batch) + " x " + shape_to_string(c.b_batch);
+    Shape batch = c.a_batch.size() >= c.b_batch.size() ? c.a_batch : c.b_batch;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const size_t from_end = batch.size() - 1 - i;
+      auto dim = [&](const Shape &s) {
+        return from_end < s.size() ? s[s.size() - 1 - from_end] : int64_t{1};
+      };
+      batch[i] = std::max(dim(c.a_batch), dim(c.b_batch));
+    }
+    const std::vector<int64_t> a = batch_offsets(c.a_batch, batch, mk);
+    const std::vector<int64_t> b = batch_offsets(c.b_batch, batch, kn);
+    const BatchBlocks blocks = strided_batch_blocks(batch, a, b);
+    EXPECT_EQ(blocks.outer, c.outer) << what;
+    EXPECT_EQ(blocks.inner, c.inner) << what;
+    ASSERT_EQ(blocks.outer * blocks.inner, static_cast<int64_t>(a.size())) << what;
+    for (int64_t j = 0; j < blocks.outer; ++j)
+      for (int64_t i = 0; i < blocks.inner; ++i) {
+        const auto e = static_cast<size_t>(j * blocks.inner + i);
+        const auto first = static_cast<size_t>(j * blocks.inner);
+        EXPECT_EQ(a[e], a[first] + i * blocks.stride_a) << what << " entry " << e;
+        EXPECT_EQ(b[e], b[first] + i * blocks.stride_b) << what << " entry " << e;
+      }
   }
 }
 

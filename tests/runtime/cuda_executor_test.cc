@@ -501,7 +501,10 @@ std::vector<OpCase> op_cases() {
   cases.push_back({"MatMul", {}, {{f, {4, 5}}, {f, {2, 5, 3}}}, 1e-4});
   cases.push_back({"MatMul", {{"trans_b", int64_t{1}}}, {{f, {3, 4, 5}}, {f, {3, 6, 5}}}, 1e-4});
   cases.push_back({"MatMul", {{"trans_a", int64_t{1}}}, {{f, {3, 5, 4}}, {f, {3, 5, 6}}}, 1e-4});
+  // Blocks of strided products: 2 of 3 (A fixed within a block), and 2 of
+  // 3 with B's weights shared over the outer batch.
   cases.push_back({"MatMul", {}, {{f, {2, 1, 3, 4}}, {f, {1, 3, 4, 2}}}, 1e-4});
+  cases.push_back({"MatMul", {}, {{f, {2, 3, 4, 5}}, {f, {3, 5, 6}}}, 1e-4});
   cases.push_back({"MatMul", {}, {{f, {5}}, {f, {5, 3}}}, 1e-4});
   cases.push_back({"MatMul", {}, {{f, {2, 4, 5}}, {f, {5}}}, 1e-4});
   cases.push_back(

@@ -996,24 +996,34 @@ Status matmul_op(const CudaKernelContext &c) {
   }
   const std::vector<int64_t> a_offsets = ops::batch_offsets(dims.a_batch, dims.batch, p.m * p.k);
   const std::vector<int64_t> b_offsets = ops::batch_offsets(dims.b_batch, dims.batch, p.k * p.n);
-  // Strided when both operands step evenly through the batch (or not at all).
-  auto even = [](const std::vector<int64_t> &offsets) {
-    for (size_t i = 0; i < offsets.size(); ++i)
-      if (offsets[i] != static_cast<int64_t>(i) * (offsets.size() > 1 ? offsets[1] : 0))
-        return false;
-    return true;
-  };
-  if (even(a_offsets) && even(b_offsets)) {
-    p.batch = batch;
-    p.stride_a = batch > 1 ? a_offsets[1] : 0;
-    p.stride_b = batch > 1 ? b_offsets[1] : 0;
-    p.stride_d = p.m * p.n;
-    return run_product(c, p, a, b, d, c.cache);
+  // Strided products over blocks of the batch (one block when both operands
+  // step evenly through all of it): one plan, kept for the node, serves
+  // every block.
+  const ops::BatchBlocks blocks = ops::strided_batch_blocks(dims.batch, a_offsets, b_offsets);
+  p.batch = blocks.inner;
+  p.stride_a = blocks.inner > 1 ? blocks.stride_a : 0;
+  p.stride_b = blocks.inner > 1 ? blocks.stride_b : 0;
+  p.stride_d = p.m * p.n;
+  auto at = [&](const std::byte *base, int64_t offset) { return base + offset * element; };
+  if (blocks.outer > 1 && c.cache != nullptr && *c.cache == nullptr) {
+    // Planned for the least aligned block: alignment() reads only the low
+    // bits of these addresses, and their OR has the lowest set bit of all.
+    uintptr_t a_bits = 0, b_bits = 0, d_bits = 0;
+    for (int64_t j = 0; j < blocks.outer; ++j) {
+      const auto first = static_cast<size_t>(j * blocks.inner);
+      a_bits |= reinterpret_cast<uintptr_t>(at(a, a_offsets[first]));
+      b_bits |= reinterpret_cast<uintptr_t>(at(b, b_offsets[first]));
+      d_bits |= reinterpret_cast<uintptr_t>(d + j * blocks.inner * p.m * p.n);
+    }
+    ASSIGN_OR_RETURN(*c.cache, plan_product(c, p, reinterpret_cast<const void *>(a_bits),
+                                            reinterpret_cast<const void *>(b_bits),
+                                            reinterpret_cast<const float *>(d_bits)));
   }
-  for (int64_t i = 0; i < batch; ++i)
-    RETURN_IF_ERROR(run_product(c, p, a + a_offsets[static_cast<size_t>(i)] * element,
-                                b + b_offsets[static_cast<size_t>(i)] * element, d + i * p.m * p.n,
-                                nullptr));
+  for (int64_t j = 0; j < blocks.outer; ++j) {
+    const auto first = static_cast<size_t>(j * blocks.inner);
+    RETURN_IF_ERROR(run_product(c, p, at(a, a_offsets[first]), at(b, b_offsets[first]),
+                                d + j * blocks.inner * p.m * p.n, c.cache));
+  }
   return Status::ok();
 }
 
