@@ -51,7 +51,7 @@ struct CudaExecutorOptions {
   // written. false: every node on its own (for comparison).
   bool fuse = true;
   // Pooling and batch norm through cuDNN where it computes the node as strata
-  // defines it (cuda::cudnn_pool_mismatch: no dilation, even padding, output
+  // defines it (ops::cudnn_pool_mismatch: no dilation, even padding, output
   // rounded down); elsewhere, or false, strata's kernels, which match the CPU
   // element for element. cuDNN's results agree within rounding.
   bool cudnn_pool_norm = true;

@@ -764,13 +764,10 @@ int f16_shift_of(const float *x, int64_t n) {
 }
 
 // A's and B's shifts as the CUDA backend caps them: their sum at most 100,
-// the larger giving way first, then both alike.
+// both giving way alike.
 std::pair<int, int> capped_f16_shifts(int a, int b) {
-  int excess = a + b - 100;
+  const int excess = a + b - 100;
   if (excess <= 0) return {a, b};
-  const int gap = std::min(excess, std::abs(a - b));
-  (a > b ? a : b) -= gap;
-  excess -= gap;
   return {a - excess / 2, b - (excess - excess / 2)};
 }
 
@@ -805,24 +802,28 @@ TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
        {{"trans_b", int64_t{1}}, {"alpha", 0.25}, {"beta", 0.5}},
        {{DType::kF32, {40, 24}}, {DType::kF32, {16, 24}}, {DType::kF32, {16}}}}};
   for (const OpCase &c : cases)
-    // 3e-19: both shifts near 76, whose sum would unscale by 2^-152 (zero in
-    // f32, where the product, ~1e-36, is not): they are capped.
-    for (float magnitude : {1e-6f, 1.0f, 1e6f, 3e-19f}) {
-      SCOPED_TRACE(describe(c) + " at " + std::to_string(magnitude));
+    // A's and B's magnitudes. 3e-19 twice: both shifts near 76, whose sum
+    // would unscale by 2^-152 (zero in f32, where the product, ~1e-36, is
+    // not): they are capped. 1e-30 and 1e-3: shifts near 113 and 23, capped
+    // alike so both stay in f16's normal range.
+    for (const auto &[ma, mb] :
+         {std::pair{1e-6f, 1e-6f}, std::pair{1.0f, 1.0f}, std::pair{1e6f, 1e6f},
+          std::pair{3e-19f, 3e-19f}, std::pair{1e-30f, 1e-3f}}) {
+      SCOPED_TRACE(describe(c) + " at " + std::to_string(ma) + ", " + std::to_string(mb));
       Graph graph = one_node(c);
       std::vector<HostTensor> inputs = random_inputs(graph, 12);
       if (inputs.size() > 2) // C at the product's magnitude
         for (int64_t i = 0; i < inputs[2].type.num_elements(); ++i)
-          inputs[2].as<float>()[i] *= magnitude * magnitude;
-      std::vector<HostTensor> scaled = inputs, plain = inputs;
+          inputs[2].as<float>()[i] *= ma * mb;
       int shifts[2];
       for (size_t k = 0; k < 2; ++k) {
         float *x = inputs[k].as<float>();
         const int64_t n = inputs[k].type.num_elements();
         for (int64_t i = 0; i < n; ++i)
-          x[i] *= magnitude;
+          x[i] *= k == 0 ? ma : mb;
         shifts[k] = f16_shift_of(x, n);
       }
+      std::vector<HostTensor> scaled = inputs, plain = inputs;
       std::tie(shifts[0], shifts[1]) = capped_f16_shifts(shifts[0], shifts[1]);
       for (size_t k = 0; k < 2; ++k) {
         const float *x = inputs[k].as<float>();
@@ -837,8 +838,10 @@ TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
       auto cpu = CpuExecutor::create(graph);
       ASSERT_TRUE(cpu.is_ok());
       std::vector<HostTensor> expected, unscaled, got;
+      std::vector<HostTensor> exact;
       ASSERT_TRUE((*cpu)->run(scaled, &expected).is_ok());
       ASSERT_TRUE((*cpu)->run(plain, &unscaled).is_ok());
+      ASSERT_TRUE((*cpu)->run(inputs, &exact).is_ok());
       CudaExecutorOptions options;
       options.f16 = true;
       auto gpu = CudaExecutor::create(graph, options);
@@ -850,9 +853,12 @@ TEST_F(CudaGpuTest, F16GemmsScaleTheirOperandsIntoRange) {
         largest = std::max(largest, std::fabs(double{expected[0].as<float>()[i]}));
       ASSERT_GT(largest, 0);
       EXPECT_LE(max_difference(got[0], expected[0]) / largest, 1e-5);
+      // Scaled, the operands keep f16's 11 bits: the product is the f32 one
+      // but for their rounding.
+      EXPECT_LE(max_difference(expected[0], exact[0]) / largest, 2e-2);
       // Plain f16 loses the tiny operands' bits and overflows on the huge
       // ones (inf, NaN); scaled, nothing is lost.
-      if (magnitude != 1.0f) {
+      if (ma != 1.0f || mb != 1.0f) {
         bool lost = false;
         for (int64_t i = 0; i < expected[0].type.num_elements(); ++i)
           lost = lost || !(std::fabs(unscaled[0].as<float>()[i] - expected[0].as<float>()[i]) <=
@@ -1092,6 +1098,44 @@ TEST_F(CudaGpuTest, GeluIsTheCpusBitForBit) {
       }
       EXPECT_EQ(differing, 0) << "output " << k;
     }
+  }
+}
+
+// Max pooling through cuDNN and through strata's kernels on what random
+// inputs never hold: tied maxima (zeros after a ReLU; the gradient goes to
+// the first) and a plane of -inf. Both give the CPU's bits, or the test says
+// where cuDNN differs.
+TEST_F(CudaGpuTest, MaxPoolTiesAndInfinitiesAreTheCpus) {
+  GraphBuilder b("pool_ties", registry());
+  TensorId x = b.input("x", DType::kF32, {1, 2, 6, 6});
+  TensorId dy = b.input("dy", DType::kF32, {1, 2, 3, 3});
+  const std::vector<Attribute> window = {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                                         {"strides", std::vector<int64_t>{2, 2}}};
+  b.output(b.op1("MaxPool2d", {x}, window, "pool"));
+  b.output(b.op1("MaxPool2dGrad", {dy, x}, window, "pool_grad"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().message();
+  std::vector<HostTensor> inputs = random_inputs(*graph, 9);
+  float *xs = inputs[0].as<float>();
+  for (int64_t i = 0; i < 36; ++i) // plane 0: ties of zeros, a few positives
+    xs[i] = i % 5 == 0 ? 0.5f * static_cast<float>(i % 3) : 0.0f;
+  for (int64_t i = 36; i < 72; ++i) // plane 1: -inf throughout
+    xs[i] = -std::numeric_limits<float>::infinity();
+  auto cpu = CpuExecutor::create(*graph);
+  ASSERT_TRUE(cpu.is_ok());
+  std::vector<HostTensor> expected, got;
+  ASSERT_TRUE((*cpu)->run(inputs, &expected).is_ok());
+  for (bool cudnn : {true, false}) {
+    SCOPED_TRACE(cudnn ? "cuDNN" : "strata's kernels");
+    CudaExecutorOptions options;
+    options.cudnn_pool_norm = cudnn;
+    auto gpu = CudaExecutor::create(*graph, options);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().message();
+    ASSERT_TRUE((*gpu)->run(inputs, &got).is_ok());
+    for (size_t k = 0; k < 2; ++k)
+      for (int64_t i = 0; i < got[k].type.num_elements(); ++i)
+        EXPECT_EQ(got[k].as<float>()[i], expected[k].as<float>()[i])
+            << (k == 0 ? "output " : "gradient ") << i;
   }
 }
 

@@ -537,7 +537,7 @@ TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("device 1 instruction"), std::string::npos) << status.message();
   EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
-  // Every device read the one verdict, combined at the step's first update.
+  // No device applied its updates.
   for (const auto &[id, value] : before)
     EXPECT_EQ(std::memcmp((*gpu)->value(id).data(), value.data(), value.size_bytes()), 0)
         << plan.graph.tensor(id).name << " changed after a failed step";

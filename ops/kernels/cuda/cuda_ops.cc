@@ -223,8 +223,8 @@ Result<int64_t> axis_of(const CudaKernelContext &c, const TensorType &type) {
 
 // `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
 // (`dpitch` apart). cudaMemcpy2DAsync refuses pitches beyond the device's
-// limit (about 2 GiB), as a concat along axis 0 of a large tensor has: such
-// copies, and single rows, go row by row.
+// limit (about 2 GiB), as a concat along axis 0 of a large tensor has: copies
+// with a pitch of 1 GiB or more, and single rows, go row by row.
 Status copy_rows(void *dst, int64_t dpitch, const void *src, int64_t spitch, int64_t width,
                  int64_t rows, cudaStream_t stream) {
   constexpr int64_t kMaxPitch = int64_t{1} << 30;
@@ -828,7 +828,9 @@ uint32_t alignment(const void *pointer, int64_t stride, size_t element = sizeof(
 
 // The descriptors and the algorithm of one product, kept per node: a node's
 // shapes and buffers never change, so its first step's choice serves every
-// later one (and the captured step uses the algorithm the eager one ran).
+// later one (and the captured step uses the algorithm the eager one ran). A
+// MatMul issued as several blocks plans once for all of them, for the least
+// aligned block's addresses.
 struct LtPlan {
   LtObjects lt;
   cublasLtMatmulHeuristicResult_t heuristic = {};
@@ -899,8 +901,7 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   return plan;
 }
 
-// `cache`: the node's slot for its plan (null for a product issued several
-// times per node, each on other buffers).
+// `cache`: the node's slot for its plan (null: plan this call alone).
 Status run_product(const CudaKernelContext &c, const Product &p, const void *a, const void *b,
                    float *d, std::shared_ptr<void> *cache) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return Status::ok();
@@ -1005,7 +1006,8 @@ Status matmul_op(const CudaKernelContext &c) {
   p.stride_b = blocks.inner > 1 ? blocks.stride_b : 0;
   p.stride_d = p.m * p.n;
   auto at = [&](const std::byte *base, int64_t offset) { return base + offset * element; };
-  if (blocks.outer > 1 && c.cache != nullptr && *c.cache == nullptr) {
+  if (blocks.outer > 1 && c.cache != nullptr && *c.cache == nullptr && p.m > 0 && p.n > 0 &&
+      p.k > 0) { // (empty products never reach cuBLASLt: run_product)
     // Planned for the least aligned block: alignment() reads only the low
     // bits of these addresses, and their OR has the lowest set bit of all.
     uintptr_t a_bits = 0, b_bits = 0, d_bits = 0;

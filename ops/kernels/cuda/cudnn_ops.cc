@@ -323,8 +323,8 @@ Status cudnn_pool_grad(const CudaKernelContext &c, bool max, const Window &w) {
     return check_dnn(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, dy, plan->y, dy,
                                           plan->x, dx, &zero, plan->x, dx),
                      "pooling gradient");
-  if (c.scratch == nullptr)
-    return internal_error(c.def.name, ": no scratch for the recomputed pooling output");
+  if (c.scratch == nullptr || c.scratch_bytes < c.inputs[0].type->size_bytes())
+    return internal_error(c.def.name, ": no room in its scratch for the recomputed output");
   const void *x = c.inputs[1].data;
   RETURN_IF_ERROR(check_dnn(
       cudnnPoolingForward(handle, plan->pool, &one, plan->x, x, &zero, plan->y, c.scratch),

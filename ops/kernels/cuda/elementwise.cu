@@ -515,22 +515,16 @@ __device__ int f16_shift(unsigned amax_bits) {
 }
 
 // The shifts of A and B (`amax` holds both). The product is unscaled by
-// alpha 2^-(s_A + s_B), which must stay a normal float: where two tiny
-// operands would push s_A + s_B past kF16MostShift, the larger shift gives
-// way first, then both alike. The operands' largest magnitudes then multiply
-// to below 2^-72; each scaled one stays in f16's normal range (>= 2^-14)
-// until their product is below f32's (2^-126), where f32 itself loses bits.
+// alpha 2^-(s_A + s_B), which must stay a normal float: where tiny operands
+// would push s_A + s_B past kF16MostShift, both shifts give way alike. Fully
+// shifted, each operand's largest magnitude sits just under 2^14, 28 binades
+// above f16's smallest normal, so an even cut keeps both in range longest:
+// until their product is below 2^-128, beyond f32's own normal range.
 constexpr int kF16MostShift = 100;
 __device__ void f16_shifts(const unsigned *amax, int *s_a, int *s_b) {
   int a = f16_shift(amax[0]), b = f16_shift(amax[1]);
-  int excess = a + b - kF16MostShift;
+  const int excess = a + b - kF16MostShift;
   if (excess > 0) {
-    const int gap = min(excess, a > b ? a - b : b - a);
-    if (a > b)
-      a -= gap;
-    else
-      b -= gap;
-    excess -= gap;
     a -= excess / 2;
     b -= excess - excess / 2;
   }
