@@ -682,7 +682,6 @@ Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<Hos
   RETURN_IF_ERROR(cuda_check(
       cudaMemcpy(flags.data(), state.flags, flags.size() * sizeof(int), cudaMemcpyDeviceToHost),
       "reading the error flags"));
-  std::fill(state.host_fresh.begin(), state.host_fresh.end(), false);
   for (size_t s = 0; s < flags.size(); ++s)
     if (flags[s] != 0)
       return out_of_range(state.steps[s].op->flag_meaning.empty()

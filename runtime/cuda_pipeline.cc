@@ -270,7 +270,7 @@ Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
   }
   here = true;
   l.instruction_flags = l.flag_count;
-  l.flag_count += static_cast<int64_t>(plan.programs.size()) + 1; // the "any" ints
+  l.flag_count += 1; // the step's verdict: did any check fail?
   l.flags = place(l.flag_count * static_cast<int64_t>(sizeof(int)));
   l.constant.assign(g.num_nodes(), -1);
   for (NodeId n = 0; n < g.num_nodes(); ++n)
@@ -370,8 +370,7 @@ struct CudaPipelineRunner::State {
     int64_t scratch_bytes = 0;
     void *tp_staging = nullptr; // over NCCL: column-block pieces laid out for it
     int *flags = nullptr;       // its instructions' flags
-    int *any = nullptr;         // set before its first update: did any check fail?
-    bool checked = false;       // `any` computed this step (while enqueueing)
+    bool checked = false;       // waits for the step's verdict before its first update
     std::vector<Op> ops;
     std::map<TensorId, std::byte *> held;
     // Per node and micro-batch: its kernel plan (a plan is valid for the
@@ -746,11 +745,10 @@ struct CudaPipelineRunner::State {
         }
         RETURN_IF_ERROR(
             cuda_check(cudaStreamWaitEvent(device.stream, flags_shared, 0), "event wait"));
-        device.any = rank_any;
         device.checked = true;
       }
       return cuda_check(cuda::guarded_copy(op.data, op.source, static_cast<int64_t>(op.bytes),
-                                           device.any, device.stream),
+                                           rank_any, device.stream),
                         "launch");
     default: return run_one(device, op, divisor);
     }
@@ -999,12 +997,12 @@ struct CudaPipelineRunner::State {
                    "memset"));
     RETURN_IF_ERROR(cuda_check(cudaEventRecord(fork, origin), "event record"));
     nccl_stream = nullptr;
+    flags_combined = false;
     Status status = Status::ok();
     for (size_t d = 0; d < devices.size(); ++d) {
       if (!is_local(d)) continue;
       Device &device = devices[d];
       device.checked = false;
-      flags_combined = false;
       if (status.is_ok())
         status = cuda_check(cudaStreamWaitEvent(device.stream, fork, 0), "event wait");
       if (status.is_ok())
@@ -1278,7 +1276,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
     ASSIGN_OR_RETURN(s.fork, s.make_event());
     s.flags = reinterpret_cast<int *>(s.base + l.flags);
     s.flag_count = l.flag_count;
-    s.rank_any = s.flags + l.instruction_flags + static_cast<int64_t>(num_devices);
+    s.rank_any = s.flags + l.instruction_flags;
     ASSIGN_OR_RETURN(s.flags_shared, s.make_event());
     if (!s.steps.empty()) {
       ASSIGN_OR_RETURN(s.nccl_done, s.make_event());
@@ -1306,7 +1304,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (region.bf16 >= 0) device.bf16 = s.base + region.bf16;
       if (region.tp_staging >= 0) device.tp_staging = s.base + region.tp_staging;
       device.flags = s.flags + region.first_flag;
-      device.any = s.flags + l.instruction_flags + static_cast<int64_t>(d);
+
       for (const auto &[id, offset] : region.held) {
         device.held[id] = s.base + offset;
         const HostTensor &value = values.at(part_of(d, id));

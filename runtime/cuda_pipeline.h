@@ -147,9 +147,9 @@ struct CudaPipelineLayout {
   std::vector<Device> devices;
   std::vector<int64_t> constant; // per node: its value computed at load, or -1
   std::vector<int64_t> input;    // per graph input: the staging of the whole batch
-  // Every device's instructions' error flags (ints, device by device), then one
-  // "any flag set" int per device, read by its guarded state updates, then
-  // the GPU's: every local check and (over NCCL) every other GPU's, combined.
+  // Every device's instructions' error flags (ints, device by device), then
+  // the step's verdict, read by every guarded state update: every local check
+  // and (over NCCL) every other GPU's, combined at the step's first update.
   int64_t flags = 0, flag_count = 0, instruction_flags = 0;
   int64_t workspace_bytes = 0;
   int64_t total = 0;

@@ -509,10 +509,13 @@ int64_t gather_grad_scratch_bytes(const Node &node, const ops::OpDef &def,
 
 // ---- pooling -------------------------------------------------------------------------
 
-// The window of a pooling node over X (`x`, [N, C, H, W]) giving Y (`y`).
+// The window of a pooling node over X (`x`, [N, C, H, W]) giving Y (`y`),
+// and in `cudnn_mismatch` why cuDNN would not pool it as strata does (empty:
+// it would; ops::cudnn_pool_mismatch).
 Result<Window> pool_window(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x,
-                           llvm::ArrayRef<int64_t> y) {
+                           llvm::ArrayRef<int64_t> y, std::string *cudnn_mismatch) {
   ASSIGN_OR_RETURN(ops::Window attrs, ops::read_window(c.def, c.attrs()));
+  *cudnn_mismatch = ops::cudnn_pool_mismatch(attrs, x, y);
   if (x.size() != 4 || y.size() != 4)
     return invalid_argument(c.def.name, ": a 2-D window runs over [N, C, H, W]");
   Window w;
@@ -541,19 +544,11 @@ bool through_cudnn(const CudaKernelContext &c, const std::string &mismatch) {
   return c.cudnn != nullptr && c.cudnn_pool_norm && mismatch.empty();
 }
 
-// ops::cudnn_pool_mismatch of a pooling node over X (`x`) giving Y (`y`).
-std::string cudnn_pool_mismatch(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x,
-                                llvm::ArrayRef<int64_t> y) {
-  auto window = ops::read_window(c.def, c.attrs());
-  if (!window.is_ok()) return window.status().message();
-  return ops::cudnn_pool_mismatch(*window, x, y);
-}
-
 template <bool kMax> Status pool_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
-  ASSIGN_OR_RETURN(Window w, pool_window(c, c.inputs[0].shape(), c.outputs[0].shape()));
-  if (through_cudnn(c, cudnn_pool_mismatch(c, c.inputs[0].shape(), c.outputs[0].shape())))
-    return cudnn_pool(c, kMax, w);
+  std::string mismatch;
+  ASSIGN_OR_RETURN(Window w, pool_window(c, c.inputs[0].shape(), c.outputs[0].shape(), &mismatch));
+  if (through_cudnn(c, mismatch)) return cudnn_pool(c, kMax, w);
   return check(pool(kMax, w, in_f32(c, 0), out_f32(c, 0), c.stream), "launch");
 }
 
@@ -565,9 +560,9 @@ int64_t max_pool_grad_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<T
 // MaxPool2dGrad(dY, X), AveragePool2dGrad(dY): dX has X's shape.
 template <bool kMax> Status pool_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
-  ASSIGN_OR_RETURN(Window w, pool_window(c, c.outputs[0].shape(), c.inputs[0].shape()));
-  if (through_cudnn(c, cudnn_pool_mismatch(c, c.outputs[0].shape(), c.inputs[0].shape())))
-    return cudnn_pool_grad(c, kMax, w);
+  std::string mismatch;
+  ASSIGN_OR_RETURN(Window w, pool_window(c, c.outputs[0].shape(), c.inputs[0].shape(), &mismatch));
+  if (through_cudnn(c, mismatch)) return cudnn_pool_grad(c, kMax, w);
   return check(
       pool_grad(kMax, w, in_f32(c, 0), kMax ? in_f32(c, 1) : nullptr, out_f32(c, 0), c.stream),
       "launch");
