@@ -607,6 +607,8 @@ Result<std::vector<double>> CudaExecutor::node_times(llvm::ArrayRef<HostTensor> 
 
 Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs,
                               std::vector<double> *times) {
+  const auto issue_start = std::chrono::steady_clock::now();
+  issue_seconds_ = -1;
   const auto graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
     return invalid_argument("graph '", graph_.name(), "' takes ", graph_inputs.size(),
@@ -657,6 +659,8 @@ Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<Hos
         [&] { return state.record(graph_); }));
   }
 
+  issue_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - issue_start).count();
   // Wait (bounded) before reading back: a copy into pageable memory would
   // block until the step is done, past any bound.
   RETURN_IF_ERROR(state.wait("the step"));

@@ -133,6 +133,7 @@ public:
   // Reads the tensor back from the GPU (waits for the step in flight).
   const HostTensor &value(TensorId id) const override;
   Status read_status() const override;
+  double issue_seconds() const override { return issue_seconds_; }
   Status assign(TensorId id, const HostTensor &value) override;
 
   // Bytes of the one GPU allocation.
@@ -158,6 +159,7 @@ private:
   Graph graph_;
   struct State;
   std::unique_ptr<State> state_;
+  double issue_seconds_ = -1;
 };
 
 } // namespace strata::runtime

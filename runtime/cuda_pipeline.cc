@@ -400,6 +400,7 @@ struct CudaPipelineRunner::State {
   bool failed = false;
   mutable std::map<TensorId, HostTensor> host; // value()'s copies, until the next step
   mutable Status read_error; // rank 0's: the first value() since the step that failed
+  double issue_seconds = 0;  // the last run()'s launch_rank, on its host thread
 
   bool is_local(size_t d) const { return local.empty() || local[d]; }
 
@@ -1708,6 +1709,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
 
 Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
                                std::vector<HostTensor> *outputs) {
+  issue_seconds_ = -1;
   for (const auto &rank : ranks_)
     if (rank->failed)
       return failed_precondition("an earlier step of this pipeline failed; its state is lost");
@@ -1725,6 +1727,8 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
   // captured, later ones replayed, then a bounded wait (a copy into pageable
   // memory would block until the step is done, past any bound).
   auto launch_rank = [&](State &s) -> Status {
+    const auto start = std::chrono::steady_clock::now();
+    s.issue_seconds = 0;
     RETURN_IF_ERROR(cuda_check(cudaSetDevice(s.gpu), "set device"));
     s.host.clear();
     s.read_error = Status::ok();
@@ -1734,9 +1738,12 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
             cuda_check(cudaMemcpyAsync(s.input_staging[k], inputs[k].data(), s.input_bytes[k],
                                        cudaMemcpyHostToDevice, s.origin),
                        str_cat("copying input '", graph_.tensor(graph_.inputs()[k]).name, "'")));
-    return s.step.launch(
+    RETURN_IF_ERROR(s.step.launch(
         s.origin, s.options.cuda_graph, [&] { return s.enqueue(divisor); },
-        [&] { return s.record(graph_); });
+        [&] { return s.record(graph_); }));
+    s.issue_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return Status::ok();
   };
   auto run_rank = [&](State &s) -> Status {
     RETURN_IF_ERROR(launch_rank(s));
@@ -1754,6 +1761,7 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
     for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
       status =
           launch_rank(*ranks_[r]).with_context(str_cat("GPU ", ranks_[r]->gpu, " (rank ", r, ")"));
+
     for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
       status = ranks_[r]
                    ->wait("the step")
@@ -1783,6 +1791,13 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
            status.message().find("another GPU of the run failed") != std::string::npos))
         status = statuses[r];
     }
+  }
+  if (status.is_ok()) {
+    // One thread launched every replay in turn; else each GPU's thread its own.
+    issue_seconds_ = 0;
+    for (const auto &rank : ranks_)
+      issue_seconds_ = replays && ranks_.size() > 1 ? issue_seconds_ + rank->issue_seconds
+                                                    : std::max(issue_seconds_, rank->issue_seconds);
   }
   // This process's outputs and device checks.
   std::vector<std::optional<HostTensor>> kept(graph_.outputs().size());

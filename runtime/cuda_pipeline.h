@@ -176,6 +176,9 @@ public:
   // flight); a tensor-parallel one put together from its group's pieces.
   const HostTensor &value(TensorId id) const override;
   Status read_status() const override;
+  // Over several GPUs: the longest any one GPU's host thread spent, or with
+  // every step replayed from one thread, that thread's time for all of them.
+  double issue_seconds() const override { return issue_seconds_; }
   // Tensor-parallel pieces are whole here: the full tensor's type.
   TensorType value_type(TensorId id) const override;
   // To every plan device holding the tensor (each member its piece).
@@ -206,6 +209,7 @@ private:
   // process's one).
   std::vector<std::unique_ptr<State>> ranks_;
   ProcessGroup *processes_ = nullptr;
+  double issue_seconds_ = -1;
 };
 
 } // namespace strata::runtime

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -293,6 +294,12 @@ std::string format_rate(double steps, double seconds) {
 std::string format_seconds(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", seconds);
+  return buf;
+}
+
+std::string format_micros(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
   return buf;
 }
 
@@ -953,8 +960,13 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (pipeline == nullptr || args.trace.empty()) return Status::ok();
     return write_text(per_rank_path(args.trace, world ? world->rank() : 0), pipeline->trace_json());
   };
+  // Host time issuing each step to the GPU, from the third step on (the first
+  // runs eagerly while the kernels load, the second is captured).
+  std::vector<double> issue_seconds;
   while (trainer.step() < args.steps) {
     auto stepped = trainer.train_step();
+    if (stepped.is_ok() && trainer.step() > first_step + 2 && trainer.runner().issue_seconds() >= 0)
+      issue_seconds.push_back(trainer.runner().issue_seconds());
     if (!stepped.is_ok()) {
       if (write_trace().is_ok() && pipeline != nullptr && !args.trace.empty())
         return stepped.status().with_context(str_cat("trace of the failed run: ", args.trace));
@@ -1000,6 +1012,14 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (ran > 0 && elapsed > 0)
     out << "compute    " << human_flops(flops) << " per step, "
         << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
+  if (!issue_seconds.empty()) {
+    const size_t n = issue_seconds.size();
+    std::nth_element(issue_seconds.begin(), issue_seconds.begin() + n / 2, issue_seconds.end());
+    out << "host       " << format_micros(issue_seconds[n / 2])
+        << " us per step to issue it (median of the last " << n << " step" << (n == 1 ? "" : "s")
+        << ": the batch copied in, "
+        << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
+  }
   if (cuda_executor != nullptr && args.op_times) {
     // One more step on a synthetic batch, eagerly, an event after each node.
     const Graph &graph = cuda_executor->graph();

@@ -342,6 +342,15 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   for (size_t i = 0; i < on_gpu.size(); ++i)
     EXPECT_NEAR(on_gpu[i], on_cpu[i], 1.5e-4) << gpu.out << cpu.out;
   EXPECT_EQ(losses(eager.out), on_gpu);
+  // The host's time to issue a step, over the steps after capture (one of 3);
+  // the CPU runners do not measure it.
+  EXPECT_NE(gpu.out.find("us per step to issue it (median of the last 1 step: the batch copied "
+                         "in, the captured step replayed)"),
+            std::string::npos)
+      << gpu.out;
+  EXPECT_NE(eager.out.find("every kernel launched)"), std::string::npos) << eager.out;
+  EXPECT_NE(pp_gpu.out.find("\nhost "), std::string::npos) << pp_gpu.out;
+  EXPECT_EQ(cpu.out.find("\nhost "), std::string::npos) << cpu.out;
   Outcome pp_cpu = strata({"run", "pp.splan", "--steps", "3"});
   ASSERT_EQ(pp_cpu.code, 0) << pp_cpu.err;
   const std::vector<double> pp_on_gpu = losses(pp_gpu.out), pp_on_cpu = losses(pp_cpu.out);
