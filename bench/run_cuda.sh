@@ -5,26 +5,36 @@
 # For each model (a small MLP, where launches dominate; the zoo convnet; a
 # 4-layer GPT), trains `strata run --backend cuda` for --steps steps with the
 # step replayed as one CUDA Graph and with --no-cuda-graph (eager launches),
-# and times PyTorch's step eagerly, captured whole as a CUDA Graph, and under
-# torch.compile(mode="reduce-overhead") (bench/peers/torch_cuda_step.py). All
-# f32, TF32 off, SGD with momentum 0.9, the loss read back every step; then the
-# GPT in bf16 (strata --precision bf16 against torch.autocast) and f16, as a
-# 4-stage pipeline on the one GPU, and with two GPUs data-parallel and
-# pipelined over NCCL. Every row prints MFU against 989 TFLOP/s.
+# and times PyTorch's step eagerly and captured whole as a CUDA Graph
+# (bench/peers/torch_cuda_step.py). All f32, TF32 off, SGD with momentum 0.9,
+# the loss read back every step; then the GPT in bf16 (strata --precision bf16
+# against torch.autocast, eager, captured and under
+# torch.compile(mode="reduce-overhead")) and f16, a wider GPT (hidden 2048) in
+# bf16 for the MFU target, the GPT as a 4-stage pipeline on the one GPU, and
+# with two GPUs data-parallel and pipelined over NCCL. Every row prints MFU
+# against 989 TFLOP/s; strata's rows also print the host time per step spent
+# issuing the work (copies in, launches or the graph's replay).
 # Record the output under bench/results/ with the GPU's name.
 #
 # Usage: bench/run_cuda.sh [build-dir]   (default: build-cuda, configured here)
+# STRATA=path/to/strata uses that CLI instead of building one (scripts/gpu-check
+# does, with its bundle); STRATA_BENCH_STEPS sets the timed steps per row
+# (default 300).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${1:-$root/build-cuda}"
-if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" "$root" -Dcuda=enabled -Dbench=disabled -Dtests=disabled >/dev/null
+if [ -n "${STRATA:-}" ]; then
+  strata="$STRATA"
+else
+  build="${1:-$root/build-cuda}"
+  if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" -Dcuda=enabled -Dbench=disabled -Dtests=disabled >/dev/null
+  fi
+  ninja -C "$build" tools/strata >/dev/null
+  strata="$build/tools/strata"
 fi
-ninja -C "$build" tools/strata >/dev/null
-strata="$build/tools/strata"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-steps=300
+steps="${STRATA_BENCH_STEPS:-300}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
@@ -42,10 +52,12 @@ strata_steps() { # plan, extra flags...
   flops_per_step=$(sed -n 's/^compute *\([0-9.]*\) \([KMGTP]\?\)FLOP per step.*/\1 \2/p' \
     "$work/run.out" | awk '{ m = 1; if ($2 == "K") m = 1e3; if ($2 == "M") m = 1e6;
       if ($2 == "G") m = 1e9; if ($2 == "T") m = 1e12; if ($2 == "P") m = 1e15; print $1 * m }')
+  local host
+  host=$(sed -n 's/^host *\([0-9.]*\) us per step.*/\1/p' "$work/run.out")
   sed -n 's/.*(\([0-9.]*\) steps\/s).*/\1/p' "$work/run.out" | tail -1 |
-    awk -v f="$*" -v flops="$flops_per_step" -v peak="$peak" \
-      '{ printf "%9.3f ms/step %10.1f steps/s  MFU %5.2f%%  %s\n", 1000 / $1, $1,
-         100 * flops * $1 / peak, f }'
+    awk -v f="$*" -v flops="$flops_per_step" -v peak="$peak" -v host="${host:-?}" \
+      '{ printf "%9.3f ms/step %10.1f steps/s  MFU %5.2f%%  host %s us/step  %s\n", 1000 / $1,
+         $1, 100 * flops * $1 / peak, host, f }'
 }
 
 # PyTorch's lines ("... <ms> ms/step <rate> steps/s") with the MFU of the same
@@ -68,7 +80,7 @@ run_model() { # name, zoo args, torch args
   echo -n "strata $name eager    "
   strata_steps "$work/$name.splan" --no-cuda-graph
   # shellcheck disable=SC2086
-  python3 "$root/bench/peers/torch_cuda_step.py" $torch_args --steps "$steps" --compile |
+  python3 "$root/bench/peers/torch_cuda_step.py" $torch_args --steps "$steps" |
     grep -v '^device' | with_mfu
 }
 
@@ -106,6 +118,21 @@ echo -n "strata gpt f16 graph  "
 strata_steps "$work/gpt.splan" --precision f16
 # shellcheck disable=SC2086
 python3 "$root/bench/peers/torch_cuda_step.py" gpt $gpt --steps "$steps" --compile --bf16 |
+  grep -v '^device' | with_mfu
+
+# The MFU target (45% of 989 TFLOP/s at hidden >= 2048): a wider GPT, where
+# the matrix products dominate, in bf16.
+wide="--layers 4 --hidden 2048 --heads 16 --seq 1024 --vocab 8192 --batch 8"
+echo "== gpt hidden 2048, bf16: strata zoo gpt $wide"
+# shellcheck disable=SC2086
+"$strata" zoo gpt $wide -o "$work/wide.strata" >/dev/null
+"$strata" compile "$work/wide.strata" --train --optimizer sgd:lr=0.01,momentum=0.9 \
+  -o "$work/wide.splan" >/dev/null
+rm -f "$work/wide.strata"
+echo -n "strata wide bf16 graph "
+strata_steps "$work/wide.splan" --precision bf16
+# shellcheck disable=SC2086
+python3 "$root/bench/peers/torch_cuda_step.py" gpt $wide --steps "$steps" --compile --bf16 |
   grep -v '^device' | with_mfu
 
 # The same GPT as a 4-stage 1F1B pipeline of 8 micro-batches, every stage on

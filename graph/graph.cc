@@ -5,6 +5,14 @@
 #include <cstring>
 #include <queue>
 
+#include "strata_config.h"
+
+#if STRATA_LLVM_STATIC && defined(__linux__)
+#include <errno.h>
+#include <sys/random.h>
+#include <time.h>
+#endif
+
 namespace strata {
 
 std::string_view tensor_kind_name(TensorKind kind) {
@@ -242,3 +250,23 @@ std::string Graph::unique_name(std::string_view base) const {
 }
 
 } // namespace strata
+
+#if STRATA_LLVM_STATIC && defined(__linux__)
+// LLVM's support library, when linked statically (-Dllvm_static=true, as in
+// scripts/gpu-check's bundle), calls arc4random wherever the C library it was
+// built against has one (glibc 2.36 and later). Defined here, in an object
+// every program links, the programs also load on older C libraries (GPU
+// images on Ubuntu 22.04 have 2.35). LLVM draws only temporary file names
+// from it.
+extern "C" uint32_t arc4random() noexcept {
+  uint32_t value = 0;
+  for (;;) {
+    ssize_t got = getrandom(&value, sizeof value, 0);
+    if (got == static_cast<ssize_t>(sizeof value)) return value;
+    if (got < 0 && errno != EINTR) break;
+  }
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<uint32_t>(now.tv_nsec) ^ static_cast<uint32_t>(now.tv_sec);
+}
+#endif
