@@ -1057,6 +1057,9 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   const std::string context = str_cat("CUDA pipeline of graph '", plan.graph.name(), "'");
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context(context));
+  RETURN_IF_ERROR(check_pipeline_inputs(plan.graph, int64_t{plan.pipeline->microbatches} *
+                                                        plan.pipeline->data_parallel)
+                      .with_context(context));
   RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
                       .with_context(context));
   if (options.bf16 && options.f16)

@@ -318,6 +318,9 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     return invalid_argument("the plan has no pipeline (compile it with --mesh or --microbatches)");
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   RETURN_IF_ERROR(verify_graph(plan.graph, registry).with_context("pipeline plan"));
+  RETURN_IF_ERROR(check_pipeline_inputs(plan.graph, int64_t{plan.pipeline->microbatches} *
+                                                        plan.pipeline->data_parallel)
+                      .with_context("pipeline plan"));
   std::unique_ptr<PipelineRunner> runner(new PipelineRunner());
   runner->graph_ = plan.graph;
   runner->microbatches_ = plan.pipeline->microbatches;

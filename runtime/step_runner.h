@@ -17,6 +17,10 @@ class ProcessGroup;
 // What a pipeline step consumes: the graph's input types with dim 0 times
 // `microbatches` (every replica's micro-batches, one after another).
 std::vector<TensorType> pipeline_batch_types(const Graph &graph, int64_t microbatches);
+// Whether a pipeline step can cut its batch into `microbatches` slices: every
+// graph input needs a dim 0 once there is more than one (the compiler never
+// makes such a plan; a plan written by hand could).
+Status check_pipeline_inputs(const Graph &graph, int64_t microbatches);
 
 class StepRunner {
 public:

@@ -69,6 +69,18 @@ std::vector<TensorType> pipeline_batch_types(const Graph &graph, int64_t microba
   return types;
 }
 
+Status check_pipeline_inputs(const Graph &graph, int64_t microbatches) {
+  if (microbatches <= 1) return Status::ok();
+  for (TensorId id : graph.inputs()) {
+    const Tensor &input = graph.tensor(id);
+    if (input.type.rank() == 0)
+      return invalid_argument("input '", input.name, "' is a scalar (", input.type.to_string(),
+                              "), but the plan cuts dim 0 of every input, the batch, into ",
+                              microbatches, " micro-batches over its replicas");
+  }
+  return Status::ok();
+}
+
 Dataset synthetic_dataset(const Graph &graph, uint64_t seed, int64_t count, int64_t microbatches) {
   Dataset data;
   for (int64_t k = 0; k < count; ++k)

@@ -254,6 +254,29 @@ TEST(CudaPipelineRunner, WithoutAGpuCreationSaysWhy) {
   EXPECT_NE(runner.status().message().find(reason), std::string::npos) << runner.status().message();
 }
 
+// A plan written by hand with a scalar input, which no micro-batch can slice:
+// refused by name before anything is placed on a GPU (with or without one).
+TEST(CudaPipelineRunner, RefusesAScalarInputItWouldCutIntoMicroBatches) {
+  serialization::Plan plan = compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2));
+  Tensor scale;
+  scale.name = "scale";
+  scale.type = TensorType{DType::kF32, {}};
+  scale.kind = TensorKind::kInput;
+  auto id = plan.graph.add_tensor(scale);
+  ASSERT_TRUE(id.is_ok()) << id.status().message();
+  plan.graph.add_input(*id);
+  for (auto create :
+       {+[](const serialization::Plan &p) { return CudaPipelineRunner::create(p).status(); },
+        +[](const serialization::Plan &p) { return PipelineRunner::create(p).status(); }}) {
+    Status status = create(plan);
+    ASSERT_FALSE(status.is_ok());
+    EXPECT_NE(status.message().find("input 'scale' is a scalar (f32[]), but the plan cuts dim 0 "
+                                    "of every input, the batch, into 2 micro-batches"),
+              std::string::npos)
+        << status.message();
+  }
+}
+
 class CudaPipelineGpuTest : public ::testing::Test {
 protected:
   void SetUp() override {
