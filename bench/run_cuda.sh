@@ -2,18 +2,20 @@
 # GPU training steps: strata's CUDA backend against PyTorch on the same GPU, in
 # the same run. Needs a GPU, the CUDA toolkit (nvcc) and PyTorch with CUDA.
 #
-# For each model (a small MLP, where launches dominate; the zoo convnet; a
-# 4-layer GPT), trains `strata run --backend cuda` for --steps steps with the
-# step replayed as one CUDA Graph and with --no-cuda-graph (eager launches),
-# and times PyTorch's step eagerly and captured whole as a CUDA Graph
-# (bench/peers/torch_cuda_step.py). All f32, TF32 off, SGD with momentum 0.9,
-# the loss read back every step; then the GPT in bf16 (strata --precision bf16
-# against torch.autocast, eager, captured and under
-# torch.compile(mode="reduce-overhead")) and f16, a wider GPT (hidden 2048) in
-# bf16 for the MFU target, the GPT as a 4-stage pipeline on the one GPU, and
-# with two GPUs data-parallel and pipelined over NCCL. Every row prints MFU
-# against 989 TFLOP/s; strata's rows also print the host time per step spent
-# issuing the work (copies in, launches or the graph's replay).
+# Most telling first (a run cut short keeps those): a small MLP, where
+# launches dominate, and the zoo convnet (with its convolutions and pooling
+# timed per pass), each trained by `strata run --backend cuda` with the step
+# replayed as one CUDA Graph and with --no-cuda-graph (eager launches), against
+# PyTorch's step eagerly and captured whole as a CUDA Graph
+# (bench/peers/torch_cuda_step.py); all f32, TF32 off, SGD with momentum 0.9,
+# the loss read back every step. Then a GPT of hidden 2048 in bf16 for the MFU
+# target (strata --precision bf16 against torch.autocast, eager, captured and
+# under torch.compile(mode="reduce-overhead")); a 4-layer GPT of hidden 512 in
+# f32, bf16 and f16; that GPT as a 4-stage pipeline on the one GPU; and with
+# two GPUs data-parallel and pipelined over NCCL. Rows give the steady state
+# (strata: the median step after the first two; PyTorch: after 10 warm-up
+# steps) and MFU against 989 TFLOP/s; strata's rows also the host time per
+# step spent issuing the work (copies in, launches or the graph's replay).
 # Record the output under bench/results/ with the GPU's name.
 #
 # Usage: bench/run_cuda.sh [build-dir]   (default: build-cuda, configured here)
@@ -52,12 +54,14 @@ strata_steps() { # plan, extra flags...
   flops_per_step=$(sed -n 's/^compute *\([0-9.]*\) \([KMGTP]\?\)FLOP per step.*/\1 \2/p' \
     "$work/run.out" | awk '{ m = 1; if ($2 == "K") m = 1e3; if ($2 == "M") m = 1e6;
       if ($2 == "G") m = 1e9; if ($2 == "T") m = 1e12; if ($2 == "P") m = 1e15; print $1 * m }')
+  # The steady state (the median step after the first two, which load the
+  # kernels and capture the step), as PyTorch's rows time theirs after warm-up.
   local host
   host=$(sed -n 's/^host *\([0-9.]*\) us per step.*/\1/p' "$work/run.out")
-  sed -n 's/.*(\([0-9.]*\) steps\/s).*/\1/p' "$work/run.out" | tail -1 |
+  sed -n 's/^steady *\([0-9.]*\) ms per step.*/\1/p' "$work/run.out" |
     awk -v f="$*" -v flops="$flops_per_step" -v peak="$peak" -v host="${host:-?}" \
-      '{ printf "%9.3f ms/step %10.1f steps/s  MFU %5.2f%%  host %s us/step  %s\n", 1000 / $1,
-         $1, 100 * flops * $1 / peak, host, f }'
+      '{ printf "%9.3f ms/step %10.1f steps/s  MFU %5.2f%%  host %s us/step  %s\n", $1,
+         1000 / $1, 100 * flops * (1000 / $1) / peak, host, f }'
 }
 
 # PyTorch's lines ("... <ms> ms/step <rate> steps/s") with the MFU of the same
@@ -102,6 +106,21 @@ for pool_norm in cudnn strata; do
   "$strata" run "$work/convnet.splan" --backend cuda --steps 3 --op-times \
     --pool-norm "$pool_norm" | grep -E '^ +(op |MaxPool2d|MaxPool2dGrad|total)'
 done
+# The MFU target (45% of 989 TFLOP/s at hidden >= 2048): a wider GPT, where
+# the matrix products dominate, in bf16.
+wide="--layers 4 --hidden 2048 --heads 16 --seq 1024 --vocab 8192 --batch 8"
+echo "== gpt hidden 2048, bf16: strata zoo gpt $wide"
+# shellcheck disable=SC2086
+"$strata" zoo gpt $wide -o "$work/wide.strata" >/dev/null
+"$strata" compile "$work/wide.strata" --train --optimizer sgd:lr=0.01,momentum=0.9 \
+  -o "$work/wide.splan" >/dev/null
+rm -f "$work/wide.strata"
+echo -n "strata wide bf16 graph "
+strata_steps "$work/wide.splan" --precision bf16
+# shellcheck disable=SC2086
+python3 "$root/bench/peers/torch_cuda_step.py" gpt $wide --steps "$steps" --compile --bf16 |
+  grep -v '^device' | with_mfu
+
 gpt="--layers 4 --hidden 512 --heads 8 --seq 256 --vocab 8192 --batch 8"
 run_model gpt "gpt $gpt" "gpt $gpt"
 
@@ -117,22 +136,7 @@ strata_steps "$work/gpt.splan" --precision bf16 --no-cuda-graph
 echo -n "strata gpt f16 graph  "
 strata_steps "$work/gpt.splan" --precision f16
 # shellcheck disable=SC2086
-python3 "$root/bench/peers/torch_cuda_step.py" gpt $gpt --steps "$steps" --compile --bf16 |
-  grep -v '^device' | with_mfu
-
-# The MFU target (45% of 989 TFLOP/s at hidden >= 2048): a wider GPT, where
-# the matrix products dominate, in bf16.
-wide="--layers 4 --hidden 2048 --heads 16 --seq 1024 --vocab 8192 --batch 8"
-echo "== gpt hidden 2048, bf16: strata zoo gpt $wide"
-# shellcheck disable=SC2086
-"$strata" zoo gpt $wide -o "$work/wide.strata" >/dev/null
-"$strata" compile "$work/wide.strata" --train --optimizer sgd:lr=0.01,momentum=0.9 \
-  -o "$work/wide.splan" >/dev/null
-rm -f "$work/wide.strata"
-echo -n "strata wide bf16 graph "
-strata_steps "$work/wide.splan" --precision bf16
-# shellcheck disable=SC2086
-python3 "$root/bench/peers/torch_cuda_step.py" gpt $wide --steps "$steps" --compile --bf16 |
+python3 "$root/bench/peers/torch_cuda_step.py" gpt $gpt --steps "$steps" --bf16 |
   grep -v '^device' | with_mfu
 
 # The same GPT as a 4-stage 1F1B pipeline of 8 micro-batches, every stage on

@@ -607,7 +607,6 @@ Result<std::vector<double>> CudaExecutor::node_times(llvm::ArrayRef<HostTensor> 
 
 Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs,
                               std::vector<double> *times) {
-  const auto issue_start = std::chrono::steady_clock::now();
   issue_seconds_ = -1;
   const auto graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
@@ -621,6 +620,7 @@ Status CudaExecutor::run_step(llvm::ArrayRef<HostTensor> inputs, std::vector<Hos
                               ", got ", inputs[k].type.to_string());
   }
   State &state = *state_;
+  const auto issue_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(cuda_check(cudaSetDevice(state.options.gpu), "set device"));
   // Whatever value() read before is stale from here on, even if this step
   // fails part-way.

@@ -39,10 +39,11 @@ public:
   // the first that could not (a GPU that failed; its value() came back zero).
   // Whoever keeps values checks it (a checkpoint is then not committed).
   virtual Status read_status() const { return Status::ok(); }
-  // Host seconds the last run() spent issuing the step to the devices (checks,
-  // copying the batch in, launching the kernels or replaying the captured
+  // Host seconds the last run() spent issuing the step to the devices
+  // (copying the batch in, launching the kernels or replaying the captured
   // step), before it waited for them; negative where a runner does not
-  // measure it (the CPU runners, whose host is the device).
+  // measure it (the CPU runners, whose host is the device) or the step
+  // failed before it was issued.
   virtual double issue_seconds() const { return -1; }
   // The type value(id) has: the graph's, except for tensors a runner holds in
   // tensor-parallel pieces (the full tensor's).

@@ -297,6 +297,12 @@ std::string format_seconds(double seconds) {
   return buf;
 }
 
+std::string format_millis(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", seconds * 1e3);
+  return buf;
+}
+
 std::string format_micros(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
@@ -960,13 +966,19 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (pipeline == nullptr || args.trace.empty()) return Status::ok();
     return write_text(per_rank_path(args.trace, world ? world->rank() : 0), pipeline->trace_json());
   };
-  // Host time issuing each step to the GPU, from the third step on (the first
-  // runs eagerly while the kernels load, the second is captured).
-  std::vector<double> issue_seconds;
+  // Each step's time, and on a GPU the host's time issuing it, from the
+  // third step on (the first loads the kernels, on a GPU the second is
+  // captured): the steady state.
+  std::vector<double> step_seconds, issue_seconds;
   while (trainer.step() < args.steps) {
+    const auto step_start = std::chrono::steady_clock::now();
     auto stepped = trainer.train_step();
-    if (stepped.is_ok() && trainer.step() > first_step + 2 && trainer.runner().issue_seconds() >= 0)
-      issue_seconds.push_back(trainer.runner().issue_seconds());
+    if (stepped.is_ok() && trainer.step() > first_step + 2) {
+      step_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+      if (trainer.runner().issue_seconds() >= 0)
+        issue_seconds.push_back(trainer.runner().issue_seconds());
+    }
     if (!stepped.is_ok()) {
       if (write_trace().is_ok() && pipeline != nullptr && !args.trace.empty())
         return stepped.status().with_context(str_cat("trace of the failed run: ", args.trace));
@@ -1012,14 +1024,19 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (ran > 0 && elapsed > 0)
     out << "compute    " << human_flops(flops) << " per step, "
         << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
-  if (!issue_seconds.empty()) {
-    const size_t n = issue_seconds.size();
-    std::nth_element(issue_seconds.begin(), issue_seconds.begin() + n / 2, issue_seconds.end());
-    out << "host       " << format_micros(issue_seconds[n / 2])
-        << " us per step to issue it (median of the last " << n << " step" << (n == 1 ? "" : "s")
-        << ": the batch copied in, "
+  auto median = [](std::vector<double> values) {
+    std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+    return values[values.size() / 2];
+  };
+  const size_t n = step_seconds.size();
+  const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
+  if (n > 0)
+    out << "steady     " << format_millis(median(step_seconds)) << " ms per step (" << last_steps
+        << ")\n";
+  if (!issue_seconds.empty())
+    out << "host       " << format_micros(median(issue_seconds)) << " us per step to issue it ("
+        << last_steps << ": the batch copied in, "
         << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
-  }
   if (cuda_executor != nullptr && args.op_times) {
     // One more step on a synthetic batch, eagerly, an event after each node.
     const Graph &graph = cuda_executor->graph();

@@ -517,6 +517,14 @@ TEST_F(CliTest, CompileAndTrainMlpLossFalls) {
   EXPECT_FALSE(flops_line(run.out, "compute    ").empty()) << run.out;
   EXPECT_EQ(flops_line(run.out, "compute    "), flops_line(compile.out, "FLOPs        "));
   EXPECT_NE(run.out.find("FLOP/s\n"), std::string::npos) << run.out;
+  // The steady state: the median step after the first two; no host line on
+  // the CPU.
+  const size_t steady = run.out.find("\nsteady     ");
+  ASSERT_NE(steady, std::string::npos) << run.out;
+  EXPECT_GT(std::atof(run.out.c_str() + steady + 12), 0.0) << run.out;
+  EXPECT_NE(run.out.find(" ms per step (median of the last 18 steps)\n", steady), std::string::npos)
+      << run.out;
+  EXPECT_EQ(run.out.find("\nhost "), std::string::npos) << run.out;
 
   // --log-every prints fewer lines; the last step is always printed.
   Outcome sparse = strata({"run", "t.splan", "--steps", "7", "--log-every", "3"});
