@@ -22,7 +22,8 @@
 # STRATA=path/to/strata uses that CLI instead of building one (scripts/gpu-check
 # does, with its bundle); STRATA_BENCH_STEPS sets the timed steps per row
 # (default 300).
-set -euo pipefail
+# A row that fails prints its error and the rest still run (no `set -e`).
+set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -n "${STRATA:-}" ]; then
   strata="$STRATA"
@@ -31,7 +32,7 @@ else
   if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" "$root" -Dcuda=enabled -Dbench=disabled -Dtests=disabled >/dev/null
   fi
-  ninja -C "$build" tools/strata >/dev/null
+  ninja -C "$build" tools/strata >/dev/null || exit 1
   strata="$build/tools/strata"
 fi
 work="$(mktemp -d)"
@@ -50,7 +51,12 @@ flops_per_step=0 # of the last strata run
 strata_steps() { # plan, extra flags...
   local plan="$1"
   shift
-  "$strata" run "$plan" --backend cuda --steps "$steps" --log-every "$steps" "$@" >"$work/run.out"
+  flops_per_step=0
+  if ! "$strata" run "$plan" --backend cuda --steps "$steps" --log-every "$steps" "$@" \
+    >"$work/run.out" 2>&1; then
+    echo "FAILED: $(tail -1 "$work/run.out")  $*"
+    return
+  fi
   flops_per_step=$(sed -n 's/^compute *\([0-9.]*\) \([KMGTP]\?\)FLOP per step.*/\1 \2/p' \
     "$work/run.out" | awk '{ m = 1; if ($2 == "K") m = 1e3; if ($2 == "M") m = 1e6;
       if ($2 == "G") m = 1e9; if ($2 == "T") m = 1e12; if ($2 == "P") m = 1e15; print $1 * m }')
