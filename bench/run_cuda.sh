@@ -40,6 +40,9 @@ trap 'rm -rf "$work"' EXIT
 steps="${STRATA_BENCH_STEPS:-300}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+# What this card reaches (a bf16 8192^3 product, a 4 GiB copy), beside the
+# datasheet peak the MFU column uses.
+python3 "$root/bench/peers/torch_ceilings.py"
 
 # MFU is the plan's FLOPs per step (strata's "compute" line: the op
 # registry's costs of every node run, forward and backward) times steps/s,
