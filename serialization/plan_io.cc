@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include <flatbuffers/flatbuffers.h>
@@ -567,6 +568,31 @@ Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline 
 
 // A pipeline plan's program (revision 2): instructions, slots and holds instead
 // of order and offsets. `where` is "field programs[i]"; `program.device` is set.
+// Every buffer of a memory plan starts at a multiple of this (passes/plan_memory.h
+// places them so), which the kernels' vector loads and the element types need.
+constexpr int64_t kPlanAlignment = 64;
+
+// A program's arena holds buffers of the model's tensors, a tensor at most
+// once per micro-batch and once more, so it is never larger than all of them
+// side by side at that count (256-byte aligned). A larger one is refused
+// before anything allocates it: a corrupt or mistyped size would otherwise
+// ask the host for terabytes.
+Status check_arena_size(const std::string &where, int64_t arena_bytes, const Graph &g,
+                        int64_t microbatches) {
+  constexpr int64_t kAlign = 256;
+  int64_t bound = 0;
+  for (const Tensor &tensor : g.tensors()) {
+    const int64_t bytes = (tensor.type.size_bytes() + kAlign - 1) / kAlign * kAlign;
+    if (bytes > (std::numeric_limits<int64_t>::max() - bound) / (microbatches + 1))
+      return Status::ok(); // beyond any int64 size
+    bound += bytes * (microbatches + 1);
+    if (bound >= arena_bytes) return Status::ok();
+  }
+  return out_of_range(where, ".arena_bytes = ", arena_bytes, " is more than the ", bound,
+                      " bytes of every tensor of the model side by side, once per micro-batch "
+                      "and once more");
+}
+
 Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
                                 const std::string &where, PlanProgram &program) {
   const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
@@ -672,6 +698,9 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
                           microbatches - 1);
     const Tensor &tensor = g.tensor(slot.tensor());
     if (slot.offset() < 0) return invalid_argument(at, ".offset = ", slot.offset(), " is negative");
+    if (slot.offset() % kPlanAlignment != 0)
+      return invalid_argument(at, ".offset = ", slot.offset(), " is not a multiple of ",
+                              kPlanAlignment, " bytes, as every buffer of a memory plan is");
     if (slot.offset() > program.arena_bytes ||
         tensor.type.size_bytes() > program.arena_bytes - slot.offset())
       return out_of_range(at, ".offset = ", slot.offset(), ": tensor '", tensor.name, "' (",
@@ -679,6 +708,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
                           program.arena_bytes, "-byte arena");
     program.slots.push_back(PlanSlot{slot.tensor(), slot.microbatch(), slot.offset()});
   }
+  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
 
   if (q.holds() != nullptr) program.holds = copy_numbers(*q.holds());
   for (size_t k = 0; k < program.holds.size(); ++k) {
@@ -874,9 +904,14 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
         return out_of_range(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name, "' (",
                             tensor.type.size_bytes(), " bytes) does not fit the ",
                             program.arena_bytes, "-byte arena");
+      } else if (offset % kPlanAlignment != 0) {
+        return invalid_argument(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name,
+                                "' is not at a multiple of ", kPlanAlignment,
+                                " bytes, as every buffer of a memory plan is");
       }
       program.offsets.push_back(offset);
     }
+    RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, 1));
     plan.programs.push_back(std::move(program));
   }
   return plan;

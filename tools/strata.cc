@@ -764,7 +764,14 @@ int main(int argc, char **argv) {
     std::cerr << "strata: error: no command given (see `strata --help`)\n";
     return kExitUsage;
   }
-  strata::Status status = action();
+  strata::Status status = strata::Status::ok();
+  try {
+    status = action();
+  } catch (const std::bad_alloc &) {
+    // Whatever a model or plan asked for beyond the checks of its sizes.
+    status =
+        strata::failed_precondition("out of memory: this host cannot allocate what the run needs");
+  }
   if (!status.is_ok()) {
     std::cout.flush();
     if (!strata::runtime::claim_failure_report()) return kExitFailure;

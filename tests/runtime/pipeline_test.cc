@@ -1106,6 +1106,48 @@ TEST_F(PipelineTest, TransfersAreExplained) {
   EXPECT_EQ(per_step, 1); // the learning rate
 }
 
+// A plan file that loads must run or fail with an error: never crash, read
+// or write out of bounds (the sanitizer build runs this too) or hang. Every
+// byte of a small data-parallel pipeline plan is flipped in turn; the plans
+// that still load are created and stepped once.
+TEST_F(PipelineTest, CorruptedPlansThatLoadRunOrFailCleanly) {
+  zoo::MlpOptions o;
+  o.batch = 8;
+  o.input = 4;
+  o.hidden = {6};
+  o.classes = 3;
+  auto plan = compile(*zoo::make_mlp(o), training(), 2, 2, Schedule::k1F1B, 2);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  plan->model_fingerprint = plan->fingerprint = std::string(64, 'a');
+  auto bytes = serialization::plan_to_flatbuffer(*plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  auto good = serialization::load_plan_from_buffer(*bytes, "p.splan", ".");
+  ASSERT_TRUE(good.is_ok()) << good.status().message();
+  PipelineRunnerOptions options;
+  options.timeout = std::chrono::milliseconds(2000);
+  size_t loaded = 0, created = 0, ran = 0;
+  for (size_t i = 0; i < bytes->size(); ++i) {
+    std::vector<uint8_t> flipped = *bytes;
+    flipped[i] ^= 0xff;
+    auto corrupt = serialization::load_plan_from_buffer(flipped, "p.splan", ".");
+    if (!corrupt.is_ok()) continue;
+    ++loaded;
+    auto runner = PipelineRunner::create(*corrupt, options);
+    if (!runner.is_ok()) continue;
+    ++created;
+    std::vector<HostTensor> batch, outputs;
+    for (const TensorType &type : (*runner)->batch_types())
+      batch.push_back(HostTensor::zeros(type));
+    const auto start = std::chrono::steady_clock::now();
+    Status status = (*runner)->run(batch, &outputs);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "byte " << i;
+    if (status.is_ok()) ++ran;
+  }
+  std::printf("%zu bytes: %zu flips load, %zu create a runner, %zu run a step\n", bytes->size(),
+              loaded, created, ran);
+  EXPECT_LT(loaded, bytes->size());
+}
+
 TEST_F(PipelineTest, MicroBatchesMustDivideTheBatch) {
   auto plan = compile(mlp(), training(), 2, 3, Schedule::k1F1B);
   ASSERT_FALSE(plan.is_ok());

@@ -267,6 +267,24 @@ TEST(PlanTest, MeaningErrorsNameTheField) {
        "field programs[0].order["},
       {[](Plan &p) { p.programs[0].arena_bytes = 8; }, "field programs[0].offsets["},
       {[](Plan &p) { p.programs[0].offsets.pop_back(); }, "field programs[0].offsets"},
+      // An arena larger than every tensor side by side, twice: refused before
+      // anything allocates it.
+      {[](Plan &p) { p.programs[0].arena_bytes = int64_t{1} << 40; },
+       "field programs[0].arena_bytes = 1099511627776 is more than the "},
+      // A buffer off the memory plan's 64-byte grid (kernels would write
+      // floats at an address their type cannot have).
+      {[](Plan &p) {
+         std::vector<int64_t> &offsets = p.programs[0].offsets;
+         for (size_t t = 0; t < offsets.size(); ++t)
+           if (offsets[t] >= 0 &&
+               offsets[t] + 4 + p.graph.tensor(static_cast<TensorId>(t)).type.size_bytes() <=
+                   p.programs[0].arena_bytes) {
+             offsets[t] += 4;
+             return;
+           }
+         FAIL() << "no buffer to move";
+       },
+       "is not at a multiple of 64 bytes, as every buffer of a memory plan is"},
   };
   for (const Case &c : cases) {
     Plan plan = make_plan(training_graph());
@@ -442,6 +460,13 @@ TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
   std::vector<Case> cases = {
       // The pipeline table.
       {[](Plan &p) { p.pipeline->stages = 0; }, "field pipeline.stages = 0"},
+      {[](Plan &p) { p.programs[1].arena_bytes = int64_t{1} << 40; },
+       "field programs[1].arena_bytes = 1099511627776 is more than the "},
+      {[](Plan &p) {
+         p.programs[0].arena_bytes += 4;
+         p.programs[0].slots[0].offset += 4;
+       },
+       "field programs[0].slots[0].offset = "},
       {[](Plan &p) { p.pipeline->stages = 3; }, "field pipeline.stages = 3"},
       {[](Plan &p) {
          p.devices[1].index = 2;
