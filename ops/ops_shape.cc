@@ -376,6 +376,10 @@ Result<TypeList> infer_split(const Node &node, const OpDef &def,
     if (size < 0)
       return invalid_argument(def.name, ": attribute 'split' = ", ints_to_string(split),
                               " has negative size ", size);
+    if (size > x.shape[*axis] - sum) // would pass the dimension (and could overflow)
+      return invalid_argument(def.name, ": attribute 'split' = ", ints_to_string(split),
+                              " sums past dimension ", *axis, " of input 0 ", x.to_string(),
+                              ", which is ", x.shape[*axis]);
     sum += size;
   }
   if (sum != x.shape[*axis])

@@ -465,6 +465,12 @@ TEST(ShapeTest, InferenceErrorsNameTheProblem) {
   expect_error(infer("Split", {x}, {int_attr("axis", 1), ints_attr("split", {1, 1})}).status(),
                {"Split", "sums to 2", "3", "[2, 3, 4]"});
   expect_error(infer("Split", {x}, {ints_attr("split", {3, -1})}).status(), {"Split", "-1"});
+  // Sizes whose sum would overflow int64 are refused, not summed.
+  expect_error(infer("Split", {x},
+                     {int_attr("axis", 1),
+                      ints_attr("split", {int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62})})
+                   .status(),
+               {"Split", "sums past dimension 1", "[2, 3, 4]"});
   expect_error(infer("Slice", {x},
                      {ints_attr("starts", {0}), ints_attr("ends", {1}), ints_attr("axes", {3})})
                    .status(),
