@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "graph/builder.h"
@@ -23,6 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr uint64_t kMaxModelBytes = uint64_t{2} << 30; // protobuf's own limit
+// The largest constant the import computes itself (ConstantOfShape, Range, a
+// folded op): checked before it is allocated.
+constexpr int64_t kMaxFoldedBytes = int64_t{1} << 30;
 constexpr int kMinOpset = 11, kMaxOpset = 17;
 
 std::string shape_text(llvm::ArrayRef<int64_t> dims) {
@@ -110,7 +114,17 @@ public:
     warn_about_merged_initializers(order);
     RETURN_IF_ERROR(check_supported(order));
     for (const onnx::NodeProto *node : order) {
-      Status status = convert(*node);
+      Status status = Status::ok();
+      try {
+        status = convert(*node);
+      } catch (const std::out_of_range &) {
+        // convert() reads the inputs and outputs an op needs with at(): a node
+        // with fewer than its op takes is refused here, for every op alike.
+        status = invalid_argument(node->op_type(), " with ", node->input_size(), " input(s) and ",
+                                  node->output_size(),
+                                  " output(s) lacks one the op needs (see the ONNX operator's "
+                                  "inputs and outputs)");
+      }
       if (!status.is_ok())
         return status.with_context(str_cat(file_, ": node '", label(*node), "'"));
       if (!builder_.status().is_ok())
@@ -160,6 +174,19 @@ private:
 
   // ---- tensors --------------------------------------------------------------
 
+  // A constant the import computes, of at most kMaxFoldedBytes.
+  static Result<HostTensor> folded_tensor(DType dtype, Shape shape) {
+    const TensorType type{dtype, std::move(shape)};
+    auto count = checked_num_elements(type.shape);
+    if (!count.is_ok()) return std::move(count).take_status();
+    const int64_t bytes = *count * static_cast<int64_t>(dtype_size(dtype));
+    if (bytes > kMaxFoldedBytes)
+      return invalid_argument("it would compute a constant ", type.to_string(), " of ", bytes,
+                              " bytes at import; strata folds constants of at most ",
+                              kMaxFoldedBytes >> 20, " MiB");
+    return HostTensor::zeros(type);
+  }
+
   Result<HostTensor> tensor_of(const onnx::TensorProto &proto, const std::string &where) {
     ASSIGN_OR_RETURN(DType dtype, dtype_of(proto.data_type(), where));
     Shape shape;
@@ -167,31 +194,41 @@ private:
       if (d < 0) return invalid_argument(file_, ": ", where, " has a negative dim");
       shape.push_back(d);
     }
-    HostTensor t = HostTensor::zeros({dtype, shape});
-    const size_t bytes = t.size_bytes();
-    const size_t n = static_cast<size_t>(t.type.num_elements());
+    // Sizes are checked against the data before anything is allocated: a
+    // corrupt dim must not ask the host for terabytes.
+    const TensorType type{dtype, shape};
+    auto count = checked_num_elements(shape);
+    if (!count.is_ok())
+      return std::move(count).take_status().with_context(str_cat(file_, ": ", where));
+    const size_t n = static_cast<size_t>(*count);
+    const size_t bytes = n * dtype_size(dtype);
     auto mismatch = [&](size_t got, const char *field) {
-      return invalid_argument(file_, ": ", where, " is ", t.type.to_string(), " (", bytes,
+      return invalid_argument(file_, ": ", where, " is ", type.to_string(), " (", bytes,
                               " bytes) but its ", field, " holds ", got,
                               field == std::string("raw_data") ? " bytes" : " values");
     };
-    if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
-      RETURN_IF_ERROR(read_external(proto, where, t));
-    } else if (proto.has_raw_data()) {
+    if (proto.data_location() == onnx::TensorProto::EXTERNAL)
+      return read_external(proto, where, type);
+    if (proto.has_raw_data()) {
       if (proto.raw_data().size() != bytes) return mismatch(proto.raw_data().size(), "raw_data");
-      if (bytes) std::memcpy(t.data(), proto.raw_data().data(), bytes);
     } else if (dtype == DType::kF32) {
       if (static_cast<size_t>(proto.float_data_size()) != n)
         return mismatch(static_cast<size_t>(proto.float_data_size()), "float_data");
-      std::copy(proto.float_data().begin(), proto.float_data().end(), t.as<float>());
     } else if (dtype == DType::kI64) {
       if (static_cast<size_t>(proto.int64_data_size()) != n)
         return mismatch(static_cast<size_t>(proto.int64_data_size()), "int64_data");
+    } else if (static_cast<size_t>(proto.int32_data_size()) != n) {
+      // int32_data carries int32, bool, float16 and bfloat16 (as bits).
+      return mismatch(static_cast<size_t>(proto.int32_data_size()), "int32_data");
+    }
+    HostTensor t = HostTensor::zeros(type);
+    if (proto.has_raw_data()) {
+      if (bytes) std::memcpy(t.data(), proto.raw_data().data(), bytes);
+    } else if (dtype == DType::kF32) {
+      std::copy(proto.float_data().begin(), proto.float_data().end(), t.as<float>());
+    } else if (dtype == DType::kI64) {
       std::copy(proto.int64_data().begin(), proto.int64_data().end(), t.as<int64_t>());
     } else {
-      // int32_data carries int32, bool, float16 and bfloat16 (as bits).
-      if (static_cast<size_t>(proto.int32_data_size()) != n)
-        return mismatch(static_cast<size_t>(proto.int32_data_size()), "int32_data");
       for (size_t i = 0; i < n; ++i) {
         const int32_t v = proto.int32_data(static_cast<int>(i));
         if (dtype == DType::kI32)
@@ -206,7 +243,8 @@ private:
   }
 
   // External data, read only from a regular file inside the model's folder.
-  Status read_external(const onnx::TensorProto &proto, const std::string &where, HostTensor &t) {
+  Result<HostTensor> read_external(const onnx::TensorProto &proto, const std::string &where,
+                                   const TensorType &type) {
     std::string location;
     int64_t offset = 0, length = -1;
     for (const auto &entry : proto.external_data()) {
@@ -246,18 +284,19 @@ private:
                               ", outside the model's folder (a symbolic link?)");
     if (!fs::is_regular_file(full, error)) return invalid_argument(what, " is not a regular file");
     const uint64_t size = fs::file_size(full, error);
-    const uint64_t bytes = t.size_bytes();
+    const uint64_t bytes = static_cast<uint64_t>(type.size_bytes());
     if (length >= 0 && static_cast<uint64_t>(length) != bytes)
-      return invalid_argument(what, ": length ", length, " but ", t.type.to_string(), " needs ",
+      return invalid_argument(what, ": length ", length, " but ", type.to_string(), " needs ",
                               bytes, " bytes");
     if (static_cast<uint64_t>(offset) > size || bytes > size - static_cast<uint64_t>(offset))
       return invalid_argument(what, ": offset ", offset, " + ", bytes, " bytes is past its end (",
                               size, " bytes)");
+    HostTensor t = HostTensor::zeros(type);
     std::ifstream in(full, std::ios::binary);
     in.seekg(offset);
     if (bytes && !in.read(reinterpret_cast<char *>(t.data()), static_cast<std::streamsize>(bytes)))
       return io_error(what, ": read failed");
-    return Status::ok();
+    return t;
   }
 
   // ---- graph inputs and order ----------------------------------------------
@@ -570,8 +609,11 @@ private:
       in_views.push_back({known(inputs[i])->data(), &g.tensor(ids[i]).type});
     std::vector<HostTensor> results;
     std::vector<ops::TensorView> out_views;
-    for (TensorId id : outs)
-      results.push_back(HostTensor::zeros(g.tensor(id).type));
+    for (TensorId id : outs) {
+      ASSIGN_OR_RETURN(HostTensor result,
+                       folded_tensor(g.tensor(id).type.dtype, g.tensor(id).type.shape));
+      results.push_back(std::move(result));
+    }
     for (size_t i = 0; i < outs.size(); ++i)
       out_views.push_back(
           {results[i].size_bytes() ? results[i].data() : nullptr, &g.tensor(outs[i]).type});
@@ -688,7 +730,10 @@ private:
       if (const auto *a = attr(n, "value")) {
         ASSIGN_OR_RETURN(fill, tensor_of(a->t(), "its value"));
       }
-      HostTensor t = HostTensor::zeros({fill.type.dtype, Shape(shape.begin(), shape.end())});
+      for (int64_t d : shape)
+        if (d < 0) return invalid_argument("ConstantOfShape with negative dim ", d);
+      ASSIGN_OR_RETURN(HostTensor t,
+                       folded_tensor(fill.type.dtype, Shape(shape.begin(), shape.end())));
       const size_t width = dtype_size(fill.type.dtype);
       for (int64_t i = 0; i < t.type.num_elements(); ++i)
         std::memcpy(t.data() + static_cast<size_t>(i) * width, fill.data(), width);
@@ -703,8 +748,12 @@ private:
       const double s = scalar_of(start), l = scalar_of(*known(ins[1])),
                    d = scalar_of(*known(ins[2]));
       if (d == 0) return invalid_argument("Range with delta 0");
-      const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((l - s) / d)));
-      HostTensor t = HostTensor::zeros({start.type.dtype, {count}});
+      const double steps = std::ceil((l - s) / d);
+      if (!(steps <= static_cast<double>(kMaxTensorElements))) // NaN too
+        return invalid_argument("Range from ", s, " to ", l, " by ", d, " has ", steps,
+                                " elements");
+      const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(steps));
+      ASSIGN_OR_RETURN(HostTensor t, folded_tensor(start.type.dtype, {count}));
       for (int64_t i = 0; i < count; ++i) {
         const double v = s + static_cast<double>(i) * d;
         if (start.type.dtype == DType::kI64)
@@ -862,6 +911,8 @@ private:
     std::vector<int64_t> kernel;
     if (op == "Conv") {
       ASSIGN_OR_RETURN(TensorType w, type_of(ins.at(1)));
+      if (w.rank() != 4)
+        return invalid_argument("Conv's weight is ", w.to_string(), "; the 2-D form takes rank 4");
       kernel = {w.shape[2], w.shape[3]};
     } else {
       auto k = attr_ints(n, "kernel_shape");
@@ -871,6 +922,13 @@ private:
     std::vector<int64_t> strides = attr_ints(n, "strides").value_or(std::vector<int64_t>{1, 1});
     std::vector<int64_t> dilations = attr_ints(n, "dilations").value_or(std::vector<int64_t>{1, 1});
     std::vector<int64_t> pads = attr_ints(n, "pads").value_or(std::vector<int64_t>{0, 0, 0, 0});
+    // The op's own checks come later; the padding computed here needs these.
+    if (strides.size() != 2 || dilations.size() != 2 || pads.size() != 4)
+      return invalid_argument(op, " has ", strides.size(), " strides, ", dilations.size(),
+                              " dilations and ", pads.size(),
+                              " pads; the 2-D form takes 2, 2 and 4");
+    for (int64_t v : strides)
+      if (v < 1) return invalid_argument(op, " has stride ", v, "; strides are at least 1");
     const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
     if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
       // Output = ceil(input / stride); the padding splits, the extra one at the
@@ -953,7 +1011,7 @@ private:
     for (size_t a = 1; a < args.size(); ++a) {
       ASSIGN_OR_RETURN(shape, broadcast_shapes(shape, args[a]->type.shape));
     }
-    HostTensor y = HostTensor::zeros({DType::kBool, shape});
+    ASSIGN_OR_RETURN(HostTensor y, folded_tensor(DType::kBool, shape));
     const int64_t total = y.type.num_elements();
     const Shape out_strides = contiguous_strides(shape);
     std::vector<Shape> own;
@@ -1052,7 +1110,7 @@ private:
         if (size == 0) continue;
         Shape block = shape;
         block[axis] = size;
-        HostTensor t = HostTensor::zeros({x.dtype, block});
+        ASSIGN_OR_RETURN(HostTensor t, folded_tensor(x.dtype, block));
         if (x.dtype != DType::kF32 && fill != 0)
           return unimplemented("Pad of ", x.to_string(), " with a non-zero value");
         for (int64_t e = 0; e < t.type.num_elements() && x.dtype == DType::kF32; ++e)

@@ -342,6 +342,17 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   expect_refused("external_past_end", "offset 8 + 24 bytes is past its end (24 bytes)");
   expect_refused("dynamic",
                  "graph input 'x' has dynamic dims [-1, 3]; fix them with --input-shape");
+  expect_refused("missing_input", "node 'gemm': Gemm with 1 input(s) and 1 output(s) lacks one "
+                                  "the op needs");
+  expect_refused("one_stride",
+                 "node 'pool': MaxPool has 1 strides, 2 dilations and 4 pads; the 2-D form takes "
+                 "2, 2 and 4");
+  // Sizes a corrupt file claims are checked before anything is allocated.
+  expect_refused("huge_initializer", "initializer 'w' is f32[1099511627776] (4398046511104 bytes) "
+                                     "but its raw_data holds 4 bytes");
+  expect_refused("huge_constant", "node 'fill': it would compute a constant f32[1048576, 1048576] "
+                                  "of 4398046511104 bytes at import; strata folds constants of at "
+                                  "most 1024 MiB");
   // Truncated at every 97th byte: never a crash, always the parse error or a
   // named structural one.
   const std::string whole = read_file(fixtures() / "mlp.onnx");
