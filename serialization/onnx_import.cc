@@ -132,7 +132,11 @@ public:
     }
     std::set<std::string> output_names;
     for (const onnx::ValueInfoProto &output : graph.output()) {
-      ASSIGN_OR_RETURN(TensorId id, value(output.name()));
+      auto id_of = value(output.name());
+      if (!id_of.is_ok())
+        return std::move(id_of).take_status().with_context(
+            str_cat(file_, ": graph output '", output.name(), "'"));
+      const TensorId id = *id_of;
       builder_.output(id);
       output_names.insert(output.name());
     }
