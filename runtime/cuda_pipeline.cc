@@ -1764,7 +1764,6 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
     for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
       status =
           launch_rank(*ranks_[r]).with_context(str_cat("GPU ", ranks_[r]->gpu, " (rank ", r, ")"));
-
     for (size_t r = 0; r < ranks_.size() && status.is_ok(); ++r)
       status = ranks_[r]
                    ->wait("the step")

@@ -566,8 +566,6 @@ Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline 
   return Status::ok();
 }
 
-// A pipeline plan's program (revision 2): instructions, slots and holds instead
-// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
 // Every buffer of a memory plan starts at a multiple of this (passes/plan_memory.h
 // places them so), which the kernels' vector loads and the element types need.
 constexpr int64_t kPlanAlignment = 64;
@@ -593,6 +591,8 @@ Status check_arena_size(const std::string &where, int64_t arena_bytes, const Gra
                       "and once more");
 }
 
+// A pipeline plan's program (revision 2): instructions, slots and holds instead
+// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
 Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
                                 const std::string &where, PlanProgram &program) {
   const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
