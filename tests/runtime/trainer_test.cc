@@ -272,7 +272,7 @@ namespace {
 
 // A model file that loads must run or fail with an error: never crash, read
 // or write out of bounds, or overflow (the sanitizer build runs this too, on
-// every 16th byte). Every byte of a small GPT's AdamW training graph (forward,
+// every 32nd byte). Every byte of a small GPT's AdamW training graph (forward,
 // backward, clipping and the optimizer) is flipped in turn; each model that
 // still loads (a flip in a weight, a learning rate or a name) runs one step on
 // the CPU.
@@ -291,7 +291,7 @@ TEST(CorruptModels, ThoseThatLoadRunOrFailCleanly) {
   auto bytes = serialization::model_to_flatbuffer(*graph);
   ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
 #if defined(__SANITIZE_ADDRESS__)
-  constexpr size_t kStride = 16;
+  constexpr size_t kStride = 32;
 #else
   constexpr size_t kStride = 1;
 #endif
