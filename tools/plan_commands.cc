@@ -297,12 +297,6 @@ std::string format_seconds(double seconds) {
   return buf;
 }
 
-std::string format_millis(double seconds) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", seconds * 1e3);
-  return buf;
-}
-
 std::string format_micros(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
@@ -1031,8 +1025,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   const size_t n = step_seconds.size();
   const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
   if (n > 0)
-    out << "steady     " << format_millis(median(step_seconds)) << " ms per step (" << last_steps
-        << ")\n";
+    out << "steady     " << format_ms(median(step_seconds)) << " per step (" << last_steps << ")\n";
   if (!issue_seconds.empty())
     out << "host       " << format_micros(median(issue_seconds)) << " us per step to issue it ("
         << last_steps << ": the batch copied in, "
