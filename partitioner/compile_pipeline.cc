@@ -274,7 +274,13 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
                          "-device tensor-parallel plan's nodes meet their group (Tp* collectives, "
                          "pieces), which one device cannot run: leave --profile out and the cost "
                          "model prices them");
-  ASSIGN_OR_RETURN(Graph micro, passes::split_batch(forward, int64_t{M} * DP));
+  auto split = passes::split_batch(forward, int64_t{M} * DP);
+  if (!split.is_ok() && DP > 1)
+    // The count the pass saw is not one the user typed: say where it comes from.
+    return split.status().with_context(str_cat("the batch is cut into ", M, " micro-batch",
+                                               M == 1 ? "" : "es", " for each of ", DP,
+                                               " replicas (", int64_t{M} * DP, " slices)"));
+  ASSIGN_OR_RETURN(Graph micro, std::move(split));
   std::vector<serialization::PlanShard> shards;
   if (TP > 1) {
     // The loss goes in first: over logits split by class it runs split too

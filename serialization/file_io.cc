@@ -40,6 +40,61 @@ Result<std::vector<uint8_t>> read_file(const std::string &path, uint64_t max_byt
   return bytes;
 }
 
+namespace {
+
+// A folder this process may create files in.
+Status check_writable_dir(const std::filesystem::path &dir, const std::string &path,
+                          std::string_view what) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error))
+    return io_error(what, " ", path, ": ", dir.string(), " is not a folder");
+  // A file created and removed: the only test that also holds for root, read-only
+  // file systems and the likes of /proc.
+  std::string probe = (dir / ".strata-write-check.XXXXXX").string();
+  int fd = ::mkostemp(probe.data(), O_CLOEXEC);
+  if (fd < 0)
+    return io_error(what, " ", path, ": cannot write in ", dir.string(), ": ", errno_text(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::ok();
+}
+
+} // namespace
+
+Status check_file_writable(const std::string &path, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (path.empty()) return invalid_argument(what, ": the path is empty");
+  if (fs::is_directory(path, error))
+    return io_error(what, " ", path, ": is a folder; give a file name");
+  fs::path folder = fs::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  if (!fs::exists(folder, error))
+    return not_found(what, " ", path, ": folder ", folder.string(), " does not exist");
+  return check_writable_dir(folder, path, what);
+}
+
+Status check_folder_writable(const std::string &path, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (path.empty()) return invalid_argument(what, ": the path is empty");
+  fs::path dir = fs::absolute(path, error);
+  if (error) return io_error(what, " ", path, ": ", error.message());
+  while (!fs::exists(dir, error) && dir.has_relative_path())
+    dir = dir.parent_path();
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error))
+    return io_error(what, " ", path, ": ", dir.string(), " is a file, not a folder");
+  return check_writable_dir(dir, path, what);
+}
+
+Status check_not_input(const std::string &output, const std::string &input) {
+  std::error_code error;
+  if (std::filesystem::equivalent(output, input, error))
+    return invalid_argument("the output ", output, " is the input ", input,
+                            "; write to another file (the input would be lost)");
+  return Status::ok();
+}
+
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes) {
   namespace fs = std::filesystem;
   fs::path target(path);

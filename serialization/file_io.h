@@ -43,6 +43,19 @@ Result<std::vector<uint8_t>> read_file(const std::string &path, uint64_t max_byt
 // and `path` is untouched.
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes);
 
+// Checks, before any work, that a file can be written at `path` later: not a
+// folder, in an existing folder this process may write to. `what` names the
+// option in the error ("--trace").
+Status check_file_writable(const std::string &path, std::string_view what);
+
+// The same for a folder that will be created if needed: an existing folder
+// this process may write to, or a path whose nearest existing ancestor is one.
+Status check_folder_writable(const std::string &path, std::string_view what);
+
+// An error if `output` is the file `input` (same file, by any path): a command
+// must not replace what it reads.
+Status check_not_input(const std::string &output, const std::string &input);
+
 // "strerror(errno)" for the current errno.
 std::string errno_text(int error);
 

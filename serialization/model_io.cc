@@ -602,6 +602,9 @@ Result<std::string> model_to_json(const Graph &graph) {
 }
 
 Status save_model(const Graph &graph, const std::string &path, const SaveOptions &options) {
+  if (path.ends_with(".splan") || path.ends_with(".splan.json"))
+    return invalid_argument(path, ": .splan and .splan.json name plans, and nothing would read "
+                                  "a model written there; a model is .strata (binary) or .json");
   std::map<TensorId, ExternalData> external;
   if (options.external_threshold_bytes >= 0) {
     fs::path model_path(path);

@@ -11,6 +11,7 @@
 
 #include "graph/graph.h"
 #include "runtime/cuda_executor.h"
+#include "runtime/executor.h"
 #include "serialization/plan_io.h"
 
 namespace strata::tools {
@@ -47,7 +48,7 @@ struct RunArgs {
   bool cuda_graph = true; // --backend cuda: capture the step once, replay it after
   bool tf32 = false;      // --backend cuda: f32 GEMMs on TF32 tensor cores
   std::string precision = "f32"; // --backend cuda: f32, or bf16 (GEMM operands in bf16)
-  bool op_times = false; // --backend cuda, one-device plan: time every node of one more step
+  bool op_times = false;         // one-device model or plan: time every node after the run
   // --backend cuda: who runs pooling and batch norm, "cudnn" (where it computes
   // the node as strata defines it) or "strata" (its own kernels throughout).
   std::string pool_norm = "cudnn";
@@ -59,8 +60,17 @@ struct RunArgs {
 };
 // Runs a model or a plan; a training plan trains (train_command).
 Status run_command(const RunArgs &args, std::ostream &out);
+// The signal (SIGINT or SIGTERM) that stopped a training run early, else 0:
+// the process then exits with 128 + it, as the signal itself would.
+int training_stop_signal();
 // The CUDA executor's options from `strata run`'s.
 runtime::CudaExecutorOptions cuda_options(const RunArgs &args);
+// --op-times: times every node of the executor's graph on `inputs` and prints
+// the time per op type, largest first. The CPU takes each node's median of
+// five more runs; the GPU runs once more, eagerly, an event after each node.
+// Exactly one executor is given. A training graph's weights update each run.
+Status print_op_times(runtime::CpuExecutor *cpu, runtime::CudaExecutor *gpu,
+                      llvm::ArrayRef<HostTensor> inputs, std::ostream &out);
 
 struct CompileArgs {
   std::string model;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
+#include "serialization/checkpoint.h"
 #include "serialization/file_io.h"
 #include "serialization/model_io.h"
 #include "serialization/sha256.h"
@@ -488,6 +490,7 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
 }
 
 Status compile_command(const CompileArgs &args, std::ostream &out) {
+  if (!args.out.empty()) RETURN_IF_ERROR(serialization::check_not_input(args.out, args.model));
   ASSIGN_OR_RETURN(Graph forward, load_model_file(args.model));
   auto model_bytes = serialization::model_to_flatbuffer(forward);
   if (!model_bytes.is_ok()) return model_bytes.status().with_context(args.model);
@@ -705,6 +708,45 @@ Result<EnvFault> fault_from_env() {
   return result;
 }
 
+// Ctrl-C (SIGINT) or SIGTERM during training: the step in flight finishes,
+// the checkpoint is saved (with --checkpoint), and the run ends with the
+// signal's exit status. A second signal ends the process at once.
+volatile sig_atomic_t stop_requested = 0;
+
+extern "C" void request_stop(int signal_number) {
+  if (stop_requested != 0) {
+    ::signal(signal_number, SIG_DFL);
+    ::raise(signal_number); // delivered when this handler returns
+    return;
+  }
+  stop_requested = signal_number;
+  static const char kMessage[] =
+      "\nstrata: stopping after this step (send the signal again to stop at once)\n";
+  [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+}
+
+// Installs request_stop for SIGINT and SIGTERM while in scope.
+class StopOnSignal {
+public:
+  StopOnSignal() {
+    struct sigaction action = {};
+    action.sa_handler = request_stop;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &action, &previous_int_);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopOnSignal() {
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal &) = delete;
+  StopOnSignal &operator=(const StopOnSignal &) = delete;
+
+private:
+  struct sigaction previous_int_ = {}, previous_term_ = {};
+};
+
 // "t.json" for rank 0, "t.rank2.json" for rank 2.
 std::string per_rank_path(const std::string &path, int rank) {
   if (rank == 0) return path;
@@ -717,6 +759,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
                 const std::shared_ptr<runtime::MpiWorld> &world, const EnvFault &fault);
 
 } // namespace
+
+int training_stop_signal() { return stop_requested; }
 
 Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool interactive) {
   ASSIGN_OR_RETURN(EnvFault env_fault, fault_from_env());
@@ -732,7 +776,8 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
                                " is a one-device plan; compile it for several devices (--mesh "
                                "DPx1xPP) or run it without mpirun");
   if (!(args.timeout_s > 0) || args.timeout_s > 86400)
-    return invalid_argument("--timeout must be between 0 and 86400 seconds, got ", args.timeout_s);
+    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
+                            args.timeout_s);
   if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
   runtime::MpiWorldOptions options;
   options.devices_per_rank = args.devices_per_rank;
@@ -800,6 +845,22 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every < 0) return invalid_argument("--checkpoint-every must be at least 0");
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
+  // Where the run will write, checked before it trains.
+  if (!args.checkpoint.empty()) {
+    RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
+    std::error_code error;
+    const bool resumes_it =
+        !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
+    if (!resumes_it &&
+        fs::exists(fs::path(args.checkpoint) / serialization::kCheckpointManifestFile, error))
+      return failed_precondition("--checkpoint ", args.checkpoint,
+                                 " already holds a checkpoint, which this run would "
+                                 "replace; continue it with --resume ",
+                                 args.checkpoint, ", or save to another folder");
+  }
+  if (!args.trace.empty())
+    RETURN_IF_ERROR(serialization::check_file_writable(
+        per_rank_path(args.trace, world ? world->rank() : 0), "--trace"));
 
   if (args.backend == "cuda" && world && (!args.gpus.empty() || args.gpu != 0))
     return invalid_argument("under an MPI launcher each process runs its devices on the GPU of "
@@ -813,15 +874,15 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.backend == "cuda" && !args.trace.empty())
     return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
                             "profile the GPU with Nsight Systems (nsys profile strata run ...)");
-  if (args.op_times && (args.backend != "cuda" || plan.pipeline))
-    return invalid_argument("--op-times times a one-device plan's nodes on the GPU (--backend "
-                            "cuda); this plan ",
-                            plan.pipeline ? "has several devices" : "runs on the CPU");
+  if (args.op_times && plan.pipeline)
+    return invalid_argument("--op-times times a one-device plan's nodes; this plan has several "
+                            "devices (compile it without --mesh to profile its ops)");
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
   if (!(args.timeout_s > 0) || args.timeout_s > 86400)
-    return invalid_argument("--timeout must be between 0 and 86400 seconds, got ", args.timeout_s);
+    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
+                            args.timeout_s);
   // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
   const int64_t microbatches =
       plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
@@ -845,6 +906,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   std::unique_ptr<runtime::StepRunner> runner;
   std::string gpu_line;                           // --backend cuda
   runtime::CudaExecutor *cuda_executor = nullptr; // --op-times
+  runtime::CpuExecutor *cpu_executor = nullptr;   // --op-times
   if (plan.pipeline && args.backend == "cuda") {
     const runtime::CudaExecutorOptions gpu = cuda_options(args);
     runtime::CudaPipelineOptions pipeline_options;
@@ -914,6 +976,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     executor_options.model_dir = options.model_dir;
     auto created = runtime::CpuExecutor::create(std::move(plan.graph), executor_options);
     if (!created.is_ok()) return created.status().with_context(args.model);
+    cpu_executor = created->get();
     runner = std::move(created).value();
   }
   auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data), options);
@@ -964,6 +1027,11 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   // third step on (the first loads the kernels, on a GPU the second is
   // captured): the steady state.
   std::vector<double> step_seconds, issue_seconds;
+  // Under an MPI launcher every rank would have to stop at the same step;
+  // there the signals keep their default action.
+  std::optional<StopOnSignal> stop_on_signal;
+  if (!world) stop_on_signal.emplace();
+  out << std::flush; // the header, before a first step that may take long
   while (trainer.step() < args.steps) {
     const auto step_start = std::chrono::steady_clock::now();
     auto stepped = trainer.train_step();
@@ -994,7 +1062,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (interactive) {
       out << "\r" << line << "\x1b[K" << (logged ? "\n" : "") << std::flush;
     } else if (logged) {
-      out << line << "\n";
+      out << line << "\n" << std::flush; // a pipe or file sees each line as it happens
     }
     bool save =
         !args.checkpoint.empty() &&
@@ -1002,7 +1070,20 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     if (save) {
       RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
       if (!interactive || logged)
-        out << "checkpoint " << args.checkpoint << " (step " << step << ")\n";
+        out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
+    }
+    if (stop_requested != 0 && step < args.steps) {
+      if (interactive && !logged) out << "\n";
+      if (!args.checkpoint.empty() && !save) {
+        RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
+        out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
+      }
+      return failed_precondition(
+          "stopped by ", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", " after step ", step,
+          " of ", args.steps, "; ",
+          args.checkpoint.empty()
+              ? std::string("nothing was saved (--checkpoint DIR saves the state when stopped)")
+              : str_cat("continue with --resume ", args.checkpoint));
     }
   }
   double elapsed = seconds();
@@ -1030,28 +1111,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     out << "host       " << format_micros(median(issue_seconds)) << " us per step to issue it ("
         << last_steps << ": the batch copied in, "
         << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
-  if (cuda_executor != nullptr && args.op_times) {
-    // One more step on a synthetic batch, eagerly, an event after each node.
-    const Graph &graph = cuda_executor->graph();
-    ASSIGN_OR_RETURN(std::vector<double> times,
-                     cuda_executor->node_times(runtime::random_inputs(graph, args.seed)));
-    const std::vector<tools::OpTime> rows = tools::op_times(graph, times);
-    double total = 0;
-    for (const tools::OpTime &row : rows)
-      total += row.ms;
-    char line[128];
-    out << "op times   one more step, eager, GPU time per op type (fused chains count on their "
-           "last node)\n";
-    std::snprintf(line, sizeof line, "  %-28s %6s %10s %7s\n", "op", "nodes", "ms", "share");
-    out << line;
-    for (const tools::OpTime &row : rows) {
-      std::snprintf(line, sizeof line, "  %-28s %6lld %10.4f %6.1f%%\n", row.op.c_str(),
-                    static_cast<long long>(row.nodes), row.ms,
-                    total > 0 ? 100 * row.ms / total : 0.0);
-      out << line;
-    }
-    std::snprintf(line, sizeof line, "  %-28s %6s %10.4f\n", "total", "", total);
-    out << line;
+  if (args.op_times) {
+    const Graph &graph = cuda_executor ? cuda_executor->graph() : cpu_executor->graph();
+    RETURN_IF_ERROR(
+        print_op_times(cpu_executor, cuda_executor, runtime::random_inputs(graph, args.seed), out));
   }
   return Status::ok();
 }

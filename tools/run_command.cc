@@ -10,6 +10,7 @@
 
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
+#include "serialization/file_io.h"
 #include "serialization/npy.h"
 #include "tools/commands.h"
 #include "tools/model_stats.h"
@@ -150,13 +151,48 @@ Status check_backend_options(const RunArgs &args) {
                             " needs --backend cuda (the CPU backend computes in f32)");
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
   if (!args.gpus.empty()) return invalid_argument("--gpus needs --backend cuda");
-  if (args.op_times) return invalid_argument("--op-times needs --backend cuda");
+
   if (args.pool_norm != "cudnn") return invalid_argument("--pool-norm needs --backend cuda");
+  return Status::ok();
+}
+
+Status print_op_times(runtime::CpuExecutor *cpu, runtime::CudaExecutor *gpu,
+                      llvm::ArrayRef<HostTensor> inputs, std::ostream &out) {
+  std::vector<double> times; // by node id, in milliseconds
+  if (gpu != nullptr) {
+    ASSIGN_OR_RETURN(times, gpu->node_times(inputs));
+    out << "op times   one more run, eager, GPU time per op type (fused chains count on "
+           "their last node)\n";
+  } else {
+    constexpr int kRuns = 5;
+    ASSIGN_OR_RETURN(times, cpu->profile(inputs, kRuns));
+    for (double &t : times)
+      t *= 1e3;
+    out << "op times   " << kRuns << " more runs, CPU time per op type (each node's median)\n";
+  }
+  const Graph &graph = gpu != nullptr ? gpu->graph() : cpu->graph();
+  const std::vector<OpTime> rows = op_times(graph, times);
+  double total = 0;
+  for (const OpTime &row : rows)
+    total += row.ms;
+  char line[128];
+  std::snprintf(line, sizeof line, "  %-28s %6s %10s %7s\n", "op", "nodes", "ms", "share");
+  out << line;
+  for (const OpTime &row : rows) {
+    std::snprintf(line, sizeof line, "  %-28s %6lld %10.4f %6.1f%%\n", row.op.c_str(),
+                  static_cast<long long>(row.nodes), row.ms,
+                  total > 0 ? 100 * row.ms / total : 0.0);
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "  %-28s %6s %10.4f\n", "total", "", total);
+  out << line;
   return Status::ok();
 }
 
 Status run_command(const RunArgs &args, std::ostream &out) {
   RETURN_IF_ERROR(check_backend_options(args));
+  if (!args.output.empty())
+    RETURN_IF_ERROR(serialization::check_not_input(args.output, args.model));
   if (args.repeat < 1) return invalid_argument("--repeat must be at least 1");
   if (args.warmup < 0) return invalid_argument("--warmup must be at least 0");
   if (!args.output.empty() && !args.output_dir.empty())
@@ -165,12 +201,41 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   Graph graph;
   if (serialization::file_is_plan(args.model)) {
     ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.model));
-    if (plan.mode == serialization::Plan::Mode::kTrain)
+    if (plan.mode == serialization::Plan::Mode::kTrain) {
+      // Options that only a forward run reads would be silently ignored.
+      const RunArgs defaults;
+      const char *forward_only = !args.inputs.empty()             ? "--input"
+                                 : !args.output.empty()           ? "--output"
+                                 : !args.output_dir.empty()       ? "--output-dir"
+                                 : args.repeat != defaults.repeat ? "--repeat"
+                                 : args.warmup != defaults.warmup ? "--warmup"
+                                                                  : nullptr;
+      if (forward_only != nullptr)
+        return invalid_argument(forward_only, " is for running a model; ", args.model,
+                                " is a training plan (its batches come from --data, or are "
+                                "synthetic)");
       return train_command(args, std::move(plan), out, args.interactive);
+    }
     graph = std::move(plan.graph);
   } else {
     ASSIGN_OR_RETURN(graph, load_model_file(args.model));
   }
+  // Options that only a training plan reads would be silently ignored.
+  const RunArgs defaults;
+  const char *training_only = args.steps != defaults.steps ? "--steps"
+                              : !args.data.empty()         ? "--data"
+                              : !args.checkpoint.empty()   ? "--checkpoint"
+                              : args.checkpoint_every != defaults.checkpoint_every
+                                  ? "--checkpoint-every"
+                              : !args.resume.empty()                 ? "--resume"
+                              : args.log_every != defaults.log_every ? "--log-every"
+                              : !args.trace.empty()                  ? "--trace"
+                              : args.timeout_s != defaults.timeout_s ? "--timeout"
+                                                                     : nullptr;
+  if (training_only != nullptr)
+    return invalid_argument(training_only, " is for training plans; ", args.model,
+                            " is a model (compile it with `strata compile ", args.model,
+                            " --train -o t.splan` and run t.splan)");
   if (!args.output.empty() && graph.outputs().size() != 1)
     return invalid_argument("the model has ", graph.outputs().size(),
                             " outputs; --output writes one, use --output-dir for several");
@@ -285,6 +350,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     }
     out << '\n';
   }
+  if (args.op_times) RETURN_IF_ERROR(print_op_times(cpu, gpu, inputs, out));
   return Status::ok();
 }
 

@@ -17,6 +17,7 @@
 #include "ops/registry.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/mpi_world.h"
+#include "serialization/file_io.h"
 #include "serialization/model_io.h"
 #include "serialization/onnx_import.h"
 #include "tools/commands.h"
@@ -206,6 +207,7 @@ void add_convert(CLI::App &app, Action &action) {
               "  strata convert train.splan -o train.splan.json");
   sub->callback([&action] {
     action = []() -> Status {
+      RETURN_IF_ERROR(serialization::check_not_input(out, in));
       if (serialization::file_is_plan(in)) return convert_plan(in, out, std::cout);
       ASSIGN_OR_RETURN(Graph graph, load_model_file(in));
       RETURN_IF_ERROR(serialization::save_model(graph, out));
@@ -265,6 +267,7 @@ void add_import(CLI::App &app, Action &action) {
       "  strata compile model.strata --train --loss mse -o train.splan");
   sub->callback([&action] {
     action = []() -> Status {
+      RETURN_IF_ERROR(serialization::check_not_input(out, in));
       serialization::OnnxImportOptions options;
       for (const std::string &spec : shapes) {
         const size_t eq = spec.rfind('=');
@@ -322,13 +325,13 @@ void add_inspect(CLI::App &app, Action &action) {
   sub->callback([&action] {
     action = []() -> Status {
       if (out_path.empty()) return inspect_command(args, std::cout);
+      RETURN_IF_ERROR(serialization::check_not_input(out_path, args.path));
       std::ostringstream text;
       RETURN_IF_ERROR(inspect_command(args, text));
-      std::ofstream file(out_path, std::ios::binary);
-      file << text.str();
-      file.close();
-      if (!file) return io_error("cannot write '", out_path, "'");
-      return Status::ok();
+      const std::string report = std::move(text).str();
+      return serialization::write_file_atomically(
+          out_path,
+          llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(report.data()), report.size()));
     };
   });
 }
@@ -402,9 +405,10 @@ void add_run(CLI::App &app, Action &action) {
                 "--backend cuda: launch every kernel each step instead of replaying the step "
                 "captured as a CUDA Graph (for comparison)");
   sub->add_flag("--op-times", args.op_times,
-                "--backend cuda, one-device training plan: after the run, time one more step "
-                "eagerly with an event after every node and print the GPU time per op type "
-                "(Conv2d, Conv2dGradInput, Conv2dGradWeight, ...), largest first");
+                "a model or one-device plan: after the runs, time every node and print the "
+                "time per op type (Conv2d, Conv2dGradInput, Conv2dGradWeight, ...), largest "
+                "first. CPU: each node's median of five more runs; --backend cuda: one more "
+                "run, eagerly, with an event after every node");
   sub->add_flag("--tf32", args.tf32,
                 "--backend cuda: f32 matrix products on TF32 tensor cores (faster, ~1e-3 "
                 "relative error)");
@@ -446,7 +450,8 @@ void add_run(CLI::App &app, Action &action) {
               "median from the third step on).\n"
               "  strata run train.splan --steps 100 --log-every 10 --checkpoint ckpt\n"
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
-              "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n\n"
+              "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n"
+              "  strata run train.splan --steps 20 --op-times         # time per op type\n\n"
               "On a GPU (`strata ops --backend cuda` says which ops have CUDA kernels); a\n"
               "pipeline, data- or tensor-parallel plan runs its devices as streams of one GPU,\n"
               "or over several GPUs (--gpus, NCCL between them) or MPI ranks (a GPU each).\n"
@@ -727,7 +732,7 @@ int main(int argc, char **argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata " STRATA_VERSION);
   app.footer("Examples:\n"
-             "  strata zoo gpt --layers 2 --hidden 128 -o gpt.strata   # build a model\n"
+             "  strata zoo gpt --layers 2 --batch 8 -o gpt.strata      # build a model\n"
              "  strata inspect gpt.strata                              # parameters, FLOPs\n"
              "  strata run gpt.strata --output logits.npy              # run it on the CPU\n"
              "  strata convert gpt.strata -o gpt.json                  # readable form\n"
@@ -782,6 +787,7 @@ int main(int argc, char **argv) {
                      launch && launch->size > 1 ? strata::str_cat("rank ", launch->rank, ": ") : "",
                      one_line(status.message()), "\n")
               << std::flush;
+    if (int signal_number = training_stop_signal(); signal_number != 0) return 128 + signal_number;
     return kExitFailure;
   }
   return 0;

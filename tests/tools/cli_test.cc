@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -284,9 +285,41 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   }
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
                         "--trace records the CPU devices");
+  // --op-times on the CPU: five more steps, each node's median, summed per op
+  // type; the rows add up to the total and their shares to 100%.
+  Outcome cpu_times = strata({"run", "mlp.splan", "--steps", "2", "--op-times"});
+  ASSERT_EQ(cpu_times.code, 0) << cpu_times.err;
+  const size_t table = cpu_times.out.find("op times   5 more runs, CPU time per op type");
+  ASSERT_NE(table, std::string::npos) << cpu_times.out;
+  {
+    std::istringstream lines(cpu_times.out.substr(table));
+    std::string line;
+    std::getline(lines, line); // the title
+    std::getline(lines, line); // the column names
+    double sum_ms = 0, sum_share = 0, total = -1;
+    std::set<std::string> ops;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string op;
+      fields >> op;
+      if (op == "total") {
+        fields >> total;
+        break;
+      }
+      long long nodes = 0;
+      double ms = 0, share = 0;
+      fields >> nodes >> ms >> share;
+      ASSERT_TRUE(fields && nodes > 0 && ms > 0) << line;
+      ops.insert(op);
+      sum_ms += ms;
+      sum_share += share;
+    }
+    EXPECT_NEAR(sum_ms, total, 1e-3) << cpu_times.out;
+    EXPECT_NEAR(sum_share, 100.0, 0.1 * static_cast<double>(ops.size())) << cpu_times.out;
+    EXPECT_TRUE(ops.count("Gemm") && ops.count("AdamUpdate") + ops.count("SgdUpdate") > 0)
+        << cpu_times.out;
+  }
   // --op-times: a one-device plan's nodes timed on the GPU.
-  expect_one_line_error(strata({"run", "mlp.splan", "--op-times"}),
-                        "--op-times needs --backend cuda");
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--op-times"}),
                         "has several devices");
   Outcome timed = strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "2", "--op-times"});
@@ -637,6 +670,111 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
                         "model-step6.safetensors");
 }
 
+// Ctrl-C or SIGTERM during training: the step in flight ends, the checkpoint
+// is saved at it, the process exits with 128 + the signal, and the run
+// continues from there. The loop waits for the header's last line in the
+// run's output file: lines are not held back when stdout is a file (with
+// --log-every past the last step, nothing else would fill the buffer).
+TEST_F(CliTest, SignalsEndTrainingAfterTheStepWithACheckpoint) {
+  ASSERT_EQ(
+      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
+          .code,
+      0);
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
+  for (const char *signal : {"INT", "TERM"}) {
+    SCOPED_TRACE(signal);
+    const std::string ckpt = std::string("ck_") + signal;
+    // In a subshell: run_in's `cd DIR && ...` must hold for all of it.
+    const std::string script =
+        "(" + quote(strata_binary().string()) +
+        " run t.splan --steps 100000000 --log-every 1000000000 --checkpoint " + ckpt +
+        " >run.out 2>run.err & pid=$!; i=0; while [ $i -lt 600 ]; do "
+        "if grep -q '^data ' run.out 2>/dev/null; then echo seen >seen.txt; break; fi; "
+        "sleep 0.1; i=$((i+1)); done; kill -" +
+        signal + " $pid; wait $pid; echo $? >run.code)";
+    fs::remove(path("seen.txt"));
+    ASSERT_EQ(testing::run_in(dir_, script).code, 0);
+    EXPECT_TRUE(fs::exists(path("seen.txt"))) << "the header did not reach run.out within 60 s";
+    const std::string err = read_file(path("run.err")), out = read_file(path("run.out"));
+    EXPECT_EQ(std::stoi(read_file(path("run.code"))), std::string(signal) == "INT" ? 130 : 143)
+        << err;
+    const std::string stopped = std::string("stopped by SIG") + signal + " after step ";
+    const size_t at = err.find(stopped);
+    ASSERT_NE(at, std::string::npos) << err;
+    const int64_t step = std::stoll(err.substr(at + stopped.size()));
+    EXPECT_NE(err.find("; continue with --resume " + ckpt), std::string::npos) << err;
+    EXPECT_NE(out.find("checkpoint " + ckpt + " (step " + std::to_string(step) + ")"),
+              std::string::npos)
+        << out;
+    auto manifest = nlohmann::json::parse(read_file(path(ckpt + "/manifest.json")));
+    EXPECT_EQ(manifest["step"], step);
+    Outcome resumed = strata({"run", "t.splan", "--steps", std::to_string(step + 2), "--resume",
+                              ckpt, "--checkpoint", ckpt});
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_NE(resumed.out.find("resumed    " + ckpt + " at step " + std::to_string(step)),
+              std::string::npos)
+        << resumed.out;
+    EXPECT_EQ(printed_losses(resumed.out).size(), 2u) << resumed.out;
+  }
+}
+
+// What a command will write is checked before it works: a checkpoint folder
+// it cannot create or that holds another run's checkpoint, a trace in a
+// missing folder, an output that is its own input, a model named as a plan.
+// Options the file's kind does not read are refused rather than ignored.
+TEST_F(CliTest, OutputsAreCheckedBeforeTheWork) {
+  ASSERT_EQ(
+      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
+          .code,
+      0);
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "-o", "pp.splan"}).code,
+            0);
+  ASSERT_EQ(strata({"run", "t.splan", "--steps", "3", "--checkpoint", "ck"}).code, 0);
+  const std::string manifest = read_file(path("ck/manifest.json"));
+  auto before_any_step = [](const Outcome &o, std::string_view cause) {
+    expect_one_line_error(o, cause);
+    EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+  };
+  // A fresh run into a folder holding a checkpoint would replace it.
+  before_any_step(strata({"run", "t.splan", "--steps", "2", "--checkpoint", "ck"}),
+                  "--checkpoint ck already holds a checkpoint");
+  before_any_step(strata({"run", "pp.splan", "--steps", "2", "--checkpoint", "ck"}),
+                  "continue it with --resume ck");
+  EXPECT_EQ(read_file(path("ck/manifest.json")), manifest);
+  // Resuming it, or saving elsewhere, is fine.
+  EXPECT_EQ(strata({"run", "t.splan", "--steps", "4", "--resume", "ck", "--checkpoint", "ck"}).code,
+            0);
+  EXPECT_EQ(
+      strata({"run", "t.splan", "--steps", "4", "--resume", "ck", "--checkpoint", "ck2"}).code, 0);
+  before_any_step(strata({"run", "t.splan", "--steps", "2", "--checkpoint", "m.strata/ck"}),
+                  "is a file, not a folder");
+  before_any_step(strata({"run", "pp.splan", "--steps", "2", "--trace", "no/such/t.json"}),
+                  "folder no/such does not exist");
+  before_any_step(strata({"run", "pp.splan", "--steps", "2", "--trace", "ck"}), "is a folder");
+  EXPECT_FALSE(fs::exists(path("m.strata/ck")));
+  // A command does not replace its own input.
+  const std::string model = read_file(path("m.strata"));
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"convert", "m.strata", "-o", "./m.strata"},
+        {"compile", "m.strata", "--train", "-o", "m.strata"},
+        {"inspect", "m.strata", "-o", "m.strata"},
+        {"run", "m.strata", "-o", "m.strata"}})
+    expect_one_line_error(strata(args), "is the input m.strata");
+  EXPECT_EQ(read_file(path("m.strata")), model);
+  expect_one_line_error(strata({"convert", "m.strata", "-o", "m.splan"}), "name plans");
+  EXPECT_FALSE(fs::exists(path("m.splan")));
+  // Options for the other kind of file.
+  expect_one_line_error(strata({"run", "m.strata", "--steps", "5"}),
+                        "--steps is for training plans; m.strata is a model");
+  expect_one_line_error(strata({"run", "m.strata", "--checkpoint", "ck3"}), "--checkpoint");
+  EXPECT_FALSE(fs::exists(path("ck3")));
+  expect_one_line_error(strata({"run", "t.splan", "--repeat", "5"}),
+                        "--repeat is for running a model; t.splan is a training plan");
+  expect_one_line_error(strata({"run", "t.splan", "--output-dir", "od"}), "--output-dir");
+  EXPECT_FALSE(fs::exists(path("od")));
+}
+
 TEST_F(CliTest, GptTrainingFromTheIssue) {
   ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "16",
                     "--vocab", "128", "-o", "m.strata"})
@@ -875,6 +1013,10 @@ TEST_F(CliTest, PipelineOptionErrors) {
   expect_one_line_error(
       strata({"compile", "m.strata", "--train", "--microbatches", "4", "-o", "p.splan"}),
       "input 'x' has batch 6, which 4 micro-batches do not divide");
+  // With replicas the count is theirs times the micro-batches: the error says so.
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "2x1x1",
+                                "--microbatches", "2", "-o", "p.splan"}),
+                        "cut into 2 micro-batches for each of 2 replicas (4 slices)");
   expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2",
                                 "--stage-boundaries", "no_such_node", "-o", "p.splan"}),
                         "no_such_node");
