@@ -50,7 +50,7 @@ void BM_GptTrainStep(benchmark::State &state) {
   o.seq = state.range(1);
   o.vocab = 512;
   o.batch = 4;
-  run_training_step(state, zoo::make_gpt(o), "adamw:lr=1e-3");
+  run_training_step(state, zoo::make_gpt(o), "adamw:lr=1e-3,wd=0");
 }
 BENCHMARK(BM_GptTrainStep)
     ->Args({128, 64})
@@ -64,7 +64,7 @@ BENCHMARK(BM_GptTrainStep)
 void BM_ConvnetTrainStepAdamW(benchmark::State &state) {
   zoo::ConvnetOptions o;
   o.batch = state.range(0);
-  run_training_step(state, zoo::make_convnet(o), "adamw:lr=1e-3");
+  run_training_step(state, zoo::make_convnet(o), "adamw:lr=1e-3,wd=0");
 }
 BENCHMARK(BM_ConvnetTrainStepAdamW)
     ->Arg(8)

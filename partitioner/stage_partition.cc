@@ -507,7 +507,9 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     if (options.manual_boundaries.size() + 1 != static_cast<size_t>(stages)) {
       return invalid_argument(where, ": --stage-boundaries names ",
                               options.manual_boundaries.size(), " node(s); ", stages,
-                              " stages need ", stages - 1);
+                              stages == 1 ? " stage needs none (the pipeline depth is --mesh's "
+                                            "last number, e.g. --mesh 1x1x2)"
+                                          : str_cat(" stages need ", stages - 1));
     }
     std::vector<size_t> cuts;
     for (size_t k = 0; k < options.manual_boundaries.size(); ++k) {

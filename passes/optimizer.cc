@@ -182,9 +182,10 @@ Result<OptimizerSpec> parse_optimizer(std::string_view text) {
     spec.kind = Kind::kSgd;
   else if (name == "adam")
     spec.kind = Kind::kAdam;
-  else if (name == "adamw")
+  else if (name == "adamw") {
     spec.kind = Kind::kAdamW;
-  else
+    spec.weight_decay = 0.01; // torch.optim.AdamW's default, as its users expect
+  } else
     return invalid_argument("unknown optimizer '", name, "' (expected sgd, adam or adamw)");
   const std::vector<std::string_view> keys = keys_of(spec.kind);
   std::vector<std::string_view> seen;

@@ -1,5 +1,7 @@
 #include "runtime/cuda_executor.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -92,6 +94,14 @@ std::string cuda_unavailable_reason() {
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();
+    // Without a driver at all the runtime says the driver is too old; say
+    // what is missing instead.
+    if (error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice) {
+      void *driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+      if (driver == nullptr)
+        return "no usable GPU: no NVIDIA driver on this machine (libcuda.so.1 not found)";
+      ::dlclose(driver);
+    }
     return str_cat("no usable GPU: ", cudaGetErrorString(error));
   }
   if (count == 0) return "no usable GPU: the CUDA driver sees no device";

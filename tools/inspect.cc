@@ -216,6 +216,9 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
     return invalid_argument("unknown --format '", args.format,
                             "' (use text, json, dot, or trace for a pipeline plan)");
   if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
+  if (args.comm)
+    return invalid_argument("--comm lists a pipeline plan's transfers; '", args.path,
+                            "' is a model");
   if (args.format == "trace")
     return invalid_argument("--format trace shows a pipeline plan's predicted schedule; '",
                             args.path, "' is a model");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -39,6 +40,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using serialization::Plan;
+
+// "1 stage", "4 stages", "1 micro-batch", "8 micro-batches".
+std::string counted(int64_t n, std::string_view noun) {
+  return str_cat(n, " ", noun, n == 1 ? "" : noun.ends_with("h") ? "es" : "s");
+}
 
 std::string folder_of(const std::string &path) {
   fs::path folder = fs::path(path).parent_path();
@@ -467,8 +473,8 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
   auto sim = partitioner::simulate_plan(plan, cluster);
   if (!sim.is_ok()) return sim.status().with_context(args.plan);
   const serialization::PlanPipeline &p = *plan.pipeline;
-  out << "plan       " << args.plan << " (" << p.stages << " stages x " << p.microbatches
-      << " micro-batches, " << p.schedule << ")\n";
+  out << "plan       " << args.plan << " (" << counted(p.stages, "stage") << " x "
+      << counted(p.microbatches, "micro-batch") << ", " << p.schedule << ")\n";
   out << "cluster    " << cluster.name << (args.cluster.empty() ? " (the plan's own)" : "") << "\n";
   out << "step       " << format_ms(sim->step_time) << " predicted (the plan says "
       << format_ms(p.predicted_step_s) << ")\n";
@@ -605,11 +611,11 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
   if (args.format != "text")
     return invalid_argument("--format ", args.format,
                             " is for models; a plan prints as text, json, dot or trace");
+  if (args.comm && !plan.pipeline)
+    return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
   out << "plan         " << args.path << "\n";
   print_plan_summary(plan, out);
   if (args.comm) {
-    if (!plan.pipeline)
-      return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
     ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
                      partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
     const auto rows = partitioner::explain_transfers(
@@ -709,23 +715,33 @@ Result<EnvFault> fault_from_env() {
 }
 
 // Ctrl-C (SIGINT) or SIGTERM during training: the step in flight finishes,
-// the checkpoint is saved (with --checkpoint), and the run ends with the
-// signal's exit status. A second signal ends the process at once.
-volatile sig_atomic_t stop_requested = 0;
+// the checkpoint is saved (with --checkpoint), and the process ends by the
+// signal. A second signal ends it at once. From the first, SIGPIPE is
+// ignored: a pipe reader such as tee gets the Ctrl-C too, and writing to it
+// must not end the process before the checkpoint is saved.
+std::atomic<int> stop_requested{0}; // the signal, from the handler
+static_assert(std::atomic<int>::is_always_lock_free);
+int stopped_by = 0; // the signal that ended the run early, for main
 
 extern "C" void request_stop(int signal_number) {
-  if (stop_requested != 0) {
-    ::signal(signal_number, SIG_DFL);
+  struct sigaction action = {};
+  sigemptyset(&action.sa_mask);
+  if (stop_requested.load() != 0) {
+    action.sa_handler = SIG_DFL;
+    ::sigaction(signal_number, &action, nullptr);
     ::raise(signal_number); // delivered when this handler returns
     return;
   }
-  stop_requested = signal_number;
+  action.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &action, nullptr);
+  stop_requested.store(signal_number);
   static const char kMessage[] =
       "\nstrata: stopping after this step (send the signal again to stop at once)\n";
   [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
 }
 
-// Installs request_stop for SIGINT and SIGTERM while in scope.
+// Installs request_stop for SIGINT and SIGTERM while in scope, except for a
+// signal the process was started ignoring (a background job's SIGINT).
 class StopOnSignal {
 public:
   StopOnSignal() {
@@ -733,18 +749,24 @@ public:
     action.sa_handler = request_stop;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    ::sigaction(SIGINT, &action, &previous_int_);
-    ::sigaction(SIGTERM, &action, &previous_term_);
+    ::sigaction(SIGPIPE, nullptr, &previous_[0]);
+    for (int k = 1; k < 3; ++k) {
+      ::sigaction(kSignals[k], nullptr, &previous_[k]);
+      if (previous_[k].sa_handler != SIG_IGN) ::sigaction(kSignals[k], &action, nullptr);
+    }
   }
   ~StopOnSignal() {
-    ::sigaction(SIGINT, &previous_int_, nullptr);
-    ::sigaction(SIGTERM, &previous_term_, nullptr);
+    // After a stop SIGPIPE stays ignored: the error is still to be printed,
+    // perhaps to a pipe whose reader the signal ended too.
+    for (int k = stop_requested.load() != 0 ? 1 : 0; k < 3; ++k)
+      ::sigaction(kSignals[k], &previous_[k], nullptr);
   }
   StopOnSignal(const StopOnSignal &) = delete;
   StopOnSignal &operator=(const StopOnSignal &) = delete;
 
 private:
-  struct sigaction previous_int_ = {}, previous_term_ = {};
+  static constexpr int kSignals[3] = {SIGPIPE, SIGINT, SIGTERM};
+  struct sigaction previous_[3] = {};
 };
 
 // "t.json" for rank 0, "t.rank2.json" for rank 2.
@@ -760,7 +782,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
 
 } // namespace
 
-int training_stop_signal() { return stop_requested; }
+int training_stop_signal() { return stopped_by; }
 
 Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool interactive) {
   ASSIGN_OR_RETURN(EnvFault env_fault, fault_from_env());
@@ -845,22 +867,6 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every < 0) return invalid_argument("--checkpoint-every must be at least 0");
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
-  // Where the run will write, checked before it trains.
-  if (!args.checkpoint.empty()) {
-    RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
-    std::error_code error;
-    const bool resumes_it =
-        !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
-    if (!resumes_it &&
-        fs::exists(fs::path(args.checkpoint) / serialization::kCheckpointManifestFile, error))
-      return failed_precondition("--checkpoint ", args.checkpoint,
-                                 " already holds a checkpoint, which this run would "
-                                 "replace; continue it with --resume ",
-                                 args.checkpoint, ", or save to another folder");
-  }
-  if (!args.trace.empty())
-    RETURN_IF_ERROR(serialization::check_file_writable(
-        per_rank_path(args.trace, world ? world->rank() : 0), "--trace"));
 
   if (args.backend == "cuda" && world && (!args.gpus.empty() || args.gpu != 0))
     return invalid_argument("under an MPI launcher each process runs its devices on the GPU of "
@@ -883,6 +889,22 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (!(args.timeout_s > 0) || args.timeout_s > 86400)
     return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
                             args.timeout_s);
+  // Where the run will write, checked before it trains.
+  if (!args.checkpoint.empty()) {
+    RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
+    std::error_code error;
+    const bool resumes_it =
+        !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
+    if (!resumes_it &&
+        fs::exists(fs::path(args.checkpoint) / serialization::kCheckpointManifestFile, error))
+      return failed_precondition("--checkpoint ", args.checkpoint,
+                                 " already holds a checkpoint, which this run would "
+                                 "replace; continue it with --resume ",
+                                 args.checkpoint, ", or save to another folder");
+  }
+  if (!args.trace.empty())
+    RETURN_IF_ERROR(serialization::check_file_writable(
+        per_rank_path(args.trace, world ? world->rank() : 0), "--trace"));
   // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
   const int64_t microbatches =
       plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
@@ -986,8 +1008,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   out << "plan       " << args.model << " (train " << (model_name.empty() ? "model" : model_name)
       << ", " << plan.loss_kind << ", " << plan.optimizer << ")\n";
   if (plan.pipeline)
-    out << "pipeline   " << plan.pipeline->stages << " stages x " << plan.pipeline->microbatches
-        << " micro-batches (" << plan.pipeline->schedule << ")"
+    out << "pipeline   " << counted(plan.pipeline->stages, "stage") << " x "
+        << counted(plan.pipeline->microbatches, "micro-batch") << " (" << plan.pipeline->schedule
+        << ")"
         << (plan.pipeline->data_parallel > 1
                 ? str_cat(" x ", plan.pipeline->data_parallel, " replicas")
                 : std::string())
@@ -1028,7 +1051,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   // captured): the steady state.
   std::vector<double> step_seconds, issue_seconds;
   // Under an MPI launcher every rank would have to stop at the same step;
-  // there the signals keep their default action.
+  // there the MPI world's own handlers (runtime/mpi_world.cc) end the job.
   std::optional<StopOnSignal> stop_on_signal;
   if (!world) stop_on_signal.emplace();
   out << std::flush; // the header, before a first step that may take long
@@ -1072,20 +1095,28 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
       if (!interactive || logged)
         out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
     }
-    if (stop_requested != 0 && step < args.steps) {
+    if (const int signal_number = stop_requested.load(); signal_number != 0 && step < args.steps) {
       if (interactive && !logged) out << "\n";
       if (!args.checkpoint.empty() && !save) {
         RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
         out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
       }
+      if (pipeline != nullptr && !args.trace.empty()) {
+        RETURN_IF_ERROR(write_trace());
+        out << "trace      " << args.trace << " (up to the stop)\n" << std::flush;
+      }
+      stopped_by = signal_number;
       return failed_precondition(
-          "stopped by ", stop_requested == SIGINT ? "SIGINT" : "SIGTERM", " after step ", step,
+          "stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM", " after step ", step,
           " of ", args.steps, "; ",
           args.checkpoint.empty()
               ? std::string("nothing was saved (--checkpoint DIR saves the state when stopped)")
               : str_cat("continue with --resume ", args.checkpoint));
     }
   }
+  // A signal from here on (or one that came during the last step, which
+  // completed the run) has its default action again.
+  stop_on_signal.reset();
   double elapsed = seconds();
   int64_t ran = trainer.step() - first_step;
   if (pipeline != nullptr && !args.trace.empty()) {

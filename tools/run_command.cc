@@ -93,6 +93,15 @@ Result<std::vector<HostTensor>> read_inputs(const Graph &graph,
   }
   size_t next = 0;
   for (const std::string &path : positional) {
+    // NAME=FILE whose NAME is no input (a file name may hold '=' too).
+    std::error_code error;
+    if (const size_t eq = path.find('='); eq != std::string::npos && !fs::exists(path, error)) {
+      std::string names;
+      for (TensorId id : graph.inputs())
+        names += str_cat(names.empty() ? "" : ", ", graph.tensor(id).name);
+      return invalid_argument("--input ", path, ": the model has no input '", path.substr(0, eq),
+                              "' (its inputs: ", names, ")");
+    }
     while (next < n && paths[next])
       ++next;
     if (next == n)
@@ -199,6 +208,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     return invalid_argument("give --output or --output-dir, not both");
 
   Graph graph;
+  bool inference_plan = false;
   if (serialization::file_is_plan(args.model)) {
     ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.model));
     if (plan.mode == serialization::Plan::Mode::kTrain) {
@@ -217,25 +227,29 @@ Status run_command(const RunArgs &args, std::ostream &out) {
       return train_command(args, std::move(plan), out, args.interactive);
     }
     graph = std::move(plan.graph);
+    inference_plan = true;
   } else {
     ASSIGN_OR_RETURN(graph, load_model_file(args.model));
   }
   // Options that only a training plan reads would be silently ignored.
   const RunArgs defaults;
-  const char *training_only = args.steps != defaults.steps ? "--steps"
-                              : !args.data.empty()         ? "--data"
-                              : !args.checkpoint.empty()   ? "--checkpoint"
-                              : args.checkpoint_every != defaults.checkpoint_every
-                                  ? "--checkpoint-every"
-                              : !args.resume.empty()                 ? "--resume"
-                              : args.log_every != defaults.log_every ? "--log-every"
-                              : !args.trace.empty()                  ? "--trace"
-                              : args.timeout_s != defaults.timeout_s ? "--timeout"
-                                                                     : nullptr;
+  const char *training_only =
+      args.steps != defaults.steps                         ? "--steps"
+      : !args.data.empty()                                 ? "--data"
+      : !args.checkpoint.empty()                           ? "--checkpoint"
+      : args.checkpoint_every != defaults.checkpoint_every ? "--checkpoint-every"
+      : !args.resume.empty()                               ? "--resume"
+      : args.log_every != defaults.log_every               ? "--log-every"
+      : !args.trace.empty()                                ? "--trace"
+      : args.timeout_s != defaults.timeout_s               ? "--timeout"
+      : args.devices_per_rank != defaults.devices_per_rank ? "--devices-per-rank"
+                                                           : nullptr;
   if (training_only != nullptr)
     return invalid_argument(training_only, " is for training plans; ", args.model,
-                            " is a model (compile it with `strata compile ", args.model,
-                            " --train -o t.splan` and run t.splan)");
+                            inference_plan
+                                ? " is an inference plan (compile the model with --train for one)"
+                                : str_cat(" is a model (compile it with `strata compile ",
+                                          args.model, " --train -o t.splan` and run t.splan)"));
   if (!args.output.empty() && graph.outputs().size() != 1)
     return invalid_argument("the model has ", graph.outputs().size(),
                             " outputs; --output writes one, use --output-dir for several");

@@ -3,7 +3,10 @@
 // This file only declares the subcommands and their options (CLI11) and turns
 // failures into `strata: error: <cause>` on stderr with a non-zero exit status.
 // The work itself lives in tools/commands.h (inspect, run) and tools/zoo.h.
+#include <algorithm>
 #include <charconv>
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -54,6 +57,57 @@ std::optional<std::string> unknown_command(const CLI::App &app, int argc, char *
       return str_cat("unknown command '", word, "' for `", path, "` (one of: ", names, ")");
     level = next;
     path += " " + next->get_name();
+  }
+  return std::nullopt;
+}
+
+// Edits (insertions, deletions, substitutions) between two words.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first --word on the command line that the deepest subcommand reached
+// does not have, with its closest option name (at most two edits away):
+// "unknown option --step for `strata run` (did you mean --steps?)".
+std::optional<std::string> unknown_option(const CLI::App &app, int argc, char **argv) {
+  const CLI::App *level = &app;
+  std::string path = app.get_name();
+  while (!level->get_subcommands().empty()) {
+    level = level->get_subcommands().front();
+    path += " " + level->get_name();
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string_view word = argv[i];
+    if (word == "--") break;
+    if (!word.starts_with("--") || word.size() < 3) continue;
+    const std::string name(word.substr(2, word.find('=') - 2));
+    bool known = false;
+    std::string closest;
+    size_t best = 3;
+    for (const CLI::Option *option : level->get_options()) {
+      for (const std::string &long_name : option->get_lnames()) {
+        if (long_name == name) known = true;
+        if (size_t d = edit_distance(name, long_name); d < best) {
+          best = d;
+          closest = long_name;
+        }
+      }
+    }
+    if (known) continue;
+    return str_cat("unknown option --", name, " for `", path, "`",
+                   closest.empty() ? std::string() : str_cat(" (did you mean --", closest, "?)"));
   }
   return std::nullopt;
 }
@@ -329,6 +383,17 @@ void add_inspect(CLI::App &app, Action &action) {
       std::ostringstream text;
       RETURN_IF_ERROR(inspect_command(args, text));
       const std::string report = std::move(text).str();
+      std::error_code error;
+      if (std::filesystem::is_symlink(std::filesystem::symlink_status(out_path, error)) ||
+          (std::filesystem::exists(out_path, error) &&
+           !std::filesystem::is_regular_file(out_path, error))) {
+        // A link (/dev/stdout), a FIFO: written through, not replaced.
+        std::ofstream file(out_path, std::ios::binary);
+        file << report;
+        file.close();
+        if (!file) return io_error("cannot write '", out_path, "'");
+        return Status::ok();
+      }
       return serialization::write_file_atomically(
           out_path,
           llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(report.data()), report.size()));
@@ -370,8 +435,10 @@ void add_run(CLI::App &app, Action &action) {
                   "stacked on a new first dim (default: 8 fixed synthetic batches)")
       ->type_name("DIR");
   sub->add_option("--checkpoint", args.checkpoint,
-                  "training plan: save the weights + manifest.json here at the end (the "
-                  "previous save stays loadable until the new one is complete)")
+                  "training plan: save the weights + manifest.json here at the end, and when "
+                  "Ctrl-C or SIGTERM stops the run (after the step in flight); the previous save "
+                  "stays loadable until the new one is complete. A folder that holds a "
+                  "checkpoint is refused unless --resume names it")
       ->type_name("DIR");
   sub->add_option("--checkpoint-every", args.checkpoint_every,
                   "training plan: also save every K steps (needs --checkpoint)")
@@ -494,7 +561,9 @@ void add_compile(CLI::App &app, Action &action) {
       ->capture_default_str();
   sub->add_option("--optimizer", args.optimizer,
                   "NAME[:key=value,...]: sgd, adam or adamw; keys lr, momentum, nesterov, wd, "
-                  "beta1, beta2, eps, schedule (constant|cosine), warmup, total, min_lr, clip")
+                  "beta1, beta2, eps, schedule (constant|cosine), warmup, total, min_lr, clip. "
+                  "Defaults as in torch.optim: wd 0, but 0.01 for adamw; betas 0.9, 0.999; eps "
+                  "1e-8")
       ->needs(train)
       ->capture_default_str();
   sub->add_option("--output", args.output_tensor,
@@ -762,8 +831,11 @@ int main(int argc, char **argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
-    std::cerr << "strata: error: " << one_line(e.what()) << " (see `" << command_path(app)
-              << " --help`)\n";
+    std::optional<std::string> unknown;
+    if (dynamic_cast<const CLI::ExtrasError *>(&e) != nullptr)
+      unknown = unknown_option(app, argc, argv);
+    std::cerr << "strata: error: " << (unknown ? *unknown : one_line(e.what())) << " (see `"
+              << command_path(app) << " --help`)\n";
     return kExitUsage;
   }
   if (!action) {
@@ -787,7 +859,13 @@ int main(int argc, char **argv) {
                      launch && launch->size > 1 ? strata::str_cat("rank ", launch->rank, ": ") : "",
                      one_line(status.message()), "\n")
               << std::flush;
-    if (int signal_number = training_stop_signal(); signal_number != 0) return 128 + signal_number;
+    if (int signal_number = training_stop_signal(); signal_number != 0) {
+      // End by the signal itself, so that a calling shell stops too (a loop
+      // over runs ends at Ctrl-C); 128 + it should that return.
+      std::signal(signal_number, SIG_DFL);
+      std::raise(signal_number);
+      return 128 + signal_number;
+    }
     return kExitFailure;
   }
   return 0;

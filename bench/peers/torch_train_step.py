@@ -8,7 +8,7 @@ the strata benchmark:
     Conv2d 3x3 pad 1 + ReLU + MaxPool 2x2 per stage with 16 and 32 channels,
     Flatten, Linear 2048->128 + ReLU, Linear 128->10), batch 8 and 32.
 Optimizers as in strata: AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-weight_decay=0) -- strata's "adamw:lr=1e-3" has no weight decay -- and, for the
+weight_decay=0) -- strata's "adamw:lr=1e-3,wd=0" (bench/train_bench.cc) -- and, for the
 convnet, SGD(lr=1e-2) without momentum.
 
 Run with Debian's python3 (/usr/bin/python3, which has python3-torch):

@@ -91,6 +91,19 @@ TEST(ParseOptimizerTest, ErrorsNameTheKeyOrValue) {
   expect_error(parse_optimizer("adam:clip=-1").status(), {"clip must be >= 0"});
 }
 
+// torch.optim's defaults: weight decay 0, but 0.01 for AdamW.
+TEST(ParseOptimizerTest, DefaultsAreTorchs) {
+  EXPECT_EQ(parse_optimizer("adamw:lr=1e-3")->weight_decay, 0.01);
+  EXPECT_EQ(parse_optimizer("adamw:lr=1e-3,wd=0")->weight_decay, 0.0);
+  EXPECT_EQ(parse_optimizer("adam:lr=1e-3")->weight_decay, 0.0);
+  EXPECT_EQ(parse_optimizer("sgd:lr=1e-3")->weight_decay, 0.0);
+  const OptimizerSpec adamw = *parse_optimizer("adamw");
+  EXPECT_EQ(adamw.beta1, 0.9);
+  EXPECT_EQ(adamw.beta2, 0.999);
+  EXPECT_EQ(adamw.epsilon, 1e-8);
+  EXPECT_NE(adamw.to_string().find(",wd=0.01,"), std::string::npos) << adamw.to_string();
+}
+
 TEST(ParseOptimizerTest, ToStringRoundTrips) {
   for (const char *text :
        {"sgd", "adam", "adamw", "sgd:lr=0.1,momentum=0.9,nesterov=1,wd=0.01",
