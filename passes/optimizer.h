@@ -32,7 +32,7 @@ struct OptimizerSpec {
   // gradient (L2). Adam: weight decay added to the gradient. AdamW: decoupled.
   double momentum = 0.0;
   bool nesterov = false;
-  double weight_decay = 0.0;
+  double weight_decay = 0.0; // parse_optimizer gives adamw torch's 0.01
   double beta1 = 0.9;
   double beta2 = 0.999;
   double epsilon = 1e-8;

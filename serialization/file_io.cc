@@ -98,6 +98,14 @@ Status check_not_input(const std::string &output, const std::string &input) {
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes) {
   namespace fs = std::filesystem;
   fs::path target(path);
+  // A link is followed: the file it names is replaced, the link stays.
+  // (Followed by hand: a link to a file not yet written is followed too.)
+  std::error_code error;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(target, error)); ++hops) {
+    fs::path next = fs::read_symlink(target, error);
+    if (error) break;
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
   fs::path folder = target.parent_path();
   if (folder.empty()) folder = ".";
   std::string temp = (folder / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
@@ -123,7 +131,7 @@ Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> by
   }
   if (::fsync(fd.get()) != 0) return fail("fsync failed", errno);
   if (fd.close() != 0) return fail("close failed", errno);
-  if (::rename(temp.c_str(), path.c_str()) != 0) return fail("rename failed", errno);
+  if (::rename(temp.c_str(), target.c_str()) != 0) return fail("rename failed", errno);
   // Make the rename itself durable.
   FileDescriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() >= 0) ::fsync(dir.get());

@@ -40,7 +40,8 @@ Result<std::vector<uint8_t>> read_file(const std::string &path, uint64_t max_byt
 
 // Writes `bytes` to a temporary file in the same folder, fsyncs it, renames it
 // over `path` and fsyncs the folder. On failure the temporary file is removed
-// and `path` is untouched.
+// and `path` is untouched. Where `path` is a symbolic link, the file it names
+// is replaced and the link stays.
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes);
 
 // Checks, before any work, that a file can be written at `path` later: not a

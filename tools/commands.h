@@ -60,8 +60,8 @@ struct RunArgs {
 };
 // Runs a model or a plan; a training plan trains (train_command).
 Status run_command(const RunArgs &args, std::ostream &out);
-// The signal (SIGINT or SIGTERM) that stopped a training run early, else 0:
-// the process then exits with 128 + it, as the signal itself would.
+// The signal (SIGINT or SIGTERM) that stopped a training run, else 0: main
+// then ends the process by that signal (exit status 128 + it in a shell).
 int training_stop_signal();
 // The CUDA executor's options from `strata run`'s.
 runtime::CudaExecutorOptions cuda_options(const RunArgs &args);

@@ -215,6 +215,8 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
       args.format != "trace")
     return invalid_argument("unknown --format '", args.format,
                             "' (use text, json, dot, or trace for a pipeline plan)");
+  if (args.comm && args.format != "text")
+    return invalid_argument("--comm adds to the text report; drop --format ", args.format);
   if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
   if (args.comm)
     return invalid_argument("--comm lists a pipeline plan's transfers; '", args.path,

@@ -726,7 +726,7 @@ int stopped_by = 0; // the signal that ended the run early, for main
 extern "C" void request_stop(int signal_number) {
   struct sigaction action = {};
   sigemptyset(&action.sa_mask);
-  if (stop_requested.load() != 0) {
+  if (stop_requested.exchange(signal_number) != 0) {
     action.sa_handler = SIG_DFL;
     ::sigaction(signal_number, &action, nullptr);
     ::raise(signal_number); // delivered when this handler returns
@@ -734,7 +734,6 @@ extern "C" void request_stop(int signal_number) {
   }
   action.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &action, nullptr);
-  stop_requested.store(signal_number);
   static const char kMessage[] =
       "\nstrata: stopping after this step (send the signal again to stop at once)\n";
   [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
@@ -758,8 +757,9 @@ public:
   ~StopOnSignal() {
     // After a stop SIGPIPE stays ignored: the error is still to be printed,
     // perhaps to a pipe whose reader the signal ended too.
-    for (int k = stop_requested.load() != 0 ? 1 : 0; k < 3; ++k)
+    for (int k = 1; k < 3; ++k)
       ::sigaction(kSignals[k], &previous_[k], nullptr);
+    if (stop_requested.load() == 0) ::sigaction(SIGPIPE, &previous_[0], nullptr);
   }
   StopOnSignal(const StopOnSignal &) = delete;
   StopOnSignal &operator=(const StopOnSignal &) = delete;
@@ -1096,6 +1096,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
     }
     if (const int signal_number = stop_requested.load(); signal_number != 0 && step < args.steps) {
+      stopped_by = signal_number; // whatever fails below, the process ends by it
       if (interactive && !logged) out << "\n";
       if (!args.checkpoint.empty() && !save) {
         RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
@@ -1105,7 +1106,6 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
         RETURN_IF_ERROR(write_trace());
         out << "trace      " << args.trace << " (up to the stop)\n" << std::flush;
       }
-      stopped_by = signal_number;
       return failed_precondition(
           "stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM", " after step ", step,
           " of ", args.steps, "; ",
@@ -1114,9 +1114,15 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
               : str_cat("continue with --resume ", args.checkpoint));
     }
   }
-  // A signal from here on (or one that came during the last step, which
-  // completed the run) has its default action again.
+  // A signal from here on has its default action again. One that came during
+  // the last step (which saved the checkpoint) still ends the process by it.
   stop_on_signal.reset();
+  if (const int signal_number = stop_requested.load(); signal_number != 0 && !world) {
+    stopped_by = signal_number;
+    return failed_precondition("stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+                               " during the last step (", trainer.step(), " of ", args.steps,
+                               "), which completed the run");
+  }
   double elapsed = seconds();
   int64_t ran = trainer.step() - first_step;
   if (pipeline != nullptr && !args.trace.empty()) {

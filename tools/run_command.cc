@@ -95,7 +95,8 @@ Result<std::vector<HostTensor>> read_inputs(const Graph &graph,
   for (const std::string &path : positional) {
     // NAME=FILE whose NAME is no input (a file name may hold '=' too).
     std::error_code error;
-    if (const size_t eq = path.find('='); eq != std::string::npos && !fs::exists(path, error)) {
+    if (const size_t eq = path.find('=');
+        eq != std::string::npos && path.find('/') > eq && !fs::exists(path, error)) {
       std::string names;
       for (TensorId id : graph.inputs())
         names += str_cat(names.empty() ? "" : ", ", graph.tensor(id).name);

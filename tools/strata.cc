@@ -4,8 +4,10 @@
 // failures into `strata: error: <cause>` on stderr with a non-zero exit status.
 // The work itself lives in tools/commands.h (inspect, run) and tools/zoo.h.
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -367,7 +369,8 @@ void add_inspect(CLI::App &app, Action &action) {
       ->check(at_least(0))
       ->excludes(all)
       ->capture_default_str();
-  sub->add_option("-o,--output", out_path, "write to this file instead of stdout")
+  sub->add_option("-o,--output", out_path,
+                  "write to this file instead of stdout (- or /dev/stdout: stdout)")
       ->type_name("FILE");
   sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
               "Examples:\n  strata inspect gpt.strata\n"
@@ -378,20 +381,21 @@ void add_inspect(CLI::App &app, Action &action) {
               "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule");
   sub->callback([&action] {
     action = []() -> Status {
-      if (out_path.empty()) return inspect_command(args, std::cout);
+      // "-" and /dev/stdout are stdout, where earlier output keeps its place.
+      if (out_path.empty() || out_path == "-" || out_path == "/dev/stdout")
+        return inspect_command(args, std::cout);
       RETURN_IF_ERROR(serialization::check_not_input(out_path, args.path));
       std::ostringstream text;
       RETURN_IF_ERROR(inspect_command(args, text));
       const std::string report = std::move(text).str();
       std::error_code error;
-      if (std::filesystem::is_symlink(std::filesystem::symlink_status(out_path, error)) ||
-          (std::filesystem::exists(out_path, error) &&
-           !std::filesystem::is_regular_file(out_path, error))) {
-        // A link (/dev/stdout), a FIFO: written through, not replaced.
+      if (std::filesystem::exists(out_path, error) &&
+          !std::filesystem::is_regular_file(out_path, error)) {
+        // A FIFO or a device: written to, not replaced.
         std::ofstream file(out_path, std::ios::binary);
         file << report;
         file.close();
-        if (!file) return io_error("cannot write '", out_path, "'");
+        if (!file) return io_error("cannot write '", out_path, "': ", std::strerror(errno));
         return Status::ok();
       }
       return serialization::write_file_atomically(

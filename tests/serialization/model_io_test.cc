@@ -200,6 +200,26 @@ TEST(ModelIo, SaveAndLoadFilesInBothForms) {
   EXPECT_EQ(files, 2);
 }
 
+// Saving through a symbolic link replaces the file it names; the link stays.
+// A model is never written under a plan's name, which nothing would read.
+TEST(ModelIo, SaveFollowsLinksAndRefusesPlanNames) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("real"));
+  std::filesystem::create_symlink("real/m.strata", dir.file("link.strata"));
+  Graph g = make_test_graph();
+  ASSERT_TRUE(save_model(g, dir.file("link.strata")).is_ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("link.strata")));
+  std::string on_disk = read_text(dir.file("real/m.strata"));
+  std::vector<uint8_t> bytes = to_bytes(g);
+  EXPECT_EQ(std::vector<uint8_t>(on_disk.begin(), on_disk.end()), bytes);
+  for (const char *name : {"m.splan", "m.splan.json"}) {
+    Status status = save_model(g, dir.file(name));
+    ASSERT_FALSE(status.is_ok()) << name;
+    EXPECT_THAT(status.message(), HasSubstr("name plans"));
+    EXPECT_FALSE(std::filesystem::exists(dir.file(name)));
+  }
+}
+
 TEST(ModelIo, SaveReportsThePathWhenTheFolderIsMissing) {
   TempDir dir;
   Status status = save_model(make_test_graph(), dir.file("no/such/folder/m.strata"));

@@ -797,6 +797,17 @@ TEST_F(CliTest, OutputsAreCheckedBeforeTheWork) {
     expect_one_line_error(comm, "--comm lists a pipeline plan's transfers");
     EXPECT_EQ(comm.out, "") << comm.out; // refused before the report
   }
+  expect_one_line_error(strata({"inspect", "pp.splan", "--comm", "--format", "json"}),
+                        "--comm adds to the text report");
+  // inspect -o through a link replaces the file it names and keeps the link;
+  // /dev/stdout and - are stdout.
+  fs::create_symlink("report.txt", path("link.txt"));
+  ASSERT_EQ(strata({"inspect", "m.strata", "-o", "link.txt"}).code, 0);
+  EXPECT_TRUE(fs::is_symlink(path("link.txt")));
+  EXPECT_NE(read_file(path("report.txt")).find("parameters"), std::string::npos);
+  Outcome to_stdout = strata({"inspect", "m.strata", "-o", "-"});
+  ASSERT_EQ(to_stdout.code, 0) << to_stdout.err;
+  EXPECT_EQ(to_stdout.out, read_file(path("report.txt")));
 }
 
 TEST_F(CliTest, GptTrainingFromTheIssue) {
