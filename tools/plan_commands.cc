@@ -506,6 +506,17 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
                          !args.stage_boundaries.empty() || args.profile || args.auto_plan ||
                          args.zero > 0 || args.recompute;
+  if (const CompileArgs defaults;
+      args.bucket_mb != defaults.bucket_mb && args.bucket_mb != 0 && !args.auto_plan) {
+    // Buckets group the replicas' gradient all-reduces; without replicas the
+    // option would be ignored (0, no buckets, is what one replica has anyway).
+    auto mesh = parse_mesh(args.mesh);
+    if (mesh.is_ok() && mesh->dp < 2)
+      return invalid_argument("--bucket-mb groups the data-parallel replicas' gradient "
+                              "all-reduces; ",
+                              args.mesh.empty() ? "without --mesh" : "this mesh has",
+                              " one replica (use --mesh DPxTPxPP with DP >= 2)");
+  }
   if (pipelined && !args.train)
     return invalid_argument(
         "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "

@@ -1048,6 +1048,14 @@ TEST_F(CliTest, PipelineOptionErrors) {
   expect_one_line_error(
       strata({"compile", "m.strata", "--train", "--microbatches", "4", "-o", "p.splan"}),
       "input 'x' has batch 6, which 4 micro-batches do not divide");
+  // Gradient buckets need replicas to all-reduce over.
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--bucket-mb", "5", "-o", "p.splan"}),
+      "--bucket-mb groups the data-parallel replicas' gradient all-reduces; without --mesh one");
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--bucket-mb",
+                                "5", "-o", "p.splan"}),
+                        "this mesh has one replica");
+  EXPECT_FALSE(fs::exists(path("p.splan")));
   // With replicas the count is theirs times the micro-batches: the error says so.
   expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "2x1x1",
                                 "--microbatches", "2", "-o", "p.splan"}),
