@@ -103,12 +103,12 @@ Result<TensorId> loss_output(const Graph &forward, const TrainingOptions &option
   if (!options.output.empty()) {
     auto found = forward.find_tensor(options.output);
     if (!found)
-      return invalid_argument("--output '", options.output, "' is not a tensor of ", model);
+      return invalid_argument("--loss-input '", options.output, "' is not a tensor of ", model);
     output = *found;
   }
   const TensorType &output_type = forward.tensor(output).type;
   if (!is_floating(output_type.dtype))
-    return invalid_argument("--output '", forward.tensor(output).name, "' of ", model, " is ",
+    return invalid_argument("--loss-input '", forward.tensor(output).name, "' of ", model, " is ",
                             output_type.to_string(), "; a loss needs a floating-point output");
   for (const char *name : {"labels", "targets", "loss"})
     if (forward.find_tensor(name) || forward.find_node(name))

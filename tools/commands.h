@@ -77,7 +77,7 @@ struct CompileArgs {
   bool train = false;
   std::string loss = "softmax_cross_entropy";
   std::string optimizer = "sgd:lr=0.01";
-  std::string output_tensor; // the tensor the loss reads; empty: the first graph output
+  std::string output_tensor; // --loss-input: the tensor the loss reads; empty: the first output
   std::string out;           // plan file to write
   // Pipeline parallelism (training only).
   std::string mesh;                          // "DPxTPxPP"; TP must be 1 so far

@@ -568,7 +568,7 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
     }
   } else {
     if (!args.output_tensor.empty())
-      return invalid_argument("--output selects the tensor a loss reads; it needs --train");
+      return invalid_argument("--loss-input selects the tensor a loss reads; it needs --train");
     options_text = "mode=infer\n";
     plan.mode = Plan::Mode::kInfer;
     plan.graph = std::move(forward);

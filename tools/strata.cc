@@ -570,12 +570,15 @@ void add_compile(CLI::App &app, Action &action) {
                   "1e-8")
       ->needs(train)
       ->capture_default_str();
-  sub->add_option("--output", args.output_tensor,
-                  "the tensor the loss reads (default: the model's first output)")
+  sub->add_option("--loss-input", args.output_tensor,
+                  "the model output the loss reads (default: the model's first output)")
       ->needs(train)
       ->type_name("NAME");
+  // Every other command's --output is the file it writes; here that is -o.
+  // --output (once the loss input's name) is caught to say so.
+  static std::string misplaced_output;
+  sub->add_option("--output", misplaced_output)->group("");
   sub->add_option("-o", args.out, "plan file to write: .splan (binary) or .splan.json (text)")
-      ->required()
       ->type_name("FILE");
   sub->add_option("--mesh", args.mesh,
                   "device mesh DPxTPxPP: PP pipeline stages, each replicated DP times (data "
@@ -695,7 +698,17 @@ void add_compile(CLI::App &app, Action &action) {
       "r.splan\n\n"
       "--auto searches all of the above for N devices of a cluster and explains its choice.\n"
       "  strata compile gpt.strata --train --auto --devices 8 --explain -o auto.splan");
-  sub->callback([&action] { action = [] { return compile_command(args, std::cout); }; });
+  sub->callback([&action] {
+    action = []() -> Status {
+      if (!misplaced_output.empty())
+        return invalid_argument("compile writes its plan with -o FILE, and --output is not one "
+                                "of its options (the tensor the loss reads is --loss-input NAME)");
+      if (args.out.empty())
+        return invalid_argument("-o FILE is required: the plan file to write (.splan or "
+                                ".splan.json)");
+      return compile_command(args, std::cout);
+    };
+  });
 }
 
 // ---------------------------------------------------------------------------

@@ -91,7 +91,7 @@ TEST_F(TrainerTest, OptionErrorsNameTheOptionAndModel) {
   options.output = "nothing";
   auto bad_output = passes::make_training_graph(*forward, options);
   ASSERT_FALSE(bad_output.is_ok());
-  EXPECT_NE(bad_output.status().message().find("--output 'nothing'"), std::string::npos);
+  EXPECT_NE(bad_output.status().message().find("--loss-input 'nothing'"), std::string::npos);
 }
 
 TEST_F(TrainerTest, LossFallsOnTheSyntheticTask) {

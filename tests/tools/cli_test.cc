@@ -635,7 +635,11 @@ TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
       strata({"compile", "m.json", "--train", "--optimizer", "rmsprop", "-o", "x.splan"}),
       "--optimizer");
   expect_one_line_error(
-      strata({"compile", "m.json", "--train", "--output", "nope", "-o", "x.splan"}), "'nope'");
+      strata({"compile", "m.json", "--train", "--loss-input", "nope", "-o", "x.splan"}), "'nope'");
+  // compile's output file is -o, as everywhere else; --output says so.
+  expect_one_line_error(strata({"compile", "m.json", "--train", "--output", "x.splan"}),
+                        "compile writes its plan with -o FILE");
+  expect_one_line_error(strata({"compile", "m.json", "--train"}), "-o FILE is required");
 }
 
 TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
