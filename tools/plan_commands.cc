@@ -1130,6 +1130,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   stop_on_signal.reset();
   if (const int signal_number = stop_requested.load(); signal_number != 0 && !world) {
     stopped_by = signal_number;
+    if (pipeline != nullptr && !args.trace.empty()) RETURN_IF_ERROR(write_trace());
     return failed_precondition("stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                                " during the last step (", trainer.step(), " of ", args.steps,
                                "), which completed the run");
