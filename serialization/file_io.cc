@@ -95,12 +95,44 @@ Status check_not_input(const std::string &output, const std::string &input) {
   return Status::ok();
 }
 
+namespace {
+
+// write(2) until every byte is out; errno on failure.
+bool write_all(int fd, llvm::ArrayRef<uint8_t> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+} // namespace
+
+Status write_file_atomically(const std::string &path, std::string_view text) {
+  return write_file_atomically(
+      path, llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
+}
+
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes) {
   namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::exists(status) && !fs::is_regular_file(status) && !fs::is_directory(status)) {
+    // A FIFO or a device: nothing to replace, the bytes go to it.
+    FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (fd.get() < 0) return io_error(path, ": cannot open: ", errno_text(errno));
+    if (!write_all(fd.get(), bytes)) return io_error(path, ": write failed: ", errno_text(errno));
+    if (fd.close() != 0) return io_error(path, ": close failed: ", errno_text(errno));
+    return Status::ok();
+  }
   fs::path target(path);
   // A link is followed: the file it names is replaced, the link stays.
   // (Followed by hand: a link to a file not yet written is followed too.)
-  std::error_code error;
   for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(target, error)); ++hops) {
     fs::path next = fs::read_symlink(target, error);
     if (error) break;
@@ -120,15 +152,7 @@ Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> by
   };
   // mkstemp creates the file private to the owner; a model is an ordinary file.
   if (::fchmod(fd.get(), 0644) != 0) return fail("chmod failed", errno);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("write failed", errno);
-    }
-    done += static_cast<size_t>(n);
-  }
+  if (!write_all(fd.get(), bytes)) return fail("write failed", errno);
   if (::fsync(fd.get()) != 0) return fail("fsync failed", errno);
   if (fd.close() != 0) return fail("close failed", errno);
   if (::rename(temp.c_str(), target.c_str()) != 0) return fail("rename failed", errno);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <llvm/ADT/ArrayRef.h>
@@ -41,8 +42,11 @@ Result<std::vector<uint8_t>> read_file(const std::string &path, uint64_t max_byt
 // Writes `bytes` to a temporary file in the same folder, fsyncs it, renames it
 // over `path` and fsyncs the folder. On failure the temporary file is removed
 // and `path` is untouched. Where `path` is a symbolic link, the file it names
-// is replaced and the link stays.
+// is replaced and the link stays; where it is a FIFO or a device (/dev/null,
+// a terminal), there is nothing to replace and the bytes are written to it.
 Status write_file_atomically(const std::string &path, llvm::ArrayRef<uint8_t> bytes);
+// The same for text.
+Status write_file_atomically(const std::string &path, std::string_view text);
 
 // Checks, before any work, that a file can be written at `path` later: not a
 // folder, in an existing folder this process may write to. `what` names the

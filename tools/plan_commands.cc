@@ -154,9 +154,9 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   std::string cluster_name = "?";
   if (auto cluster = partitioner::parse_cluster(p.cluster_json, "plan cluster"); cluster.is_ok())
     cluster_name = cluster->name;
-  out << "pipeline     " << p.stages << " stage" << (p.stages == 1 ? "" : "s") << " x "
-      << p.microbatches << " micro-batch" << (p.microbatches == 1 ? "" : "es") << ", schedule "
-      << p.schedule << ", costs for cluster '" << cluster_name << "'\n";
+  out << "pipeline     " << counted(p.stages, "stage") << " x "
+      << counted(p.microbatches, "micro-batch") << ", schedule " << p.schedule
+      << ", costs for cluster '" << cluster_name << "'\n";
   if (p.data_parallel > 1)
     out << "data par.    " << p.data_parallel << " replicas of every stage (device = "
         << (p.tensor_parallel > 1 ? "(stage x " : "stage x ") << p.data_parallel << " + replica"
@@ -422,11 +422,6 @@ std::string pipeline_options_text(const Plan &plan) {
   return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
 }
 
-Status write_text(const std::string &path, const std::string &text) {
-  return serialization::write_file_atomically(
-      path, llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
-}
-
 // The predicted timeline as trace spans (one step).
 std::vector<std::vector<partitioner::TraceSpan>>
 simulation_spans(const partitioner::Simulation &sim) {
@@ -487,9 +482,9 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
     out << pad(std::to_string(d), 6) << pad(format_ms(sim->busy[d]), 14)
         << pad(format_ms(sim->step_time - sim->busy[d]), 14) << "\n";
   if (!args.trace.empty()) {
-    RETURN_IF_ERROR(
-        write_text(args.trace, partitioner::chrome_trace(plan.graph, plan.programs,
-                                                         simulation_spans(*sim), p.microbatches)));
+    RETURN_IF_ERROR(serialization::write_file_atomically(
+        args.trace, partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(*sim),
+                                              p.microbatches)));
     out << "trace      " << args.trace << " (predicted; open in ui.perfetto.dev)\n";
   }
   return Status::ok();
@@ -780,6 +775,14 @@ private:
   struct sigaction previous_[3] = {};
 };
 
+// --timeout: a bound on every wait between devices.
+Status check_timeout(double seconds) {
+  if (!(seconds > 0) || seconds > 86400)
+    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
+                            seconds);
+  return Status::ok();
+}
+
 // "t.json" for rank 0, "t.rank2.json" for rank 2.
 std::string per_rank_path(const std::string &path, int rank) {
   if (rank == 0) return path;
@@ -808,9 +811,7 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
     return failed_precondition("the launcher started ", launch->size, " ranks but ", args.model,
                                " is a one-device plan; compile it for several devices (--mesh "
                                "DPx1xPP) or run it without mpirun");
-  if (!(args.timeout_s > 0) || args.timeout_s > 86400)
-    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
-                            args.timeout_s);
+  RETURN_IF_ERROR(check_timeout(args.timeout_s));
   if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
   runtime::MpiWorldOptions options;
   options.devices_per_rank = args.devices_per_rank;
@@ -897,9 +898,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
-  if (!(args.timeout_s > 0) || args.timeout_s > 86400)
-    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
-                            args.timeout_s);
+  RETURN_IF_ERROR(check_timeout(args.timeout_s));
   // Where the run will write, checked before it trains.
   if (!args.checkpoint.empty()) {
     RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
@@ -1055,7 +1054,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   // The trace of a failed run is the most useful one: write what was recorded.
   auto write_trace = [&]() -> Status {
     if (pipeline == nullptr || args.trace.empty()) return Status::ok();
-    return write_text(per_rank_path(args.trace, world ? world->rank() : 0), pipeline->trace_json());
+    return serialization::write_file_atomically(
+        per_rank_path(args.trace, world ? world->rank() : 0), pipeline->trace_json());
   };
   // Each step's time, and on a GPU the host's time issuing it, from the
   // third step on (the first loads the kernels, on a GPU the second is
@@ -1106,34 +1106,33 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
       if (!interactive || logged)
         out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
     }
-    if (const int signal_number = stop_requested.load(); signal_number != 0 && step < args.steps) {
-      stopped_by = signal_number; // whatever fails below, the process ends by it
+    if (stop_requested.load() != 0) {
+      stopped_by = stop_requested.load(); // whatever fails below, the process ends by it
       if (interactive && !logged) out << "\n";
       if (!args.checkpoint.empty() && !save) {
         RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
         out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
       }
-      if (pipeline != nullptr && !args.trace.empty()) {
-        RETURN_IF_ERROR(write_trace());
-        out << "trace      " << args.trace << " (up to the stop)\n" << std::flush;
-      }
-      return failed_precondition(
-          "stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM", " after step ", step,
-          " of ", args.steps, "; ",
-          args.checkpoint.empty()
-              ? std::string("nothing was saved (--checkpoint DIR saves the state when stopped)")
-              : str_cat("continue with --resume ", args.checkpoint));
+      break;
     }
   }
-  // A signal from here on has its default action again. One that came during
-  // the last step (which saved the checkpoint) still ends the process by it.
+  // A signal from here on has its default action again. One that came after
+  // the last step's check still ends the process by it.
   stop_on_signal.reset();
-  if (const int signal_number = stop_requested.load(); signal_number != 0 && !world) {
+  if (const int signal_number = stop_requested.load(); signal_number != 0) {
     stopped_by = signal_number;
-    if (pipeline != nullptr && !args.trace.empty()) RETURN_IF_ERROR(write_trace());
+    if (pipeline != nullptr && !args.trace.empty()) {
+      RETURN_IF_ERROR(write_trace());
+      out << "trace      " << args.trace << " (up to the stop)\n" << std::flush;
+    }
+    const int64_t step = trainer.step();
     return failed_precondition("stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
-                               " during the last step (", trainer.step(), " of ", args.steps,
-                               "), which completed the run");
+                               " after step ", step, " of ", args.steps, "; ",
+                               step == args.steps ? std::string("the run is complete")
+                               : args.checkpoint.empty()
+                                   ? std::string("nothing was saved (--checkpoint DIR saves the "
+                                                 "state when stopped)")
+                                   : str_cat("continue with --resume ", args.checkpoint));
   }
   double elapsed = seconds();
   int64_t ran = trainer.step() - first_step;

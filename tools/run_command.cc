@@ -161,10 +161,41 @@ Status check_backend_options(const RunArgs &args) {
                             " needs --backend cuda (the CPU backend computes in f32)");
   if (args.gpu != 0) return invalid_argument("--gpu needs --backend cuda");
   if (!args.gpus.empty()) return invalid_argument("--gpus needs --backend cuda");
-
   if (args.pool_norm != "cudnn") return invalid_argument("--pool-norm needs --backend cuda");
   return Status::ok();
 }
+
+namespace {
+
+// The first option given on the command line (away from its default) that
+// only a training plan reads (`training`) or only a forward run reads.
+const char *first_given_option(const RunArgs &args, bool training) {
+  const RunArgs defaults;
+  const struct {
+    const char *name;
+    bool given, for_training;
+  } options[] = {
+      {"--input", !args.inputs.empty(), false},
+      {"--output", !args.output.empty(), false},
+      {"--output-dir", !args.output_dir.empty(), false},
+      {"--repeat", args.repeat != defaults.repeat, false},
+      {"--warmup", args.warmup != defaults.warmup, false},
+      {"--steps", args.steps != defaults.steps, true},
+      {"--data", !args.data.empty(), true},
+      {"--checkpoint", !args.checkpoint.empty(), true},
+      {"--checkpoint-every", args.checkpoint_every != defaults.checkpoint_every, true},
+      {"--resume", !args.resume.empty(), true},
+      {"--log-every", args.log_every != defaults.log_every, true},
+      {"--trace", !args.trace.empty(), true},
+      {"--timeout", args.timeout_s != defaults.timeout_s, true},
+      {"--devices-per-rank", args.devices_per_rank != defaults.devices_per_rank, true},
+  };
+  for (const auto &option : options)
+    if (option.given && option.for_training == training) return option.name;
+  return nullptr;
+}
+
+} // namespace
 
 Status print_op_times(runtime::CpuExecutor *cpu, runtime::CudaExecutor *gpu,
                       llvm::ArrayRef<HostTensor> inputs, std::ostream &out) {
@@ -214,13 +245,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.model));
     if (plan.mode == serialization::Plan::Mode::kTrain) {
       // Options that only a forward run reads would be silently ignored.
-      const RunArgs defaults;
-      const char *forward_only = !args.inputs.empty()             ? "--input"
-                                 : !args.output.empty()           ? "--output"
-                                 : !args.output_dir.empty()       ? "--output-dir"
-                                 : args.repeat != defaults.repeat ? "--repeat"
-                                 : args.warmup != defaults.warmup ? "--warmup"
-                                                                  : nullptr;
+      const char *forward_only = first_given_option(args, /*training=*/false);
       if (forward_only != nullptr)
         return invalid_argument(forward_only, " is for running a model; ", args.model,
                                 " is a training plan (its batches come from --data, or are "
@@ -233,18 +258,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     ASSIGN_OR_RETURN(graph, load_model_file(args.model));
   }
   // Options that only a training plan reads would be silently ignored.
-  const RunArgs defaults;
-  const char *training_only =
-      args.steps != defaults.steps                         ? "--steps"
-      : !args.data.empty()                                 ? "--data"
-      : !args.checkpoint.empty()                           ? "--checkpoint"
-      : args.checkpoint_every != defaults.checkpoint_every ? "--checkpoint-every"
-      : !args.resume.empty()                               ? "--resume"
-      : args.log_every != defaults.log_every               ? "--log-every"
-      : !args.trace.empty()                                ? "--trace"
-      : args.timeout_s != defaults.timeout_s               ? "--timeout"
-      : args.devices_per_rank != defaults.devices_per_rank ? "--devices-per-rank"
-                                                           : nullptr;
+  const char *training_only = first_given_option(args, /*training=*/true);
   if (training_only != nullptr)
     return invalid_argument(training_only, " is for training plans; ", args.model,
                             inference_plan

@@ -4,12 +4,8 @@
 // failures into `strata: error: <cause>` on stderr with a non-zero exit status.
 // The work itself lives in tools/commands.h (inspect, run) and tools/zoo.h.
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <csignal>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -387,20 +383,7 @@ void add_inspect(CLI::App &app, Action &action) {
       RETURN_IF_ERROR(serialization::check_not_input(out_path, args.path));
       std::ostringstream text;
       RETURN_IF_ERROR(inspect_command(args, text));
-      const std::string report = std::move(text).str();
-      std::error_code error;
-      if (std::filesystem::exists(out_path, error) &&
-          !std::filesystem::is_regular_file(out_path, error)) {
-        // A FIFO or a device: written to, not replaced.
-        std::ofstream file(out_path, std::ios::binary);
-        file << report;
-        file.close();
-        if (!file) return io_error("cannot write '", out_path, "': ", std::strerror(errno));
-        return Status::ok();
-      }
-      return serialization::write_file_atomically(
-          out_path,
-          llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(report.data()), report.size()));
+      return serialization::write_file_atomically(out_path, std::move(text).str());
     };
   });
 }

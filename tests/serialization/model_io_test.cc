@@ -212,6 +212,9 @@ TEST(ModelIo, SaveFollowsLinksAndRefusesPlanNames) {
   std::string on_disk = read_text(dir.file("real/m.strata"));
   std::vector<uint8_t> bytes = to_bytes(g);
   EXPECT_EQ(std::vector<uint8_t>(on_disk.begin(), on_disk.end()), bytes);
+  // A device is written to, never replaced (as root, a rename would replace it).
+  ASSERT_TRUE(save_model(g, "/dev/null").is_ok());
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
   for (const char *name : {"m.splan", "m.splan.json"}) {
     Status status = save_model(g, dir.file(name));
     ASSERT_FALSE(status.is_ok()) << name;

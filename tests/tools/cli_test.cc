@@ -61,6 +61,17 @@ protected:
     ASSERT_EQ(zoo.code, 0) << zoo.err;
   }
 
+  // m.strata: a small MLP (batch 8), and with `train_plan` t.splan, its
+  // training plan with the default optimizer.
+  void make_mlp(const char *train_plan = nullptr) {
+    Outcome zoo =
+        strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"});
+    ASSERT_EQ(zoo.code, 0) << zoo.err;
+    if (train_plan == nullptr) return;
+    Outcome compile = strata({"compile", "m.strata", "--train", "-o", train_plan});
+    ASSERT_EQ(compile.code, 0) << compile.err;
+  }
+
   fs::path dir_;
 };
 
@@ -643,10 +654,7 @@ TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
 }
 
 TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
-  ASSERT_EQ(
-      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
-          .code,
-      0);
+  ASSERT_NO_FATAL_FAILURE(make_mlp());
   ASSERT_EQ(
       strata({"compile", "m.strata", "--train", "--optimizer", "adam:lr=0.01", "-o", "t.splan"})
           .code,
@@ -687,16 +695,12 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
 }
 
 // Ctrl-C or SIGTERM during training: the step in flight ends, the checkpoint
-// is saved at it, the process exits with 128 + the signal, and the run
+// is saved at it, the process ends by the signal (128 + it in a shell), and the run
 // continues from there. The loop waits for the header's last line in the
 // run's output file: lines are not held back when stdout is a file (with
 // --log-every past the last step, nothing else would fill the buffer).
 TEST_F(CliTest, SignalsEndTrainingAfterTheStepWithACheckpoint) {
-  ASSERT_EQ(
-      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
-          .code,
-      0);
-  ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
   for (const char *signal : {"INT", "TERM"}) {
     SCOPED_TRACE(signal);
     const std::string ckpt = std::string("ck_") + signal;
@@ -746,11 +750,7 @@ TEST_F(CliTest, SignalsEndTrainingAfterTheStepWithACheckpoint) {
 // missing folder, an output that is its own input, a model named as a plan.
 // Options the file's kind does not read are refused rather than ignored.
 TEST_F(CliTest, OutputsAreCheckedBeforeTheWork) {
-  ASSERT_EQ(
-      strata({"zoo", "mlp", "--batch", "8", "--input", "16", "--hidden", "16", "-o", "m.strata"})
-          .code,
-      0);
-  ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "-o", "pp.splan"}).code,
             0);
   ASSERT_EQ(strata({"run", "t.splan", "--steps", "3", "--checkpoint", "ck"}).code, 0);
