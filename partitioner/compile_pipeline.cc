@@ -341,6 +341,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
           kept[in] = true;
   }
   partition.kept = [&kept](const Graph &, TensorId id) { return kept[id]; };
+  // Stages are balanced on every node of the step, where it will run, not on
+  // forward times scaled by a guess at the backward's.
+  ASSIGN_OR_RETURN(const StepPhases phases, analyze_phases(graph, M));
+  partition.whole_step_times = true;
+  partition.once_per_step = [&phases](NodeId id) { return phases.node_phase[id] == Phase::kStep; };
   if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
   partition.manual_boundaries = options.stage_boundaries;
   ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));

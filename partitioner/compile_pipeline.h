@@ -3,8 +3,11 @@
 //   split_batch        the forward graph at batch / M (passes/split_batch.h)
 //   make_training      loss, backward, optimizer (passes/make_training.h)
 //   partition_stages   the forward nodes into P stages, balanced by the cost model
-//                      on the cluster's device, under its memory (or the manual
-//                      --stage-boundaries); backward and optimizer nodes follow
+//                      on the cluster's device (or profiled node times) over the
+//                      whole step: each forward node counts with the backward and
+//                      optimizer nodes that will run where it runs; under the
+//                      device's memory (or the manual --stage-boundaries);
+//                      backward and optimizer nodes follow
 //   lower_pipeline     per-device programs for the schedule, with memory plans
 //   check_deadlock     every receive matched, in an order that completes
 //   simulate_pipeline  predicted step time, per-device busy time and bubble

@@ -439,11 +439,34 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     if (!std::isfinite(t) || t < 0) {
       return invalid_argument(where, ": node '", item.name, "' has time ", t);
     }
-    item.time = t * time_scale;
+    item.time = options.whole_step_times ? t : t * time_scale;
     if (options.training) {
       for (TensorId o : graph.node(id).outputs)
         if (!options.kept || options.kept(graph, o))
           item.activation_bytes += tensor_bytes(graph.tensor(o));
+    }
+  }
+
+  if (options.training && options.whole_step_times) {
+    // Where each node of the step runs, as if every forward node were a stage
+    // of its own: the item it adds its time to.
+    StageAssignment each;
+    each.num_stages = static_cast<int>(n);
+    each.order = out.order;
+    each.order_names = out.order_names;
+    each.node_stage.assign(graph.num_nodes(), -1);
+    for (size_t i = 0; i < n; ++i)
+      each.node_stage[out.order[i]] = static_cast<int>(i);
+    ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, each));
+    const double micro = options.microbatches > 0 ? options.microbatches : stages;
+    for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+      if (position[id] != SIZE_MAX) continue; // a forward node: counted above
+      double t = options.node_time ? options.node_time(graph, id)
+                                   : registry.node_cost(graph, id).flops / 1e11;
+      if (!std::isfinite(t) || t < 0)
+        return invalid_argument(where, ": node '", graph.node(id).name, "' has time ", t);
+      if (options.once_per_step && options.once_per_step(id)) t /= micro;
+      problem.items[static_cast<size_t>(placed.node_stage[id])].time += t;
     }
   }
 

@@ -12,8 +12,9 @@
 //     keeps in flight (under 1F1B stage s of p keeps p - s of them).
 //
 //  2. A graph adapter, partition_stages: turns a forward graph (or the forward part
-//     of a training graph) into such a sequence with a per-node time function and a
-//     link model, solves it (or applies manual boundaries, the --stage-boundaries
+//     of a training graph, each forward node then timed with the backward and
+//     optimizer nodes that follow it) into such a sequence with a per-node time
+//     function and a link model, solves it (or applies manual boundaries, the --stage-boundaries
 //     override), and reports a StageAssignment: the stage of every forward node and
 //     parameter, per-stage statistics and the tensors that cross each cut.
 //     assign_training_nodes then maps every node of the training graph built from
@@ -111,6 +112,13 @@ struct StagePartitionOptions {
   // A forward node's item time is node_time * (1 + backward_factor): the backward
   // pass of a node costs about twice its forward pass.
   double backward_factor = 2.0;
+  // With a training graph, instead: a forward node's item time is the time of
+  // every node of the step that runs where it runs (itself, its backward, its
+  // parameters' optimizer updates: as assign_training_nodes places them), each
+  // by node_time, per micro-batch: the nodes once_per_step names (run once per
+  // step, on the accumulated gradients) count 1 / microbatches of their time.
+  bool whole_step_times = false;
+  std::function<bool(NodeId)> once_per_step;
   // Link between neighbouring stages. A cut costs, per crossing activation tensor,
   // latency + bytes / bandwidth, twice when training (the activation forward, its
   // gradient backward).

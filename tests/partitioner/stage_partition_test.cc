@@ -407,6 +407,61 @@ TEST(AssignTrainingNodes, EveryNodeGetsAStageAndBackwardFollowsForward) {
   ASSERT_TRUE(mapped_direct.is_ok()) << mapped_direct.status().to_string();
 }
 
+// Balancing a training graph on the whole step: a forward node stands for
+// itself, its backward and its parameters' updates (once per step: 1/M each),
+// where assign_training_nodes will put them. A layer whose backward is slow
+// gets a stage of its own, which forward times scaled by a backward factor
+// cannot see.
+TEST(PartitionStages, TrainingGraphsBalanceTheWholeStep) {
+  Graph gpt = small_gpt(8);
+  passes::TrainingOptions training_options;
+  training_options.optimizer.kind = passes::OptimizerSpec::Kind::kAdam;
+  auto training = passes::make_training_graph(gpt, training_options);
+  ASSERT_TRUE(training.is_ok()) << training.status().to_string();
+  constexpr int kMicro = 4;
+  auto time = [](const Graph &g, NodeId id) {
+    const std::string &name = g.node(id).name;
+    return name.starts_with("layer0.") && name.find(".grad.") != std::string::npos ? 0.004 : 0.001;
+  };
+  auto once = [&](NodeId id) { return passes::is_step_op(training->node(id).op); };
+  StagePartitionOptions options;
+  options.node_time = time;
+  options.microbatches = kMicro;
+  auto scaled = partition_stages(*training, 4, options);
+  ASSERT_TRUE(scaled.is_ok()) << scaled.status().to_string();
+  EXPECT_EQ(layer_of(scaled->boundaries[0]), 1) << "forward times alone split evenly";
+
+  options.whole_step_times = true;
+  options.once_per_step = once;
+  auto whole = partition_stages(*training, 4, options);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  EXPECT_EQ(layer_of(whole->boundaries[0]), 0) << whole->boundaries[0];
+  // Each stage's time is that of the nodes that run there (gradient sums at
+  // a boundary may run on the next stage: they are the difference allowed).
+  std::vector<double> slack(4, 0.0);
+  auto step_times = [&](const StageAssignment &stages) {
+    auto placed = assign_training_nodes(*training, stages);
+    EXPECT_TRUE(placed.is_ok()) << placed.status().to_string();
+    std::vector<double> times(4, 0.0);
+    for (NodeId id = 0; placed.is_ok() && id < training->num_nodes(); ++id) {
+      const auto s = static_cast<size_t>(placed->node_stage[id]);
+      times[s] += time(*training, id) / (once(id) ? kMicro : 1);
+      if (&stages == &*whole && training->node(id).name.ends_with(".grad.accumulate")) {
+        slack[s] += time(*training, id);
+        if (s > 0) slack[s - 1] += time(*training, id);
+      }
+    }
+    return times;
+  };
+  const std::vector<double> times = step_times(*whole);
+  for (size_t s = 0; s < 4; ++s)
+    EXPECT_NEAR(whole->stages[s].compute_time, times[s], slack[s] + 1e-12) << "stage " << s;
+  // The step's real bottleneck is lower than with the even split.
+  const std::vector<double> even = step_times(*scaled);
+  EXPECT_LT(*std::max_element(times.begin(), times.end()),
+            0.9 * *std::max_element(even.begin(), even.end()));
+}
+
 TEST(PartitionStages, Gpt3Shape96LayersInto96Stages) {
   zoo::GptOptions options;
   options.layers = 96;
