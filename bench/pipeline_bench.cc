@@ -2,10 +2,17 @@
 // against measured step time, for a GPT on P CPU device threads.
 //
 // For each P in {2, 4} and M in {4, 8, 16} the GPT is compiled to a 1F1B
-// pipeline plan and trained for a few steps with tracing on. From the trace:
-//   step time  wall time of a step (first instruction start to last end)
+// pipeline plan and trained for a few steps with tracing on, timed by the
+// device clock (runtime/device_clock.h: each device's own CPU time, joined at
+// its messages and collectives), which measures the step as a core per device
+// would run it also where the machine has fewer cores than devices. The wall
+// time of the same steps is printed beside it: with a core per device the two
+// agree. From the trace:
+//   step time  a step's first instruction start to its last end
 //   busy       per device, the time in its own instructions (not in receives)
 //   bubble     1 - sum(busy) / (P * step time)
+// The formula (p-1)/(m+p-1) takes the stages to be equally long; the plan's
+// own predicted bubble includes the imbalance its stage split leaves.
 // Plans are compiled as `strata compile --profile` does: every node of the
 // training step is timed once on one device, and those times balance the stages
 // and predict the step (the plan's own prediction, "profiled"). The same
@@ -14,10 +21,12 @@
 // per-op model is from these small CPU kernels.
 // Prints one markdown table row per configuration.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ops/kernels/cpu/gemm.h"
@@ -30,8 +39,9 @@ namespace strata {
 namespace {
 
 struct Measured {
-  double step = 0;   // median step seconds
+  double step = 0;   // median step seconds (device clock)
   double bubble = 0; // median bubble
+  double wall = 0;   // median wall seconds of the same steps
 };
 
 double median(std::vector<double> v) {
@@ -43,12 +53,19 @@ double median(std::vector<double> v) {
 Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps) {
   runtime::PipelineRunnerOptions options;
   options.trace = true;
+  options.clock = runtime::PipelineRunnerOptions::Clock::kDevice;
   ASSIGN_OR_RETURN(auto runner, runtime::PipelineRunner::create(plan, options));
   const int M = plan.pipeline->microbatches;
   auto data = runtime::synthetic_dataset(plan.graph, 0, 1, M);
   std::vector<HostTensor> outputs;
-  for (int s = 0; s < warmup + steps; ++s)
+  std::vector<double> walls;
+  for (int s = 0; s < warmup + steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(runner->run(data.batches[0], &outputs));
+    if (s >= warmup)
+      walls.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   const auto &spans = runner->spans();
   const int P = runner->num_devices();
   Measured m;
@@ -68,6 +85,7 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
   }
   m.step = median(step_times);
   m.bubble = median(bubbles);
+  m.wall = median(walls);
   return m;
 }
 
@@ -117,11 +135,13 @@ int run(int argc, char **argv) {
   ops::cpu::set_gemm_num_threads(1);
 
   std::printf("GPT layers %d hidden %d seq %d batch %d, AdamW, 1F1B, one GEMM thread per "
-              "device, cluster '%s', %d steps (median) after 2 warm-up\n\n",
-              layers, hidden, seq, batch, cluster.name.c_str(), steps);
-  std::printf("| P | M | step ms (measured) | bubble measured | (p-1)/(m+p-1) | diff (points) | "
-              "predicted ms (plan, --profile) | error | predicted ms (roofline) | error |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+              "device, cluster '%s', %d steps (median) after 2 warm-up, %u cores\n\n",
+              layers, hidden, seq, batch, cluster.name.c_str(), steps,
+              std::thread::hardware_concurrency());
+  std::printf("| P | M | wall ms | step ms | bubble | (p-1)/(m+p-1) | diff (points) | plan's "
+              "bubble | diff (points) | predicted ms (plan, --profile) | error | predicted ms "
+              "(roofline) | error |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // What `strata compile --profile` does: time every node of the training step
   // on one device (one GEMM thread), balance and predict with those times.
   for (int M : {4, 8, 16}) {
@@ -147,11 +167,14 @@ int run(int argc, char **argv) {
       const double formula = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
       const double predicted = plan->pipeline->predicted_step_s;
       const double roof = roofline.is_ok() ? roofline->step_time : 0;
-      std::printf(
-          "| %d | %d | %.2f | %.1f%% | %.1f%% | %+.1f | %.2f | %+.1f%% | %.2f | %+.1f%% |\n", P, M,
-          measured->step * 1e3, measured->bubble * 100, formula * 100,
-          (measured->bubble - formula) * 100, predicted * 1e3,
-          (predicted / measured->step - 1) * 100, roof * 1e3, (roof / measured->step - 1) * 100);
+      const double planned = plan->pipeline->predicted_bubble;
+      std::printf("| %d | %d | %.2f | %.2f | %.1f%% | %.1f%% | %+.1f | %.1f%% | %+.1f | %.2f | "
+                  "%+.1f%% | %.2f | %+.1f%% |\n",
+                  P, M, measured->wall * 1e3, measured->step * 1e3, measured->bubble * 100,
+                  formula * 100, (measured->bubble - formula) * 100, planned * 100,
+                  (measured->bubble - planned) * 100, predicted * 1e3,
+                  (predicted / measured->step - 1) * 100, roof * 1e3,
+                  (roof / measured->step - 1) * 100);
       std::fflush(stdout);
     }
   }

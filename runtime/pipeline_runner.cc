@@ -16,6 +16,7 @@
 #include "ops/registry.h"
 #include "partitioner/tensor_parallel.h"
 #include "runtime/collectives.h"
+#include "runtime/device_clock.h"
 #include "runtime/executor.h"
 
 namespace strata::runtime {
@@ -136,35 +137,50 @@ Status PipelineRunner::Device::Bucket::reduce(Communicator &comm,
 
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point epoch) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+}
+
 // A device's communication stream: one thread that reduces the buckets handed
 // to it, in order, on the device's second communicator, while the device
 // thread computes. A failure aborts the device's main communicator too, so a
-// device waiting anywhere learns of it at once.
+// device waiting anywhere learns of it at once. Its times are seconds since
+// `epoch`, or with a `clock` the stream's device time (runtime/device_clock.h),
+// which starts at `clock_start`.
 class CommStream {
 public:
-  CommStream(Communicator &side, Communicator &main, size_t buckets)
-      : side_(side), main_(main), done_(buckets, 0), thread_([this] { loop(); }) {}
+  CommStream(Communicator &side, Communicator &main, size_t buckets,
+             std::chrono::steady_clock::time_point epoch, DeviceClock *clock, double clock_start)
+      : side_(side), main_(main), done_(buckets, 0), done_at_(buckets, 0.0), epoch_(epoch),
+        clock_(clock), clock_start_(clock_start), thread_([this] { loop(); }) {}
   ~CommStream() { stop(Status::ok()); }
 
-  // Runs `reduce` (bucket `index`, started by instruction `instruction`) on
-  // the second communicator after the buckets before it.
-  void start(std::function<Status(Communicator &)> reduce, uint32_t index, uint32_t instruction) {
+  // Runs `reduce` (bucket `index`, started by instruction `instruction` at
+  // device time `ready`) on the second communicator after the buckets before it.
+  void start(std::function<Status(Communicator &)> reduce, uint32_t index, uint32_t instruction,
+             double ready) {
     std::lock_guard lock(mutex_);
-    queue_.push_back([reduce = std::move(reduce), this, index, instruction] {
-      const auto begin = std::chrono::steady_clock::now();
+    queue_.push_back([reduce = std::move(reduce), this, index, instruction, ready] {
+      const double begin = clock_ ? clock_->join(ready) : seconds_since(epoch_);
       Status status = reduce(side_);
-      const auto end = std::chrono::steady_clock::now();
+      const double end = clock_ ? clock_->now() : seconds_since(epoch_);
       std::lock_guard done_lock(mutex_);
       if (!status.is_ok() && error_.is_ok()) error_ = status;
       done_[index] = 1;
+      done_at_[index] = end;
       spans_.push_back({instruction, begin, end});
     });
     wake_.notify_all();
   }
   struct Span {
     uint32_t instruction;
-    std::chrono::steady_clock::time_point begin, end;
+    double begin, end;
   };
+  // When bucket `index` was reduced (after wait() returned ok for it).
+  double done_at(uint32_t index) {
+    std::lock_guard lock(mutex_);
+    return done_at_[index];
+  }
   // What the stream did (read after stop()).
   const std::vector<Span> &spans() const { return spans_; }
   // Until bucket `index` is reduced; bounded by `timeout` (the reduction's own
@@ -191,6 +207,7 @@ public:
 
 private:
   void loop() {
+    if (clock_) clock_->start(clock_start_);
     std::unique_lock lock(mutex_);
     while (true) {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -216,6 +233,10 @@ private:
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
   std::vector<char> done_;
+  std::vector<double> done_at_;
+  std::chrono::steady_clock::time_point epoch_;
+  DeviceClock *clock_;
+  double clock_start_;
   std::vector<Span> spans_;
   Status error_ = Status::ok();
   bool stopping_ = false, aborted_ = false;
@@ -361,6 +382,19 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
                             runner->world_->num_devices());
   for (int d = 0; d < num_devices; ++d)
     runner->all_local_ = runner->all_local_ && runner->world_->is_local(d);
+  if (options.clock == PipelineRunnerOptions::Clock::kDevice) {
+    // The devices' clocks meet in this process, and a GEMM's worker threads'
+    // CPU time would not be counted.
+    if (!runner->all_local_)
+      return invalid_argument("the device clock needs every device in this process; this run "
+                              "spreads them over ",
+                              runner->world_->processes() ? runner->world_->processes()->size() : 0,
+                              " processes");
+    if (options.gemm_threads != 1)
+      return invalid_argument("the device clock counts each device thread's own CPU time, so it "
+                              "needs one GEMM thread per device, not ",
+                              options.gemm_threads);
+  }
   {
     // Failure reports of other processes name instructions of any device.
     auto names = std::make_shared<std::vector<std::vector<std::string>>>();
@@ -740,8 +774,18 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
           " micro-batches of ", graph_.tensor(graph_.inputs()[k]).type.to_string(), ")");
   if (steps_run_ == 0) epoch_ = std::chrono::steady_clock::now();
   const int64_t step = steps_run_ + 1;
+  // The device clock: each device (and its stream) starts the step where the
+  // last one ended, exchanging times over clocked communicators.
+  const bool device_clock = options_.clock == PipelineRunnerOptions::Clock::kDevice;
+  std::optional<ClockExchange> exchange, side_exchange;
+  if (device_clock) {
+    exchange.emplace();
+    side_exchange.emplace();
+  }
+  std::vector<double> device_ends(devices_.size(), device_time_);
 
-  auto run_device = [&](int rank, Communicator &comm, CommStream *stream) -> Status {
+  auto run_device = [&](int rank, Communicator &comm, CommStream *stream,
+                        DeviceClock *clock) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
     // The device's position in its tensor-parallel group, for the kernels of
     // ops that read a member's piece (ops::KernelContext).
@@ -772,7 +816,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
         case Kind::kStop: raise(SIGSTOP); break;
         }
       }
-      const auto start = std::chrono::steady_clock::now();
+      const double start = clock ? clock->now() : options_.trace ? seconds_since(epoch_) : 0;
       Status status = Status::ok();
       switch (op.kind) {
       case InstrKind::kCompute: {
@@ -827,14 +871,17 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
               [&device, &op](Communicator &side) {
                 return device.buckets[op.bucket].reduce(side, device.staging);
               },
-              op.bucket, static_cast<uint32_t>(i));
+              op.bucket, static_cast<uint32_t>(i), clock ? clock->now() : 0);
         else
           status = device.buckets[op.bucket].reduce(comm, device.staging);
         break;
       case InstrKind::kWaitBucket:
         // The reduction's own waits are bounded by the timeout; twice it is
         // a backstop.
+        if (clock != nullptr) clock->now(); // the work before the wait
         if (stream != nullptr) status = stream->wait(op.bucket, 2 * world_->timeout());
+        if (status.is_ok() && stream != nullptr && clock != nullptr)
+          clock->join(stream->done_at(op.bucket));
         break;
       case InstrKind::kReduceScatter:
       case InstrKind::kAllGather: {
@@ -858,12 +905,9 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
       if (!status.is_ok())
         return std::move(status).with_context(
             str_cat("step ", step, ", instruction ", i, " (", op.what, ")"));
-      if (options_.trace) {
-        const auto end = std::chrono::steady_clock::now();
-        spans.push_back({static_cast<uint32_t>(i),
-                         std::chrono::duration<double>(start - epoch_).count(),
-                         std::chrono::duration<double>(end - epoch_).count(), step});
-      }
+      if (options_.trace)
+        spans.push_back(
+            {static_cast<uint32_t>(i), start, clock ? clock->now() : seconds_since(epoch_), step});
     }
     world_->report(rank, step, -1);
     if (!all_local_) {
@@ -886,20 +930,36 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
                                                   : str_cat("stage ", rank / data_parallel_,
                                                             " replica ", rank % data_parallel_);
     comm.set_label(label);
+    std::optional<DeviceClock> clock, stream_clock;
+    std::unique_ptr<Communicator> clocked, side_clocked;
+    if (device_clock) {
+      clock.emplace();
+      clock->start(device_time_);
+      clocked = clocked_communicator(comm, *clock, *exchange);
+      if (side != nullptr) {
+        stream_clock.emplace();
+        side_clocked = clocked_communicator(*side, *stream_clock, *side_exchange);
+        side = side_clocked.get();
+      }
+    }
     // Buckets run on the communication stream where the world gives a second
     // communicator (threads, MPI); else each is reduced when it is started.
     std::optional<CommStream> stream;
     if (side != nullptr && !device.buckets.empty())
-      stream.emplace(*side, comm, device.buckets.size());
-    Status result = run_device(rank, comm, stream ? &*stream : nullptr);
+      stream.emplace(*side, comm, device.buckets.size(), epoch_,
+                     stream_clock ? &*stream_clock : nullptr, device_time_);
+    Status result = run_device(rank, clocked ? *clocked : comm, stream ? &*stream : nullptr,
+                               clock ? &*clock : nullptr);
     if (stream) {
       stream->stop(result);
       if (options_.trace)
         for (const CommStream::Span &span : stream->spans())
           spans_[static_cast<size_t>(rank)].push_back(
-              {span.instruction, std::chrono::duration<double>(span.begin - epoch_).count(),
-               std::chrono::duration<double>(span.end - epoch_).count(), step, true});
+              {span.instruction, span.begin, span.end, step, true});
     }
+    if (clock)
+      device_ends[static_cast<size_t>(rank)] =
+          std::max(clock->now(), stream ? stream_clock->last() : 0.0);
     return result;
   };
   Status status = world_->run_with_side(body);
@@ -908,6 +968,11 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
     return status.with_context(str_cat("pipeline step ", step));
   }
   ++steps_run_;
+  if (device_clock) {
+    const double end = *std::max_element(device_ends.begin(), device_ends.end());
+    device_step_ = end - device_time_;
+    device_time_ = end;
+  }
   outputs->clear();
   const std::vector<HostTensor> *copies = nullptr;
   for (const auto &device_copies : output_copies_)

@@ -39,6 +39,13 @@ struct PipelineRunnerOptions {
   std::shared_ptr<DeviceWorld> world;
   int gemm_threads = 1; // GEMM threads per device thread
   bool trace = false;   // record what each device did (trace_json())
+  // How the trace and device_step_seconds() tell time: wall-clock time, or
+  // device time (runtime/device_clock.h: each device's own CPU time, joined at
+  // its messages and collectives: the step as it would run with a core per
+  // device). Device time needs every device in this process and one GEMM
+  // thread per device.
+  enum class Clock { kWall, kDevice };
+  Clock clock = Clock::kWall;
   // Testing: make `device` fail (kError), sleep for `stall` (kStall), or end
   // its process (kKill: SIGKILL; kExit: exit status 0 mid-step; kStop:
   // SIGSTOP) when it reaches instruction `instruction` of step `step`
@@ -87,8 +94,12 @@ public:
   // What the devices did in every step run so far (with options.trace), as a
   // Chrome / Perfetto trace.
   std::string trace_json() const;
-  // The recorded spans, per device (seconds since the first step began).
+  // The recorded spans, per device (seconds since the first step began, by
+  // options.clock).
   const std::vector<std::vector<partitioner::TraceSpan>> &spans() const { return spans_; }
+  // With the device clock, the device time of the last step run (its last
+  // device's end); else 0.
+  double device_step_seconds() const { return device_step_; }
 
 private:
   PipelineRunner() = default;
@@ -109,6 +120,8 @@ private:
   int64_t steps_run_ = 0;
   bool failed_ = false;
   std::chrono::steady_clock::time_point epoch_;
+  double device_time_ = 0; // device clock: where the last step ended
+  double device_step_ = 0;
   std::vector<std::vector<partitioner::TraceSpan>> spans_;
   // ZeRO-1 shards and tensor-parallel pieces put together by value().
   mutable std::map<TensorId, HostTensor> assembled_;

@@ -898,6 +898,17 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (!args.trace.empty() && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
+  if (args.clock == "device") {
+    if (!plan.pipeline)
+      return invalid_argument("--clock device times a pipeline plan's devices; this plan has one "
+                              "device (compile with --mesh 1x1xP)");
+    if (args.backend == "cuda")
+      return invalid_argument("--clock device times the CPU device threads; a GPU's steps are "
+                              "timed by the GPU");
+    if (world)
+      return invalid_argument("--clock device needs every device in one process; this run has ",
+                              world->size(), " MPI ranks");
+  }
   RETURN_IF_ERROR(check_timeout(args.timeout_s));
   // Where the run will write, checked before it trains.
   if (!args.checkpoint.empty()) {
@@ -987,6 +998,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     runtime::PipelineRunnerOptions pipeline_options;
     pipeline_options.model_dir = options.model_dir;
     pipeline_options.trace = !args.trace.empty();
+    if (args.clock == "device")
+      pipeline_options.clock = runtime::PipelineRunnerOptions::Clock::kDevice;
     pipeline_options.world = world;
     pipeline_options.fault = fault.fault;
     pipeline_options.timeout =
@@ -1060,7 +1073,7 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   // Each step's time, and on a GPU the host's time issuing it, from the
   // third step on (the first loads the kernels, on a GPU the second is
   // captured): the steady state.
-  std::vector<double> step_seconds, issue_seconds;
+  std::vector<double> step_seconds, issue_seconds, device_seconds;
   // Under an MPI launcher every rank would have to stop at the same step;
   // there the MPI world's own handlers (runtime/mpi_world.cc) end the job.
   std::optional<StopOnSignal> stop_on_signal;
@@ -1074,6 +1087,8 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
       if (trainer.runner().issue_seconds() >= 0)
         issue_seconds.push_back(trainer.runner().issue_seconds());
+      if (pipeline != nullptr && args.clock == "device")
+        device_seconds.push_back(pipeline->device_step_seconds());
     }
     if (!stepped.is_ok()) {
       if (write_trace().is_ok() && pipeline != nullptr && !args.trace.empty())
@@ -1155,6 +1170,10 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
   if (n > 0)
     out << "steady     " << format_ms(median(step_seconds)) << " per step (" << last_steps << ")\n";
+  if (!device_seconds.empty())
+    out << "device     " << format_ms(median(device_seconds))
+        << " per step on a core per device (the device clock"
+        << (args.trace.empty() ? "" : ", which the trace uses too") << "; " << last_steps << ")\n";
   if (!issue_seconds.empty())
     out << "host       " << format_micros(median(issue_seconds)) << " us per step to issue it ("
         << last_steps << ": the batch copied in, "

@@ -484,6 +484,13 @@ void add_run(CLI::App &app, Action &action) {
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");
+  sub->add_option("--clock", args.clock,
+                  "pipeline plan on the CPU: how --trace and the step time are timed: wall, or "
+                  "device: each device thread's own CPU time, joined where it waits for "
+                  "another device; the step as a core per device would run it, on a machine "
+                  "with fewer free cores than the plan has devices")
+      ->check(CLI::IsMember({"wall", "device"}))
+      ->capture_default_str();
   sub->add_option("--timeout", args.timeout_s,
                   "pipeline plan: seconds any device waits for another before the run fails "
                   "(--backend cuda: a GPU's whole step, and NCCL's start-up)")
@@ -506,6 +513,10 @@ void add_run(CLI::App &app, Action &action) {
               "  strata run train.splan --steps 200 --resume ckpt --checkpoint ckpt\n"
               "  strata run train.splan --steps 50 --data batches/   # x.npy, labels.npy\n"
               "  strata run train.splan --steps 20 --op-times         # time per op type\n\n"
+              "A pipeline plan's devices are CPU threads. On a machine with fewer free cores\n"
+              "than devices, --clock device times the step as a core per device would run it.\n"
+              "  strata run pp.splan --steps 5 --trace t.json     # open in ui.perfetto.dev\n"
+              "  strata run pp.splan --steps 5 --clock device --trace t.json\n\n"
               "On a GPU (`strata ops --backend cuda` says which ops have CUDA kernels); a\n"
               "pipeline, data- or tensor-parallel plan runs its devices as streams of one GPU,\n"
               "or over several GPUs (--gpus, NCCL between them) or MPI ranks (a GPU each).\n"

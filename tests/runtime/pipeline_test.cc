@@ -113,7 +113,8 @@ Result<serialization::Plan> compile(const Graph &forward, const passes::Training
   return partitioner::compile_pipeline(forward, options, pipeline);
 }
 
-TrainRun run_plan(const serialization::Plan &plan);
+TrainRun run_plan(const serialization::Plan &plan, const PipelineRunnerOptions &options = {},
+                  std::unique_ptr<Trainer> *keep = nullptr);
 
 TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options, int stages,
                    int microbatches, Schedule schedule, int data_parallel = 1, int zero = 0,
@@ -126,9 +127,11 @@ TrainRun pipelined(const Graph &forward, const passes::TrainingOptions &options,
   return run_plan(*plan);
 }
 
-// Trains `plan` kSteps steps on the synthetic data.
-TrainRun run_plan(const serialization::Plan &plan) {
-  auto runner = PipelineRunner::create(plan);
+// Trains `plan` kSteps steps on the synthetic data; `keep` receives the
+// trainer (and its runner) where given.
+TrainRun run_plan(const serialization::Plan &plan, const PipelineRunnerOptions &options,
+                  std::unique_ptr<Trainer> *keep) {
+  auto runner = PipelineRunner::create(plan, options);
   EXPECT_TRUE(runner.is_ok()) << runner.status().message();
   if (!runner.is_ok()) return {};
   Dataset data =
@@ -137,7 +140,9 @@ TrainRun run_plan(const serialization::Plan &plan) {
   auto trainer = Trainer::create(std::move(runner).value(), "loss", std::move(data));
   EXPECT_TRUE(trainer.is_ok()) << trainer.status().message();
   if (!trainer.is_ok()) return {};
-  return train(**trainer);
+  TrainRun run = train(**trainer);
+  if (keep != nullptr) *keep = std::move(trainer).value();
+  return run;
 }
 
 // Largest |a - b| / max|b| over a tensor.
@@ -1060,6 +1065,81 @@ TEST_F(PipelineTest, TraceShowsEveryDevice) {
   for (const auto &span : dp_runner->spans()[1])
     stream_spans += span.stream;
   EXPECT_EQ(stream_spans, dp->programs[1].buckets.size());
+}
+
+// The device clock (runtime/device_clock.h) changes how time is told, not
+// what is computed: the same bits as the wall clock. In its trace each
+// device's instructions follow one another, a receive ends no earlier than
+// its message was sent, and the step lasts until the last device is done.
+TEST_F(PipelineTest, DeviceClockKeepsTheBitsAndJoinsDevicesAtMessages) {
+  PipelineRunnerOptions options;
+  options.trace = true;
+  options.clock = PipelineRunnerOptions::Clock::kDevice;
+  for (const auto &[stages, replicas] : std::vector<std::pair<int, int>>{{4, 1}, {2, 2}}) {
+    const std::string what = str_cat(stages, " stages x ", replicas, " replicas");
+    auto plan = compile(gpt(), training("adamw:lr=1e-3"), stages, 4, Schedule::k1F1B, replicas, 0,
+                        1, false, 1024);
+    ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().message();
+    std::unique_ptr<Trainer> trainer;
+    expect_bitwise(run_plan(*plan, options, &trainer), run_plan(*plan), what);
+    ASSERT_NE(trainer, nullptr);
+    const auto &runner = dynamic_cast<const PipelineRunner &>(trainer->runner());
+    EXPECT_GT(runner.device_step_seconds(), 0) << what;
+    const auto &spans = runner.spans();
+    double step_start = 0;
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      // (source, destination, tensor, micro-batch) -> when it was sent
+      std::map<std::tuple<int, int, uint32_t, int32_t>, double> sent;
+      double step_end = step_start;
+      for (size_t d = 0; d < spans.size(); ++d) {
+        double last = step_start;
+        for (const auto &span : spans[d]) {
+          if (span.step != step) continue;
+          step_end = std::max(step_end, span.end_s);
+          if (span.stream) continue;
+          EXPECT_GE(span.start_s, last) << what << ": device " << d << " step " << step;
+          EXPECT_GE(span.end_s, span.start_s) << what;
+          last = span.end_s;
+          const auto &instr = plan->programs[d].instructions[span.instruction];
+          if (instr.kind == serialization::InstrKind::kSend)
+            sent[{static_cast<int>(d), instr.peer, instr.index, instr.microbatch}] = span.start_s;
+        }
+      }
+      size_t receives = 0;
+      for (size_t d = 0; d < spans.size(); ++d)
+        for (const auto &span : spans[d]) {
+          const auto &instr = plan->programs[d].instructions[span.instruction];
+          if (span.step != step || span.stream || instr.kind != serialization::InstrKind::kRecv)
+            continue;
+          auto it = sent.find({instr.peer, static_cast<int>(d), instr.index, instr.microbatch});
+          ASSERT_NE(it, sent.end()) << what;
+          EXPECT_GE(span.end_s, it->second)
+              << what << ": device " << d << " received " << plan->graph.tensor(instr.index).name
+              << " before device " << instr.peer << " sent it";
+          ++receives;
+        }
+      EXPECT_EQ(receives, sent.size()) << what;
+      EXPECT_GT(receives, 0u) << what;
+      step_start = step_end;
+    }
+    // The last step's length is the one reported.
+    double last_start = 1e300, last_end = 0;
+    for (const auto &device_spans : spans)
+      for (const auto &span : device_spans)
+        if (span.step == kSteps) {
+          last_start = std::min(last_start, span.start_s);
+          last_end = std::max(last_end, span.end_s);
+        }
+    EXPECT_GE(runner.device_step_seconds(), last_end - last_start) << what;
+  }
+  PipelineRunnerOptions threads = options;
+  threads.gemm_threads = 2;
+  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok());
+  auto refused = PipelineRunner::create(*plan, threads);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("one GEMM thread per device, not 2"), std::string::npos)
+      << refused.status().message();
 }
 
 TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {

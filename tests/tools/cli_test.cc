@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -875,6 +876,16 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   const std::string trace = read_file(path("t.json"));
   EXPECT_NE(trace.find("device 3 (stage 3)"), std::string::npos);
   EXPECT_NE(trace.find("\"name\": \"F7\""), std::string::npos);
+  // Timed by the device clock: the same losses, and the step on a core per device.
+  Outcome clocked =
+      strata({"run", "pp.splan", "--steps", "3", "--clock", "device", "--trace", "td.json"});
+  ASSERT_EQ(clocked.code, 0) << clocked.err;
+  EXPECT_EQ(printed_losses(clocked.out), printed_losses(run.out)) << clocked.out;
+  EXPECT_TRUE(std::regex_search(clocked.out, std::regex("device +[0-9.]+ ms per step on a core "
+                                                        "per device \\(the device clock, "
+                                                        "which the trace uses too")))
+      << clocked.out;
+  EXPECT_NE(read_file(path("td.json")).find("\"name\": \"F7\""), std::string::npos);
 
   // The same micro-batches on one device: the same losses, bitwise (printed).
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
@@ -1070,6 +1081,8 @@ TEST_F(CliTest, PipelineOptionErrors) {
   EXPECT_FALSE(fs::exists(path("p.splan")));
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
   expect_one_line_error(strata({"run", "t.splan", "--trace", "t.json"}), "--trace");
+  expect_one_line_error(strata({"run", "t.splan", "--clock", "device"}),
+                        "--clock device times a pipeline plan's devices; this plan has one device");
   expect_one_line_error(strata({"simulate", "t.splan"}), "not a pipeline plan");
 }
 
