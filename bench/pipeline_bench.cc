@@ -91,7 +91,7 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
 
 int run(int argc, char **argv) {
   std::string cluster_path;
-  int layers = 8, hidden = 128, seq = 64, batch = 32, steps = 5;
+  int layers = 8, hidden = 128, seq = 64, batch = 32, vocab = 512, steps = 5;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -105,11 +105,13 @@ int run(int argc, char **argv) {
       seq = std::stoi(next());
     else if (arg == "--batch")
       batch = std::stoi(next());
+    else if (arg == "--vocab")
+      vocab = std::stoi(next());
     else if (arg == "--steps")
       steps = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: pipeline_bench [--cluster spec.json] [--layers N] [--hidden H] "
-                           "[--seq S] [--batch B] [--steps N]\n");
+                           "[--seq S] [--batch B] [--vocab V] [--steps N]\n");
       return 2;
     }
   }
@@ -127,16 +129,16 @@ int run(int argc, char **argv) {
   o.hidden = hidden;
   o.heads = 4;
   o.seq = seq;
-  o.vocab = 512;
+  o.vocab = vocab;
   o.batch = batch;
   const Graph forward = *zoo::make_gpt(o);
   passes::TrainingOptions training;
   training.optimizer = *passes::parse_optimizer("adamw:lr=1e-3");
   ops::cpu::set_gemm_num_threads(1);
 
-  std::printf("GPT layers %d hidden %d seq %d batch %d, AdamW, 1F1B, one GEMM thread per "
+  std::printf("GPT layers %d hidden %d seq %d vocab %d batch %d, AdamW, 1F1B, one GEMM thread per "
               "device, cluster '%s', %d steps (median) after 2 warm-up, %u cores\n\n",
-              layers, hidden, seq, batch, cluster.name.c_str(), steps,
+              layers, hidden, seq, vocab, batch, cluster.name.c_str(), steps,
               std::thread::hardware_concurrency());
   std::printf("| P | M | wall ms | step ms | bubble | (p-1)/(m+p-1) | diff (points) | plan's "
               "bubble | diff (points) | predicted ms (plan, --profile) | error | predicted ms "

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Pipeline benchmarks; record the output under bench/results/.
 #  1. Bubble and prediction: a GPT trained as a 1F1B pipeline on P CPU device
-#     threads (P = 2, 4; M = 4, 8, 16): measured bubble against (p-1)/(m+p-1),
-#     predicted step time (profiled node times, and the roofline of a cluster
-#     spec measured by `strata calibrate`) against the measured one.
+#     threads (P = 2, 4; M = 4, 8, 16), timed by the device clock (a core per
+#     device, whatever this machine has): measured bubble against
+#     (p-1)/(m+p-1) and the plan's own, predicted step time (profiled node
+#     times, and the roofline of a cluster spec measured by `strata
+#     calibrate`) against the measured one. Two shapes: 8 layers with a
+#     512-token vocabulary (its head makes the stages uneven) and 16 layers
+#     with 64 tokens (stages within a few percent of each other).
 #  2. Compile time: a GPT-3-175B-shaped model into a 96-stage plan.
 #
 # Usage: bench/run_pipeline.sh [build-dir]   (default: build)
@@ -17,6 +21,8 @@ trap 'rm -f "$spec"' EXIT
 "$build/tools/strata" calibrate --devices 4 -o "$spec" >/dev/null
 echo "cores: $(nproc --all); $(uptime)"
 "$build/bench/pipeline_bench" --cluster "$spec"
+echo
+"$build/bench/pipeline_bench" --cluster "$spec" --layers 16 --vocab 64
 echo
 uptime
 for m in 8 96; do
