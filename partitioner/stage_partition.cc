@@ -429,6 +429,9 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
   problem.memory_capacity = options.memory_capacity;
   problem.items.resize(n);
   const double time_scale = 1.0 + (options.training ? options.backward_factor : 0.0);
+  // Whole-step times need the step's other nodes: a forward graph has none.
+  const bool whole_step = options.training && options.whole_step_times &&
+                          std::find(is_forward.begin(), is_forward.end(), 0) != is_forward.end();
   const ops::OpRegistry &registry = ops::OpRegistry::global();
   for (size_t i = 0; i < n; ++i) {
     const NodeId id = out.order[i];
@@ -439,7 +442,7 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     if (!std::isfinite(t) || t < 0) {
       return invalid_argument(where, ": node '", item.name, "' has time ", t);
     }
-    item.time = options.whole_step_times ? t : t * time_scale;
+    item.time = whole_step ? t : t * time_scale;
     if (options.training) {
       for (TensorId o : graph.node(id).outputs)
         if (!options.kept || options.kept(graph, o))
@@ -447,7 +450,7 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     }
   }
 
-  if (options.training && options.whole_step_times) {
+  if (whole_step) {
     // Where each node of the step runs, as if every forward node were a stage
     // of its own: the item it adds its time to.
     StageAssignment each;
@@ -457,7 +460,8 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
     each.node_stage.assign(graph.num_nodes(), -1);
     for (size_t i = 0; i < n; ++i)
       each.node_stage[out.order[i]] = static_cast<int>(i);
-    ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, each));
+    auto placed = assign_training_nodes(graph, each);
+    if (!placed.is_ok()) return placed.status().with_context(where);
     const double micro = options.microbatches > 0 ? options.microbatches : stages;
     for (NodeId id = 0; id < graph.num_nodes(); ++id) {
       if (position[id] != SIZE_MAX) continue; // a forward node: counted above
@@ -466,7 +470,7 @@ Result<StageAssignment> partition_stages(const Graph &graph, int stages,
       if (!std::isfinite(t) || t < 0)
         return invalid_argument(where, ": node '", graph.node(id).name, "' has time ", t);
       if (options.once_per_step && options.once_per_step(id)) t /= micro;
-      problem.items[static_cast<size_t>(placed.node_stage[id])].time += t;
+      problem.items[static_cast<size_t>(placed->node_stage[id])].time += t;
     }
   }
 

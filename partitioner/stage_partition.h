@@ -149,7 +149,8 @@ struct StagePartitionOptions {
 
 struct StageInfo {
   size_t num_nodes = 0;           // forward nodes
-  double compute_time = 0;        // seconds, forward and backward
+  double compute_time = 0;        // seconds per micro-batch: forward, backward (and
+                                  // the optimizer / M with whole_step_times)
   double cut_time = 0;            // outgoing cut
   double time = 0;                // compute_time + cut_time
   double parameter_bytes = 0;     // parameters the stage owns (first consumer here)

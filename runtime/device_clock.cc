@@ -61,16 +61,27 @@ void ClockExchange::entered(const Group &group, uint64_t sequence, int rank, dou
   collectives_[{group, sequence}].by_rank[rank] = time;
 }
 
-double ClockExchange::left(const Group &group, uint64_t sequence, int rank, int root) {
-  std::lock_guard lock(mutex_);
+double ClockExchange::left(const Group &group, uint64_t sequence, int rank, int root, double work,
+                           std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
   auto it = collectives_.find({group, sequence});
   if (it == collectives_.end()) return 0;
   Entries &entries = it->second;
-  double ready = 0;
-  for (const auto &[member, time] : entries.by_rank)
-    if (root < 0 || member == root || member == rank) ready = std::max(ready, time);
+  entries.work[rank] = work;
+  work_posted_.notify_all();
+  double ready = 0, most = work;
+  if (root >= 0) {
+    for (const auto &[member, time] : entries.by_rank)
+      if (member == root || member == rank) ready = std::max(ready, time);
+  } else {
+    work_posted_.wait_for(lock, timeout, [&] { return entries.work.size() == group.size(); });
+    for (const auto &[member, time] : entries.by_rank)
+      ready = std::max(ready, time);
+    for (const auto &[member, spent] : entries.work)
+      most = std::max(most, spent);
+  }
   if (++entries.left == group.size()) collectives_.erase(it);
-  return ready;
+  return ready + most;
 }
 
 namespace {
@@ -183,10 +194,13 @@ private:
       std::iota(members.begin(), members.end(), 0);
     }
     const uint64_t sequence = sequences_[members]++;
-    exchange_.entered(members, sequence, rank(), clock_.now());
+    const double entered = clock_.now();
+    exchange_.entered(members, sequence, rank(), entered);
     Status status = call();
-    const double ready = exchange_.left(members, sequence, rank(), root);
-    if (status.is_ok()) clock_.join(ready);
+    // A failed member's peers fail too: nobody waits for its work then.
+    const double done = exchange_.left(members, sequence, rank(), root, clock_.now() - entered,
+                                       status.is_ok() ? timeout() : std::chrono::milliseconds(0));
+    if (status.is_ok()) clock_.join(done);
     return status;
   }
 

@@ -9,9 +9,14 @@
 // the devices depend on each other:
 //   - a message is ready at the sender's clock when it sent it; a receive ends
 //     at max(receiver's clock, ready) plus the receiver's own CPU time in it;
-//   - a collective ends, on each member, at the latest member's clock when it
-//     entered plus the member's own CPU time in it (a broadcast waits for its
-//     root only).
+//   - a collective ends on every member at the latest member's clock when it
+//     entered plus the most CPU time any member spent in it (a transport may
+//     do a whole reduction on one member); a broadcast member waits for its
+//     root only, then adds its own time.
+// A device's communication stream (data-parallel gradient buckets) keeps a
+// clock of its own: it counts as an engine beside the device's core, as a
+// GPU's communication kernels run beside its compute. A message is ready when
+// its send began (in-process sends copy the data in microseconds).
 // Blocked waits cost no CPU time, so they never advance a clock. The result is
 // the time of the same instructions on dedicated cores, minus what sharing a
 // core does to caches and memory bandwidth; it needs every thread doing a
@@ -19,6 +24,8 @@
 // threads would not be).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,18 +81,23 @@ public:
   // Collective number `sequence` on `group` (the full member list): `rank`
   // entered it at `time`.
   void entered(const Group &group, uint64_t sequence, int rank, double time);
-  // Once the collective completed on `rank`: the time it was ready there (the
-  // latest entry, or the root's for a broadcast: root >= 0). Forgotten once
-  // every member has asked.
-  double left(const Group &group, uint64_t sequence, int rank, int root);
+  // Once the collective completed on `rank`, which spent `work` seconds of
+  // CPU time in it: the time it is done there. Without a root, the latest
+  // entry plus the most work of any member, which waits (at most `timeout`,
+  // then with the members heard from) for every member's work; for a
+  // broadcast (root >= 0), the later of its own and the root's entry plus its
+  // own work. Forgotten once every member has left.
+  double left(const Group &group, uint64_t sequence, int rank, int root, double work,
+              std::chrono::milliseconds timeout);
 
 private:
   using Channel = std::tuple<int, int, uint64_t, uint64_t>; // source, destination, tag, n
   struct Entries {
-    std::map<int, double> by_rank;
+    std::map<int, double> by_rank, work;
     size_t left = 0;
   };
   std::mutex mutex_;
+  std::condition_variable work_posted_;
   std::map<std::tuple<int, int, uint64_t>, uint64_t> sends_, receives_;
   std::map<Channel, double> messages_;
   std::map<std::pair<Group, uint64_t>, Entries> collectives_;

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/host_tensor.h"
@@ -18,6 +19,16 @@
 #include "runtime/step_runner.h"
 
 namespace strata::runtime {
+
+// Whether `bytes` of host memory can be had at all. More than this host's
+// memory and swap together is an error that says what needs how much (`what`
+// ends "needs"; `parts` says of what, e.g. "1.0 GiB of activations, ...") and
+// what the host has: before an allocation the kernel would refuse, or a run
+// its out-of-memory killer would end without a word.
+Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts);
+
+// "1.5 GiB", "12.0 MiB", "512 B".
+std::string format_bytes(double bytes);
 
 struct ExecutorOptions {
   // Folder that external data paths are relative to (the model's folder).

@@ -14,6 +14,7 @@
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
+#include "partitioner/auto_plan.h"
 #include "partitioner/tensor_parallel.h"
 #include "runtime/collectives.h"
 #include "runtime/device_clock.h"
@@ -385,11 +386,9 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   if (options.clock == PipelineRunnerOptions::Clock::kDevice) {
     // The devices' clocks meet in this process, and a GEMM's worker threads'
     // CPU time would not be counted.
-    if (!runner->all_local_)
-      return invalid_argument("the device clock needs every device in this process; this run "
-                              "spreads them over ",
-                              runner->world_->processes() ? runner->world_->processes()->size() : 0,
-                              " processes");
+    if (!runner->all_local_ || runner->world_->processes() != nullptr)
+      return invalid_argument("the device clock needs every device a thread of this process, "
+                              "not a rank of an MPI job (whose waits busy-poll)");
     if (options.gemm_threads != 1)
       return invalid_argument("the device clock counts each device thread's own CPU time, so it "
                               "needs one GEMM thread per device, not ",
@@ -425,6 +424,25 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   runner->outputs_.assign(g.outputs().size(), {});
   std::vector<bool> output_found(g.outputs().size(), false);
 
+  {
+    // What this process's devices need, before any of it is allocated.
+    int64_t total = 0, largest = 0;
+    int local = 0;
+    size_t largest_device = 0;
+    for (size_t d = 0; d < plan.programs.size(); ++d) {
+      if (!runner->world_->is_local(static_cast<int>(plan.programs[d].device))) continue;
+      const int64_t bytes = partitioner::device_memory(plan, d);
+      total += bytes;
+      ++local;
+      if (bytes > largest) largest = bytes, largest_device = plan.programs[d].device;
+    }
+    RETURN_IF_ERROR(check_host_memory(
+        total,
+        str_cat("the pipeline's ", local, local == 1 ? " device" : " devices",
+                " in this process need"),
+        str_cat("activations and held tensors; the largest, device ", largest_device, ", ",
+                format_bytes(static_cast<double>(largest)))));
+  }
   for (const serialization::PlanProgram &program : runner->programs_) {
     auto device = std::make_unique<Device>();
     device->index = static_cast<int>(program.device);
@@ -965,6 +983,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   Status status = world_->run_with_side(body);
   if (!status.is_ok()) {
     failed_ = true;
+    device_step_ = 0;
     return status.with_context(str_cat("pipeline step ", step));
   }
   ++steps_run_;

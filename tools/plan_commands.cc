@@ -899,12 +899,12 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");
   if (args.clock == "device") {
-    if (!plan.pipeline)
-      return invalid_argument("--clock device times a pipeline plan's devices; this plan has one "
-                              "device (compile with --mesh 1x1xP)");
     if (args.backend == "cuda")
       return invalid_argument("--clock device times the CPU device threads; a GPU's steps are "
                               "timed by the GPU");
+    if (!plan.pipeline)
+      return invalid_argument("--clock device times a pipeline plan's devices; this plan has one "
+                              "device (compile with --mesh 1x1xP)");
     if (world)
       return invalid_argument("--clock device needs every device in one process; this run has ",
                               world->size(), " MPI ranks");

@@ -485,10 +485,11 @@ void add_run(CLI::App &app, Action &action) {
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
       ->type_name("FILE");
   sub->add_option("--clock", args.clock,
-                  "pipeline plan on the CPU: how --trace and the step time are timed: wall, or "
-                  "device: each device thread's own CPU time, joined where it waits for "
-                  "another device; the step as a core per device would run it, on a machine "
-                  "with fewer free cores than the plan has devices")
+                  "pipeline plan on the CPU: how --trace is timed: wall, or device: each device "
+                  "thread's own CPU time, joined where it waits for another device; the step as "
+                  "a core per device would run it, on a machine with fewer free cores than the "
+                  "plan has devices. Adds a `device` line (step time by that clock) after the "
+                  "`steady` one (wall time)")
       ->check(CLI::IsMember({"wall", "device"}))
       ->capture_default_str();
   sub->add_option("--timeout", args.timeout_s,

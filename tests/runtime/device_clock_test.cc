@@ -2,6 +2,7 @@
 // time and meet at messages and collectives, whatever the machine's load.
 #include "runtime/device_clock.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -56,15 +57,30 @@ TEST(DeviceClockTest, ExchangeMatchesMessagesInOrderAndCollectivesByGroup) {
   exchange.entered(pair, 0, 0, 7.0); // the same sequence number, another group
   exchange.entered(all, 0, 1, 3.0);
   exchange.entered(all, 0, 2, 2.0);
-  for (int rank = 0; rank < 3; ++rank)
-    EXPECT_EQ(exchange.left(all, 0, rank, -1), 3.0) << rank;
-  // A broadcast waits for its root only.
+  // Every member is done at the latest entry plus the most work any member
+  // did in it, once all have said how much.
+  std::vector<double> done(3);
+  {
+    std::vector<std::thread> members;
+    for (int rank = 0; rank < 3; ++rank)
+      members.emplace_back([&, rank] {
+        done[static_cast<size_t>(rank)] =
+            exchange.left(all, 0, rank, -1, rank == 1 ? 0.5 : 0.125, std::chrono::seconds(10));
+      });
+    for (std::thread &member : members)
+      member.join();
+  }
+  EXPECT_EQ(done, std::vector<double>(3, 3.5));
+  EXPECT_EQ(exchange.left(pair, 0, 0, -1, 0.25, std::chrono::milliseconds(0)), 7.25)
+      << "a member that hears from nobody else (a failed call) does not wait";
+  // A broadcast waits for its root only, then adds its own work.
   exchange.entered(all, 1, 0, 4.0);
   exchange.entered(all, 1, 1, 6.0);
   exchange.entered(all, 1, 2, 1.0);
-  EXPECT_EQ(exchange.left(all, 1, 0, 0), 4.0);
-  EXPECT_EQ(exchange.left(all, 1, 1, 0), 6.0);
-  EXPECT_EQ(exchange.left(all, 1, 2, 0), 4.0);
+  const auto none = std::chrono::milliseconds(0);
+  EXPECT_EQ(exchange.left(all, 1, 0, 0, 0.25, none), 4.25);
+  EXPECT_EQ(exchange.left(all, 1, 1, 0, 0.5, none), 6.5);
+  EXPECT_EQ(exchange.left(all, 1, 2, 0, 0.0, none), 4.0);
 }
 
 // A chain 0 -> 1 -> 2: each device's time is its own CPU time plus what it
@@ -107,7 +123,7 @@ TEST(DeviceClockTest, MessagesCarryTheSendersTime) {
 
 TEST(DeviceClockTest, CollectivesWaitForTheirLastMemberOrTheirRoot) {
   ClockExchange exchange;
-  std::vector<double> reduced(3), broadcast(3);
+  std::vector<double> reduced(3), broadcast(3), large(3);
   std::vector<float> sums(3);
   const Status status = run_on_threads(
       3,
@@ -123,6 +139,11 @@ TEST(DeviceClockTest, CollectivesWaitForTheirLastMemberOrTheirRoot) {
         if (rank == 2) spin(0.03);
         RETURN_IF_ERROR(comm->broadcast(&value, sizeof value, 0));
         broadcast[static_cast<size_t>(rank)] = clock.now();
+        // The local transport sums on the member that arrives last (by the
+        // wall clock): every member is done when that work is.
+        std::vector<float> values(size_t{1} << 22, 1.0f);
+        RETURN_IF_ERROR(comm->all_reduce(std::span(values)));
+        large[static_cast<size_t>(rank)] = clock.now();
         return Status::ok();
       },
       std::chrono::milliseconds(10'000));
@@ -136,6 +157,9 @@ TEST(DeviceClockTest, CollectivesWaitForTheirLastMemberOrTheirRoot) {
   EXPECT_LT(broadcast[0], 0.03 + 2 * kSlack);
   EXPECT_LT(broadcast[1], 0.03 + 2 * kSlack);
   EXPECT_GE(broadcast[2], 0.06);
+  const auto [first, last] = std::minmax_element(large.begin(), large.end());
+  EXPECT_LT(*last - *first, 0.002) << "the members of one all-reduce end apart";
+  EXPECT_GT(*first, broadcast[2]);
 }
 
 } // namespace

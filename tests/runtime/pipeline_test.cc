@@ -1190,6 +1190,21 @@ TEST_F(PipelineTest, TransfersAreExplained) {
 // or write out of bounds (the sanitizer build runs this too, on every 4th
 // byte) or hang. Every byte of a small data-parallel pipeline plan is flipped
 // in turn; the plans that still load are created and stepped once.
+// A plan whose devices need more than this host has is refused by size
+// before anything is allocated.
+TEST_F(PipelineTest, DevicesBeyondTheHostsMemoryAreRefusedBySize) {
+  auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  plan->programs[1].arena_bytes = int64_t{1} << 50; // 1 PiB
+  auto runner = PipelineRunner::create(*plan);
+  ASSERT_FALSE(runner.is_ok());
+  EXPECT_NE(runner.status().message().find("the pipeline's 2 devices in this process need 1.0 PiB "
+                                           "of memory (activations and held tensors; the "
+                                           "largest, device 1, 1.0 PiB); this host has "),
+            std::string::npos)
+      << runner.status().message();
+}
+
 TEST_F(PipelineTest, CorruptedPlansThatLoadRunOrFailCleanly) {
   zoo::MlpOptions o;
   o.batch = 8;

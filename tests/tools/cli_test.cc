@@ -453,6 +453,19 @@ TEST_F(CliTest, RunWithWrongInputNamesIt) {
                         "the model has no input 'token' (its inputs: tokens)");
 }
 
+// A model far beyond this host's memory (4 TB of weights, drawn by
+// initializers, so the file is small) is refused by size before anything is
+// allocated, instead of a bare "out of memory" or the OOM killer.
+TEST_F(CliTest, RunBeyondTheHostsMemorySaysHowMuch) {
+  ASSERT_EQ(strata({"zoo", "mlp", "--batch", "1", "--input", "1000000", "--hidden", "1000000",
+                    "--classes", "2", "-o", "big.strata"})
+                .code,
+            0);
+  Outcome run = strata({"run", "big.strata"});
+  expect_one_line_error(run, "needs 3.6 TiB of memory (3.6 TiB of weights and state, ");
+  EXPECT_NE(run.err.find("of activations); this host has "), std::string::npos) << run.err;
+}
+
 TEST_F(CliTest, SeveralOutputsGoToADirectory) {
   // A hand-built model with two outputs, one with a '/' in its name.
   GraphBuilder b("two_outputs", ops::OpRegistry::global());
