@@ -261,6 +261,26 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
                             "the mesh has one (use --mesh DPxTPxPP with DP >= 2)");
   if (TP < 1)
     return invalid_argument("--mesh: tensor parallelism needs at least 1 device, got ", TP);
+  const bool interleaved = options.schedule == Schedule::kInterleaved;
+  const int chunks = interleaved ? options.chunks : 1;
+  if (!interleaved && options.chunks != 1)
+    return invalid_argument("--chunks ", options.chunks,
+                            " cuts the model into chunks per device for --schedule interleaved");
+  if (interleaved) {
+    if (chunks < 2)
+      return invalid_argument("--schedule interleaved needs --chunks 2 or more, not ", chunks);
+    if (P < 2)
+      return invalid_argument("--schedule interleaved needs a pipeline of 2 or more stages "
+                              "(--mesh 1x1xP)");
+    if (M % P != 0)
+      return invalid_argument("--schedule interleaved runs micro-batches in groups of the ", P,
+                              " stages: --microbatches ", M, " is not a multiple of ", P);
+    if (DP > 1 || TP > 1)
+      return unimplemented("--schedule interleaved with data or tensor parallelism is not built "
+                           "yet (--mesh 1x1xP); use 1f1b there");
+    if (options.recompute)
+      return unimplemented("--schedule interleaved with --recompute is not built yet");
+  }
   const int devices = P * DP * TP;
   const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
   if (cluster.num_devices() < devices)
@@ -348,7 +368,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.once_per_step = [&phases](NodeId id) { return phases.node_phase[id] == Phase::kStep; };
   if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
   partition.manual_boundaries = options.stage_boundaries;
-  ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P, partition));
+  // Interleaved: P x chunks virtual stages, virtual stage k on device k mod P.
+  ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P * chunks, partition));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
   // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
   // shards): the pieces' squares are summed over the group first.
@@ -372,6 +393,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   lowering.zero = options.zero;
   lowering.bucket_bytes = options.bucket_bytes;
   lowering.schedule = options.schedule;
+  lowering.chunks = chunks;
   auto groups = pipeline_groups(lowering);
   ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
                    lower_pipeline(graph, placed.node_stage, lowering));
@@ -451,6 +473,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   pipeline.groups = groups;
   pipeline.group_algorithms = algorithms;
   pipeline.schedule = std::string(schedule_name(options.schedule));
+  pipeline.chunks = chunks;
   pipeline.node_stage.assign(placed.node_stage.begin(), placed.node_stage.end());
   pipeline.boundaries = stages.boundaries;
   pipeline.cluster_json = cluster_to_json(cluster);

@@ -47,6 +47,9 @@ struct PipelineCompileOptions {
   // recompute the rest (passes/recompute.h).
   bool recompute = false;
   Schedule schedule = Schedule::k1F1B;
+  // --chunks: with the interleaved schedule, model chunks per device (the
+  // model is cut into stages x chunks virtual stages); 1 otherwise.
+  int chunks = 1;
   // The cluster the costs are predicted for; absent: default_cpu_cluster(stages).
   std::optional<ClusterSpec> cluster;
   // Whether the stage search refuses stages over the device's memory capacity

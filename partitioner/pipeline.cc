@@ -23,11 +23,17 @@ using serialization::PlanSlot;
 Result<Schedule> parse_schedule(std::string_view text) {
   if (text == "gpipe") return Schedule::kGPipe;
   if (text == "1f1b") return Schedule::k1F1B;
-  return invalid_argument("unknown schedule '", text, "' (expected gpipe or 1f1b)");
+  if (text == "interleaved") return Schedule::kInterleaved;
+  return invalid_argument("unknown schedule '", text, "' (expected gpipe, 1f1b or interleaved)");
 }
 
 std::string_view schedule_name(Schedule schedule) {
-  return schedule == Schedule::kGPipe ? "gpipe" : "1f1b";
+  switch (schedule) {
+  case Schedule::kGPipe: return "gpipe";
+  case Schedule::k1F1B: return "1f1b";
+  case Schedule::kInterleaved: return "interleaved";
+  }
+  return "1f1b";
 }
 
 uint64_t transfer_tag(TensorId tensor, int32_t microbatch) {
@@ -445,20 +451,40 @@ void add_buckets(const Graph &graph, const StepPhases &phases, const std::vector
 } // namespace
 
 Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
-                                                const std::vector<int> &node_stage,
+                                                const std::vector<int> &virtual_stage,
                                                 const PipelineOptions &options) {
   const int P = options.stages, M = options.microbatches;
   if (P < 1) return invalid_argument("a pipeline needs at least 1 stage, got ", P);
   if (M < 1) return invalid_argument("a pipeline needs at least 1 micro-batch, got ", M);
-  if (node_stage.size() != graph.num_nodes())
-    return invalid_argument("stage assignment has ", node_stage.size(), " entries for ",
-                            graph.num_nodes(), " nodes");
-  for (NodeId id = 0; id < graph.num_nodes(); ++id)
-    if (node_stage[id] < 0 || node_stage[id] >= P)
-      return invalid_argument("node '", graph.node(id).name, "' is assigned to stage ",
-                              node_stage[id], ", outside 0..", P - 1);
   const int DP = options.data_parallel;
   if (DP < 1) return invalid_argument("data parallelism needs at least 1 replica, got ", DP);
+  const bool interleaved = options.schedule == Schedule::kInterleaved;
+  const int chunks = interleaved ? options.chunks : 1;
+  if (interleaved) {
+    if (chunks < 2)
+      return invalid_argument("the interleaved schedule needs 2 or more model chunks per device, "
+                              "not ",
+                              chunks);
+    if (P < 2) return invalid_argument("the interleaved schedule needs 2 or more stages, not ", P);
+    if (M % P != 0)
+      return invalid_argument("the interleaved schedule runs micro-batches in groups of the ", P,
+                              " stages; ", M, " micro-batches are not a multiple of ", P);
+    if (DP > 1)
+      return unimplemented("the interleaved schedule with data-parallel replicas is not built "
+                           "yet; use --schedule 1f1b with --mesh DPx1xPP");
+  }
+  const int V = P * chunks; // (virtual) stages
+  if (virtual_stage.size() != graph.num_nodes())
+    return invalid_argument("stage assignment has ", virtual_stage.size(), " entries for ",
+                            graph.num_nodes(), " nodes");
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    if (virtual_stage[id] < 0 || virtual_stage[id] >= V)
+      return invalid_argument("node '", graph.node(id).name, "' is assigned to stage ",
+                              virtual_stage[id], ", outside 0..", V - 1);
+  // The device of every node: its stage, or with chunks its virtual stage mod P.
+  std::vector<int> node_stage(graph.num_nodes());
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    node_stage[id] = virtual_stage[id] % P;
   // Replicas split the batch like micro-batches do.
   ASSIGN_OR_RETURN(StepPhases phases, analyze_phases(graph, M * DP));
   ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
@@ -583,16 +609,21 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
   std::vector<PlanProgram> programs;
   for (int s = 0; s < P; ++s) {
     ProgramBuilder b(graph, node_stage, producer, s);
-    std::vector<NodeId> fwd, bwd, step;
+    // Per model chunk (one without the interleaved schedule).
+    std::vector<std::vector<NodeId>> fwd(static_cast<size_t>(chunks)),
+        bwd(static_cast<size_t>(chunks));
+    std::vector<NodeId> step;
     for (NodeId id : order) {
       if (node_stage[id] != s) continue;
+      const auto chunk = static_cast<size_t>(virtual_stage[id] / P);
       switch (phases.node_phase[id]) {
-      case Phase::kForward: fwd.push_back(id); break;
-      case Phase::kBackward: bwd.push_back(id); break;
+      case Phase::kForward: fwd[chunk].push_back(id); break;
+      case Phase::kBackward: bwd[chunk].push_back(id); break;
       case Phase::kStep: step.push_back(id); break;
       }
     }
-    bwd = just_in_time(graph, bwd, producer, node_stage, s);
+    for (auto &block : bwd)
+      block = just_in_time(graph, block, producer, node_stage, s);
     auto run_block = [&](const std::vector<NodeId> &nodes, int32_t mb) {
       for (NodeId id : nodes) {
         b.compute(id, mb);
@@ -606,19 +637,40 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     // 1. Micro-batches in schedule order.
     if (options.schedule == Schedule::kGPipe) {
       for (int k = 0; k < M; ++k)
-        run_block(fwd, k);
+        run_block(fwd[0], k);
       for (int k = 0; k < M; ++k)
-        run_block(bwd, k);
-    } else {
+        run_block(bwd[0], k);
+    } else if (!interleaved) {
       const int warmup = std::min(P - 1 - s, M);
       for (int k = 0; k < warmup; ++k)
-        run_block(fwd, k);
+        run_block(fwd[0], k);
       for (int k = 0; k + warmup < M; ++k) {
-        run_block(fwd, k + warmup);
-        run_block(bwd, k);
+        run_block(fwd[0], k + warmup);
+        run_block(bwd[0], k);
       }
       for (int k = M - warmup; k < M; ++k)
-        run_block(bwd, k);
+        run_block(bwd[0], k);
+    } else {
+      // Interleaved 1F1B (Narayanan et al. 2021, as Megatron-LM runs it): the
+      // device's chunks take P micro-batches in turn, forwards in chunk order
+      // and backwards in reverse; block k of N = chunks x M is micro-batch
+      // (k / (P chunks)) P + k mod P of chunk (k mod (P chunks)) / P. Warm-up
+      // forwards fill the deeper pipeline; with M = P all forwards go first.
+      const int N = chunks * M, round = P * chunks;
+      auto chunk_at = [&](int k, bool forward) {
+        const int c = (k % round) / P;
+        return static_cast<size_t>(forward ? c : chunks - 1 - c);
+      };
+      auto mb_at = [&](int k) { return (k / round) * P + k % P; };
+      const int warmup = M == P ? N : std::min(N, (P - 1 - s) * 2 + (chunks - 1) * P);
+      for (int k = 0; k < warmup; ++k)
+        run_block(fwd[chunk_at(k, true)], mb_at(k));
+      for (int k = 0; k + warmup < N; ++k) {
+        run_block(fwd[chunk_at(k + warmup, true)], mb_at(k + warmup));
+        run_block(bwd[chunk_at(k, false)], mb_at(k));
+      }
+      for (int k = std::max(N - warmup, 0); k < N; ++k)
+        run_block(bwd[chunk_at(k, false)], mb_at(k));
     }
     // Gradient buckets, started as soon as their tensors are final.
     if (DP > 1 && options.bucket_bytes > 0)
@@ -1090,8 +1142,17 @@ Status check_deadlock(const Graph &graph, const std::vector<PlanProgram> &progra
   return simulate_pipeline(graph, programs, zero_costs(), groups).status();
 }
 
+std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline) {
+  std::vector<int32_t> chunks;
+  if (pipeline.chunks <= 1 || pipeline.stages < 1) return chunks;
+  for (int32_t stage : pipeline.node_stage)
+    chunks.push_back(stage / pipeline.stages);
+  return chunks;
+}
+
 std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &programs,
-                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches) {
+                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
+                         const std::vector<int32_t> &node_chunk) {
   auto phases = analyze_phases(graph, microbatches);
   auto escape = [](const std::string &text) {
     std::string out;
@@ -1174,6 +1235,7 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
         if (phases.is_ok() && node < phases->node_phase.size())
           backward = phases->node_phase[node] == Phase::kBackward;
         this_label = str_cat(backward ? "B" : "F", instr.microbatch);
+        if (node < node_chunk.size()) this_label += str_cat(" c", node_chunk[node]);
         this_category = backward ? "backward" : "forward";
       }
       if (count > 0 && (this_label != label || span.step != step)) flush();

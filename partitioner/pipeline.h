@@ -59,8 +59,9 @@
 
 namespace strata::partitioner {
 
-enum class Schedule { kGPipe, k1F1B };
-Result<Schedule> parse_schedule(std::string_view text); // "gpipe" or "1f1b"
+enum class Schedule { kGPipe, k1F1B, kInterleaved };
+// "gpipe", "1f1b" or "interleaved"
+Result<Schedule> parse_schedule(std::string_view text);
 std::string_view schedule_name(Schedule schedule);
 
 enum class Phase : uint8_t { kForward, kBackward, kStep };
@@ -102,6 +103,11 @@ struct PipelineOptions {
   // before the step. 0: one blocking collective per tensor at the step.
   int64_t bucket_bytes = kDefaultBucketBytes;
   Schedule schedule = Schedule::k1F1B;
+  // kInterleaved: model chunks per device (2 or more). node_stage then runs
+  // over stages * chunks virtual stages; virtual stage k runs on device
+  // k mod stages (chunk k / stages of it). Needs microbatches a multiple of
+  // stages, one replica and no recomputation.
+  int chunks = 1;
   int64_t alignment = 64;
 };
 
@@ -247,8 +253,15 @@ struct TraceSpan {
 // ("F3"), backward ("B3") or the step ("optimizer") becomes one event, with the
 // node count in its args; every send and receive is its own event, so waiting
 // shows as a receive's length. Load it in ui.perfetto.dev or chrome://tracing.
+// With model chunks (the interleaved schedule) `node_chunk` gives each node's
+// chunk, and blocks are named "F3 c1" (micro-batch 3 of chunk 1).
 std::string chrome_trace(const Graph &graph,
                          const std::vector<serialization::PlanProgram> &programs,
-                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches);
+                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
+                         const std::vector<int32_t> &node_chunk = {});
+
+// Each node's model chunk (its virtual stage / stages) for an interleaved
+// plan; empty for the other schedules.
+std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline);
 
 } // namespace strata::partitioner

@@ -356,6 +356,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       return invalid_argument("pipeline plan: two shards of tensor '", shard.tensor, "'");
   }
   runner->programs_ = plan.programs;
+  runner->node_chunks_ = partitioner::node_chunks(*plan.pipeline);
   runner->groups_ = plan.pipeline->groups;
   const auto &algorithms = plan.pipeline->group_algorithms;
   auto algorithm_of = [&](int32_t group) -> std::optional<CollectiveAlgo> {
@@ -1159,7 +1160,7 @@ Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() co
 }
 
 std::string PipelineRunner::trace_json() const {
-  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_);
+  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_, node_chunks_);
 }
 
 } // namespace strata::runtime

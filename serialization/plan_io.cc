@@ -26,9 +26,10 @@ using namespace json_text;
 
 // The newest plan revision this build writes and reads. Revision 2 (pipeline
 // plans) is written only by plans with a pipeline; others stay revision 1.
-constexpr uint32_t kPlanVersion = 3;
+constexpr uint32_t kPlanVersion = 4;
 constexpr uint32_t kPipelinePlanVersion = 2;
-constexpr uint32_t kBucketPlanVersion = 3; // plans with gradient buckets
+constexpr uint32_t kBucketPlanVersion = 3;      // plans with gradient buckets
+constexpr uint32_t kInterleavedPlanVersion = 4; // plans with model chunks per device
 constexpr uint64_t kMaxPlanBytes = FLATBUFFERS_MAX_BUFFER_SIZE - 1;
 constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
 
@@ -159,12 +160,15 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
       }
       shards = builder.CreateVector(entries);
     }
-    pipeline = fb::CreatePipeline(builder, pp.stages, pp.microbatches, schedule, node_stage,
-                                  boundaries, cluster_json, pp.predicted_step_s,
-                                  pp.predicted_bubble, pp.data_parallel, groups, pp.zero,
-                                  pp.tensor_parallel, pp.tp_groups_begin, shards, pp.bucket_bytes);
+    pipeline = fb::CreatePipeline(
+        builder, pp.stages, pp.microbatches, schedule, node_stage, boundaries, cluster_json,
+        pp.predicted_step_s, pp.predicted_bubble, pp.data_parallel, groups, pp.zero,
+        pp.tensor_parallel, pp.tp_groups_begin, shards, pp.bucket_bytes, pp.chunks);
   }
-  const uint32_t version = any_buckets ? kBucketPlanVersion : pipelined ? kPipelinePlanVersion : 1;
+  const uint32_t version = pipelined && plan.pipeline->chunks > 1 ? kInterleavedPlanVersion
+                           : any_buckets                          ? kBucketPlanVersion
+                           : pipelined                            ? kPipelinePlanVersion
+                                                                  : 1;
   auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
                              loss_kind, optimizer, model_fingerprint, fingerprint, device_vector,
                              program_vector, producer, pipeline);
@@ -284,6 +288,7 @@ std::string plan_json_text(const fb::Plan &plan) {
     obj.key("stages") += std::to_string(pipe->stages());
     obj.key("microbatches") += std::to_string(pipe->microbatches());
     append_json_string(obj.key("schedule"), pipe->schedule());
+    if (pipe->chunks() != 1) obj.key("chunks") += std::to_string(pipe->chunks());
     append_number_list(obj.key("node_stage"), pipe->node_stage());
     append_string_list(obj.key("boundaries"), pipe->boundaries());
     append_json_string(obj.key("cluster_json"), pipe->cluster_json());
@@ -467,20 +472,26 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
     return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
                             "; a step has at least one micro-batch");
   pipe.schedule = text_of(q.schedule());
-  if (pipe.schedule != "gpipe" && pipe.schedule != "1f1b")
+  if (pipe.schedule != "gpipe" && pipe.schedule != "1f1b" && pipe.schedule != "interleaved")
     return invalid_argument("field pipeline.schedule is '", pipe.schedule,
-                            "'; expected gpipe or 1f1b");
+                            "'; expected gpipe, 1f1b or interleaved");
+  pipe.chunks = q.chunks();
+  if (pipe.schedule == "interleaved" ? pipe.chunks < 2 || pipe.chunks > 1 << 16 : pipe.chunks != 1)
+    return invalid_argument("field pipeline.chunks = ", pipe.chunks, " with schedule ",
+                            pipe.schedule, "; expected ",
+                            pipe.schedule == "interleaved" ? "2 or more" : "1");
+  const int64_t virtual_stages = int64_t{pipe.stages} * pipe.chunks;
   if (size_of(q.node_stage()) != g.num_nodes())
     return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),
                             " entries but the model has ", g.num_nodes(), " nodes");
   if (q.node_stage() != nullptr) pipe.node_stage = copy_numbers(*q.node_stage());
   for (NodeId n = 0; n < pipe.node_stage.size(); ++n)
-    if (pipe.node_stage[n] < 0 || pipe.node_stage[n] >= pipe.stages)
+    if (pipe.node_stage[n] < 0 || pipe.node_stage[n] >= virtual_stages)
       return out_of_range("field pipeline.node_stage[", n, "] = ", pipe.node_stage[n], ": node '",
-                          g.node(n).name, "' is not in a stage 0..", pipe.stages - 1);
-  if (size_of(q.boundaries()) != static_cast<size_t>(pipe.stages) - 1)
+                          g.node(n).name, "' is not in a stage 0..", virtual_stages - 1);
+  if (size_of(q.boundaries()) != static_cast<size_t>(virtual_stages) - 1)
     return invalid_argument("field pipeline.boundaries has ", size_of(q.boundaries()),
-                            " entries for ", pipe.stages, " stages; one per stage but the last");
+                            " entries for ", virtual_stages, " stages; one per stage but the last");
   for (uint32_t i = 0; i < size_of(q.boundaries()); ++i) {
     std::string name = text_of(q.boundaries()->Get(i));
     auto node = g.find_node(name);
@@ -832,6 +843,9 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
                               " but pipeline plans need version ", kPipelinePlanVersion);
     ASSIGN_OR_RETURN(plan.pipeline,
                      pipeline_from_fb(*p.pipeline(), g, plan.devices.size(), p.programs()->size()));
+    if (plan.pipeline->chunks > 1 && p.plan_version() < kInterleavedPlanVersion)
+      return invalid_argument("field pipeline.chunks: the file has plan version ", p.plan_version(),
+                              " but interleaved plans need version ", kInterleavedPlanVersion);
   }
   std::set<uint32_t> programmed;
   for (uint32_t i = 0; i < p.programs()->size(); ++i) {

@@ -116,11 +116,15 @@ struct PlanShard {
 
 // How a pipeline plan splits the step (plan revision 2).
 struct PlanPipeline {
-  int32_t stages = 1;                  // devices, one stage each
-  int32_t microbatches = 1;            // the graph is built at batch / microbatches
-  std::string schedule;                // "gpipe" or "1f1b"
-  std::vector<int32_t> node_stage;     // per node of the graph
-  std::vector<std::string> boundaries; // last forward node of stages 0..P-2
+  int32_t stages = 1;       // devices (per replica and member)
+  int32_t microbatches = 1; // the graph is built at batch / microbatches
+  std::string schedule;     // "gpipe", "1f1b" or "interleaved"
+  // Interleaved (plan revision 4): model chunks per device. The graph is cut
+  // into stages * chunks virtual stages; virtual stage k runs on device
+  // k mod stages. 1 for the other schedules.
+  int32_t chunks = 1;
+  std::vector<int32_t> node_stage;     // per node of the graph: its (virtual) stage
+  std::vector<std::string> boundaries; // last forward node of (virtual) stages but the last
   std::string cluster_json;            // the cluster spec the costs were predicted for
   double predicted_step_s = 0;
   double predicted_bubble = 0; // idle fraction of the devices' step time

@@ -83,7 +83,8 @@ struct CompileArgs {
   // Pipeline parallelism (training only).
   std::string mesh;                          // "DPxTPxPP"; TP must be 1 so far
   int64_t microbatches = 0;                  // 0: not given (1)
-  std::string schedule = "1f1b";             // gpipe or 1f1b
+  std::string schedule = "1f1b";             // gpipe, 1f1b or interleaved
+  int64_t chunks = 0;                        // interleaved: chunks per device; 0: not given (2)
   std::string cluster;                       // cluster spec JSON the costs are predicted for
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline

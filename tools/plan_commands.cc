@@ -147,15 +147,22 @@ size_t recomputed_nodes(const Graph &graph) {
                     [](const Node &n) { return n.name.ends_with(passes::kRecomputeSuffix); }));
 }
 
+// The schedule's ideal bubble with equal stages: (p-1)/(m+p-1), or with v
+// chunks per device (interleaved) (p-1)/(vm+p-1).
+std::string bubble_formula(const serialization::PlanPipeline &p) {
+  const double formula = static_cast<double>(p.stages - 1) /
+                         static_cast<double>(p.chunks * p.microbatches + p.stages - 1);
+  return str_cat(p.chunks > 1 ? "(p-1)/(vm+p-1) = " : "(p-1)/(m+p-1) = ", format_percent(formula));
+}
+
 void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   const serialization::PlanPipeline &p = *plan.pipeline;
-  const double formula =
-      static_cast<double>(p.stages - 1) / static_cast<double>(p.microbatches + p.stages - 1);
   std::string cluster_name = "?";
   if (auto cluster = partitioner::parse_cluster(p.cluster_json, "plan cluster"); cluster.is_ok())
     cluster_name = cluster->name;
   out << "pipeline     " << counted(p.stages, "stage") << " x "
       << counted(p.microbatches, "micro-batch") << ", schedule " << p.schedule
+      << (p.chunks > 1 ? str_cat(" (", p.chunks, " model chunks per device)") : "")
       << ", costs for cluster '" << cluster_name << "'\n";
   if (p.data_parallel > 1)
     out << "data par.    " << p.data_parallel << " replicas of every stage (device = "
@@ -195,8 +202,7 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
     out << "\n";
   }
   out << "predicted    step " << format_ms(p.predicted_step_s) << ", bubble "
-      << format_percent(p.predicted_bubble) << " ((p-1)/(m+p-1) = " << format_percent(formula)
-      << ")\n";
+      << format_percent(p.predicted_bubble) << " (" << bubble_formula(p) << ")\n";
   if (!p.boundaries.empty()) {
     out << "boundaries   ";
     for (size_t i = 0; i < p.boundaries.size(); ++i)
@@ -352,6 +358,13 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   auto schedule = partitioner::parse_schedule(args.schedule);
   if (!schedule.is_ok()) return schedule.status().with_context("--schedule");
   options.schedule = *schedule;
+  const bool interleaved = *schedule == partitioner::Schedule::kInterleaved;
+  if (args.chunks != 0 && !interleaved)
+    return invalid_argument("--chunks cuts the model into chunks per device for --schedule "
+                            "interleaved, not ",
+                            args.schedule);
+  if (args.chunks > 1 << 16) return invalid_argument("--chunks ", args.chunks, " is too many");
+  options.chunks = !interleaved ? 1 : args.chunks > 0 ? static_cast<int>(args.chunks) : 2;
   if (!args.cluster.empty()) {
     auto cluster = partitioner::load_cluster(args.cluster);
     if (!cluster.is_ok()) return cluster.status().with_context("--cluster");
@@ -409,7 +422,7 @@ std::string pipeline_options_text(const Plan &plan) {
       str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
               p.tensor_parallel > 1 ? str_cat("\ntensor_parallel=", p.tensor_parallel) : "",
               "\nzero=", p.zero, "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule,
-              "\nboundaries=");
+              p.chunks > 1 ? str_cat("\nchunks=", p.chunks) : "", "\nboundaries=");
   for (size_t i = 0; i < p.boundaries.size(); ++i)
     text += str_cat(i ? "," : "", p.boundaries[i]);
   if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
@@ -473,10 +486,7 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
   out << "cluster    " << cluster.name << (args.cluster.empty() ? " (the plan's own)" : "") << "\n";
   out << "step       " << format_ms(sim->step_time) << " predicted (the plan says "
       << format_ms(p.predicted_step_s) << ")\n";
-  const double formula =
-      static_cast<double>(p.stages - 1) / static_cast<double>(p.microbatches + p.stages - 1);
-  out << "bubble     " << format_percent(sim->bubble)
-      << " ((p-1)/(m+p-1) = " << format_percent(formula) << ")\n";
+  out << "bubble     " << format_percent(sim->bubble) << " (" << bubble_formula(p) << ")\n";
   out << "device         busy          idle\n";
   for (size_t d = 0; d < sim->busy.size(); ++d)
     out << pad(std::to_string(d), 6) << pad(format_ms(sim->busy[d]), 14)
@@ -484,7 +494,7 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
   if (!args.trace.empty()) {
     RETURN_IF_ERROR(serialization::write_file_atomically(
         args.trace, partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(*sim),
-                                              p.microbatches)));
+                                              p.microbatches, partitioner::node_chunks(p))));
     out << "trace      " << args.trace << " (predicted; open in ui.perfetto.dev)\n";
   }
   return Status::ok();
@@ -500,7 +510,8 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
   std::string options_text;
   const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
                          !args.stage_boundaries.empty() || args.profile || args.auto_plan ||
-                         args.zero > 0 || args.recompute;
+                         args.zero > 0 || args.recompute || args.chunks > 0 ||
+                         args.schedule == "interleaved";
   if (const CompileArgs defaults;
       args.bucket_mb != defaults.bucket_mb && args.bucket_mb != 0 && !args.auto_plan) {
     // Buckets group the replicas' gradient all-reduces; without replicas the
@@ -611,7 +622,8 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
     }
     ASSIGN_OR_RETURN(partitioner::Simulation sim, partitioner::simulate_plan(plan, cluster));
     out << partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
-                                     plan.pipeline->microbatches);
+                                     plan.pipeline->microbatches,
+                                     partitioner::node_chunks(*plan.pipeline));
     return Status::ok();
   }
   if (args.format != "text")

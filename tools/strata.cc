@@ -588,11 +588,21 @@ void add_compile(CLI::App &app, Action &action) {
       ->check(at_least(1))
       ->type_name("M");
   sub->add_option("--schedule", args.schedule,
-                  "pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b "
-                  "(PipeDream-Flush: less activation memory, same result)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+                  "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b "
+                  "(PipeDream-Flush: less activation memory, same result) or interleaved "
+                  "(1F1B over --chunks model chunks per device, Megatron-LM's: a bubble about "
+                  "--chunks times smaller for more transfers; micro-batches a multiple of the "
+                  "stages)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))
       ->needs(train)
       ->capture_default_str();
+  sub->add_option("--chunks", args.chunks,
+                  "--schedule interleaved: model chunks per device; the model is cut into "
+                  "stages x chunks virtual stages, virtual stage k on device k mod stages "
+                  "(default 2)")
+      ->check(at_least(2))
+      ->needs(train)
+      ->type_name("V");
   sub->add_option("--cluster", args.cluster,
                   "cluster spec (JSON; see examples/clusters/, `strata calibrate`) the stages are "
                   "balanced and the step predicted for (default: a CPU with one device per stage)")
@@ -668,7 +678,8 @@ void add_compile(CLI::App &app, Action &action) {
       "Pipeline parallelism: --mesh 1x1xP cuts the forward graph into P stages of about\n"
       "equal predicted time (the backward and optimizer work follows its forward node),\n"
       "inserts the sends and receives between stages, schedules M micro-batches with\n"
-      "GPipe or 1F1B, plans each device's memory and checks the programs for deadlocks.\n"
+      "GPipe, 1F1B or interleaved 1F1B (--chunks model chunks per device), plans each\n"
+      "device's memory and checks the programs for deadlocks.\n"
       "The result trains to the same weights as one device (see docs/architecture.md).\n"
       "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 --schedule 1f1b \\\n"
       "      -o pp.splan\n"

@@ -349,6 +349,12 @@ TEST_F(CudaPipelineGpuTest, FourStagePipelineOnOneGpuTrainsAsOnTheCpu) {
   expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", mesh(4, 8)), 1e-4);
 }
 
+TEST_F(CudaPipelineGpuTest, InterleavedScheduleTrainsAsOnTheCpu) {
+  auto options = mesh(4, 8, 1, partitioner::Schedule::kInterleaved);
+  options.chunks = 2;
+  expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", options), 1e-4);
+}
+
 TEST_F(CudaPipelineGpuTest, GpipeScheduleTrainsAsOnTheCpu) {
   expect_pipeline_matches(compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9",
                                   mesh(2, 4, 1, partitioner::Schedule::kGPipe)),

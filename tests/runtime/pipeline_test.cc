@@ -1142,6 +1142,123 @@ TEST_F(PipelineTest, DeviceClockKeepsTheBitsAndJoinsDevicesAtMessages) {
       << refused.status().message();
 }
 
+Result<serialization::Plan> compile_interleaved(const Graph &forward, int stages, int chunks,
+                                                int microbatches) {
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.stages = stages;
+  pipeline.microbatches = microbatches;
+  pipeline.schedule = Schedule::kInterleaved;
+  pipeline.chunks = chunks;
+  return partitioner::compile_pipeline(forward, training("adamw:lr=1e-3"), pipeline);
+}
+
+// Interleaved 1F1B (Megatron-LM's virtual pipeline stages): `chunks` model
+// chunks per device, virtual stage k on device k mod P. Every chunk runs its
+// backwards in micro-batch order, so the result is 1F1B's bit for bit; the
+// pipeline fills faster, so the predicted bubble is smaller.
+TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
+  for (const auto &[P, v, M] :
+       std::vector<std::tuple<int, int, int>>{{2, 2, 2}, {2, 2, 4}, {4, 2, 8}, {2, 3, 4}}) {
+    const std::string what = str_cat("P=", P, " chunks=", v, " M=", M);
+    auto interleaved = compile_interleaved(gpt(), P, v, M);
+    ASSERT_TRUE(interleaved.is_ok()) << what << ": " << interleaved.status().message();
+    auto plain = compile(gpt(), training("adamw:lr=1e-3"), P, M, Schedule::k1F1B);
+    ASSERT_TRUE(plain.is_ok()) << what << ": " << plain.status().message();
+    EXPECT_EQ(interleaved->programs.size(), static_cast<size_t>(P)) << what;
+    EXPECT_EQ(interleaved->pipeline->chunks, v) << what;
+    EXPECT_EQ(interleaved->pipeline->boundaries.size(), static_cast<size_t>(P * v - 1)) << what;
+    EXPECT_EQ(*std::max_element(interleaved->pipeline->node_stage.begin(),
+                                interleaved->pipeline->node_stage.end()),
+              P * v - 1)
+        << what;
+    EXPECT_LT(interleaved->pipeline->predicted_bubble, plain->pipeline->predicted_bubble) << what;
+    expect_bitwise(run_plan(*interleaved), run_plan(*plain), what + ": interleaved vs 1f1b");
+  }
+}
+
+// Device 0 of P = 2 with 2 chunks and 4 micro-batches runs its blocks in the
+// order of Narayanan et al. 2021 (figure 4) and Megatron-LM: 4 warm-up
+// forwards (chunk 0 then chunk 1, two micro-batches each), alternating after,
+// backwards of the last chunk first.
+TEST_F(PipelineTest, InterleavedRunsMegatronsOrder) {
+  auto plan = compile_interleaved(gpt(), 2, 2, 4);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  auto phases = partitioner::analyze_phases(plan->graph, 4);
+  ASSERT_TRUE(phases.is_ok());
+  auto blocks = [&](int device) {
+    std::vector<std::string> out;
+    for (const auto &instr : plan->programs[static_cast<size_t>(device)].instructions) {
+      if (instr.kind != serialization::InstrKind::kCompute || instr.microbatch < 0) continue;
+      const bool backward = phases->node_phase[instr.index] == partitioner::Phase::kBackward;
+      const std::string block = str_cat(backward ? "B" : "F", instr.microbatch, "c",
+                                        plan->pipeline->node_stage[instr.index] / 2);
+      if (out.empty() || out.back() != block) out.push_back(block);
+    }
+    return out;
+  };
+  EXPECT_EQ(blocks(0), (std::vector<std::string>{"F0c0", "F1c0", "F0c1", "F1c1", "F2c0", "B0c1",
+                                                 "F3c0", "B1c1", "F2c1", "B0c0", "F3c1", "B1c0",
+                                                 "B2c1", "B3c1", "B2c0", "B3c0"}));
+  EXPECT_EQ(blocks(1), (std::vector<std::string>{"F0c0", "F1c0", "F0c1", "B0c1", "F1c1", "B1c1",
+                                                 "F2c0", "B0c0", "F3c0", "B1c0", "F2c1", "B2c1",
+                                                 "F3c1", "B3c1", "B2c0", "B3c0"}));
+  // The plan keeps its chunks through both file forms.
+  plan->model_fingerprint = plan->fingerprint = std::string(64, 'a');
+  auto bytes = serialization::plan_to_flatbuffer(*plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  auto loaded = serialization::load_plan_from_buffer(*bytes, "i.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->pipeline->chunks, 2);
+  EXPECT_EQ(loaded->pipeline->schedule, "interleaved");
+  auto json = serialization::plan_to_json(*plan);
+  ASSERT_TRUE(json.is_ok());
+  EXPECT_NE(json->find("\"chunks\": 2"), std::string::npos);
+  EXPECT_NE(json->find("\"plan_version\": 4"), std::string::npos);
+  auto from_json = serialization::load_plan_from_json(*json, "i.splan.json", ".");
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  EXPECT_EQ(*serialization::plan_to_flatbuffer(*from_json), *bytes);
+  // Chunks on a schedule without them, or under an older revision, are refused.
+  std::string edited = *json;
+  edited.replace(edited.find("\"schedule\": \"interleaved\""), 25, "\"schedule\": \"1f1b\"");
+  auto wrong = serialization::load_plan_from_json(edited, "i.splan.json", ".");
+  ASSERT_FALSE(wrong.is_ok());
+  EXPECT_NE(wrong.status().message().find("field pipeline.chunks = 2 with schedule 1f1b"),
+            std::string::npos)
+      << wrong.status().message();
+  edited = *json;
+  edited.replace(edited.find("\"plan_version\": 4"), 17, "\"plan_version\": 3");
+  auto old = serialization::load_plan_from_json(edited, "i.splan.json", ".");
+  ASSERT_FALSE(old.is_ok());
+  EXPECT_NE(old.status().message().find("interleaved plans need version 4"), std::string::npos)
+      << old.status().message();
+}
+
+TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
+  auto expect_error = [](const Result<serialization::Plan> &plan, const std::string &text) {
+    ASSERT_FALSE(plan.is_ok()) << text;
+    EXPECT_NE(plan.status().message().find(text), std::string::npos) << plan.status().message();
+  };
+  expect_error(compile_interleaved(gpt(), 2, 2, 3), "--microbatches 3 is not a multiple of 2");
+  expect_error(compile_interleaved(gpt(), 2, 1, 2), "needs --chunks 2 or more");
+  expect_error(compile_interleaved(gpt(), 1, 2, 2), "a pipeline of 2 or more stages");
+  partitioner::PipelineCompileOptions pipeline;
+  pipeline.stages = 2;
+  pipeline.microbatches = 2;
+  pipeline.schedule = Schedule::kInterleaved;
+  pipeline.chunks = 2;
+  pipeline.data_parallel = 2;
+  expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
+               "with data or tensor parallelism is not built yet");
+  pipeline.data_parallel = 1;
+  pipeline.recompute = true;
+  expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
+               "with --recompute is not built yet");
+  pipeline.recompute = false;
+  pipeline.schedule = Schedule::k1F1B;
+  expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
+               "--chunks 2 cuts the model into chunks per device for --schedule interleaved");
+}
+
 TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 4, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();

@@ -427,10 +427,10 @@ TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
             std::string::npos)
       << refused.status().message();
   std::string newer = *pipeline_json;
-  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 4");
+  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 5");
   auto too_new = load_plan_from_json(newer, "new.splan.json", ".");
   ASSERT_FALSE(too_new.is_ok());
-  EXPECT_NE(too_new.status().message().find("plan version 4"), std::string::npos)
+  EXPECT_NE(too_new.status().message().find("plan version 5"), std::string::npos)
       << too_new.status().message();
 }
 
@@ -474,7 +474,8 @@ TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
        },
        "field programs[1].device = 2"},
       {[](Plan &p) { p.pipeline->microbatches = 0; }, "field pipeline.microbatches"},
-      {[](Plan &p) { p.pipeline->schedule = "interleaved"; }, "field pipeline.schedule"},
+      {[](Plan &p) { p.pipeline->schedule = "zigzag"; }, "field pipeline.schedule"},
+      {[](Plan &p) { p.pipeline->schedule = "interleaved"; }, "field pipeline.chunks = 1"},
       {[](Plan &p) { p.pipeline->node_stage.pop_back(); }, "field pipeline.node_stage has"},
       {[](Plan &p) { p.pipeline->node_stage[0] = 2; }, "field pipeline.node_stage[0] = 2"},
       {[](Plan &p) { p.pipeline->node_stage[0] = -1; }, "field pipeline.node_stage[0] = -1"},

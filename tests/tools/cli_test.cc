@@ -899,6 +899,19 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
                                                         "which the trace uses too")))
       << clocked.out;
   EXPECT_NE(read_file(path("td.json")).find("\"name\": \"F7\""), std::string::npos);
+  // Interleaved: two model chunks per device, the same losses.
+  Outcome interleaved = strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
+                                "--mesh", "1x1x4", "--microbatches", "8", "--schedule",
+                                "interleaved", "--chunks", "2", "-o", "pi.splan"});
+  ASSERT_EQ(interleaved.code, 0) << interleaved.err;
+  EXPECT_NE(interleaved.out.find("schedule interleaved (2 model chunks per device)"),
+            std::string::npos)
+      << interleaved.out;
+  EXPECT_NE(interleaved.out.find("(p-1)/(vm+p-1) = 15.8%"), std::string::npos) << interleaved.out;
+  Outcome run_interleaved = strata({"run", "pi.splan", "--steps", "3", "--trace", "ti.json"});
+  ASSERT_EQ(run_interleaved.code, 0) << run_interleaved.err;
+  EXPECT_EQ(printed_losses(run_interleaved.out), printed_losses(run.out)) << run_interleaved.out;
+  EXPECT_NE(read_file(path("ti.json")).find("\"name\": \"F7 c1\""), std::string::npos);
 
   // The same micro-batches on one device: the same losses, bitwise (printed).
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
@@ -1094,6 +1107,18 @@ TEST_F(CliTest, PipelineOptionErrors) {
   EXPECT_FALSE(fs::exists(path("p.splan")));
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
   expect_one_line_error(strata({"run", "t.splan", "--trace", "t.json"}), "--trace");
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--chunks",
+                                "2", "-o", "p.splan"}),
+                        "--chunks cuts the model into chunks per device for --schedule "
+                        "interleaved, not 1f1b");
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--microbatches", "3",
+              "--schedule", "interleaved", "-o", "p.splan"}),
+      "--microbatches 3 is not a multiple of 2");
+  expect_one_line_error(
+      strata({"compile", "m.strata", "--train", "--schedule", "interleaved", "-o", "p.splan"}),
+      "a pipeline of 2 or more stages (--mesh 1x1xP)");
+  EXPECT_FALSE(fs::exists(path("p.splan")));
   expect_one_line_error(strata({"run", "t.splan", "--clock", "device"}),
                         "--clock device times a pipeline plan's devices; this plan has one device");
   expect_one_line_error(strata({"simulate", "t.splan"}), "not a pipeline plan");
