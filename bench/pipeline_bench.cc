@@ -91,7 +91,7 @@ Result<Measured> measure(const serialization::Plan &plan, int warmup, int steps)
 
 int run(int argc, char **argv) {
   std::string cluster_path;
-  int layers = 8, hidden = 128, seq = 64, batch = 32, vocab = 512, steps = 5;
+  int layers = 8, hidden = 128, seq = 64, batch = 32, vocab = 512, steps = 5, chunks = 1;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -107,11 +107,13 @@ int run(int argc, char **argv) {
       batch = std::stoi(next());
     else if (arg == "--vocab")
       vocab = std::stoi(next());
+    else if (arg == "--chunks")
+      chunks = std::stoi(next());
     else if (arg == "--steps")
       steps = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: pipeline_bench [--cluster spec.json] [--layers N] [--hidden H] "
-                           "[--seq S] [--batch B] [--vocab V] [--steps N]\n");
+                           "[--seq S] [--batch B] [--vocab V] [--chunks C] [--steps N]\n");
       return 2;
     }
   }
@@ -136,49 +138,61 @@ int run(int argc, char **argv) {
   training.optimizer = *passes::parse_optimizer("adamw:lr=1e-3");
   ops::cpu::set_gemm_num_threads(1);
 
-  std::printf("GPT layers %d hidden %d seq %d vocab %d batch %d, AdamW, 1F1B, one GEMM thread per "
+  const std::string schedule =
+      chunks > 1 ? "1F1B (v = 1) and interleaved 1F1B (v = " + std::to_string(chunks) +
+                       " model chunks per device), back to back"
+                 : "1F1B";
+  std::printf("GPT layers %d hidden %d seq %d vocab %d batch %d, AdamW, %s, one GEMM thread per "
               "device, cluster '%s', %d steps (median) after 2 warm-up, %u cores\n\n",
-              layers, hidden, seq, vocab, batch, cluster.name.c_str(), steps,
+              layers, hidden, seq, vocab, batch, schedule.c_str(), cluster.name.c_str(), steps,
               std::thread::hardware_concurrency());
-  std::printf("| P | M | wall ms | step ms | bubble | (p-1)/(m+p-1) | diff (points) | plan's "
+  std::printf("| P | M | v | wall ms | step ms | bubble | (p-1)/(vm+p-1) | diff (points) | plan's "
               "bubble | diff (points) | predicted ms (plan, --profile) | error | predicted ms "
               "(roofline) | error |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // What `strata compile --profile` does: time every node of the training step
   // on one device (one GEMM thread), balance and predict with those times.
+  // With --chunks, each configuration runs 1F1B (v = 1) and then the
+  // interleaved schedule, back to back.
+  const std::vector<int> schedules = chunks > 1 ? std::vector<int>{1, chunks} : std::vector<int>{1};
   for (int M : {4, 8, 16}) {
-    for (int P : {2, 4}) {
-      partitioner::PipelineCompileOptions options;
-      options.stages = P;
-      options.microbatches = M;
-      options.cluster = cluster;
-      options.profile = runtime::profile_node_times;
-      auto plan = partitioner::compile_pipeline(forward, training, options);
-      if (!plan.is_ok()) {
-        std::fprintf(stderr, "%s\n", plan.status().message().c_str());
-        return 1;
+    for (int P : {2, 4})
+      for (int v : schedules) {
+        partitioner::PipelineCompileOptions options;
+        options.stages = P;
+        options.microbatches = M;
+        if (v > 1) {
+          options.schedule = partitioner::Schedule::kInterleaved;
+          options.chunks = v;
+        }
+        options.cluster = cluster;
+        options.profile = runtime::profile_node_times;
+        auto plan = partitioner::compile_pipeline(forward, training, options);
+        if (!plan.is_ok()) {
+          std::fprintf(stderr, "%s\n", plan.status().message().c_str());
+          return 1;
+        }
+        auto measured = measure(*plan, 2, steps);
+        if (!measured.is_ok()) {
+          std::fprintf(stderr, "%s\n", measured.status().message().c_str());
+          return 1;
+        }
+        // The same programs predicted from the cluster's roofline instead.
+        auto roofline = partitioner::simulate_pipeline(
+            plan->graph, plan->programs, partitioner::cluster_costs(plan->graph, cluster));
+        const double formula = static_cast<double>(P - 1) / static_cast<double>(v * M + P - 1);
+        const double predicted = plan->pipeline->predicted_step_s;
+        const double roof = roofline.is_ok() ? roofline->step_time : 0;
+        const double planned = plan->pipeline->predicted_bubble;
+        std::printf(
+            "| %d | %d | %d | %.2f | %.2f | %.1f%% | %.1f%% | %+.1f | %.1f%% | %+.1f | %.2f | "
+            "%+.1f%% | %.2f | %+.1f%% |\n",
+            P, M, v, measured->wall * 1e3, measured->step * 1e3, measured->bubble * 100,
+            formula * 100, (measured->bubble - formula) * 100, planned * 100,
+            (measured->bubble - planned) * 100, predicted * 1e3,
+            (predicted / measured->step - 1) * 100, roof * 1e3, (roof / measured->step - 1) * 100);
+        std::fflush(stdout);
       }
-      auto measured = measure(*plan, 2, steps);
-      if (!measured.is_ok()) {
-        std::fprintf(stderr, "%s\n", measured.status().message().c_str());
-        return 1;
-      }
-      // The same programs predicted from the cluster's roofline instead.
-      auto roofline = partitioner::simulate_pipeline(
-          plan->graph, plan->programs, partitioner::cluster_costs(plan->graph, cluster));
-      const double formula = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
-      const double predicted = plan->pipeline->predicted_step_s;
-      const double roof = roofline.is_ok() ? roofline->step_time : 0;
-      const double planned = plan->pipeline->predicted_bubble;
-      std::printf("| %d | %d | %.2f | %.2f | %.1f%% | %.1f%% | %+.1f | %.1f%% | %+.1f | %.2f | "
-                  "%+.1f%% | %.2f | %+.1f%% |\n",
-                  P, M, measured->wall * 1e3, measured->step * 1e3, measured->bubble * 100,
-                  formula * 100, (measured->bubble - formula) * 100, planned * 100,
-                  (measured->bubble - planned) * 100, predicted * 1e3,
-                  (predicted / measured->step - 1) * 100, roof * 1e3,
-                  (roof / measured->step - 1) * 100);
-      std::fflush(stdout);
-    }
   }
   return 0;
 }

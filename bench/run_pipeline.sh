@@ -7,7 +7,9 @@
 #     times, and the roofline of a cluster spec measured by `strata
 #     calibrate`) against the measured one. Two shapes: 8 layers with a
 #     512-token vocabulary (its head makes the stages uneven) and 16 layers
-#     with 64 tokens (stages within a few percent of each other).
+#     with 64 tokens (stages within a few percent of each other), the latter
+#     under 1F1B and the interleaved schedule (2 model chunks per device) back
+#     to back.
 #  2. Compile time: a GPT-3-175B-shaped model into a 96-stage plan.
 #
 # Usage: bench/run_pipeline.sh [build-dir]   (default: build)
@@ -22,7 +24,7 @@ trap 'rm -f "$spec"' EXIT
 echo "cores: $(nproc --all); $(uptime)"
 "$build/bench/pipeline_bench" --cluster "$spec"
 echo
-"$build/bench/pipeline_bench" --cluster "$spec" --layers 16 --vocab 64
+"$build/bench/pipeline_bench" --cluster "$spec" --layers 16 --vocab 64 --chunks 2
 echo
 uptime
 for m in 8 96; do
