@@ -7,6 +7,7 @@
 #include "graph/builder.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
+#include "partitioner/auto_plan.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/stage_partition.h"
 #include "partitioner/tensor_parallel.h"
@@ -267,8 +268,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     return invalid_argument("--chunks ", options.chunks,
                             " cuts the model into chunks per device for --schedule interleaved");
   if (interleaved) {
-    if (chunks < 2)
-      return invalid_argument("--schedule interleaved needs --chunks 2 or more, not ", chunks);
+    if (chunks < 2 || chunks > 1024)
+      return invalid_argument("--schedule interleaved needs --chunks 2 to 1024, not ", chunks);
     if (P < 2)
       return invalid_argument("--schedule interleaved needs a pipeline of 2 or more stages "
                               "(--mesh 1x1xP)");
@@ -482,6 +483,16 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   plan.programs = std::move(programs);
   plan.pipeline = std::move(pipeline);
   plan.graph = std::move(graph);
+  // The stage search weighed each stage alone; a device of the interleaved
+  // schedule holds several. Its lowered program is exact: its arena and
+  // everything it holds.
+  if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
+    for (size_t d = 0; d < plan.programs.size(); ++d)
+      if (const int64_t bytes = device_memory(plan, d); bytes > cluster.device.memory_bytes)
+        return invalid_argument("device ", d, " (", chunks, " chunks) needs ", bytes,
+                                " bytes (activations and held tensors); cluster '", cluster.name,
+                                "' gives each device ", cluster.device.memory_bytes,
+                                " (fewer --chunks or more stages)");
   return plan;
 }
 

@@ -1175,10 +1175,20 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
                    args, "}}");
     first = false;
   };
+  // With chunks (one replica, one member), device d runs stages d, d + P, ...
+  const int32_t chunks =
+      node_chunk.empty() ? 1 : *std::max_element(node_chunk.begin(), node_chunk.end()) + 1;
+  auto device_label = [&](size_t d) {
+    if (chunks <= 1) return str_cat("stage ", d);
+    std::string text = "stages ";
+    for (int32_t c = 0; c < chunks; ++c)
+      text += str_cat(c ? ", " : "", d + static_cast<size_t>(c) * programs.size());
+    return text;
+  };
   for (size_t d = 0; d < programs.size(); ++d) {
     out += str_cat(first ? "" : ",\n",
                    "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": ", d,
-                   ", \"args\": {\"name\": \"device ", d, " (stage ", d, ")\"}}");
+                   ", \"args\": {\"name\": \"device ", d, " (", device_label(d), ")\"}}");
     first = false;
   }
   for (size_t d = 0; d < programs.size() && d < spans.size(); ++d) {

@@ -17,16 +17,20 @@
 // by M, the mean the full batch would have given (every micro-batch has the
 // same size and the loss is a mean).
 //
-// Lowering (lower_pipeline), per device s (= stage s):
+// Lowering (lower_pipeline), per device s (= stage s; with the interleaved
+// schedule's v chunks, stages s, s + P, ..., s + (v-1) P):
 //  1. the per-micro-batch blocks in schedule order. GPipe: F0 .. F(M-1), then
 //     B0 .. B(M-1). 1F1B (PipeDream-Flush, as in Megatron-LM): w = min(P-1-s, M)
 //     warm-up forwards, then alternating F(w+i), B(i), then the remaining
-//     backwards. Both run the backward of micro-batch k before that of k + 1, so
-//     gradients accumulate in the same order and both schedules give bitwise the
-//     same result. Inside a block, nodes run in one topological order; a tensor
-//     from another stage is received right before its first reader in that
-//     micro-batch and sent right after its producer; accumulation follows the
-//     producer;
+//     backwards. Interleaved (Megatron-LM's virtual pipeline): the chunks take
+//     P micro-batches in turn, forwards in chunk order and backwards in
+//     reverse, after 2(P-1-s) + (v-1)P warm-up forwards (all of them when
+//     M = P). Every schedule runs the backward of micro-batch k before that of
+//     k + 1 in every stage, so gradients accumulate in the same order and all
+//     give bitwise the same result (but with clipping, whose norm sums
+//     per-stage partials, so v chunks sum in another order). Inside a block, nodes run in one
+//     topological order; a tensor from another stage is received right before its first reader in
+//     that micro-batch and sent right after its producer; accumulation follows the producer;
 //  2. the per-step part: scale the accumulated tensors, send those another stage
 //     reads, run the step nodes (receiving and sending across stages likewise).
 //     With data parallelism the accumulated tensors are first summed over the
@@ -115,8 +119,10 @@ struct PipelineOptions {
 uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
 
 // One program per device (stages * data_parallel of them, in device order).
-// `node_stage` gives every node's stage in [0, stages). With data_parallel > 1,
-// the all-reduce groups (one per stage) are pipeline_groups(options).
+// `node_stage` gives every node's stage in [0, stages), or with the
+// interleaved schedule its virtual stage in [0, stages * chunks). With
+// data_parallel > 1, the all-reduce groups (one per stage) are
+// pipeline_groups(options).
 Result<std::vector<serialization::PlanProgram>> lower_pipeline(const Graph &graph,
                                                                const std::vector<int> &node_stage,
                                                                const PipelineOptions &options);

@@ -945,7 +945,14 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   };
   auto body = [&](int rank, Communicator &comm, Communicator *side) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
-    const std::string label = data_parallel_ == 1 ? str_cat("stage ", rank)
+    std::string stages = str_cat("stage ", rank);
+    if (!node_chunks_.empty()) { // interleaved: one replica, chunks d, d + P, ...
+      stages = "stages ";
+      const int chunks = *std::max_element(node_chunks_.begin(), node_chunks_.end()) + 1;
+      for (int c = 0; c < chunks; ++c)
+        stages += str_cat(c ? ", " : "", rank + c * num_devices());
+    }
+    const std::string label = data_parallel_ == 1 ? stages
                                                   : str_cat("stage ", rank / data_parallel_,
                                                             " replica ", rank % data_parallel_);
     comm.set_label(label);

@@ -600,7 +600,7 @@ void add_compile(CLI::App &app, Action &action) {
                   "--schedule interleaved: model chunks per device; the model is cut into "
                   "stages x chunks virtual stages, virtual stage k on device k mod stages "
                   "(default 2)")
-      ->check(at_least(2))
+      ->check(CLI::Range(2, 1024))
       ->needs(train)
       ->type_name("V");
   sub->add_option("--cluster", args.cluster,
@@ -610,7 +610,7 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("FILE");
   sub->add_option("--stage-boundaries", args.stage_boundaries,
                   "instead of searching, cut after these forward nodes (P-1 names, comma "
-                  "separated, in order)")
+                  "separated, in order; with --schedule interleaved P x --chunks - 1)")
       ->needs(train)
       ->delimiter(',')
       ->type_name("NODE,...");
@@ -657,6 +657,7 @@ void add_compile(CLI::App &app, Action &action) {
       ->excludes(sub->get_option("--microbatches"))
       ->excludes(sub->get_option("--schedule"))
       ->excludes(sub->get_option("--stage-boundaries"))
+      ->excludes(sub->get_option("--chunks"))
       ->excludes(sub->get_option("--recompute"))
       ->needs(train);
   sub->footer(

@@ -1154,15 +1154,25 @@ Result<serialization::Plan> compile_interleaved(const Graph &forward, int stages
 
 // Interleaved 1F1B (Megatron-LM's virtual pipeline stages): `chunks` model
 // chunks per device, virtual stage k on device k mod P. Every chunk runs its
-// backwards in micro-batch order, so the result is 1F1B's bit for bit; the
-// pipeline fills faster, so the predicted bubble is smaller.
+// backwards in micro-batch order, so the result is 1F1B's bit for bit (without
+// clipping, whose norm sums per-stage partials); the pipeline fills faster,
+// so the predicted bubble is smaller.
 TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
-  for (const auto &[P, v, M] :
-       std::vector<std::tuple<int, int, int>>{{2, 2, 2}, {2, 2, 4}, {4, 2, 8}, {2, 3, 4}}) {
+  zoo::GptOptions six;
+  six.layers = 4;
+  six.hidden = 32;
+  six.heads = 2;
+  six.seq = 8;
+  six.vocab = 64;
+  six.batch = 6; // for 3 stages
+  const Graph gpt6 = *zoo::make_gpt(six);
+  for (const auto &[P, v, M] : std::vector<std::tuple<int, int, int>>{
+           {2, 2, 2}, {2, 2, 4}, {4, 2, 8}, {2, 3, 4}, {2, 4, 4}, {3, 2, 3}, {3, 2, 6}}) {
     const std::string what = str_cat("P=", P, " chunks=", v, " M=", M);
-    auto interleaved = compile_interleaved(gpt(), P, v, M);
+    const Graph model = P == 3 ? gpt6 : gpt();
+    auto interleaved = compile_interleaved(model, P, v, M);
     ASSERT_TRUE(interleaved.is_ok()) << what << ": " << interleaved.status().message();
-    auto plain = compile(gpt(), training("adamw:lr=1e-3"), P, M, Schedule::k1F1B);
+    auto plain = compile(model, training("adamw:lr=1e-3"), P, M, Schedule::k1F1B);
     ASSERT_TRUE(plain.is_ok()) << what << ": " << plain.status().message();
     EXPECT_EQ(interleaved->programs.size(), static_cast<size_t>(P)) << what;
     EXPECT_EQ(interleaved->pipeline->chunks, v) << what;
@@ -1239,7 +1249,7 @@ TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
     EXPECT_NE(plan.status().message().find(text), std::string::npos) << plan.status().message();
   };
   expect_error(compile_interleaved(gpt(), 2, 2, 3), "--microbatches 3 is not a multiple of 2");
-  expect_error(compile_interleaved(gpt(), 2, 1, 2), "needs --chunks 2 or more");
+  expect_error(compile_interleaved(gpt(), 2, 1, 2), "needs --chunks 2 to 1024");
   expect_error(compile_interleaved(gpt(), 1, 2, 2), "a pipeline of 2 or more stages");
   partitioner::PipelineCompileOptions pipeline;
   pipeline.stages = 2;
@@ -1257,6 +1267,18 @@ TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
   pipeline.schedule = Schedule::k1F1B;
   expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
                "--chunks 2 cuts the model into chunks per device for --schedule interleaved");
+  // A device holds all its chunks: memory that fits one chunk but not the
+  // device's two is refused, naming the device.
+  pipeline.schedule = Schedule::kInterleaved;
+  auto fits = partitioner::compile_pipeline(gpt(), training(), pipeline);
+  ASSERT_TRUE(fits.is_ok()) << fits.status().message();
+  int64_t most = 0;
+  for (size_t d = 0; d < fits->programs.size(); ++d)
+    most = std::max(most, partitioner::device_memory(*fits, d));
+  partitioner::ClusterSpec small = partitioner::default_cpu_cluster(2);
+  small.device.memory_bytes = most * 3 / 4;
+  pipeline.cluster = small;
+  expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline), " (2 chunks) needs ");
 }
 
 TEST_F(PipelineTest, CheckpointAndResumeMatchAnUninterruptedRun) {
