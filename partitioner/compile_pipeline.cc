@@ -276,9 +276,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     if (M % P != 0)
       return invalid_argument("--schedule interleaved runs micro-batches in groups of the ", P,
                               " stages: --microbatches ", M, " is not a multiple of ", P);
-    if (DP > 1 || TP > 1)
-      return unimplemented("--schedule interleaved with data or tensor parallelism is not built "
-                           "yet (--mesh 1x1xP); use 1f1b there");
+    if (TP > 1)
+      return unimplemented("--schedule interleaved with tensor parallelism is not built yet "
+                           "(--mesh DPx1xPP); use 1f1b there");
     if (options.recompute)
       return unimplemented("--schedule interleaved with --recompute is not built yet");
   }

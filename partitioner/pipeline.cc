@@ -469,9 +469,6 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     if (M % P != 0)
       return invalid_argument("the interleaved schedule runs micro-batches in groups of the ", P,
                               " stages; ", M, " micro-batches are not a multiple of ", P);
-    if (DP > 1)
-      return unimplemented("the interleaved schedule with data-parallel replicas is not built "
-                           "yet; use --schedule 1f1b with --mesh DPx1xPP");
   }
   const int V = P * chunks; // (virtual) stages
   if (virtual_stage.size() != graph.num_nodes())
@@ -1150,9 +1147,23 @@ std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline) {
   return chunks;
 }
 
+std::string device_role(const serialization::PlanPipeline &pipeline, int64_t device) {
+  const int64_t tp = std::max(pipeline.tensor_parallel, 1),
+                dp = std::max(pipeline.data_parallel, 1);
+  const int64_t member = device % tp, replica = device / tp % dp, stage = device / tp / dp;
+  std::string text = pipeline.chunks > 1 ? "stages " : str_cat("stage ", stage);
+  for (int64_t c = 0; pipeline.chunks > 1 && c < pipeline.chunks; ++c)
+    text += str_cat(c ? ", " : "", stage + c * pipeline.stages);
+  if (dp > 1) text += str_cat(" replica ", replica);
+  if (tp > 1) text += str_cat(" member ", member);
+  return text;
+}
+
 std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &programs,
                          const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
-                         const std::vector<int32_t> &node_chunk) {
+                         const serialization::PlanPipeline *pipeline) {
+  const std::vector<int32_t> node_chunk =
+      pipeline ? node_chunks(*pipeline) : std::vector<int32_t>{};
   auto phases = analyze_phases(graph, microbatches);
   auto escape = [](const std::string &text) {
     std::string out;
@@ -1175,15 +1186,8 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
                    args, "}}");
     first = false;
   };
-  // With chunks (one replica, one member), device d runs stages d, d + P, ...
-  const int32_t chunks =
-      node_chunk.empty() ? 1 : *std::max_element(node_chunk.begin(), node_chunk.end()) + 1;
   auto device_label = [&](size_t d) {
-    if (chunks <= 1) return str_cat("stage ", d);
-    std::string text = "stages ";
-    for (int32_t c = 0; c < chunks; ++c)
-      text += str_cat(c ? ", " : "", d + static_cast<size_t>(c) * programs.size());
-    return text;
+    return pipeline ? device_role(*pipeline, static_cast<int64_t>(d)) : str_cat("stage ", d);
   };
   for (size_t d = 0; d < programs.size(); ++d) {
     out += str_cat(first ? "" : ",\n",

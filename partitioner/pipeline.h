@@ -110,7 +110,7 @@ struct PipelineOptions {
   // kInterleaved: model chunks per device (2 or more). node_stage then runs
   // over stages * chunks virtual stages; virtual stage k runs on device
   // k mod stages (chunk k / stages of it). Needs microbatches a multiple of
-  // stages, one replica and no recomputation.
+  // stages and no recomputation.
   int chunks = 1;
   int64_t alignment = 64;
 };
@@ -259,15 +259,21 @@ struct TraceSpan {
 // ("F3"), backward ("B3") or the step ("optimizer") becomes one event, with the
 // node count in its args; every send and receive is its own event, so waiting
 // shows as a receive's length. Load it in ui.perfetto.dev or chrome://tracing.
-// With model chunks (the interleaved schedule) `node_chunk` gives each node's
-// chunk, and blocks are named "F3 c1" (micro-batch 3 of chunk 1).
+// With the plan's `pipeline` its devices are named by device_role, and with
+// model chunks (the interleaved schedule) blocks are named "F3 c1"
+// (micro-batch 3 of chunk 1).
 std::string chrome_trace(const Graph &graph,
                          const std::vector<serialization::PlanProgram> &programs,
                          const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
-                         const std::vector<int32_t> &node_chunk = {});
+                         const serialization::PlanPipeline *pipeline = nullptr);
 
 // Each node's model chunk (its virtual stage / stages) for an interleaved
 // plan; empty for the other schedules.
 std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline);
+
+// What device `device` of a pipeline plan runs, for messages and traces:
+// "stage 2", "stage 1 replica 0", "stages 1, 5" (interleaved), with
+// " member 1" in a tensor-parallel group.
+std::string device_role(const serialization::PlanPipeline &pipeline, int64_t device);
 
 } // namespace strata::partitioner

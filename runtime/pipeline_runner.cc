@@ -356,7 +356,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       return invalid_argument("pipeline plan: two shards of tensor '", shard.tensor, "'");
   }
   runner->programs_ = plan.programs;
-  runner->node_chunks_ = partitioner::node_chunks(*plan.pipeline);
+  runner->pipeline_ = *plan.pipeline;
   runner->groups_ = plan.pipeline->groups;
   const auto &algorithms = plan.pipeline->group_algorithms;
   auto algorithm_of = [&](int32_t group) -> std::optional<CollectiveAlgo> {
@@ -945,17 +945,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   };
   auto body = [&](int rank, Communicator &comm, Communicator *side) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
-    std::string stages = str_cat("stage ", rank);
-    if (!node_chunks_.empty()) { // interleaved: one replica, chunks d, d + P, ...
-      stages = "stages ";
-      const int chunks = *std::max_element(node_chunks_.begin(), node_chunks_.end()) + 1;
-      for (int c = 0; c < chunks; ++c)
-        stages += str_cat(c ? ", " : "", rank + c * num_devices());
-    }
-    const std::string label = data_parallel_ == 1 ? stages
-                                                  : str_cat("stage ", rank / data_parallel_,
-                                                            " replica ", rank % data_parallel_);
-    comm.set_label(label);
+    comm.set_label(partitioner::device_role(pipeline_, rank));
     std::optional<DeviceClock> clock, stream_clock;
     std::unique_ptr<Communicator> clocked, side_clocked;
     if (device_clock) {
@@ -1167,7 +1157,7 @@ Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() co
 }
 
 std::string PipelineRunner::trace_json() const {
-  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_, node_chunks_);
+  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_, &pipeline_);
 }
 
 } // namespace strata::runtime

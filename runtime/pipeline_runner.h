@@ -112,7 +112,7 @@ private:
   // Tensor parallelism: tensors every member holds a piece of, by id.
   std::map<TensorId, serialization::PlanShard> tp_shards_;
   std::vector<serialization::PlanProgram> programs_;
-  std::vector<int32_t> node_chunks_; // interleaved plans: each node's model chunk
+  serialization::PlanPipeline pipeline_; // the plan's (device roles, chunks)
   std::vector<std::vector<int32_t>> groups_;
   std::vector<std::unique_ptr<Device>> devices_;
   PipelineRunnerOptions options_;

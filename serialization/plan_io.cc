@@ -480,13 +480,13 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
     return invalid_argument("field pipeline.chunks = ", pipe.chunks, " with schedule ",
                             pipe.schedule, "; expected ",
                             pipe.schedule == "interleaved" ? "2 to 1024" : "1");
-  if (pipe.schedule == "interleaved" && (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0 ||
-                                         pipe.data_parallel != 1 || pipe.tensor_parallel != 1))
+  if (pipe.schedule == "interleaved" &&
+      (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0 || pipe.tensor_parallel != 1))
     return invalid_argument("field pipeline.schedule: interleaved needs 2 or more stages, "
-                            "micro-batches a multiple of them, one replica and one member; the "
+                            "micro-batches a multiple of them and no tensor parallelism; the "
                             "plan has ",
-                            pipe.stages, " stages, ", pipe.microbatches, " micro-batches, ",
-                            pipe.data_parallel, " replicas and ", pipe.tensor_parallel, " members");
+                            pipe.stages, " stages, ", pipe.microbatches, " micro-batches and ",
+                            pipe.tensor_parallel, " members per group");
   const int64_t virtual_stages = int64_t{pipe.stages} * pipe.chunks;
   if (size_of(q.node_stage()) != g.num_nodes())
     return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),

@@ -155,14 +155,6 @@ std::string bubble_formula(const serialization::PlanPipeline &p) {
   return str_cat(p.chunks > 1 ? "(p-1)/(vm+p-1) = " : "(p-1)/(m+p-1) = ", format_percent(formula));
 }
 
-// "stages 1, 5": the (virtual) stages device `d` of an interleaved plan runs.
-std::string device_stages(const serialization::PlanPipeline &p, size_t d) {
-  std::string text = "stages ";
-  for (int c = 0; c < p.chunks; ++c)
-    text += str_cat(c ? ", " : "", static_cast<int64_t>(d) + int64_t{c} * p.stages);
-  return text;
-}
-
 void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   const serialization::PlanPipeline &p = *plan.pipeline;
   std::string cluster_name = "?";
@@ -218,8 +210,8 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
     out << "\n";
   }
   if (p.chunks > 1)
-    out << "chunks       device d runs stages d, d+" << p.stages << ", ... (of "
-        << p.stages * p.chunks << ")\n";
+    out << "chunks       the devices at pipeline position s run stages s, s+" << p.stages
+        << ", ... (of " << p.stages * p.chunks << ")\n";
   std::vector<StageRow> rows = stage_rows(plan);
   out << (p.data_parallel > 1 || p.tensor_parallel > 1 || p.chunks > 1 ? "device" : "stage ")
       << " nodes    parameters   FLOPs/step   peak act.  predicted busy  sends/step\n";
@@ -468,7 +460,9 @@ std::string stage_dot(const Plan &plan) {
     const serialization::PlanPipeline &p = *plan.pipeline;
     text += str_cat(
         "  stage", d, " [label=\"",
-        p.chunks > 1 ? str_cat("device ", d, "\\n", device_stages(p, d)) : str_cat("stage ", d),
+        p.chunks > 1 || p.data_parallel > 1 || p.tensor_parallel > 1
+            ? str_cat("device ", d, "\\n", partitioner::device_role(p, static_cast<int64_t>(d)))
+            : str_cat("stage ", d),
         "\\n", r.nodes, " nodes\\n", grouped(r.parameters), " parameters\\n", human_flops(r.flops),
         " per step\\npeak ", human_bytes(static_cast<double>(r.arena)), "\\nbusy ",
         format_ms(r.busy), "\"];\n");
@@ -509,7 +503,7 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
   if (!args.trace.empty()) {
     RETURN_IF_ERROR(serialization::write_file_atomically(
         args.trace, partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(*sim),
-                                              p.microbatches, partitioner::node_chunks(p))));
+                                              p.microbatches, &p)));
     out << "trace      " << args.trace << " (predicted; open in ui.perfetto.dev)\n";
   }
   return Status::ok();
@@ -637,8 +631,7 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
     }
     ASSIGN_OR_RETURN(partitioner::Simulation sim, partitioner::simulate_plan(plan, cluster));
     out << partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
-                                     plan.pipeline->microbatches,
-                                     partitioner::node_chunks(*plan.pipeline));
+                                     plan.pipeline->microbatches, &*plan.pipeline);
     return Status::ok();
   }
   if (args.format != "text")

@@ -231,6 +231,12 @@ std::vector<serialization::Plan> launch_plans() {
   mesh.schedule = partitioner::Schedule::kInterleaved;
   mesh.chunks = 2;
   plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  // ... with two replicas of a 2-device pipeline and gradient buckets.
+  mesh.stages = 2;
+  mesh.microbatches = 2;
+  mesh.data_parallel = 2;
+  mesh.bucket_bytes = 4096;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
   return plans;
 }
 

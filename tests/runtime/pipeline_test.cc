@@ -1143,9 +1143,12 @@ TEST_F(PipelineTest, DeviceClockKeepsTheBitsAndJoinsDevicesAtMessages) {
 }
 
 Result<serialization::Plan> compile_interleaved(const Graph &forward, int stages, int chunks,
-                                                int microbatches) {
+                                                int microbatches, int data_parallel = 1,
+                                                int zero = 0) {
   partitioner::PipelineCompileOptions pipeline;
   pipeline.stages = stages;
+  pipeline.data_parallel = data_parallel;
+  pipeline.zero = zero;
   pipeline.microbatches = microbatches;
   pipeline.schedule = Schedule::kInterleaved;
   pipeline.chunks = chunks;
@@ -1182,6 +1185,17 @@ TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
               P * v - 1)
         << what;
     EXPECT_LT(interleaved->pipeline->predicted_bubble, plain->pipeline->predicted_bubble) << what;
+    expect_bitwise(run_plan(*interleaved), run_plan(*plain), what + ": interleaved vs 1f1b");
+  }
+  // With data-parallel replicas (gradient buckets; ZeRO-1): the replicas of
+  // each pipeline position run its chunks, reducing over their group.
+  for (const int zero : {0, 1}) {
+    const std::string what = str_cat("P=2 chunks=2 M=2 DP=2 zero=", zero);
+    auto interleaved = compile_interleaved(gpt(), 2, 2, 2, 2, zero);
+    ASSERT_TRUE(interleaved.is_ok()) << what << ": " << interleaved.status().message();
+    auto plain = compile(gpt(), training("adamw:lr=1e-3"), 2, 2, Schedule::k1F1B, 2, zero);
+    ASSERT_TRUE(plain.is_ok()) << what << ": " << plain.status().message();
+    EXPECT_EQ(interleaved->programs.size(), 4u) << what;
     expect_bitwise(run_plan(*interleaved), run_plan(*plain), what + ": interleaved vs 1f1b");
   }
 }
@@ -1256,10 +1270,10 @@ TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
   pipeline.microbatches = 2;
   pipeline.schedule = Schedule::kInterleaved;
   pipeline.chunks = 2;
-  pipeline.data_parallel = 2;
+  pipeline.tensor_parallel = 2;
   expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
-               "with data or tensor parallelism is not built yet");
-  pipeline.data_parallel = 1;
+               "with tensor parallelism is not built yet");
+  pipeline.tensor_parallel = 1;
   pipeline.recompute = true;
   expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
                "with --recompute is not built yet");

@@ -918,7 +918,7 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   EXPECT_NE(read_file(path("ti.json")).find("device 1 (stages 1, 5)"), std::string::npos);
   Outcome inspect_interleaved = strata({"inspect", "pi.splan"});
   ASSERT_EQ(inspect_interleaved.code, 0) << inspect_interleaved.err;
-  EXPECT_NE(inspect_interleaved.out.find("device d runs stages d, d+4, ... (of 8)"),
+  EXPECT_NE(inspect_interleaved.out.find("pipeline position s run stages s, s+4, ... (of 8)"),
             std::string::npos)
       << inspect_interleaved.out;
   Outcome dot_interleaved = strata({"inspect", "pi.splan", "--format", "dot"});
