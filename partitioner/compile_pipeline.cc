@@ -490,9 +490,10 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     for (size_t d = 0; d < plan.programs.size(); ++d)
       if (const int64_t bytes = device_memory(plan, d); bytes > cluster.device.memory_bytes)
         return invalid_argument("device ", d, " (", chunks, " chunks) needs ", bytes,
-                                " bytes (activations and held tensors); cluster '", cluster.name,
-                                "' gives each device ", cluster.device.memory_bytes,
-                                " (fewer --chunks or more stages)");
+                                " bytes (activations, weights and optimizer state); cluster '",
+                                cluster.name, "' gives each device ", cluster.device.memory_bytes,
+                                chunks > 2 ? " (fewer --chunks or more stages)"
+                                           : " (more stages, or --schedule 1f1b)");
   return plan;
 }
 

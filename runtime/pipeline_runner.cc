@@ -441,8 +441,8 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         total,
         str_cat("the pipeline's ", local, local == 1 ? " device" : " devices",
                 " in this process need"),
-        str_cat("activations and held tensors; the largest, device ", largest_device, ", ",
-                format_bytes(static_cast<double>(largest)))));
+        str_cat("activations, weights and optimizer state; the largest, device ", largest_device,
+                ", ", format_bytes(static_cast<double>(largest)))));
   }
   for (const serialization::PlanProgram &program : runner->programs_) {
     auto device = std::make_unique<Device>();

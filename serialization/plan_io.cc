@@ -485,8 +485,8 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
     return invalid_argument("field pipeline.schedule: interleaved needs 2 or more stages, "
                             "micro-batches a multiple of them and no tensor parallelism; the "
                             "plan has ",
-                            pipe.stages, " stages, ", pipe.microbatches, " micro-batches and ",
-                            pipe.tensor_parallel, " members per group");
+                            pipe.stages, " stages, ", pipe.microbatches,
+                            " micro-batches and tensor_parallel = ", pipe.tensor_parallel);
   const int64_t virtual_stages = int64_t{pipe.stages} * pipe.chunks;
   if (size_of(q.node_stage()) != g.num_nodes())
     return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),

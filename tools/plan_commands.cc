@@ -365,7 +365,8 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &
   if (args.chunks != 0 && !interleaved)
     return invalid_argument("--chunks cuts the model into chunks per device for --schedule "
                             "interleaved, not ",
-                            args.schedule);
+                            args.schedule,
+                            args.schedule == CompileArgs{}.schedule ? " (the default)" : "");
 
   options.chunks = !interleaved ? 1 : args.chunks > 0 ? static_cast<int>(args.chunks) : 2;
   if (!args.cluster.empty()) {
@@ -1192,6 +1193,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
   if (n > 0)
     out << "steady     " << format_ms(median(step_seconds)) << " per step (" << last_steps << ")\n";
+  if (device_seconds.empty() && args.clock == "device" && pipeline != nullptr)
+    out << "device     no step time: the device clock's is the median from the third step on "
+           "(run 3 or more steps)\n";
   if (!device_seconds.empty())
     out << "device     " << format_ms(median(device_seconds))
         << " per step on a core per device (the device clock"

@@ -187,7 +187,7 @@ const char *first_given_option(const RunArgs &args, bool training) {
       {"--resume", !args.resume.empty(), true},
       {"--log-every", args.log_every != defaults.log_every, true},
       {"--trace", !args.trace.empty(), true},
-      {"--clock", args.clock != defaults.clock, true},
+      {"--clock device", args.clock != defaults.clock, true},
       {"--timeout", args.timeout_s != defaults.timeout_s, true},
       {"--devices-per-rank", args.devices_per_rank != defaults.devices_per_rank, true},
   };

@@ -489,7 +489,7 @@ void add_run(CLI::App &app, Action &action) {
                   "thread's own CPU time, joined where it waits for another device; the step as "
                   "a core per device would run it, on a machine with fewer free cores than the "
                   "plan has devices. Adds a `device` line (step time by that clock) after the "
-                  "`steady` one (wall time)")
+                  "`steady` one (wall time); reading the clocks costs a few percent of wall time")
       ->check(CLI::IsMember({"wall", "device"}))
       ->capture_default_str();
   sub->add_option("--timeout", args.timeout_s,
@@ -616,8 +616,9 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPxTPxPP), micro-batches, schedule, ZeRO-1 and recomputation for "
-      "--devices devices; keep the fastest predicted plan that fits in memory (above 64 "
+      "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe or 1f1b; not interleaved "
+      "yet), ZeRO-1 and recomputation for --devices devices; keep the fastest predicted plan that "
+      "fits in memory (above 64 "
       "devices candidates are estimated from the stage search, and only the winner compiled)");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use (default: every device of --cluster)")

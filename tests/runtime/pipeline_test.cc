@@ -1352,8 +1352,9 @@ TEST_F(PipelineTest, DevicesBeyondTheHostsMemoryAreRefusedBySize) {
   auto runner = PipelineRunner::create(*plan);
   ASSERT_FALSE(runner.is_ok());
   EXPECT_NE(runner.status().message().find("the pipeline's 2 devices in this process need 1.0 PiB "
-                                           "of memory (activations and held tensors; the "
-                                           "largest, device 1, 1.0 PiB); this host has "),
+                                           "of memory (activations, weights and optimizer "
+                                           "state; the largest, device 1, 1.0 PiB); this host "
+                                           "has "),
             std::string::npos)
       << runner.status().message();
 }

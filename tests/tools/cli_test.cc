@@ -1127,7 +1127,7 @@ TEST_F(CliTest, PipelineOptionErrors) {
   expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--chunks",
                                 "2", "-o", "p.splan"}),
                         "--chunks cuts the model into chunks per device for --schedule "
-                        "interleaved, not 1f1b");
+                        "interleaved, not 1f1b (the default)");
   expect_one_line_error(
       strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--microbatches", "3",
               "--schedule", "interleaved", "-o", "p.splan"}),
@@ -1136,6 +1136,8 @@ TEST_F(CliTest, PipelineOptionErrors) {
       strata({"compile", "m.strata", "--train", "--schedule", "interleaved", "-o", "p.splan"}),
       "a pipeline of 2 or more stages (--mesh 1x1xP)");
   EXPECT_FALSE(fs::exists(path("p.splan")));
+  expect_one_line_error(strata({"run", "m.strata", "--clock", "device"}),
+                        "--clock device is for training plans");
   expect_one_line_error(strata({"run", "t.splan", "--clock", "device"}),
                         "--clock device times a pipeline plan's devices; this plan has one device");
   expect_one_line_error(strata({"simulate", "t.splan"}), "not a pipeline plan");
