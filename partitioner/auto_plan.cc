@@ -263,6 +263,7 @@ PipelineCompileOptions compile_options(const AutoCandidate &c, const AutoOptions
   compile.tensor_parallel = c.tensor_parallel;
   compile.microbatches = c.microbatches;
   compile.schedule = c.schedule;
+  compile.chunks = c.chunks;
   compile.cluster = options.cluster;
   compile.check_memory = false; // the search checks memory over the whole device
   compile.profile = options.profile;
@@ -274,7 +275,8 @@ PipelineCompileOptions compile_options(const AutoCandidate &c, const AutoOptions
 
 std::string AutoCandidate::label() const {
   return str_cat("dp=", data_parallel, " tp=", tensor_parallel, " pp=", stages, " M=", microbatches,
-                 " ", schedule_name(schedule), zero ? " zero1" : "", recompute ? " recompute" : "");
+                 " ", schedule_name(schedule), chunks > 1 ? str_cat(" x", chunks) : "",
+                 zero ? " zero1" : "", recompute ? " recompute" : "");
 }
 
 int64_t device_memory(const serialization::Plan &plan, size_t device) {
@@ -355,12 +357,17 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
           continue;
         }
         // With one stage or one micro-batch both schedules are the same program.
+        // Interleaved (two chunks per device) where it is built: micro-batches
+        // a multiple of the stages, no tensor parallelism, no recomputation.
         std::vector<Schedule> schedules = {Schedule::k1F1B};
         if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
+        if (pp > 1 && tp == 1 && M % pp == 0) schedules.push_back(Schedule::kInterleaved);
         for (int zero : zeros)
           for (Schedule schedule : schedules)
             for (bool recompute : {false, true}) {
+              if (recompute && schedule == Schedule::kInterleaved) break;
               AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
+              if (schedule == Schedule::kInterleaved) c.chunks = 2;
               auto plan = compile_pipeline(forward, training, compile_options(c, options));
               if (!plan.is_ok()) {
                 c.error = plan.status().message();

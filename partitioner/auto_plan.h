@@ -74,6 +74,7 @@ struct AutoCandidate {
   Schedule schedule = Schedule::k1F1B;
   int zero = 0;           // 1: ZeRO-1 optimizer-state sharding
   bool recompute = false; // activation recomputation (tried when the plan without does not fit)
+  int chunks = 1;         // the interleaved schedule's model chunks per device
   double step_s = 0;      // predicted
   double bubble = 0;      // predicted
   int64_t memory = 0;     // the largest device's bytes: arena + held tensors
@@ -81,7 +82,7 @@ struct AutoCandidate {
   bool fits = false;
   bool estimated = false;    // scored by the estimate, not compiled
   std::string error{};       // why it could not be compiled (then the numbers are 0)
-  std::string label() const; // "dp=2 tp=2 pp=4 M=8 1f1b"
+  std::string label() const; // "dp=2 tp=2 pp=4 M=8 1f1b", "... interleaved x2"
 };
 
 struct AutoResult {

@@ -616,8 +616,9 @@ void add_compile(CLI::App &app, Action &action) {
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe or 1f1b; not interleaved "
-      "yet), ZeRO-1 and recomputation for --devices devices; keep the fastest predicted plan that "
+      "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe, 1f1b, interleaved with 2 "
+      "chunks), ZeRO-1 and recomputation for --devices devices; keep the fastest predicted plan "
+      "that "
       "fits in memory (above 64 "
       "devices candidates are estimated from the stage search, and only the winner compiled)");
   sub->add_option("--devices", args.devices,

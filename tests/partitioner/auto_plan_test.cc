@@ -49,6 +49,18 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
   EXPECT_TRUE(std::any_of(result->candidates.begin(), result->candidates.end(), [](const auto &c) {
     return c.data_parallel == 1 && c.microbatches == 8;
   }));
+  // The interleaved schedule (2 chunks) where it is built: micro-batches a
+  // multiple of the stages, no tensor parallelism.
+  size_t interleaved = 0;
+  for (const AutoCandidate &c : result->candidates)
+    if (c.schedule == Schedule::kInterleaved) {
+      ++interleaved;
+      EXPECT_EQ(c.chunks, 2) << c.label();
+      EXPECT_EQ(c.tensor_parallel, 1) << c.label();
+      EXPECT_EQ(c.microbatches % c.stages, 0) << c.label();
+      EXPECT_NE(c.label().find("interleaved x2"), std::string::npos) << c.label();
+    }
+  EXPECT_GT(interleaved, 0u);
   const AutoCandidate &best = result->candidates[result->winner];
   for (const AutoCandidate &c : result->candidates)
     if (c.fits) {
@@ -59,6 +71,8 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
   EXPECT_EQ(result->plan.pipeline->data_parallel, best.data_parallel);
   EXPECT_EQ(result->plan.pipeline->tensor_parallel, best.tensor_parallel);
   EXPECT_EQ(result->plan.pipeline->microbatches, best.microbatches);
+  EXPECT_EQ(result->plan.pipeline->chunks, best.chunks);
+  EXPECT_EQ(result->plan.pipeline->schedule, schedule_name(best.schedule));
   EXPECT_DOUBLE_EQ(result->plan.pipeline->predicted_step_s, best.step_s);
   int64_t memory = 0;
   for (size_t d = 0; d < result->plan.programs.size(); ++d)
