@@ -5,6 +5,7 @@
 #include <set>
 
 #include "graph/builder.h"
+#include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
@@ -489,11 +490,11 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
     for (size_t d = 0; d < plan.programs.size(); ++d)
       if (const int64_t bytes = device_memory(plan, d); bytes > cluster.device.memory_bytes)
-        return invalid_argument("device ", d, " (", chunks, " chunks) needs ", bytes,
-                                " bytes (activations, weights and optimizer state); cluster '",
-                                cluster.name, "' gives each device ", cluster.device.memory_bytes,
-                                chunks > 2 ? " (fewer --chunks or more stages)"
-                                           : " (more stages, or --schedule 1f1b)");
+        return invalid_argument(
+            "device ", d, " (", chunks, " chunks) needs ", human_bytes(static_cast<double>(bytes)),
+            " (activations, weights and optimizer state); cluster '", cluster.name,
+            "' gives each device ", human_bytes(static_cast<double>(cluster.device.memory_bytes)),
+            chunks > 2 ? " (fewer --chunks or more stages)" : " (more stages, or --schedule 1f1b)");
   return plan;
 }
 

@@ -6,6 +6,7 @@
 
 #include <sys/sysinfo.h>
 
+#include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
@@ -60,27 +61,15 @@ struct CpuExecutor::State {
   std::vector<Update> updates;
 };
 
-std::string format_bytes(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  size_t unit = 0;
-  while (bytes >= 1024 && unit + 1 < std::size(units)) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
-}
-
 Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts) {
   struct sysinfo info {};
   if (sysinfo(&info) != 0) return Status::ok(); // unknown: let the allocation decide
   const double unit = info.mem_unit, ram = static_cast<double>(info.totalram) * unit,
                swap = static_cast<double>(info.totalswap) * unit;
   if (static_cast<double>(bytes) <= ram + swap) return Status::ok();
-  return failed_precondition(what, " ", format_bytes(static_cast<double>(bytes)), " of memory (",
-                             parts, "); this host has ", format_bytes(ram),
-                             swap > 0 ? str_cat(" and ", format_bytes(swap), " of swap")
+  return failed_precondition(what, " ", human_bytes(static_cast<double>(bytes)), " of memory (",
+                             parts, "); this host has ", human_bytes(ram),
+                             swap > 0 ? str_cat(" and ", human_bytes(swap), " of swap")
                                       : std::string(" and no swap"));
 }
 
@@ -121,8 +110,8 @@ Result<std::unique_ptr<CpuExecutor>> CpuExecutor::create(Graph graph,
     const int64_t activations = executor->plan_.arena_bytes;
     RETURN_IF_ERROR(check_host_memory(
         activations + weights, str_cat("graph '", g.name(), "' needs"),
-        str_cat(format_bytes(static_cast<double>(weights)), " of weights and state, ",
-                format_bytes(static_cast<double>(activations)), " of activations")));
+        str_cat(human_bytes(static_cast<double>(weights)), " of weights and state, ",
+                human_bytes(static_cast<double>(activations)), " of activations")));
   }
   state->arena = Blob::zeroed(static_cast<size_t>(executor->plan_.arena_bytes));
 

@@ -27,9 +27,6 @@ namespace strata::runtime {
 // its out-of-memory killer would end without a word.
 Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts);
 
-// "1.5 GiB", "12.0 MiB", "512 B".
-std::string format_bytes(double bytes);
-
 struct ExecutorOptions {
   // Folder that external data paths are relative to (the model's folder).
   std::string model_dir = ".";

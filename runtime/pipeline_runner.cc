@@ -11,6 +11,7 @@
 
 #include <signal.h>
 
+#include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
@@ -442,7 +443,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         str_cat("the pipeline's ", local, local == 1 ? " device" : " devices",
                 " in this process need"),
         str_cat("activations, weights and optimizer state; the largest, device ", largest_device,
-                ", ", format_bytes(static_cast<double>(largest)))));
+                ", ", human_bytes(static_cast<double>(largest)))));
   }
   for (const serialization::PlanProgram &program : runner->programs_) {
     auto device = std::make_unique<Device>();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/units.h"
 #include "ops/registry.h"
 
 namespace strata::tools {
@@ -51,10 +52,10 @@ struct OpTime {
 };
 std::vector<OpTime> op_times(const Graph &graph, const std::vector<double> &node_ms);
 
-// Human units: "1.23M" (counts, powers of 1000), "1.23 GFLOP", "1.23 MiB".
-std::string human_count(double value);
-std::string human_flops(double flops);
-std::string human_bytes(double bytes);
+// Human units (graph/units.h): "1.23M", "1.23 GFLOP", "1.23 MiB".
+using strata::human_bytes;
+using strata::human_count;
+using strata::human_flops;
 // An integer with thousands separators: "1,234,567".
 std::string grouped(int64_t value);
 

@@ -1351,9 +1351,9 @@ TEST_F(PipelineTest, DevicesBeyondTheHostsMemoryAreRefusedBySize) {
   plan->programs[1].arena_bytes = int64_t{1} << 50; // 1 PiB
   auto runner = PipelineRunner::create(*plan);
   ASSERT_FALSE(runner.is_ok());
-  EXPECT_NE(runner.status().message().find("the pipeline's 2 devices in this process need 1.0 PiB "
+  EXPECT_NE(runner.status().message().find("the pipeline's 2 devices in this process need 1.00 PiB "
                                            "of memory (activations, weights and optimizer "
-                                           "state; the largest, device 1, 1.0 PiB); this host "
+                                           "state; the largest, device 1, 1.00 PiB); this host "
                                            "has "),
             std::string::npos)
       << runner.status().message();

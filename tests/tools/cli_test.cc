@@ -462,7 +462,7 @@ TEST_F(CliTest, RunBeyondTheHostsMemorySaysHowMuch) {
                 .code,
             0);
   Outcome run = strata({"run", "big.strata"});
-  expect_one_line_error(run, "needs 3.6 TiB of memory (3.6 TiB of weights and state, ");
+  expect_one_line_error(run, "needs 3.64 TiB of memory (3.64 TiB of weights and state, ");
   EXPECT_NE(run.err.find("of activations); this host has "), std::string::npos) << run.err;
 }
 
