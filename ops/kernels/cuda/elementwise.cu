@@ -164,23 +164,23 @@ cudaError_t by_size(int element_bytes, Args... args) {
 template <typename T> struct StridedCopy {
   void operator()(const void *x, int64_t base, Dims strides, void *y, Dims shape, int64_t n,
                   cudaStream_t stream) {
-    strided_copy_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-        static_cast<const T *>(x), base, strides, static_cast<T *>(y), shape, n);
+    STRATA_LAUNCH(strided_copy_kernel, grid_for(n), kThreads, 0, stream)
+    (static_cast<const T *>(x), base, strides, static_cast<T *>(y), shape, n);
   }
 };
 template <typename T> struct StridedScatter {
   void operator()(const void *x, Dims shape, void *y, int64_t base, Dims strides, int64_t n,
                   cudaStream_t stream) {
-    strided_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-        static_cast<const T *>(x), shape, static_cast<T *>(y), base, strides, n);
+    STRATA_LAUNCH(strided_scatter_kernel, grid_for(n), kThreads, 0, stream)
+    (static_cast<const T *>(x), shape, static_cast<T *>(y), base, strides, n);
   }
 };
 template <typename T> struct Where {
   void operator()(const uint8_t *cond, Dims cs, const void *x, Dims xs, const void *z, Dims zs,
                   void *y, Dims shape, int64_t n, cudaStream_t stream) {
-    where_kernel<<<grid_for(n), kThreads, 0, stream>>>(cond, cs, static_cast<const T *>(x), xs,
-                                                       static_cast<const T *>(z), zs,
-                                                       static_cast<T *>(y), shape, n);
+    STRATA_LAUNCH(where_kernel, grid_for(n), kThreads, 0, stream)
+    (cond, cs, static_cast<const T *>(x), xs, static_cast<const T *>(z), zs, static_cast<T *>(y),
+     shape, n);
   }
 };
 
@@ -214,16 +214,19 @@ template <typename From>
 cudaError_t cast_from(const From *x, void *y, Elem to, int64_t n, cudaStream_t stream) {
   switch (to) {
   case Elem::kF32:
-    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<float *>(y), to, n);
+    STRATA_LAUNCH(cast_kernel, grid_for(n), kThreads, 0, stream)(x, static_cast<float *>(y), to, n);
     break;
   case Elem::kI32:
-    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<int32_t *>(y), to, n);
+    STRATA_LAUNCH(cast_kernel, grid_for(n), kThreads, 0, stream)
+    (x, static_cast<int32_t *>(y), to, n);
     break;
   case Elem::kI64:
-    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<int64_t *>(y), to, n);
+    STRATA_LAUNCH(cast_kernel, grid_for(n), kThreads, 0, stream)
+    (x, static_cast<int64_t *>(y), to, n);
     break;
   case Elem::kBool:
-    cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, static_cast<uint8_t *>(y), to, n);
+    STRATA_LAUNCH(cast_kernel, grid_for(n), kThreads, 0, stream)
+    (x, static_cast<uint8_t *>(y), to, n);
     break;
   }
   return cudaGetLastError();
@@ -371,7 +374,7 @@ __global__ void adam_kernel(AdamParams p, const float *param, const float *grad,
 cudaError_t unary(Unary op, const float *x, float *y, int64_t n, float a, float b,
                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  unary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, x, y, n, a, b);
+  STRATA_LAUNCH(unary_kernel, grid_for(n), kThreads, 0, stream)(op, x, y, n, a, b);
   return cudaGetLastError();
 }
 
@@ -381,10 +384,11 @@ cudaError_t binary(Binary op, const float *lhs, const Dims &lhs_strides, const f
   const int64_t n = count(shape);
   if (n == 0) return cudaSuccess;
   if (dense(lhs_strides, shape) && dense(rhs_strides, shape))
-    binary_dense_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, lhs, rhs, out, n, a, b);
+    STRATA_LAUNCH(binary_dense_kernel, grid_for(n), kThreads, 0, stream)
+    (op, lhs, rhs, out, n, a, b);
   else
-    binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, lhs, lhs_strides, rhs, rhs_strides, out,
-                                                        shape, n, a, b);
+    STRATA_LAUNCH(binary_kernel, grid_for(n), kThreads, 0, stream)
+    (op, lhs, lhs_strides, rhs, rhs_strides, out, shape, n, a, b);
   return cudaGetLastError();
 }
 
@@ -395,13 +399,13 @@ cudaError_t binary_int(Binary op, const void *lhs, const Dims &lhs_strides, cons
   if (n == 0) return cudaSuccess;
   if (op != Binary::kAdd && op != Binary::kSub && op != Binary::kMul) return cudaErrorInvalidValue;
   if (bytes == 4)
-    binary_int_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-        op, static_cast<const int32_t *>(lhs), lhs_strides, static_cast<const int32_t *>(rhs),
-        rhs_strides, static_cast<int32_t *>(out), shape, n);
+    STRATA_LAUNCH(binary_int_kernel, grid_for(n), kThreads, 0, stream)
+    (op, static_cast<const int32_t *>(lhs), lhs_strides, static_cast<const int32_t *>(rhs),
+     rhs_strides, static_cast<int32_t *>(out), shape, n);
   else if (bytes == 8)
-    binary_int_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-        op, static_cast<const int64_t *>(lhs), lhs_strides, static_cast<const int64_t *>(rhs),
-        rhs_strides, static_cast<int64_t *>(out), shape, n);
+    STRATA_LAUNCH(binary_int_kernel, grid_for(n), kThreads, 0, stream)
+    (op, static_cast<const int64_t *>(lhs), lhs_strides, static_cast<const int64_t *>(rhs),
+     rhs_strides, static_cast<int64_t *>(out), shape, n);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();
@@ -411,7 +415,7 @@ cudaError_t broadcast_copy(const float *x, const Dims &strides, float *out, cons
                            cudaStream_t stream) {
   const int64_t n = count(shape);
   if (n == 0) return cudaSuccess;
-  broadcast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, strides, out, shape, n);
+  STRATA_LAUNCH(broadcast_kernel, grid_for(n), kThreads, 0, stream)(x, strides, out, shape, n);
   return cudaGetLastError();
 }
 
@@ -433,7 +437,7 @@ cudaError_t transpose(const void *x, const Dims &in_shape, const int *perm, void
 
 cudaError_t learning_rate(const Schedule &schedule, const int64_t *step, float *lr,
                           cudaStream_t stream) {
-  learning_rate_kernel<<<1, 1, 0, stream>>>(schedule, step, lr);
+  STRATA_LAUNCH(learning_rate_kernel, 1, 1, 0, stream)(schedule, step, lr);
   return cudaGetLastError();
 }
 
@@ -441,8 +445,8 @@ cudaError_t sgd(const SgdParams &p, const float *param, const float *grad, const
                 const float *buf, const int64_t *step, float *new_param, float *new_buf, int64_t n,
                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, param, grad, lr, buf, step, new_param,
-                                                   new_buf, n);
+  STRATA_LAUNCH(sgd_kernel, grid_for(n), kThreads, 0, stream)
+  (p, param, grad, lr, buf, step, new_param, new_buf, n);
   return cudaGetLastError();
 }
 
@@ -450,8 +454,8 @@ cudaError_t adam(const AdamParams &p, const float *param, const float *grad, con
                  const float *v, const float *lr, const int64_t *step, float *new_param,
                  float *new_m, float *new_v, int64_t n, int *bad_step, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  adam_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, param, grad, m, v, lr, step, new_param,
-                                                    new_m, new_v, n, bad_step);
+  STRATA_LAUNCH(adam_kernel, grid_for(n), kThreads, 0, stream)
+  (p, param, grad, m, v, lr, step, new_param, new_m, new_v, n, bad_step);
   return cudaGetLastError();
 }
 
@@ -497,7 +501,8 @@ __global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
 
 cudaError_t to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__nv_bfloat16 *>(y), n);
+  STRATA_LAUNCH(to_bf16_kernel, grid_for(n), kThreads, 0, stream)
+  (x, reinterpret_cast<__nv_bfloat16 *>(y), n);
   return cudaGetLastError();
 }
 
@@ -574,21 +579,21 @@ __global__ void f16_gemm_scalars_kernel(const unsigned *amax, float alpha, float
 
 cudaError_t f16_amax(const float *x, int64_t n, unsigned *amax_bits, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  f16_amax_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, amax_bits);
+  STRATA_LAUNCH(f16_amax_kernel, grid_for(n), kThreads, 0, stream)(x, n, amax_bits);
   return cudaGetLastError();
 }
 
 cudaError_t to_f16_scaled(const float *x, uint16_t *y, int64_t n, const unsigned *amax, int operand,
                           cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  to_f16_scaled_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, reinterpret_cast<__half *>(y), n,
-                                                             amax, operand);
+  STRATA_LAUNCH(to_f16_scaled_kernel, grid_for(n), kThreads, 0, stream)
+  (x, reinterpret_cast<__half *>(y), n, amax, operand);
   return cudaGetLastError();
 }
 
 cudaError_t f16_gemm_scalars(const unsigned *amax, float alpha, float beta, float *scalars,
                              cudaStream_t stream) {
-  f16_gemm_scalars_kernel<<<1, 1, 0, stream>>>(amax, alpha, beta, scalars);
+  STRATA_LAUNCH(f16_gemm_scalars_kernel, 1, 1, 0, stream)(amax, alpha, beta, scalars);
   return cudaGetLastError();
 }
 
@@ -596,12 +601,12 @@ cudaError_t fused_elementwise(const Fused &program, float *out, int64_t n, cudaS
   if (n <= 0) return cudaSuccess;
   if (program.steps < 1 || program.steps > kMaxFused || program.inputs > kMaxFused)
     return cudaErrorInvalidValue;
-  fused_kernel<<<grid_for(n), kThreads, 0, stream>>>(program, out, n);
+  STRATA_LAUNCH(fused_kernel, grid_for(n), kThreads, 0, stream)(program, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream) {
-  any_flag_kernel<<<1, 1, 0, stream>>>(flags, n, any);
+  STRATA_LAUNCH(any_flag_kernel, 1, 1, 0, stream)(flags, n, any);
   return cudaGetLastError();
 }
 
@@ -609,19 +614,19 @@ cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *a
                          cudaStream_t stream) {
   if (bytes <= 0) return cudaSuccess;
   if (bytes % 4 == 0)
-    guarded_copy_kernel<<<grid_for(bytes / 4), kThreads, 0, stream>>>(
-        static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), bytes / 4, any);
+    STRATA_LAUNCH(guarded_copy_kernel, grid_for(bytes / 4), kThreads, 0, stream)
+    (static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src), bytes / 4, any);
   else
-    guarded_copy_kernel<<<grid_for(bytes), kThreads, 0, stream>>>(
-        static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), bytes, any);
+    STRATA_LAUNCH(guarded_copy_kernel, grid_for(bytes), kThreads, 0, stream)
+    (static_cast<uint8_t *>(dst), static_cast<const uint8_t *>(src), bytes, any);
   return cudaGetLastError();
 }
 
 cudaError_t dropout(const float *x, float *y, int64_t n, uint64_t seed, const void *step,
                     int step_bytes, uint64_t threshold, float scale, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  dropout_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n, seed, step, step_bytes, threshold,
-                                                       scale);
+  STRATA_LAUNCH(dropout_kernel, grid_for(n), kThreads, 0, stream)
+  (x, y, n, seed, step, step_bytes, threshold, scale);
   return cudaGetLastError();
 }
 

@@ -17,6 +17,20 @@ inline unsigned grid_for(int64_t n) {
 
 } // namespace strata::cuda
 
+// kernel<<<grid, block, shared, stream>>>, written STRATA_LAUNCH(kernel, grid,
+// block, shared, stream)(arguments...). The CUDA emulator of the tests
+// (tests/cuda_emulator) compiles these files as C++ and runs the launch on the
+// host, each thread a fiber; nvcc sees the chevrons.
+#if defined(STRATA_CUDA_EMULATOR)
+#define STRATA_LAUNCH(kernel, grid, block, shared, stream)                                         \
+  ::strata::cuda_emulator::Launch {                                                                \
+#kernel, (grid), (block), (shared), (stream), [](auto... arguments) { kernel(arguments...); }  \
+  }
+#else
+#define STRATA_LAUNCH(kernel, grid, block, shared, stream)                                         \
+  kernel<<<(grid), (block), (shared), (stream)>>>
+#endif
+
 // for (i = this thread's first element; i < n; i += every thread of the grid)
 #define STRATA_GRID_STRIDE(i, n)                                                                   \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);           \

@@ -33,13 +33,13 @@ __global__ void sum_members_kernel(Members members, int64_t rows, int64_t run, i
 
 cudaError_t accumulate(float *acc, const float *src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(acc, src, n);
+  STRATA_LAUNCH(accumulate_kernel, grid_for(n), kThreads, 0, stream)(acc, src, n);
   return cudaGetLastError();
 }
 
 cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  divide_kernel<<<grid_for(n), kThreads, 0, stream>>>(acc, divisor, n);
+  STRATA_LAUNCH(divide_kernel, grid_for(n), kThreads, 0, stream)(acc, divisor, n);
   return cudaGetLastError();
 }
 
@@ -49,8 +49,8 @@ cudaError_t sum_members_block(const Members &members, int64_t rows, int64_t run,
   if (members.count < 1 || members.count > kMaxMembers || members.outs < 0 ||
       members.outs > kMaxMembers)
     return cudaErrorInvalidValue;
-  sum_members_kernel<<<grid_for(rows * run), kThreads, 0, stream>>>(members, rows, run, pitch,
-                                                                    offset);
+  STRATA_LAUNCH(sum_members_kernel, grid_for(rows * run), kThreads, 0, stream)
+  (members, rows, run, pitch, offset);
   return cudaGetLastError();
 }
 

@@ -117,7 +117,7 @@ __global__ void spread_mean_kernel(const float *dy, float *dx, int64_t planes, i
 cudaError_t pool(bool max, const Window &window, const float *x, float *y, cudaStream_t stream) {
   const int64_t n = window.planes * window.out_h * window.out_w;
   if (n == 0) return cudaSuccess;
-  pool_kernel<<<grid_for(n), kThreads, 0, stream>>>(max, window, x, y);
+  STRATA_LAUNCH(pool_kernel, grid_for(n), kThreads, 0, stream)(max, window, x, y);
   return cudaGetLastError();
 }
 
@@ -125,14 +125,16 @@ cudaError_t pool_grad(bool max, const Window &window, const float *dy, const flo
                       cudaStream_t stream) {
   const int64_t n = window.planes * window.h * window.w;
   if (n == 0) return cudaSuccess;
-  pool_grad_kernel<<<grid_for(n), kThreads, 0, stream>>>(max, window, dy, max ? x : nullptr, dx);
+  STRATA_LAUNCH(pool_grad_kernel, grid_for(n), kThreads, 0, stream)
+  (max, window, dy, max ? x : nullptr, dx);
   return cudaGetLastError();
 }
 
 cudaError_t spread_mean(const float *dy, float *dx, int64_t planes, int64_t size,
                         cudaStream_t stream) {
   if (planes * size == 0) return cudaSuccess;
-  spread_mean_kernel<<<grid_for(planes * size), kThreads, 0, stream>>>(dy, dx, planes, size);
+  STRATA_LAUNCH(spread_mean_kernel, grid_for(planes * size), kThreads, 0, stream)
+  (dy, dx, planes, size);
   return cudaGetLastError();
 }
 

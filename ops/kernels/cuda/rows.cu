@@ -20,7 +20,7 @@ __device__ T block_reduce(T value, T *shared, Combine combine) {
   shared[threadIdx.x] = value;
   __syncthreads();
   for (int width = blockDim.x / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width)
+    if (static_cast<int>(threadIdx.x) < width)
       shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + width]);
     __syncthreads();
   }
@@ -778,11 +778,11 @@ cudaError_t reduce(Reduce op, const float *x, const Dims &shape, const bool *red
   // A thread per output keeps the GPU busy when there are many; a block per
   // output when a few outputs each fold many elements (a full reduction).
   if (folded >= 8 * kThreads && outputs < 4096)
-    reduce_block_kernel<<<static_cast<unsigned>(outputs), kThreads, 0, stream>>>(op, x, s, folded,
-                                                                                 divisor, y);
+    STRATA_LAUNCH(reduce_block_kernel, static_cast<unsigned>(outputs), kThreads, 0, stream)
+    (op, x, s, folded, divisor, y);
   else
-    reduce_kernel<<<grid_for(outputs), kThreads, 0, stream>>>(op, x, s, outputs, folded, divisor,
-                                                              y);
+    STRATA_LAUNCH(reduce_kernel, grid_for(outputs), kThreads, 0, stream)
+    (op, x, s, outputs, folded, divisor, y);
   return cudaGetLastError();
 }
 
@@ -790,7 +790,8 @@ cudaError_t softmax(const float *x, float *y, int64_t outer, int64_t axis, int64
                     cudaStream_t stream) {
   const int64_t rows = outer * inner;
   if (rows == 0 || axis == 0) return cudaSuccess;
-  softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, y, axis, inner, log);
+  STRATA_LAUNCH(softmax_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (x, y, axis, inner, log);
   return cudaGetLastError();
 }
 
@@ -798,16 +799,16 @@ cudaError_t softmax_grad(const float *dy, const float *y, float *dx, int64_t out
                          int64_t inner, bool log, cudaStream_t stream) {
   const int64_t rows = outer * inner;
   if (rows == 0 || axis == 0) return cudaSuccess;
-  softmax_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, y, dx, axis, inner,
-                                                                            log);
+  STRATA_LAUNCH(softmax_grad_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (dy, y, dx, axis, inner, log);
   return cudaGetLastError();
 }
 
 cudaError_t layer_norm(const float *x, const float *scale, const float *bias, float *y,
                        int64_t rows, int64_t cols, double epsilon, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  layer_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, scale, bias, y, cols,
-                                                                          epsilon);
+  STRATA_LAUNCH(layer_norm_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (x, scale, bias, y, cols, epsilon);
   return cudaGetLastError();
 }
 
@@ -817,13 +818,13 @@ cudaError_t layer_norm_grad(const float *dy, const float *x, const float *scale,
   if (cols == 0) return cudaSuccess;
   // With no rows dScale and dBias are zeros, as on the CPU.
   if (rows > 0)
-    layer_norm_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(dy, x, scale, dx,
-                                                                               cols, epsilon);
+    STRATA_LAUNCH(layer_norm_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+    (dy, x, scale, dx, cols, epsilon);
   if (rows > 0)
-    layer_norm_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, epsilon,
-                                                                                  stats);
-  layer_norm_params_kernel<<<grid_for(cols), kThreads, 0, stream>>>(dy, x, stats, dscale, dbias,
-                                                                    rows, cols);
+    STRATA_LAUNCH(layer_norm_stats_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+    (x, cols, epsilon, stats);
+  STRATA_LAUNCH(layer_norm_params_kernel, grid_for(cols), kThreads, 0, stream)
+  (dy, x, stats, dscale, dbias, rows, cols);
   return cudaGetLastError();
 }
 
@@ -831,16 +832,16 @@ cudaError_t batch_norm(const float *x, const float *scale, const float *bias, co
                        const float *var, float *y, int64_t batch, int64_t channels, int64_t inner,
                        double epsilon, bool training, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
-  batch_norm_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-      x, scale, bias, mean, var, y, batch, channels, inner, epsilon, training);
+  STRATA_LAUNCH(batch_norm_kernel, static_cast<unsigned>(channels), kThreads, 0, stream)
+  (x, scale, bias, mean, var, y, batch, channels, inner, epsilon, training);
   return cudaGetLastError();
 }
 
 cudaError_t batch_norm_stats(const float *x, float *mean, float *var, int64_t batch,
                              int64_t channels, int64_t inner, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
-  batch_norm_stats_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-      x, mean, var, batch, channels, inner);
+  STRATA_LAUNCH(batch_norm_stats_kernel, static_cast<unsigned>(channels), kThreads, 0, stream)
+  (x, mean, var, batch, channels, inner);
   return cudaGetLastError();
 }
 
@@ -848,8 +849,8 @@ cudaError_t batch_norm_grad(const float *dy, const float *x, const float *scale,
                             float *dscale, float *dbias, int64_t batch, int64_t channels,
                             int64_t inner, double epsilon, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
-  batch_norm_grad_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-      dy, x, scale, dx, dscale, dbias, batch, channels, inner, epsilon);
+  STRATA_LAUNCH(batch_norm_grad_kernel, static_cast<unsigned>(channels), kThreads, 0, stream)
+  (dy, x, scale, dx, dscale, dbias, batch, channels, inner, epsilon);
   return cudaGetLastError();
 }
 
@@ -860,11 +861,11 @@ cudaError_t cross_entropy(const float *logits, const void *labels, int label_byt
     if (reduction != 2) return cudaMemsetAsync(loss, 0, sizeof(float), stream);
     return cudaSuccess;
   }
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, labels, label_bytes, classes, ignore_index, reduction, row_loss, loss, bad_label);
+  STRATA_LAUNCH(cross_entropy_rows_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (logits, labels, label_bytes, classes, ignore_index, reduction, row_loss, loss, bad_label);
   if (reduction != 2)
-    cross_entropy_reduce_kernel<<<1, 1, 0, stream>>>(row_loss, labels, label_bytes, rows,
-                                                     ignore_index, reduction, loss);
+    STRATA_LAUNCH(cross_entropy_reduce_kernel, 1, 1, 0, stream)
+    (row_loss, labels, label_bytes, rows, ignore_index, reduction, loss);
   return cudaGetLastError();
 }
 
@@ -874,11 +875,11 @@ cudaError_t cross_entropy_grad(const float *dloss, const float *logits, const vo
                                cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (reduction != 2)
-    cross_entropy_weight_kernel<<<1, 1, 0, stream>>>(dloss, labels, label_bytes, rows, ignore_index,
-                                                     reduction, weight);
-  cross_entropy_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      dloss, logits, labels, label_bytes, classes, ignore_index, reduction, weight, dlogits,
-      bad_label);
+    STRATA_LAUNCH(cross_entropy_weight_kernel, 1, 1, 0, stream)
+    (dloss, labels, label_bytes, rows, ignore_index, reduction, weight);
+  STRATA_LAUNCH(cross_entropy_grad_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (dloss, logits, labels, label_bytes, classes, ignore_index, reduction, weight, dlogits,
+   bad_label);
   return cudaGetLastError();
 }
 
@@ -887,8 +888,8 @@ cudaError_t vocab_parallel_stats(const float *piece, const void *labels, int lab
                                  int64_t ignore_index, float *stats, int *bad_label,
                                  cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  vocab_stats_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      piece, labels, label_bytes, classes, first, total, ignore_index, stats, bad_label);
+  STRATA_LAUNCH(vocab_stats_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (piece, labels, label_bytes, classes, first, total, ignore_index, stats, bad_label);
   return cudaGetLastError();
 }
 
@@ -900,12 +901,12 @@ cudaError_t vocab_parallel_cross_entropy(const void *labels, int label_bytes, co
     if (reduction != 2) return cudaMemsetAsync(loss, 0, sizeof(float), stream);
     return cudaSuccess;
   }
-  vocab_loss_rows_kernel<<<grid_for(rows), kThreads, 0, stream>>>(
-      labels, label_bytes, stats, rows, parts, total, ignore_index, reduction, row_loss, loss,
-      bad_label);
+  STRATA_LAUNCH(vocab_loss_rows_kernel, grid_for(rows), kThreads, 0, stream)
+  (labels, label_bytes, stats, rows, parts, total, ignore_index, reduction, row_loss, loss,
+   bad_label);
   if (reduction != 2)
-    cross_entropy_reduce_kernel<<<1, 1, 0, stream>>>(row_loss, labels, label_bytes, rows,
-                                                     ignore_index, reduction, loss);
+    STRATA_LAUNCH(cross_entropy_reduce_kernel, 1, 1, 0, stream)
+    (row_loss, labels, label_bytes, rows, ignore_index, reduction, loss);
   return cudaGetLastError();
 }
 
@@ -917,11 +918,11 @@ cudaError_t vocab_parallel_cross_entropy_grad(const float *dloss, const float *p
                                               double *weight, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (reduction != 2)
-    cross_entropy_weight_kernel<<<1, 1, 0, stream>>>(dloss, labels, label_bytes, rows, ignore_index,
-                                                     reduction, weight);
-  vocab_grad_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      dloss, piece, labels, label_bytes, stats, classes, parts, first, ignore_index, reduction,
-      weight, dpiece, bad_label);
+    STRATA_LAUNCH(cross_entropy_weight_kernel, 1, 1, 0, stream)
+    (dloss, labels, label_bytes, rows, ignore_index, reduction, weight);
+  STRATA_LAUNCH(vocab_grad_kernel, static_cast<unsigned>(rows), kThreads, 0, stream)
+  (dloss, piece, labels, label_bytes, stats, classes, parts, first, ignore_index, reduction, weight,
+   dpiece, bad_label);
   return cudaGetLastError();
 }
 
@@ -930,9 +931,9 @@ cudaError_t gather(const float *data, int64_t outer, int64_t axis_size, int64_t 
                    cudaStream_t stream, int64_t first, int64_t bound) {
   const int64_t total = outer * n * inner;
   if (total == 0) return cudaSuccess;
-  gather_kernel<<<grid_for(total), kThreads, 0, stream>>>(data, outer, axis_size, inner, indices,
-                                                          index_bytes, n, out, bad_index, first,
-                                                          bound > 0 ? bound : axis_size);
+  STRATA_LAUNCH(gather_kernel, grid_for(total), kThreads, 0, stream)
+  (data, outer, axis_size, inner, indices, index_bytes, n, out, bad_index, first,
+   bound > 0 ? bound : axis_size);
   return cudaGetLastError();
 }
 
@@ -952,19 +953,19 @@ cudaError_t gather_grad(const float *dy, int64_t outer, int64_t axis_size, int64
   if (bound <= 0) bound = axis_size;
   const size_t needed = outer == 1 ? gather_grad_scratch(n, axis_size) : 0;
   if (needed == 0 || scratch == nullptr || scratch_bytes < needed) {
-    gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
-        dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index, first, bound);
+    STRATA_LAUNCH(gather_grad_kernel, grid_for(total), kThreads, 0, stream)
+    (dy, outer, axis_size, inner, indices, index_bytes, n, ddata, bad_index, first, bound);
     return cudaGetLastError();
   }
   SortScratch s = carve(scratch, scratch_bytes, n);
-  index_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-      indices, index_bytes, n, axis_size, s.keys_in, s.positions_in, bad_index, first, bound);
+  STRATA_LAUNCH(index_keys_kernel, grid_for(n), kThreads, 0, stream)
+  (indices, index_bytes, n, axis_size, s.keys_in, s.positions_in, bad_index, first, bound);
   const cudaError_t sorted =
       cub::DeviceRadixSort::SortPairs(s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.positions_in,
                                       s.positions_out, n, 0, key_bits(axis_size), stream);
   if (sorted != cudaSuccess) return sorted;
-  sorted_gather_grad_kernel<<<grid_for(total), kThreads, 0, stream>>>(
-      dy, axis_size, inner, s.keys_out, s.positions_out, n, ddata);
+  STRATA_LAUNCH(sorted_gather_grad_kernel, grid_for(total), kThreads, 0, stream)
+  (dy, axis_size, inner, s.keys_out, s.positions_out, n, ddata);
   return cudaGetLastError();
 }
 
@@ -972,24 +973,26 @@ cudaError_t sum_squares_partials(const float *x, int64_t n, double *partials, cu
   cudaError_t error = cudaMemsetAsync(partials, 0, kNormBlocks * sizeof(double), stream);
   if (error != cudaSuccess || n == 0) return error;
   const int64_t blocks = (n + kThreads - 1) / kThreads;
-  sum_squares_kernel<<<static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks), kThreads,
-                       0, stream>>>(x, n, partials);
+  STRATA_LAUNCH(sum_squares_kernel,
+                static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks), kThreads, 0,
+                stream)
+  (x, n, partials);
   return cudaGetLastError();
 }
 
 cudaError_t finish_norm(const double *partials, int64_t inputs, bool pair, double max_norm,
                         float *out, cudaStream_t stream) {
-  finish_norm_kernel<<<1, 1, 0, stream>>>(partials, inputs, pair, max_norm, out);
+  STRATA_LAUNCH(finish_norm_kernel, 1, 1, 0, stream)(partials, inputs, pair, max_norm, out);
   return cudaGetLastError();
 }
 
 cudaError_t add_pair(const float *pair, bool first, double *acc, cudaStream_t stream) {
-  add_pair_kernel<<<1, 1, 0, stream>>>(pair, first, acc);
+  STRATA_LAUNCH(add_pair_kernel, 1, 1, 0, stream)(pair, first, acc);
   return cudaGetLastError();
 }
 
 cudaError_t finish_pairs(const double *acc, double max_norm, float *scale, cudaStream_t stream) {
-  finish_pairs_kernel<<<1, 1, 0, stream>>>(acc, max_norm, scale);
+  STRATA_LAUNCH(finish_pairs_kernel, 1, 1, 0, stream)(acc, max_norm, scale);
   return cudaGetLastError();
 }
 
@@ -1003,7 +1006,8 @@ cudaError_t reduce_max_grad(const float *dy, const float *x, const Dims &shape, 
   ReduceShape s;
   int64_t groups = 0, folded = 0;
   split_reduce(shape, reduced, &s, &groups, &folded);
-  reduce_max_grad_kernel<<<grid_for(groups), kThreads, 0, stream>>>(dy, x, s, groups, folded, dx);
+  STRATA_LAUNCH(reduce_max_grad_kernel, grid_for(groups), kThreads, 0, stream)
+  (dy, x, s, groups, folded, dx);
   return cudaGetLastError();
 }
 
@@ -1011,24 +1015,27 @@ cudaError_t mse_loss(const float *p, const float *t, int64_t n, int reduction, d
                      float *loss, cudaStream_t stream) {
   if (reduction == 2) {
     if (n == 0) return cudaSuccess;
-    mse_none_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, t, n, loss);
+    STRATA_LAUNCH(mse_none_kernel, grid_for(n), kThreads, 0, stream)(p, t, n, loss);
     return cudaGetLastError();
   }
   cudaError_t error = cudaMemsetAsync(partials, 0, kNormBlocks * sizeof(double), stream);
   if (error != cudaSuccess) return error;
   if (n > 0) {
     const int64_t blocks = (n + kThreads - 1) / kThreads;
-    mse_partials_kernel<<<static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks),
-                          kThreads, 0, stream>>>(p, t, n, partials);
+    STRATA_LAUNCH(mse_partials_kernel,
+                  static_cast<unsigned>(blocks < kNormBlocks ? blocks : kNormBlocks), kThreads, 0,
+                  stream)
+    (p, t, n, partials);
   }
-  mse_finish_kernel<<<1, 1, 0, stream>>>(partials, n, reduction, loss);
+  STRATA_LAUNCH(mse_finish_kernel, 1, 1, 0, stream)(partials, n, reduction, loss);
   return cudaGetLastError();
 }
 
 cudaError_t mse_loss_grad(const float *dloss, const float *p, const float *t, int64_t n,
                           int reduction, float *dp, float *dt, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  mse_grad_kernel<<<grid_for(n), kThreads, 0, stream>>>(dloss, p, t, n, reduction, dp, dt);
+  STRATA_LAUNCH(mse_grad_kernel, grid_for(n), kThreads, 0, stream)
+  (dloss, p, t, n, reduction, dp, dt);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,276 @@
+// The CUDA backend's op table and strata's own CUDA kernels, run on the CUDA
+// emulator (tests/cuda_emulator) against the CPU kernels: no GPU needed. Every
+// op case of cuda_op_cases.h runs through the real op function (attributes,
+// shapes and strides to launches, scratch, flags) and the real kernel code,
+// but for the ops that call cuBLASLt or cuDNN, which the emulator lacks.
+//
+// Each buffer is guarded on both sides; outputs start as a pattern no op
+// writes, so an element left unwritten shows; inputs must come back as they
+// went in. The emulator rounds device math as glibc does, so transcendental
+// ops agree more closely here than on a GPU; the tolerances are the GPU test's.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "graph/host_tensor.h"
+#include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/registry.h"
+#include "runtime/executor.h"
+#include "tests/cuda_emulator/cuda_emulator.h"
+#include "tests/cuda_emulator/self_test_kernels.h"
+#include "tests/ops/cuda_op_cases.h"
+
+namespace strata::test {
+namespace {
+
+constexpr size_t kGuard = 256;
+constexpr unsigned char kGuardByte = 0xA5;
+constexpr unsigned char kUnwritten = 0x7F; // f32 3.4e38 everywhere
+
+// A host buffer with guard bytes on both sides.
+class Guarded {
+public:
+  Guarded(size_t bytes, unsigned char fill) : bytes_(bytes), memory_(bytes + 2 * kGuard + 64) {
+    std::fill(memory_.begin(), memory_.end(), kGuardByte);
+    std::memset(data(), fill, bytes);
+  }
+  // 64-byte aligned, as the executor's regions are (256 there).
+  unsigned char *data() {
+    auto address = reinterpret_cast<uintptr_t>(memory_.data()) + kGuard;
+    return memory_.data() + (kGuard + (64 - address % 64) % 64);
+  }
+  size_t bytes() const { return bytes_; }
+  // The first guard byte that changed, or "".
+  std::string check(const std::string &what) {
+    const unsigned char *d = data();
+    for (const unsigned char *p = memory_.data(); p < d; ++p)
+      if (*p != kGuardByte) return what + ": a byte before it changed";
+    for (const unsigned char *p = d + bytes_; p < memory_.data() + memory_.size(); ++p)
+      if (*p != kGuardByte)
+        return what + ": byte " + std::to_string(p - d - bytes_) + " past its end changed";
+    return "";
+  }
+
+private:
+  size_t bytes_;
+  std::vector<unsigned char> memory_;
+};
+
+double difference(double a, double b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  return std::fabs(a - b) / std::max(1.0, std::fabs(b));
+}
+
+// The ops whose CUDA functions call cuBLASLt or cuDNN, which are not emulated.
+const std::set<std::string> &library_ops() {
+  static const std::set<std::string> ops = {"MatMul", "Gemm", "Conv2d", "Conv2dGradInput",
+                                            "Conv2dGradWeight"};
+  return ops;
+}
+
+struct EmulatedRun {
+  std::vector<HostTensor> outputs;
+  int flag = 0;
+  std::string error; // a failed call, a guard or an input that changed
+};
+
+// `c`'s node through its CUDA op function on the emulator.
+EmulatedRun run_emulated(const OpCase &c, const Graph &graph, const std::vector<HostTensor> &inputs,
+                         const cuda::CudaOp &op, std::shared_ptr<void> *cache) {
+  const Node &node = graph.node(0);
+  const ops::OpDef &def = *ops::OpRegistry::global().find(node.op);
+  EmulatedRun run;
+  std::vector<Guarded> in, out;
+  std::vector<ops::ConstTensorView> in_views;
+  std::vector<ops::TensorView> out_views;
+  std::vector<TensorType> in_types;
+  for (size_t k = 0; k < node.inputs.size(); ++k) {
+    in.emplace_back(inputs[k].size_bytes(), 0);
+    std::memcpy(in.back().data(), inputs[k].data(), inputs[k].size_bytes());
+    in_types.push_back(graph.tensor(node.inputs[k]).type);
+  }
+  for (size_t k = 0; k < node.inputs.size(); ++k)
+    in_views.push_back({in[k].data(), &graph.tensor(node.inputs[k]).type});
+  for (TensorId id : node.outputs)
+    out.emplace_back(static_cast<size_t>(graph.tensor(id).type.size_bytes()), kUnwritten);
+  for (size_t k = 0; k < node.outputs.size(); ++k)
+    out_views.push_back({out[k].data(), &graph.tensor(node.outputs[k]).type});
+  const int64_t scratch_bytes = op.scratch ? op.scratch(node, def, in_types) : 0;
+  Guarded scratch(static_cast<size_t>(scratch_bytes), 0xCD);
+  Guarded flag(sizeof(int), 0);
+  cuda::CudaKernelContext context{node, def, in_views, out_views};
+  context.scratch = scratch_bytes > 0 ? scratch.data() : nullptr;
+  context.scratch_bytes = scratch_bytes;
+  context.flag = reinterpret_cast<int *>(flag.data());
+  context.cache = cache;
+  context.cudnn_pool_norm = false; // strata's pooling and batch norm kernels
+  Status status = op.kernel(context);
+  if (!status.is_ok()) {
+    run.error = status.message() + " (" + cuda_emulator::last_error_message() + ")";
+    return run;
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    run.error = "a launch failed: " + cuda_emulator::last_error_message();
+    return run;
+  }
+  std::memcpy(&run.flag, flag.data(), sizeof(int));
+  for (size_t k = 0; k < in.size(); ++k) {
+    run.error += in[k].check("input " + std::to_string(k));
+    if (std::memcmp(in[k].data(), inputs[k].data(), inputs[k].size_bytes()) != 0)
+      run.error += "input " + std::to_string(k) + " changed; ";
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    run.error += out[k].check("output " + std::to_string(k));
+    HostTensor t = HostTensor::zeros(graph.tensor(node.outputs[k]).type);
+    std::memcpy(t.data(), out[k].data(), t.size_bytes());
+    run.outputs.push_back(std::move(t));
+  }
+  run.error += scratch.check("the scratch") + flag.check("the flag");
+  return run;
+}
+
+std::vector<HostTensor> inputs_for(const OpCase &c, const Graph &graph) {
+  std::vector<HostTensor> inputs = runtime::random_inputs(graph, 7);
+  if (c.positive)
+    for (HostTensor &t : inputs)
+      if (t.type.dtype == DType::kF32)
+        for (int64_t i = 0; i < t.type.num_elements(); ++i)
+          t.as<float>()[i] = std::fabs(t.as<float>()[i]) + 0.1f;
+  return inputs;
+}
+
+std::vector<HostTensor> run_cpu(const Graph &graph, const std::vector<HostTensor> &inputs) {
+  const Node &node = graph.node(0);
+  const ops::OpDef &def = *ops::OpRegistry::global().find(node.op);
+  std::vector<ops::ConstTensorView> in;
+  std::vector<ops::TensorView> out;
+  std::vector<HostTensor> outputs;
+  for (size_t k = 0; k < node.inputs.size(); ++k)
+    in.push_back({inputs[k].data(), &graph.tensor(node.inputs[k]).type});
+  for (TensorId id : node.outputs)
+    outputs.push_back(HostTensor::zeros(graph.tensor(id).type));
+  for (size_t k = 0; k < outputs.size(); ++k)
+    out.push_back({outputs[k].data(), &graph.tensor(node.outputs[k]).type});
+  Status status = def.cpu_kernel(ops::KernelContext{node, def, in, out});
+  EXPECT_TRUE(status.is_ok()) << status.message();
+  return outputs;
+}
+
+// The emulator runs threads as CUDA would, and refuses what CUDA would not
+// run, before the op tests below rely on it.
+TEST(CudaEmulator, BlocksSumThroughSharedMemoryAndShuffles) {
+  std::vector<float> x(3 * 256);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(i % 97);
+  std::vector<float> sums(3, -1.0f);
+  ASSERT_EQ(cuda_emulator::self_test::block_sums(x.data(), sums.data(), 3), cudaSuccess)
+      << cuda_emulator::last_error_message();
+  for (int b = 0; b < 3; ++b) {
+    float expected = 0;
+    for (int i = 0; i < 256; ++i)
+      expected += x[b * 256 + i];
+    EXPECT_EQ(sums[b], expected) << "block " << b;
+  }
+}
+
+TEST(CudaEmulator, ThreadsAndBlocksSeeTheirCoordinates) {
+  const dim3 grid(3, 2, 2), block(4, 3, 2);
+  std::vector<int> out(3 * 2 * 2 * 4 * 3 * 2, -1);
+  ASSERT_EQ(cuda_emulator::self_test::coordinates(out.data(), grid, block), cudaSuccess);
+  size_t i = 0;
+  for (unsigned bz = 0; bz < 2; ++bz)
+    for (unsigned by = 0; by < 2; ++by)
+      for (unsigned bx = 0; bx < 3; ++bx)
+        for (unsigned tz = 0; tz < 2; ++tz)
+          for (unsigned ty = 0; ty < 3; ++ty)
+            for (unsigned tx = 0; tx < 4; ++tx)
+              EXPECT_EQ(out[i++], static_cast<int>(tx + 1000 * ty + 100000 * tz +
+                                                   10000000 * (bx + 10 * by + 100 * bz)));
+}
+
+TEST(CudaEmulator, RefusesWhatCudaWouldNotRun) {
+  std::vector<int> out(2048, 0);
+  EXPECT_EQ(cuda_emulator::self_test::divergent_barrier(out.data()), cudaErrorLaunchFailure);
+  EXPECT_NE(cuda_emulator::last_error_message().find("28 of its 128 threads finished while the "
+                                                     "others wait at __syncthreads()"),
+            std::string::npos)
+      << cuda_emulator::last_error_message();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess); // read once, then cleared
+  std::vector<float> lanes(32, 0);
+  EXPECT_EQ(cuda_emulator::self_test::half_warp_shuffle(lanes.data()), cudaErrorLaunchFailure);
+  EXPECT_NE(cuda_emulator::last_error_message().find("16 of its 32 lanes wait at a shuffle"),
+            std::string::npos)
+      << cuda_emulator::last_error_message();
+  EXPECT_EQ(cuda_emulator::self_test::oversized_block(out.data()), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(out[0], 0); // nothing ran
+}
+
+TEST(CudaEmulator, AMissingBarrierShowsAsAWrongRead) {
+  std::vector<int> out(64, -1);
+  ASSERT_EQ(cuda_emulator::self_test::neighbour_read(out.data(), 1000, true), cudaSuccess);
+  for (int t = 0; t < 64; ++t)
+    EXPECT_EQ(out[t], 1000 + (t + 1) % 64);
+  ASSERT_EQ(cuda_emulator::self_test::neighbour_read(out.data(), 2000, false), cudaSuccess);
+  int stale = 0;
+  for (int t = 0; t < 64; ++t)
+    stale += out[t] == 1000 + (t + 1) % 64;
+  EXPECT_EQ(stale, 63); // all but the last thread, whose neighbour 0 ran first
+}
+
+TEST(CudaEmulation, EveryOpCaseMatchesTheCpu) {
+  std::set<std::string> skipped;
+  int compared = 0;
+  for (const OpCase &c : op_cases()) {
+    SCOPED_TRACE(describe(c));
+    Graph graph = one_node(c);
+    ASSERT_EQ(graph.num_nodes(), 1);
+    const cuda::CudaOp *op = cuda::find_cuda_op(graph.node(0).op);
+    if (library_ops().count(c.op) != 0) {
+      skipped.insert(c.op);
+      continue;
+    }
+    ASSERT_NE(op, nullptr) << "no CUDA op";
+    const std::vector<HostTensor> inputs = inputs_for(c, graph);
+    const std::vector<HostTensor> expected = run_cpu(graph, inputs);
+    std::shared_ptr<void> cache;
+    for (int pass = 0; pass < 2; ++pass) { // the second with what the first planned
+      SCOPED_TRACE(pass == 0 ? "first run" : "second run");
+      const EmulatedRun got = run_emulated(c, graph, inputs, *op, &cache);
+      ASSERT_EQ(got.error, "");
+      EXPECT_EQ(got.flag, 0) << op->flag_meaning;
+      ASSERT_EQ(got.outputs.size(), expected.size());
+      for (size_t k = 0; k < expected.size(); ++k) {
+        if (expected[k].type.dtype != DType::kF32) {
+          EXPECT_EQ(
+              std::memcmp(got.outputs[k].data(), expected[k].data(), expected[k].size_bytes()), 0)
+              << "output " << k;
+          continue;
+        }
+        double worst = 0;
+        int64_t worst_at = 0;
+        for (int64_t i = 0; i < expected[k].type.num_elements(); ++i) {
+          const double d = difference(got.outputs[k].as<float>()[i], expected[k].as<float>()[i]);
+          if (d > worst) worst = d, worst_at = i;
+        }
+        EXPECT_LE(worst, c.tolerance) << "output " << k << " element " << worst_at << ": "
+                                      << got.outputs[k].as<float>()[worst_at]
+                                      << " against the CPU's " << expected[k].as<float>()[worst_at];
+      }
+    }
+    ++compared;
+  }
+  // Every case the emulator can run ran; the library ops are the only ones
+  // left to a GPU.
+  EXPECT_GE(compared, 100);
+  for (const std::string &op : skipped)
+    EXPECT_EQ(library_ops().count(op), 1u) << op;
+}
+
+} // namespace
+} // namespace strata::test
