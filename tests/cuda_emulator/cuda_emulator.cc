@@ -1,43 +1,117 @@
-// The CUDA emulator's scheduler (block after block, a fiber per thread) and
-// the host side of the CUDA runtime over host memory. See cuda_emulator.h.
+// The CUDA emulator's kernel scheduler (block after block, a fiber per
+// thread) and its error state. See cuda_emulator.h.
 #include "tests/cuda_emulator/cuda_emulator.h"
 
 #include <ucontext.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <vector>
+
+#include "tests/cuda_emulator/state.h"
 
 namespace strata::cuda_emulator {
 namespace {
 
-constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kStackBytes = 64 * 1024;
 constexpr int kWarp = 32;
 constexpr size_t kSlotBytes = 16; // the largest value a shuffle exchanges
+
+// A fiber's saved registers, and the switch between two. On x86-64 a few
+// instructions: the callee-saved registers and the stack (kernels never
+// change the FP control words, so all fibers share the thread's). glibc's
+// swapcontext also saves the signal mask, a system call per switch, which
+// made the emulated test suites several times slower.
+#if defined(__x86_64__)
+extern "C" void strata_emulator_switch(void **save, void *load);
+asm(R"(
+  .text
+  .globl strata_emulator_switch
+  .type strata_emulator_switch, @function
+strata_emulator_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size strata_emulator_switch, .-strata_emulator_switch
+)");
+
+struct Context {
+  void *sp = nullptr;
+};
+
+// `context` will start `entry` on the stack [stack, stack + bytes).
+void prepare(Context &context, char *stack, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
+  auto *slot = reinterpret_cast<uint64_t *>(top);
+  slot[-1] = 0;                                 // entry's return address: none
+  slot[-2] = reinterpret_cast<uint64_t>(entry); // where the switch returns to
+  for (int r = 3; r <= 8; ++r)
+    slot[-r] = 0; // rbp, rbx, r12 - r15
+  context.sp = &slot[-8];
+}
+
+void switch_to(Context &from, Context &to) { strata_emulator_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t context;
+};
+
+void prepare(Context &context, char *stack, size_t bytes, void (*entry)()) {
+  getcontext(&context.context);
+  context.context.uc_stack.ss_sp = stack;
+  context.context.uc_stack.ss_size = bytes;
+  context.context.uc_link = nullptr;
+  makecontext(&context.context, entry, 0);
+}
+
+void switch_to(Context &from, Context &to) { swapcontext(&from.context, &to.context); }
+#endif
 
 enum class State { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
 struct Fiber {
-  ucontext_t context;
+  Context context;
   State state = State::kReady;
   uint3 index{};
   std::unique_ptr<char[]> stack;
 };
 
 struct Emulator {
-  ucontext_t scheduler;
+  Context scheduler;
   std::vector<Fiber> fibers; // one per thread of a block, reused
   Fiber *current = nullptr;
   const std::function<void()> *body = nullptr;
   dim3 grid, block;
   uint3 block_index{};
   std::vector<unsigned char> slots; // kSlotBytes per thread, for shuffles
-  cudaError_t error = cudaSuccess;
-  std::string message;
-  int64_t launches = 0;
+  std::vector<int> ready, at_warp;  // the scheduler's, kept between blocks
 };
 
-thread_local Emulator emulator;
+// One for the process: kernels run only under the runtime's lock
+// (cuda_runtime.cc), one grid at a time, on whichever host thread drains.
+Emulator emulator;
+
+// Errors: the last one per host thread, as CUDA's; the sticky fault and the
+// last message for the whole process.
+thread_local cudaError_t last_error = cudaSuccess;
+std::mutex message_mutex;
+std::string last_message;
+std::atomic<int> sticky_fault{cudaSuccess};
+std::atomic<int64_t> launch_count{0};
 
 Fiber &current_fiber() {
   if (emulator.current == nullptr) {
@@ -47,17 +121,19 @@ Fiber &current_fiber() {
   return *emulator.current;
 }
 
-void fiber_entry() {
+[[noreturn]] void fiber_entry() {
   (*emulator.body)();
-  emulator.current->state = State::kDone;
-  // uc_link returns to the scheduler.
+  Fiber &fiber = *emulator.current;
+  fiber.state = State::kDone;
+  switch_to(fiber.context, emulator.scheduler); // never resumed
+  std::abort();
 }
 
 // Suspends the running fiber in `state` until the scheduler releases it.
 void wait_in(State state) {
   Fiber &fiber = current_fiber();
   fiber.state = state;
-  swapcontext(&fiber.context, &emulator.scheduler);
+  switch_to(fiber.context, emulator.scheduler);
 }
 
 std::string coordinates(uint3 v) {
@@ -65,10 +141,7 @@ std::string coordinates(uint3 v) {
 }
 
 bool fail(cudaError_t code, std::string message) {
-  if (emulator.error == cudaSuccess) {
-    emulator.error = code;
-    emulator.message = std::move(message);
-  }
+  detail::fault(code, std::move(message));
   return false;
 }
 
@@ -77,6 +150,8 @@ bool run_block(const char *kernel) {
   const int threads = static_cast<int>(emulator.block.x * emulator.block.y * emulator.block.z);
   if (emulator.fibers.size() < static_cast<size_t>(threads)) emulator.fibers.resize(threads);
   emulator.slots.assign(static_cast<size_t>(threads) * kSlotBytes, 0);
+  std::vector<int> &ready = emulator.ready;
+  ready.clear();
   for (int t = 0; t < threads; ++t) {
     Fiber &fiber = emulator.fibers[t];
     if (!fiber.stack) fiber.stack.reset(new char[kStackBytes]);
@@ -84,65 +159,70 @@ bool run_block(const char *kernel) {
     fiber.index = {static_cast<unsigned>(t) % emulator.block.x,
                    static_cast<unsigned>(t) / emulator.block.x % emulator.block.y,
                    static_cast<unsigned>(t) / (emulator.block.x * emulator.block.y)};
-    getcontext(&fiber.context);
-    fiber.context.uc_stack.ss_sp = fiber.stack.get();
-    fiber.context.uc_stack.ss_size = kStackBytes;
-    fiber.context.uc_link = &emulator.scheduler;
-    makecontext(&fiber.context, fiber_entry, 0);
+    // Stack tops 64 KiB apart would share cache sets: each starts at its own
+    // offset into the 4 KiB a set index spans.
+    const size_t colour = static_cast<size_t>(t * 7 % 64) * 64;
+    prepare(fiber.context, fiber.stack.get(), kStackBytes - colour, fiber_entry);
+    ready.push_back(t);
   }
-  const std::string where =
-      std::string("kernel '") + kernel + "', block " + coordinates(emulator.block_index);
+  const int warps = (threads + kWarp - 1) / kWarp;
+  std::vector<int> &at_warp = emulator.at_warp;
+  at_warp.assign(static_cast<size_t>(warps), 0);
+  int done = 0, at_block = 0;
+  auto where = [&] {
+    return std::string("kernel '") + kernel + "', block " + coordinates(emulator.block_index);
+  };
   for (;;) {
-    for (int t = 0; t < threads; ++t) {
-      Fiber &fiber = emulator.fibers[t];
-      if (fiber.state != State::kReady) continue;
+    // Run every ready thread until it finishes or waits.
+    for (size_t r = 0; r < ready.size(); ++r) {
+      Fiber &fiber = emulator.fibers[ready[r]];
       emulator.current = &fiber;
-      swapcontext(&emulator.scheduler, &fiber.context);
+      switch_to(emulator.scheduler, fiber.context);
       emulator.current = nullptr;
+      if (fiber.state == State::kDone)
+        ++done;
+      else if (fiber.state == State::kAtBlockBarrier)
+        ++at_block;
+      else
+        ++at_warp[ready[r] / kWarp];
     }
-    // Every thread has now finished or waits at a barrier.
-    int done = 0, at_block = 0;
-    for (int t = 0; t < threads; ++t) {
-      done += emulator.fibers[t].state == State::kDone;
-      at_block += emulator.fibers[t].state == State::kAtBlockBarrier;
-    }
+    ready.clear();
     if (done == threads) return true;
-    bool released = false;
-    for (int w = 0; w * kWarp < threads; ++w) {
+    // Warps whose lanes all wait at a shuffle go on.
+    for (int w = 0; w < warps; ++w) {
+      if (at_warp[w] == 0) continue;
       const int first = w * kWarp, last = std::min(threads, first + kWarp);
-      int waiting = 0;
-      for (int t = first; t < last; ++t)
-        waiting += emulator.fibers[t].state == State::kAtWarpBarrier;
-      if (waiting == 0) continue;
-      if (waiting != last - first) {
+      if (at_warp[w] != last - first) {
         return fail(cudaErrorLaunchFailure,
-                    where + ", warp " + std::to_string(w) + ": " + std::to_string(waiting) +
+                    where() + ", warp " + std::to_string(w) + ": " + std::to_string(at_warp[w]) +
                         " of its " + std::to_string(last - first) +
                         " lanes wait at a shuffle of the full warp while the others "
                         "have finished or wait at __syncthreads()");
       }
-      for (int t = first; t < last; ++t)
+      for (int t = first; t < last; ++t) {
         emulator.fibers[t].state = State::kReady;
-      released = true;
-    }
-    if (released) continue;
-    if (at_block + done == threads) {
-      if (done != 0) {
-        return fail(cudaErrorLaunchFailure,
-                    where + ": " + std::to_string(done) + " of its " + std::to_string(threads) +
-                        " threads finished while the others wait at __syncthreads()");
+        ready.push_back(t);
       }
-      for (int t = 0; t < threads; ++t)
-        emulator.fibers[t].state = State::kReady;
-      continue;
+      at_warp[w] = 0;
     }
-    return fail(cudaErrorLaunchFailure, where + ": its threads wait for each other");
+    if (!ready.empty()) continue;
+    // Else every thread that has not finished waits at __syncthreads().
+    if (done != 0) {
+      return fail(cudaErrorLaunchFailure,
+                  where() + ": " + std::to_string(done) + " of its " + std::to_string(threads) +
+                      " threads finished while the others wait at __syncthreads()");
+    }
+    for (int t = 0; t < threads; ++t) {
+      emulator.fibers[t].state = State::kReady;
+      ready.push_back(t);
+    }
+    at_block = 0;
   }
 }
 
 } // namespace
 
-uint3 thread_index() { return current_fiber().index; }
+uint3 thread_index() { return emulator.current->index; }
 uint3 block_index() { return emulator.block_index; }
 dim3 block_dim() { return emulator.block; }
 dim3 grid_dim() { return emulator.grid; }
@@ -166,18 +246,10 @@ void exchange_in_warp(void *value, size_t bytes, int source) {
   wait_in(State::kAtWarpBarrier);
 }
 
-void run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
-              const std::function<void()> &thread) {
-  ++emulator.launches;
-  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
-  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || shared_bytes > 48 * 1024) {
-    fail(cudaErrorInvalidConfiguration, std::string("kernel '") + kernel + "' launched with grid " +
-                                            coordinates({grid.x, grid.y, grid.z}) + " and block " +
-                                            coordinates({block.x, block.y, block.z}) +
-                                            ", which CUDA refuses");
-    return;
-  }
+cudaError_t run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                     const std::function<void()> &thread) {
+  (void)shared_bytes;
+  ++launch_count;
   if (emulator.body != nullptr) {
     std::fprintf(stderr, "cuda_emulator: kernel '%s' launched from a kernel\n", kernel);
     std::abort();
@@ -191,89 +263,69 @@ void run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
         emulator.block_index = {x, y, z};
         if (!run_block(kernel)) {
           emulator.body = nullptr;
-          return;
+          return detail::sticky();
         }
       }
   emulator.body = nullptr;
+  return cudaSuccess;
 }
 
-std::string last_error_message() { return emulator.message; }
-
-int64_t launches() { return emulator.launches; }
-
-} // namespace strata::cuda_emulator
-
-// The CUDA runtime's host API, as far as the kernels' callers use it: every
-// call completes before it returns, on host memory.
-using strata::cuda_emulator::emulator;
-
-namespace {
-
-bool overlap(const void *a, const void *b, size_t bytes) {
-  const auto *x = static_cast<const char *>(a), *y = static_cast<const char *>(b);
-  return bytes != 0 && x < y + bytes && y < x + bytes;
+cudaError_t launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, std::function<void()> thread) {
+  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || shared_bytes > 48 * 1024) {
+    return detail::set_error(cudaErrorInvalidConfiguration,
+                             std::string("kernel '") + kernel + "' launched with grid " +
+                                 coordinates({grid.x, grid.y, grid.z}) + " and block " +
+                                 coordinates({block.x, block.y, block.z}) + ", which CUDA refuses");
+  }
+  return enqueue(stream, kernel, [=, thread = std::move(thread)] {
+    run_grid(kernel, grid, block, shared_bytes, thread);
+  });
 }
 
-cudaError_t refuse(std::string message) {
-  strata::cuda_emulator::emulator.error = cudaErrorInvalidValue;
-  emulator.message = std::move(message);
-  return cudaErrorInvalidValue;
+std::string last_error_message() {
+  std::lock_guard<std::mutex> lock(message_mutex);
+  return last_message;
 }
 
-} // namespace
+void reset() {
+  sticky_fault = cudaSuccess;
+  last_error = cudaSuccess;
+}
 
-extern "C" {
+int64_t launches() { return launch_count; }
 
-cudaError_t cudaGetLastError() {
-  const cudaError_t error = emulator.error;
-  emulator.error = cudaSuccess;
+namespace detail {
+
+cudaError_t set_error(cudaError_t code, std::string message) {
+  last_error = code;
+  std::lock_guard<std::mutex> lock(message_mutex);
+  last_message = std::move(message);
+  return code;
+}
+
+cudaError_t fault(cudaError_t code, std::string message) {
+  int expected = cudaSuccess;
+  sticky_fault.compare_exchange_strong(expected, code);
+  return set_error(code, std::move(message));
+}
+
+void note(std::string message) {
+  std::lock_guard<std::mutex> lock(message_mutex);
+  last_message = std::move(message);
+}
+
+cudaError_t sticky() { return static_cast<cudaError_t>(sticky_fault.load()); }
+
+cudaError_t take_error() {
+  const cudaError_t error = last_error != cudaSuccess ? last_error : sticky();
+  last_error = cudaSuccess;
   return error;
 }
 
-cudaError_t cudaPeekAtLastError() { return emulator.error; }
+cudaError_t peek_error() { return last_error != cudaSuccess ? last_error : sticky(); }
 
-const char *cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-  case cudaSuccess: return "no error (emulated)";
-  case cudaErrorInvalidValue: return "invalid argument (emulated)";
-  case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
-  case cudaErrorLaunchFailure: return "unspecified launch failure (emulated)";
-  default: return "an error of the CUDA emulator";
-  }
-}
-
-const char *cudaGetErrorName(cudaError_t error) { return cudaGetErrorString(error); }
-
-cudaError_t cudaMemsetAsync(void *pointer, int value, size_t bytes, cudaStream_t) {
-  if (bytes == 0) return cudaSuccess;
-  if (pointer == nullptr) return refuse("cudaMemsetAsync of a null pointer");
-  std::memset(pointer, value, bytes);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemcpyAsync(void *destination, const void *source, size_t bytes, cudaMemcpyKind,
-                            cudaStream_t) {
-  if (bytes == 0) return cudaSuccess;
-  if (destination == nullptr || source == nullptr)
-    return refuse("cudaMemcpyAsync with a null pointer");
-  if (overlap(destination, source, bytes) && destination != source)
-    return refuse("cudaMemcpyAsync between overlapping ranges");
-  std::memcpy(destination, source, bytes);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemcpy2DAsync(void *destination, size_t destination_pitch, const void *source,
-                              size_t source_pitch, size_t width, size_t height, cudaMemcpyKind,
-                              cudaStream_t) {
-  if (width == 0 || height == 0) return cudaSuccess;
-  if (destination == nullptr || source == nullptr)
-    return refuse("cudaMemcpy2DAsync with a null pointer");
-  if (width > destination_pitch || width > source_pitch)
-    return refuse("cudaMemcpy2DAsync with rows wider than a pitch");
-  for (size_t row = 0; row < height; ++row)
-    std::memcpy(static_cast<char *>(destination) + row * destination_pitch,
-                static_cast<const char *>(source) + row * source_pitch, width);
-  return cudaSuccess;
-}
-
-} // extern "C"
+} // namespace detail
+} // namespace strata::cuda_emulator

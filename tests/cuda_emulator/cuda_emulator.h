@@ -1,25 +1,33 @@
-// A CUDA emulator for strata's kernels, for tests on machines without a GPU.
+// A CUDA emulator, for tests on machines without a GPU: strata's kernels, the
+// CUDA runtime and cuBLASLt on the host.
 //
-// The kernel files (ops/kernels/cuda/*.cu) compile as C++ with
-// kernel_language.h included first (see the *_emulated.cc files beside it). A launch,
-// STRATA_LAUNCH(kernel, grid, block, shared, stream)(arguments...), then runs
-// on the calling host thread before it returns: block after block, each
-// thread of a block a fiber (ucontext) that runs until it finishes or reaches
+// Kernels. The kernel files (ops/kernels/cuda/*.cu) compile as C++ with
+// kernel_language.h included first (the *_emulated.cc files beside this).
+// A launch, STRATA_LAUNCH(kernel, grid, block, shared, stream)(arguments...),
+// runs on the calling host thread before it returns (on a stream being
+// captured: when the CUDA Graph is launched), block after block, each thread
+// of a block a fiber (ucontext) that runs until it finishes or reaches
 // __syncthreads() or a warp shuffle, where it waits for the others. Shared
-// memory is a static variable per kernel, which is per block because blocks
-// run one after another.
+// memory is a static variable per kernel, per block because blocks run one
+// after another.
 //
-// What it catches: indexing and logic errors (against the CPU kernels, in the
-// tests), a __syncthreads() that some threads of a block never reach, a
-// shuffle with lanes of its warp gone, launch shapes CUDA refuses. What it
-// cannot: races between threads (they interleave only at barriers), device
-// math that rounds unlike glibc (expf, tanhf, erff, ...), and the timing of
-// streams (every call completes before it returns). cuBLASLt, cuDNN, CUDA
-// Graphs and NCCL are not emulated.
+// Runtime (cuda_runtime.cc) and cuBLASLt (cublaslt.cc). Device memory is host
+// memory. Work on a stream is done when it is enqueued; streams are ordered,
+// and so trivially joined. Captures follow CUDA's rules: work on a capturing
+// stream is recorded, another stream joins the capture by waiting on an event
+// recorded in it, the capture ends unjoined streams refused, and calls that
+// would synchronize or allocate while the calling thread captures fail and
+// invalidate it. cuBLASLt keeps its descriptors, runs the product in double,
+// rounds TF32 inputs, and refuses operands less aligned than the algorithm
+// was chosen for. The number of GPUs is STRATA_CUDA_EMULATOR_GPUS (default 1).
 //
-// The host side of the CUDA runtime the kernels' callers use (cudaMemsetAsync,
-// cudaMemcpyAsync, cudaGetLastError, ...) is defined in cuda_emulator.cc over
-// host memory, so a test binary links that instead of libcudart.
+// What it catches: indexing and logic errors (against the CPU, in the tests),
+// a __syncthreads() some threads of a block never reach, a shuffle with lanes
+// of its warp gone, launch shapes CUDA refuses, captures that CUDA would
+// refuse, misaligned GEMM operands. What it cannot: races between threads
+// (they interleave only at barriers) or between streams (work never overlaps),
+// device math that rounds unlike glibc (expf, tanhf, erff, ...), cuDNN and
+// NCCL, which are not emulated, and anything about speed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,17 +57,28 @@ void sync_threads();
 // anew.
 void exchange_in_warp(void *value, size_t bytes, int source);
 
-// Runs `thread` as every thread of a grid; a launch error (the shape CUDA
-// refuses, a barrier some thread never reaches) is kept for cudaGetLastError.
-// `kernel` names it in errors.
-void run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
-              const std::function<void()> &thread);
+// Runs `thread` as every thread of a grid, now. A barrier some thread never
+// reaches fails the launch: the error is kept for cudaGetLastError and, as a
+// GPU's fault is, for every later call (sticky until reset()). `kernel` names
+// it in errors.
+cudaError_t run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                     const std::function<void()> &thread);
 
-// What went wrong in the last failed launch, in words ("" if none since the
-// last call); cudaGetLastError returns its code.
+// Work on a stream: done now, or recorded while the stream is being captured
+// into a CUDA Graph (cudaGraphLaunch replays it). What CUDA refuses at the
+// call (a launch shape, a stream of another capture) is returned.
+cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
+
+// A kernel launch: checks the shape, then enqueues the grid.
+cudaError_t launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, std::function<void()> thread);
+
+// What went wrong last, in words ("" if nothing yet).
 std::string last_error_message();
+// Clears a sticky fault (tests that fault on purpose).
+void reset();
 
-// Launches so far (tests check a path launched what they expect).
+// Kernel launches run so far.
 int64_t launches();
 
 template <typename Kernel> struct Launch {
@@ -68,8 +87,10 @@ template <typename Kernel> struct Launch {
   size_t shared_bytes;
   cudaStream_t stream;
   Kernel kernel;
+  // The arguments are copied, as CUDA copies them at the launch.
   template <typename... Arguments> void operator()(Arguments... arguments) const {
-    run_grid(name, grid, block, shared_bytes, [&] { kernel(arguments...); });
+    launch(name, grid, block, shared_bytes, stream,
+           [kernel = kernel, arguments...] { kernel(arguments...); });
   }
 };
 template <typename Kernel>

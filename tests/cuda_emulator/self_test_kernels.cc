@@ -53,36 +53,43 @@ __global__ void neighbour_read_kernel(int *out, int base, bool with_barrier) {
   out[threadIdx.x] = slot[(threadIdx.x + 1) % 64];
 }
 
+// The launch's error, else the device's once the work is done.
+cudaError_t finish() {
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
+  return cudaDeviceSynchronize();
+}
+
 } // namespace
 
 cudaError_t block_sums(const float *x, float *sums, unsigned blocks) {
   STRATA_LAUNCH(block_sums_kernel, blocks, 256, 0, nullptr)(x, sums);
-  return cudaGetLastError();
+  return finish();
 }
 
 cudaError_t coordinates(int *out, dim3 grid, dim3 block) {
   STRATA_LAUNCH(coordinates_kernel, grid, block, 0, nullptr)(out);
-  return cudaGetLastError();
+  return finish();
 }
 
 cudaError_t divergent_barrier(int *out) {
   STRATA_LAUNCH(divergent_barrier_kernel, 1, 128, 0, nullptr)(out);
-  return cudaGetLastError();
+  return finish();
 }
 
 cudaError_t half_warp_shuffle(float *out) {
   STRATA_LAUNCH(half_warp_shuffle_kernel, 1, 32, 0, nullptr)(out);
-  return cudaGetLastError();
+  return finish();
 }
 
 cudaError_t oversized_block(int *out) {
   STRATA_LAUNCH(oversized_block_kernel, 1, 2048, 0, nullptr)(out);
-  return cudaGetLastError();
+  return finish();
 }
 
 cudaError_t neighbour_read(int *out, int base, bool with_barrier) {
   STRATA_LAUNCH(neighbour_read_kernel, 1, 64, 0, nullptr)(out, base, with_barrier);
-  return cudaGetLastError();
+  return finish();
 }
 
 } // namespace strata::cuda_emulator::self_test

@@ -2,7 +2,7 @@
 // emulator (tests/cuda_emulator) against the CPU kernels: no GPU needed. Every
 // op case of cuda_op_cases.h runs through the real op function (attributes,
 // shapes and strides to launches, scratch, flags) and the real kernel code,
-// but for the ops that call cuBLASLt or cuDNN, which the emulator lacks.
+// or the emulated cuBLASLt and cuDNN calls it makes.
 //
 // Each buffer is guarded on both sides; outputs start as a pattern no op
 // writes, so an element left unwritten shows; inputs must come back as they
@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "ops/registry.h"
 #include "runtime/executor.h"
+#include "strata_config.h"
 #include "tests/cuda_emulator/cuda_emulator.h"
 #include "tests/cuda_emulator/self_test_kernels.h"
 #include "tests/ops/cuda_op_cases.h"
@@ -29,37 +29,43 @@
 namespace strata::test {
 namespace {
 
-constexpr size_t kGuard = 256;
+constexpr size_t kGuard = 256; // a multiple of the alignment
 constexpr unsigned char kGuardByte = 0xA5;
 constexpr unsigned char kUnwritten = 0x7F; // f32 3.4e38 everywhere
 
-// A host buffer with guard bytes on both sides.
+// A buffer of emulated device memory (host memory the emulator knows as the
+// GPU's), with guard bytes on both sides. The test reads and writes it
+// directly, between synchronized runs.
 class Guarded {
 public:
-  Guarded(size_t bytes, unsigned char fill) : bytes_(bytes), memory_(bytes + 2 * kGuard + 64) {
-    std::fill(memory_.begin(), memory_.end(), kGuardByte);
+  Guarded(size_t bytes, unsigned char fill) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&memory_, bytes + 2 * kGuard), cudaSuccess);
+    std::memset(memory_, kGuardByte, bytes + 2 * kGuard);
     std::memset(data(), fill, bytes);
   }
-  // 64-byte aligned, as the executor's regions are (256 there).
-  unsigned char *data() {
-    auto address = reinterpret_cast<uintptr_t>(memory_.data()) + kGuard;
-    return memory_.data() + (kGuard + (64 - address % 64) % 64);
+  ~Guarded() { cudaFree(memory_); }
+  Guarded(Guarded &&other) noexcept : bytes_(other.bytes_), memory_(other.memory_) {
+    other.memory_ = nullptr;
   }
-  size_t bytes() const { return bytes_; }
+  Guarded(const Guarded &) = delete;
+  Guarded &operator=(const Guarded &) = delete;
+  Guarded &operator=(Guarded &&) = delete;
+  // 256-byte aligned, as the executor's regions are.
+  unsigned char *data() { return static_cast<unsigned char *>(memory_) + kGuard; }
   // The first guard byte that changed, or "".
   std::string check(const std::string &what) {
-    const unsigned char *d = data();
-    for (const unsigned char *p = memory_.data(); p < d; ++p)
-      if (*p != kGuardByte) return what + ": a byte before it changed";
-    for (const unsigned char *p = d + bytes_; p < memory_.data() + memory_.size(); ++p)
-      if (*p != kGuardByte)
-        return what + ": byte " + std::to_string(p - d - bytes_) + " past its end changed";
+    const auto *base = static_cast<const unsigned char *>(memory_);
+    for (size_t i = 0; i < kGuard; ++i)
+      if (base[i] != kGuardByte) return what + ": a byte before it changed; ";
+    for (size_t i = 0; i < kGuard; ++i)
+      if (base[kGuard + bytes_ + i] != kGuardByte)
+        return what + ": byte " + std::to_string(i) + " past its end changed; ";
     return "";
   }
 
 private:
   size_t bytes_;
-  std::vector<unsigned char> memory_;
+  void *memory_ = nullptr;
 };
 
 double difference(double a, double b) {
@@ -67,12 +73,25 @@ double difference(double a, double b) {
   return std::fabs(a - b) / std::max(1.0, std::fabs(b));
 }
 
-// The ops whose CUDA functions call cuBLASLt or cuDNN, which are not emulated.
-const std::set<std::string> &library_ops() {
-  static const std::set<std::string> ops = {"MatMul", "Gemm", "Conv2d", "Conv2dGradInput",
-                                            "Conv2dGradWeight"};
-  return ops;
-}
+// What the executor gives every node: cuBLASLt, cuDNN and their workspace.
+struct Libraries {
+  Libraries() {
+    EXPECT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+    std::string why;
+    cudnn = cuda::create_cudnn(nullptr, &why);
+    EXPECT_TRUE(cudnn != nullptr || !STRATA_HAVE_CUDNN) << why;
+    EXPECT_EQ(cudaMalloc(&workspace, kWorkspace), cudaSuccess);
+  }
+  ~Libraries() {
+    cublasLtDestroy(lt);
+    cuda::destroy_cudnn(cudnn);
+    cudaFree(workspace);
+  }
+  static constexpr size_t kWorkspace = 1 << 20;
+  cublasLtHandle_t lt = nullptr;
+  void *cudnn = nullptr;
+  void *workspace = nullptr;
+};
 
 struct EmulatedRun {
   std::vector<HostTensor> outputs;
@@ -81,8 +100,9 @@ struct EmulatedRun {
 };
 
 // `c`'s node through its CUDA op function on the emulator.
-EmulatedRun run_emulated(const OpCase &c, const Graph &graph, const std::vector<HostTensor> &inputs,
-                         const cuda::CudaOp &op, std::shared_ptr<void> *cache) {
+EmulatedRun run_emulated(const Graph &graph, const std::vector<HostTensor> &inputs,
+                         const cuda::CudaOp &op, std::shared_ptr<void> *cache,
+                         const Libraries &libraries, bool cudnn_pool_norm) {
   const Node &node = graph.node(0);
   const ops::OpDef &def = *ops::OpRegistry::global().find(node.op);
   EmulatedRun run;
@@ -109,8 +129,14 @@ EmulatedRun run_emulated(const OpCase &c, const Graph &graph, const std::vector<
   context.scratch_bytes = scratch_bytes;
   context.flag = reinterpret_cast<int *>(flag.data());
   context.cache = cache;
-  context.cudnn_pool_norm = false; // strata's pooling and batch norm kernels
+  context.lt = libraries.lt;
+  context.workspace = libraries.workspace;
+  context.workspace_bytes = Libraries::kWorkspace;
+  context.cudnn = libraries.cudnn;
+  context.cudnn_pool_norm = cudnn_pool_norm;
   Status status = op.kernel(context);
+  if (status.is_ok() && cudaDeviceSynchronize() != cudaSuccess)
+    status = internal_error("the device failed");
   if (!status.is_ok()) {
     run.error = status.message() + " (" + cuda_emulator::last_error_message() + ")";
     return run;
@@ -196,19 +222,26 @@ TEST(CudaEmulator, ThreadsAndBlocksSeeTheirCoordinates) {
 
 TEST(CudaEmulator, RefusesWhatCudaWouldNotRun) {
   std::vector<int> out(2048, 0);
+  // A kernel that faults on a GPU faults every later call, until reset.
   EXPECT_EQ(cuda_emulator::self_test::divergent_barrier(out.data()), cudaErrorLaunchFailure);
   EXPECT_NE(cuda_emulator::last_error_message().find("28 of its 128 threads finished while the "
                                                      "others wait at __syncthreads()"),
             std::string::npos)
       << cuda_emulator::last_error_message();
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess); // read once, then cleared
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
   std::vector<float> lanes(32, 0);
+  EXPECT_EQ(cuda_emulator::self_test::half_warp_shuffle(lanes.data()), cudaErrorLaunchFailure);
+  cuda_emulator::reset();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(cuda_emulator::self_test::half_warp_shuffle(lanes.data()), cudaErrorLaunchFailure);
   EXPECT_NE(cuda_emulator::last_error_message().find("16 of its 32 lanes wait at a shuffle"),
             std::string::npos)
       << cuda_emulator::last_error_message();
+  cuda_emulator::reset();
+  // A launch shape CUDA refuses fails the launch alone.
   EXPECT_EQ(cuda_emulator::self_test::oversized_block(out.data()), cudaErrorInvalidConfiguration);
   EXPECT_EQ(out[0], 0); // nothing ran
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST(CudaEmulator, AMissingBarrierShowsAsAWrongRead) {
@@ -224,52 +257,51 @@ TEST(CudaEmulator, AMissingBarrierShowsAsAWrongRead) {
 }
 
 TEST(CudaEmulation, EveryOpCaseMatchesTheCpu) {
-  std::set<std::string> skipped;
+  const Libraries libraries;
   int compared = 0;
   for (const OpCase &c : op_cases()) {
     SCOPED_TRACE(describe(c));
     Graph graph = one_node(c);
     ASSERT_EQ(graph.num_nodes(), 1);
     const cuda::CudaOp *op = cuda::find_cuda_op(graph.node(0).op);
-    if (library_ops().count(c.op) != 0) {
-      skipped.insert(c.op);
-      continue;
-    }
     ASSERT_NE(op, nullptr) << "no CUDA op";
     const std::vector<HostTensor> inputs = inputs_for(c, graph);
     const std::vector<HostTensor> expected = run_cpu(graph, inputs);
-    std::shared_ptr<void> cache;
-    for (int pass = 0; pass < 2; ++pass) { // the second with what the first planned
-      SCOPED_TRACE(pass == 0 ? "first run" : "second run");
-      const EmulatedRun got = run_emulated(c, graph, inputs, *op, &cache);
-      ASSERT_EQ(got.error, "");
-      EXPECT_EQ(got.flag, 0) << op->flag_meaning;
-      ASSERT_EQ(got.outputs.size(), expected.size());
-      for (size_t k = 0; k < expected.size(); ++k) {
-        if (expected[k].type.dtype != DType::kF32) {
-          EXPECT_EQ(
-              std::memcmp(got.outputs[k].data(), expected[k].data(), expected[k].size_bytes()), 0)
-              << "output " << k;
-          continue;
+    // Pooling and batch norm through cuDNN where it fits, and through
+    // strata's kernels.
+    for (bool cudnn_pool_norm : {true, false}) {
+      std::shared_ptr<void> cache;
+      for (int pass = 0; pass < 2; ++pass) { // the second with what the first planned
+        SCOPED_TRACE(str_cat(pass == 0 ? "first run" : "second run",
+                             cudnn_pool_norm ? "" : ", strata's pool/norm kernels"));
+        const EmulatedRun got =
+            run_emulated(graph, inputs, *op, &cache, libraries, cudnn_pool_norm);
+        ASSERT_EQ(got.error, "");
+        EXPECT_EQ(got.flag, 0) << op->flag_meaning;
+        ASSERT_EQ(got.outputs.size(), expected.size());
+        for (size_t k = 0; k < expected.size(); ++k) {
+          if (expected[k].type.dtype != DType::kF32) {
+            EXPECT_EQ(
+                std::memcmp(got.outputs[k].data(), expected[k].data(), expected[k].size_bytes()), 0)
+                << "output " << k;
+            continue;
+          }
+          double worst = 0;
+          int64_t worst_at = 0;
+          for (int64_t i = 0; i < expected[k].type.num_elements(); ++i) {
+            const double d = difference(got.outputs[k].as<float>()[i], expected[k].as<float>()[i]);
+            if (d > worst) worst = d, worst_at = i;
+          }
+          EXPECT_LE(worst, c.tolerance)
+              << "output " << k << " element " << worst_at << ": "
+              << got.outputs[k].as<float>()[worst_at] << " against the CPU's "
+              << expected[k].as<float>()[worst_at];
         }
-        double worst = 0;
-        int64_t worst_at = 0;
-        for (int64_t i = 0; i < expected[k].type.num_elements(); ++i) {
-          const double d = difference(got.outputs[k].as<float>()[i], expected[k].as<float>()[i]);
-          if (d > worst) worst = d, worst_at = i;
-        }
-        EXPECT_LE(worst, c.tolerance) << "output " << k << " element " << worst_at << ": "
-                                      << got.outputs[k].as<float>()[worst_at]
-                                      << " against the CPU's " << expected[k].as<float>()[worst_at];
       }
     }
     ++compared;
   }
-  // Every case the emulator can run ran; the library ops are the only ones
-  // left to a GPU.
   EXPECT_GE(compared, 100);
-  for (const std::string &op : skipped)
-    EXPECT_EQ(library_ops().count(op), 1u) << op;
 }
 
 } // namespace
