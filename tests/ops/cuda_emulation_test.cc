@@ -256,6 +256,137 @@ TEST(CudaEmulator, AMissingBarrierShowsAsAWrongRead) {
   EXPECT_EQ(stale, 63); // all but the last thread, whose neighbour 0 ran first
 }
 
+// Work on two streams runs in an order only their waits constrain: the later
+// issued first where nothing orders them, so a missing wait reads stale data.
+TEST(CudaEmulator, StreamsKeepOnlyTheWaitsTheyAreGiven) {
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t written = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), cudaSuccess);
+  void *x = nullptr, *y = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 64), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&y, 64), cudaSuccess);
+  for (bool wait : {false, true}) {
+    std::memset(x, 0, 64);
+    std::memset(y, 0, 64);
+    ASSERT_EQ(cudaMemsetAsync(x, 7, 64, a), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(written, a), cudaSuccess);
+    if (wait) {
+      ASSERT_EQ(cudaStreamWaitEvent(b, written, 0), cudaSuccess);
+    }
+    ASSERT_EQ(cudaMemcpyAsync(y, x, 64, cudaMemcpyDeviceToDevice, b), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(static_cast<unsigned char *>(y)[0], wait ? 7 : 0) << (wait ? "with" : "without");
+  }
+  // A copy from host memory reads it at the call, as from pageable memory.
+  std::vector<unsigned char> host(64, 3);
+  ASSERT_EQ(cudaMemcpyAsync(x, host.data(), 64, cudaMemcpyHostToDevice, a), cudaSuccess);
+  host.assign(64, 4);
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[63], 3);
+  cudaFree(x);
+  cudaFree(y);
+  cudaEventDestroy(written);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+// Captures follow CUDA's rules: a stream joins by waiting on an event of the
+// capture and must be joined back; allocation and synchronization fail inside
+// one and spoil it; a replay runs the nodes in an order their edges allow.
+TEST(CudaEmulator, CapturesFollowCudasRules) {
+  cudaStream_t origin = nullptr, side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  void *x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 64), cudaSuccess);
+  auto capture = [&](bool joined, cudaGraph_t *graph) {
+    EXPECT_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(x, 1, 32, side), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(join, side), cudaSuccess);
+    if (joined) {
+      EXPECT_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    }
+    // After the join: runs after the side's memset, and overwrites it.
+    EXPECT_EQ(cudaMemsetAsync(x, 2, 16, origin), cudaSuccess);
+    return cudaStreamEndCapture(origin, graph);
+  };
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(capture(false, &graph), cudaErrorStreamCaptureUnjoined);
+  EXPECT_EQ(graph, nullptr);
+  cudaGetLastError();
+  ASSERT_EQ(capture(true, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  std::memset(x, 0, 64);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[0], 0); // nothing ran while capturing
+  ASSERT_EQ(cudaGraphLaunch(exec, origin), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(origin), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[0], 2);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[20], 1);
+  // cudaMalloc while capturing fails, and so does the capture's end.
+  ASSERT_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  void *more = nullptr;
+  EXPECT_EQ(cudaMalloc(&more, 64), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t spoilt = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(origin, &spoilt), cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(x);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(origin);
+  cudaStreamDestroy(side);
+}
+
+// A cuBLASLt algorithm serves operands as aligned as those it was chosen for.
+TEST(CudaEmulator, MatmulRefusesOperandsLessAlignedThanItsAlgorithm) {
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 2, 2, 2), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&preference), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, desc, layout, layout, layout, layout, preference, 1,
+                                           &result, &found),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found, 1);
+  float *m = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&m), 1024), cudaSuccess);
+  const float a[4] = {1, 2, 3, 4}; // column-major [[1, 3], [2, 4]]
+  std::memcpy(m, a, sizeof a);
+  std::memcpy(m + 64, a, sizeof a);
+  const float one = 1, zero = 0;
+  // A, B and D 256-byte aligned, as the default preference assumes.
+  EXPECT_EQ(cublasLtMatmul(lt, desc, &one, m, layout, m + 64, layout, &zero, m + 128, layout,
+                           m + 128, layout, &result.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(m[128], 7.0f);  // 1 * 1 + 3 * 2
+  EXPECT_EQ(m[131], 22.0f); // 2 * 3 + 4 * 4
+  // D 4 floats off: refused.
+  EXPECT_EQ(cublasLtMatmul(lt, desc, &one, m, layout, m + 64, layout, &zero, m + 132, layout,
+                           m + 132, layout, &result.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_NE(cuda_emulator::last_error_message().find("less aligned"), std::string::npos);
+  cudaFree(m);
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(layout);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(lt);
+}
+
 TEST(CudaEmulation, EveryOpCaseMatchesTheCpu) {
   const Libraries libraries;
   int compared = 0;
