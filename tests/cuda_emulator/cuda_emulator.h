@@ -64,6 +64,20 @@ void exchange_in_warp(void *value, size_t bytes, int source);
 cudaError_t run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
                      const std::function<void()> &thread);
 
+// What a piece of work does when it runs and, for work that meets other
+// GPUs' (NCCL calls), whether it can run yet (asked only when the work is
+// next on its stream; null: always).
+struct Work {
+  std::function<void()> run;
+  std::function<bool()> ready;
+};
+// Makes the work anew each time it is queued: a captured NCCL call meets its
+// peers afresh at every replay of the graph.
+using Make = std::function<Work()>;
+
+// Work made by `make`, on a stream (see enqueue).
+cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make);
+
 // Work on a stream: done now, or recorded while the stream is being captured
 // into a CUDA Graph (cudaGraphLaunch replays it). What CUDA refuses at the
 // call (a launch shape, a stream of another capture) is returned.

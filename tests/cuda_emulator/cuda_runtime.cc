@@ -25,18 +25,20 @@ namespace {
 
 using detail::set_error;
 
-// Work in a CUDA Graph: what it does and the pieces of work it waits for.
+// A CUDA Graph's node: how to make its work (anew at every launch: a
+// captured NCCL call meets its peers afresh each replay) and the nodes it
+// waits for.
 struct Node {
   const char *what;
-  std::function<void()> run;
+  Make make;
   std::vector<size_t> after;
 };
 
-// Runs a graph's work in an order its dependencies allow, taking the latest
-// node ready each time: work that no dependency orders runs in the reverse of
-// the order it was captured, so a missing dependency shows as a wrong read.
-void run_graph(const std::vector<Node> &nodes) {
-  std::vector<size_t> waiting(nodes.size());
+// The nodes in an order their edges allow, taking the latest ready node each
+// time: work that no edge orders runs in the reverse of the order it was
+// captured, so a missing dependency shows as a wrong read.
+std::vector<size_t> linear_order(const std::vector<Node> &nodes) {
+  std::vector<size_t> waiting(nodes.size()), order;
   std::vector<std::vector<size_t>> next(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     waiting[i] = nodes[i].after.size();
@@ -49,10 +51,11 @@ void run_graph(const std::vector<Node> &nodes) {
   while (!ready.empty()) {
     const size_t i = *ready.rbegin();
     ready.erase(i);
-    nodes[i].run();
+    order.push_back(i);
     for (size_t j : next[i])
       if (--waiting[j] == 0) ready.insert(j);
   }
+  return order;
 }
 
 struct Stream;
@@ -73,7 +76,7 @@ struct Capture {
 struct Item {
   uint64_t sequence; // order of enqueueing, over all streams
   const char *what;
-  std::function<void()> run;
+  Work work;
   Stream *wait_for = nullptr; // a wait: until that stream ran `wait_until` items
   uint64_t wait_until = 0;
 };
@@ -136,50 +139,73 @@ bool is_device(const void *pointer) {
 
 bool runnable(const Stream &s) {
   const Item &head = s.queue.front();
-  return head.wait_for == nullptr || head.wait_for->done >= head.wait_until;
+  if (head.wait_for != nullptr && head.wait_for->done < head.wait_until) return false;
+  return !head.work.ready || head.work.ready();
 }
 
 // Runs queued work until `enough()` holds: each time the ready stream whose
 // next item was enqueued last, so work no wait orders runs in the reverse of
-// the order it was issued, and a missing wait shows as a wrong read.
-void drain(const std::function<bool()> &enough) {
+// the order it was issued, and a missing wait shows as a wrong read. False
+// when nothing can run before it holds: work waits for another GPU's part of
+// an NCCL call (not enqueued yet), or, a fault, streams wait for each other.
+bool drain(const std::function<bool()> &enough) {
   while (!enough()) {
     Stream *pick = nullptr;
+    bool meeting = false;
     auto consider = [&](Stream *s) {
-      if (!s->queue.empty() && runnable(*s) &&
-          (pick == nullptr || s->queue.front().sequence > pick->queue.front().sequence))
-        pick = s;
+      if (s->queue.empty()) return;
+      if (!runnable(*s)) {
+        meeting |= static_cast<bool>(s->queue.front().work.ready);
+        return;
+      }
+      if (pick == nullptr || s->queue.front().sequence > pick->queue.front().sequence) pick = s;
     };
     consider(&legacy_stream);
     for (Stream *s : streams)
       consider(s);
     if (pick == nullptr) {
-      detail::fault(cudaErrorLaunchFailure, "streams wait for each other: nothing can run");
-      return;
+      if (!meeting)
+        detail::fault(cudaErrorLaunchFailure, "streams wait for each other: nothing can run");
+      return false;
     }
     Item item = std::move(pick->queue.front());
     pick->queue.pop_front();
-    if (item.run) item.run();
+    if (item.work.run) item.work.run();
     ++pick->done;
   }
+  return true;
 }
 
-void drain_stream(Stream *s) {
-  drain([s] { return s->done == s->enqueued; });
+// drain(), waiting (unlocked, bounded) for other host threads to enqueue the
+// other GPUs' parts of NCCL calls; false on a fault or after a minute.
+bool settle(std::unique_lock<std::recursive_mutex> &lock, const std::function<bool()> &enough) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!drain(enough)) {
+    if (detail::sticky() != cudaSuccess) return false;
+    if (std::chrono::steady_clock::now() > deadline) {
+      detail::fault(cudaErrorLaunchFailure,
+                    "an NCCL call waited a minute for its peers on other GPUs");
+      return false;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lock.lock();
+  }
+  return true;
 }
 
-void drain_all() {
-  drain([] {
-    if (legacy_stream.done != legacy_stream.enqueued) return false;
-    for (Stream *s : streams)
-      if (s->done != s->enqueued) return false;
-    return true;
-  });
+bool stream_done(Stream *s) { return s->done == s->enqueued; }
+
+bool all_done() {
+  if (!stream_done(&legacy_stream)) return false;
+  for (Stream *s : streams)
+    if (!stream_done(s)) return false;
+  return true;
 }
 
-void push(Stream *s, const char *what, std::function<void()> run, Stream *wait_for = nullptr,
+void push(Stream *s, const char *what, Work work, Stream *wait_for = nullptr,
           uint64_t wait_until = 0) {
-  s->queue.push_back({++sequence, what, std::move(run), wait_for, wait_until});
+  s->queue.push_back({++sequence, what, std::move(work), wait_for, wait_until});
   ++s->enqueued;
 }
 
@@ -188,9 +214,9 @@ void legacy_waits(Stream *s) {
   if (s == &legacy_stream) {
     for (Stream *other : streams)
       if (other->blocking && other->enqueued > 0)
-        push(s, "legacy stream wait", nullptr, other, other->enqueued);
+        push(s, "legacy stream wait", {}, other, other->enqueued);
   } else if (s->blocking && legacy_stream.enqueued > 0) {
-    push(s, "legacy stream wait", nullptr, &legacy_stream, legacy_stream.enqueued);
+    push(s, "legacy stream wait", {}, &legacy_stream, legacy_stream.enqueued);
   }
 }
 
@@ -227,10 +253,10 @@ cudaError_t refuse(std::string message) {
 }
 
 // Work on `s` (locked): a node of its capture, or an item of its queue.
-cudaError_t add_work(Stream *s, const char *what, std::function<void()> work) {
+cudaError_t add_work(Stream *s, const char *what, Make make) {
   if (s->capture) {
     Capture &c = *s->capture;
-    c.nodes.push_back({what, std::move(work), {s->frontier.begin(), s->frontier.end()}});
+    c.nodes.push_back({what, std::move(make), {s->frontier.begin(), s->frontier.end()}});
     s->frontier = {c.nodes.size() - 1};
     s->last = c.nodes.size() - 1;
     return cudaSuccess;
@@ -239,18 +265,26 @@ cudaError_t add_work(Stream *s, const char *what, std::function<void()> work) {
     return set_error(cudaErrorStreamCaptureImplicit,
                      std::string(what) + " on the legacy stream during a capture");
   legacy_waits(s);
-  push(s, what, std::move(work));
+  push(s, what, make());
   return cudaSuccess;
+}
+
+Make plain(std::function<void()> run) {
+  return [run = std::move(run)] { return Work{run, nullptr}; };
 }
 
 } // namespace
 
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work) {
+  return enqueue_made(stream, what, plain(std::move(work)));
+}
+
+cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make) {
   if (detail::sticky() != cudaSuccess) return detail::sticky();
   std::lock_guard<std::recursive_mutex> lock(mutex);
   Stream *s = stream_of(stream);
   if (s == nullptr) return refuse(std::string(what) + " on a stream that does not exist");
-  return add_work(s, what, std::move(work));
+  return add_work(s, what, std::move(make));
 }
 
 } // namespace strata::cuda_emulator
@@ -361,12 +395,12 @@ cudaError_t cudaMalloc(void **pointer, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *pointer) {
-  std::lock_guard<std::recursive_mutex> lock(mutex);
+  std::unique_lock<std::recursive_mutex> lock(mutex);
   if (pointer == nullptr) return cudaSuccess;
   if (cudaError_t refused = refuse_in_capture("cudaFree")) return refused;
   auto it = allocations.find(static_cast<const char *>(pointer));
   if (it == allocations.end()) return refuse("cudaFree of a pointer cudaMalloc did not return");
-  drain_all(); // cudaFree waits for the device
+  settle(lock, all_done); // cudaFree waits for the device
   munmap(pointer, std::max<size_t>(it->second, 1));
   allocations.erase(it);
   return cudaSuccess;
@@ -375,8 +409,9 @@ cudaError_t cudaFree(void *pointer) {
 // Copies as CUDA orders them: device to device in the stream's order; from
 // pageable host memory (all host memory here: nothing is pinned), the source
 // is read at the call; to it, the call returns once the copy is done.
-static cudaError_t emulated_copy(void *destination, const void *source, size_t bytes, Stream *s,
-                                 bool wait, const char *what) {
+static cudaError_t emulated_copy(std::unique_lock<std::recursive_mutex> &lock, void *destination,
+                                 const void *source, size_t bytes, Stream *s, bool wait,
+                                 const char *what) {
   if (bytes == 0) return cudaSuccess;
   if (destination == nullptr || source == nullptr)
     return refuse(std::string(what) + " with a null pointer");
@@ -398,25 +433,25 @@ static cudaError_t emulated_copy(void *destination, const void *source, size_t b
   } else {
     work = [=] { std::memcpy(destination, source, bytes); };
   }
-  if (cudaError_t error = add_work(s, what, std::move(work))) return error;
-  if (wait || to_host) drain_stream(s);
+  if (cudaError_t error = add_work(s, what, plain(std::move(work)))) return error;
+  if (wait || to_host) settle(lock, [s] { return stream_done(s); });
   return detail::sticky();
 }
 
 cudaError_t cudaMemcpy(void *destination, const void *source, size_t bytes, cudaMemcpyKind) {
-  std::lock_guard<std::recursive_mutex> lock(mutex);
+  std::unique_lock<std::recursive_mutex> lock(mutex);
   if (cudaError_t refused = refuse_in_capture("cudaMemcpy")) return refused;
   if (detail::sticky() != cudaSuccess) return detail::sticky();
-  return emulated_copy(destination, source, bytes, &legacy_stream, true, "cudaMemcpy");
+  return emulated_copy(lock, destination, source, bytes, &legacy_stream, true, "cudaMemcpy");
 }
 
 cudaError_t cudaMemcpyAsync(void *destination, const void *source, size_t bytes, cudaMemcpyKind,
                             cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mutex);
+  std::unique_lock<std::recursive_mutex> lock(mutex);
   if (detail::sticky() != cudaSuccess) return detail::sticky();
   Stream *s = stream_of(stream);
   if (s == nullptr) return refuse("cudaMemcpyAsync on a stream that does not exist");
-  return emulated_copy(destination, source, bytes, s, false, "cudaMemcpyAsync");
+  return emulated_copy(lock, destination, source, bytes, s, false, "cudaMemcpyAsync");
 }
 
 // Zeroes [pointer, pointer + bytes) of mapped memory: whole pages are handed
@@ -482,14 +517,14 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) 
 cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  std::lock_guard<std::recursive_mutex> lock(mutex);
+  std::unique_lock<std::recursive_mutex> lock(mutex);
   Stream *s = stream_of(stream);
   if (s == nullptr || s == &legacy_stream)
     return set_error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy of an unknown stream");
   if (s->capture)
     return set_error(cudaErrorStreamCaptureUnsupported,
                      "cudaStreamDestroy of a stream being captured");
-  drain_stream(s); // its work still completes
+  settle(lock, [s] { return stream_done(s); }); // its work still completes
   // Waits on it that other streams have queued are past it now.
   for (Stream *other : streams)
     for (Item &item : other->queue)
@@ -510,16 +545,25 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
       s->capture->invalid = "cudaStreamQuery of the stream being captured";
     return set_error(cudaErrorStreamCaptureUnsupported, s->capture->invalid);
   }
-  drain_stream(s);
+  // Not ready while it waits for another GPU's part of an NCCL call.
+  if (!drain([s] { return stream_done(s); }) && detail::sticky() == cudaSuccess)
+    return cudaErrorNotReady;
   return detail::sticky();
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return cudaStreamQuery(stream); }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::unique_lock<std::recursive_mutex> lock(mutex);
+  Stream *s = stream_of(stream);
+  if (s == nullptr) return set_error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+  if (cudaError_t refused = refuse_in_capture("cudaStreamSynchronize")) return refused;
+  settle(lock, [s] { return stream_done(s); });
+  return detail::sticky();
+}
 
 cudaError_t cudaDeviceSynchronize() {
-  std::lock_guard<std::recursive_mutex> lock(mutex);
+  std::unique_lock<std::recursive_mutex> lock(mutex);
   if (cudaError_t refused = refuse_in_capture("cudaDeviceSynchronize")) return refused;
-  drain_all();
+  settle(lock, all_done);
   return detail::sticky();
 }
 
@@ -559,11 +603,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   e->capture.reset();
   e->time_set = false;
   legacy_waits(s);
-  push(s, "cudaEventRecord", [e] {
-    if (events.count(e) == 0) return;
-    e->time = std::chrono::steady_clock::now();
-    e->time_set = true;
-  });
+  push(s, "cudaEventRecord",
+       {[e] {
+          if (events.count(e) == 0) return;
+          e->time = std::chrono::steady_clock::now();
+          e->time_set = true;
+        },
+        nullptr});
   e->stream = s;
   e->position = s->enqueued;
   return cudaSuccess;
@@ -581,12 +627,23 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (e->stream != nullptr) {
     Stream *s = e->stream;
     const uint64_t position = e->position;
-    drain([s, position] { return s->done >= position; });
+    if (!drain([s, position] { return s->done >= position; }) && detail::sticky() == cudaSuccess)
+      return cudaErrorNotReady;
   }
   return detail::sticky();
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::unique_lock<std::recursive_mutex> lock(mutex);
+  Event *e = event_of(event);
+  if (e == nullptr) return set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+  if (e->stream != nullptr) {
+    Stream *s = e->stream;
+    const uint64_t position = e->position;
+    settle(lock, [s, position] { return s->done >= position; });
+  }
+  return detail::sticky();
+}
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
@@ -631,7 +688,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }
   if (e->stream == nullptr) return cudaSuccess; // never recorded, or its stream gone: no wait
   legacy_waits(s);
-  push(s, "cudaStreamWaitEvent", nullptr, e->stream, e->position);
+  push(s, "cudaStreamWaitEvent", {}, e->stream, e->position);
   return cudaSuccess;
 }
 
@@ -720,9 +777,14 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   auto *g = reinterpret_cast<GraphOf *>(exec);
   if (graphs.count(g) == 0) return refuse("cudaGraphLaunch of an unknown graph");
-  // The launch runs the graph as it is now (its nodes are copied).
-  return enqueue(stream, "cudaGraphLaunch",
-                 [nodes = std::make_shared<std::vector<Node>>(g->nodes)] { run_graph(*nodes); });
+  if (detail::sticky() != cudaSuccess) return detail::sticky();
+  Stream *s = stream_of(stream);
+  if (s == nullptr) return refuse("cudaGraphLaunch on a stream that does not exist");
+  if (s->capture) return refuse("cudaGraphLaunch into a capture (not emulated)");
+  // Its nodes, made anew, queue on the stream in an order their edges allow.
+  for (size_t i : linear_order(g->nodes))
+    if (cudaError_t error = add_work(s, g->nodes[i].what, g->nodes[i].make)) return error;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
