@@ -1,33 +1,46 @@
 // A CUDA emulator, for tests on machines without a GPU: strata's kernels, the
-// CUDA runtime and cuBLASLt on the host.
+// CUDA runtime, cuBLASLt, cuDNN and NCCL on the host. A test program links
+// the CUDA backend's own object files against it instead of nvcc's kernels
+// and NVIDIA's libraries (tests/runtime/meson.build).
 //
 // Kernels. The kernel files (ops/kernels/cuda/*.cu) compile as C++ with
 // kernel_language.h included first (the *_emulated.cc files beside this).
 // A launch, STRATA_LAUNCH(kernel, grid, block, shared, stream)(arguments...),
-// runs on the calling host thread before it returns (on a stream being
-// captured: when the CUDA Graph is launched), block after block, each thread
-// of a block a fiber (ucontext) that runs until it finishes or reaches
-// __syncthreads() or a warp shuffle, where it waits for the others. Shared
-// memory is a static variable per kernel, per block because blocks run one
-// after another.
+// queues the grid on its stream. It runs block after block, each thread of
+// a block a fiber that runs until it finishes or reaches __syncthreads() or
+// a warp shuffle, where it waits for the others. Shared memory is a static
+// variable per kernel, per block because blocks run one after another.
 //
-// Runtime (cuda_runtime.cc) and cuBLASLt (cublaslt.cc). Device memory is host
-// memory. Work on a stream is done when it is enqueued; streams are ordered,
-// and so trivially joined. Captures follow CUDA's rules: work on a capturing
-// stream is recorded, another stream joins the capture by waiting on an event
-// recorded in it, the capture ends unjoined streams refused, and calls that
-// would synchronize or allocate while the calling thread captures fail and
-// invalidate it. cuBLASLt keeps its descriptors, runs the product in double,
-// rounds TF32 inputs, and refuses operands less aligned than the algorithm
-// was chosen for. The number of GPUs is STRATA_CUDA_EMULATOR_GPUS (default 1).
+// Streams (cuda_runtime.cc). Device memory is host memory. Work queues on its
+// stream and runs only when something must wait for it (a query, a
+// synchronizing call, a copy to host memory), in an adversarial order: each
+// time, the runnable stream whose next work was issued last. Only stream
+// order and event waits constrain it, so a missing wait reads stale data
+// and a test fails, where a GPU would race. Copies from host memory read it
+// at the call, as from pageable memory. Captures follow CUDA's rules: work on
+// a capturing stream is recorded, another stream joins by waiting on an event
+// recorded in the capture, the capture must end with every joined stream's
+// work joined back, and calls that would synchronize or allocate while the
+// calling thread captures fail and spoil it. A replay queues the nodes in an
+// adversarial order their edges allow.
+//
+// Libraries. cuBLASLt (cublaslt.cc) keeps its descriptors, multiplies in
+// double (TF32 inputs rounded), reads host scalars at the call and device
+// scalars when it runs, and refuses operands less aligned than its algorithm
+// was chosen for. cuDNN (cudnn.cc): convolutions, pooling, batch norm, with
+// its shape checks. NCCL (nccl.cc): a call waits at the head of its stream
+// until every rank's part has reached the head of its own, then runs once.
+// The number of GPUs is STRATA_CUDA_EMULATOR_GPUS (default 1).
 //
 // What it catches: indexing and logic errors (against the CPU, in the tests),
 // a __syncthreads() some threads of a block never reach, a shuffle with lanes
-// of its warp gone, launch shapes CUDA refuses, captures that CUDA would
-// refuse, misaligned GEMM operands. What it cannot: races between threads
-// (they interleave only at barriers) or between streams (work never overlaps),
-// device math that rounds unlike glibc (expf, tanhf, erff, ...), cuDNN and
-// NCCL, which are not emulated, and anything about speed.
+// of its warp gone, launch shapes CUDA refuses, missing stream and event
+// dependencies, captures CUDA would refuse, misaligned GEMM operands, NCCL
+// calls the ranks issue differently. What it cannot: races between threads
+// of a kernel (they interleave only at barriers), memory a kernel of one GPU
+// reads from another (all is host memory), device math that rounds unlike
+// glibc (expf, tanhf, erff, ...), cuBLASLt's and cuDNN's own summation orders
+// and algorithms, and anything about speed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,10 +70,9 @@ void sync_threads();
 // anew.
 void exchange_in_warp(void *value, size_t bytes, int source);
 
-// Runs `thread` as every thread of a grid, now. A barrier some thread never
-// reaches fails the launch: the error is kept for cudaGetLastError and, as a
-// GPU's fault is, for every later call (sticky until reset()). `kernel` names
-// it in errors.
+// Runs `thread` as every thread of a grid, now (the queued work of a launch). A barrier some thread
+// never reaches fails the launch: the error is kept for cudaGetLastError and, as a GPU's fault is,
+// for every later call (sticky until reset()). `kernel` names it in errors.
 cudaError_t run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
                      const std::function<void()> &thread);
 
@@ -78,9 +90,9 @@ using Make = std::function<Work()>;
 // Work made by `make`, on a stream (see enqueue).
 cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make);
 
-// Work on a stream: done now, or recorded while the stream is being captured
-// into a CUDA Graph (cudaGraphLaunch replays it). What CUDA refuses at the
-// call (a launch shape, a stream of another capture) is returned.
+// Work on a stream: queued, or recorded while the stream is being captured
+// into a CUDA Graph (cudaGraphLaunch queues it again). What CUDA refuses at
+// the call (a launch shape, the legacy stream during a capture) is returned.
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
 
 // A kernel launch: checks the shape, then enqueues the grid.
