@@ -34,9 +34,11 @@ inline void write_file(const std::filesystem::path &path, std::string_view bytes
   out << bytes;
 }
 
-// The binary under test: $STRATA_BUILD_ROOT/tools/strata (meson sets it), or
-// the build tree this test runs from (<build>/tests/tools/<test>).
+// The binary under test: $STRATA_BINARY (the CUDA emulator's strata, for
+// cli_emulated_test), $STRATA_BUILD_ROOT/tools/strata (meson sets it), or the
+// build tree this test runs from (<build>/tests/tools/<test>).
 inline std::filesystem::path strata_binary() {
+  if (const char *binary = std::getenv("STRATA_BINARY")) return binary;
   if (const char *root = std::getenv("STRATA_BUILD_ROOT"))
     return std::filesystem::path(root) / "tools/strata";
   return std::filesystem::canonical("/proc/self/exe").parent_path().parent_path().parent_path() /

@@ -5,8 +5,14 @@
 
 namespace strata::cuda {
 
-// Threads per block of every kernel; the block reductions need a power of two.
+// Threads per block of every kernel; the block reductions need a power of two
+// of at least a warp. The CUDA emulator of the tests runs 64: each thread is a
+// fiber there, and a block's barriers cost a switch per thread.
+#if defined(STRATA_CUDA_EMULATOR)
+constexpr int kThreads = 64;
+#else
 constexpr int kThreads = 256;
+#endif
 
 // Blocks for n elements at kThreads per block, capped (grid-stride loops cover
 // the rest) and at least 1.
