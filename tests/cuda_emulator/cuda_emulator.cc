@@ -229,7 +229,7 @@ dim3 grid_dim() { return emulator.grid; }
 
 void sync_threads() { wait_in(State::kAtBlockBarrier); }
 
-void exchange_in_warp(void *value, size_t bytes, int source) {
+void exchange_in_warp(void *value, size_t bytes, int delta) {
   if (bytes > kSlotBytes) {
     std::fprintf(stderr, "cuda_emulator: a shuffle of %zu bytes\n", bytes);
     std::abort();
@@ -241,8 +241,9 @@ void exchange_in_warp(void *value, size_t bytes, int source) {
   wait_in(State::kAtWarpBarrier);
   const size_t threads =
       static_cast<size_t>(emulator.block.x) * emulator.block.y * emulator.block.z;
-  const size_t from = thread - thread % kWarp + static_cast<size_t>(source);
-  if (source >= 0 && from < threads) std::memcpy(value, &emulator.slots[from * kSlotBytes], bytes);
+  const size_t lane = thread % kWarp, from = thread + static_cast<size_t>(delta);
+  if (lane + static_cast<size_t>(delta) < kWarp && from < threads)
+    std::memcpy(value, &emulator.slots[from * kSlotBytes], bytes);
   wait_in(State::kAtWarpBarrier);
 }
 

@@ -4,7 +4,9 @@
 // and NVIDIA's libraries (tests/runtime/meson.build).
 //
 // Kernels. The kernel files (ops/kernels/cuda/*.cu) compile as C++ with
-// kernel_language.h included first (the *_emulated.cc files beside this).
+// kernel_language.h included first (the *_emulated.cc files beside this),
+// with 64-thread blocks where a GPU runs 256 (grid.cuh's kThreads: a fiber
+// switch per thread per barrier is the emulator's main cost).
 // A launch, STRATA_LAUNCH(kernel, grid, block, shared, stream)(arguments...),
 // queues the grid on its stream. It runs block after block, each thread of
 // a block a fiber that runs until it finishes or reaches __syncthreads() or
@@ -13,23 +15,25 @@
 //
 // Streams (cuda_runtime.cc). Device memory is host memory. Work queues on its
 // stream and runs only when something must wait for it (a query, a
-// synchronizing call, a copy to host memory), in an adversarial order: each
-// time, the runnable stream whose next work was issued last. Only stream
-// order and event waits constrain it, so a missing wait reads stale data
-// and a test fails, where a GPU would race. Copies from host memory read it
-// at the call, as from pageable memory. Captures follow CUDA's rules: work on
-// a capturing stream is recorded, another stream joins by waiting on an event
-// recorded in the capture, the capture must end with every joined stream's
-// work joined back, and calls that would synchronize or allocate while the
-// calling thread captures fail and spoil it. A replay queues the nodes in an
-// adversarial order their edges allow.
+// synchronizing call, a copy to host memory), and then only what that needs:
+// the stream's work in order, and other streams' as far as a wait at its
+// head demands. Work nothing waits for runs as late as it can, so work that
+// should have waited for it and did not reads stale data, and a test fails
+// where a GPU would race. Copies from host memory read it at the call, as
+// from pageable memory. Captures follow CUDA's rules: work on a capturing
+// stream is recorded, another stream joins by waiting on an event recorded in
+// the capture (one recorded outside it is refused), the capture must end with
+// every joined stream's work joined back, and calls that would synchronize or
+// allocate while the calling thread captures fail and spoil it. A replay
+// queues the nodes in an order their edges allow, the latest ready first.
 //
 // Libraries. cuBLASLt (cublaslt.cc) keeps its descriptors, multiplies in
 // double (TF32 inputs rounded), reads host scalars at the call and device
 // scalars when it runs, and refuses operands less aligned than its algorithm
-// was chosen for. cuDNN (cudnn.cc): convolutions, pooling, batch norm, with
-// its shape checks. NCCL (nccl.cc): a call waits at the head of its stream
-// until every rank's part has reached the head of its own, then runs once.
+// was chosen for. cuDNN (cudnn.cc): convolutions (refusing the algorithms its
+// query offered as non-deterministic or too greedy), pooling, batch norm.
+// NCCL (nccl.cc): a call waits at the head of its stream until every rank's
+// part has reached the head of its own, then runs once.
 // The number of GPUs is STRATA_CUDA_EMULATOR_GPUS (default 1).
 //
 // What it catches: indexing and logic errors (against the CPU, in the tests),
@@ -37,10 +41,12 @@
 // of its warp gone, launch shapes CUDA refuses, missing stream and event
 // dependencies, captures CUDA would refuse, misaligned GEMM operands, NCCL
 // calls the ranks issue differently. What it cannot: races between threads
-// of a kernel (they interleave only at barriers), memory a kernel of one GPU
-// reads from another (all is host memory), device math that rounds unlike
-// glibc (expf, tanhf, erff, ...), cuBLASLt's and cuDNN's own summation orders
-// and algorithms, and anything about speed.
+// of a kernel (they interleave only at barriers, in thread order, and shared
+// memory keeps the last block's contents), host code reading device memory
+// or one GPU's kernels another's (all is host memory), a call on another
+// device's stream, device math that rounds unlike glibc (expf, tanhf, erff,
+// ...), the 256-thread blocks themselves, cuBLASLt's and cuDNN's own
+// summation orders, algorithms and workspaces, and anything about speed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -64,11 +70,11 @@ dim3 grid_dim();
 
 // __syncthreads(): wait until every thread of the block is here.
 void sync_threads();
-// A shuffle's exchange within the warp: publish `bytes` of `value`, wait
-// for every lane of the warp, copy lane `source`'s value (or keep ours when
-// there is no such lane) into `value`, and wait again before anyone publishes
-// anew.
-void exchange_in_warp(void *value, size_t bytes, int source);
+// __shfl_down_sync's exchange within the warp (lanes by linear thread index):
+// publish `bytes` of `value`, wait for every lane of the warp, copy the value
+// of the lane `delta` above ours (or keep ours past the warp's end), and wait
+// again before anyone publishes anew.
+void exchange_in_warp(void *value, size_t bytes, int delta);
 
 // Runs `thread` as every thread of a grid, now (the queued work of a launch). A barrier some thread
 // never reaches fails the launch: the error is kept for cudaGetLastError and, as a GPU's fault is,

@@ -143,11 +143,11 @@ bool runnable(const Stream &s) {
   return !head.work.ready || head.work.ready();
 }
 
-// Runs queued work until `enough()` holds: each time the ready stream whose
-// next item was enqueued last, so work no wait orders runs in the reverse of
-// the order it was issued, and a missing wait shows as a wrong read. False
-// when nothing can run before it holds: work waits for another GPU's part of
-// an NCCL call (not enqueued yet), or, a fault, streams wait for each other.
+// Runs queued work, any stream's, until `enough()` holds: each time the
+// ready stream whose next item was enqueued last. Used to bring the other
+// GPUs' parts of an NCCL call to the heads of their streams. False when
+// nothing can run before it holds: work waits for another GPU's part not
+// queued yet, or (a fault) streams wait for each other.
 bool drain(const std::function<bool()> &enough) {
   while (!enough()) {
     Stream *pick = nullptr;
@@ -176,11 +176,69 @@ bool drain(const std::function<bool()> &enough) {
   return true;
 }
 
-// drain(), waiting (unlocked, bounded) for other host threads to enqueue the
-// other GPUs' parts of NCCL calls; false on a fault or after a minute.
-bool settle(std::unique_lock<std::recursive_mutex> &lock, const std::function<bool()> &enough) {
+// Runs queued work until `s` has done `until` items, and only what that
+// needs: a stream's items in order, and another stream's as far as a wait
+// at the head demands. Work nothing waits for runs as late as it can, so
+// work that should have waited for it and did not reads stale data, and a
+// test fails where a GPU would race. False as drain().
+bool reach(Stream *s, uint64_t until) {
+  std::vector<std::pair<Stream *, uint64_t>> goals{{s, until}};
+  while (!goals.empty()) {
+    auto [goal, count] = goals.back();
+    if (goal->done >= count) {
+      goals.pop_back();
+      continue;
+    }
+    Item &head = goal->queue.front();
+    if (head.wait_for != nullptr && head.wait_for->done < head.wait_until) {
+      for (const auto &[other, unused] : goals)
+        if (other == head.wait_for) {
+          detail::fault(cudaErrorLaunchFailure, "streams wait for each other: nothing can run");
+          return false;
+        }
+      goals.emplace_back(head.wait_for, head.wait_until);
+      continue;
+    }
+    if (head.work.ready && !head.work.ready()) {
+      // An NCCL call: the other GPUs' parts must reach their heads (drain
+      // may run this one too, once it can).
+      const uint64_t done = goal->done;
+      if (!drain([goal, done] { return goal->done != done || runnable(*goal); })) return false;
+      continue;
+    }
+    Item item = std::move(goal->queue.front());
+    goal->queue.pop_front();
+    if (item.work.run) item.work.run();
+    ++goal->done;
+  }
+  return true;
+}
+
+bool reach_end(Stream *s) { return reach(s, s->enqueued); }
+
+// Every stream's work, the stream whose last work was issued last first.
+bool reach_all() {
+  for (;;) {
+    Stream *pick = nullptr;
+    auto consider = [&](Stream *s) {
+      if (s->done < s->enqueued &&
+          (pick == nullptr || s->queue.back().sequence > pick->queue.back().sequence))
+        pick = s;
+    };
+    consider(&legacy_stream);
+    for (Stream *s : streams)
+      consider(s);
+    if (pick == nullptr) return true;
+    if (!reach_end(pick)) return false;
+  }
+}
+
+// attempt(), retried while it is stuck on other GPUs' parts of NCCL calls
+// that other host threads have yet to queue: unlocked between tries,
+// bounded; false on a fault or after a minute.
+bool settle(std::unique_lock<std::recursive_mutex> &lock, const std::function<bool()> &attempt) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!drain(enough)) {
+  while (!attempt()) {
     if (detail::sticky() != cudaSuccess) return false;
     if (std::chrono::steady_clock::now() > deadline) {
       detail::fault(cudaErrorLaunchFailure,
@@ -191,15 +249,6 @@ bool settle(std::unique_lock<std::recursive_mutex> &lock, const std::function<bo
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
-  return true;
-}
-
-bool stream_done(Stream *s) { return s->done == s->enqueued; }
-
-bool all_done() {
-  if (!stream_done(&legacy_stream)) return false;
-  for (Stream *s : streams)
-    if (!stream_done(s)) return false;
   return true;
 }
 
@@ -400,7 +449,7 @@ cudaError_t cudaFree(void *pointer) {
   if (cudaError_t refused = refuse_in_capture("cudaFree")) return refused;
   auto it = allocations.find(static_cast<const char *>(pointer));
   if (it == allocations.end()) return refuse("cudaFree of a pointer cudaMalloc did not return");
-  settle(lock, all_done); // cudaFree waits for the device
+  settle(lock, reach_all); // cudaFree waits for the device
   munmap(pointer, std::max<size_t>(it->second, 1));
   allocations.erase(it);
   return cudaSuccess;
@@ -434,7 +483,7 @@ static cudaError_t emulated_copy(std::unique_lock<std::recursive_mutex> &lock, v
     work = [=] { std::memcpy(destination, source, bytes); };
   }
   if (cudaError_t error = add_work(s, what, plain(std::move(work)))) return error;
-  if (wait || to_host) settle(lock, [s] { return stream_done(s); });
+  if (wait || to_host) settle(lock, [s] { return reach_end(s); });
   return detail::sticky();
 }
 
@@ -524,7 +573,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (s->capture)
     return set_error(cudaErrorStreamCaptureUnsupported,
                      "cudaStreamDestroy of a stream being captured");
-  settle(lock, [s] { return stream_done(s); }); // its work still completes
+  settle(lock, [s] { return reach_end(s); }); // its work still completes
   // Waits on it that other streams have queued are past it now.
   for (Stream *other : streams)
     for (Item &item : other->queue)
@@ -546,8 +595,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     return set_error(cudaErrorStreamCaptureUnsupported, s->capture->invalid);
   }
   // Not ready while it waits for another GPU's part of an NCCL call.
-  if (!drain([s] { return stream_done(s); }) && detail::sticky() == cudaSuccess)
-    return cudaErrorNotReady;
+  if (!reach_end(s) && detail::sticky() == cudaSuccess) return cudaErrorNotReady;
   return detail::sticky();
 }
 
@@ -556,14 +604,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Stream *s = stream_of(stream);
   if (s == nullptr) return set_error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
   if (cudaError_t refused = refuse_in_capture("cudaStreamSynchronize")) return refused;
-  settle(lock, [s] { return stream_done(s); });
+  settle(lock, [s] { return reach_end(s); });
   return detail::sticky();
 }
 
 cudaError_t cudaDeviceSynchronize() {
   std::unique_lock<std::recursive_mutex> lock(mutex);
   if (cudaError_t refused = refuse_in_capture("cudaDeviceSynchronize")) return refused;
-  settle(lock, all_done);
+  settle(lock, reach_all);
   return detail::sticky();
 }
 
@@ -627,8 +675,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (e->stream != nullptr) {
     Stream *s = e->stream;
     const uint64_t position = e->position;
-    if (!drain([s, position] { return s->done >= position; }) && detail::sticky() == cudaSuccess)
-      return cudaErrorNotReady;
+    if (!reach(s, position) && detail::sticky() == cudaSuccess) return cudaErrorNotReady;
   }
   return detail::sticky();
 }
@@ -637,10 +684,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock<std::recursive_mutex> lock(mutex);
   Event *e = event_of(event);
   if (e == nullptr) return set_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+  if (cudaError_t refused = refuse_in_capture("cudaEventSynchronize")) return refused;
   if (e->stream != nullptr) {
     Stream *s = e->stream;
     const uint64_t position = e->position;
-    settle(lock, [s, position] { return s->done >= position; });
+    settle(lock, [s, position] { return reach(s, position); });
   }
   return detail::sticky();
 }
@@ -678,13 +726,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     return cudaSuccess;
   }
   if (s->capture) {
-    // Work outside the capture: the graph cannot wait for it.
-    if (e->stream != nullptr && e->stream->done < e->position) {
-      if (s->capture->invalid.empty())
-        s->capture->invalid = "a captured stream waited for an event of uncaptured work";
-      return set_error(cudaErrorStreamCaptureIsolation, s->capture->invalid);
-    }
-    return cudaSuccess;
+    // An event recorded outside the capture: the graph cannot wait for it.
+    if (s->capture->invalid.empty())
+      s->capture->invalid = "a captured stream waited for an event recorded outside the capture";
+    return set_error(cudaErrorStreamCaptureIsolation, s->capture->invalid);
   }
   if (e->stream == nullptr) return cudaSuccess; // never recorded, or its stream gone: no wait
   legacy_waits(s);

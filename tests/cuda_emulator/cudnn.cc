@@ -1,10 +1,10 @@
 // cuDNN's descriptor API on the host, for the CUDA emulator (see
 // cuda_emulator.h): the convolutions, pooling and batch norm strata calls, in
-// NCHW f32, computed in double on the handle's stream. Descriptors are
-// checked as cuDNN checks them (shapes that do not fit are CUDNN_STATUS_BAD_PARAM),
-// and the algorithm queries offer a non-deterministic algorithm, one that
-// needs more workspace than any, and a usable one, in that order, so the
-// caller's choice is exercised.
+// NCHW f32, computed in double on the handle's stream. Convolution shapes
+// that do not fit are CUDNN_STATUS_BAD_PARAM, and the algorithm queries
+// offer a non-deterministic algorithm, one that needs more workspace than
+// any, and a usable one, in that order: running either of the first two is
+// refused, so the caller's choice is checked.
 #include <cudnn.h>
 
 #include <cmath>
@@ -90,11 +90,14 @@ void blend(float *out, const std::vector<double> &value, float alpha, float beta
     out[i] = static_cast<float>(alpha * value[i] + (beta == 0 ? 0.0 : beta * out[i]));
 }
 
+// The offers of an algorithm query, in cuDNN's order (fastest first): a
+// non-deterministic algorithm, one that needs more workspace than any run
+// has, and `usable`; running either of the first two is refused (check_algo).
 template <typename Perf, typename Algo>
-void offer(Perf *perf, int requested, int *returned, Algo usable) {
+void offer(Perf *perf, int requested, int *returned, Algo racy, Algo greedy, Algo usable) {
   const Perf offers[3] = {
-      {usable, CUDNN_STATUS_SUCCESS, 0.1f, 0, CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH, {}},
-      {usable,
+      {racy, CUDNN_STATUS_SUCCESS, 0.1f, 0, CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH, {}},
+      {greedy,
        CUDNN_STATUS_SUCCESS,
        0.2f,
        size_t{1} << 50,
@@ -105,6 +108,12 @@ void offer(Perf *perf, int requested, int *returned, Algo usable) {
   *returned = std::min(requested, 3);
   for (int i = 0; i < *returned; ++i)
     perf[i] = offers[i];
+}
+
+template <typename Algo> cudnnStatus_t check_algo(Algo chosen, Algo usable) {
+  return chosen == usable ? CUDNN_STATUS_SUCCESS
+                          : bad("an algorithm the query offered as non-deterministic or needing "
+                                "more workspace than given");
 }
 
 cudnnStatus_t run(cudnnHandle_t handle, const char *what, std::function<void()> work) {
@@ -226,7 +235,8 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorD
                                                      cudnnConvolutionFwdAlgoPerf_t *perf) {
   const std::string error = conv_error(of<Tensor>(x), of<Filter>(w), of<Conv>(v), of<Tensor>(y));
   if (!error.empty()) return bad(error);
-  offer(perf, requested, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+  offer(perf, requested, returned, CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, cudnnFilterDescriptor_t w,
@@ -237,7 +247,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, cudnnFi
                                                           cudnnConvolutionBwdDataAlgoPerf_t *perf) {
   const std::string error = conv_error(of<Tensor>(dx), of<Filter>(w), of<Conv>(v), of<Tensor>(dy));
   if (!error.empty()) return bad(error);
-  offer(perf, requested, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+  offer(perf, requested, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -246,21 +257,24 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     cudnnConvolutionBwdFilterAlgoPerf_t *perf) {
   const std::string error = conv_error(of<Tensor>(x), of<Filter>(dw), of<Conv>(v), of<Tensor>(dy));
   if (!error.empty()) return bad(error);
-  offer(perf, requested, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+  offer(perf, requested, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
                                       cudnnTensorDescriptor_t xd, const void *x,
                                       cudnnFilterDescriptor_t wd, const void *w,
-                                      cudnnConvolutionDescriptor_t vd, cudnnConvolutionFwdAlgo_t,
-                                      void *, size_t, const void *beta, cudnnTensorDescriptor_t yd,
-                                      void *y) {
+                                      cudnnConvolutionDescriptor_t vd,
+                                      cudnnConvolutionFwdAlgo_t algo, void *, size_t,
+                                      const void *beta, cudnnTensorDescriptor_t yd, void *y) {
   const Tensor tx = of<Tensor>(xd), ty = of<Tensor>(yd);
   const Filter tw = of<Filter>(wd);
   const Conv v = of<Conv>(vd);
   const std::string error = conv_error(tx, tw, v, ty);
   if (!error.empty()) return bad(error);
+  if (cudnnStatus_t refused = check_algo(algo, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM))
+    return refused;
   const float a = *static_cast<const float *>(alpha), b = *static_cast<const float *>(beta);
   return run(handle, "cudnnConvolutionForward", [=] {
     std::vector<double> sum(ty.size(), 0.0);
@@ -272,16 +286,19 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
   });
 }
 
-cudnnStatus_t
-cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha, cudnnFilterDescriptor_t wd,
-                             const void *w, cudnnTensorDescriptor_t dyd, const void *dy,
-                             cudnnConvolutionDescriptor_t vd, cudnnConvolutionBwdDataAlgo_t, void *,
-                             size_t, const void *beta, cudnnTensorDescriptor_t dxd, void *dx) {
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
+                                           cudnnFilterDescriptor_t wd, const void *w,
+                                           cudnnTensorDescriptor_t dyd, const void *dy,
+                                           cudnnConvolutionDescriptor_t vd,
+                                           cudnnConvolutionBwdDataAlgo_t algo, void *, size_t,
+                                           const void *beta, cudnnTensorDescriptor_t dxd,
+                                           void *dx) {
   const Tensor tx = of<Tensor>(dxd), ty = of<Tensor>(dyd);
   const Filter tw = of<Filter>(wd);
   const Conv v = of<Conv>(vd);
   const std::string error = conv_error(tx, tw, v, ty);
   if (!error.empty()) return bad(error);
+  if (cudnnStatus_t refused = check_algo(algo, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)) return refused;
   const float a = *static_cast<const float *>(alpha), b = *static_cast<const float *>(beta);
   return run(handle, "cudnnConvolutionBackwardData", [=] {
     std::vector<double> sum(tx.size(), 0.0);
@@ -297,7 +314,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
                                              cudnnTensorDescriptor_t xd, const void *x,
                                              cudnnTensorDescriptor_t dyd, const void *dy,
                                              cudnnConvolutionDescriptor_t vd,
-                                             cudnnConvolutionBwdFilterAlgo_t, void *, size_t,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void *, size_t,
                                              const void *beta, cudnnFilterDescriptor_t dwd,
                                              void *dw) {
   const Tensor tx = of<Tensor>(xd), ty = of<Tensor>(dyd);
@@ -305,6 +322,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
   const Conv v = of<Conv>(vd);
   const std::string error = conv_error(tx, tw, v, ty);
   if (!error.empty()) return bad(error);
+  if (cudnnStatus_t refused = check_algo(algo, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1)) return refused;
   const float a = *static_cast<const float *>(alpha), b = *static_cast<const float *>(beta);
   return run(handle, "cudnnConvolutionBackwardFilter", [=] {
     std::vector<double> sum(static_cast<size_t>(tw.k) * tw.c * tw.h * tw.w, 0.0);

@@ -31,9 +31,7 @@ inline void __syncthreads() { ::strata::cuda_emulator::sync_threads(); }
 
 template <typename T> T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
   (void)mask; // every kernel of strata shuffles with the full warp
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int source = lane + static_cast<int>(delta) < 32 ? lane + static_cast<int>(delta) : -1;
-  ::strata::cuda_emulator::exchange_in_warp(&value, sizeof value, source);
+  ::strata::cuda_emulator::exchange_in_warp(&value, sizeof value, static_cast<int>(delta));
   return value;
 }
 

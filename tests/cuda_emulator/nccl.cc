@@ -78,8 +78,10 @@ thread_local std::string last_error;
 
 size_t type_bytes(ncclDataType_t type) {
   switch (type) {
-  case ncclUint8:
-  case ncclInt8: return 1;
+  case ncclInt8:
+  case ncclUint8: return 1;
+  case ncclFloat16:
+  case ncclBfloat16: return 2;
   case ncclInt32:
   case ncclUint32:
   case ncclFloat32: return 4;
@@ -228,6 +230,11 @@ ncclResult_t submit(Comm *comm, cudaStream_t stream, const Args &args, int peer 
                     bool sending = false) {
   if (comm == nullptr || comm->aborted)
     return fail(ncclInvalidArgument, "a call on no communicator");
+  const bool reduces = args.kind == Kind::kAllReduce || args.kind == Kind::kReduceScatter;
+  if (reduces && ((args.op != ncclSum && args.op != ncclMax) ||
+                  (args.type != ncclFloat32 && args.type != ncclInt32)))
+    return fail(ncclInvalidArgument,
+                "a reduction other than a sum or maximum of f32 or i32 (not emulated)");
   if (args.kind == Kind::kSendRecv &&
       (peer < 0 || peer >= comm->clique->size || peer == comm->rank))
     return fail(ncclInvalidArgument, "a peer outside the communicator");

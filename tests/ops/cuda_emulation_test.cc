@@ -279,6 +279,20 @@ TEST(CudaEmulator, StreamsKeepOnlyTheWaitsTheyAreGiven) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(static_cast<unsigned char *>(y)[0], wait ? 7 : 0) << (wait ? "with" : "without");
   }
+  // Work runs only when waited for, and then only what that needs: B's write,
+  // issued between A's two pieces of work, has not run when A's copy does.
+  void *z = nullptr;
+  ASSERT_EQ(cudaMalloc(&z, 64), cudaSuccess);
+  std::memset(x, 0, 64);
+  ASSERT_EQ(cudaMemsetAsync(z, 1, 64, a), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(x, 9, 64, b), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(y, x, 64, cudaMemcpyDeviceToDevice, a), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char *>(y)[0], 0);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[0], 0); // B's write is still queued
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[0], 9);
+  cudaFree(z);
   // A copy from host memory reads it at the call, as from pageable memory.
   std::vector<unsigned char> host(64, 3);
   ASSERT_EQ(cudaMemcpyAsync(x, host.data(), 64, cudaMemcpyHostToDevice, a), cudaSuccess);
