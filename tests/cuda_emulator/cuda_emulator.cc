@@ -281,7 +281,7 @@ cudaError_t launch(const char *kernel, dim3 grid, dim3 block, size_t shared_byte
                                  coordinates({grid.x, grid.y, grid.z}) + " and block " +
                                  coordinates({block.x, block.y, block.z}) + ", which CUDA refuses");
   }
-  return enqueue(stream, kernel, [=, thread = std::move(thread)] {
+  return enqueue_kernel(stream, kernel, [=, thread = std::move(thread)] {
     run_grid(kernel, grid, block, shared_bytes, thread);
   });
 }

@@ -40,12 +40,14 @@
 // a __syncthreads() some threads of a block never reach, a shuffle with lanes
 // of its warp gone, launch shapes CUDA refuses, missing stream and event
 // dependencies, captures CUDA would refuse, misaligned GEMM operands, NCCL
-// calls the ranks issue differently. What it cannot: races between threads
-// of a kernel (they interleave only at barriers, in thread order, and shared
-// memory keeps the last block's contents), host code reading device memory
-// or one GPU's kernels another's (all is host memory), a call on another
-// device's stream, device math that rounds unlike glibc (expf, tanhf, erff,
-// ...), the 256-thread blocks themselves, cuBLASLt's and cuDNN's own
+// calls the ranks issue differently, and kernels, event records and NCCL
+// calls on another GPU's stream than the current one (cudaSetDevice).
+//
+// What it cannot: races between threads of a kernel (they interleave only at
+// barriers, in thread order, and shared memory keeps the last block's
+// contents), host code reading device memory or one GPU's kernels another's
+// (all is host memory), device math that rounds unlike glibc (expf, tanhf,
+// erff, ...), the 256-thread blocks themselves, cuBLASLt's and cuDNN's own
 // summation orders, algorithms and workspaces, and anything about speed.
 #pragma once
 
@@ -100,6 +102,14 @@ cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make);
 // into a CUDA Graph (cudaGraphLaunch queues it again). What CUDA refuses at
 // the call (a launch shape, the legacy stream during a capture) is returned.
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
+
+// A kernel's grid on a stream, which must be the current GPU's (CUDA refuses
+// a launch into another device's stream).
+cudaError_t enqueue_kernel(cudaStream_t stream, const char *kernel, std::function<void()> work);
+// The GPU a stream belongs to (the current one for the legacy stream), and
+// the calling thread's current GPU (cudaSetDevice).
+int stream_device(cudaStream_t stream);
+int current_gpu();
 
 // A kernel launch: checks the shape, then enqueues the grid.
 cudaError_t launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,

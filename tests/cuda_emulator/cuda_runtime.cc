@@ -82,6 +82,7 @@ struct Item {
 };
 
 struct Stream {
+  int device = -1;       // the GPU current at its creation (-1: the legacy stream, any)
   bool blocking = false; // synchronizes with the legacy stream
   std::deque<Item> queue;
   uint64_t enqueued = 0, done = 0;
@@ -92,6 +93,7 @@ struct Stream {
 };
 
 struct Event {
+  int device = 0; // the GPU current at its creation
   bool timing = true;
   // Recorded outside a capture: the stream, and how many of its items precede.
   Stream *stream = nullptr;
@@ -328,6 +330,27 @@ cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()>
   return enqueue_made(stream, what, plain(std::move(work)));
 }
 
+cudaError_t enqueue_kernel(cudaStream_t stream, const char *kernel, std::function<void()> work) {
+  if (detail::sticky() != cudaSuccess) return detail::sticky();
+  std::lock_guard<std::recursive_mutex> lock(mutex);
+  Stream *s = stream_of(stream);
+  if (s == nullptr) return refuse(std::string(kernel) + " on a stream that does not exist");
+  if (s->device >= 0 && s->device != current_device)
+    return set_error(cudaErrorInvalidResourceHandle,
+                     std::string("kernel '") + kernel + "' launched on a stream of GPU " +
+                         std::to_string(s->device) + " while GPU " +
+                         std::to_string(current_device) + " is current");
+  return add_work(s, kernel, plain(std::move(work)));
+}
+
+int stream_device(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(mutex);
+  Stream *s = stream_of(stream);
+  return s != nullptr && s->device >= 0 ? s->device : current_device;
+}
+
+int current_gpu() { return current_device; }
+
 cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make) {
   if (detail::sticky() != cudaSuccess) return detail::sticky();
   std::lock_guard<std::recursive_mutex> lock(mutex);
@@ -557,6 +580,7 @@ cudaError_t cudaMemcpy2DAsync(void *destination, size_t destination_pitch, const
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   auto *s = new Stream;
+  s->device = current_device;
   s->blocking = (flags & cudaStreamNonBlocking) == 0;
   streams.insert(s);
   *stream = reinterpret_cast<cudaStream_t>(s);
@@ -618,6 +642,7 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   auto *e = new Event;
+  e->device = current_device;
   e->timing = (flags & cudaEventDisableTiming) == 0;
   events.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
@@ -642,6 +667,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Stream *s = stream_of(stream);
   if (e == nullptr || s == nullptr)
     return set_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: unknown event or stream");
+  if (s->device >= 0 && e->device != s->device)
+    return set_error(cudaErrorInvalidResourceHandle,
+                     "cudaEventRecord of an event of GPU " + std::to_string(e->device) +
+                         " on a stream of GPU " + std::to_string(s->device));
   if (s->capture) {
     e->capture = s->capture;
     e->frontier = s->frontier;

@@ -50,6 +50,7 @@ struct Clique;
 struct Comm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
+  int device = 0; // the GPU current at its creation: its calls go to that GPU's streams
   bool aborted = false;
 };
 
@@ -230,6 +231,10 @@ ncclResult_t submit(Comm *comm, cudaStream_t stream, const Args &args, int peer 
                     bool sending = false) {
   if (comm == nullptr || comm->aborted)
     return fail(ncclInvalidArgument, "a call on no communicator");
+  if (stream_device(stream) != comm->device)
+    return fail(ncclInvalidArgument,
+                "a call on a stream of GPU " + std::to_string(stream_device(stream)) +
+                    " for a communicator of GPU " + std::to_string(comm->device));
   const bool reduces = args.kind == Kind::kAllReduce || args.kind == Kind::kReduceScatter;
   if (reduces && ((args.op != ncclSum && args.op != ncclMax) ||
                   (args.type != ncclFloat32 && args.type != ncclInt32)))
@@ -293,7 +298,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
   if (clique->size != nranks || clique->members[static_cast<size_t>(rank)] != nullptr)
     return fail(ncclInvalidUsage,
                 "ranks disagree on the communicator's size, or a rank joins twice");
-  auto *c = new Comm{clique, rank};
+  auto *c = new Comm{clique, rank, current_gpu()};
   clique->members[static_cast<size_t>(rank)] = c;
   *comm = reinterpret_cast<ncclComm_t>(c);
   return ncclSuccess;
@@ -325,7 +330,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     auto clique = std::make_shared<Clique>();
     clique->size = static_cast<int>(members.size());
     for (size_t r = 0; r < members.size(); ++r) {
-      auto *made = new Comm{clique, static_cast<int>(r)};
+      auto *made = new Comm{clique, static_cast<int>(r),
+                            q.members[static_cast<size_t>(std::get<1>(members[r]))]->device};
       clique->members.push_back(made);
       *std::get<2>(members[r]).slot = reinterpret_cast<ncclComm_t>(made);
     }
