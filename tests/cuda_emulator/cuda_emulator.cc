@@ -111,7 +111,6 @@ thread_local cudaError_t last_error = cudaSuccess;
 std::mutex message_mutex;
 std::string last_message;
 std::atomic<int> sticky_fault{cudaSuccess};
-std::atomic<int64_t> launch_count{0};
 
 Fiber &current_fiber() {
   if (emulator.current == nullptr) {
@@ -168,7 +167,7 @@ bool run_block(const char *kernel) {
   const int warps = (threads + kWarp - 1) / kWarp;
   std::vector<int> &at_warp = emulator.at_warp;
   at_warp.assign(static_cast<size_t>(warps), 0);
-  int done = 0, at_block = 0;
+  int done = 0;
   auto where = [&] {
     return std::string("kernel '") + kernel + "', block " + coordinates(emulator.block_index);
   };
@@ -181,9 +180,7 @@ bool run_block(const char *kernel) {
       emulator.current = nullptr;
       if (fiber.state == State::kDone)
         ++done;
-      else if (fiber.state == State::kAtBlockBarrier)
-        ++at_block;
-      else
+      else if (fiber.state == State::kAtWarpBarrier)
         ++at_warp[ready[r] / kWarp];
     }
     ready.clear();
@@ -216,7 +213,6 @@ bool run_block(const char *kernel) {
       emulator.fibers[t].state = State::kReady;
       ready.push_back(t);
     }
-    at_block = 0;
   }
 }
 
@@ -250,7 +246,6 @@ void exchange_in_warp(void *value, size_t bytes, int delta) {
 cudaError_t run_grid(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes,
                      const std::function<void()> &thread) {
   (void)shared_bytes;
-  ++launch_count;
   if (emulator.body != nullptr) {
     std::fprintf(stderr, "cuda_emulator: kernel '%s' launched from a kernel\n", kernel);
     std::abort();
@@ -295,8 +290,6 @@ void reset() {
   sticky_fault = cudaSuccess;
   last_error = cudaSuccess;
 }
-
-int64_t launches() { return launch_count; }
 
 namespace detail {
 

@@ -120,9 +120,6 @@ std::string last_error_message();
 // Clears a sticky fault (tests that fault on purpose).
 void reset();
 
-// Kernel launches run so far.
-int64_t launches();
-
 template <typename Kernel> struct Launch {
   const char *name;
   dim3 grid, block;
