@@ -4,6 +4,7 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -164,6 +165,11 @@ bool run_block(const char *kernel) {
     prepare(fiber.context, fiber.stack.get(), kStackBytes - colour, fiber_entry);
     ready.push_back(t);
   }
+  // Odd blocks run their threads last to first between barriers: work that
+  // only some order of threads gets right shows in one or the other.
+  const uint3 b = emulator.block_index;
+  const bool backwards = (b.x + emulator.grid.x * (b.y + emulator.grid.y * b.z)) % 2 == 1;
+  if (backwards) std::reverse(ready.begin(), ready.end());
   const int warps = (threads + kWarp - 1) / kWarp;
   std::vector<int> &at_warp = emulator.at_warp;
   at_warp.assign(static_cast<size_t>(warps), 0);
@@ -202,7 +208,10 @@ bool run_block(const char *kernel) {
       }
       at_warp[w] = 0;
     }
-    if (!ready.empty()) continue;
+    if (!ready.empty()) {
+      if (backwards) std::reverse(ready.begin(), ready.end());
+      continue;
+    }
     // Else every thread that has not finished waits at __syncthreads().
     if (done != 0) {
       return fail(cudaErrorLaunchFailure,
@@ -213,6 +222,7 @@ bool run_block(const char *kernel) {
       emulator.fibers[t].state = State::kReady;
       ready.push_back(t);
     }
+    if (backwards) std::reverse(ready.begin(), ready.end());
   }
 }
 

@@ -43,10 +43,10 @@
 // calls the ranks issue differently, and kernels, event records and NCCL
 // calls on another GPU's stream than the current one (cudaSetDevice).
 //
-// What it cannot: races between threads of a kernel (they interleave only at
-// barriers, in thread order, and shared memory keeps the last block's
-// contents), host code reading device memory or one GPU's kernels another's
-// (all is host memory), device math that rounds unlike glibc (expf, tanhf,
+// What it cannot: most races between threads of a kernel (they interleave
+// only at barriers, first to last in even blocks and last to first in odd
+// ones, and shared memory keeps the last block's contents), host code reading device memory or one
+// GPU's kernels another's (all is host memory), device math that rounds unlike glibc (expf, tanhf,
 // erff, ...), the 256-thread blocks themselves, cuBLASLt's and cuDNN's own
 // summation orders, algorithms and workspaces, and anything about speed.
 #pragma once

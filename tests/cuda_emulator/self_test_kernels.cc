@@ -48,9 +48,9 @@ __global__ void oversized_block_kernel(int *out) { out[threadIdx.x] = 1; }
 
 __global__ void neighbour_read_kernel(int *out, int base, bool with_barrier) {
   __shared__ int slot[64];
-  slot[threadIdx.x] = base + static_cast<int>(threadIdx.x);
+  slot[threadIdx.x] = base + 100 * static_cast<int>(blockIdx.x) + static_cast<int>(threadIdx.x);
   if (with_barrier) __syncthreads();
-  out[threadIdx.x] = slot[(threadIdx.x + 1) % 64];
+  out[blockIdx.x * 64 + threadIdx.x] = slot[(threadIdx.x + 1) % 64];
 }
 
 // The launch's error, else the device's once the work is done.
@@ -88,7 +88,7 @@ cudaError_t oversized_block(int *out) {
 }
 
 cudaError_t neighbour_read(int *out, int base, bool with_barrier) {
-  STRATA_LAUNCH(neighbour_read_kernel, 1, 64, 0, nullptr)(out, base, with_barrier);
+  STRATA_LAUNCH(neighbour_read_kernel, 2, 64, 0, nullptr)(out, base, with_barrier);
   return finish();
 }
 

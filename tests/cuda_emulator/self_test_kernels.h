@@ -18,11 +18,11 @@ cudaError_t divergent_barrier(int *out);
 cudaError_t half_warp_shuffle(float *out);
 // A block of 2048 threads.
 cudaError_t oversized_block(int *out);
-// Each thread writes base + its index to its shared slot and reads its right
-// neighbour's after a barrier that `with_barrier` false leaves out: the
-// emulator runs a block's threads one after another between barriers, so
-// without it thread t reads what slot t + 1 held before (as on a GPU, where
-// it may).
+// Two blocks of 64: each thread writes base + 100 block + its index to its
+// shared slot and reads its right neighbour's after a barrier that
+// `with_barrier` false leaves out. Without it, the emulator runs a block's
+// threads one after another, first to last in block 0 and last to first in
+// block 1, so a thread may read what the slot held before (as on a GPU).
 cudaError_t neighbour_read(int *out, int base, bool with_barrier);
 
 } // namespace strata::cuda_emulator::self_test

@@ -245,15 +245,20 @@ TEST(CudaEmulator, RefusesWhatCudaWouldNotRun) {
 }
 
 TEST(CudaEmulator, AMissingBarrierShowsAsAWrongRead) {
-  std::vector<int> out(64, -1);
+  std::vector<int> out(128, -1);
+  auto expected = [](int base, int i) { return base + 100 * (i / 64) + (i % 64 + 1) % 64; };
   ASSERT_EQ(cuda_emulator::self_test::neighbour_read(out.data(), 1000, true), cudaSuccess);
-  for (int t = 0; t < 64; ++t)
-    EXPECT_EQ(out[t], 1000 + (t + 1) % 64);
+  for (int i = 0; i < 128; ++i)
+    EXPECT_EQ(out[i], expected(1000, i)) << i;
   ASSERT_EQ(cuda_emulator::self_test::neighbour_read(out.data(), 2000, false), cudaSuccess);
-  int stale = 0;
-  for (int t = 0; t < 64; ++t)
-    stale += out[t] == 1000 + (t + 1) % 64;
-  EXPECT_EQ(stale, 63); // all but the last thread, whose neighbour 0 ran first
+  int wrong[2] = {0, 0};
+  for (int i = 0; i < 128; ++i)
+    wrong[i / 64] += out[i] != expected(2000, i);
+  // Block 0 runs first to last: every thread but the last reads its
+  // neighbour's slot before the neighbour writes it. Block 1 runs last to
+  // first: only thread 63, which runs first and reads slot 0, reads early.
+  EXPECT_EQ(wrong[0], 63);
+  EXPECT_EQ(wrong[1], 1);
 }
 
 // Work on two streams runs in an order only their waits constrain: the later
