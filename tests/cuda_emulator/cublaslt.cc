@@ -111,6 +111,15 @@ bool aligned(const void *pointer, int64_t stride, size_t element, uint32_t align
   return bits % alignment == 0;
 }
 
+// An attribute's value into `field`, which it must fill exactly.
+template <typename Field>
+cublasStatus_t set_attribute(Field *field, const void *value, size_t bytes) {
+  if (bytes != sizeof *field)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "an attribute of the wrong size");
+  std::memcpy(field, value, bytes);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 } // namespace
 } // namespace strata::cuda_emulator
 
@@ -144,12 +153,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
                                               cublasLtMatmulDescAttributes_t attribute,
                                               const void *value, size_t bytes) {
   Desc &d = *reinterpret_cast<Desc *>(desc);
-  auto take = [&](auto *field) {
-    if (bytes != sizeof *field)
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, "a descriptor attribute of the wrong size");
-    std::memcpy(field, value, bytes);
-    return CUBLAS_STATUS_SUCCESS;
-  };
+  auto take = [&](auto *field) { return set_attribute(field, value, bytes); };
   switch (attribute) {
   case CUBLASLT_MATMUL_DESC_TRANSA: return take(&d.trans_a);
   case CUBLASLT_MATMUL_DESC_TRANSB: return take(&d.trans_b);
@@ -176,12 +180,7 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
                                                 cublasLtMatrixLayoutAttribute_t attribute,
                                                 const void *value, size_t bytes) {
   Layout &l = *reinterpret_cast<Layout *>(layout);
-  auto take = [&](auto *field) {
-    if (bytes != sizeof *field)
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, "a layout attribute of the wrong size");
-    std::memcpy(field, value, bytes);
-    return CUBLAS_STATUS_SUCCESS;
-  };
+  auto take = [&](auto *field) { return set_attribute(field, value, bytes); };
   switch (attribute) {
   case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return take(&l.batch);
   case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return take(&l.stride);
@@ -206,12 +205,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attribute,
                                                     const void *value, size_t bytes) {
   Preference &p = *reinterpret_cast<Preference *>(preference);
-  auto take = [&](auto *field) {
-    if (bytes != sizeof *field)
-      return refuse(CUBLAS_STATUS_INVALID_VALUE, "a preference attribute of the wrong size");
-    std::memcpy(field, value, bytes);
-    return CUBLAS_STATUS_SUCCESS;
-  };
+  auto take = [&](auto *field) { return set_attribute(field, value, bytes); };
   switch (attribute) {
   case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return take(&p.workspace);
   case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return take(&p.alignment[0]);

@@ -286,9 +286,15 @@ cudaError_t launch(const char *kernel, dim3 grid, dim3 block, size_t shared_byte
                                  coordinates({grid.x, grid.y, grid.z}) + " and block " +
                                  coordinates({block.x, block.y, block.z}) + ", which CUDA refuses");
   }
-  return enqueue_kernel(stream, kernel, [=, thread = std::move(thread)] {
+  auto work = [=, thread = std::move(thread)] {
     run_grid(kernel, grid, block, shared_bytes, thread);
-  });
+  };
+  return enqueue_made(
+      stream, kernel,
+      [work] {
+        return Work{work, nullptr};
+      },
+      /*on_current_gpu=*/true);
 }
 
 std::string last_error_message() {

@@ -96,16 +96,16 @@ struct Work {
 using Make = std::function<Work()>;
 
 // Work made by `make`, on a stream (see enqueue).
-cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make);
+// With `on_current_gpu`, the stream must be the current GPU's, as CUDA
+// requires of a kernel launch.
+cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make,
+                         bool on_current_gpu = false);
 
 // Work on a stream: queued, or recorded while the stream is being captured
 // into a CUDA Graph (cudaGraphLaunch queues it again). What CUDA refuses at
 // the call (a launch shape, the legacy stream during a capture) is returned.
 cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()> work);
 
-// A kernel's grid on a stream, which must be the current GPU's (CUDA refuses
-// a launch into another device's stream).
-cudaError_t enqueue_kernel(cudaStream_t stream, const char *kernel, std::function<void()> work);
 // The GPU a stream belongs to (the current one for the legacy stream), and
 // the calling thread's current GPU (cudaSetDevice).
 int stream_device(cudaStream_t stream);

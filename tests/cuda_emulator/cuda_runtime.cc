@@ -330,19 +330,6 @@ cudaError_t enqueue(cudaStream_t stream, const char *what, std::function<void()>
   return enqueue_made(stream, what, plain(std::move(work)));
 }
 
-cudaError_t enqueue_kernel(cudaStream_t stream, const char *kernel, std::function<void()> work) {
-  if (detail::sticky() != cudaSuccess) return detail::sticky();
-  std::lock_guard<std::recursive_mutex> lock(mutex);
-  Stream *s = stream_of(stream);
-  if (s == nullptr) return refuse(std::string(kernel) + " on a stream that does not exist");
-  if (s->device >= 0 && s->device != current_device)
-    return set_error(cudaErrorInvalidResourceHandle,
-                     std::string("kernel '") + kernel + "' launched on a stream of GPU " +
-                         std::to_string(s->device) + " while GPU " +
-                         std::to_string(current_device) + " is current");
-  return add_work(s, kernel, plain(std::move(work)));
-}
-
 int stream_device(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   Stream *s = stream_of(stream);
@@ -351,11 +338,15 @@ int stream_device(cudaStream_t stream) {
 
 int current_gpu() { return current_device; }
 
-cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make) {
+cudaError_t enqueue_made(cudaStream_t stream, const char *what, Make make, bool on_current_gpu) {
   if (detail::sticky() != cudaSuccess) return detail::sticky();
   std::lock_guard<std::recursive_mutex> lock(mutex);
   Stream *s = stream_of(stream);
   if (s == nullptr) return refuse(std::string(what) + " on a stream that does not exist");
+  if (on_current_gpu && s->device >= 0 && s->device != current_device)
+    return set_error(cudaErrorInvalidResourceHandle,
+                     std::string(what) + " on a stream of GPU " + std::to_string(s->device) +
+                         " while GPU " + std::to_string(current_device) + " is current");
   return add_work(s, what, std::move(make));
 }
 

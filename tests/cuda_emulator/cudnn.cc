@@ -133,6 +133,16 @@ Window window(const Pool &p, const Tensor &x, int oy, int ox) {
   return w;
 }
 
+// A descriptor or handle: a T behind cuDNN's opaque pointer.
+template <typename T, typename D> cudnnStatus_t make(D *d) {
+  *d = reinterpret_cast<D>(new T);
+  return CUDNN_STATUS_SUCCESS;
+}
+template <typename T, typename D> cudnnStatus_t drop(D d) {
+  delete reinterpret_cast<T *>(d);
+  return CUDNN_STATUS_SUCCESS;
+}
+
 } // namespace
 } // namespace strata::cuda_emulator
 
@@ -150,27 +160,15 @@ const char *cudnnGetErrorString(cudnnStatus_t status) {
   }
 }
 
-cudnnStatus_t cudnnCreate(cudnnHandle_t *handle) {
-  *handle = reinterpret_cast<cudnnHandle_t>(new Handle);
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
-  delete reinterpret_cast<Handle *>(handle);
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreate(cudnnHandle_t *d) { return make<Handle>(d); }
+cudnnStatus_t cudnnDestroy(cudnnHandle_t d) { return drop<Handle>(d); }
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream) {
   of<Handle>(handle).stream = stream;
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) {
-  *d = reinterpret_cast<cudnnTensorDescriptor_t>(new Tensor);
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
-  delete reinterpret_cast<Tensor *>(d);
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d) { return make<Tensor>(d); }
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { return drop<Tensor>(d); }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
   if (format != CUDNN_TENSOR_NCHW || type != CUDNN_DATA_FLOAT)
@@ -180,14 +178,8 @@ cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorF
   return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) {
-  *d = reinterpret_cast<cudnnFilterDescriptor_t>(new Filter);
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
-  delete reinterpret_cast<Filter *>(d);
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) { return make<Filter>(d); }
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return drop<Filter>(d); }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
   if (format != CUDNN_TENSOR_NCHW || type != CUDNN_DATA_FLOAT)
@@ -198,12 +190,10 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
 }
 
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *d) {
-  *d = reinterpret_cast<cudnnConvolutionDescriptor_t>(new Conv);
-  return CUDNN_STATUS_SUCCESS;
+  return make<Conv>(d);
 }
 cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
-  delete reinterpret_cast<Conv *>(d);
-  return CUDNN_STATUS_SUCCESS;
+  return drop<Conv>(d);
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int pad_h, int pad_w,
                                               int u, int v, int dil_h, int dil_w,
@@ -361,14 +351,8 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha, cudnnTenso
   });
 }
 
-cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) {
-  *d = reinterpret_cast<cudnnPoolingDescriptor_t>(new Pool);
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d) {
-  delete reinterpret_cast<Pool *>(d);
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) { return make<Pool>(d); }
+cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d) { return drop<Pool>(d); }
 cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPoolingMode_t mode,
                                           cudnnNanPropagation_t nan, int kh, int kw, int pad_h,
                                           int pad_w, int stride_h, int stride_w) {

@@ -68,11 +68,6 @@ private:
   void *memory_ = nullptr;
 };
 
-double difference(double a, double b) {
-  if (std::isnan(a) && std::isnan(b)) return 0;
-  return std::fabs(a - b) / std::max(1.0, std::fabs(b));
-}
-
 // What the executor gives every node: cuBLASLt, cuDNN and their workspace.
 struct Libraries {
   Libraries() {

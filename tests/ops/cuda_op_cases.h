@@ -4,6 +4,8 @@
 // (ops/cuda_emulation_test.cc) through the op table on the CUDA emulator.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,13 @@ struct OpCase {
   double tolerance = 1e-5;
   bool positive = false; // float inputs made positive (logs, roots, Adam's v)
 };
+
+// Relative difference of a against the reference b, scaled by max(1, |b|);
+// two NaNs agree.
+inline double difference(double a, double b) {
+  if (std::isnan(a) && std::isnan(b)) return 0;
+  return std::fabs(a - b) / std::max(1.0, std::fabs(b));
+}
 
 inline std::string describe(const OpCase &c) {
   std::string text = c.op + "(";

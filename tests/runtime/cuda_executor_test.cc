@@ -25,6 +25,7 @@ namespace strata::runtime {
 namespace {
 
 using test::describe;
+using test::difference;
 using test::one_node;
 using test::op_cases;
 using test::OpCase;
@@ -316,13 +317,6 @@ protected:
     if (!reason.empty()) GTEST_SKIP() << reason;
   }
 };
-
-// Relative difference of a against the reference b, scaled by max(1, |b|);
-// two NaNs agree.
-double difference(double a, double b) {
-  if (std::isnan(a) && std::isnan(b)) return 0;
-  return std::fabs(a - b) / std::max(1.0, std::fabs(b));
-}
 
 double max_difference(const HostTensor &a, const HostTensor &b) {
   EXPECT_EQ(a.type, b.type);
