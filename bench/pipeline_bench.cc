@@ -178,7 +178,7 @@ int run(int argc, char **argv) {
           return 1;
         }
         // The same programs predicted from the cluster's roofline instead.
-        auto roofline = partitioner::simulate_pipeline(
+        auto roofline = plan::simulate_pipeline(
             plan->graph, plan->programs, partitioner::cluster_costs(plan->graph, cluster));
         const double formula = static_cast<double>(P - 1) / static_cast<double>(v * M + P - 1);
         const double predicted = plan->pipeline->predicted_step_s;

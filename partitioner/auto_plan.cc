@@ -9,12 +9,15 @@
 
 #include "ops/registry.h"
 #include "partitioner/cost_model.h"
+#include "plan/memory.h"
 #include "partitioner/stage_partition.h"
 #include "partitioner/tensor_parallel.h"
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
 
 namespace strata::partitioner {
+
+using plan::reduced_tensors;
 
 namespace {
 
@@ -279,21 +282,6 @@ std::string AutoCandidate::label() const {
                  zero ? " zero1" : "", recompute ? " recompute" : "");
 }
 
-int64_t device_memory(const serialization::Plan &plan, size_t device) {
-  const auto &program = plan.programs[device];
-  int64_t bytes = program.arena_bytes;
-  int64_t shards = 1;
-  if (plan.pipeline && program.shard_group >= 0 &&
-      static_cast<size_t>(program.shard_group) < plan.pipeline->groups.size())
-    shards = static_cast<int64_t>(plan.pipeline->groups[program.shard_group].size());
-  for (TensorId id : program.holds) {
-    const bool sharded =
-        std::binary_search(program.sharded_holds.begin(), program.sharded_holds.end(), id);
-    bytes += plan.graph.tensor(id).type.size_bytes() / (sharded ? shards : 1);
-  }
-  return bytes;
-}
-
 Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions &training,
                              const AutoOptions &options) {
   const auto start = std::chrono::steady_clock::now();
@@ -378,7 +366,7 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
               c.step_s = plan->pipeline->predicted_step_s;
               c.bubble = plan->pipeline->predicted_bubble;
               for (size_t d = 0; d < plan->programs.size(); ++d)
-                c.memory = std::max(c.memory, device_memory(*plan, d));
+                c.memory = std::max(c.memory, plan::device_memory(*plan, d));
               c.comm_bytes = comm_bytes(*plan);
               c.fits = capacity <= 0 || c.memory <= capacity;
               const bool fits = c.fits;

@@ -100,8 +100,4 @@ struct AutoResult {
 Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions &training,
                              const AutoOptions &options);
 
-// Bytes device `d` of `plan` needs: its arena plus its held tensors (a ZeRO-1
-// shard counts its share).
-int64_t device_memory(const serialization::Plan &plan, size_t device);
-
 } // namespace strata::partitioner

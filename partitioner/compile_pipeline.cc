@@ -10,12 +10,22 @@
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
 #include "partitioner/cost_model.h"
+#include "plan/memory.h"
 #include "partitioner/stage_partition.h"
 #include "partitioner/tensor_parallel.h"
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
 
 namespace strata::partitioner {
+
+using plan::analyze_phases;
+using plan::check_deadlock;
+using plan::Phase;
+using plan::reduced_tensors;
+using plan::Simulation;
+using plan::SimulationCosts;
+using plan::simulate_pipeline;
+using plan::StepPhases;
 
 namespace {
 
@@ -489,7 +499,7 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   // everything it holds.
   if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
     for (size_t d = 0; d < plan.programs.size(); ++d)
-      if (const int64_t bytes = device_memory(plan, d); bytes > cluster.device.memory_bytes)
+      if (const int64_t bytes = plan::device_memory(plan, d); bytes > cluster.device.memory_bytes)
         return invalid_argument(
             "device ", d, " (", chunks, " chunks) needs ", human_bytes(static_cast<double>(bytes)),
             " (activations, weights and optimizer state); cluster '", cluster.name,

@@ -83,14 +83,14 @@ int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgr
 
 // Prices the collectives of `groups` with the algorithm the plan recorded for
 // each ("ring" or "tree"; others keep the cost model's best).
-void price_with_algorithms(SimulationCosts &costs, const ClusterSpec &cluster,
+void price_with_algorithms(plan::SimulationCosts &costs, const ClusterSpec &cluster,
                            const std::vector<std::vector<int32_t>> &groups,
                            const std::vector<std::string> &algorithms);
 // cluster_costs with the plan's collective algorithms.
-SimulationCosts plan_costs(const serialization::Plan &plan, const ClusterSpec &cluster);
+plan::SimulationCosts plan_costs(const serialization::Plan &plan, const ClusterSpec &cluster);
 
 // Re-predicts a pipeline plan's step for `cluster` (strata simulate), pricing
 // collectives with the plan's algorithms.
-Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster);
+Result<plan::Simulation> simulate_plan(const serialization::Plan &plan, const ClusterSpec &cluster);
 
 } // namespace strata::partitioner

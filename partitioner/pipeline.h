@@ -1,21 +1,12 @@
 // Pipeline lowering: from a training graph whose nodes are assigned to stages
-// to one instruction stream per device, with its memory plan, and the simulator
-// that checks those streams for deadlocks and predicts their timing.
+// to one instruction stream per device, with its memory plan; and the cluster
+// costs under which plan/simulate.h predicts those streams' timing.
 //
 // The training graph is built at micro-batch size (passes/split_batch.h) and run
 // M times per step; nothing is unrolled. An instruction names a node or tensor
 // and a micro-batch, and a device's buffers are keyed by (tensor, micro-batch).
-//
-// The step has three phases (analyze_phases):
-//  - per micro-batch, forward: the loss and everything it depends on;
-//  - per micro-batch, backward: everything else that depends on the data and is
-//    not optimizer work;
-//  - once per step: the optimizer (passes::is_step_op and everything computed
-//    from it) and the nodes that depend on no data at all (the step counter).
-// A tensor computed per micro-batch and read once per step (a gradient, the loss)
-// is accumulated: buffer (t, -1) holds the sum over micro-batches, then is divided
-// by M, the mean the full batch would have given (every micro-batch has the
-// same size and the loss is a mean).
+// The step's phases (forward and backward per micro-batch, the optimizer once
+// per step, accumulated tensors) are plan::analyze_phases's.
 //
 // Lowering (lower_pipeline), per device s (= stage s; with the interleaved
 // schedule's v chunks, stages s, s + P, ..., s + (v-1) P):
@@ -59,6 +50,9 @@
 
 #include "graph/graph.h"
 #include "partitioner/cluster.h"
+#include "plan/instructions.h"
+#include "plan/phases.h"
+#include "plan/simulate.h"
 #include "serialization/plan_io.h"
 
 namespace strata::partitioner {
@@ -67,21 +61,6 @@ enum class Schedule { kGPipe, k1F1B, kInterleaved };
 // "gpipe", "1f1b" or "interleaved"
 Result<Schedule> parse_schedule(std::string_view text);
 std::string_view schedule_name(Schedule schedule);
-
-enum class Phase : uint8_t { kForward, kBackward, kStep };
-
-struct StepPhases {
-  std::vector<Phase> node_phase; // by NodeId
-  // Tensors computed per micro-batch that are read once per step, are graph
-  // outputs or are the values of state updates, by id.
-  std::vector<TensorId> accumulated;
-};
-
-// Splits a training graph's nodes into the phases above. Errors: a per-micro-batch
-// node reading a per-step value, a state update whose value is computed per
-// micro-batch when microbatches > 1 (batch statistics), an accumulated tensor that
-// is not floating point.
-Result<StepPhases> analyze_phases(const Graph &graph, int microbatches);
 
 // PyTorch DDP's default bucket size (bucket_cap_mb = 25).
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
@@ -115,9 +94,6 @@ struct PipelineOptions {
   int64_t alignment = 64;
 };
 
-// The send/recv tag of buffer (tensor, micro-batch): unique within a step.
-uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
-
 // One program per device (stages * data_parallel of them, in device order).
 // `node_stage` gives every node's stage in [0, stages), or with the
 // interleaved schedule its virtual stage in [0, stages * chunks). With
@@ -130,58 +106,6 @@ Result<std::vector<serialization::PlanProgram>> lower_pipeline(const Graph &grap
 // The data-parallel groups: group s holds the replicas of stage s (none when
 // data_parallel is 1).
 std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options);
-
-// "compute 'layer0.fc1' mb 3", "send 'h' mb 2 to device 1", ... for messages.
-std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
-
-// ZeRO-1's ComputeShard: node `node` run by the device at position `rank` of a
-// group of `count` devices computes elements [rank c, (rank + 1) c) of every
-// operand the size of its first input (n elements, c = n / count), viewed
-// flat; scalars stay whole, and a tensor the device holds as its shard is that
-// shard itself. Both runners (CPU and CUDA) view the operands this way.
-struct ShardedCompute {
-  int64_t n = 0, chunk = 0, rank = 0;
-  // How the shard sees a tensor of `type`: whole (`whole`), or `chunk`
-  // elements (`type`) at byte `offset` of its buffer (0 when `held_as_shard`).
-  struct View {
-    bool whole = false;
-    int64_t offset = 0;
-    TensorType type;
-  };
-  View view(const TensorType &type, bool held_as_shard) const;
-};
-// Checks the node and the group: n splits evenly over it, every operand has n
-// elements or one, every output n (SumOfSquares's pair is whole: what the
-// shard adds), the device is a member. Errors name `context`.
-Result<ShardedCompute> sharded_compute(const Graph &graph, const Node &node,
-                                       const std::vector<int32_t> &group, int32_t device,
-                                       std::string_view context);
-
-// The predicted timeline of one step.
-struct SimulatedInstruction {
-  double start = 0;
-  double end = 0;
-};
-struct Simulation {
-  std::vector<std::vector<SimulatedInstruction>> devices; // per device, per instruction
-  std::vector<double> busy; // per device: seconds spent on its own instructions
-  std::vector<double> end;  // per device: when its last instruction ends
-  double step_time = 0;     // the largest end
-  double bubble = 0;        // 1 - sum(busy) / (devices * step_time)
-};
-
-// Costs the simulator charges. Transfers take `transfer(src, dst, bytes)` from
-// the send to the arrival; the receiver waits for the arrival.
-struct SimulationCosts {
-  std::function<double(NodeId node)> compute;                     // one node, one micro-batch
-  std::function<double(int src, int dst, double bytes)> transfer; // in flight
-  std::function<double(double bytes)> local_copy;                 // accumulate, scale, update
-  // An all-reduce of `bytes` over `devices`; empty: free. Reduce-scatter and
-  // all-gather of a `bytes` buffer likewise.
-  std::function<double(const std::vector<int32_t> &devices, double bytes)> all_reduce;
-  std::function<double(const std::vector<int32_t> &devices, double bytes)> reduce_scatter;
-  std::function<double(const std::vector<int32_t> &devices, double bytes)> all_gather;
-};
 
 // A tensor-parallel node's communication (TpAllReduce, TpAllGather; TpCopy and
 // TpSplit communicate in their backward), ring-priced over its group of
@@ -199,32 +123,9 @@ bool communicates_forward(const Node &node);
 // collective, else the roofline on the cluster's device.
 double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster);
 
-// The accumulated tensors an instruction sums over its group: the tensor of an
-// AllReduce or ReduceScatter, a StartBucket's bucket; none for others.
-std::vector<TensorId> reduced_tensors(const serialization::PlanProgram &program,
-                                      const serialization::PlanInstruction &instr);
-
-// Zero costs: what check_deadlock uses.
-SimulationCosts zero_costs();
 // Roofline node times on the cluster's device, alpha-beta transfers over the
 // links between plan devices 0..P-1 placed on cluster devices 0..P-1.
-SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster);
-
-// Runs every device's program against the others: a receive waits for its send.
-// programs[i] must be device i's.
-// Errors (also what check_deadlock reports): a receive that can never be matched
-// ("device 1 instruction 12 (recv 'h' mb 3 from device 0) waits forever: device 0
-// ..."), naming both sides and where the other side is stuck or that it never
-// sends it, and a send nobody receives.
-// `groups` are the devices of the all-reduce instructions (peer = group index).
-Result<Simulation> simulate_pipeline(const Graph &graph,
-                                     const std::vector<serialization::PlanProgram> &programs,
-                                     const SimulationCosts &costs,
-                                     const std::vector<std::vector<int32_t>> &groups = {});
-
-// check-deadlock: simulate_pipeline with zero costs, keeping only the verdict.
-Status check_deadlock(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
-                      const std::vector<std::vector<int32_t>> &groups = {});
+plan::SimulationCosts cluster_costs(const Graph &graph, const ClusterSpec &cluster);
 
 // Why a plan moves data: one row per (sender, receiver or group, tensor), with
 // the producer and the first reader it connects, derived from the programs.
@@ -241,39 +142,7 @@ struct TransferReason {
 };
 std::vector<TransferReason>
 explain_transfers(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,
-                  const std::vector<std::vector<int32_t>> &groups, const SimulationCosts &costs);
-
-// One executed (or predicted) instruction, for traces.
-struct TraceSpan {
-  uint32_t instruction = 0;
-  double start_s = 0;
-  double end_s = 0;
-  int64_t step = 0;
-  // Work of the device's communication stream (a StartBucket's reduction),
-  // shown on a track of its own.
-  bool stream = false;
-};
-
-// A Chrome / Perfetto trace (JSON, "traceEvents") of what each device did: one
-// track per device; consecutive computation of one micro-batch's forward
-// ("F3"), backward ("B3") or the step ("optimizer") becomes one event, with the
-// node count in its args; every send and receive is its own event, so waiting
-// shows as a receive's length. Load it in ui.perfetto.dev or chrome://tracing.
-// With the plan's `pipeline` its devices are named by device_role, and with
-// model chunks (the interleaved schedule) blocks are named "F3 c1"
-// (micro-batch 3 of chunk 1).
-std::string chrome_trace(const Graph &graph,
-                         const std::vector<serialization::PlanProgram> &programs,
-                         const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
-                         const serialization::PlanPipeline *pipeline = nullptr);
-
-// Each node's model chunk (its virtual stage / stages) for an interleaved
-// plan; empty for the other schedules.
-std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline);
-
-// What device `device` of a pipeline plan runs, for messages and traces:
-// "stage 2", "stage 1 replica 0", "stages 1, 5" (interleaved), with
-// " member 1" in a tensor-parallel group.
-std::string device_role(const serialization::PlanPipeline &pipeline, int64_t device);
+                  const std::vector<std::vector<int32_t>> &groups,
+                  const plan::SimulationCosts &costs);
 
 } // namespace strata::partitioner

@@ -35,8 +35,6 @@
 // local graph unchanged.
 #pragma once
 
-#include "graph/host_tensor.h"
-
 #include <map>
 #include <string>
 #include <vector>
@@ -94,35 +92,5 @@ Result<TensorParallelResult> shard_tensor_parallel(const Graph &forward,
 // shards of "<param>.momentum", ".adam_m" and ".adam_v" when `training` has them.
 std::vector<TensorShard> with_optimizer_state(const Graph &training,
                                               std::vector<TensorShard> shards);
-
-// Copies piece `rank` of a full tensor of shape shard.full_shape out of `full`
-// into `piece` (to_piece) or back (!to_piece); elements of `element_bytes`.
-void copy_piece(const TensorShard &shard, int parts, int rank, size_t element_bytes,
-                std::byte *full, std::byte *piece, bool to_piece);
-
-// The full tensor put together from every member's piece of `tensor` (whose
-// type is the piece's), in member order; errors name a wrong count or type.
-Result<HostTensor> join_pieces(const Tensor &tensor, const TensorShard &shard, int parts,
-                               const std::vector<HostTensor> &pieces);
-
-// How a tensor-parallel node (TpAllGather, TpReduceScatter, TpSplit) cuts the
-// full tensor along its `axis` (viewed as [outer, n / outer]): the full tensor
-// is [rows, parts, run] and member r's piece is [rows, run], `run` in bytes.
-struct PieceLayout {
-  size_t rows = 1, run = 0;
-};
-PieceLayout piece_layout(const Node &node, const TensorType &piece);
-
-// A TpAllToAll of `parts` members from `in` to `out`: how its input is cut
-// along `axis` (block j, for member j, is `cut` within the input) and how its
-// output is put together along `from_axis` (piece j, from member j, is
-// `place` within the output); every block has the same bytes, and member r's
-// output piece j is member j's input block r.
-struct AllToAllLayout {
-  PieceLayout cut, place;
-  size_t block = 0; // bytes
-};
-Result<AllToAllLayout> all_to_all_layout(const Node &node, const TensorType &in,
-                                         const TensorType &out, int parts);
 
 } // namespace strata::partitioner

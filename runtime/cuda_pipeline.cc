@@ -13,8 +13,9 @@
 
 #include "graph/verifier.h"
 #include "ops/registry.h"
-#include "partitioner/pipeline.h"
-#include "partitioner/tensor_parallel.h"
+#include "plan/instructions.h"
+#include "plan/pieces.h"
+#include "plan/simulate.h"
 #include "passes/fuse_elementwise.h"
 #include "runtime/collectives.h"
 #include "runtime/cuda_executor.h"
@@ -45,7 +46,7 @@ Result<HostTensor> CudaPipelineRunner::join_pieces(TensorId id,
   if (shard == tp_shards_.end())
     return invalid_argument("'", graph_.tensor(id).name,
                             "' is not held in tensor-parallel pieces by this plan");
-  return partitioner::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
+  return plan::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
 }
 
 std::vector<TensorType> CudaPipelineRunner::batch_types() const {
@@ -112,7 +113,7 @@ bool computed_at_load(const Node &node) {
 std::string instruction_context(const Graph &g, size_t device, size_t i,
                                 const PlanInstruction &instr) {
   return str_cat("device ", device, " instruction ", i, " (",
-                 partitioner::describe_instruction(g, instr), ")");
+                 plan::describe_instruction(g, instr), ")");
 }
 
 } // namespace
@@ -345,7 +346,7 @@ struct CudaPipelineRunner::State {
     bool reduce_scatter = false;   // StartBucket: ZeRO-1's bucket (each member its chunks)
     cudaEvent_t arrived = nullptr; // collectives: this member is there
     // A tensor-parallel node: what it does, this device's position in its
-    // group, and the pieces' layout (partitioner::piece_layout).
+    // group, and the pieces' layout (plan::piece_layout).
     enum class Tp : uint8_t {
       kNone,
       kCopy,
@@ -1060,7 +1061,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
   RETURN_IF_ERROR(check_pipeline_inputs(plan.graph, int64_t{plan.pipeline->microbatches} *
                                                         plan.pipeline->data_parallel)
                       .with_context(context));
-  RETURN_IF_ERROR(partitioner::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
+  RETURN_IF_ERROR(plan::check_deadlock(plan.graph, plan.programs, plan.pipeline->groups)
                       .with_context(context));
   if (options.bf16 && options.f16)
     return invalid_argument("bf16 or f16 GEMM operands, not both").with_context(context);
@@ -1204,7 +1205,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
       if (!value.is_ok()) return value.status().with_context(str_cat("device ", program.device));
       if (shard != runner->tp_shards_.end()) {
         HostTensor part = HostTensor::zeros(g.tensor(id).type);
-        partitioner::copy_piece(shard->second, tensor_parallel, member,
+        plan::copy_piece(shard->second, tensor_parallel, member,
                                 dtype_size(whole.type.dtype), value->data(), part.data(), true);
         value = std::move(part);
       }
@@ -1376,14 +1377,14 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
         case InstrKind::kComputeShard: {
           const Node &node = g.node(instr.index);
           // ZeRO-1 (ComputeShard): the node runs on the device's shard of its
-          // operands, viewed as the CPU runner views them (partitioner::ShardedCompute).
+          // operands, viewed as the CPU runner views them (plan::ShardedCompute).
           const bool shard = instr.kind == InstrKind::kComputeShard;
-          partitioner::ShardedCompute sharding;
+          plan::ShardedCompute sharding;
           if (shard) {
             if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= plan.pipeline->groups.size())
               return invalid_argument(op.what, ": no group ", instr.peer);
             ASSIGN_OR_RETURN(sharding,
-                             partitioner::sharded_compute(
+                             plan::sharded_compute(
                                  g, node, plan.pipeline->groups[static_cast<size_t>(instr.peer)],
                                  static_cast<int32_t>(d), op.what));
           }
@@ -1452,7 +1453,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
             op.member = static_cast<int>(d) % tensor_parallel;
             op.parts = tensor_parallel;
             if (op.tp == Tp::kAllToAll) {
-              auto layout = partitioner::all_to_all_layout(node, *op.inputs[0].type,
+              auto layout = plan::all_to_all_layout(node, *op.inputs[0].type,
                                                            *op.outputs[0].type, tensor_parallel);
               if (!layout.is_ok()) return layout.status().with_context(op.what);
               op.rows = layout->cut.rows;
@@ -1463,7 +1464,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
             }
             if (op.tp == Tp::kAllGather || op.tp == Tp::kReduceScatter || op.tp == Tp::kSplit) {
               // The piece: the input of an all-gather, the output of the others.
-              const partitioner::PieceLayout piece = partitioner::piece_layout(
+              const plan::PieceLayout piece = plan::piece_layout(
                   node, op.tp == Tp::kAllGather ? *op.inputs[0].type : *op.outputs[0].type);
               op.rows = piece.rows;
               op.run = piece.run;
@@ -1938,7 +1939,7 @@ const HostTensor &CudaPipelineRunner::value(TensorId id) const {
     for (int m = 0; m < tensor_parallel_ && d + static_cast<size_t>(m) < devices; ++m) {
       HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
       if (!held_whole(d + static_cast<size_t>(m), &piece)) continue;
-      partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
+      plan::copy_piece(shard->second, tensor_parallel_, m, dtype_size(whole.type.dtype),
                               whole.data(), piece.data(), false);
     }
     break;
@@ -1964,7 +1965,7 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
       break;
     }
     HostTensor piece = HostTensor::zeros(graph_.tensor(id).type);
-    partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(type.dtype),
+    plan::copy_piece(shard->second, tensor_parallel_, m, dtype_size(type.dtype),
                             const_cast<std::byte *>(value.data()), piece.data(), true);
     pieces.push_back(std::move(piece));
   }

@@ -41,7 +41,7 @@
 // are group collectives like the all-reduce. Megatron's vocabulary-parallel
 // embedding and cross entropy run on each member's piece (the kernels take
 // the member's place in its group), and TpAllToAll moves blocks through a
-// staging buffer per member (partitioner::all_to_all_layout). ZeRO-1 shards
+// staging buffer per member (plan::all_to_all_layout). ZeRO-1 shards
 // tensor-parallel pieces too: a replica holds its shard of its member's piece.
 //
 // Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its

@@ -8,7 +8,7 @@
 #include <set>
 #include <tuple>
 
-#include "partitioner/pipeline.h"
+#include "plan/instructions.h"
 
 namespace strata::runtime {
 
@@ -156,7 +156,7 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
   std::set<std::pair<int, uint32_t>> reduced;
   auto describe = [&](size_t d, size_t i) {
     return str_cat("device ", d, " instruction ", i, " (",
-                   partitioner::describe_instruction(graph, programs[d].instructions[i]), ")");
+                   plan::describe_instruction(graph, programs[d].instructions[i]), ")");
   };
   std::vector<size_t> next(devices, 0);
   // Sends enqueued and not yet received, per (from, to, tag), in order.
@@ -188,12 +188,12 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
         const GpuLaunch::Part part{static_cast<int>(d), static_cast<uint32_t>(i)};
         if (instr.kind == InstrKind::kRecv) {
           auto it = unreceived.find({instr.peer, static_cast<int>(d),
-                                     partitioner::transfer_tag(instr.index, instr.microbatch)});
+                                     plan::transfer_tag(instr.index, instr.microbatch)});
           if (it == unreceived.end() || it->second == 0) break;
           --it->second;
         } else if (instr.kind == InstrKind::kSend) {
           ++unreceived[{static_cast<int>(d), instr.peer,
-                        partitioner::transfer_tag(instr.index, instr.microbatch)}];
+                        plan::transfer_tag(instr.index, instr.microbatch)}];
         } else if (instr.kind == InstrKind::kWaitBucket) {
           if (!reduced.contains({static_cast<int>(d), instr.index})) break;
         } else if (collective(instr.kind) || tp_group(d, instr) >= 0) {
@@ -276,11 +276,11 @@ gpu_matching_sends(const std::vector<serialization::PlanProgram> &programs,
         programs.at(static_cast<size_t>(lead.device)).instructions.at(lead.instruction);
     if (instr.kind == InstrKind::kSend) {
       unreceived[{lead.device, instr.peer,
-                  partitioner::transfer_tag(instr.index, instr.microbatch)}]
+                  plan::transfer_tag(instr.index, instr.microbatch)}]
           .push_back(lead);
     } else if (instr.kind == InstrKind::kRecv) {
       auto &queue = unreceived[{instr.peer, lead.device,
-                                partitioner::transfer_tag(instr.index, instr.microbatch)}];
+                                plan::transfer_tag(instr.index, instr.microbatch)}];
       if (queue.empty())
         return invalid_argument("device ", lead.device, " instruction ", lead.instruction,
                                 ": a receive whose send is not before it in the launch order");

@@ -15,8 +15,10 @@
 #include "graph/verifier.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
-#include "partitioner/auto_plan.h"
-#include "partitioner/tensor_parallel.h"
+#include "plan/instructions.h"
+#include "plan/memory.h"
+#include "plan/pieces.h"
+#include "plan/simulate.h"
 #include "runtime/collectives.h"
 #include "runtime/device_clock.h"
 #include "runtime/executor.h"
@@ -247,8 +249,8 @@ private:
 
 } // namespace
 
-using partitioner::piece_layout;
-using partitioner::PieceLayout;
+using plan::piece_layout;
+using plan::PieceLayout;
 
 Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
   const ops::ConstTensorView &in = inputs[0];
@@ -309,7 +311,7 @@ Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
                                          dim("from_axis"),
                                          node->int_attr("from_outer").value_or(1)};
     for (size_t j = 0; j < parts; ++j)
-      partitioner::copy_piece(cut, static_cast<int>(parts), static_cast<int>(j), element,
+      plan::copy_piece(cut, static_cast<int>(parts), static_cast<int>(j), element,
                               const_cast<std::byte *>(src), outgoing + j * block, true);
     for (size_t j = 0; j < parts; ++j)
       if (j != r) RETURN_IF_ERROR(comm.send(outgoing + j * block, block, group[j], tag, what));
@@ -319,7 +321,7 @@ Status PipelineRunner::Device::Op::run_tensor_parallel(Communicator &comm) {
         from_j = incoming + j * block;
         RETURN_IF_ERROR(comm.recv(from_j, block, group[j], tag, what));
       }
-      partitioner::copy_piece(place, static_cast<int>(parts), static_cast<int>(j), element, dst,
+      plan::copy_piece(place, static_cast<int>(parts), static_cast<int>(j), element, dst,
                               from_j, false);
     }
     return Status::ok();
@@ -367,13 +369,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     if (name == "tree") return CollectiveAlgo::kTree;
     return std::nullopt;
   };
-  // Tags of the point-to-point messages of a collective: the top bit set, so
-  // they never meet the pipeline's (tensor, micro-batch) tags; each tensor is
-  // reduced or gathered at most once per step per group.
-  auto collective_tag = [](const PlanInstruction &instr) {
-    return (uint64_t{1} << 63) | (static_cast<uint64_t>(instr.index) << 8) |
-           (static_cast<uint64_t>(instr.kind) << 2);
-  };
+
   runner->options_ = options;
   const Graph &g = runner->graph_;
   if (options.timeout.count() <= 0) return invalid_argument("the timeout must be positive");
@@ -402,7 +398,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     for (const auto &program : runner->programs_) {
       names->emplace_back();
       for (const PlanInstruction &instr : program.instructions)
-        names->back().push_back(partitioner::describe_instruction(g, instr));
+        names->back().push_back(plan::describe_instruction(g, instr));
     }
     runner->world_->set_describer([names](int device, int64_t instruction) -> std::string {
       if (device < 0 || static_cast<size_t>(device) >= names->size() || instruction < 0 ||
@@ -417,7 +413,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     if (runner->programs_[d].device != d)
       return invalid_argument("pipeline plan: program ", d, " is for device ",
                               runner->programs_[d].device, "; programs must be in device order");
-  RETURN_IF_ERROR(partitioner::check_deadlock(g, runner->programs_, runner->groups_)
+  RETURN_IF_ERROR(plan::check_deadlock(g, runner->programs_, runner->groups_)
                       .with_context("pipeline plan"));
 
   std::vector<int64_t> input_index(g.num_tensors(), -1);
@@ -433,7 +429,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     size_t largest_device = 0;
     for (size_t d = 0; d < plan.programs.size(); ++d) {
       if (!runner->world_->is_local(static_cast<int>(plan.programs[d].device))) continue;
-      const int64_t bytes = partitioner::device_memory(plan, d);
+      const int64_t bytes = plan::device_memory(plan, d);
       total += bytes;
       ++local;
       if (bytes > largest) largest = bytes, largest_device = plan.programs[d].device;
@@ -480,7 +476,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         auto whole = materialize(full, options.model_dir);
         if (!whole.is_ok()) return whole.status().with_context(where);
         HostTensor piece = HostTensor::zeros(g.tensor(id).type);
-        partitioner::copy_piece(shard->second, runner->tensor_parallel_, tp_rank,
+        plan::copy_piece(shard->second, runner->tensor_parallel_, tp_rank,
                                 dtype_size(full.type.dtype), whole->data(), piece.data(), true);
         value = std::move(piece);
       } else {
@@ -509,7 +505,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       const PlanInstruction &instr = program.instructions[i];
       if (instr.kind != InstrKind::kStartBucket) continue;
       const std::string context = str_cat(where, " instruction ", i, " (",
-                                          partitioner::describe_instruction(g, instr), ")");
+                                          plan::describe_instruction(g, instr), ")");
       if (instr.index >= program.buckets.size())
         return invalid_argument(context, ": the program has ", program.buckets.size(), " buckets");
       if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
@@ -523,7 +519,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           group.begin());
       bucket.reduce_scatter = plan_bucket.reduce_scatter;
       bucket.algo = algorithm_of(instr.peer);
-      bucket.tag = collective_tag(instr);
+      bucket.tag = plan::collective_tag(instr);
       const size_t p = group.size();
       std::string names;
       for (TensorId t : plan_bucket.tensors) {
@@ -557,7 +553,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       const PlanInstruction &instr = program.instructions[i];
       Device::Op op;
       op.kind = instr.kind;
-      op.what = partitioner::describe_instruction(g, instr);
+      op.what = plan::describe_instruction(g, instr);
       const std::string context = str_cat(where, " instruction ", i, " (", op.what, ")");
       auto slot = [&](TensorId t, int32_t mb) -> Result<std::byte *> {
         auto it = slots.find({t, mb});
@@ -578,13 +574,13 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       case InstrKind::kCompute:
       case InstrKind::kComputeShard: {
         // A shard computes its part of the node's operands
-        // (partitioner::ShardedCompute: chunk r of each, scalars whole).
+        // (plan::ShardedCompute: chunk r of each, scalars whole).
         const bool shard = instr.kind == InstrKind::kComputeShard;
-        partitioner::ShardedCompute sharding;
+        plan::ShardedCompute sharding;
         if (shard) {
           if (instr.peer < 0 || static_cast<size_t>(instr.peer) >= runner->groups_.size())
             return invalid_argument(context, ": no group ", instr.peer);
-          ASSIGN_OR_RETURN(sharding, partitioner::sharded_compute(
+          ASSIGN_OR_RETURN(sharding, plan::sharded_compute(
                                          g, g.node(instr.index),
                                          runner->groups_[static_cast<size_t>(instr.peer)],
                                          static_cast<int32_t>(program.device), context));
@@ -686,7 +682,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
             std::find(group.begin(), group.end(), static_cast<int32_t>(program.device)) -
             group.begin());
         op.algo = algorithm_of(instr.peer);
-        op.tag = collective_tag(instr);
+        op.tag = plan::collective_tag(instr);
         break;
       }
       case InstrKind::kSend:
@@ -694,7 +690,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
         ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
         op.bytes = static_cast<size_t>(g.tensor(instr.index).type.size_bytes());
         op.peer = instr.peer;
-        op.tag = partitioner::transfer_tag(instr.index, instr.microbatch);
+        op.tag = plan::transfer_tag(instr.index, instr.microbatch);
         break;
       }
       case InstrKind::kAccumulate:
@@ -711,7 +707,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
           const auto &group = runner->groups_[static_cast<size_t>(instr.peer)];
           op.group.assign(group.begin(), group.end());
           op.algo = algorithm_of(instr.peer);
-          op.tag = collective_tag(instr);
+          op.tag = plan::collective_tag(instr);
         }
         if (instr.kind == InstrKind::kAccumulate) {
           ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
@@ -946,7 +942,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   };
   auto body = [&](int rank, Communicator &comm, Communicator *side) -> Status {
     Device &device = *devices_[static_cast<size_t>(rank)];
-    comm.set_label(partitioner::device_role(pipeline_, rank));
+    comm.set_label(plan::device_role(pipeline_, rank));
     std::optional<DeviceClock> clock, stream_clock;
     std::unique_ptr<Communicator> clocked, side_clocked;
     if (device_clock) {
@@ -1062,7 +1058,7 @@ const HostTensor &PipelineRunner::value(TensorId id) const {
   HostTensor full = HostTensor::zeros(value_type(id));
   for (int m = 0; m < tensor_parallel_; ++m) {
     HostTensor piece = local_whole(*devices_[static_cast<size_t>(base + m)], id);
-    partitioner::copy_piece(shard->second, tensor_parallel_, m, dtype_size(full.type.dtype),
+    plan::copy_piece(shard->second, tensor_parallel_, m, dtype_size(full.type.dtype),
                             full.data(), piece.data(), false);
   }
   return assembled_[id] = std::move(full);
@@ -1083,7 +1079,7 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
     const HostTensor *whole = &value;
     if (shard != tp_shards_.end()) {
       piece = HostTensor::zeros(tensor.type);
-      partitioner::copy_piece(shard->second, tensor_parallel_, device->index % tensor_parallel_,
+      plan::copy_piece(shard->second, tensor_parallel_, device->index % tensor_parallel_,
                               dtype_size(type.dtype), const_cast<std::byte *>(value.data()),
                               piece.data(), true);
       whole = &piece;
@@ -1108,7 +1104,7 @@ Result<HostTensor> PipelineRunner::join_pieces(TensorId id,
   if (shard == tp_shards_.end())
     return invalid_argument("'", graph_.tensor(id).name,
                             "' is not held in tensor-parallel pieces by this plan");
-  return partitioner::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
+  return plan::join_pieces(graph_.tensor(id), shard->second, tensor_parallel_, pieces);
 }
 
 Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() const {
@@ -1158,7 +1154,7 @@ Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() co
 }
 
 std::string PipelineRunner::trace_json() const {
-  return partitioner::chrome_trace(graph_, programs_, spans_, microbatches_, &pipeline_);
+  return plan::chrome_trace(graph_, programs_, spans_, microbatches_, &pipeline_);
 }
 
 } // namespace strata::runtime

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "partitioner/pipeline.h"
+#include "plan/trace.h"
 #include "runtime/device_world.h"
 #include "runtime/local_communicator.h"
 #include "runtime/step_runner.h"
@@ -96,7 +96,7 @@ public:
   std::string trace_json() const;
   // The recorded spans, per device (seconds since the first step began, by
   // options.clock).
-  const std::vector<std::vector<partitioner::TraceSpan>> &spans() const { return spans_; }
+  const std::vector<std::vector<plan::TraceSpan>> &spans() const { return spans_; }
   // With the device clock, the device time of the last step run (its last
   // device's end); else 0.
   double device_step_seconds() const { return device_step_; }
@@ -123,7 +123,7 @@ private:
   std::chrono::steady_clock::time_point epoch_;
   double device_time_ = 0; // device clock: where the last step ended
   double device_step_ = 0;
-  std::vector<std::vector<partitioner::TraceSpan>> spans_;
+  std::vector<std::vector<plan::TraceSpan>> spans_;
   // ZeRO-1 shards and tensor-parallel pieces put together by value().
   mutable std::map<TensorId, HostTensor> assembled_;
   // Device `device`'s whole (ZeRO-1 shards joined) copy of tensor `id`.

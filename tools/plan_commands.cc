@@ -23,6 +23,9 @@
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
 #include "passes/recompute.h"
+#include "plan/instructions.h"
+#include "plan/memory.h"
+#include "plan/trace.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/cuda_pipeline.h"
 #include "runtime/mpi_world.h"
@@ -108,7 +111,7 @@ std::vector<StageRow> stage_rows(const Plan &plan) {
       } else if (instr.kind == serialization::InstrKind::kSend) {
         row.sent[instr.peer] += static_cast<double>(g.tensor(instr.index).type.size_bytes());
       } else {
-        for (TensorId t : partitioner::reduced_tensors(program, instr))
+        for (TensorId t : plan::reduced_tensors(program, instr))
           row.reduced += static_cast<double>(g.tensor(t).type.size_bytes());
       }
     }
@@ -440,9 +443,9 @@ std::string pipeline_options_text(const Plan &plan) {
 }
 
 // The predicted timeline as trace spans (one step).
-std::vector<std::vector<partitioner::TraceSpan>>
-simulation_spans(const partitioner::Simulation &sim) {
-  std::vector<std::vector<partitioner::TraceSpan>> spans(sim.devices.size());
+std::vector<std::vector<plan::TraceSpan>>
+simulation_spans(const plan::Simulation &sim) {
+  std::vector<std::vector<plan::TraceSpan>> spans(sim.devices.size());
   for (size_t d = 0; d < sim.devices.size(); ++d)
     for (size_t i = 0; i < sim.devices[d].size(); ++i)
       spans[d].push_back(
@@ -462,7 +465,7 @@ std::string stage_dot(const Plan &plan) {
     text += str_cat(
         "  stage", d, " [label=\"",
         p.chunks > 1 || p.data_parallel > 1 || p.tensor_parallel > 1
-            ? str_cat("device ", d, "\\n", partitioner::device_role(p, static_cast<int64_t>(d)))
+            ? str_cat("device ", d, "\\n", plan::device_role(p, static_cast<int64_t>(d)))
             : str_cat("stage ", d),
         "\\n", r.nodes, " nodes\\n", grouped(r.parameters), " parameters\\n", human_flops(r.flops),
         " per step\\npeak ", human_bytes(static_cast<double>(r.arena)), "\\nbusy ",
@@ -503,7 +506,7 @@ Status simulate_command(const SimulateArgs &args, std::ostream &out) {
         << pad(format_ms(sim->step_time - sim->busy[d]), 14) << "\n";
   if (!args.trace.empty()) {
     RETURN_IF_ERROR(serialization::write_file_atomically(
-        args.trace, partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(*sim),
+        args.trace, plan::chrome_trace(plan.graph, plan.programs, simulation_spans(*sim),
                                               p.microbatches, &p)));
     out << "trace      " << args.trace << " (predicted; open in ui.perfetto.dev)\n";
   }
@@ -630,8 +633,8 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
       out << stage_dot(plan);
       return Status::ok();
     }
-    ASSIGN_OR_RETURN(partitioner::Simulation sim, partitioner::simulate_plan(plan, cluster));
-    out << partitioner::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
+    ASSIGN_OR_RETURN(plan::Simulation sim, partitioner::simulate_plan(plan, cluster));
+    out << plan::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
                                      plan.pipeline->microbatches, &*plan.pipeline);
     return Status::ok();
   }

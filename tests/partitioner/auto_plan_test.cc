@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "partitioner/auto_plan.h"
+#include "plan/memory.h"
 #include "tools/zoo.h"
 
 namespace strata::partitioner {
@@ -76,7 +77,7 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
   EXPECT_DOUBLE_EQ(result->plan.pipeline->predicted_step_s, best.step_s);
   int64_t memory = 0;
   for (size_t d = 0; d < result->plan.programs.size(); ++d)
-    memory = std::max(memory, device_memory(result->plan, d));
+    memory = std::max(memory, plan::device_memory(result->plan, d));
   EXPECT_EQ(memory, best.memory);
   EXPECT_NE(result->reason.find(best.label()), std::string::npos) << result->reason;
 }

@@ -8,6 +8,7 @@
 #include "graph/builder.h"
 #include "ops/registry.h"
 #include "partitioner/tensor_parallel.h"
+#include "plan/pieces.h"
 #include "passes/make_training.h"
 #include "tools/zoo.h"
 
@@ -166,7 +167,7 @@ TEST(TensorParallelTest, PiecesCutAndJoinAlongAStridedDim) {
     full[i] = static_cast<float>(i);
   std::vector<std::vector<float>> pieces(parts, std::vector<float>(full.size() / parts));
   for (int r = 0; r < parts; ++r)
-    copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(full.data()),
+    plan::copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(full.data()),
                reinterpret_cast<std::byte *>(pieces[static_cast<size_t>(r)].data()), true);
   // Piece r is [2, 6, 3]: dim 1 index 2 * o + j of the piece is 4 * o + 2 * r + j of the full.
   for (int r = 0; r < parts; ++r)
@@ -181,7 +182,7 @@ TEST(TensorParallelTest, PiecesCutAndJoinAlongAStridedDim) {
           }
   std::vector<float> joined(full.size(), -1);
   for (int r = 0; r < parts; ++r)
-    copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(joined.data()),
+    plan::copy_piece(shard, parts, r, sizeof(float), reinterpret_cast<std::byte *>(joined.data()),
                reinterpret_cast<std::byte *>(pieces[static_cast<size_t>(r)].data()), false);
   EXPECT_EQ(joined, full);
 }

@@ -17,6 +17,7 @@
 #include "partitioner/compile_pipeline.h"
 #include "partitioner/tensor_parallel.h"
 #include "passes/make_training.h"
+#include "plan/pieces.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
 #include "runtime/pipeline_runner.h"
@@ -393,7 +394,7 @@ TEST(CudaAllToAll, BlockCopiesMatchTheCpuRunnersPieces) {
       ++checked;
       const TensorType &in = plan.graph.tensor(node.inputs[0]).type;
       const TensorType &out = plan.graph.tensor(node.outputs[0]).type;
-      auto layout = partitioner::all_to_all_layout(node, in, out, tp);
+      auto layout = plan::all_to_all_layout(node, in, out, tp);
       ASSERT_TRUE(layout.is_ok()) << layout.status().message();
       const auto parts = static_cast<size_t>(tp);
       const size_t bytes = static_cast<size_t>(in.size_bytes()), element = dtype_size(in.dtype);
@@ -419,9 +420,9 @@ TEST(CudaAllToAll, BlockCopiesMatchTheCpuRunnersPieces) {
       for (size_t r = 0; r < parts; ++r)
         for (size_t j = 0; j < parts; ++j) {
           std::vector<std::byte> block(layout->block);
-          partitioner::copy_piece(cut, tp, static_cast<int>(r), element, inputs[j].data(),
+          plan::copy_piece(cut, tp, static_cast<int>(r), element, inputs[j].data(),
                                   block.data(), true);
-          partitioner::copy_piece(place, tp, static_cast<int>(j), element, expected[r].data(),
+          plan::copy_piece(place, tp, static_cast<int>(j), element, expected[r].data(),
                                   block.data(), false);
         }
       // The CUDA runners: 2-D copies of (rows, run) blocks through staging.
@@ -430,7 +431,7 @@ TEST(CudaAllToAll, BlockCopiesMatchTheCpuRunnersPieces) {
         for (size_t row = 0; row < rows; ++row)
           std::memcpy(to + row * to_pitch, from + row * from_pitch, width);
       };
-      const partitioner::PieceLayout &c = layout->cut, &pl = layout->place;
+      const plan::PieceLayout &c = layout->cut, &pl = layout->place;
       std::vector<std::vector<std::byte>> staging(parts, std::vector<std::byte>(bytes)),
           got(parts, std::vector<std::byte>(bytes));
       for (size_t m = 0; m < parts; ++m)

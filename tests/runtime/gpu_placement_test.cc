@@ -16,6 +16,7 @@
 #include "partitioner/pipeline.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/make_training.h"
+#include "plan/instructions.h"
 #include "runtime/gpu_placement.h"
 #include "tools/zoo.h"
 
@@ -320,7 +321,7 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       ASSERT_EQ(launch.parts.size(), 1u);
       const int d = launch.parts[0].device;
       if (first.kind == InstrKind::kSend)
-        ++unreceived[{d, first.peer, partitioner::transfer_tag(first.index, first.microbatch)}];
+        ++unreceived[{d, first.peer, plan::transfer_tag(first.index, first.microbatch)}];
       if (first.kind == InstrKind::kWaitBucket) {
         EXPECT_TRUE(reduced.contains({d, first.index}))
             << "device " << d << " waits for bucket " << first.index << " before its reduction";
@@ -328,7 +329,7 @@ TEST(GpuLaunchOrder, KeepsEveryDevicesOrderAndEnqueuesNothingBeforeItsCause) {
       if (first.kind == InstrKind::kRecv) {
         ++receives;
         int &sent =
-            unreceived[{first.peer, d, partitioner::transfer_tag(first.index, first.microbatch)}];
+            unreceived[{first.peer, d, plan::transfer_tag(first.index, first.microbatch)}];
         EXPECT_GT(sent, 0) << "device " << d << " receives before the send is enqueued";
         --sent;
       }

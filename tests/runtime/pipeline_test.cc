@@ -22,6 +22,8 @@
 #include "ops/registry.h"
 #include "partitioner/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
+#include "plan/memory.h"
+#include "plan/pieces.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/projection_softmax.h"
@@ -292,7 +294,7 @@ TEST_F(PipelineTest, GptWithAdamWAndClippingMatchesOneDevice) {
   EXPECT_EQ(plan->graph.node(*clip).op, "NormScale");
   EXPECT_EQ(plan->graph.node(*clip).inputs.size(), 4u);
   for (const auto &row :
-       partitioner::explain_transfers(plan->graph, plan->programs, {}, partitioner::zero_costs()))
+       partitioner::explain_transfers(plan->graph, plan->programs, {}, plan::zero_costs()))
     if (row.why.starts_with("once per step")) {
       EXPECT_LE(row.bytes, 8) << plan->graph.tensor(row.tensor).name;
     }
@@ -353,7 +355,7 @@ TEST_F(PipelineTest, ZeroOneMatchesDataParallelBitwiseWithLessState) {
       size_t sharded_tensors = 0;
       for (size_t d = 0; d < sharded->programs.size(); ++d) {
         sharded_tensors += sharded->programs[d].sharded_holds.size();
-        EXPECT_LT(partitioner::device_memory(*sharded, d), partitioner::device_memory(*plain, d))
+        EXPECT_LT(plan::device_memory(*sharded, d), plan::device_memory(*plain, d))
             << forward.name() << " " << optimizer << " device " << d;
       }
       EXPECT_GT(sharded_tensors, 0u);
@@ -707,7 +709,7 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   auto broken = plan->programs;
   auto &instrs = broken[1].instructions;
   instrs.erase(std::find_if(instrs.begin(), instrs.end(), is_all_reduce));
-  Status status = partitioner::check_deadlock(plan->graph, broken, plan->pipeline->groups);
+  Status status = plan::check_deadlock(plan->graph, broken, plan->pipeline->groups);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("mismatched collective: device 1 instruction"), std::string::npos)
       << status.message();
@@ -718,7 +720,7 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   broken = plan->programs;
   auto &last = broken[1].instructions;
   last.erase(std::find_if(last.rbegin(), last.rend(), is_all_reduce).base() - 1);
-  status = partitioner::check_deadlock(plan->graph, broken, plan->pipeline->groups);
+  status = plan::check_deadlock(plan->graph, broken, plan->pipeline->groups);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("deadlock: device 0 instruction"), std::string::npos)
       << status.message();
@@ -823,7 +825,7 @@ TEST_F(PipelineTest, GradientBucketsArePredictedAndChecked) {
   auto &instrs = broken[1].instructions;
   instrs.erase(std::find_if(instrs.rbegin(), instrs.rend(), is_wait).base() - 1);
   instrs.erase(std::find_if(instrs.rbegin(), instrs.rend(), is_start).base() - 1);
-  Status status = partitioner::check_deadlock(bucketed->graph, broken, groups);
+  Status status = plan::check_deadlock(bucketed->graph, broken, groups);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("deadlock: device 0 instruction"), std::string::npos)
       << status.message();
@@ -836,7 +838,7 @@ TEST_F(PipelineTest, GradientBucketsArePredictedAndChecked) {
   broken = bucketed->programs;
   broken[1].instructions.erase(
       std::find_if(broken[1].instructions.begin(), broken[1].instructions.end(), is_start));
-  status = partitioner::check_deadlock(bucketed->graph, broken, groups);
+  status = plan::check_deadlock(bucketed->graph, broken, groups);
   ASSERT_FALSE(status.is_ok());
   EXPECT_TRUE(status.message().find("mismatched gradient bucket") != std::string::npos ||
               status.message().find("waits for a bucket it never started") != std::string::npos)
@@ -897,13 +899,13 @@ TEST_F(PipelineTest, OneFOneBNeedsLessMemoryThanGPipe) {
 TEST_F(PipelineTest, ScheduleShapes) {
   auto plan = compile(mlp(), training(), 4, 8, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  auto phases = *partitioner::analyze_phases(plan->graph, 8);
+  auto phases = *plan::analyze_phases(plan->graph, 8);
   // The sequence of (forward?, micro-batch) blocks device d runs.
   for (int d = 0; d < 4; ++d) {
     std::vector<std::pair<bool, int>> blocks;
     for (const auto &instr : plan->programs[static_cast<size_t>(d)].instructions) {
       if (instr.kind != serialization::InstrKind::kCompute || instr.microbatch < 0) continue;
-      const bool forward = phases.node_phase[instr.index] == partitioner::Phase::kForward;
+      const bool forward = phases.node_phase[instr.index] == plan::Phase::kForward;
       if (blocks.empty() || blocks.back() != std::pair{forward, instr.microbatch})
         blocks.push_back({forward, instr.microbatch});
     }
@@ -929,7 +931,7 @@ TEST_F(PipelineTest, ScheduleShapes) {
 TEST_F(PipelineTest, DeadlockCheckNamesBothSides) {
   auto plan = compile(mlp(), training(), 2, 2, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  ASSERT_TRUE(partitioner::check_deadlock(plan->graph, plan->programs).is_ok());
+  ASSERT_TRUE(plan::check_deadlock(plan->graph, plan->programs).is_ok());
 
   // Device 0 sends its first activation only at the very end: device 1 waits
   // for it while device 0 waits for a gradient device 1 cannot produce.
@@ -941,7 +943,7 @@ TEST_F(PipelineTest, DeadlockCheckNamesBothSides) {
   auto moved = *send;
   instrs.erase(send);
   instrs.push_back(moved);
-  Status status = partitioner::check_deadlock(plan->graph, broken);
+  Status status = plan::check_deadlock(plan->graph, broken);
   ASSERT_FALSE(status.is_ok());
   // Device 0 waits for a gradient from device 1, which waits for the activation
   // device 0 now sends last. The report follows the waits to device 1's receive
@@ -959,7 +961,7 @@ TEST_F(PipelineTest, DeadlockCheckNamesBothSides) {
   // Programs out of device order are refused, not run against the wrong peers.
   auto swapped = plan->programs;
   std::swap(swapped[0], swapped[1]);
-  status = partitioner::check_deadlock(plan->graph, swapped);
+  status = plan::check_deadlock(plan->graph, swapped);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("device order"), std::string::npos) << status.message();
   auto reordered = *plan;
@@ -986,7 +988,7 @@ TEST_F(PipelineTest, DeadlockCheckNamesBothSides) {
     kept.push_back(i);
   }
   recvs = kept;
-  status = partitioner::check_deadlock(plan->graph, broken);
+  status = plan::check_deadlock(plan->graph, broken);
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("is never received by device 1"), std::string::npos)
       << status.message();
@@ -1207,13 +1209,13 @@ TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
 TEST_F(PipelineTest, InterleavedRunsMegatronsOrder) {
   auto plan = compile_interleaved(gpt(), 2, 2, 4);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  auto phases = partitioner::analyze_phases(plan->graph, 4);
+  auto phases = plan::analyze_phases(plan->graph, 4);
   ASSERT_TRUE(phases.is_ok());
   auto blocks = [&](int device) {
     std::vector<std::string> out;
     for (const auto &instr : plan->programs[static_cast<size_t>(device)].instructions) {
       if (instr.kind != serialization::InstrKind::kCompute || instr.microbatch < 0) continue;
-      const bool backward = phases->node_phase[instr.index] == partitioner::Phase::kBackward;
+      const bool backward = phases->node_phase[instr.index] == plan::Phase::kBackward;
       const std::string block = str_cat(backward ? "B" : "F", instr.microbatch, "c",
                                         plan->pipeline->node_stage[instr.index] / 2);
       if (out.empty() || out.back() != block) out.push_back(block);
@@ -1288,7 +1290,7 @@ TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
   ASSERT_TRUE(fits.is_ok()) << fits.status().message();
   int64_t most = 0;
   for (size_t d = 0; d < fits->programs.size(); ++d)
-    most = std::max(most, partitioner::device_memory(*fits, d));
+    most = std::max(most, plan::device_memory(*fits, d));
   partitioner::ClusterSpec small = partitioner::default_cpu_cluster(2);
   small.device.memory_bytes = most * 3 / 4;
   pipeline.cluster = small;
@@ -1312,7 +1314,7 @@ TEST_F(PipelineTest, TransfersAreExplained) {
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B);
   ASSERT_TRUE(plan.is_ok()) << plan.status().message();
   const auto rows =
-      partitioner::explain_transfers(plan->graph, plan->programs, {}, partitioner::zero_costs());
+      partitioner::explain_transfers(plan->graph, plan->programs, {}, plan::zero_costs());
   int activations = 0, gradients = 0, copies = 0, per_step = 0;
   for (const auto &row : rows) {
     const std::string &name = plan->graph.tensor(row.tensor).name;

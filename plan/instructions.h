@@ -1,0 +1,49 @@
+// What a pipeline plan's instructions mean, for everyone who reads a plan:
+// the compiler that writes it, the runtime that executes it, and the tools
+// that show it. Nothing here compiles or runs anything.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "serialization/plan_io.h"
+
+namespace strata::plan {
+
+// The send/recv tag of buffer (tensor, micro-batch): unique within a step.
+uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
+// The tag of the point-to-point messages a collective instruction runs over
+// (a ring or tree algorithm): the top bit set, so it never meets a transfer
+// tag; each tensor is reduced or gathered at most once per step per group.
+uint64_t collective_tag(const serialization::PlanInstruction &instr);
+
+// Instructions that run over a group of devices (peer = the group's index).
+bool is_grouped(serialization::InstrKind kind);
+// StartBucket and WaitBucket.
+bool is_bucket(serialization::InstrKind kind);
+// The grouped instructions every member must reach together (AllReduce,
+// ReduceScatter, AllGather).
+bool is_collective(serialization::InstrKind kind);
+
+// "mb 3", or "step" for -1.
+std::string microbatch_text(int32_t microbatch);
+// "compute 'layer0.fc1' mb 3", "send 'h' mb 2 to device 1", ... for messages.
+std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
+
+// The accumulated tensors an instruction sums over its group: the tensor of an
+// AllReduce or ReduceScatter, a StartBucket's bucket; none for others.
+std::vector<TensorId> reduced_tensors(const serialization::PlanProgram &program,
+                                      const serialization::PlanInstruction &instr);
+
+// Each node's model chunk (its virtual stage / stages) for an interleaved
+// plan; empty for the other schedules.
+std::vector<int32_t> node_chunks(const serialization::PlanPipeline &pipeline);
+
+// What device `device` of a pipeline plan runs, for messages and traces:
+// "stage 2", "stage 1 replica 0", "stages 1, 5" (interleaved), with
+// " member 1" in a tensor-parallel group.
+std::string device_role(const serialization::PlanPipeline &pipeline, int64_t device);
+
+} // namespace strata::plan
