@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "plan/trace.h"
+#include "runtime/core/issue.h"
+#include "runtime/device_clock.h"
 #include "runtime/device_world.h"
 #include "runtime/local_communicator.h"
 #include "runtime/step_runner.h"
@@ -68,7 +70,7 @@ public:
                                                         const PipelineRunnerOptions &options = {});
   ~PipelineRunner() override;
 
-  const Graph &graph() const override { return graph_; }
+  const Graph &graph() const override { return plan_->graph(); }
   std::vector<TensorType> batch_types() const override;
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
   // From the first device holding the tensor.
@@ -83,10 +85,10 @@ public:
   Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
   ProcessGroup *processes() const override { return world_->processes(); }
 
-  int num_devices() const { return static_cast<int>(programs_.size()); }
-  int microbatches() const { return microbatches_; }
-  int data_parallel() const { return data_parallel_; }
-  int tensor_parallel() const { return tensor_parallel_; }
+  int num_devices() const { return plan_->num_devices(); }
+  int microbatches() const { return plan_->microbatches(); }
+  int data_parallel() const { return plan_->data_parallel(); }
+  int tensor_parallel() const { return plan_->tensor_parallel(); }
   // Whether `device` runs in this process.
   bool is_local(int device) const { return world_->is_local(device); }
   // Peak activation bytes of each device (its arena).
@@ -104,40 +106,32 @@ public:
 private:
   PipelineRunner() = default;
   struct Device;
-  Graph graph_;
-  int microbatches_ = 1;
-  int data_parallel_ = 1;
-  int tensor_parallel_ = 1;
-  int tp_groups_begin_ = -1;
-  // Tensor parallelism: tensors every member holds a piece of, by id.
-  std::map<TensorId, serialization::PlanShard> tp_shards_;
-  std::vector<serialization::PlanProgram> programs_;
-  serialization::PlanPipeline pipeline_; // the plan's (device roles, chunks)
-  std::vector<std::vector<int32_t>> groups_;
-  std::vector<std::unique_ptr<Device>> devices_;
+  // One step on device `rank`'s thread.
+  Status run_device(int rank, Communicator &comm, Communicator *side, int64_t step,
+                    llvm::ArrayRef<HostTensor> inputs);
+  Status run_program(Device &device, core::Transport &transport, DeviceClock *clock, int64_t step);
+  std::optional<HostTensor> read(int device, TensorId id) const;
+
+  std::unique_ptr<const core::PipelinePlan> plan_;
+  std::vector<std::unique_ptr<Device>> devices_; // by plan device; null where run elsewhere
   PipelineRunnerOptions options_;
   std::shared_ptr<DeviceWorld> world_;
   bool all_local_ = true;
   int64_t steps_run_ = 0;
   bool failed_ = false;
   std::chrono::steady_clock::time_point epoch_;
-  double device_time_ = 0; // device clock: where the last step ended
+  // The device clock: where the last step ended, its length, and the
+  // exchanges the devices' (and their streams') clocked communicators share.
+  double device_time_ = 0;
   double device_step_ = 0;
+  std::unique_ptr<ClockExchange> exchange_, side_exchange_;
+  std::vector<double> device_ends_;
   std::vector<std::vector<plan::TraceSpan>> spans_;
   // ZeRO-1 shards and tensor-parallel pieces put together by value().
   mutable std::map<TensorId, HostTensor> assembled_;
-  // Device `device`'s whole (ZeRO-1 shards joined) copy of tensor `id`.
-  HostTensor local_whole(const Device &device, TensorId id) const;
-  int first_holder(TensorId id) const;
-  // Per graph output: the device and buffer it is read from after a step.
-  struct OutputSource {
-    int device = 0;
-    const std::byte *data = nullptr; // on a local device, else null
-  };
   // Over several processes, each local device's copy of the outputs after a
   // step (broadcast from the devices that hold them).
   std::vector<std::vector<HostTensor>> output_copies_;
-  std::vector<OutputSource> outputs_;
 };
 
 } // namespace strata::runtime

@@ -1,0 +1,210 @@
+#include "runtime/cpu/comm_transport.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/collectives.h"
+
+namespace strata::runtime {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point epoch) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+}
+
+} // namespace
+
+CommStream::CommStream(Communicator &side, Communicator &main, size_t tasks,
+                       std::chrono::steady_clock::time_point epoch, DeviceClock *clock,
+                       double clock_start)
+    : side_(side), main_(main), done_(tasks, 0), done_at_(tasks, 0.0), epoch_(epoch), clock_(clock),
+      clock_start_(clock_start), thread_([this] { loop(); }) {}
+
+void CommStream::start(std::function<Status(Communicator &)> work, uint32_t index,
+                       uint32_t instruction, double ready) {
+  std::lock_guard lock(mutex_);
+  queue_.push_back([work = std::move(work), this, index, instruction, ready] {
+    const double begin = clock_ ? clock_->join(ready) : seconds_since(epoch_);
+    Status status = work(side_);
+    const double end = clock_ ? clock_->now() : seconds_since(epoch_);
+    std::lock_guard done_lock(mutex_);
+    if (!status.is_ok() && error_.is_ok()) error_ = status;
+    done_[index] = 1;
+    done_at_[index] = end;
+    spans_.push_back({instruction, begin, end});
+  });
+  wake_.notify_all();
+}
+
+double CommStream::done_at(uint32_t index) {
+  std::lock_guard lock(mutex_);
+  return done_at_[index];
+}
+
+Status CommStream::wait(uint32_t index, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!wake_.wait_for(lock, timeout, [&] { return done_[index] != 0 || !error_.is_ok(); }))
+    return deadline_exceeded("the gradient bucket was not reduced within ", timeout.count(), " ms");
+  return error_;
+}
+
+void CommStream::stop(const Status &why) {
+  if (!thread_.joinable()) return;
+  if (!why.is_ok()) side_.abort(why);
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  thread_.join();
+}
+
+void CommStream::loop() {
+  if (clock_) clock_->start(clock_start_);
+  std::unique_lock lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    auto task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+    if (!error_.is_ok() && !aborted_) {
+      aborted_ = true;
+      const Status error = error_;
+      lock.unlock();
+      main_.abort(error);
+      lock.lock();
+    }
+    wake_.notify_all();
+  }
+}
+
+CommTransport::CommTransport(const core::PipelinePlan &plan, Communicator &comm, CommStream *stream,
+                             DeviceClock *clock, std::chrono::milliseconds backstop,
+                             std::vector<float> &staging)
+    : plan_(plan), comm_(comm), stream_(stream), clock_(clock), backstop_(backstop),
+      staging_(staging) {}
+
+Status CommTransport::send(int, const core::Op &op) {
+  return comm_.send(op.data, op.bytes, op.peer, op.tag, op.what);
+}
+
+Status CommTransport::recv(int, const core::Op &op) {
+  return comm_.recv(op.data, op.bytes, op.peer, op.tag, op.what);
+}
+
+Status CommTransport::all_reduce(llvm::ArrayRef<core::Member> members, size_t count,
+                                 const core::Collective &call) {
+  const core::Member &me = members[0];
+  auto *out = static_cast<float *>(me.out);
+  if (count > 0 && me.in != me.out) std::memcpy(out, me.in, count * sizeof(float));
+  const std::span<float> data(out, count);
+  const Group &group = plan_.group(call.group);
+  return call.algo ? algo_all_reduce(comm_, data, group, *call.algo, call.tag, call.what)
+                   : comm_.all_reduce(data, group, call.what);
+}
+
+Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_t count,
+                                     const core::Collective &call) {
+  const core::Member &me = members[0];
+  const Group &group = plan_.group(call.group);
+  // The algorithms work in place: the whole tensor in, this member's chunk
+  // of it out (the rest is scratch).
+  if (call.algo)
+    return algo_reduce_scatter(
+        comm_,
+        std::span<float>(static_cast<float *>(me.out) -
+                             count / group.size() * plan_.position(call.group, me.device),
+                         count),
+        group, *call.algo, call.tag, call.what);
+  return comm_.reduce_scatter(std::span<const float>(static_cast<const float *>(me.in), count),
+                              std::span<float>(static_cast<float *>(me.out), count / group.size()),
+                              group, call.what);
+}
+
+Status CommTransport::all_gather(llvm::ArrayRef<core::Member> members, size_t bytes,
+                                 const core::Collective &call) {
+  const core::Member &me = members[0];
+  const Group &group = plan_.group(call.group);
+  if (call.algo) // in place: the whole tensor with this member's shard filled in
+    return algo_all_gather(
+        comm_, std::span<float>(static_cast<float *>(me.out), bytes * group.size() / sizeof(float)),
+        group, call.tag, call.what);
+  return comm_.all_gather(me.in, bytes, me.out, group, call.what);
+}
+
+Status CommTransport::all_to_all(llvm::ArrayRef<core::Member> members, size_t block,
+                                 const core::Collective &call) {
+  const core::Member &me = members[0];
+  const Group &group = plan_.group(call.group);
+  const size_t r = plan_.position(call.group, me.device);
+  const auto *outgoing = static_cast<const std::byte *>(me.in);
+  auto *incoming = static_cast<std::byte *>(me.out);
+  // Sends copy, so every send goes before the receives.
+  for (size_t j = 0; j < group.size(); ++j)
+    if (j != r)
+      RETURN_IF_ERROR(comm_.send(outgoing + j * block, block, group[j], call.tag, call.what));
+  if (block > 0) std::memcpy(incoming + r * block, outgoing + r * block, block);
+  for (size_t j = 0; j < group.size(); ++j)
+    if (j != r)
+      RETURN_IF_ERROR(comm_.recv(incoming + j * block, block, group[j], call.tag, call.what));
+  return Status::ok();
+}
+
+Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
+  const Group &group = plan_.group(bucket.group);
+  const size_t p = group.size();
+  float *packed = staging_.data();
+  // Chunk c of every part and where it sits in the packed bucket.
+  auto each_piece = [&](size_t c, auto &&fn) {
+    size_t at = bucket.chunks[c];
+    for (const std::span<float> &part : bucket.parts) {
+      const size_t begin = chunk_begin(part.size(), p, c), end = chunk_begin(part.size(), p, c + 1);
+      fn(part.data() + begin, end - begin, packed + at);
+      at += end - begin;
+    }
+  };
+  for (size_t c = 0; c < p; ++c)
+    each_piece(c, [](const float *from, size_t n, float *to) { std::copy(from, from + n, to); });
+  const std::span<float> all(packed, bucket.packed());
+  const std::optional<CollectiveAlgo> algo = plan_.algorithm(bucket.group);
+  const size_t mine = bucket.position;
+  Status status = Status::ok();
+  if (!bucket.reduce_scatter)
+    status = algo ? algo_all_reduce(comm, all, group, *algo, bucket.tag, bucket.what, bucket.chunks)
+                  : comm.all_reduce(all, group, bucket.what);
+  else if (algo)
+    status = algo_reduce_scatter(comm, all, group, *algo, bucket.tag, bucket.what, bucket.chunks);
+  else
+    status = comm.reduce_scatter(all,
+                                 std::span<float>(packed + bucket.chunks[mine],
+                                                  bucket.chunks[mine + 1] - bucket.chunks[mine]),
+                                 group, bucket.what);
+  RETURN_IF_ERROR(status);
+  // An all-reduce's every chunk, a reduce-scatter's own (its shard of each tensor).
+  for (size_t c = 0; c < p; ++c)
+    if (!bucket.reduce_scatter || c == mine)
+      each_piece(c, [](float *to, size_t n, const float *from) { std::copy(from, from + n, to); });
+  return Status::ok();
+}
+
+Status CommTransport::start_bucket(int, uint32_t index, const core::Bucket &bucket,
+                                   size_t instruction) {
+  if (stream_ == nullptr) return reduce(comm_, bucket);
+  stream_->start([this, &bucket](Communicator &side) { return reduce(side, bucket); }, index,
+                 static_cast<uint32_t>(instruction), clock_ ? clock_->now() : 0);
+  return Status::ok();
+}
+
+Status CommTransport::wait_bucket(int, uint32_t index, const core::Bucket &, size_t) {
+  if (clock_ != nullptr) clock_->now(); // the work before the wait
+  if (stream_ == nullptr) return Status::ok();
+  RETURN_IF_ERROR(stream_->wait(index, backstop_));
+  if (clock_ != nullptr) clock_->join(stream_->done_at(index));
+  return Status::ok();
+}
+
+} // namespace strata::runtime
