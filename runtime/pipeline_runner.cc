@@ -112,7 +112,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
       if (!value.is_ok()) return value.status().with_context(str_cat("device ", d));
       device->weights.emplace(id, std::move(value).value());
     }
-    device->staging.resize(static_cast<size_t>(core::collective_staging_bytes(p, d)));
+    device->staging.resize(static_cast<size_t>(core::collective_staging_bytes(p, d, false)));
     core::DeviceMemory memory;
     memory.arena = device->arena->mutable_data();
     memory.held = [&weights = device->weights](TensorId id) -> std::byte * {

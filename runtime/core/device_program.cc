@@ -308,7 +308,7 @@ Status Resolver::outputs() {
 
 } // namespace
 
-int64_t collective_staging_bytes(const PipelinePlan &plan, int device) {
+int64_t collective_staging_bytes(const PipelinePlan &plan, int device, bool strided) {
   const Graph &g = plan.graph();
   int64_t need = 0;
   for (const PlanInstruction &instr : plan.program(device).instructions) {
@@ -319,11 +319,11 @@ int64_t collective_staging_bytes(const PipelinePlan &plan, int device) {
     auto bytes = [&](TensorId t) { return g.tensor(t).type.size_bytes(); };
     switch (ops::collective_of(node.op)) {
     case ops::Collective::kAllGather:
-      if (plan::piece_layout(node, g.tensor(node.inputs[0]).type).rows > 1)
+      if (!strided && plan::piece_layout(node, g.tensor(node.inputs[0]).type).rows > 1)
         need = std::max(need, bytes(node.outputs[0]));
       break;
     case ops::Collective::kReduceScatter:
-      if (plan::piece_layout(node, g.tensor(node.outputs[0]).type).rows > 1)
+      if (!strided && plan::piece_layout(node, g.tensor(node.outputs[0]).type).rows > 1)
         need = std::max(need, bytes(node.inputs[0]));
       break;
     case ops::Collective::kAllToAll: need = std::max(need, 2 * bytes(node.inputs[0])); break;

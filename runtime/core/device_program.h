@@ -102,10 +102,11 @@ struct DeviceMemory {
   std::byte *staging = nullptr;              // collective_staging_bytes of it
 };
 
-// The staging a device's tensor-parallel collectives need: where an
-// all-gather lands and a reduce-scatter packs pieces laid out in column
-// blocks, and an all-to-all's outgoing and incoming blocks.
-int64_t collective_staging_bytes(const PipelinePlan &plan, int device);
+// The staging a device's tensor-parallel collectives need: an all-to-all's
+// outgoing and incoming blocks, and unless its transport moves column
+// blocks in place (`strided`), where an all-gather lands and a
+// reduce-scatter packs pieces laid out in column blocks.
+int64_t collective_staging_bytes(const PipelinePlan &plan, int device, bool strided);
 
 // Errors name the device and instruction: a buffer the plan does not place,
 // a group or bucket that does not exist, what is not built yet (non-f32

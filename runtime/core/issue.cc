@@ -21,8 +21,8 @@ Status Issuer::issue(llvm::ArrayRef<Part> parts, bool reduce) {
     status = first.collective == ops::Collective::kNone ? device.run_node(lead.instruction)
                                                         : tensor_parallel(parts);
     break;
-  case InstrKind::kSend: status = transport_.send(lead.device, first); break;
-  case InstrKind::kRecv: status = transport_.recv(lead.device, first); break;
+  case InstrKind::kSend: status = transport_.send(lead, first); break;
+  case InstrKind::kRecv: status = transport_.recv(lead, first); break;
   case InstrKind::kAccumulate:
     status = first.first ? device.copy(first.data, first.source, first.bytes)
                          : device.accumulate(reinterpret_cast<float *>(first.data),
@@ -61,9 +61,11 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
     auto *full = reinterpret_cast<float *>(o.data);
     float *mine = full + chunk * o.position;
     switch (o.kind) {
-    case InstrKind::kAllReduce: members.push_back({part.device, full, full}); break;
-    case InstrKind::kReduceScatter: members.push_back({part.device, full, mine}); break;
-    default: members.push_back({part.device, mine, full}); break;
+    case InstrKind::kAllReduce: members.push_back({part.device, part.instruction, full, full}); break;
+    case InstrKind::kReduceScatter:
+      members.push_back({part.device, part.instruction, full, mine});
+      break;
+    default: members.push_back({part.device, part.instruction, mine, full}); break;
     }
   }
   const Collective call{first.group, plan_.algorithm(first.group), first.tag, first.what};
@@ -94,7 +96,8 @@ Status Issuer::tensor_parallel(llvm::ArrayRef<Part> parts) {
   case ops::Collective::kAllReduce: {
     std::vector<Member> members;
     for (const Part &part : parts)
-      members.push_back({part.device, op(part).inputs[0].data, op(part).outputs[0].data});
+      members.push_back(
+          {part.device, part.instruction, op(part).inputs[0].data, op(part).outputs[0].data});
     return transport_.all_reduce(members, static_cast<size_t>(first.inputs[0].type->num_elements()),
                                  call);
   }
@@ -105,52 +108,60 @@ Status Issuer::tensor_parallel(llvm::ArrayRef<Part> parts) {
   return internal_error("not a tensor-parallel node");
 }
 
-// Member r's piece is column block r of every row of the output: the
-// pieces are gathered one after another, then each row interleaves them
-// (where a piece is one row, the gathered pieces are the output).
+// Member r's piece is column block r of every row of the output: where the
+// transport cannot place blocks itself, the pieces are gathered one after
+// another, then each row interleaves them (where a piece is one row, the
+// gathered pieces are the output).
 Status Issuer::all_gather_pieces(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
   const size_t bytes = static_cast<size_t>(first.inputs[0].type->size_bytes());
-  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows, run = first.piece.run;
+  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows,
+               run = first.piece.run;
   const Collective call{first.group, std::nullopt, first.tag, first.what};
+  const bool staged = rows > 1 && !transport_.strided(first.group);
   std::vector<Member> members;
   for (const Part &part : parts)
-    members.push_back({part.device, op(part).inputs[0].data,
-                       rows == 1 ? op(part).outputs[0].data : staging(part.device)});
-  RETURN_IF_ERROR(transport_.all_gather(members, bytes, call));
-  if (rows == 1) return Status::ok();
+    members.push_back({part.device, part.instruction, op(part).inputs[0].data,
+                       staged ? staging(part.device) : op(part).outputs[0].data});
+  RETURN_IF_ERROR(transport_.all_gather(members, bytes, call,
+                                        rows > 1 && !staged ? &first.piece : nullptr));
+  if (!staged) return Status::ok();
   for (const Part &part : parts) {
     auto *out = static_cast<std::byte *>(op(part).outputs[0].data);
     for (size_t r = 0; r < p; ++r)
-      RETURN_IF_ERROR(
-          backend(part.device)
-              .copy_rows(out + r * run, p * run, staging(part.device) + r * bytes, run, run, rows));
+      RETURN_IF_ERROR(backend(part.device)
+                          .copy_rows(out + r * run, p * run, staging(part.device) + r * bytes,
+                                     run, run, rows));
   }
   return Status::ok();
 }
 
-// Member m gets the sum of column block m: each member's blocks are laid
-// out one after another first (where a block is one row, they already are).
+// Member m gets the sum of column block m: where the transport cannot read
+// blocks itself, each member's blocks are laid out one after another first
+// (where a block is one row, they already are).
 Status Issuer::reduce_scatter_pieces(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
   const size_t count = static_cast<size_t>(first.inputs[0].type->num_elements());
-  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows, run = first.piece.run,
-               piece = rows * run;
+  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows,
+               run = first.piece.run, piece = rows * run;
   const Collective call{first.group, std::nullopt, first.tag, first.what};
+  const bool staged = rows > 1 && !transport_.strided(first.group);
   std::vector<Member> members;
   for (const Part &part : parts) {
     const auto *in = static_cast<const std::byte *>(op(part).inputs[0].data);
-    if (rows == 1) {
-      members.push_back({part.device, in, op(part).outputs[0].data});
+    if (!staged) {
+      members.push_back({part.device, part.instruction, in, op(part).outputs[0].data});
       continue;
     }
     for (size_t r = 0; r < p; ++r)
-      RETURN_IF_ERROR(
-          backend(part.device)
-              .copy_rows(staging(part.device) + r * piece, run, in + r * run, p * run, run, rows));
-    members.push_back({part.device, staging(part.device), op(part).outputs[0].data});
+      RETURN_IF_ERROR(backend(part.device)
+                          .copy_rows(staging(part.device) + r * piece, run, in + r * run, p * run,
+                                     run, rows));
+    members.push_back(
+        {part.device, part.instruction, staging(part.device), op(part).outputs[0].data});
   }
-  return transport_.reduce_scatter(members, count, call);
+  return transport_.reduce_scatter(members, count, call,
+                                   rows > 1 && !staged ? &first.piece : nullptr);
 }
 
 // Block j of a member's input (cut along `axis`) goes to member j; member
@@ -168,7 +179,7 @@ Status Issuer::all_to_all(llvm::ArrayRef<Part> parts) {
       RETURN_IF_ERROR(backend(part.device)
                           .copy_rows(outgoing + j * block, layout.cut.run, in + j * layout.cut.run,
                                      p * layout.cut.run, layout.cut.run, layout.cut.rows));
-    members.push_back({part.device, outgoing, outgoing + p * block});
+    members.push_back({part.device, part.instruction, outgoing, outgoing + p * block});
   }
   RETURN_IF_ERROR(transport_.all_to_all(members, block, call));
   for (const Part &part : parts) {

@@ -33,6 +33,12 @@
 
 namespace strata::runtime::core {
 
+// One instruction of one device.
+struct Part {
+  int device = 0;
+  size_t instruction = 0;
+};
+
 class DeviceBackend {
 public:
   virtual ~DeviceBackend() = default;
@@ -52,15 +58,10 @@ public:
   virtual Status update(size_t instruction) = 0;
 };
 
-// One instruction of one device.
-struct Part {
-  int device = 0;
-  size_t instruction = 0;
-};
-
-// One member's buffers in a collective.
+// One member's buffers in a collective, and its instruction.
 struct Member {
   int device = 0;
+  size_t instruction = 0;
   const void *in = nullptr;
   void *out = nullptr;
 };
@@ -77,10 +78,10 @@ struct Collective {
 class Transport {
 public:
   virtual ~Transport() = default;
-  // Op `op` of `device` (its data, bytes, peer and tag). A send may return
-  // before the peer receives: the message is copied out first.
-  virtual Status send(int device, const Op &op) = 0;
-  virtual Status recv(int device, const Op &op) = 0;
+  // Instruction `part` (its op's data, bytes, peer and tag). A send may
+  // return before the peer receives: the message is copied out first.
+  virtual Status send(const Part &part, const Op &op) = 0;
+  virtual Status recv(const Part &part, const Op &op) = 0;
   // f32 sums, each element in group order (as one device would add them):
   // every member's `out` receives the sum of the members' `in` (`count`
   // elements; in == out allowed).
@@ -88,13 +89,21 @@ public:
                             const Collective &call) = 0;
   // `in` holds `count` elements; the member at position m of the group
   // receives in `out` the sum of elements [m count / p, (m + 1) count / p).
-  // In place when out == in + that chunk.
+  // In place when out == in + that chunk. With `blocks` (only where
+  // strided() says so), `in` is [rows, p, run] and member m receives the sum
+  // of column block m instead.
   virtual Status reduce_scatter(llvm::ArrayRef<Member> members, size_t count,
-                                const Collective &call) = 0;
+                                const Collective &call,
+                                const plan::PieceLayout *blocks = nullptr) = 0;
   // Every member's `out` receives the members' `in` (`bytes` each) in group
-  // order. In place when in == out + position * bytes.
-  virtual Status all_gather(llvm::ArrayRef<Member> members, size_t bytes,
-                            const Collective &call) = 0;
+  // order. In place when in == out + position * bytes. With `blocks` (only
+  // where strided() says so), `out` is [rows, p, run] and member r's `in`
+  // its column block r.
+  virtual Status all_gather(llvm::ArrayRef<Member> members, size_t bytes, const Collective &call,
+                            const plan::PieceLayout *blocks = nullptr) = 0;
+  // Whether the collectives of `group` read and write column blocks in place
+  // (copies on one GPU); else the core stages them contiguously.
+  virtual bool strided(int group) const { return false; }
   // `in` holds p blocks of `block` bytes, block j for the member at position
   // j; `out` receives block j from the member at position j (its own too).
   virtual Status all_to_all(llvm::ArrayRef<Member> members, size_t block,

@@ -88,11 +88,11 @@ CommTransport::CommTransport(const core::PipelinePlan &plan, Communicator &comm,
     : plan_(plan), comm_(comm), stream_(stream), clock_(clock), backstop_(backstop),
       staging_(staging) {}
 
-Status CommTransport::send(int, const core::Op &op) {
+Status CommTransport::send(const core::Part &, const core::Op &op) {
   return comm_.send(op.data, op.bytes, op.peer, op.tag, op.what);
 }
 
-Status CommTransport::recv(int, const core::Op &op) {
+Status CommTransport::recv(const core::Part &, const core::Op &op) {
   return comm_.recv(op.data, op.bytes, op.peer, op.tag, op.what);
 }
 
@@ -108,7 +108,7 @@ Status CommTransport::all_reduce(llvm::ArrayRef<core::Member> members, size_t co
 }
 
 Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_t count,
-                                     const core::Collective &call) {
+                                     const core::Collective &call, const plan::PieceLayout *) {
   const core::Member &me = members[0];
   const Group &group = plan_.group(call.group);
   // The algorithms work in place: the whole tensor in, this member's chunk
@@ -126,7 +126,7 @@ Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_
 }
 
 Status CommTransport::all_gather(llvm::ArrayRef<core::Member> members, size_t bytes,
-                                 const core::Collective &call) {
+                                 const core::Collective &call, const plan::PieceLayout *) {
   const core::Member &me = members[0];
   const Group &group = plan_.group(call.group);
   if (call.algo) // in place: the whole tensor with this member's shard filled in

@@ -80,14 +80,14 @@ public:
                 DeviceClock *clock, std::chrono::milliseconds backstop,
                 std::vector<float> &staging);
 
-  Status send(int device, const core::Op &op) override;
-  Status recv(int device, const core::Op &op) override;
+  Status send(const core::Part &part, const core::Op &op) override;
+  Status recv(const core::Part &part, const core::Op &op) override;
   Status all_reduce(llvm::ArrayRef<core::Member> members, size_t count,
                     const core::Collective &call) override;
   Status reduce_scatter(llvm::ArrayRef<core::Member> members, size_t count,
-                        const core::Collective &call) override;
+                        const core::Collective &call, const plan::PieceLayout *blocks) override;
   Status all_gather(llvm::ArrayRef<core::Member> members, size_t bytes,
-                    const core::Collective &call) override;
+                    const core::Collective &call, const plan::PieceLayout *blocks) override;
   Status all_to_all(llvm::ArrayRef<core::Member> members, size_t block,
                     const core::Collective &call) override;
   Status start_bucket(int device, uint32_t index, const core::Bucket &bucket,
