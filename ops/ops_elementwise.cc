@@ -903,35 +903,54 @@ OpCost identity_cost(const Node &node, const OpDef &def, llvm::ArrayRef<TensorTy
 // ---------------------------------------------------------------------------
 // The table
 
-OpDef binary(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad) {
-  return OpDef{name, summary, 2, 2, {}, infer_binary_arith, nullptr, kernel, grad};
+// A map fused chains may hold, which micro-batching and tensor parallelism
+// split like its inputs.
+constexpr OpTraits kForwardMap{.elementwise = Elementwise::kFusable,
+                               .batch = BatchRule::kElementwise,
+                               .shard = ShardRule::kElementwise};
+
+OpDef binary(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad,
+             Linearity linearity = Linearity::kNone) {
+  OpDef def{name, summary, 2, 2, {}, infer_binary_arith, nullptr, kernel, grad};
+  def.traits = kForwardMap;
+  def.traits.linearity = linearity;
+  return def;
 }
 
 OpDef unary(std::string_view name, std::string_view summary, CpuKernelFn kernel, GradFn grad,
             InferFn infer = infer_float_unary) {
-  return OpDef{name, summary, 1, 1, {}, infer, nullptr, kernel, grad};
+  OpDef def{name, summary, 1, 1, {}, infer, nullptr, kernel, grad};
+  def.traits = kForwardMap;
+  return def;
 }
 
 // A backward helper: (dY, V) -> dX, 2 FLOPs-ish per element (default cost).
+// Fused chains hold it; only gradient rules add it.
 OpDef grad_pair(std::string_view name, std::string_view summary, CpuKernelFn kernel,
                 InferFn infer = infer_grad_pair) {
-  return OpDef{name, summary, 2, 2, {}, infer, nullptr, kernel, nullptr};
+  OpDef def{name, summary, 2, 2, {}, infer, nullptr, kernel, nullptr};
+  def.traits = {.elementwise = Elementwise::kFusable,
+                .batch = BatchRule::kNotForward,
+                .shard = ShardRule::kReplicated};
+  return def;
 }
 
 std::vector<OpDef> make_table() {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<OpDef> table;
-  table.push_back(
-      binary("Add", "C = A + B with NumPy broadcasting", binary_kernel<BinaryOp::kAdd>, add_grad));
-  table.push_back(
-      binary("Sub", "C = A - B with NumPy broadcasting", binary_kernel<BinaryOp::kSub>, sub_grad));
-  table.push_back(
-      binary("Mul", "C = A * B with NumPy broadcasting", binary_kernel<BinaryOp::kMul>, mul_grad));
+  table.push_back(binary("Add", "C = A + B with NumPy broadcasting", binary_kernel<BinaryOp::kAdd>,
+                         add_grad, Linearity::kJoint));
+  table.push_back(binary("Sub", "C = A - B with NumPy broadcasting", binary_kernel<BinaryOp::kSub>,
+                         sub_grad, Linearity::kJoint));
+  table.push_back(binary("Mul", "C = A * B with NumPy broadcasting", binary_kernel<BinaryOp::kMul>,
+                         mul_grad, Linearity::kEachInput));
   table.push_back(binary("Div", "C = A / B with NumPy broadcasting (integers truncate)",
-                         binary_kernel<BinaryOp::kDiv>, div_grad));
+                         binary_kernel<BinaryOp::kDiv>, div_grad, Linearity::kFirstInput));
   table.push_back(
       binary("Pow", "C = A ^ B with NumPy broadcasting", binary_kernel<BinaryOp::kPow>, pow_grad));
-  table.push_back(unary("Neg", "Y = -X", neg_kernel, neg_grad, infer_neg));
+  OpDef neg = unary("Neg", "Y = -X", neg_kernel, neg_grad, infer_neg);
+  neg.traits.linearity = Linearity::kJoint;
+  table.push_back(std::move(neg));
   table.push_back(OpDef{"Where",
                         "Y = X where the condition holds, else Z, broadcast together",
                         3,
@@ -941,6 +960,9 @@ std::vector<OpDef> make_table() {
                         nullptr,
                         where_kernel,
                         where_grad});
+  table.back().traits = {.elementwise = Elementwise::kUnfused,
+                         .batch = BatchRule::kElementwise,
+                         .shard = ShardRule::kElementwise};
   table.push_back(unary("Sqrt", "Y = sqrt(X)", sqrt_kernel, sqrt_grad));
   table.push_back(unary("Exp", "Y = e^X", exp_kernel, exp_grad));
   table.push_back(unary("Log", "Y = ln(X)", log_kernel, log_grad));
@@ -965,9 +987,12 @@ std::vector<OpDef> make_table() {
   OpDef cast = unary("Cast", "Y = X converted to dtype `to`", cast_kernel, cast_grad, infer_cast);
   cast.attrs = {
       {"to", AttrType::kString, std::nullopt, "target dtype: f32, f16, bf16, i32, i64 or bool"}};
+  cast.traits.elementwise = Elementwise::kUnfused;
   table.push_back(std::move(cast));
   OpDef identity = unary("Identity", "Y = X", identity_kernel, pass_through_grad, infer_same);
   identity.cost = identity_cost;
+  identity.traits.elementwise = Elementwise::kUnfused;
+  identity.traits.linearity = Linearity::kJoint;
   table.push_back(std::move(identity));
   OpDef dropout = unary("Dropout",
                         "Y = X at inference; in training, X masked by hash(seed, step, index) "
@@ -977,6 +1002,11 @@ std::vector<OpDef> make_table() {
   dropout.attrs = {{"ratio", AttrType::kFloat, AttrValue{0.5}, "probability of dropping"},
                    {"seed", AttrType::kInt, AttrValue{int64_t{0}}, "seed of the mask hash"},
                    {"training", AttrType::kInt, AttrValue{int64_t{0}}, "1 in training mode"}};
+  // A piece would draw another mask (keyed by the flat index): never sharded.
+  dropout.traits = {.elementwise = Elementwise::kUnfused,
+                    .batch = BatchRule::kDropout,
+                    .shard = ShardRule::kReplicated,
+                    .integer_inputs = 1u << 1}; // the step counter
   table.push_back(std::move(dropout));
 
   // Backward helpers.

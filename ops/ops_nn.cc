@@ -2147,7 +2147,28 @@ Status mse_loss_grad_rule(GradContext &c) {
 // ---------------------------------------------------------------------------
 // The table.
 
+// Labels (input k) pick a class of the logits just before them (input k - 1):
+// the last dim, whole (a member's piece of logits split by class over `parts`
+// members is one part of it).
+std::optional<int64_t> label_range(const Node &node, const OpDef &,
+                                   llvm::ArrayRef<TensorType> inputs, size_t input) {
+  assert(input > 0 && "labels follow their logits");
+  const TensorType &logits = inputs[input - 1];
+  if (logits.rank() == 0) return std::nullopt;
+  return logits.shape.back() * std::max<int64_t>(1, node.int_attr("parts").value_or(1));
+}
+
 std::vector<OpDef> make_table() {
+  constexpr OpTraits kPool{.batch = BatchRule::kPool, .shard = ShardRule::kPool};
+  // The vocabulary-parallel loss: tensor parallelism puts it in place of
+  // SoftmaxCrossEntropy, already split. Its shape inference keeps the batch out
+  // of the classes dim.
+  constexpr OpTraits kVocabParallel{.batch = BatchRule::kFollows,
+                                    .shard = ShardRule::kReplicated,
+                                    .integer_inputs = 1u << 1,
+                                    .index_range = label_range};
+  // Ops that gradient rules and make_training (BatchNormStats) add.
+  constexpr OpTraits kBackward{.batch = BatchRule::kNotForward, .shard = ShardRule::kReplicated};
   std::vector<OpDef> table;
   table.push_back(
       OpDef{"MatMul",
@@ -2161,6 +2182,7 @@ std::vector<OpDef> make_table() {
             matmul_cost,
             matmul_kernel,
             matmul_grad});
+  table.back().traits = {.batch = BatchRule::kFollows, .shard = ShardRule::kMatMul};
   table.push_back(
       OpDef{"Gemm",
             "Y = alpha * op(A) * op(B) + beta * C for matrices A, B; C broadcasts to [M, N]",
@@ -2173,6 +2195,7 @@ std::vector<OpDef> make_table() {
             gemm_cost,
             gemm_kernel,
             gemm_grad});
+  table.back().traits = {.batch = BatchRule::kFollows, .shard = ShardRule::kMatMul};
   table.push_back(
       OpDef{"LayerNorm",
             "normalizes X over dims [axis, rank) to mean 0 and variance 1, then scales and shifts",
@@ -2184,6 +2207,7 @@ std::vector<OpDef> make_table() {
             layer_norm_cost,
             layer_norm_kernel,
             layer_norm_grad});
+  table.back().traits = {.batch = BatchRule::kTrailingAxes, .shard = ShardRule::kNormalizeTrailing};
   table.push_back(
       OpDef{"Conv2d",
             "2-D convolution (cross-correlation) of X [N, C, H, W] with W [M, C/group, kH, kW], "
@@ -2198,6 +2222,7 @@ std::vector<OpDef> make_table() {
             conv_cost,
             conv_kernel,
             conv_grad});
+  table.back().traits = {.batch = BatchRule::kConv, .shard = ShardRule::kConv};
   table.push_back(OpDef{"MaxPool2d",
                         "maximum over sliding windows of X [N, C, H, W]; padding never wins",
                         1,
@@ -2211,6 +2236,7 @@ std::vector<OpDef> make_table() {
                         pool_cost,
                         pool_kernel<true>,
                         max_pool_grad});
+  table.back().traits = kPool;
   table.push_back(
       OpDef{"AveragePool2d",
             "mean over sliding windows of X [N, C, H, W]",
@@ -2225,6 +2251,7 @@ std::vector<OpDef> make_table() {
             pool_cost,
             pool_kernel<false>,
             average_pool_grad});
+  table.back().traits = kPool;
   table.push_back(OpDef{"GlobalAveragePool",
                         "mean of each [H, W] plane of X [N, C, H, W]: Y [N, C, 1, 1]",
                         1,
@@ -2234,6 +2261,7 @@ std::vector<OpDef> make_table() {
                         global_average_pool_cost,
                         global_average_pool_kernel,
                         global_average_pool_grad});
+  table.back().traits = kPool;
   table.push_back(
       OpDef{"BatchNormalization",
             "batch norm over dim 1: (X - mean) / sqrt(var + epsilon) * scale + bias; training = 1 "
@@ -2251,6 +2279,7 @@ std::vector<OpDef> make_table() {
             batch_norm_cost,
             batch_norm_kernel,
             batch_norm_grad});
+  table.back().traits = {.batch = BatchRule::kCombines, .shard = ShardRule::kReplicated};
   table.push_back(OpDef{"BatchNormStats",
                         "per-channel batch mean and unbiased variance of X [N, C, ...] over N and "
                         "the spatial dims, for BatchNormalization's running statistics",
@@ -2261,6 +2290,7 @@ std::vector<OpDef> make_table() {
                         batch_norm_stats_cost,
                         batch_norm_stats_kernel,
                         nullptr});
+  table.back().traits = kBackward;
   table.push_back(
       OpDef{"SoftmaxCrossEntropy",
             "cross entropy of softmax(logits) over the last dim against integer labels",
@@ -2272,6 +2302,10 @@ std::vector<OpDef> make_table() {
             softmax_cross_entropy_cost,
             softmax_cross_entropy_kernel,
             softmax_cross_entropy_grad_rule});
+  table.back().traits = {.batch = BatchRule::kClasses,
+                         .shard = ShardRule::kCrossEntropy,
+                         .integer_inputs = 1u << 1,
+                         .index_range = label_range};
   table.push_back(OpDef{"VocabParallelStats",
                         "per row of this member's piece of vocabulary-split logits: its max, "
                         "sum of exp(x - max) and the label's logit if the piece holds it (else 0)",
@@ -2282,6 +2316,7 @@ std::vector<OpDef> make_table() {
                         infer_vocab_parallel_stats,
                         softmax_cross_entropy_cost,
                         vocab_parallel_stats_kernel});
+  table.back().traits = kVocabParallel;
   table.push_back(
       OpDef{"VocabParallelCrossEntropy",
             "SoftmaxCrossEntropy of logits split over the group by their last dim, from every "
@@ -2295,6 +2330,7 @@ std::vector<OpDef> make_table() {
             nullptr,
             vocab_parallel_cross_entropy_kernel,
             vocab_parallel_cross_entropy_grad_rule});
+  table.back().traits = kVocabParallel;
   table.push_back(OpDef{"MseLoss",
                         "squared difference of prediction and target, reduced",
                         2,
@@ -2304,6 +2340,8 @@ std::vector<OpDef> make_table() {
                         mse_loss_cost,
                         mse_loss_kernel,
                         mse_loss_grad_rule});
+  // Prediction and target have one shape, so they carry the batch alike.
+  table.back().traits = {.batch = BatchRule::kFollows, .shard = ShardRule::kReplicated};
 
   // Backward ops, made by the gradient rules above.
   table.push_back(OpDef{"LayerNormGrad",
@@ -2315,6 +2353,7 @@ std::vector<OpDef> make_table() {
                         infer_layer_norm_grad,
                         layer_norm_grad_cost,
                         layer_norm_grad_kernel});
+  table.back().traits = kBackward;
   table.push_back(OpDef{"Conv2dGradInput",
                         "gradient of Conv2d with respect to X, from dY and W",
                         2,
@@ -2327,6 +2366,7 @@ std::vector<OpDef> make_table() {
                         infer_conv_grad<true>,
                         conv_grad_cost<true>,
                         conv_grad_kernel<true>});
+  table.back().traits = kBackward;
   table.push_back(OpDef{"Conv2dGradWeight",
                         "gradient of Conv2d with respect to W, from dY and X",
                         2,
@@ -2339,6 +2379,7 @@ std::vector<OpDef> make_table() {
                         infer_conv_grad<false>,
                         conv_grad_cost<false>,
                         conv_grad_kernel<false>});
+  table.back().traits = kBackward;
   table.push_back(OpDef{"MaxPool2dGrad",
                         "gradient of MaxPool2d: dY routed to the first maximum of each window of X",
                         2,
@@ -2351,6 +2392,7 @@ std::vector<OpDef> make_table() {
                         infer_max_pool_grad,
                         pool_grad_cost,
                         pool_grad_kernel<true>});
+  table.back().traits = kBackward;
   table.push_back(
       OpDef{"AveragePool2dGrad",
             "gradient of AveragePool2d: each window's dY spread evenly over its inputs",
@@ -2365,6 +2407,7 @@ std::vector<OpDef> make_table() {
             infer_average_pool_grad,
             pool_grad_cost,
             pool_grad_kernel<false>});
+  table.back().traits = kBackward;
   table.push_back(OpDef{"GlobalAveragePoolGrad",
                         "gradient of GlobalAveragePool: dY [N, C, 1, 1] / (H * W) over each plane",
                         1,
@@ -2373,6 +2416,7 @@ std::vector<OpDef> make_table() {
                         infer_global_average_pool_grad,
                         nullptr,
                         global_average_pool_grad_kernel});
+  table.back().traits = kBackward;
   table.push_back(OpDef{"BatchNormalizationGrad",
                         "gradients of training-form BatchNormalization: dX, dScale, dBias from "
                         "dY, X and scale",
@@ -2382,6 +2426,7 @@ std::vector<OpDef> make_table() {
                         infer_batch_norm_grad,
                         batch_norm_grad_cost,
                         batch_norm_grad_kernel});
+  table.back().traits = kBackward;
   table.push_back(
       OpDef{"SoftmaxCrossEntropyGrad",
             "gradient of SoftmaxCrossEntropy with respect to the logits",
@@ -2392,6 +2437,10 @@ std::vector<OpDef> make_table() {
             infer_softmax_cross_entropy_grad,
             softmax_cross_entropy_cost,
             softmax_cross_entropy_grad_kernel});
+  table.back().traits = {.batch = BatchRule::kNotForward,
+                         .shard = ShardRule::kReplicated,
+                         .integer_inputs = 1u << 2,
+                         .index_range = label_range};
   table.push_back(
       OpDef{"VocabParallelCrossEntropyGrad",
             "gradient of VocabParallelCrossEntropy with respect to this member's "
@@ -2404,6 +2453,10 @@ std::vector<OpDef> make_table() {
             infer_vocab_parallel_cross_entropy_grad,
             softmax_cross_entropy_cost,
             vocab_parallel_cross_entropy_grad_kernel});
+  table.back().traits = {.batch = BatchRule::kNotForward,
+                         .shard = ShardRule::kReplicated,
+                         .integer_inputs = 1u << 2,
+                         .index_range = label_range};
   table.push_back(OpDef{"MseLossGrad",
                         "gradients of MseLoss: dPrediction and dTarget = -dPrediction",
                         3,
@@ -2412,6 +2465,7 @@ std::vector<OpDef> make_table() {
                         infer_mse_loss_grad,
                         nullptr,
                         mse_loss_grad_kernel});
+  table.back().traits = kBackward;
   return table;
 }
 

@@ -468,6 +468,7 @@ std::vector<OpDef> make_table() {
             infer_sgd,
             sgd_cost,
             sgd_kernel};
+  sgd.traits.integer_inputs = 1u << 4; // the step counter
   table.push_back(std::move(sgd));
 
   OpDef adam{"AdamUpdate",
@@ -482,6 +483,7 @@ std::vector<OpDef> make_table() {
              infer_adam,
              adam_cost,
              adam_kernel};
+  adam.traits.integer_inputs = 1u << 5; // the step counter
   table.push_back(std::move(adam));
 
   OpDef lr{"LearningRate",
@@ -497,6 +499,7 @@ std::vector<OpDef> make_table() {
            infer_learning_rate,
            scalar_cost,
            learning_rate_kernel};
+  lr.traits.integer_inputs = 1u << 0; // the step counter
   table.push_back(std::move(lr));
 
   OpDef clip{"GlobalNormScale",
@@ -528,9 +531,13 @@ std::vector<OpDef> make_table() {
              scalar_cost,
              norm_scale_kernel};
   table.push_back(std::move(norm));
-  // Every op of this family is once-per-step work.
-  for (OpDef &def : table)
+  // Every op of this family is once-per-step work, which the optimizer adds
+  // after micro-batching and tensor parallelism.
+  for (OpDef &def : table) {
     def.once_per_step = true;
+    def.traits.batch = BatchRule::kNotForward;
+    def.traits.shard = ShardRule::kReplicated;
+  }
   return table;
 }
 

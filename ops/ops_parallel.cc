@@ -205,6 +205,7 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         copy_grad});
+  table.back().traits.collective = Collective::kCopy;
   table.push_back(OpDef{"TpAllReduce",
                         "Y = the sum of X over the tensor-parallel group (partial sums become "
                         "whole); the gradient passes through",
@@ -215,6 +216,7 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         all_reduce_grad});
+  table.back().traits.collective = Collective::kAllReduce;
   table.push_back(OpDef{"TpAllGather",
                         "Y = the members' X joined along axis (split pieces become whole)",
                         1,
@@ -224,6 +226,7 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         all_gather_grad});
+  table.back().traits.collective = Collective::kAllGather;
   table.push_back(OpDef{"TpReduceScatter",
                         "Y = this member's piece along axis of the sum of X over the group "
                         "(partial sums become split)",
@@ -234,6 +237,7 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         split_grad});
+  table.back().traits.collective = Collective::kReduceScatter;
   table.push_back(OpDef{
       "TpAllToAll",
       "X is this member's piece along from_axis; Y is its piece of the same "
@@ -250,6 +254,7 @@ std::vector<OpDef> make_table() {
       move_only,
       single_member_kernel,
       all_to_all_grad});
+  table.back().traits.collective = Collective::kAllToAll;
   table.push_back(OpDef{"TpSplit",
                         "Y = this member's piece of X along axis",
                         1,
@@ -259,6 +264,13 @@ std::vector<OpDef> make_table() {
                         move_only,
                         single_member_kernel,
                         split_grad});
+  table.back().traits.collective = Collective::kSplit;
+  // Tensor parallelism adds them to its local graph, after micro-batching, and
+  // shards nothing further.
+  for (OpDef &def : table) {
+    def.traits.batch = BatchRule::kNotForward;
+    def.traits.shard = ShardRule::kReplicated;
+  }
   return table;
 }
 

@@ -527,26 +527,39 @@ OpDef softmax(std::string_view name, std::string_view summary, CpuKernelFn kerne
 }
 
 std::vector<OpDef> make_table() {
+  // Tensor parallelism has no rule to split a reduction: it runs whole.
+  constexpr OpTraits kReduction{.batch = BatchRule::kReduceAxes, .shard = ShardRule::kReplicated};
+  constexpr OpTraits kSoftmax{.batch = BatchRule::kNormalizeAxis,
+                              .shard = ShardRule::kNormalizeAxis};
+  constexpr OpTraits kBackward{.batch = BatchRule::kNotForward, .shard = ShardRule::kReplicated};
   std::vector<OpDef> table;
   table.push_back(reduce("ReduceSum", "Y = sum of X over axes (1 FLOP per input element)",
                          reduce_kernel<Reduction::kSum>, reduce_sum_grad));
+  table.back().traits = kReduction;
   table.push_back(reduce("ReduceMean", "Y = mean of X over axes (1 FLOP per input element)",
                          reduce_kernel<Reduction::kMean>, reduce_mean_grad));
+  table.back().traits = kReduction;
   table.push_back(reduce("ReduceMax", "Y = max of X over axes (1 FLOP per input element)",
                          reduce_kernel<Reduction::kMax>, reduce_max_grad));
+  table.back().traits = kReduction;
   table.push_back(softmax("Softmax", "Y = softmax of X along axis (4 FLOPs per input element)",
                           softmax_kernel<false>, softmax_grad<false>));
+  table.back().traits = kSoftmax;
   table.push_back(softmax("LogSoftmax",
                           "Y = log of softmax of X along axis (4 FLOPs per input element)",
                           softmax_kernel<true>, softmax_grad<true>));
+  table.back().traits = kSoftmax;
   // Backward ops (inputs dY first).
   table.push_back(reduce("ReduceMaxGrad",
                          "dX = dY at the first max of each reduced group of X, else 0",
                          reduce_max_grad_kernel, nullptr, 2, infer_reduce_max_grad));
+  table.back().traits = kBackward;
   table.push_back(softmax("SoftmaxGrad", "dX = Y * (dY - sum(dY * Y)) along axis (inputs dY, Y)",
                           softmax_grad_kernel<false>, nullptr, 2, infer_softmax_grad));
+  table.back().traits = kBackward;
   table.push_back(softmax("LogSoftmaxGrad", "dX = dY - e^Y * sum(dY) along axis (inputs dY, Y)",
                           softmax_grad_kernel<true>, nullptr, 2, infer_softmax_grad));
+  table.back().traits = kBackward;
   return table;
 }
 

@@ -1010,6 +1010,31 @@ AttrValue ints(std::vector<int64_t> values) { return AttrValue{std::move(values)
 AttrValue int_value(int64_t value) { return AttrValue{value}; }
 AttrSpec parts_attr(std::string_view doc) { return {"parts", AttrType::kInt, int_value(1), doc}; }
 
+// The values Gather's and GatherGrad's indices may take: the size of the
+// table's gathered dim, whole (a member's piece of a table split over `parts`
+// members is one part of it).
+std::optional<int64_t> indexed_dim(llvm::ArrayRef<int64_t> table, const Node &node) {
+  const auto rank = static_cast<int64_t>(table.size());
+  int64_t axis = node.int_attr("axis").value_or(0);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) return std::nullopt;
+  return table[static_cast<size_t>(axis)] *
+         std::max<int64_t>(1, node.int_attr("parts").value_or(1));
+}
+
+std::optional<int64_t> gather_index_range(const Node &node, const OpDef &,
+                                          llvm::ArrayRef<TensorType> inputs, size_t) {
+  return indexed_dim(inputs[0].shape, node);
+}
+
+// GatherGrad's table is its attribute "shape" (its output's).
+std::optional<int64_t> gather_grad_index_range(const Node &node, const OpDef &,
+                                               llvm::ArrayRef<TensorType>, size_t) {
+  const std::optional<std::vector<int64_t>> table = node.ints_attr("shape");
+  if (!table) return std::nullopt;
+  return indexed_dim(*table, node);
+}
+
 std::vector<OpDef> make_table() {
   std::vector<OpDef> table;
   table.push_back(OpDef{"Reshape",
@@ -1022,6 +1047,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         copy_kernel,
                         reshape_grad});
+  table.back().traits = {.batch = BatchRule::kReshapeAttr, .shard = ShardRule::kReshape};
   table.push_back(OpDef{"Flatten",
                         "Y = X as 2-D [prod(dims[:axis]), prod(dims[axis:])]",
                         1,
@@ -1031,6 +1057,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         copy_kernel,
                         reshape_grad});
+  table.back().traits = {.batch = BatchRule::kReshape, .shard = ShardRule::kReshape};
   table.push_back(OpDef{"Transpose",
                         "Y = X with dims permuted: Y.shape[i] = X.shape[perm[i]]",
                         1,
@@ -1040,6 +1067,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         transpose_kernel,
                         transpose_grad});
+  table.back().traits = {.batch = BatchRule::kFollows, .shard = ShardRule::kTranspose};
   table.push_back(OpDef{"Concat",
                         "Y = inputs joined along axis",
                         1,
@@ -1049,6 +1077,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         concat_kernel,
                         concat_grad});
+  table.back().traits = {.batch = BatchRule::kConcatAxis, .shard = ShardRule::kOtherAxis};
   table.push_back(OpDef{"Split",
                         "Y0..Yn-1 = X cut along axis into pieces of the given sizes",
                         1,
@@ -1059,6 +1088,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         split_kernel,
                         split_grad});
+  table.back().traits = {.batch = BatchRule::kSplitAxis, .shard = ShardRule::kOtherAxis};
   table.push_back(OpDef{"Slice",
                         "Y = X[starts:ends:steps] along axes, with ONNX clamping",
                         1,
@@ -1071,6 +1101,7 @@ std::vector<OpDef> make_table() {
                         select_cost,
                         slice_kernel,
                         slice_grad});
+  table.back().traits = {.batch = BatchRule::kSlice, .shard = ShardRule::kReplicated};
   table.push_back(OpDef{"Unsqueeze",
                         "Y = X with size-1 dims inserted at axes (positions in Y)",
                         1,
@@ -1080,6 +1111,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         copy_kernel,
                         reshape_grad});
+  table.back().traits = {.batch = BatchRule::kReshape, .shard = ShardRule::kReshape};
   table.push_back(OpDef{"Squeeze",
                         "Y = X with size-1 dims removed",
                         1,
@@ -1089,6 +1121,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         copy_kernel,
                         reshape_grad});
+  table.back().traits = {.batch = BatchRule::kReshape, .shard = ShardRule::kReshape};
   table.push_back(
       OpDef{"Gather",
             "Y = data indexed by indices along axis",
@@ -1101,6 +1134,10 @@ std::vector<OpDef> make_table() {
             select_cost,
             gather_kernel,
             gather_grad});
+  table.back().traits = {.batch = BatchRule::kGatherAxis,
+                         .shard = ShardRule::kGather,
+                         .integer_inputs = 1u << 1,
+                         .index_range = gather_index_range};
   table.push_back(
       OpDef{"Constant",
             "Y = a tensor given by attributes",
@@ -1113,6 +1150,7 @@ std::vector<OpDef> make_table() {
             constant_cost,
             constant_kernel,
             no_inputs_grad});
+  table.back().traits = {.batch = BatchRule::kFollows, .shard = ShardRule::kReplicated};
   table.push_back(OpDef{"Expand",
                         "Y = X broadcast (NumPy rules) against attribute shape",
                         1,
@@ -1122,6 +1160,7 @@ std::vector<OpDef> make_table() {
                         move_cost,
                         expand_kernel,
                         expand_grad});
+  table.back().traits = {.batch = BatchRule::kExpand, .shard = ShardRule::kReplicated};
   table.push_back(OpDef{"SliceGrad",
                         "dX = zeros of attribute shape with dY written where Slice read",
                         1,
@@ -1134,6 +1173,7 @@ std::vector<OpDef> make_table() {
                         infer_slice_grad,
                         move_cost,
                         slice_grad_kernel});
+  table.back().traits = {.batch = BatchRule::kNotForward, .shard = ShardRule::kReplicated};
   table.push_back(OpDef{"GatherGrad",
                         "dData = zeros of attribute shape plus dY rows added at indices along axis",
                         2,
@@ -1144,6 +1184,10 @@ std::vector<OpDef> make_table() {
                         infer_gather_grad,
                         gather_grad_cost,
                         gather_grad_kernel});
+  table.back().traits = {.batch = BatchRule::kNotForward,
+                         .shard = ShardRule::kReplicated,
+                         .integer_inputs = 1u << 1,
+                         .index_range = gather_grad_index_range};
   return table;
 }
 

@@ -80,6 +80,11 @@ const OpDef *OpRegistry::find(std::string_view op) const {
   return *it;
 }
 
+Collective collective_of(std::string_view op) {
+  const OpDef *def = OpRegistry::global().find(op);
+  return def != nullptr ? def->traits.collective : Collective::kNone;
+}
+
 namespace {
 bool attr_type_matches(AttrType expected, const AttrValue &value) {
   AttrType actual = attr_type(value);

@@ -2,11 +2,16 @@
 //
 // An OpDef is the single place that describes an op: its inputs, outputs and
 // attributes (with defaults), how output types follow from input types, what it
-// costs (FLOPs and bytes, for the cost model), and its CPU kernel. Later layers add
-// gradient and sharding rules to the same entry. The op tables are plain data,
-// one per family of ops (ops_*.cc), concatenated by OpRegistry.
+// costs (FLOPs and bytes, for the cost model), its CPU kernel, its gradient rule
+// and its traits: the facts other layers act on (whether fused chains may hold
+// it, how micro-batching and tensor parallelism carry it, which collective it
+// is, which inputs are integers). Those layers read the traits rather than
+// keep lists of op names, so adding an op touches its entry;
+// tests/ops/registry_test.cc checks that every op declares them. The op tables
+// are plain data, one per family of ops (ops_*.cc), concatenated by OpRegistry.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -118,6 +123,127 @@ struct GradContext {
 };
 using GradFn = Status (*)(GradContext &context);
 
+// Whether an op is an elementwise map, for passes that chain maps.
+enum class Elementwise : uint8_t {
+  kNone,
+  // An f32 map of one or two operands broadcast to its one output (NumPy
+  // rules): passes::fusable_elementwise chains it, and the CUDA op table has
+  // its fused step (cuda::fused_step).
+  kFusable,
+  // Elementwise with broadcasting, but never chained: Identity, Cast (changes
+  // the dtype), Where (three operands, a bool condition), Dropout (its mask is
+  // keyed by the element's index).
+  kUnfused,
+};
+
+// How the output follows partial sums: under tensor parallelism each member may
+// hold one term of a sum, and a linear op can run on the terms.
+enum class Linearity : uint8_t {
+  kNone,
+  kJoint,      // f(sum of terms) = sum of f(terms), every input a partial sum (Add, Neg)
+  kEachInput,  // linear in any one input while the others are whole (Mul)
+  kFirstInput, // linear in input 0 while the others are whole (Div)
+};
+
+// How micro-batching (passes::split_batch) carries the batch dim through the op.
+// The pass refuses, naming the node, an op that declares none: it cannot tell
+// whether an unknown op keeps the samples apart.
+enum class BatchRule : uint8_t {
+  kUndeclared,  // refused
+  kElementwise, // broadcasting map: each batched input's batch dim lines up with the output's
+  kExpand,      // as kElementwise, and attribute "shape" is rewritten at the batch dim
+  kDropout,     // as kElementwise; refused in training with ratio > 0 (the mask is keyed by index)
+  kReshape,     // moves elements: the batch stays the outermost part of its dim
+  kReshapeAttr, // as kReshape, and attribute "shape" is rewritten (Reshape)
+  // Keeps samples apart wherever the batch is: the re-inferred output types
+  // show where it went (MatMul, Transpose, Constant; the losses whose shape
+  // inference rules out the bad cases).
+  kFollows,
+  kReduceAxes,    // "axes" ([] = all) of input 0 must not include its batch dim
+  kNormalizeAxis, // "axis" of input 0, which it normalizes along, is not its batch dim
+  kGatherAxis,    // "axis" of input 0, which it selects along, is not its batch dim
+  kSplitAxis,     // "axis" of input 0, which it cuts along, is not its batch dim
+  kConcatAxis,    // "axis", which it joins along, is not the batch dim of any input
+  kTrailingAxes,  // dims ["axis", rank) of input 0 must not include its batch dim (LayerNorm)
+  kConv,          // only input 0 carries the batch, in dim 0 (N)
+  kPool,          // the batch in dim 0 or 1 (N or C), never a pooled dim
+  kSlice,         // the batch dim is not sliced (step 1, the whole extent)
+  kClasses,       // the last (classes) dim of input 0 must not carry the batch
+  kCombines,      // statistics over the batch (BatchNormalization): always refused
+  // Added only after micro-batching, by gradient rules, the optimizer,
+  // make_training or tensor parallelism: refused in the graph split_batch gets.
+  kNotForward,
+};
+
+// Tensor parallelism's strategies for the op (partitioner/tensor_parallel.cc).
+// Every op may run whole on every member; the rule adds the split and
+// partial-sum strategies.
+enum class ShardRule : uint8_t {
+  kUndeclared,        // the registry test forbids it; the partitioner treats it as kReplicated
+  kReplicated,        // no other strategy
+  kElementwise,       // split like its broadcast inputs; partial sums per its Linearity
+  kReshape,           // the split follows the flattening; a partial sum stays partial
+  kTranspose,         // the split follows its dim through "perm"; a partial sum stays partial
+  kOtherAxis,         // every operand split alike along a dim other than "axis" (Split, Concat)
+  kNormalizeAxis,     // input 0 split along a dim other than "axis" (Softmax)
+  kNormalizeTrailing, // input 0 split along a dim before "axis" (LayerNorm)
+  kPool,              // split along N or C
+  kMatMul,            // B by columns, A by rows, the contracted dim (partial sums), batch dims
+  kConv,              // output channels, input channels (partial sums), the batch
+  kGather,            // the table along another dim, the indices, the table by rows
+  kCrossEntropy,      // logits split by class (vocabulary-parallel cross entropy)
+};
+
+// The tensor-parallel collective an op is (ops_parallel.cc); kNone for the rest.
+enum class Collective : uint8_t {
+  kNone,
+  kCopy,          // TpCopy: the identity; its gradient is all-reduced
+  kAllReduce,     // TpAllReduce
+  kAllGather,     // TpAllGather
+  kReduceScatter, // TpReduceScatter
+  kAllToAll,      // TpAllToAll
+  kSplit,         // TpSplit: this member's piece; its gradient is all-gathered
+};
+
+// Whether the collective communicates when it runs; TpCopy and TpSplit
+// communicate only in their gradients.
+constexpr bool communicates_forward(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kAllGather ||
+         c == Collective::kReduceScatter || c == Collective::kAllToAll;
+}
+// Whether the collective sums values over the group.
+constexpr bool sums(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduceScatter;
+}
+// Whether the whole tensor (what its cost and staging are sized by) is the
+// collective's input rather than its output.
+constexpr bool whole_is_input(Collective c) {
+  return c == Collective::kSplit || c == Collective::kReduceScatter;
+}
+
+// For integer input `input` of a node (bit `input` of OpTraits::integer_inputs
+// is set): how many values it may take ([0, n)), from the node and its input
+// types; a tensor-parallel member's piece of what it indexes counts `parts`
+// times. nullopt where the node leaves the range open.
+using IndexRangeFn = std::optional<int64_t> (*)(const Node &node, const OpDef &def,
+                                                llvm::ArrayRef<TensorType> inputs, size_t input);
+
+// What other layers need to know about an op, as data. Batch and shard rules
+// must be declared (the registry test checks every op); the rest default to
+// "not so".
+struct OpTraits {
+  Elementwise elementwise = Elementwise::kNone;
+  Linearity linearity = Linearity::kNone;
+  BatchRule batch = BatchRule::kUndeclared;
+  ShardRule shard = ShardRule::kUndeclared;
+  Collective collective = Collective::kNone;
+  // Inputs read as integers, not values (bit k: input k): indices and labels,
+  // which select along a dim of another operand, and step counters. Backends
+  // keep them integer; the CUDA backend takes the other inputs in f32.
+  uint32_t integer_inputs = 0;
+  IndexRangeFn index_range = nullptr; // set iff an integer input is an index or a label
+};
+
 struct OpDef {
   std::string_view name;
   std::string_view summary;
@@ -133,6 +259,7 @@ struct OpDef {
   // Optimizer work: runs once per training step on the accumulated gradients,
   // never per micro-batch (passes::is_step_op).
   bool once_per_step = false;
+  OpTraits traits = {};
 
   const AttrSpec *find_attr(std::string_view attr_name) const;
 };
@@ -177,6 +304,10 @@ std::span<const OpDef> reduction_ops();
 std::span<const OpDef> nn_ops();
 std::span<const OpDef> optimizer_ops();
 std::span<const OpDef> parallel_ops(); // ops_parallel.cc: tensor-parallel communication
+
+// The collective `op` is, for code that holds only a node's op name; kNone for
+// every other op and for unknown ones.
+Collective collective_of(std::string_view op);
 
 // Helpers for infer functions and kernels.
 

@@ -52,11 +52,12 @@ double comm_bytes(const serialization::Plan &plan) {
     for (const auto &instr : program.instructions)
       if (instr.kind == serialization::InstrKind::kCompute) {
         const Node &node = plan.graph.node(instr.index);
-        // The whole tensor: a reduce-scatter's input, the others' output.
-        if (communicates_forward(node))
-          bytes += static_cast<double>(
-              plan.graph.tensor(node.op == "TpReduceScatter" ? node.inputs[0] : node.outputs[0])
-                  .type.size_bytes());
+        const ops::Collective collective = ops::collective_of(node.op);
+        if (ops::communicates_forward(collective)) {
+          // The whole tensor: a reduce-scatter's input, the others' output.
+          const TensorId whole = ops::whole_is_input(collective) ? node.inputs[0] : node.outputs[0];
+          bytes += static_cast<double>(plan.graph.tensor(whole).type.size_bytes());
+        }
       } else if (instr.kind == serialization::InstrKind::kSend ||
                  instr.kind == serialization::InstrKind::kAllGather) {
         bytes += static_cast<double>(plan.graph.tensor(instr.index).type.size_bytes());

@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "ops/registry.h"
 #include "partitioner/cost_model.h"
 #include "passes/optimizer.h"
 #include "passes/plan_memory.h"
@@ -609,17 +610,13 @@ std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options
 }
 
 bool communicates_forward(const Node &node) {
-  return node.op == "TpAllReduce" || node.op == "TpAllGather" || node.op == "TpReduceScatter" ||
-         node.op == "TpAllToAll";
+  return ops::communicates_forward(ops::collective_of(node.op));
 }
 
 TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster) {
   const Node &node = graph.node(id);
-  const bool reduce = node.op == "TpAllReduce" || node.op == "TpCopy";
-  const bool gather = node.op == "TpAllGather" || node.op == "TpSplit";
-  const bool scatter = node.op == "TpReduceScatter";
-  const bool all_to_all = node.op == "TpAllToAll";
-  if (!reduce && !gather && !scatter && !all_to_all) return {};
+  const ops::Collective collective = ops::collective_of(node.op);
+  if (collective == ops::Collective::kNone) return {};
   // The group: `parts` consecutive devices (tp is innermost in the mesh).
   const int parts = static_cast<int>(node.int_attr("parts").value_or(1));
   std::vector<int> members;
@@ -627,23 +624,29 @@ TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const Clu
     members.push_back(m);
   const LinkSpec &link = link_for_group(cluster, members);
   // The whole tensor's bytes: a split's or reduce-scatter's input, the others' output.
-  const TensorId whole = node.op == "TpSplit" || scatter ? node.inputs[0] : node.outputs[0];
+  const TensorId whole = ops::whole_is_input(collective) ? node.inputs[0] : node.outputs[0];
   const auto bytes = static_cast<double>(graph.tensor(whole).type.size_bytes());
-  if (all_to_all) { // backward: the reverse all-to-all
+  const double reduce_speed = reduce_bytes_per_second(cluster.device, DType::kF32);
+  switch (collective) {
+  case ops::Collective::kNone: return {};
+  case ops::Collective::kAllToAll: { // backward: the reverse all-to-all
     const double seconds = all_to_all_time(bytes * parts, parts, link);
     return {seconds, seconds};
   }
-  if (scatter) // backward: the gradient's all-gather
-    return {reduce_scatter_time(bytes, parts, link, CollectiveAlgorithm::kRing,
-                                reduce_bytes_per_second(cluster.device, DType::kF32)),
+  case ops::Collective::kReduceScatter: // backward: the gradient's all-gather
+    return {reduce_scatter_time(bytes, parts, link, CollectiveAlgorithm::kRing, reduce_speed),
             all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing)};
-  const double seconds = reduce
-                             ? all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing,
-                                               reduce_bytes_per_second(cluster.device, DType::kF32))
-                             : all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing);
+  case ops::Collective::kAllReduce:
+    return {all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing, reduce_speed), 0};
+  case ops::Collective::kAllGather:
+    return {all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing), 0};
   // TpCopy and TpSplit communicate only in their backward (their gradients).
-  if (node.op == "TpCopy" || node.op == "TpSplit") return {0, seconds};
-  return {seconds, 0};
+  case ops::Collective::kCopy:
+    return {0, all_reduce_time(bytes, parts, link, CollectiveAlgorithm::kRing, reduce_speed)};
+  case ops::Collective::kSplit:
+    return {0, all_gather_time(bytes, parts, link, CollectiveAlgorithm::kRing)};
+  }
+  return {};
 }
 
 double node_seconds(const Graph &graph, NodeId id, const ClusterSpec &cluster) {

@@ -107,17 +107,19 @@ Result<std::vector<serialization::PlanProgram>> lower_pipeline(const Graph &grap
 // data_parallel is 1).
 std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options);
 
-// A tensor-parallel node's communication (TpAllReduce, TpAllGather; TpCopy and
-// TpSplit communicate in their backward), ring-priced over its group of
-// `parts` consecutive devices of the cluster; zero for other nodes.
+// A tensor-parallel collective's communication (its ops::Collective: TpCopy
+// and TpSplit communicate in their backward, the others in their forward and
+// some in both), ring-priced over its group of `parts` consecutive devices of
+// the cluster; zero for other nodes.
 struct TensorParallelTime {
   double forward = 0;
   double backward = 0;
 };
 TensorParallelTime tensor_parallel_time(const Graph &graph, NodeId id, const ClusterSpec &cluster);
 // Whether a node is a tensor-parallel collective that communicates in its
-// forward (TpAllReduce, TpAllGather, TpReduceScatter, TpAllToAll); TpCopy and
-// TpSplit communicate only in their backward, as the other four.
+// forward (ops::communicates_forward: TpAllReduce, TpAllGather,
+// TpReduceScatter, TpAllToAll); TpCopy and TpSplit communicate only in their
+// backward.
 bool communicates_forward(const Node &node);
 // One execution of a node: its collective's forward time for a tensor-parallel
 // collective, else the roofline on the cluster's device.

@@ -59,17 +59,6 @@ int axis_or(int64_t axis, int64_t rank, int fallback) {
   return normalized.is_ok() ? static_cast<int>(*normalized) : fallback;
 }
 
-bool is_elementwise(std::string_view op) {
-  static const std::set<std::string_view> kOps = {
-      "Add", "Sub",  "Mul",  "Div",     "Pow",  "Neg",  "Sqrt",     "Exp",  "Log",
-      "Erf", "Relu", "Tanh", "Sigmoid", "Gelu", "Clip", "Identity", "Cast", "Where"};
-  return kOps.contains(op);
-}
-
-bool is_reshape(std::string_view op) {
-  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
-}
-
 // The dims of `in` and `out` (same element count) grouped where their prefix
 // products meet: pairs of [begin, end) ranges.
 std::vector<std::pair<std::pair<size_t, size_t>, std::pair<size_t, size_t>>>
@@ -103,6 +92,11 @@ public:
 
 private:
   const TensorType &type(TensorId id) const { return g_.tensor(id).type; }
+  // Reshape, Flatten, Squeeze, Unsqueeze: views of the same elements in order.
+  bool is_reshape(const Node &node) const {
+    const ops::OpDef *def = registry_.find(node.op);
+    return def != nullptr && def->traits.shard == ops::ShardRule::kReshape;
+  }
   bool valid_split(const TensorType &ty, int d, int64_t o) const {
     if (d < 0 || d >= static_cast<int>(ty.rank()) || o < 1) return false;
     const int64_t n = ty.shape[static_cast<size_t>(d)];
@@ -138,7 +132,18 @@ private:
   double arrive(TensorId id, const ShardSpec &from, const ShardSpec &to, bool fallback) const;
   std::optional<ShardSpec> map_reshape(const TensorType &in, const ShardSpec &spec,
                                        const TensorType &out) const;
+  // The rules of the op's ops::ShardRule, "replicated" first; ties go to the
+  // first.
   std::vector<Strategy> strategies(NodeId id) const;
+  void elementwise_strategies(const Node &node, ops::Linearity linearity,
+                              std::vector<Strategy> &out) const;
+  void matmul_strategies(const Node &node, const ops::AttrReader &attrs,
+                         std::vector<Strategy> &out) const;
+  void conv_strategies(const Node &node, const ops::AttrReader &attrs,
+                       std::vector<Strategy> &out) const;
+  void gather_strategies(const Node &node, const ops::AttrReader &attrs,
+                         std::vector<Strategy> &out) const;
+  void cross_entropy_strategies(const Node &node, std::vector<Strategy> &out) const;
   void collect_outers();
   // Cheapest arrival of `input` in `want`, with the spec it comes from.
   std::pair<double, ShardSpec> best_arrival(TensorId input, const ShardSpec &want) const;
@@ -207,7 +212,7 @@ std::optional<ShardSpec> Sharder::map_reshape(const TensorType &in, const ShardS
 void Sharder::collect_outers() {
   std::set<int64_t> outers = {1};
   for (const Node &node : g_.nodes()) {
-    if (!is_reshape(node.op)) continue;
+    if (!is_reshape(node)) continue;
     const auto &in = type(node.inputs[0]).shape;
     const auto &out = type(node.outputs[0]).shape;
     for (const auto &[a, b] : reshape_groups(in, out)) {
@@ -225,67 +230,34 @@ void Sharder::collect_outers() {
   outers_.assign(outers.begin(), outers.end());
 }
 
+// Every input and output in `kind` (replicated or partial sums).
+Strategy all_in(const Node &node, Kind kind) {
+  const ShardSpec spec = kind == Kind::kPartial ? ShardSpec::partial() : ShardSpec{};
+  Strategy s;
+  s.in.assign(node.inputs.size(), spec);
+  s.out.assign(node.outputs.size(), spec);
+  return s;
+}
+
 std::vector<Strategy> Sharder::strategies(NodeId id) const {
   const Node &node = g_.node(id);
   const ops::OpDef *def = registry_.find(node.op);
   std::vector<Strategy> out;
-  auto all = [&](Kind kind) {
-    Strategy s;
-    s.in.assign(node.inputs.size(), kind == Kind::kPartial ? ShardSpec::partial() : ShardSpec{});
-    s.out.assign(node.outputs.size(), kind == Kind::kPartial ? ShardSpec::partial() : ShardSpec{});
-    return s;
-  };
-  Strategy replicated = all(Kind::kReplicated);
+  Strategy replicated = all_in(node, Kind::kReplicated);
   replicated.rule = "replicated";
   out.push_back(replicated);
   if (def == nullptr || node.outputs.empty()) return out;
   const ops::AttrReader attrs(node, *def);
   const TensorType &y = type(node.outputs[0]);
   const int r = static_cast<int>(y.rank());
-  const std::string &op = node.op;
 
-  if (is_elementwise(op) && node.outputs.size() == 1) {
-    for (const ShardSpec &spec : split_specs(y)) {
-      Strategy s;
-      s.rule = "elementwise, split like its inputs";
-      for (TensorId in : node.inputs) {
-        const TensorType &x = type(in);
-        const int di = spec.dim - (r - static_cast<int>(x.rank()));
-        if (di >= 0 && x.shape[static_cast<size_t>(di)] == y.shape[static_cast<size_t>(spec.dim)])
-          s.in.push_back(ShardSpec::split(di, spec.outer));
-        else
-          s.in.push_back(ShardSpec::replicated());
-      }
-      s.out = {spec};
-      out.push_back(std::move(s));
-    }
-    auto same_shape = [&](TensorId in) { return type(in).shape == y.shape; };
-    if ((op == "Add" || op == "Sub") &&
-        std::all_of(node.inputs.begin(), node.inputs.end(), same_shape)) {
-      Strategy s = all(Kind::kPartial);
-      s.rule = "sum of partial sums";
-      out.push_back(std::move(s));
-    }
-    if (op == "Neg" || op == "Identity") {
-      Strategy s = all(Kind::kPartial);
-      s.rule = "linear in a partial sum";
-      out.push_back(std::move(s));
-    }
-    if (op == "Mul" || op == "Div") {
-      for (size_t k = 0; k < node.inputs.size(); ++k) {
-        if (op == "Div" && k == 1) break;
-        if (!same_shape(node.inputs[k])) continue;
-        Strategy s = all(Kind::kReplicated);
-        s.in[k] = ShardSpec::partial();
-        s.out = {ShardSpec::partial()};
-        s.rule = "linear in a partial sum";
-        out.push_back(std::move(s));
-      }
-    }
+  switch (def->traits.shard) {
+  case ops::ShardRule::kUndeclared:
+  case ops::ShardRule::kReplicated: return out;
+  case ops::ShardRule::kElementwise:
+    if (node.outputs.size() == 1) elementwise_strategies(node, def->traits.linearity, out);
     return out;
-  }
-
-  if (is_reshape(op)) {
+  case ops::ShardRule::kReshape: {
     const TensorType &x = type(node.inputs[0]);
     for (const ShardSpec &spec : split_specs(x)) {
       auto mapped = map_reshape(x, spec, y);
@@ -295,8 +267,7 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
     out.push_back({{ShardSpec::partial()}, {ShardSpec::partial()}, "reshape of a partial sum"});
     return out;
   }
-
-  if (op == "Transpose") {
+  case ops::ShardRule::kTranspose: {
     std::vector<int64_t> perm = attrs.get_ints("perm");
     if (perm.empty())
       for (int k = r - 1; k >= 0; --k)
@@ -311,8 +282,7 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
     out.push_back({{ShardSpec::partial()}, {ShardSpec::partial()}, "transpose of a partial sum"});
     return out;
   }
-
-  if (op == "Split" || op == "Concat") {
+  case ops::ShardRule::kOtherAxis: {
     const int axis = axis_or(attrs.get_int("axis"), r, -1);
     // Every operand (the same rank) split along another dim: split alike.
     for (const ShardSpec &spec : split_specs(type(node.inputs[0]))) {
@@ -326,17 +296,18 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
       Strategy s;
       s.in.assign(node.inputs.size(), spec);
       s.out.assign(node.outputs.size(), spec);
-      s.rule = str_cat(op, " along another dim");
+      s.rule = str_cat(node.op, " along another dim");
       out.push_back(std::move(s));
     }
     return out;
   }
-
-  if (op == "Softmax" || op == "LogSoftmax" || op == "LayerNorm") {
+  case ops::ShardRule::kNormalizeAxis:
+  case ops::ShardRule::kNormalizeTrailing: {
     const int axis = axis_or(attrs.get_int("axis"), r, 0);
+    // Softmax normalizes one dim; LayerNorm every dim from `axis` on.
+    const bool trailing = def->traits.shard == ops::ShardRule::kNormalizeTrailing;
     for (const ShardSpec &spec : split_specs(y)) {
-      // Softmax normalizes one dim; LayerNorm every dim from `axis` on.
-      if (op == "LayerNorm" ? spec.dim >= axis : spec.dim == axis) continue;
+      if (trailing ? spec.dim >= axis : spec.dim == axis) continue;
       Strategy s;
       s.in.assign(node.inputs.size(), ShardSpec::replicated());
       s.in[0] = spec;
@@ -346,136 +317,185 @@ std::vector<Strategy> Sharder::strategies(NodeId id) const {
     }
     return out;
   }
-
-  if (op == "MaxPool2d" || op == "AveragePool2d" || op == "GlobalAveragePool") {
+  case ops::ShardRule::kPool:
     for (const ShardSpec &spec : split_specs(y))
       if (spec.dim <= 1) out.push_back({{spec}, {spec}, "pooling per channel"});
     return out;
-  }
-
-  if (op == "MatMul" || op == "Gemm") {
-    const TensorType &a = type(node.inputs[0]);
-    const TensorType &b = type(node.inputs[1]);
-    if (a.rank() < 2 || b.rank() < 2) return out;
-    const bool ta = attrs.get_int("trans_a") != 0, tb = attrs.get_int("trans_b") != 0;
-    const int ra = static_cast<int>(a.rank()), rb = static_cast<int>(b.rank());
-    const int a_m = ta ? ra - 1 : ra - 2, a_k = ta ? ra - 2 : ra - 1;
-    const int b_k = tb ? rb - 1 : rb - 2, b_n = tb ? rb - 2 : rb - 1;
-    const bool has_c = node.inputs.size() > 2;
-    const TensorType *c = has_c ? &type(node.inputs[2]) : nullptr;
-    // C (Gemm) broadcast to the output: split along `dim` of Y where it has it.
-    auto c_spec = [&](const ShardSpec &ys) {
-      const int dc = ys.dim - (r - static_cast<int>(c->rank()));
-      if (dc >= 0 && c->shape[static_cast<size_t>(dc)] == y.shape[static_cast<size_t>(ys.dim)])
-        return ShardSpec::split(dc, ys.outer);
-      return ShardSpec::replicated();
-    };
-    auto push = [&](ShardSpec sa, ShardSpec sb, ShardSpec sy, std::string rule) {
-      Strategy s{{sa, sb}, {sy}, std::move(rule)};
-      if (has_c) s.in.push_back(sy.is_split() ? c_spec(sy) : ShardSpec::replicated());
-      out.push_back(std::move(s));
-    };
-    for (int64_t o : outers_) {
-      if (valid_split(b, b_n, o))
-        push(ShardSpec::replicated(), ShardSpec::split(b_n, o), ShardSpec::split(r - 1, o),
-             "column split (B by columns)");
-      if (valid_split(a, a_m, o))
-        push(ShardSpec::split(a_m, o), ShardSpec::replicated(), ShardSpec::split(r - 2, o),
-             "row split of A");
-      if (!has_c && valid_split(a, a_k, o) && valid_split(b, b_k, o))
-        push(ShardSpec::split(a_k, o), ShardSpec::split(b_k, o), ShardSpec::partial(),
-             "row split (the contracted dim; partial sums)");
-    }
-    // Batch dims (attention heads): both operands split alike where they have the dim.
-    for (int d = 0; d + 2 < r; ++d)
-      for (int64_t o : outers_) {
-        if (!valid_split(y, d, o)) continue;
-        auto operand = [&](const TensorType &x) {
-          const int dx = d - (r - static_cast<int>(x.rank()));
-          if (dx >= 0 && dx + 2 < static_cast<int>(x.rank()) &&
-              x.shape[static_cast<size_t>(dx)] == y.shape[static_cast<size_t>(d)])
-            return ShardSpec::split(dx, o);
-          return ShardSpec::replicated();
-        };
-        push(operand(a), operand(b), ShardSpec::split(d, o), "batch dims (heads) split");
-      }
-    return out;
-  }
-
-  if (op == "Conv2d") {
-    const int64_t group = attrs.get_int("group");
-    const TensorType &w = type(node.inputs[1]);
-    const bool has_bias = node.inputs.size() > 2;
-    for (int64_t o : outers_) {
-      if (group == 1 && valid_split(w, 0, o)) {
-        Strategy s{{ShardSpec::replicated(), ShardSpec::split(0, o)},
-                   {ShardSpec::split(1, o)},
-                   "output channels split"};
-        if (has_bias) s.in.push_back(ShardSpec::split(0, o));
-        out.push_back(std::move(s));
-      }
-      if (group == 1 && !has_bias && valid_split(w, 1, o))
-        out.push_back({{ShardSpec::split(1, o), ShardSpec::split(1, o)},
-                       {ShardSpec::partial()},
-                       "input channels split (partial sums)"});
-      if (valid_split(y, 0, o)) {
-        Strategy s{{ShardSpec::split(0, o), ShardSpec::replicated()},
-                   {ShardSpec::split(0, o)},
-                   "batch split"};
-        if (has_bias) s.in.push_back(ShardSpec::replicated());
-        out.push_back(std::move(s));
-      }
-    }
-    return out;
-  }
-
-  if (op == "Gather" && node.inputs.size() == 2) {
-    const TensorType &data = type(node.inputs[0]);
-    const TensorType &indices = type(node.inputs[1]);
-    const int axis = axis_or(attrs.get_int("axis"), static_cast<int64_t>(data.rank()), 0);
-    const int ri = static_cast<int>(indices.rank());
-    for (const ShardSpec &spec : split_specs(data)) {
-      if (spec.dim == axis) continue;
-      const int e = spec.dim < axis ? spec.dim : spec.dim - 1 + ri;
-      out.push_back({{spec, ShardSpec::replicated()},
-                     {ShardSpec::split(e, spec.outer)},
-                     "gather from a table split along another dim"});
-    }
-    for (const ShardSpec &spec : split_specs(indices))
-      out.push_back({{ShardSpec::replicated(), spec},
-                     {ShardSpec::split(axis + spec.dim, spec.outer)},
-                     "gather with split indices"});
-    // Megatron-LM's vocabulary-parallel embedding: each member looks up the
-    // rows it holds, zeros for the others'.
-    if (valid_split(data, axis, 1)) {
-      Strategy s{{ShardSpec::split(axis), ShardSpec::replicated()},
-                 {ShardSpec::partial()},
-                 "gather from a table split by rows (each member's rows; partial sums)"};
-      s.attrs = {{"parts", int64_t{t_}}};
-      out.push_back(std::move(s));
-    }
-    return out;
-  }
-
-  if (op == "SoftmaxCrossEntropy" && node.inputs.size() == 2) {
-    // Megatron-LM's vocabulary-parallel cross entropy: the logits stay split
-    // by class; the members exchange three numbers per row.
-    const TensorType &logits = type(node.inputs[0]);
-    if (valid_split(logits, static_cast<int>(logits.rank()) - 1, 1)) {
-      Strategy s{{ShardSpec::split(static_cast<int>(logits.rank()) - 1), ShardSpec::replicated()},
-                 {ShardSpec::replicated()},
-                 "cross entropy over logits split by class (per row: max, sum of "
-                 "exponentials and label logit gathered)"};
-      const double stats = static_cast<double>(type(node.inputs[1]).num_elements()) * 3 * t_ *
-                           static_cast<double>(dtype_size(logits.dtype));
-      s.communication = all_gather_time(stats, t_, options_.link, CollectiveAlgorithm::kRing);
-      s.attrs = {{"parts", int64_t{t_}}};
-      s.vocab_parallel_loss = true;
-      out.push_back(std::move(s));
-    }
-    return out;
+  case ops::ShardRule::kMatMul: matmul_strategies(node, attrs, out); return out;
+  case ops::ShardRule::kConv: conv_strategies(node, attrs, out); return out;
+  case ops::ShardRule::kGather: gather_strategies(node, attrs, out); return out;
+  case ops::ShardRule::kCrossEntropy: cross_entropy_strategies(node, out); return out;
   }
   return out;
+}
+
+void Sharder::elementwise_strategies(const Node &node, ops::Linearity linearity,
+                                     std::vector<Strategy> &out) const {
+  const TensorType &y = type(node.outputs[0]);
+  const int r = static_cast<int>(y.rank());
+  for (const ShardSpec &spec : split_specs(y)) {
+    Strategy s;
+    s.rule = "elementwise, split like its inputs";
+    for (TensorId in : node.inputs) {
+      const TensorType &x = type(in);
+      const int di = spec.dim - (r - static_cast<int>(x.rank()));
+      if (di >= 0 && x.shape[static_cast<size_t>(di)] == y.shape[static_cast<size_t>(spec.dim)])
+        s.in.push_back(ShardSpec::split(di, spec.outer));
+      else
+        s.in.push_back(ShardSpec::replicated());
+    }
+    s.out = {spec};
+    out.push_back(std::move(s));
+  }
+  auto same_shape = [&](TensorId in) { return type(in).shape == y.shape; };
+  switch (linearity) {
+  case ops::Linearity::kNone: return;
+  case ops::Linearity::kJoint:
+    if (std::all_of(node.inputs.begin(), node.inputs.end(), same_shape)) {
+      Strategy s = all_in(node, Kind::kPartial);
+      s.rule = node.inputs.size() > 1 ? "sum of partial sums" : "linear in a partial sum";
+      out.push_back(std::move(s));
+    }
+    return;
+  case ops::Linearity::kEachInput:
+  case ops::Linearity::kFirstInput: {
+    const size_t linear_in = linearity == ops::Linearity::kFirstInput ? 1 : node.inputs.size();
+    for (size_t k = 0; k < linear_in; ++k) {
+      if (!same_shape(node.inputs[k])) continue;
+      Strategy s = all_in(node, Kind::kReplicated);
+      s.in[k] = ShardSpec::partial();
+      s.out = {ShardSpec::partial()};
+      s.rule = "linear in a partial sum";
+      out.push_back(std::move(s));
+    }
+    return;
+  }
+  }
+}
+
+void Sharder::matmul_strategies(const Node &node, const ops::AttrReader &attrs,
+                                std::vector<Strategy> &out) const {
+  const TensorType &y = type(node.outputs[0]);
+  const int r = static_cast<int>(y.rank());
+  const TensorType &a = type(node.inputs[0]);
+  const TensorType &b = type(node.inputs[1]);
+  if (a.rank() < 2 || b.rank() < 2) return;
+  const bool ta = attrs.get_int("trans_a") != 0, tb = attrs.get_int("trans_b") != 0;
+  const int ra = static_cast<int>(a.rank()), rb = static_cast<int>(b.rank());
+  const int a_m = ta ? ra - 1 : ra - 2, a_k = ta ? ra - 2 : ra - 1;
+  const int b_k = tb ? rb - 1 : rb - 2, b_n = tb ? rb - 2 : rb - 1;
+  const bool has_c = node.inputs.size() > 2;
+  const TensorType *c = has_c ? &type(node.inputs[2]) : nullptr;
+  // C (Gemm) broadcast to the output: split along `dim` of Y where it has it.
+  auto c_spec = [&](const ShardSpec &ys) {
+    const int dc = ys.dim - (r - static_cast<int>(c->rank()));
+    if (dc >= 0 && c->shape[static_cast<size_t>(dc)] == y.shape[static_cast<size_t>(ys.dim)])
+      return ShardSpec::split(dc, ys.outer);
+    return ShardSpec::replicated();
+  };
+  auto push = [&](ShardSpec sa, ShardSpec sb, ShardSpec sy, std::string rule) {
+    Strategy s{{sa, sb}, {sy}, std::move(rule)};
+    if (has_c) s.in.push_back(sy.is_split() ? c_spec(sy) : ShardSpec::replicated());
+    out.push_back(std::move(s));
+  };
+  for (int64_t o : outers_) {
+    if (valid_split(b, b_n, o))
+      push(ShardSpec::replicated(), ShardSpec::split(b_n, o), ShardSpec::split(r - 1, o),
+           "column split (B by columns)");
+    if (valid_split(a, a_m, o))
+      push(ShardSpec::split(a_m, o), ShardSpec::replicated(), ShardSpec::split(r - 2, o),
+           "row split of A");
+    if (!has_c && valid_split(a, a_k, o) && valid_split(b, b_k, o))
+      push(ShardSpec::split(a_k, o), ShardSpec::split(b_k, o), ShardSpec::partial(),
+           "row split (the contracted dim; partial sums)");
+  }
+  // Batch dims (attention heads): both operands split alike where they have the dim.
+  for (int d = 0; d + 2 < r; ++d)
+    for (int64_t o : outers_) {
+      if (!valid_split(y, d, o)) continue;
+      auto operand = [&](const TensorType &x) {
+        const int dx = d - (r - static_cast<int>(x.rank()));
+        if (dx >= 0 && dx + 2 < static_cast<int>(x.rank()) &&
+            x.shape[static_cast<size_t>(dx)] == y.shape[static_cast<size_t>(d)])
+          return ShardSpec::split(dx, o);
+        return ShardSpec::replicated();
+      };
+      push(operand(a), operand(b), ShardSpec::split(d, o), "batch dims (heads) split");
+    }
+}
+
+void Sharder::conv_strategies(const Node &node, const ops::AttrReader &attrs,
+                              std::vector<Strategy> &out) const {
+  const TensorType &y = type(node.outputs[0]);
+  const int64_t group = attrs.get_int("group");
+  const TensorType &w = type(node.inputs[1]);
+  const bool has_bias = node.inputs.size() > 2;
+  for (int64_t o : outers_) {
+    if (group == 1 && valid_split(w, 0, o)) {
+      Strategy s{{ShardSpec::replicated(), ShardSpec::split(0, o)},
+                 {ShardSpec::split(1, o)},
+                 "output channels split"};
+      if (has_bias) s.in.push_back(ShardSpec::split(0, o));
+      out.push_back(std::move(s));
+    }
+    if (group == 1 && !has_bias && valid_split(w, 1, o))
+      out.push_back({{ShardSpec::split(1, o), ShardSpec::split(1, o)},
+                     {ShardSpec::partial()},
+                     "input channels split (partial sums)"});
+    if (valid_split(y, 0, o)) {
+      Strategy s{{ShardSpec::split(0, o), ShardSpec::replicated()},
+                 {ShardSpec::split(0, o)},
+                 "batch split"};
+      if (has_bias) s.in.push_back(ShardSpec::replicated());
+      out.push_back(std::move(s));
+    }
+  }
+}
+
+void Sharder::gather_strategies(const Node &node, const ops::AttrReader &attrs,
+                                std::vector<Strategy> &out) const {
+  const TensorType &data = type(node.inputs[0]);
+  const TensorType &indices = type(node.inputs[1]);
+  const int axis = axis_or(attrs.get_int("axis"), static_cast<int64_t>(data.rank()), 0);
+  const int ri = static_cast<int>(indices.rank());
+  for (const ShardSpec &spec : split_specs(data)) {
+    if (spec.dim == axis) continue;
+    const int e = spec.dim < axis ? spec.dim : spec.dim - 1 + ri;
+    out.push_back({{spec, ShardSpec::replicated()},
+                   {ShardSpec::split(e, spec.outer)},
+                   "gather from a table split along another dim"});
+  }
+  for (const ShardSpec &spec : split_specs(indices))
+    out.push_back({{ShardSpec::replicated(), spec},
+                   {ShardSpec::split(axis + spec.dim, spec.outer)},
+                   "gather with split indices"});
+  // Megatron-LM's vocabulary-parallel embedding: each member looks up the
+  // rows it holds, zeros for the others'.
+  if (valid_split(data, axis, 1)) {
+    Strategy s{{ShardSpec::split(axis), ShardSpec::replicated()},
+               {ShardSpec::partial()},
+               "gather from a table split by rows (each member's rows; partial sums)"};
+    s.attrs = {{"parts", int64_t{t_}}};
+    out.push_back(std::move(s));
+  }
+}
+
+void Sharder::cross_entropy_strategies(const Node &node, std::vector<Strategy> &out) const {
+  // Megatron-LM's vocabulary-parallel cross entropy: the logits stay split
+  // by class; the members exchange three numbers per row.
+  const TensorType &logits = type(node.inputs[0]);
+  if (valid_split(logits, static_cast<int>(logits.rank()) - 1, 1)) {
+    Strategy s{{ShardSpec::split(static_cast<int>(logits.rank()) - 1), ShardSpec::replicated()},
+               {ShardSpec::replicated()},
+               "cross entropy over logits split by class (per row: max, sum of "
+               "exponentials and label logit gathered)"};
+    const double stats = static_cast<double>(type(node.inputs[1]).num_elements()) * 3 * t_ *
+                         static_cast<double>(dtype_size(logits.dtype));
+    s.communication = all_gather_time(stats, t_, options_.link, CollectiveAlgorithm::kRing);
+    s.attrs = {{"parts", int64_t{t_}}};
+    s.vocab_parallel_loss = true;
+    out.push_back(std::move(s));
+  }
 }
 
 std::pair<double, ShardSpec> Sharder::best_arrival(TensorId input, const ShardSpec &want) const {
@@ -781,7 +801,7 @@ Result<TensorParallelResult> Sharder::run() {
           a.value = std::vector<int64_t>(ty.shape.begin(), ty.shape.end());
         }
     std::string op = node.op;
-    if (is_reshape(op) && op != "Reshape" && s.in[0].is_split()) {
+    if (is_reshape(node) && op != "Reshape" && s.in[0].is_split()) {
       // Squeeze's "every size-1 dim" or Flatten's axis would read the piece's
       // shape; a Reshape to the local shape says exactly what is meant.
       op = "Reshape";

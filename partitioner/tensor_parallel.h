@@ -3,9 +3,10 @@
 //
 // Every tensor gets a sharding spec over the group: replicated (R: every member
 // holds all of it), split (S: member r holds piece r along one dim) or partial
-// (P: every member holds a summand; the value is their sum). Each op has
-// sharding rules: the specs of inputs it accepts and the spec of the outputs it
-// then produces (MatMul: column split R x S(1) -> S(-1), row split S(-1) x S(0) ->
+// (P: every member holds a summand; the value is their sum). Each op declares
+// its sharding rule in the registry (ops::ShardRule; ops::Linearity for partial
+// sums), which gives the specs of inputs it accepts and the spec of the outputs
+// it then produces (MatMul: column split R x S(1) -> S(-1), row split S(-1) x S(0) ->
 // P, heads as batch dims; elementwise ops follow their inputs; LayerNorm and
 // Softmax along non-normalized dims; Conv2d by output channels; reshapes map a
 // split through their flattening; Gather from a table split by rows -> P and

@@ -1,23 +1,14 @@
 #include "passes/fuse_elementwise.h"
 
-#include <algorithm>
 #include <set>
-#include <string_view>
+
+#include "ops/registry.h"
 
 namespace strata::passes {
 
-namespace {
-
-constexpr std::string_view kFusable[] = {
-    "Relu", "Gelu",     "Tanh",     "Sigmoid",  "Exp",         "Log",     "Sqrt",
-    "Neg",  "Erf",      "Clip",     "Add",      "Sub",         "Mul",     "Div",
-    "Pow",  "ReluGrad", "GeluGrad", "TanhGrad", "SigmoidGrad", "ClipGrad"};
-
-} // namespace
-
 bool fusable_elementwise(const Graph &graph, const Node &node) {
-  if (std::find(std::begin(kFusable), std::end(kFusable), node.op) == std::end(kFusable))
-    return false;
+  const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
+  if (def == nullptr || def->traits.elementwise != ops::Elementwise::kFusable) return false;
   if (node.outputs.size() != 1 || node.inputs.empty() || node.inputs.size() > 2) return false;
   const TensorType &out = graph.tensor(node.outputs[0]).type;
   if (out.dtype != DType::kF32) return false;

@@ -17,7 +17,9 @@
 
 namespace strata::passes {
 
-// The ops a chain may hold.
+// Whether a chain may hold `node`: an op the registry marks
+// Elementwise::kFusable, with one f32 output of rank 8 at most and one or two
+// f32 inputs that broadcast to it.
 bool fusable_elementwise(const Graph &graph, const Node &node);
 
 // The graph's maximal chains of at least two nodes, each in order (first to

@@ -1,36 +1,16 @@
 #include "passes/split_batch.h"
 
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "graph/verifier.h"
-#include "ops/registry.h"
 
 namespace strata::passes {
 namespace {
 
 // The batch dim of a tensor that carries none (it does not depend on any input).
 constexpr int64_t kNoBatch = -1;
-
-bool in_table(std::span<const ops::OpDef> table, std::string_view op) {
-  for (const ops::OpDef &def : table)
-    if (def.name == op) return true;
-  return false;
-}
-
-// Ops that only gradient rules and the optimizer add: they never appear in a
-// forward graph, and several spell shapes in attributes this pass does not rewrite.
-bool is_backward_op(std::string_view op) {
-  return op.ends_with("Grad") || op == "BatchNormStats" || in_table(ops::optimizer_ops(), op);
-}
-
-// Ops that only move elements around, so the batch must stay the outermost part
-// of the dim that carries it.
-bool is_reshape_like(std::string_view op) {
-  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
-}
 
 int64_t product(llvm::ArrayRef<int64_t> dims) {
   int64_t p = 1;
@@ -50,12 +30,8 @@ public:
   Result<Graph> run() {
     RETURN_IF_ERROR(verify_graph(old_, registry_)
                         .with_context(str_cat("split_batch of graph '", old_.name(), "'")));
-    for (const Node &node : old_.nodes())
-      if (is_backward_op(node.op))
-        return failed_precondition(
-            "node '", node.name, "' (", node.op, ") of graph '", old_.name(),
-            "' is a gradient or optimizer op: split_batch rebuilds forward graphs; split the "
-            "forward graph before make_training_graph");
+    for (const Node &node : old_.nodes()) // verify_graph found every op in the registry
+      RETURN_IF_ERROR(check_batch_rule(node, *registry_.find(node.op), old_));
     RETURN_IF_ERROR(split_inputs());
     ASSIGN_OR_RETURN(std::vector<NodeId> order, old_.topological_order());
     for (NodeId id : order)
@@ -109,14 +85,12 @@ private:
 
   Status split_node(NodeId id) {
     Node &node = graph_.mutable_node(id);
-    if (node.op == "BatchNormalization")
-      return failed_precondition("node '", node.name,
-                                 "' (BatchNormalization) normalizes over the batch; micro-batches "
-                                 "would change its statistics; use --microbatches 1");
-    if (node.op == "BatchNormStats")
-      return failed_precondition("node '", node.name,
-                                 "' (BatchNormStats) computes statistics over the batch; "
-                                 "micro-batches would change them; use --microbatches 1");
+    const ops::OpDef *def = registry_.find(node.op);
+    if (def == nullptr) return internal_error("op '", node.op, "' vanished from the registry");
+    if (def->traits.batch == ops::BatchRule::kCombines)
+      return failed_precondition("node '", node.name, "' (", node.op,
+                                 ") normalizes over the batch; micro-batches would change its "
+                                 "statistics; use --microbatches 1");
 
     std::vector<int64_t> in_batch;
     bool batched = false;
@@ -126,8 +100,6 @@ private:
     }
     if (!batched) return Status::ok(); // its inputs, hence its outputs, keep their types
 
-    const ops::OpDef *def = registry_.find(node.op);
-    if (def == nullptr) return internal_error("op '", node.op, "' vanished from the registry");
     RETURN_IF_ERROR(check_samples_stay_apart(node, *def, in_batch));
     RETURN_IF_ERROR(rewrite_shape_attrs(node, *def, in_batch));
 
@@ -144,7 +116,7 @@ private:
       graph_.mutable_tensor(out).type = (*inferred)[i];
       RETURN_IF_ERROR(track_output(node, out));
     }
-    return check_batch_placement(node, in_batch);
+    return check_batch_placement(node, *def, in_batch);
   }
 
   // The dim of `out` that carries the batch: the one whose size went from n to n / M.
@@ -181,7 +153,6 @@ private:
   Status check_samples_stay_apart(const Node &node, const ops::OpDef &def,
                                   llvm::ArrayRef<int64_t> in_batch) const {
     ops::AttrReader attrs(node, def);
-    const std::string_view op = node.op;
     const int64_t bx = in_batch[0];
     const Tensor &x = old_.tensor(node.inputs[0]);
     const int64_t rank = x.type.rank();
@@ -190,7 +161,8 @@ private:
       return axis < 0 ? axis + rank : axis;
     };
 
-    if (op == "ReduceSum" || op == "ReduceMean" || op == "ReduceMax") {
+    switch (def.traits.batch) {
+    case ops::BatchRule::kReduceAxes: {
       if (bx == kNoBatch) return Status::ok();
       std::vector<int64_t> axes = attrs.get_ints("axes");
       if (axes.empty())
@@ -202,15 +174,19 @@ private:
           return refuse(node, "reduces over axis ", axis, " of input ", describe(x),
                         ", which carries the batch; the micro-batches' results would not make up "
                         "the full batch's");
-    } else if (op == "Softmax" || op == "LogSoftmax") {
+      return Status::ok();
+    }
+    case ops::BatchRule::kNormalizeAxis:
       if (bx != kNoBatch && axis_attr("axis") == bx)
         return refuse(node, "normalizes along axis ", attrs.get_int("axis"), " of input ",
                       describe(x), ", which carries the batch");
-    } else if (op == "LayerNorm") {
+      return Status::ok();
+    case ops::BatchRule::kTrailingAxes:
       if (bx != kNoBatch && axis_attr("axis") <= bx)
         return refuse(node, "normalizes over dims [", axis_attr("axis"), ", ", rank, ") of input ",
                       describe(x), ", which include the batch dim ", bx);
-    } else if (op == "Conv2d") {
+      return Status::ok();
+    case ops::BatchRule::kConv:
       if (bx != kNoBatch && bx != 0)
         return refuse(node, "input ", describe(x), " carries the batch in dim ", bx,
                       ", not in N (dim 0); the convolution would mix samples");
@@ -219,60 +195,86 @@ private:
           return refuse(node, "its ", i == 1 ? "weight " : "bias ",
                         describe(old_.tensor(node.inputs[i])),
                         " depends on the batch; only X may carry it");
-    } else if (op == "MaxPool2d" || op == "AveragePool2d" || op == "GlobalAveragePool") {
+      return Status::ok();
+    case ops::BatchRule::kPool:
       if (bx >= 2)
         return refuse(node, "pools over dim ", bx, " of input ", describe(x),
                       ", which carries the batch");
-    } else if (op == "Gather") {
+      return Status::ok();
+    case ops::BatchRule::kGatherAxis:
       if (bx != kNoBatch && axis_attr("axis") == bx)
         return refuse(node, "gathers along axis ", attrs.get_int("axis"), " of data ", describe(x),
                       ", which carries the batch: it selects samples");
-    } else if (op == "Split") {
+      return Status::ok();
+    case ops::BatchRule::kSplitAxis:
       if (bx != kNoBatch && axis_attr("axis") == bx)
         return refuse(node, "cuts input ", describe(x), " along axis ", attrs.get_int("axis"),
                       ", which carries the batch");
-    } else if (op == "Concat") {
+      return Status::ok();
+    case ops::BatchRule::kConcatAxis:
       for (size_t i = 0; i < in_batch.size(); ++i)
         if (in_batch[i] != kNoBatch && axis_attr("axis") == in_batch[i])
           return refuse(node, "joins along axis ", attrs.get_int("axis"),
                         ", which carries the "
                         "batch of input ",
                         describe(old_.tensor(node.inputs[i])));
-    } else if (op == "Slice") {
-      if (bx == kNoBatch) return Status::ok();
-      std::vector<int64_t> axes = attrs.get_ints("axes");
-      std::vector<int64_t> steps = attrs.get_ints("steps");
-      const size_t count = attrs.get_ints("starts").size();
-      const TensorType &y = old_.tensor(node.outputs[0]).type;
-      for (size_t i = 0; i < count; ++i) {
-        int64_t axis = axes.empty() ? static_cast<int64_t>(i) : axes[i];
-        if (axis < 0) axis += rank;
-        if (axis != bx) continue;
-        const int64_t step = steps.empty() ? 1 : steps[i];
-        if (step != 1 || y.shape[bx] != x.type.shape[bx])
-          return refuse(node, "slices axis ", bx, " of input ", describe(x),
-                        ", which carries the batch: it selects samples");
-      }
-    } else if (op == "Dropout") {
+      return Status::ok();
+    case ops::BatchRule::kSlice: return check_slice(node, attrs, bx);
+    case ops::BatchRule::kDropout:
       if (attrs.get_int("training") == 1 && attrs.get_float("ratio") > 0)
         return refuse(node, "training-mode Dropout keys its mask by element index, so every "
                             "micro-batch would draw the same mask");
-    } else if (op == "SoftmaxCrossEntropy") {
+      return Status::ok();
+    case ops::BatchRule::kClasses:
       if (bx != kNoBatch && bx == rank - 1)
         return refuse(node, "the classes dim of logits ", describe(x), " carries the batch");
+      return Status::ok();
+    // Where the batch goes is all there is to check (track_output, check_batch_placement).
+    case ops::BatchRule::kElementwise:
+    case ops::BatchRule::kExpand:
+    case ops::BatchRule::kReshape:
+    case ops::BatchRule::kReshapeAttr:
+    case ops::BatchRule::kFollows:
+    // Refused before the split starts (run, split_node).
+    case ops::BatchRule::kUndeclared:
+    case ops::BatchRule::kCombines:
+    case ops::BatchRule::kNotForward: return Status::ok();
+    }
+    return Status::ok();
+  }
+
+  // A Slice must take the whole batch dim, in order.
+  Status check_slice(const Node &node, const ops::AttrReader &attrs, int64_t bx) const {
+    if (bx == kNoBatch) return Status::ok();
+    const Tensor &x = old_.tensor(node.inputs[0]);
+    const int64_t rank = x.type.rank();
+    std::vector<int64_t> axes = attrs.get_ints("axes");
+    std::vector<int64_t> steps = attrs.get_ints("steps");
+    const size_t count = attrs.get_ints("starts").size();
+    const TensorType &y = old_.tensor(node.outputs[0]).type;
+    for (size_t i = 0; i < count; ++i) {
+      int64_t axis = axes.empty() ? static_cast<int64_t>(i) : axes[i];
+      if (axis < 0) axis += rank;
+      if (axis != bx) continue;
+      const int64_t step = steps.empty() ? 1 : steps[i];
+      if (step != 1 || y.shape[bx] != x.type.shape[bx])
+        return refuse(node, "slices axis ", bx, " of input ", describe(x),
+                      ", which carries the batch: it selects samples");
     }
     return Status::ok();
   }
 
   // Rewrites the attributes that spell out a shape containing the batch.
   Status rewrite_shape_attrs(Node &node, const ops::OpDef &def, llvm::ArrayRef<int64_t> in_batch) {
-    if (node.op != "Reshape" && node.op != "Expand") return Status::ok();
+    const ops::BatchRule rule = def.traits.batch;
+    if (rule != ops::BatchRule::kReshapeAttr && rule != ops::BatchRule::kExpand)
+      return Status::ok();
     const int64_t bx = in_batch[0];
     const Tensor &x = old_.tensor(node.inputs[0]);
     const TensorType &y = old_.tensor(node.outputs[0]).type;
     std::vector<int64_t> shape = ops::AttrReader(node, def).get_ints("shape");
 
-    if (node.op == "Reshape") {
+    if (rule == ops::BatchRule::kReshapeAttr) {
       // The output dim that starts where the batch dim does (the same number of
       // elements before it) and that M divides; it shrinks by M.
       const int64_t before = product(llvm::ArrayRef<int64_t>(x.type.shape).take_front(bx));
@@ -290,7 +292,7 @@ private:
                       " of input ", describe(x), " (after ", before, " elements) with a size that ",
                       m_, " micro-batches divide");
       if (shape.size() != static_cast<size_t>(y.rank()))
-        return internal_error("node '", node.name, "' (Reshape): attribute 'shape' has ",
+        return internal_error("node '", node.name, "' (", node.op, "): attribute 'shape' has ",
                               shape.size(), " dims but its output ", y.to_string(), " has ",
                               y.rank());
       // -1 is inferred and 0 copies an input dim: either follows the input.
@@ -311,8 +313,10 @@ private:
   // Where the batch ends up must match where it came from: in reshape-like ops
   // the batch stays the outermost part of its dim (so micro-batches stay
   // contiguous slices); in broadcasting ops every batched input lines up with it.
-  Status check_batch_placement(const Node &node, llvm::ArrayRef<int64_t> in_batch) const {
-    if (is_reshape_like(node.op)) {
+  Status check_batch_placement(const Node &node, const ops::OpDef &def,
+                               llvm::ArrayRef<int64_t> in_batch) const {
+    const ops::BatchRule rule = def.traits.batch;
+    if (rule == ops::BatchRule::kReshape || rule == ops::BatchRule::kReshapeAttr) {
       const Tensor &x = old_.tensor(node.inputs[0]);
       const Tensor &y = old_.tensor(node.outputs[0]);
       const int64_t dy = batch_[node.outputs[0]];
@@ -325,7 +329,8 @@ private:
                       "; the micro-batches would not be contiguous slices of it");
       return Status::ok();
     }
-    if (node.op == "Expand" || in_table(ops::elementwise_ops(), node.op)) {
+    if (rule == ops::BatchRule::kElementwise || rule == ops::BatchRule::kExpand ||
+        rule == ops::BatchRule::kDropout) {
       const Tensor &y = old_.tensor(node.outputs[0]);
       const int64_t dy = batch_[node.outputs[0]];
       for (size_t i = 0; i < in_batch.size(); ++i) {
@@ -348,6 +353,22 @@ private:
 };
 
 } // namespace
+
+Status check_batch_rule(const Node &node, const ops::OpDef &def, const Graph &graph) {
+  if (def.traits.batch == ops::BatchRule::kUndeclared)
+    return failed_precondition("node '", node.name, "' (", node.op, ") of graph '", graph.name(),
+                               "' declares no batch rule: micro-batching cannot tell whether it "
+                               "keeps samples apart");
+  if (def.traits.batch != ops::BatchRule::kNotForward) return Status::ok();
+  if (def.traits.collective != ops::Collective::kNone)
+    return failed_precondition("node '", node.name, "' (", node.op, ") of graph '", graph.name(),
+                               "' is a tensor-parallel collective: split_batch rebuilds forward "
+                               "graphs; split the forward graph before shard_tensor_parallel");
+  return failed_precondition(
+      "node '", node.name, "' (", node.op, ") of graph '", graph.name(),
+      "' is a gradient or optimizer op: split_batch rebuilds forward graphs; split the "
+      "forward graph before make_training_graph");
+}
 
 Result<Graph> split_batch(const Graph &forward, int64_t microbatches) {
   if (microbatches < 1)

@@ -22,9 +22,12 @@
 // output along its batch dim gives the full-batch result. Tensors that do not
 // depend on any input keep their type and carry no batch.
 //
-// It refuses, with an error naming the node, what would break that:
-//  - BatchNormalization (and BatchNormStats) when M > 1: the statistics are
-//    over the batch;
+// Each op says how the batch goes through it in its registry entry
+// (ops::BatchRule); the pass names no op. It refuses, with an error naming the
+// node, what would break that:
+//  - an op that declares no batch rule: the pass cannot tell whether it keeps
+//    samples apart;
+//  - BatchNormalization when M > 1: the statistics are over the batch;
 //  - ops that combine samples: ReduceSum/ReduceMean/ReduceMax whose axes
 //    include the batch dim; Softmax/LogSoftmax along it; LayerNorm over it;
 //    Conv2d, pooling, Gather, Slice, Split and Concat across or along it; any
@@ -36,15 +39,22 @@
 //  - training-mode Dropout with ratio > 0: its mask is keyed by element index,
 //    so every micro-batch would draw the same mask;
 //  - graphs with gradient or optimizer ops (split the forward graph, before
-//    make_training_graph).
+//    make_training_graph) or tensor-parallel collectives (before
+//    shard_tensor_parallel).
 // The result passes verify_graph.
 #pragma once
 
 #include <cstdint>
 
 #include "graph/graph.h"
+#include "ops/registry.h"
 
 namespace strata::passes {
+
+// What split_batch checks of every node of `graph` before it splits anything:
+// an error naming the node where its op (`def`) declares no batch rule, or is
+// one that only training or tensor parallelism adds (ops::BatchRule::kNotForward).
+Status check_batch_rule(const Node &node, const ops::OpDef &def, const Graph &graph);
 
 // The forward graph rebuilt at batch B / microbatches, where B is dim 0 of every
 // graph input. Errors: microbatches < 1; a graph input of rank 0, inputs with

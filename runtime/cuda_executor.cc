@@ -121,9 +121,11 @@ std::vector<std::string_view> cuda_backend_ops() { return cuda::cuda_op_names();
 
 namespace {
 
-// Whether the CUDA kernel of `node` takes input `i` in `dtype`: f32, except
-// where an op reads integers (indices, labels, step counters, integer sums).
-bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
+// Whether the CUDA kernel of `node` (op `def`) takes input `i` in `dtype`:
+// f32, except where an op reads integers (its integer inputs: indices, labels,
+// step counters; integer sums).
+bool runs_dtype(const Graph &graph, const Node &node, const ops::OpDef &def, size_t i,
+                DType dtype) {
   const std::string_view op = node.op;
   const bool integer = dtype == DType::kI32 || dtype == DType::kI64;
   if (op == "Cast") return dtype != DType::kF16 && dtype != DType::kBF16;
@@ -131,15 +133,8 @@ bool runs_dtype(const Graph &graph, const Node &node, size_t i, DType dtype) {
     if (!integer) return dtype == DType::kF32;
     return graph.tensor(node.inputs[0]).type.dtype == graph.tensor(node.inputs[1]).type.dtype;
   }
-  const bool index_slot =
-      ((op == "Gather" || op == "GatherGrad") && i == 1) ||
-      ((op == "SoftmaxCrossEntropy" || op == "VocabParallelStats" ||
-        op == "VocabParallelCrossEntropy") &&
-       i == 1) ||
-      ((op == "SoftmaxCrossEntropyGrad" || op == "VocabParallelCrossEntropyGrad") && i == 2) ||
-      (op == "SgdUpdate" && i == 4) || (op == "AdamUpdate" && i == 5) ||
-      (op == "LearningRate" && i == 0) || (op == "Dropout" && i == 1);
-  return index_slot ? integer : dtype == DType::kF32;
+  const bool integer_input = i < 32 && ((def.traits.integer_inputs >> i) & 1u) != 0;
+  return integer_input ? integer : dtype == DType::kF32;
 }
 
 } // namespace
@@ -162,7 +157,8 @@ Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)
     // A piece of a table or of logits split over `parts` members runs where
     // the device is one of a tensor-parallel group of that many.
     if (const int64_t parts = node.int_attr("parts").value_or(1);
-        parts > 1 && parts != tensor_parallel && !node.op.starts_with("Tp")) {
+        parts > 1 && parts != tensor_parallel &&
+        (def == nullptr || def->traits.collective == ops::Collective::kNone)) {
       missing[str_cat(node.op, " of a tensor split over ", parts,
                       " members outside a tensor-parallel group of ", parts)]
           .push_back(node.name);
@@ -175,7 +171,7 @@ Status check_cuda_ops(const Graph &graph, const std::function<bool(const Node &)
     if (moves_bytes(node.op)) continue;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const DType dtype = graph.tensor(node.inputs[i]).type.dtype;
-      if (!runs_dtype(graph, node, i, dtype)) {
+      if (!runs_dtype(graph, node, *def, i, dtype)) {
         missing[str_cat(node.op, " on ", dtype_name(dtype))].push_back(node.name);
         break;
       }

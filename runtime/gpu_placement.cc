@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "ops/registry.h"
 #include "plan/instructions.h"
 
 namespace strata::runtime {
@@ -122,9 +123,15 @@ Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int dev
     if (instr.kind != serialization::InstrKind::kCompute) continue;
     const Node &node = g.node(instr.index);
     int64_t need = 0;
-    if (node.op == "TpAllGather") need = bytes_of(node.outputs[0]);
-    if (node.op == "TpReduceScatter") need = bytes_of(node.inputs[0]);
-    if (node.op == "TpAllToAll") need = 2 * bytes_of(node.inputs[0]);
+    switch (ops::collective_of(node.op)) {
+    case ops::Collective::kAllGather: need = bytes_of(node.outputs[0]); break;
+    case ops::Collective::kReduceScatter: need = bytes_of(node.inputs[0]); break;
+    case ops::Collective::kAllToAll: need = 2 * bytes_of(node.inputs[0]); break;
+    case ops::Collective::kNone:
+    case ops::Collective::kCopy:
+    case ops::Collective::kAllReduce:
+    case ops::Collective::kSplit: break;
+    }
     layout.collective_staging = std::max(layout.collective_staging, need);
   }
   for (const serialization::PlanBucket &bucket : program.buckets) {
@@ -166,9 +173,7 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
     if (tensor_parallel <= 1 || instr.kind != InstrKind::kCompute ||
         instr.index >= graph.num_nodes())
       return -1;
-    const std::string &op = graph.node(instr.index).op;
-    if (op != "TpAllReduce" && op != "TpAllGather" && op != "TpReduceScatter" && op != "TpAllToAll")
-      return -1;
+    if (!ops::communicates_forward(ops::collective_of(graph.node(instr.index).op))) return -1;
     return tp_groups_begin + static_cast<int32_t>(d) / tensor_parallel;
   };
   // Members that reached a collective, per (kind, group, index, micro-batch).
@@ -310,11 +315,9 @@ int gpu_launch_group(const Graph &graph, const std::vector<serialization::PlanPr
   if (launch.reduce || instr.kind == InstrKind::kAllReduce ||
       instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather)
     return instr.peer;
-  if (instr.kind == InstrKind::kCompute && tensor_parallel > 1 && instr.index < graph.num_nodes()) {
-    const std::string &op = graph.node(instr.index).op;
-    if (op == "TpAllReduce" || op == "TpAllGather" || op == "TpReduceScatter" || op == "TpAllToAll")
-      return tp_groups_begin + lead.device / tensor_parallel;
-  }
+  if (instr.kind == InstrKind::kCompute && tensor_parallel > 1 && instr.index < graph.num_nodes() &&
+      ops::communicates_forward(ops::collective_of(graph.node(instr.index).op)))
+    return tp_groups_begin + lead.device / tensor_parallel;
   return -1;
 }
 

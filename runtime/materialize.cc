@@ -1,7 +1,9 @@
 // Materializing parameters and constants, and drawing random graph inputs.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "ops/registry.h"
 #include "runtime/executor.h"
 #include "runtime/random.h"
 #include "serialization/safetensors.h"
@@ -64,26 +66,24 @@ Result<HostTensor> materialize(const Tensor &tensor, const std::string &model_di
 }
 
 std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed, int64_t microbatches) {
-  // For integer inputs read as indices: the smallest dimension they index.
+  // For integer inputs read as indices or labels: the smallest range a reader
+  // allows (ops::OpTraits::index_range).
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
   const auto consumers = graph.consumers();
   auto index_bound = [&](TensorId input) -> std::optional<int64_t> {
     std::optional<int64_t> bound;
-    auto tighten = [&](int64_t b) { bound = bound ? std::min(*bound, b) : b; };
     for (NodeId user : consumers[input]) {
       const Node &node = graph.node(user);
-      if (node.inputs.size() < 2 || node.inputs[1] != input) continue;
-      const TensorType &first = graph.tensor(node.inputs[0]).type;
-      // A tensor-parallel member's piece of the table or logits: the whole
-      // has `parts` of them.
-      const int64_t parts = std::max<int64_t>(1, node.int_attr("parts").value_or(1));
-      if (node.op == "Gather") {
-        int64_t axis = node.int_attr("axis").value_or(0);
-        if (axis < 0) axis += first.rank();
-        if (axis >= 0 && axis < first.rank()) tighten(first.shape[axis] * parts);
-      } else if ((node.op == "SoftmaxCrossEntropy" || node.op == "VocabParallelStats" ||
-                  node.op == "VocabParallelCrossEntropy") &&
-                 first.rank() > 0) {
-        tighten(first.shape.back() * parts);
+      const ops::OpDef *def = registry.find(node.op);
+      if (def == nullptr || def->traits.index_range == nullptr) continue;
+      llvm::SmallVector<TensorType, 4> types;
+      for (TensorId t : node.inputs)
+        types.push_back(graph.tensor(t).type);
+      for (size_t slot = 0; slot < node.inputs.size() && slot < 32; ++slot) {
+        if (node.inputs[slot] != input || ((def->traits.integer_inputs >> slot) & 1u) == 0)
+          continue;
+        if (const std::optional<int64_t> range = def->traits.index_range(node, *def, types, slot))
+          bound = bound ? std::min(*bound, *range) : *range;
       }
     }
     return bound;

@@ -196,7 +196,7 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   if (p.tensor_parallel > 1) {
     std::map<std::string, int> collectives;
     for (const Node &node : plan.graph.nodes())
-      if (node.op.rfind("Tp", 0) == 0) ++collectives[node.op];
+      if (ops::collective_of(node.op) != ops::Collective::kNone) ++collectives[node.op];
     out << "tensor par.  " << p.tensor_parallel << " devices per group (device = (stage x "
         << p.data_parallel << " + replica) x " << p.tensor_parallel << " + member); "
         << p.shards.size() << " tensors held in pieces; per micro-batch:";
@@ -435,7 +435,7 @@ std::string pipeline_options_text(const Plan &plan) {
   if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
   if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
   for (const Node &node : plan.graph.nodes())
-    if (node.op == "TpReduceScatter") {
+    if (ops::collective_of(node.op) == ops::Collective::kReduceScatter) {
       text += "\nsplit_activations=1";
       break;
     }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -447,6 +448,47 @@ TEST(CudaEmulation, EveryOpCaseMatchesTheCpu) {
     ++compared;
   }
   EXPECT_GE(compared, 100);
+}
+
+// Fused chains hold the ops the registry marks fusable
+// (passes::fusable_elementwise), so the CUDA op table needs a fused step for
+// each, and has one for no other op.
+TEST(CudaOps, ExactlyTheFusableOpsHaveAFusedStep) {
+  for (const ops::OpDef *def : ops::OpRegistry::global().all()) {
+    const cuda::CudaOp *op = cuda::find_cuda_op(def->name);
+    EXPECT_EQ(def->traits.elementwise == ops::Elementwise::kFusable,
+              op != nullptr && op->fused.has_value())
+        << def->name;
+  }
+}
+
+TEST(CudaOps, FusedStepsReadTheOpsAttributes) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  auto node = [](std::string op) {
+    Node n;
+    n.name = "n";
+    n.op = std::move(op);
+    return n;
+  };
+  Node gelu = node("GeluGrad");
+  gelu.set_attr("approximate", std::string("tanh"));
+  const Result<cuda::FusedStep> gelu_step = cuda::fused_step(gelu, *registry.find("GeluGrad"));
+  ASSERT_TRUE(gelu_step.is_ok()) << gelu_step.status().to_string();
+  EXPECT_EQ(gelu_step->binary, 1);
+  EXPECT_EQ(gelu_step->op, static_cast<int>(cuda::Binary::kGeluTanhGrad));
+
+  Node clip = node("Clip");
+  clip.set_attr("min", -1.5);
+  const Result<cuda::FusedStep> clip_step = cuda::fused_step(clip, *registry.find("Clip"));
+  ASSERT_TRUE(clip_step.is_ok()) << clip_step.status().to_string();
+  EXPECT_EQ(clip_step->binary, 0);
+  EXPECT_EQ(clip_step->op, static_cast<int>(cuda::Unary::kClip));
+  EXPECT_EQ(clip_step->a, -1.5f);
+  EXPECT_EQ(clip_step->b, std::numeric_limits<float>::infinity());
+
+  Node cast = node("Cast");
+  cast.set_attr("to", std::string("f32"));
+  EXPECT_FALSE(cuda::fused_step(cast, *registry.find("Cast")).is_ok());
 }
 
 } // namespace

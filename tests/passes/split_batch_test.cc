@@ -555,6 +555,34 @@ TEST(SplitBatchErrorTest, BackwardOps) {
   EXPECT_THAT(split_error(training, 2), HasSubstr("split the forward graph before"));
 }
 
+TEST(SplitBatchErrorTest, TensorParallelCollectives) {
+  // Tensor parallelism adds them after micro-batching.
+  Graph g = one_op_graph([](GraphBuilder &b, TensorId x) {
+    return b.op1("TpAllReduce", {x}, {{"parts", int64_t{2}}}, "sum");
+  });
+  EXPECT_THAT(split_error(g, 2),
+              HasSubstr("node 'sum' (TpAllReduce) of graph 'g' is a tensor-parallel collective: "
+                        "split_batch rebuilds forward graphs; split the forward graph before "
+                        "shard_tensor_parallel"));
+}
+
+TEST(SplitBatchErrorTest, AnOpWithoutABatchRule) {
+  // Micro-batching fails closed: an op that does not say how the batch goes
+  // through it could mix samples unseen, so its node is refused.
+  Graph g = one_op_graph([](GraphBuilder &b, TensorId x) { return b.op1("Relu", {x}, {}, "mix"); });
+  const Node &node = g.node(*g.find_node("mix"));
+  ops::OpDef undeclared = *registry().find("Relu");
+  undeclared.traits.batch = ops::BatchRule::kUndeclared;
+  const Status refused = passes::check_batch_rule(node, undeclared, g);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("node 'mix' (Relu) of graph 'g' declares no batch rule: micro-batching "
+                        "cannot tell whether it keeps samples apart"));
+  // With its rule the node passes, and the graph splits.
+  EXPECT_TRUE(passes::check_batch_rule(node, *registry().find("Relu"), g).is_ok());
+  EXPECT_EQ(shape_of(split_or_die(g, 2), "mix"), (Shape{2, 3}));
+}
+
 TEST(SplitBatchErrorTest, BatchSizedConstantOperand) {
   // A constant spelled at the full batch cannot follow the split.
   Graph g = one_op_graph([](GraphBuilder &b, TensorId x) {

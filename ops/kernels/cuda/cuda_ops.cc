@@ -1059,11 +1059,27 @@ CudaOp op(std::string_view name, CudaKernelFn kernel, ScratchFn scratch = nullpt
   return CudaOp{name, kernel, scratch, flag_meaning};
 }
 
+// The ops the registry marks Elementwise::kFusable: their kernel and their step
+// in a fused chain.
+template <Unary kOp> CudaOp unary_map(std::string_view name) {
+  CudaOp entry = op(name, unary_op<kOp>);
+  entry.fused = FusedStep{};
+  entry.fused->op = static_cast<int>(kOp);
+  return entry;
+}
+template <Binary kOp> CudaOp binary_map(std::string_view name) {
+  CudaOp entry = op(name, binary_op<kOp>);
+  entry.fused = FusedStep{};
+  entry.fused->binary = 1;
+  entry.fused->op = static_cast<int>(kOp);
+  return entry;
+}
+
 const std::vector<CudaOp> &table() {
   static const std::vector<CudaOp> ops = [] {
     const std::string_view kBadLabel = "a label is outside [0, classes) and is not ignore_index";
     std::vector<CudaOp> t = {
-        op("Add", binary_op<Binary::kAdd>),
+        binary_map<Binary::kAdd>("Add"),
         op("AveragePool2d", pool_op<false>),
         op("AveragePool2dGrad", pool_grad_op<false>),
         op("AdamUpdate", adam_op, nullptr, "the step input is negative"),
@@ -1071,20 +1087,20 @@ const std::vector<CudaOp> &table() {
         op("BatchNormalization", batch_norm_op),
         op("BatchNormalizationGrad", batch_norm_grad_op),
         op("Cast", cast_op),
-        op("Clip", unary_op<Unary::kClip>),
-        op("ClipGrad", binary_op<Binary::kClipGrad>),
+        unary_map<Unary::kClip>("Clip"),
+        binary_map<Binary::kClipGrad>("ClipGrad"),
         op("Concat", concat_op),
-        op("Div", binary_op<Binary::kDiv>),
+        binary_map<Binary::kDiv>("Div"),
         op("Dropout", dropout_op),
-        op("Erf", unary_op<Unary::kErf>),
-        op("Exp", unary_op<Unary::kExp>),
+        unary_map<Unary::kErf>("Erf"),
+        unary_map<Unary::kExp>("Exp"),
         op("Expand", expand_op),
         op("Flatten", copy_op),
         op("Gather", gather_op, nullptr, "an index is outside the table"),
         op("GatherGrad", gather_grad_op, gather_grad_scratch_bytes,
            "an index is outside the table"),
-        op("Gelu", unary_op<Unary::kGeluErf>),
-        op("GeluGrad", binary_op<Binary::kGeluErfGrad>),
+        unary_map<Unary::kGeluErf>("Gelu"),
+        binary_map<Binary::kGeluErfGrad>("GeluGrad"),
         op("Gemm", gemm_op),
         op("GlobalNormScale", norm_op<false>, norm_scratch),
         op("NormScale", norm_scale_op, norm_scale_scratch),
@@ -1095,7 +1111,7 @@ const std::vector<CudaOp> &table() {
         op("LayerNorm", layer_norm_op),
         op("LayerNormGrad", layer_norm_grad_op, layer_norm_grad_scratch),
         op("LearningRate", learning_rate_op),
-        op("Log", unary_op<Unary::kLog>),
+        unary_map<Unary::kLog>("Log"),
         op("LogSoftmax", softmax_op<true>),
         op("LogSoftmaxGrad", softmax_grad_op<true>),
         op("MatMul", matmul_op),
@@ -1103,31 +1119,31 @@ const std::vector<CudaOp> &table() {
         op("MaxPool2dGrad", pool_grad_op<true>, max_pool_grad_scratch),
         op("MseLoss", mse_loss_op, mse_scratch),
         op("MseLossGrad", mse_loss_grad_op),
-        op("Mul", binary_op<Binary::kMul>),
-        op("Neg", unary_op<Unary::kNeg>),
-        op("Pow", binary_op<Binary::kPow>),
+        binary_map<Binary::kMul>("Mul"),
+        unary_map<Unary::kNeg>("Neg"),
+        binary_map<Binary::kPow>("Pow"),
         op("ReduceMax", reduce_op<Reduce::kMax, false>),
         op("ReduceMaxGrad", reduce_max_grad_op),
         op("ReduceMean", reduce_op<Reduce::kSum, true>),
         op("ReduceSum", reduce_op<Reduce::kSum, false>),
-        op("Relu", unary_op<Unary::kRelu>),
-        op("ReluGrad", binary_op<Binary::kReluGrad>),
+        unary_map<Unary::kRelu>("Relu"),
+        binary_map<Binary::kReluGrad>("ReluGrad"),
         op("Reshape", copy_op),
         op("SgdUpdate", sgd_op),
         op("Slice", slice_op),
         op("SliceGrad", slice_grad_op),
-        op("Sigmoid", unary_op<Unary::kSigmoid>),
-        op("SigmoidGrad", binary_op<Binary::kSigmoidGrad>),
+        unary_map<Unary::kSigmoid>("Sigmoid"),
+        binary_map<Binary::kSigmoidGrad>("SigmoidGrad"),
         op("Softmax", softmax_op<false>),
         op("SoftmaxCrossEntropy", cross_entropy_op, cross_entropy_scratch, kBadLabel),
         op("SoftmaxCrossEntropyGrad", cross_entropy_grad_op, cross_entropy_grad_scratch, kBadLabel),
         op("SoftmaxGrad", softmax_grad_op<false>),
         op("Split", split_op),
-        op("Sqrt", unary_op<Unary::kSqrt>),
+        unary_map<Unary::kSqrt>("Sqrt"),
         op("Squeeze", copy_op),
-        op("Sub", binary_op<Binary::kSub>),
-        op("Tanh", unary_op<Unary::kTanh>),
-        op("TanhGrad", binary_op<Binary::kTanhGrad>),
+        binary_map<Binary::kSub>("Sub"),
+        unary_map<Unary::kTanh>("Tanh"),
+        binary_map<Binary::kTanhGrad>("TanhGrad"),
         op("Transpose", transpose_op),
         op("Unsqueeze", copy_op),
         op("VocabParallelCrossEntropy", vocab_parallel_cross_entropy_op, cross_entropy_scratch,
@@ -1153,42 +1169,22 @@ Dims operand_strides(llvm::ArrayRef<int64_t> operand, const Dims &shape) {
 }
 
 Result<FusedStep> fused_step(const Node &node, const ops::OpDef &def) {
-  static const std::pair<std::string_view, Unary> unaries[] = {
-      {"Relu", Unary::kRelu},       {"Gelu", Unary::kGeluErf}, {"Tanh", Unary::kTanh},
-      {"Sigmoid", Unary::kSigmoid}, {"Exp", Unary::kExp},      {"Log", Unary::kLog},
-      {"Sqrt", Unary::kSqrt},       {"Neg", Unary::kNeg},      {"Erf", Unary::kErf},
-      {"Clip", Unary::kClip}};
-  static const std::pair<std::string_view, Binary> binaries[] = {
-      {"Add", Binary::kAdd},
-      {"Sub", Binary::kSub},
-      {"Mul", Binary::kMul},
-      {"Div", Binary::kDiv},
-      {"Pow", Binary::kPow},
-      {"ReluGrad", Binary::kReluGrad},
-      {"GeluGrad", Binary::kGeluErfGrad},
-      {"TanhGrad", Binary::kTanhGrad},
-      {"SigmoidGrad", Binary::kSigmoidGrad},
-      {"ClipGrad", Binary::kClipGrad}};
+  const CudaOp *entry = find_cuda_op(node.op);
+  if (def.traits.elementwise != ops::Elementwise::kFusable || entry == nullptr || !entry->fused)
+    return invalid_argument("node '", node.name, "' (", node.op,
+                            ") is not a fusable elementwise op");
+  FusedStep step = *entry->fused;
   const ops::AttrReader attrs(node, def);
-  const bool tanh = node.op.starts_with("Gelu") && attrs.get_string("approximate") == "tanh";
-  const bool bounds = node.op == "Clip" || node.op == "ClipGrad";
-  FusedStep step;
-  if (bounds) {
+  // Gelu's and GeluGrad's tanh form.
+  if (def.find_attr("approximate") != nullptr && attrs.get_string("approximate") == "tanh")
+    step.op =
+        step.binary ? static_cast<int>(Binary::kGeluTanhGrad) : static_cast<int>(Unary::kGeluTanh);
+  // Clip's and ClipGrad's bounds.
+  if (def.find_attr("min") != nullptr) {
     step.a = static_cast<float>(attrs.get_float("min"));
     step.b = static_cast<float>(attrs.get_float("max"));
   }
-  for (const auto &[name, op] : unaries)
-    if (node.op == name) {
-      step.op = static_cast<int>(tanh ? Unary::kGeluTanh : op);
-      return step;
-    }
-  for (const auto &[name, op] : binaries)
-    if (node.op == name) {
-      step.binary = 1;
-      step.op = static_cast<int>(tanh ? Binary::kGeluTanhGrad : op);
-      return step;
-    }
-  return invalid_argument("node '", node.name, "' (", node.op, ") is not a fusable elementwise op");
+  return step;
 }
 
 int64_t half_staging_bytes(const Node &node, llvm::ArrayRef<TensorType> inputs) {

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <string_view>
@@ -87,6 +88,9 @@ struct CudaOp {
   ScratchFn scratch = nullptr; // nullptr: none
   // What flag != 0 after a run means, for the error naming the node.
   std::string_view flag_meaning;
+  // Its step in a fused elementwise chain (fused_step): set for exactly the
+  // ops the registry marks ops::Elementwise::kFusable.
+  std::optional<FusedStep> fused = std::nullopt;
 };
 
 // The CUDA op for `op`, or nullptr when the CUDA backend does not run it.
