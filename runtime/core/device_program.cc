@@ -208,7 +208,7 @@ Status Resolver::compute(const PlanInstruction &instr, Op &op) {
     if (node.op == "SumOfSquares") at = data, type = &g_.tensor(t).type; // the whole pair
     op.outputs.push_back({at, type});
   }
-  op.collective = ops::collective_of(node.op);
+  op.collective = op.def->traits.collective;
   if (op.collective == ops::Collective::kNone) return Status::ok();
   if (shard) return invalid("a tensor-parallel node cannot run on a ZeRO-1 shard");
   return tensor_parallel(instr, op);
@@ -317,7 +317,7 @@ int64_t collective_staging_bytes(const PipelinePlan &plan, int device, bool stri
     const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
     if (def == nullptr) continue;
     auto bytes = [&](TensorId t) { return g.tensor(t).type.size_bytes(); };
-    switch (ops::collective_of(node.op)) {
+    switch (def->traits.collective) {
     case ops::Collective::kAllGather:
       if (!strided && plan::piece_layout(node, g.tensor(node.inputs[0]).type).rows > 1)
         need = std::max(need, bytes(node.outputs[0]));

@@ -21,7 +21,6 @@
 
 #include "ops/registry.h"
 #include "plan/pieces.h"
-#include "runtime/core/collective_shim.h"
 #include "runtime/core/pipeline_plan.h"
 
 namespace strata::runtime::core {
