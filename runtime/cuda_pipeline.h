@@ -89,6 +89,7 @@
 #include <vector>
 
 #include "graph/host_tensor.h"
+#include "runtime/core/pipeline_plan.h"
 #include "runtime/gpu_placement.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
@@ -138,8 +139,9 @@ struct CudaPipelineLayout {
     int64_t scratch = 0, scratch_bytes = 0;         // the largest of its nodes' (one stream)
     int64_t workspace = 0;
     int64_t bf16 = -1, bf16_bytes = 0; // with bf16: its GEMM operands' staging
-    // Over NCCL: where a tensor-parallel all-gather lands, or a reduce-scatter
-    // packs its blocks, when the pieces are column blocks (the largest).
+    // Its tensor-parallel collectives' staging (core::collective_staging_bytes):
+    // an all-to-all's blocks, and over NCCL where an all-gather lands or a
+    // reduce-scatter packs pieces that are column blocks.
     int64_t tp_staging = -1, tp_staging_bytes = 0;
     std::vector<int64_t> send; // per instruction: a send's staging, or -1
     int64_t first_flag = 0;    // its instructions' flags: first_flag + i in `flags`
@@ -157,11 +159,13 @@ struct CudaPipelineLayout {
 // `local` (one flag per plan device; empty: all) limits it to the devices of
 // one GPU of a run over several: the others get no regions, and the local
 // ones' tensor-parallel staging for NCCL. Errors: what check_cuda_ops says,
-// and what this runner does not run yet (non-f32 accumulation), each naming
-// the device and instruction.
+// and a program that names a node, tensor or bucket the plan lacks, each
+// naming the device and instruction.
 Result<CudaPipelineLayout> cuda_pipeline_layout(const serialization::Plan &plan,
                                                 int64_t workspace_bytes, bool bf16 = false,
                                                 const std::vector<bool> &local = {});
+
+class GpuRank;
 
 class CudaPipelineRunner : public StepRunner {
 public:
@@ -169,8 +173,8 @@ public:
   create(const serialization::Plan &plan, const CudaPipelineOptions &options = {});
   ~CudaPipelineRunner() override;
 
-  const Graph &graph() const override { return graph_; }
-  std::vector<TensorType> batch_types() const override;
+  const Graph &graph() const override { return plan_->graph(); }
+  std::vector<TensorType> batch_types() const override { return plan_->batch_types(); }
   Status run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTensor> *outputs) override;
   // From the first plan device holding the tensor (waits for the step in
   // flight); a tensor-parallel one put together from its group's pieces.
@@ -180,16 +184,19 @@ public:
   // every step replayed from one thread, that thread's time for all of them.
   double issue_seconds() const override { return issue_seconds_; }
   // Tensor-parallel pieces are whole here: the full tensor's type.
-  TensorType value_type(TensorId id) const override;
+  TensorType value_type(TensorId id) const override { return plan_->value_type(id); }
   // To every plan device holding the tensor (each member its piece).
   Status assign(TensorId id, const HostTensor &value) override;
-  Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
+  Result<HostTensor> join_pieces(TensorId id,
+                                 const std::vector<HostTensor> &pieces) const override {
+    return plan_->join_pieces(id, pieces);
+  }
   // Across processes: the process group, and what this process's devices
   // write to a checkpoint (StepRunner::checkpoint_pieces).
   ProcessGroup *processes() const override { return processes_; }
   Result<std::map<std::string, HostTensor>> checkpoint_pieces() const override;
 
-  int num_devices() const;      // plan devices
+  int num_devices() const { return plan_->num_devices(); } // plan devices
   int num_gpus() const;         // GPUs they run on (a host thread and NCCL rank each)
   int64_t device_bytes() const; // over every GPU
   int64_t replays() const;      // steps launched from the captured graph
@@ -197,17 +204,23 @@ public:
   int64_t fused_chains() const;
   std::string device_name() const;
 
-  struct State; // one GPU's: public for the helpers in cuda_pipeline.cc
-
 private:
   CudaPipelineRunner() = default;
-  Graph graph_;
-  int microbatches_ = 1, data_parallel_ = 1, tensor_parallel_ = 1;
-  // Tensor parallelism: tensors every member holds a piece of, by id.
-  std::map<TensorId, serialization::PlanShard> tp_shards_;
+  // Rank r's step: the batch in, the first step eagerly, the second
+  // captured, later ones replayed (not waited for).
+  Status launch_rank(GpuRank &rank, llvm::ArrayRef<HostTensor> inputs);
+  // Every rank's step, on a thread per GPU where NCCL calls may wait.
+  Status run_ranks(llvm::ArrayRef<HostTensor> inputs);
+  // The rank running plan device `d` in this process (made current), or null.
+  GpuRank *rank_of(size_t d) const;
+  // What device `d` of this process keeps of `id`; a copy that fails leaves
+  // it zero and `error` set.
+  std::optional<HostTensor> read(int d, TensorId id, Status &error) const;
+
+  std::unique_ptr<const core::PipelinePlan> plan_;
   // One per GPU the plan runs on in this process (across processes, this
   // process's one).
-  std::vector<std::unique_ptr<State>> ranks_;
+  std::vector<std::unique_ptr<GpuRank>> ranks_;
   ProcessGroup *processes_ = nullptr;
   double issue_seconds_ = -1;
 };

@@ -308,10 +308,10 @@ Status Resolver::outputs() {
 
 } // namespace
 
-int64_t collective_staging_bytes(const PipelinePlan &plan, int device, bool strided) {
-  const Graph &g = plan.graph();
+int64_t collective_staging_bytes(const Graph &g, const serialization::PlanProgram &program,
+                                 bool strided) {
   int64_t need = 0;
-  for (const PlanInstruction &instr : plan.program(device).instructions) {
+  for (const PlanInstruction &instr : program.instructions) {
     if (instr.kind != InstrKind::kCompute || instr.index >= g.num_nodes()) continue;
     const Node &node = g.node(instr.index);
     const ops::OpDef *def = ops::OpRegistry::global().find(node.op);

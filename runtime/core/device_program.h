@@ -105,7 +105,8 @@ struct DeviceMemory {
 // outgoing and incoming blocks, and unless its transport moves column
 // blocks in place (`strided`), where an all-gather lands and a
 // reduce-scatter packs pieces laid out in column blocks.
-int64_t collective_staging_bytes(const PipelinePlan &plan, int device, bool strided);
+int64_t collective_staging_bytes(const Graph &graph, const serialization::PlanProgram &program,
+                                 bool strided);
 
 // Errors name the device and instruction: a buffer the plan does not place,
 // a group or bucket that does not exist, what is not built yet (non-f32
