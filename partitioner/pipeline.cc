@@ -29,22 +29,6 @@ using serialization::PlanInstruction;
 using serialization::PlanProgram;
 using serialization::PlanSlot;
 
-Result<Schedule> parse_schedule(std::string_view text) {
-  if (text == "gpipe") return Schedule::kGPipe;
-  if (text == "1f1b") return Schedule::k1F1B;
-  if (text == "interleaved") return Schedule::kInterleaved;
-  return invalid_argument("unknown schedule '", text, "' (expected gpipe, 1f1b or interleaved)");
-}
-
-std::string_view schedule_name(Schedule schedule) {
-  switch (schedule) {
-  case Schedule::kGPipe: return "gpipe";
-  case Schedule::k1F1B: return "1f1b";
-  case Schedule::kInterleaved: return "interleaved";
-  }
-  return "1f1b";
-}
-
 namespace {
 
 bool is_intermediate(const Graph &graph, TensorId id) {
@@ -481,42 +465,9 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
       }
     };
     // 1. Micro-batches in schedule order.
-    if (options.schedule == Schedule::kGPipe) {
-      for (int k = 0; k < M; ++k)
-        run_block(fwd[0], k);
-      for (int k = 0; k < M; ++k)
-        run_block(bwd[0], k);
-    } else if (!interleaved) {
-      const int warmup = std::min(P - 1 - s, M);
-      for (int k = 0; k < warmup; ++k)
-        run_block(fwd[0], k);
-      for (int k = 0; k + warmup < M; ++k) {
-        run_block(fwd[0], k + warmup);
-        run_block(bwd[0], k);
-      }
-      for (int k = M - warmup; k < M; ++k)
-        run_block(bwd[0], k);
-    } else {
-      // Interleaved 1F1B (Narayanan et al. 2021, as Megatron-LM runs it): the
-      // device's chunks take P micro-batches in turn, forwards in chunk order
-      // and backwards in reverse; block k of N = chunks x M is micro-batch
-      // (k / (P chunks)) P + k mod P of chunk (k mod (P chunks)) / P. Warm-up
-      // forwards fill the deeper pipeline; with M = P all forwards go first.
-      const int N = chunks * M, round = P * chunks;
-      auto chunk_at = [&](int k, bool forward) {
-        const int c = (k % round) / P;
-        return static_cast<size_t>(forward ? c : chunks - 1 - c);
-      };
-      auto mb_at = [&](int k) { return (k / round) * P + k % P; };
-      const int warmup = M == P ? N : std::min(N, (P - 1 - s) * 2 + (chunks - 1) * P);
-      for (int k = 0; k < warmup; ++k)
-        run_block(fwd[chunk_at(k, true)], mb_at(k));
-      for (int k = 0; k + warmup < N; ++k) {
-        run_block(fwd[chunk_at(k + warmup, true)], mb_at(k + warmup));
-        run_block(bwd[chunk_at(k, false)], mb_at(k));
-      }
-      for (int k = std::max(N - warmup, 0); k < N; ++k)
-        run_block(bwd[chunk_at(k, false)], mb_at(k));
+    for (const Block &block : schedule_blocks(options.schedule, P, M, s, chunks)) {
+      const auto &per_chunk = block.backward ? bwd : fwd;
+      run_block(per_chunk[static_cast<size_t>(block.chunk)], block.microbatch);
     }
     // Gradient buckets, started as soon as their tensors are final.
     if (DP > 1 && options.bucket_bytes > 0)
