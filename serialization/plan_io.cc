@@ -357,10 +357,10 @@ std::string text_of(const flatbuffers::String *s) { return s ? s->str() : std::s
 
 bool finite_non_negative(double value) { return std::isfinite(value) && value >= 0; }
 
-// The pipeline table (revision 2). The programs are checked against it later.
-Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, size_t num_devices,
-                                      size_t num_programs) {
-  PlanPipeline pipe;
+// The mesh: stages x data_parallel x tensor_parallel devices, one program
+// each; ZeRO and the bucket size.
+Status mesh_from_fb(const fb::Pipeline &q, size_t num_devices, size_t num_programs,
+                    PlanPipeline &pipe) {
   pipe.stages = q.stages();
   if (pipe.stages < 1)
     return invalid_argument("field pipeline.stages = ", pipe.stages,
@@ -386,6 +386,13 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   pipe.bucket_bytes = q.bucket_bytes();
   if (pipe.bucket_bytes < 0)
     return invalid_argument("field pipeline.bucket_bytes = ", pipe.bucket_bytes, " is negative");
+  return Status::ok();
+}
+
+// The collective groups, each of devices of the mesh, and the algorithm
+// each reduces with.
+Status groups_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
+  const int64_t total = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel;
   if (q.groups() != nullptr) {
     for (uint32_t i = 0; i < q.groups()->size(); ++i) {
       std::vector<int32_t> devices;
@@ -414,6 +421,12 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                     [](const std::string &a) { return a.empty(); }))
       pipe.group_algorithms.clear();
   }
+  return Status::ok();
+}
+
+// With tensor parallelism, where its groups are in pipeline.groups: one per
+// (stage, replica), of consecutive devices.
+Status tp_groups_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.tp_groups_begin = q.tp_groups_begin();
   if (pipe.tensor_parallel > 1) {
     const int64_t needed = int64_t{pipe.stages} * pipe.data_parallel;
@@ -435,6 +448,12 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   } else if (pipe.tp_groups_begin != -1) {
     return invalid_argument("field pipeline.tp_groups_begin is set without tensor parallelism");
   }
+  return Status::ok();
+}
+
+// The parameters held in pieces: each a tensor of the model whose full
+// shape is its piece's, cut along `dim` into tensor_parallel pieces.
+Status shards_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe) {
   if (q.shards() != nullptr) {
     if (pipe.tensor_parallel < 2)
       return invalid_argument("field pipeline.shards needs pipeline.tensor_parallel >= 2");
@@ -467,6 +486,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
       pipe.shards.push_back(std::move(shard));
     }
   }
+  return Status::ok();
+}
+
+// Micro-batches, the schedule and its chunks.
+Status schedule_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.microbatches = q.microbatches();
   if (pipe.microbatches < 1)
     return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
@@ -487,6 +511,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                             "plan has ",
                             pipe.stages, " stages, ", pipe.microbatches,
                             " micro-batches and tensor_parallel = ", pipe.tensor_parallel);
+  return Status::ok();
+}
+
+// Every node's (virtual) stage, and the last node of each stage but the last.
+Status stages_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe) {
   const int64_t virtual_stages = int64_t{pipe.stages} * pipe.chunks;
   if (size_of(q.node_stage()) != g.num_nodes())
     return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),
@@ -510,6 +539,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                               pipe.node_stage[*node], ", not stage ", i);
     pipe.boundaries.push_back(std::move(name));
   }
+  return Status::ok();
+}
+
+// The cluster it was compiled for and the predicted step.
+Status predictions_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.cluster_json = text_of(q.cluster_json());
   pipe.predicted_step_s = q.predicted_step_s();
   if (!finite_non_negative(pipe.predicted_step_s))
@@ -519,6 +553,20 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   if (!finite_non_negative(pipe.predicted_bubble) || pipe.predicted_bubble > 1)
     return invalid_argument("field pipeline.predicted_bubble = ", pipe.predicted_bubble,
                             " is not a fraction in [0, 1]");
+  return Status::ok();
+}
+
+// The pipeline table (revision 2). The programs are checked against it later.
+Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, size_t num_devices,
+                                      size_t num_programs) {
+  PlanPipeline pipe;
+  RETURN_IF_ERROR(mesh_from_fb(q, num_devices, num_programs, pipe));
+  RETURN_IF_ERROR(groups_from_fb(q, pipe));
+  RETURN_IF_ERROR(tp_groups_from_fb(q, pipe));
+  RETURN_IF_ERROR(shards_from_fb(q, g, pipe));
+  RETURN_IF_ERROR(schedule_from_fb(q, pipe));
+  RETURN_IF_ERROR(stages_from_fb(q, g, pipe));
+  RETURN_IF_ERROR(predictions_from_fb(q, pipe));
   return pipe;
 }
 
