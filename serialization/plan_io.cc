@@ -657,103 +657,102 @@ Status check_arena_size(const std::string &where, int64_t arena_bytes, const Gra
                       "and once more");
 }
 
-// A pipeline plan's program (revision 2): instructions, slots and holds instead
-// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
-Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
-                                const std::string &where, PlanProgram &program) {
+// What instruction `kind` names by `index` must exist: a node, a tensor, a
+// state update or a bucket of the program.
+Status check_instruction_index(InstrKind kind, uint32_t index, const fb::Program &q, const Graph &g,
+                               const std::string &at) {
+  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
+  std::string_view name = instr_kind_name(kind);
+  switch (kind) {
+  case InstrKind::kCompute:
+  case InstrKind::kComputeShard:
+    if (index >= num_nodes)
+      return out_of_range(at, ": compute of node ", index,
+                          ", which is not a node index (the model has ", num_nodes, " nodes)");
+    break;
+  case InstrKind::kSend:
+  case InstrKind::kRecv:
+  case InstrKind::kAccumulate:
+  case InstrKind::kScale:
+  case InstrKind::kAllReduce:
+  case InstrKind::kReduceScatter:
+  case InstrKind::kAllGather:
+    if (index >= num_tensors)
+      return out_of_range(at, ": ", name, " of tensor ", index,
+                          ", which is not a tensor index (the model has ", num_tensors,
+                          " tensors)");
+    break;
+  case InstrKind::kUpdate:
+    if (index >= g.updates().size())
+      return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
+                          " state updates");
+    break;
+  case InstrKind::kStartBucket:
+  case InstrKind::kWaitBucket:
+    if (index >= size_of(q.buckets()))
+      return out_of_range(at, ": ", name, " ", index, ", but the program has ",
+                          size_of(q.buckets()), " buckets");
+    break;
+  }
+  return Status::ok();
+}
+
+// One instruction of a pipeline program: a known kind, naming what exists, its
+// peer a device or a group of the pipeline, its micro-batch in range.
+Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, const Graph &g,
+                           const PlanPipeline &pipe, const std::string &at, PlanProgram &program) {
   const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
                 microbatches = pipe.microbatches;
   const int64_t self = program.device;
-  if (self >= devices)
-    return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
-  if (size_of(q.order()) > 0)
-    return invalid_argument(where, ".order has ", size_of(q.order()),
-                            " entries; a pipeline plan's programs have instructions instead");
-  if (size_of(q.offsets()) > 0)
-    return invalid_argument(where, ".offsets has ", size_of(q.offsets()),
-                            " entries; a pipeline plan's programs have slots instead");
-  program.arena_bytes = q.arena_bytes();
-  if (program.arena_bytes < 0)
-    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
-  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
-
-  const std::vector<fb::Instruction> instructions = copy_structs(q.instructions());
-  for (size_t k = 0; k < instructions.size(); ++k) {
-    const fb::Instruction &in = instructions[k];
-    std::string at = str_cat(where, ".instructions[", k, "]");
-    auto kind_value = static_cast<uint8_t>(in.kind());
-    if (kind_value > static_cast<uint8_t>(fb::InstrKind::MAX))
-      return invalid_argument(at, ".kind has unknown value ", int{kind_value});
-    auto kind = static_cast<InstrKind>(kind_value);
-    std::string_view name = instr_kind_name(kind);
-    const uint32_t index = in.index();
-    const int64_t microbatch = in.microbatch(), peer = in.peer();
-    switch (kind) {
-    case InstrKind::kCompute:
-    case InstrKind::kComputeShard:
-      if (index >= num_nodes)
-        return out_of_range(at, ": compute of node ", index,
-                            ", which is not a node index (the model has ", num_nodes, " nodes)");
-      break;
-    case InstrKind::kSend:
-    case InstrKind::kRecv:
-    case InstrKind::kAccumulate:
-    case InstrKind::kScale:
-    case InstrKind::kAllReduce:
-    case InstrKind::kReduceScatter:
-    case InstrKind::kAllGather:
-      if (index >= num_tensors)
-        return out_of_range(at, ": ", name, " of tensor ", index,
-                            ", which is not a tensor index (the model has ", num_tensors,
-                            " tensors)");
-      break;
-    case InstrKind::kUpdate:
-      if (index >= g.updates().size())
-        return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
-                            " state updates");
-      break;
-    case InstrKind::kStartBucket:
-    case InstrKind::kWaitBucket:
-      if (index >= size_of(q.buckets()))
-        return out_of_range(at, ": ", name, " ", index, ", but the program has ",
-                            size_of(q.buckets()), " buckets");
-      break;
-    }
-    if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
-      std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
-      if (peer < 0 || peer >= devices)
-        return out_of_range(at, ": ", name, direction, " device ", peer,
-                            ", which is not a device of the pipeline (0..", devices - 1, ")");
-      if (peer == self)
-        return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
-    }
-    const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
-                         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
-                         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
-    if (grouped) {
-      if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
-        return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
-                            pipe.groups.size(), " groups");
-      const auto &group = pipe.groups[static_cast<size_t>(peer)];
-      if (std::find(group.begin(), group.end(), self) == group.end())
-        return invalid_argument(at, ": ", name, " over group ", peer,
-                                ", which does not include device ", self);
-      const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
-                             kind == InstrKind::kComputeShard;
-      if (zero_only && pipe.zero != 1)
-        return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
-    }
-    // Compute, send and recv run on a micro-batch or once per step (-1);
-    // accumulate adds one micro-batch's buffer.
-    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
-      int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
-      if (microbatch < lowest || microbatch >= microbatches)
-        return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest,
-                            "..", microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
-    }
-    program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
+  auto kind_value = static_cast<uint8_t>(in.kind());
+  if (kind_value > static_cast<uint8_t>(fb::InstrKind::MAX))
+    return invalid_argument(at, ".kind has unknown value ", int{kind_value});
+  auto kind = static_cast<InstrKind>(kind_value);
+  std::string_view name = instr_kind_name(kind);
+  const uint32_t index = in.index();
+  const int64_t microbatch = in.microbatch(), peer = in.peer();
+  RETURN_IF_ERROR(check_instruction_index(kind, index, q, g, at));
+  if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
+    std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
+    if (peer < 0 || peer >= devices)
+      return out_of_range(at, ": ", name, direction, " device ", peer,
+                          ", which is not a device of the pipeline (0..", devices - 1, ")");
+    if (peer == self)
+      return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
   }
+  const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
+                       kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
+                       kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
+  if (grouped) {
+    if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
+      return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
+                          pipe.groups.size(), " groups");
+    const auto &group = pipe.groups[static_cast<size_t>(peer)];
+    if (std::find(group.begin(), group.end(), self) == group.end())
+      return invalid_argument(at, ": ", name, " over group ", peer,
+                              ", which does not include device ", self);
+    const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
+                           kind == InstrKind::kComputeShard;
+    if (zero_only && pipe.zero != 1)
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
+  }
+  // Compute, send and recv run on a micro-batch or once per step (-1);
+  // accumulate adds one micro-batch's buffer.
+  if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
+    int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
+    if (microbatch < lowest || microbatch >= microbatches)
+      return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest, "..",
+                          microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
+  }
+  program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
+  return Status::ok();
+}
 
+// A pipeline program's slots: buffers of the model's tensors, aligned and
+// inside the arena.
+Status slots_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                     int64_t microbatches, PlanProgram &program) {
+  const size_t num_tensors = g.num_tensors();
   for (const fb::Slot &slot : copy_structs(q.slots())) {
     std::string at = str_cat(where, ".slots[", program.slots.size(), "]");
     if (slot.tensor() >= num_tensors)
@@ -774,8 +773,13 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
                           program.arena_bytes, "-byte arena");
     program.slots.push_back(PlanSlot{slot.tensor(), slot.microbatch(), slot.offset()});
   }
-  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
+  return Status::ok();
+}
 
+// The parameters, state and constants a device holds, by strictly increasing id.
+Status holds_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                     PlanProgram &program) {
+  const size_t num_tensors = g.num_tensors();
   if (q.holds() != nullptr) program.holds = copy_numbers(*q.holds());
   for (size_t k = 0; k < program.holds.size(); ++k) {
     TensorId id = program.holds[k];
@@ -792,10 +796,13 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
       return invalid_argument(where, ".holds[", k, "] = ", id, " does not follow ",
                               program.holds[k - 1], "; holds are strictly increasing tensor ids");
   }
-  program.predicted_busy_s = q.predicted_busy_s();
-  if (!finite_non_negative(program.predicted_busy_s))
-    return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
-                            " is not a finite time >= 0");
+  return Status::ok();
+}
+
+// ZeRO-1: the held state kept as shards, and the group they are shards over.
+Status shard_group_from_fb(const fb::Program &q, const PlanPipeline &pipe, const std::string &where,
+                           PlanProgram &program) {
+  const int64_t self = program.device;
   if (q.sharded_holds() != nullptr) program.sharded_holds = copy_numbers(*q.sharded_holds());
   program.shard_group = q.shard_group();
   if (!program.sharded_holds.empty()) {
@@ -811,7 +818,12 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     return invalid_argument(where, ".shard_group = ", program.shard_group,
                             " without sharded_holds");
   }
-  RETURN_IF_ERROR(buckets_from_fb(q, g, pipe, where, program));
+  return Status::ok();
+}
+
+// Each sharded hold is a held state tensor whose size the group divides.
+Status check_sharded_holds(const Graph &g, const PlanPipeline &pipe, const std::string &where,
+                           const PlanProgram &program) {
   for (size_t k = 0; k < program.sharded_holds.size(); ++k) {
     const TensorId id = program.sharded_holds[k];
     if (!std::binary_search(program.holds.begin(), program.holds.end(), id))
@@ -828,6 +840,41 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     if (k > 0 && id <= program.sharded_holds[k - 1])
       return invalid_argument(where, ".sharded_holds is not strictly increasing");
   }
+  return Status::ok();
+}
+
+// A pipeline plan's program (revision 2): instructions, slots and holds instead
+// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
+Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
+                                const std::string &where, PlanProgram &program) {
+  const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
+                microbatches = pipe.microbatches;
+  const int64_t self = program.device;
+  if (self >= devices)
+    return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
+  if (size_of(q.order()) > 0)
+    return invalid_argument(where, ".order has ", size_of(q.order()),
+                            " entries; a pipeline plan's programs have instructions instead");
+  if (size_of(q.offsets()) > 0)
+    return invalid_argument(where, ".offsets has ", size_of(q.offsets()),
+                            " entries; a pipeline plan's programs have slots instead");
+  program.arena_bytes = q.arena_bytes();
+  if (program.arena_bytes < 0)
+    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
+  const std::vector<fb::Instruction> instructions = copy_structs(q.instructions());
+  for (size_t k = 0; k < instructions.size(); ++k)
+    RETURN_IF_ERROR(instruction_from_fb(instructions[k], q, g, pipe,
+                                        str_cat(where, ".instructions[", k, "]"), program));
+  RETURN_IF_ERROR(slots_from_fb(q, g, where, microbatches, program));
+  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
+  RETURN_IF_ERROR(holds_from_fb(q, g, where, program));
+  program.predicted_busy_s = q.predicted_busy_s();
+  if (!finite_non_negative(program.predicted_busy_s))
+    return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
+                            " is not a finite time >= 0");
+  RETURN_IF_ERROR(shard_group_from_fb(q, pipe, where, program));
+  RETURN_IF_ERROR(buckets_from_fb(q, g, pipe, where, program));
+  RETURN_IF_ERROR(check_sharded_holds(g, pipe, where, program));
   return Status::ok();
 }
 
