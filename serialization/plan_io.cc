@@ -878,6 +878,112 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
   return Status::ok();
 }
 
+// A training plan's loss (a scalar graph output of a known kind) and optimizer.
+Status check_training_fields(const Plan &plan) {
+  const Graph &g = plan.graph;
+  if (plan.loss.empty()) return invalid_argument("field loss is missing in a training plan");
+  auto loss = g.find_tensor(plan.loss);
+  if (!loss) return invalid_argument("field loss names tensor '", plan.loss, "', not in the model");
+  if (std::find(g.outputs().begin(), g.outputs().end(), *loss) == g.outputs().end())
+    return invalid_argument("field loss: tensor '", plan.loss, "' is not a graph output");
+  if (g.tensor(*loss).type.num_elements() != 1)
+    return invalid_argument("field loss: tensor '", plan.loss, "' is ",
+                            g.tensor(*loss).type.to_string(), ", not a scalar");
+  if (plan.loss_kind != "softmax_cross_entropy" && plan.loss_kind != "mse")
+    return invalid_argument("field loss_kind is '", plan.loss_kind,
+                            "'; expected softmax_cross_entropy or mse");
+  if (plan.optimizer.empty())
+    return invalid_argument("field optimizer is missing in a training plan");
+  return Status::ok();
+}
+
+// The devices, each index once, all "cpu"; `device_indices` gets their indices.
+Status devices_from_fb(const fb::Plan &p, Plan &plan, std::set<uint32_t> &device_indices) {
+  if (p.devices() == nullptr || p.devices()->size() == 0)
+    return invalid_argument("field devices is empty; a plan runs on at least one device");
+  for (uint32_t i = 0; i < p.devices()->size(); ++i) {
+    const fb::Device &d = *p.devices()->Get(i);
+    if (!device_indices.insert(d.index()).second)
+      return invalid_argument("field devices[", i, "].index = ", d.index(), " is given twice");
+    if (d.kind() == nullptr || d.kind()->string_view() != "cpu")
+      return invalid_argument("field devices[", i, "].kind is '", text_of(d.kind()),
+                              "'; this build runs only \"cpu\"");
+    plan.devices.push_back(PlanDevice{d.index(), d.kind()->str()});
+  }
+  return Status::ok();
+}
+
+// A program of a plan without a pipeline (revision 1): the order every node
+// runs in, and each intermediate tensor's place in the arena.
+Status sequential_program_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                                  PlanProgram &program) {
+  // Revision 2 fields belong to pipeline plans only.
+  for (auto [field, count] :
+       {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
+        {"slots", size_of(q.slots())},
+        {"holds", size_of(q.holds())},
+        {"sharded_holds", size_of(q.sharded_holds())}})
+    if (count > 0)
+      return invalid_argument(where, ".", field, " has ", count,
+                              " entries, but only pipeline plans have ", field);
+  if (q.predicted_busy_s() != 0)
+    return invalid_argument(where, ".predicted_busy_s = ", q.predicted_busy_s(),
+                            ", but only pipeline plans have predicted times");
+  // The order: every node once, each after the producers of its inputs.
+  size_t num_nodes = g.num_nodes();
+  if (q.order() == nullptr || q.order()->size() != num_nodes)
+    return invalid_argument(where, ".order has ", q.order() ? q.order()->size() : 0,
+                            " entries but the model has ", num_nodes, " nodes");
+  std::vector<bool> done(num_nodes, false);
+  for (uint32_t k = 0; k < num_nodes; ++k) {
+    NodeId id = q.order()->Get(k);
+    if (id >= num_nodes)
+      return out_of_range(where, ".order[", k, "] = ", id, " is not a node index");
+    if (done[id])
+      return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name, "' comes twice");
+    for (TensorId input : g.node(id).inputs) {
+      NodeId producer = g.tensor(input).producer;
+      if (producer != kNoNode && !done[producer])
+        return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name,
+                                "' comes before node '", g.node(producer).name,
+                                "', which produces its input '", g.tensor(input).name, "'");
+    }
+    done[id] = true;
+    program.order.push_back(id);
+  }
+  program.arena_bytes = q.arena_bytes();
+  if (program.arena_bytes < 0)
+    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
+  if (q.offsets() == nullptr || q.offsets()->size() != g.num_tensors())
+    return invalid_argument(where, ".offsets has ", q.offsets() ? q.offsets()->size() : 0,
+                            " entries but the model has ", g.num_tensors(), " tensors");
+  const std::vector<int64_t> offsets = copy_numbers(*q.offsets());
+  for (uint32_t t = 0; t < g.num_tensors(); ++t) {
+    int64_t offset = offsets[t];
+    const Tensor &tensor = g.tensor(t);
+    if (offset == -1) {
+      if (tensor.kind == TensorKind::kIntermediate && tensor.type.size_bytes() > 0)
+        return invalid_argument(where, ".offsets[", t, "]: intermediate tensor '", tensor.name,
+                                "' has no place in the arena");
+    } else if (tensor.kind != TensorKind::kIntermediate) {
+      return invalid_argument(where, ".offsets[", t, "]: tensor '", tensor.name, "' is a ",
+                              tensor_kind_name(tensor.kind), ", not in the arena");
+    } else if (offset < 0 || offset > program.arena_bytes ||
+               tensor.type.size_bytes() > program.arena_bytes - offset) {
+      return out_of_range(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name, "' (",
+                          tensor.type.size_bytes(), " bytes) does not fit the ",
+                          program.arena_bytes, "-byte arena");
+    } else if (offset % kPlanAlignment != 0) {
+      return invalid_argument(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name,
+                              "' is not at a multiple of ", kPlanAlignment,
+                              " bytes, as every buffer of a memory plan is");
+    }
+    program.offsets.push_back(offset);
+  }
+  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, 1));
+  return Status::ok();
+}
+
 Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   if (p.plan_version() == 0) return invalid_argument("field plan_version is missing");
   if (p.plan_version() > kPlanVersion)
@@ -903,39 +1009,14 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   plan.producer = text(p.producer());
   const Graph &g = plan.graph;
 
-  if (plan.mode == Plan::Mode::kTrain) {
-    if (plan.loss.empty()) return invalid_argument("field loss is missing in a training plan");
-    auto loss = g.find_tensor(plan.loss);
-    if (!loss)
-      return invalid_argument("field loss names tensor '", plan.loss, "', not in the model");
-    if (std::find(g.outputs().begin(), g.outputs().end(), *loss) == g.outputs().end())
-      return invalid_argument("field loss: tensor '", plan.loss, "' is not a graph output");
-    if (g.tensor(*loss).type.num_elements() != 1)
-      return invalid_argument("field loss: tensor '", plan.loss, "' is ",
-                              g.tensor(*loss).type.to_string(), ", not a scalar");
-    if (plan.loss_kind != "softmax_cross_entropy" && plan.loss_kind != "mse")
-      return invalid_argument("field loss_kind is '", plan.loss_kind,
-                              "'; expected softmax_cross_entropy or mse");
-    if (plan.optimizer.empty())
-      return invalid_argument("field optimizer is missing in a training plan");
-  }
+  if (plan.mode == Plan::Mode::kTrain) RETURN_IF_ERROR(check_training_fields(plan));
   if (!is_hex_digest(p.model_fingerprint()))
     return invalid_argument("field model_fingerprint is not 64 lowercase hex digits");
   if (!is_hex_digest(p.fingerprint()))
     return invalid_argument("field fingerprint is not 64 lowercase hex digits");
 
-  if (p.devices() == nullptr || p.devices()->size() == 0)
-    return invalid_argument("field devices is empty; a plan runs on at least one device");
   std::set<uint32_t> device_indices;
-  for (uint32_t i = 0; i < p.devices()->size(); ++i) {
-    const fb::Device &d = *p.devices()->Get(i);
-    if (!device_indices.insert(d.index()).second)
-      return invalid_argument("field devices[", i, "].index = ", d.index(), " is given twice");
-    if (d.kind() == nullptr || d.kind()->string_view() != "cpu")
-      return invalid_argument("field devices[", i, "].kind is '", text(d.kind()),
-                              "'; this build runs only \"cpu\"");
-    plan.devices.push_back(PlanDevice{d.index(), d.kind()->str()});
-  }
+  RETURN_IF_ERROR(devices_from_fb(p, plan, device_indices));
   if (p.programs() == nullptr || p.programs()->size() != plan.devices.size())
     return invalid_argument("field programs has ", p.programs() ? p.programs()->size() : 0,
                             " entries for ", plan.devices.size(), " devices; one per device");
@@ -959,75 +1040,10 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
       return invalid_argument(where, ".device = ", q.device(), " has two programs");
     PlanProgram program;
     program.device = q.device();
-    if (plan.pipeline) {
+    if (plan.pipeline)
       RETURN_IF_ERROR(pipeline_program_from_fb(q, g, *plan.pipeline, where, program));
-      plan.programs.push_back(std::move(program));
-      continue;
-    }
-    // Revision 2 fields belong to pipeline plans only.
-    for (auto [field, count] :
-         {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
-          {"slots", size_of(q.slots())},
-          {"holds", size_of(q.holds())},
-          {"sharded_holds", size_of(q.sharded_holds())}})
-      if (count > 0)
-        return invalid_argument(where, ".", field, " has ", count,
-                                " entries, but only pipeline plans have ", field);
-    if (q.predicted_busy_s() != 0)
-      return invalid_argument(where, ".predicted_busy_s = ", q.predicted_busy_s(),
-                              ", but only pipeline plans have predicted times");
-    // The order: every node once, each after the producers of its inputs.
-    size_t num_nodes = g.num_nodes();
-    if (q.order() == nullptr || q.order()->size() != num_nodes)
-      return invalid_argument(where, ".order has ", q.order() ? q.order()->size() : 0,
-                              " entries but the model has ", num_nodes, " nodes");
-    std::vector<bool> done(num_nodes, false);
-    for (uint32_t k = 0; k < num_nodes; ++k) {
-      NodeId id = q.order()->Get(k);
-      if (id >= num_nodes)
-        return out_of_range(where, ".order[", k, "] = ", id, " is not a node index");
-      if (done[id])
-        return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name, "' comes twice");
-      for (TensorId input : g.node(id).inputs) {
-        NodeId producer = g.tensor(input).producer;
-        if (producer != kNoNode && !done[producer])
-          return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name,
-                                  "' comes before node '", g.node(producer).name,
-                                  "', which produces its input '", g.tensor(input).name, "'");
-      }
-      done[id] = true;
-      program.order.push_back(id);
-    }
-    program.arena_bytes = q.arena_bytes();
-    if (program.arena_bytes < 0)
-      return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
-    if (q.offsets() == nullptr || q.offsets()->size() != g.num_tensors())
-      return invalid_argument(where, ".offsets has ", q.offsets() ? q.offsets()->size() : 0,
-                              " entries but the model has ", g.num_tensors(), " tensors");
-    const std::vector<int64_t> offsets = copy_numbers(*q.offsets());
-    for (uint32_t t = 0; t < g.num_tensors(); ++t) {
-      int64_t offset = offsets[t];
-      const Tensor &tensor = g.tensor(t);
-      if (offset == -1) {
-        if (tensor.kind == TensorKind::kIntermediate && tensor.type.size_bytes() > 0)
-          return invalid_argument(where, ".offsets[", t, "]: intermediate tensor '", tensor.name,
-                                  "' has no place in the arena");
-      } else if (tensor.kind != TensorKind::kIntermediate) {
-        return invalid_argument(where, ".offsets[", t, "]: tensor '", tensor.name, "' is a ",
-                                tensor_kind_name(tensor.kind), ", not in the arena");
-      } else if (offset < 0 || offset > program.arena_bytes ||
-                 tensor.type.size_bytes() > program.arena_bytes - offset) {
-        return out_of_range(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name, "' (",
-                            tensor.type.size_bytes(), " bytes) does not fit the ",
-                            program.arena_bytes, "-byte arena");
-      } else if (offset % kPlanAlignment != 0) {
-        return invalid_argument(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name,
-                                "' is not at a multiple of ", kPlanAlignment,
-                                " bytes, as every buffer of a memory plan is");
-      }
-      program.offsets.push_back(offset);
-    }
-    RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, 1));
+    else
+      RETURN_IF_ERROR(sequential_program_from_fb(q, g, where, program));
     plan.programs.push_back(std::move(program));
   }
   return plan;
