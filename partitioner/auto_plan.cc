@@ -275,6 +275,199 @@ PipelineCompileOptions compile_options(const AutoCandidate &c, const AutoOptions
   return compile;
 }
 
+// The micro-batch counts tried for a replica's batch of `local`: the powers of
+// two that divide it, up to `max`, and `local` itself when it is at most `max`.
+std::vector<int> microbatch_counts(int64_t local, int max) {
+  std::vector<int> microbatches;
+  for (int64_t m = 1; m <= std::min<int64_t>(local, max); m *= 2)
+    if (local % m == 0) microbatches.push_back(static_cast<int>(m));
+  if (local <= max &&
+      std::find(microbatches.begin(), microbatches.end(), local) == microbatches.end())
+    microbatches.push_back(static_cast<int>(local));
+  return microbatches;
+}
+
+// The candidates of one --auto search, in the order they are tried, and each
+// compiled one's plan at the same index (an empty plan for the others).
+class CandidateSearch {
+public:
+  CandidateSearch(const Graph &forward, const passes::TrainingOptions &training,
+                  const AutoOptions &options)
+      : forward_(forward), training_(training), options_(options),
+        capacity_(options.cluster.device.memory_bytes) {}
+
+  // Every mesh of N devices (tensor parallelism within a node, data
+  // parallelism dividing the batch), with every micro-batch count, ZeRO,
+  // schedule and recomputation worth trying; above exact_devices estimated,
+  // else compiled.
+  void run(int N, int64_t batch);
+  // Fitting candidates by step, memory, micro-batches; then the rest by
+  // memory. Their plans move with them.
+  void sort();
+  std::vector<AutoCandidate> take_candidates() { return std::move(candidates_); }
+  serialization::Plan take_plan(size_t i) { return std::move(plans_[i]); }
+  bool empty() const { return candidates_.empty(); }
+
+private:
+  void add_estimated(int dp, int tp, int pp, int M, std::vector<int> zeros);
+  void add_compiled(int dp, int tp, int pp, int M, const std::vector<int> &zeros);
+
+  const Graph &forward_;
+  const passes::TrainingOptions &training_;
+  const AutoOptions &options_;
+  const int64_t capacity_;
+  EstimateCache cache_;
+  std::vector<AutoCandidate> candidates_;
+  std::vector<serialization::Plan> plans_;
+};
+
+void CandidateSearch::run(int N, int64_t batch) {
+  const bool estimating = N > options_.exact_devices;
+  const int per_node = std::max(1, options_.cluster.devices_per_node);
+  for (int tp = 1; tp <= std::min(N, per_node); tp *= 2)
+    for (int dp = 1; dp <= N / tp; ++dp) {
+      if (N % (dp * tp) != 0 || batch % dp != 0) continue;
+      const int pp = N / (dp * tp);
+      for (int M : microbatch_counts(batch / dp, options_.max_microbatches)) {
+        std::vector<int> zeros = {0};
+        if (dp > 1) zeros.push_back(1);
+        if (estimating)
+          add_estimated(dp, tp, pp, M, std::move(zeros));
+        else
+          add_compiled(dp, tp, pp, M, zeros);
+      }
+    }
+}
+
+void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<int> zeros) {
+  // With tensor parallelism ZeRO-1 does not shard updates that read
+  // clipped gradients.
+  if (training_.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
+  // Recomputation only ever costs time: tried when a plan without it
+  // does not fit.
+  for (bool recompute : {false, true}) {
+    auto e = estimate(forward_, training_, options_.cluster, dp, tp, pp, M,
+                      options_.mixed_precision, recompute, options_.bucket_bytes, cache_);
+    bool all_fit = true;
+    for (int zero : zeros) {
+      AutoCandidate c{dp, tp, pp, M, Schedule::k1F1B, zero, recompute};
+      c.estimated = true;
+      if (!e.is_ok()) {
+        c.error = e.status().message();
+      } else {
+        c.step_s = e->step_s + (zero == 1 ? e->zero_delta_s : 0.0);
+        c.bubble = e->bubble;
+        c.memory = e->memory[zero];
+        c.comm_bytes = e->comm_bytes;
+        c.fits = capacity_ <= 0 || c.memory <= capacity_;
+      }
+      all_fit = all_fit && (c.fits || !c.error.empty());
+      candidates_.push_back(std::move(c));
+      plans_.emplace_back();
+    }
+    if (all_fit) break;
+  }
+}
+
+void CandidateSearch::add_compiled(int dp, int tp, int pp, int M, const std::vector<int> &zeros) {
+  // With one stage or one micro-batch both schedules are the same program.
+  // Interleaved (two chunks per device) where it is built: micro-batches
+  // a multiple of the stages, no tensor parallelism, no recomputation.
+  std::vector<Schedule> schedules = {Schedule::k1F1B};
+  if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
+  if (pp > 1 && tp == 1 && M % pp == 0) schedules.push_back(Schedule::kInterleaved);
+  for (int zero : zeros)
+    for (Schedule schedule : schedules)
+      for (bool recompute : {false, true}) {
+        if (recompute && schedule == Schedule::kInterleaved) break;
+        AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
+        if (schedule == Schedule::kInterleaved) c.chunks = 2;
+        auto plan = compile_pipeline(forward_, training_, compile_options(c, options_));
+        if (!plan.is_ok()) {
+          c.error = plan.status().message();
+          candidates_.push_back(std::move(c));
+          plans_.emplace_back();
+          break;
+        }
+        c.step_s = plan->pipeline->predicted_step_s;
+        c.bubble = plan->pipeline->predicted_bubble;
+        for (size_t d = 0; d < plan->programs.size(); ++d)
+          c.memory = std::max(c.memory, plan::device_memory(*plan, d));
+        c.comm_bytes = comm_bytes(*plan);
+        c.fits = capacity_ <= 0 || c.memory <= capacity_;
+        const bool fits = c.fits;
+        candidates_.push_back(std::move(c));
+        plans_.push_back(std::move(plan).value());
+        // Recomputation only ever costs time: tried when this does not fit.
+        if (fits) break;
+      }
+}
+
+void CandidateSearch::sort() {
+  std::vector<size_t> order(candidates_.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  auto rank = [&](size_t i) {
+    const AutoCandidate &c = candidates_[i];
+    const int group = c.error.empty() ? (c.fits ? 0 : 1) : 2;
+    return std::make_tuple(group, group == 0 ? c.step_s : static_cast<double>(c.memory), c.memory,
+                           c.microbatches, i);
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank(a) < rank(b); });
+  std::vector<AutoCandidate> sorted;
+  std::vector<serialization::Plan> sorted_plans;
+  for (size_t i : order) {
+    sorted.push_back(candidates_[i]);
+    sorted_plans.push_back(std::move(plans_[i]));
+  }
+  candidates_ = std::move(sorted);
+  plans_ = std::move(sorted_plans);
+}
+
+// The estimate's winner, or the next fitting candidate that compiles, into
+// result.plan; the candidates that do not compile get their error.
+Status compile_estimated_winner(const Graph &forward, const passes::TrainingOptions &training,
+                                const AutoOptions &options, AutoResult &result) {
+  Status first_error = Status::ok();
+  for (size_t i = 0; i < result.candidates.size() && !result.planned; ++i) {
+    const AutoCandidate &c = result.candidates[i];
+    if (!c.error.empty() || !c.fits) break;
+    auto plan = compile_pipeline(forward, training, compile_options(c, options));
+    if (!plan.is_ok()) {
+      if (first_error.is_ok()) first_error = plan.status().with_context(c.label());
+      result.candidates[i].error = plan.status().message();
+      continue;
+    }
+    result.plan = std::move(plan).value();
+    result.planned = true;
+    result.winner = i;
+  }
+  if (!result.planned) return first_error.with_context("--auto: no fitting candidate compiles");
+  return Status::ok();
+}
+
+// Why the winner won: against the runner-up that fits, else the best that
+// does not.
+std::string explain_choice(const AutoResult &result, int64_t capacity) {
+  const AutoCandidate &chosen = result.candidates[result.winner];
+  const AutoCandidate *other = nullptr;
+  for (size_t i = 0; i < result.candidates.size() && other == nullptr; ++i)
+    if (i != result.winner && result.candidates[i].error.empty()) other = &result.candidates[i];
+  if (other == nullptr) return str_cat(chosen.label(), " is the only plan that compiles.");
+  if (!other->fits)
+    return str_cat(chosen.label(), " is the fastest plan that fits; ", other->label(), " needs ",
+                   bytes_text(static_cast<double>(other->memory)), " per device, over the ",
+                   bytes_text(static_cast<double>(capacity)), " there are.");
+  return str_cat(chosen.label(), " wins: predicted step ", ms_text(chosen.step_s), " against ",
+                 ms_text(other->step_s), " for the runner-up, ", other->label(), " (",
+                 percent_text(other->step_s > 0 ? 1 - chosen.step_s / other->step_s : 0),
+                 " faster); bubble ", percent_text(chosen.bubble), " against ",
+                 percent_text(other->bubble), ", ", bytes_text(chosen.comm_bytes), " against ",
+                 bytes_text(other->comm_bytes), " moved per step, ",
+                 bytes_text(static_cast<double>(chosen.memory)), " against ",
+                 bytes_text(static_cast<double>(other->memory)), " on the fullest device.");
+}
+
 } // namespace
 
 std::string AutoCandidate::label() const {
@@ -296,110 +489,14 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
   const int64_t batch = forward.tensor(forward.inputs()[0]).type.shape[0];
   const auto capacity = options.cluster.device.memory_bytes;
 
-  AutoResult result;
-  std::vector<serialization::Plan> plans;
-  const bool estimating = N > options.exact_devices;
-  EstimateCache cache;
-  const int per_node = std::max(1, options.cluster.devices_per_node);
-  for (int tp = 1; tp <= std::min(N, per_node); tp *= 2)
-    for (int dp = 1; dp <= N / tp; ++dp) {
-      if (N % (dp * tp) != 0 || batch % dp != 0) continue;
-      const int pp = N / (dp * tp);
-      const int64_t local = batch / dp;
-      std::vector<int> microbatches;
-      for (int64_t m = 1; m <= std::min<int64_t>(local, options.max_microbatches); m *= 2)
-        if (local % m == 0) microbatches.push_back(static_cast<int>(m));
-      if (local <= options.max_microbatches &&
-          std::find(microbatches.begin(), microbatches.end(), local) == microbatches.end())
-        microbatches.push_back(static_cast<int>(local));
-      for (int M : microbatches) {
-        std::vector<int> zeros = {0};
-        if (dp > 1) zeros.push_back(1);
-        if (estimating) {
-          // With tensor parallelism ZeRO-1 does not shard updates that read
-          // clipped gradients.
-          if (training.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
-          // Recomputation only ever costs time: tried when a plan without it
-          // does not fit.
-          for (bool recompute : {false, true}) {
-            auto e = estimate(forward, training, options.cluster, dp, tp, pp, M,
-                              options.mixed_precision, recompute, options.bucket_bytes, cache);
-            bool all_fit = true;
-            for (int zero : zeros) {
-              AutoCandidate c{dp, tp, pp, M, Schedule::k1F1B, zero, recompute};
-              c.estimated = true;
-              if (!e.is_ok()) {
-                c.error = e.status().message();
-              } else {
-                c.step_s = e->step_s + (zero == 1 ? e->zero_delta_s : 0.0);
-                c.bubble = e->bubble;
-                c.memory = e->memory[zero];
-                c.comm_bytes = e->comm_bytes;
-                c.fits = capacity <= 0 || c.memory <= capacity;
-              }
-              all_fit = all_fit && (c.fits || !c.error.empty());
-              result.candidates.push_back(std::move(c));
-              plans.emplace_back();
-            }
-            if (all_fit) break;
-          }
-          continue;
-        }
-        // With one stage or one micro-batch both schedules are the same program.
-        // Interleaved (two chunks per device) where it is built: micro-batches
-        // a multiple of the stages, no tensor parallelism, no recomputation.
-        std::vector<Schedule> schedules = {Schedule::k1F1B};
-        if (pp > 1 && M > 1) schedules.push_back(Schedule::kGPipe);
-        if (pp > 1 && tp == 1 && M % pp == 0) schedules.push_back(Schedule::kInterleaved);
-        for (int zero : zeros)
-          for (Schedule schedule : schedules)
-            for (bool recompute : {false, true}) {
-              if (recompute && schedule == Schedule::kInterleaved) break;
-              AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
-              if (schedule == Schedule::kInterleaved) c.chunks = 2;
-              auto plan = compile_pipeline(forward, training, compile_options(c, options));
-              if (!plan.is_ok()) {
-                c.error = plan.status().message();
-                result.candidates.push_back(std::move(c));
-                plans.emplace_back();
-                break;
-              }
-              c.step_s = plan->pipeline->predicted_step_s;
-              c.bubble = plan->pipeline->predicted_bubble;
-              for (size_t d = 0; d < plan->programs.size(); ++d)
-                c.memory = std::max(c.memory, plan::device_memory(*plan, d));
-              c.comm_bytes = comm_bytes(*plan);
-              c.fits = capacity <= 0 || c.memory <= capacity;
-              const bool fits = c.fits;
-              result.candidates.push_back(std::move(c));
-              plans.push_back(std::move(plan).value());
-              // Recomputation only ever costs time: tried when this does not fit.
-              if (fits) break;
-            }
-      }
-    }
-  if (result.candidates.empty())
+  CandidateSearch search(forward, training, options);
+  search.run(N, batch);
+  if (search.empty())
     return invalid_argument("--auto: no way to split a batch of ", batch, " over ", N,
                             " devices (data parallelism needs the batch to divide)");
-
-  // Order: fitting by step, memory, micro-batches; then the rest by memory.
-  std::vector<size_t> order(result.candidates.size());
-  for (size_t i = 0; i < order.size(); ++i)
-    order[i] = i;
-  auto rank = [&](size_t i) {
-    const AutoCandidate &c = result.candidates[i];
-    const int group = c.error.empty() ? (c.fits ? 0 : 1) : 2;
-    return std::make_tuple(group, group == 0 ? c.step_s : static_cast<double>(c.memory), c.memory,
-                           c.microbatches, i);
-  };
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank(a) < rank(b); });
-  std::vector<AutoCandidate> sorted;
-  std::vector<serialization::Plan> sorted_plans;
-  for (size_t i : order) {
-    sorted.push_back(result.candidates[i]);
-    sorted_plans.push_back(std::move(plans[i]));
-  }
-  result.candidates = std::move(sorted);
+  search.sort();
+  AutoResult result;
+  result.candidates = search.take_candidates();
   result.search_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -413,48 +510,12 @@ Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions
         best.label(), "). Use more devices, a smaller batch, or a device with more memory");
   result.winner = 0;
   if (!best.estimated) {
-    result.plan = std::move(sorted_plans.front());
+    result.plan = search.take_plan(0);
     result.planned = true;
   } else if (options.compile_winner) {
-    // The estimate's winner, or the next that compiles.
-    Status first_error = Status::ok();
-    for (size_t i = 0; i < result.candidates.size() && !result.planned; ++i) {
-      const AutoCandidate &c = result.candidates[i];
-      if (!c.error.empty() || !c.fits) break;
-      auto plan = compile_pipeline(forward, training, compile_options(c, options));
-      if (!plan.is_ok()) {
-        if (first_error.is_ok()) first_error = plan.status().with_context(c.label());
-        result.candidates[i].error = plan.status().message();
-        continue;
-      }
-      result.plan = std::move(plan).value();
-      result.planned = true;
-      result.winner = i;
-    }
-    if (!result.planned) return first_error.with_context("--auto: no fitting candidate compiles");
+    RETURN_IF_ERROR(compile_estimated_winner(forward, training, options, result));
   }
-  // Why: against the runner-up that fits, else the best that does not.
-  const AutoCandidate &chosen = result.candidates[result.winner];
-  const AutoCandidate *other = nullptr;
-  for (size_t i = 0; i < result.candidates.size() && other == nullptr; ++i)
-    if (i != result.winner && result.candidates[i].error.empty()) other = &result.candidates[i];
-  if (other == nullptr) {
-    result.reason = str_cat(chosen.label(), " is the only plan that compiles.");
-  } else if (!other->fits) {
-    result.reason =
-        str_cat(chosen.label(), " is the fastest plan that fits; ", other->label(), " needs ",
-                bytes_text(static_cast<double>(other->memory)), " per device, over the ",
-                bytes_text(static_cast<double>(capacity)), " there are.");
-  } else {
-    result.reason = str_cat(
-        chosen.label(), " wins: predicted step ", ms_text(chosen.step_s), " against ",
-        ms_text(other->step_s), " for the runner-up, ", other->label(), " (",
-        percent_text(other->step_s > 0 ? 1 - chosen.step_s / other->step_s : 0),
-        " faster); bubble ", percent_text(chosen.bubble), " against ", percent_text(other->bubble),
-        ", ", bytes_text(chosen.comm_bytes), " against ", bytes_text(other->comm_bytes),
-        " moved per step, ", bytes_text(static_cast<double>(chosen.memory)), " against ",
-        bytes_text(static_cast<double>(other->memory)), " on the fullest device.");
-  }
+  result.reason = explain_choice(result, capacity);
   return result;
 }
 

@@ -257,9 +257,10 @@ Result<Simulation> simulate_plan(const serialization::Plan &plan, const ClusterS
                            plan.pipeline->groups);
 }
 
-Result<serialization::Plan> compile_pipeline(const Graph &forward,
-                                             const passes::TrainingOptions &training,
-                                             const PipelineCompileOptions &options) {
+namespace {
+
+// The options' errors that need no graph, each naming its flag.
+Status check_compile_options(const PipelineCompileOptions &options) {
   const int P = options.stages, M = options.microbatches, DP = options.data_parallel,
             TP = options.tensor_parallel;
   if (P < 1) return invalid_argument("--mesh: the pipeline needs at least 1 stage, got ", P);
@@ -293,19 +294,23 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     if (options.recompute)
       return unimplemented("--schedule interleaved with --recompute is not built yet");
   }
-  const int devices = P * DP * TP;
-  const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
-  if (cluster.num_devices() < devices)
-    return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
-                            " devices; ", DP, " replica(s) of a ", P, "-stage pipeline",
-                            TP > 1 ? str_cat(" over ", TP, "-device tensor-parallel groups") : "",
-                            " need ", devices);
+  return Status::ok();
+}
 
-  if (options.profile && TP > 1)
-    return unimplemented("--profile times each node on this machine as one device; a ", TP,
-                         "-device tensor-parallel plan's nodes meet their group (Tp* collectives, "
-                         "pieces), which one device cannot run: leave --profile out and the cost "
-                         "model prices them");
+// The micro-batch training graph, and with tensor parallelism the parameters
+// (and their optimizer state) held in pieces.
+struct TrainingGraph {
+  Graph graph;
+  std::vector<serialization::PlanShard> shards;
+};
+
+// split_batch, then (with tensor parallelism) the loss and the sharding, then
+// make_training and, with --recompute, recomputation.
+Result<TrainingGraph> build_training_graph(const Graph &forward,
+                                           const passes::TrainingOptions &training,
+                                           const PipelineCompileOptions &options,
+                                           const ClusterSpec &cluster) {
+  const int M = options.microbatches, DP = options.data_parallel, TP = options.tensor_parallel;
   auto split = passes::split_batch(forward, int64_t{M} * DP);
   if (!split.is_ok() && DP > 1)
     // The count the pass saw is not one the user typed: say where it comes from.
@@ -339,7 +344,12 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
     if (!recomputed.is_ok()) return recomputed.status().with_context("--recompute");
     graph = std::move(recomputed).value();
   }
+  return TrainingGraph{std::move(graph), std::move(shards)};
+}
 
+// --profile: every node's measured seconds, by NodeId; empty without it.
+Result<std::vector<double>> profile_nodes(const PipelineCompileOptions &options,
+                                          const Graph &graph) {
   std::vector<double> measured;
   if (options.profile) {
     auto profiled = options.profile(graph);
@@ -349,8 +359,19 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
       return internal_error("--profile measured ", measured.size(), " nodes of ",
                             graph.num_nodes());
   }
+  return measured;
+}
+
+// The stage search over stages x chunks (virtual) stages: virtual stage k
+// runs on device k mod stages.
+Result<StageAssignment> find_stages(const Graph &graph, const passes::TrainingOptions &training,
+                                    const PipelineCompileOptions &options,
+                                    const ClusterSpec &cluster, const std::vector<double> &measured,
+                                    int chunks) {
+  const int P = options.stages, M = options.microbatches, DP = options.data_parallel,
+            TP = options.tensor_parallel;
   StagePartitionOptions partition;
-  partition.node_time = [&](const Graph &g, NodeId id) {
+  partition.node_time = [&measured, &cluster](const Graph &g, NodeId id) {
     return measured.empty() ? node_seconds(g, id, cluster) : measured[id];
   };
   const LinkSpec &link = link_between(cluster, 0, P > 1 ? DP * TP : 0); // stage 0 to stage 1
@@ -380,38 +401,29 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   partition.once_per_step = [&phases](NodeId id) { return phases.node_phase[id] == Phase::kStep; };
   if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
   partition.manual_boundaries = options.stage_boundaries;
-  // Interleaved: P x chunks virtual stages, virtual stage k on device k mod P.
-  ASSIGN_OR_RETURN(StageAssignment stages, partition_stages(graph, P * chunks, partition));
-  ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
-  // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
-  // shards): the pieces' squares are summed over the group first.
-  const bool zero_clip = options.zero == 1 && DP > 1 && TP == 1;
-  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1 || zero_clip));
-  if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
-  if (zero_clip) RETURN_IF_ERROR(split_clip_norm_over_shards(graph, placed.node_stage, DP));
-  // Costs of the graph as it now is (the split added nodes, which the profile
-  // did not time: they get their roofline time).
-  SimulationCosts costs = cluster_costs(graph, cluster);
-  if (!measured.empty()) {
-    for (NodeId id = static_cast<NodeId>(measured.size()); id < graph.num_nodes(); ++id)
-      measured.push_back(node_seconds(graph, id, cluster));
-    costs.compute = [&measured](NodeId id) { return measured[id]; };
-  }
+  return partition_stages(graph, P * chunks, partition);
+}
 
+PipelineOptions lowering_options(const PipelineCompileOptions &options, int chunks) {
   PipelineOptions lowering;
-  lowering.stages = P;
-  lowering.microbatches = M;
-  lowering.data_parallel = DP;
+  lowering.stages = options.stages;
+  lowering.microbatches = options.microbatches;
+  lowering.data_parallel = options.data_parallel;
   lowering.zero = options.zero;
   lowering.bucket_bytes = options.bucket_bytes;
   lowering.schedule = options.schedule;
   lowering.chunks = chunks;
-  auto groups = pipeline_groups(lowering);
-  ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
-                   lower_pipeline(graph, placed.node_stage, lowering));
-  const int32_t tp_groups_begin = TP > 1 ? expand_tensor_parallel(TP, programs, groups) : -1;
-  // Each data-parallel group reduces with the algorithm (ring or binomial tree)
-  // the cost model prices lowest for everything it reduces in a step.
+  return lowering;
+}
+
+// Each data-parallel group reduces with the algorithm (ring or binomial tree)
+// the cost model prices lowest for everything it reduces in a step; "" for the
+// tensor-parallel groups from `tp_groups_begin` on (the communicator's own),
+// and no list at all when every entry would be "".
+std::vector<std::string> choose_algorithms(const Graph &graph,
+                                           const std::vector<serialization::PlanProgram> &programs,
+                                           const std::vector<std::vector<int32_t>> &groups,
+                                           const ClusterSpec &cluster, int32_t tp_groups_begin) {
   std::vector<std::string> algorithms;
   // One algorithm for every group, priced over everything the plan reduces in a
   // step: the sums then associate the same way whatever the pipeline depth (with
@@ -446,18 +458,97 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   if (std::all_of(algorithms.begin(), algorithms.end(),
                   [](const std::string &a) { return a.empty(); }))
     algorithms.clear();
-  // ZeRO-1 that shards nothing is a plain data-parallel plan; say why.
-  if (options.zero == 1) {
-    bool sharded = false;
-    for (const auto &program : programs)
-      sharded = sharded || !program.sharded_holds.empty();
-    if (!sharded)
+  return algorithms;
+}
+
+// ZeRO-1 that shards nothing is a plain data-parallel plan; say why.
+Status check_zero_shards(const PipelineCompileOptions &options,
+                         const std::vector<serialization::PlanProgram> &programs) {
+  if (options.zero != 1) return Status::ok();
+  bool sharded = false;
+  for (const auto &program : programs)
+    sharded = sharded || !program.sharded_holds.empty();
+  if (!sharded)
+    return invalid_argument(
+        "--zero 1: no optimizer update can run on shards (each needs a gradient only it "
+        "reads, and a size the ",
+        options.data_parallel, " replicas divide",
+        options.tensor_parallel > 1
+            ? "; with clip=... and tensor parallelism ZeRO-1 does not shard yet"
+            : "",
+        ")");
+  return Status::ok();
+}
+
+// The stage search weighed each stage alone; a device of the interleaved
+// schedule holds several. Its lowered program is exact: its arena and
+// everything it holds.
+Status check_device_memory(const serialization::Plan &plan, const ClusterSpec &cluster,
+                           int chunks) {
+  for (size_t d = 0; d < plan.programs.size(); ++d)
+    if (const int64_t bytes = plan::device_memory(plan, d); bytes > cluster.device.memory_bytes)
       return invalid_argument(
-          "--zero 1: no optimizer update can run on shards (each needs a gradient only it "
-          "reads, and a size the ",
-          DP, " replicas divide",
-          TP > 1 ? "; with clip=... and tensor parallelism ZeRO-1 does not shard yet" : "", ")");
+          "device ", d, " (", chunks, " chunks) needs ", human_bytes(static_cast<double>(bytes)),
+          " (activations, weights and optimizer state); cluster '", cluster.name,
+          "' gives each device ", human_bytes(static_cast<double>(cluster.device.memory_bytes)),
+          chunks > 2 ? " (fewer --chunks or more stages)" : " (more stages, or --schedule 1f1b)");
+  return Status::ok();
+}
+
+} // namespace
+
+Result<serialization::Plan> compile_pipeline(const Graph &forward,
+                                             const passes::TrainingOptions &training,
+                                             const PipelineCompileOptions &options) {
+  RETURN_IF_ERROR(check_compile_options(options));
+  const int P = options.stages, M = options.microbatches, DP = options.data_parallel,
+            TP = options.tensor_parallel;
+  const bool interleaved = options.schedule == Schedule::kInterleaved;
+  const int chunks = interleaved ? options.chunks : 1;
+  const int devices = P * DP * TP;
+  const ClusterSpec cluster = options.cluster ? *options.cluster : default_cpu_cluster(devices);
+  if (cluster.num_devices() < devices)
+    return invalid_argument("cluster '", cluster.name, "' has ", cluster.num_devices(),
+                            " devices; ", DP, " replica(s) of a ", P, "-stage pipeline",
+                            TP > 1 ? str_cat(" over ", TP, "-device tensor-parallel groups") : "",
+                            " need ", devices);
+
+  if (options.profile && TP > 1)
+    return unimplemented("--profile times each node on this machine as one device; a ", TP,
+                         "-device tensor-parallel plan's nodes meet their group (Tp* collectives, "
+                         "pieces), which one device cannot run: leave --profile out and the cost "
+                         "model prices them");
+  ASSIGN_OR_RETURN(TrainingGraph built, build_training_graph(forward, training, options, cluster));
+  Graph &graph = built.graph;
+  std::vector<serialization::PlanShard> &shards = built.shards;
+
+  ASSIGN_OR_RETURN(std::vector<double> measured, profile_nodes(options, graph));
+  ASSIGN_OR_RETURN(StageAssignment stages,
+                   find_stages(graph, training, options, cluster, measured, chunks));
+  ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
+  // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
+  // shards): the pieces' squares are summed over the group first.
+  const bool zero_clip = options.zero == 1 && DP > 1 && TP == 1;
+  RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1 || zero_clip));
+  if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
+  if (zero_clip) RETURN_IF_ERROR(split_clip_norm_over_shards(graph, placed.node_stage, DP));
+  // Costs of the graph as it now is (the split added nodes, which the profile
+  // did not time: they get their roofline time).
+  SimulationCosts costs = cluster_costs(graph, cluster);
+  if (!measured.empty()) {
+    for (NodeId id = static_cast<NodeId>(measured.size()); id < graph.num_nodes(); ++id)
+      measured.push_back(node_seconds(graph, id, cluster));
+    costs.compute = [&measured](NodeId id) { return measured[id]; };
   }
+
+  const PipelineOptions lowering = lowering_options(options, chunks);
+  auto groups = pipeline_groups(lowering);
+  ASSIGN_OR_RETURN(std::vector<serialization::PlanProgram> programs,
+                   lower_pipeline(graph, placed.node_stage, lowering));
+  const int32_t tp_groups_begin = TP > 1 ? expand_tensor_parallel(TP, programs, groups) : -1;
+  const std::vector<std::string> algorithms =
+      choose_algorithms(graph, programs, groups, cluster, tp_groups_begin);
+  RETURN_IF_ERROR(check_zero_shards(options, programs));
   price_with_algorithms(costs, cluster, groups, algorithms);
 
   RETURN_IF_ERROR(check_deadlock(graph, programs, groups).with_context("check-deadlock"));
@@ -494,17 +585,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   plan.programs = std::move(programs);
   plan.pipeline = std::move(pipeline);
   plan.graph = std::move(graph);
-  // The stage search weighed each stage alone; a device of the interleaved
-  // schedule holds several. Its lowered program is exact: its arena and
-  // everything it holds.
   if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
-    for (size_t d = 0; d < plan.programs.size(); ++d)
-      if (const int64_t bytes = plan::device_memory(plan, d); bytes > cluster.device.memory_bytes)
-        return invalid_argument(
-            "device ", d, " (", chunks, " chunks) needs ", human_bytes(static_cast<double>(bytes)),
-            " (activations, weights and optimizer state); cluster '", cluster.name,
-            "' gives each device ", human_bytes(static_cast<double>(cluster.device.memory_bytes)),
-            chunks > 2 ? " (fewer --chunks or more stages)" : " (more stages, or --schedule 1f1b)");
+    RETURN_IF_ERROR(check_device_memory(plan, cluster, chunks));
   return plan;
 }
 

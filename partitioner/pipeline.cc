@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -28,22 +29,6 @@ using serialization::InstrKind;
 using serialization::PlanInstruction;
 using serialization::PlanProgram;
 using serialization::PlanSlot;
-
-Result<Schedule> parse_schedule(std::string_view text) {
-  if (text == "gpipe") return Schedule::kGPipe;
-  if (text == "1f1b") return Schedule::k1F1B;
-  if (text == "interleaved") return Schedule::kInterleaved;
-  return invalid_argument("unknown schedule '", text, "' (expected gpipe, 1f1b or interleaved)");
-}
-
-std::string_view schedule_name(Schedule schedule) {
-  switch (schedule) {
-  case Schedule::kGPipe: return "gpipe";
-  case Schedule::k1F1B: return "1f1b";
-  case Schedule::kInterleaved: return "interleaved";
-  }
-  return "1f1b";
-}
 
 namespace {
 
@@ -299,9 +284,11 @@ void add_buckets(const Graph &graph, const StepPhases &phases, const std::vector
 
 } // namespace
 
-Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
-                                                const std::vector<int> &virtual_stage,
-                                                const PipelineOptions &options) {
+namespace {
+
+// The options' and the stage assignment's errors, found before any lowering.
+Status check_lowering(const Graph &graph, const std::vector<int> &virtual_stage,
+                      const PipelineOptions &options) {
   const int P = options.stages, M = options.microbatches;
   if (P < 1) return invalid_argument("a pipeline needs at least 1 stage, got ", P);
   if (M < 1) return invalid_argument("a pipeline needs at least 1 micro-batch, got ", M);
@@ -327,274 +314,370 @@ Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
     if (virtual_stage[id] < 0 || virtual_stage[id] >= V)
       return invalid_argument("node '", graph.node(id).name, "' is assigned to stage ",
                               virtual_stage[id], ", outside 0..", V - 1);
-  // The device of every node: its stage, or with chunks its virtual stage mod P.
-  std::vector<int> node_stage(graph.num_nodes());
-  for (NodeId id = 0; id < graph.num_nodes(); ++id)
-    node_stage[id] = virtual_stage[id] % P;
-  // Replicas split the batch like micro-batches do.
-  ASSIGN_OR_RETURN(StepPhases phases, analyze_phases(graph, M * DP));
-  ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
+  return Status::ok();
+}
 
-  std::vector<NodeId> producer(graph.num_tensors(), kNoNode);
+// ZeRO-1: the optimizer updates that can run on shards, their gradients and
+// the optimizer state they alone read. With clipping an update reads
+// Mul(gradient, scale), which runs on the shard too, and the gradient's
+// own SumOfSquares (split_clip_norm_over_shards) sums the shard's squares,
+// then the pairs are summed over the replicas. Each runs as ComputeShard;
+// what follows it depends on its role.
+enum class Shard : uint8_t {
+  kNone,
+  kUpdate,  // then every replica's new parameter in full (AllGather)
+  kClip,    // the clipped shard, read by the update
+  kSquares, // the shard's squares, summed over the replicas (AllReduce)
+};
+
+// What sharding one optimizer update takes: the accumulated gradient it
+// reduce-scatters, the clipping nodes between that gradient and the update
+// (kNoNode without clipping), and the optimizer state held as shards.
+struct ShardedUpdate {
+  TensorId grad = kInvalidTensor;
+  NodeId clip = kNoNode, squares = kNoNode;
+  std::vector<TensorId> states;
+};
+
+// One stage's nodes in topological order, by phase; the per-micro-batch ones
+// per model chunk (one without the interleaved schedule).
+struct StageNodes {
+  std::vector<std::vector<NodeId>> forward, backward;
+  std::vector<NodeId> step;
+};
+
+// What every device's program is lowered from: the device of every node,
+// which other stages read each intermediate, what each stage holds, and
+// ZeRO-1's shards. Built once; each stage's program is then independent.
+class PipelineLowering {
+public:
+  PipelineLowering(const Graph &graph, const std::vector<int> &virtual_stage,
+                   const PipelineOptions &options, StepPhases phases, std::vector<NodeId> order);
+
+  // Every state update's new value needs a producer, whose stage sends it to
+  // the target's holders.
+  Status check_updates() const;
+  // Gives every parameter or state tensor nothing reads to a stage.
+  void hold_unread_state();
+  // Finds the updates that run on shards (ZeRO-1 with data parallelism).
+  void plan_shards();
+  // Stage s's program, with its memory plan.
+  Result<PlanProgram> lower_stage(int s) const;
+
+private:
+  void find_readers();
+  std::optional<ShardedUpdate>
+  sharded_update(NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers) const;
+  StageNodes stage_nodes(int s) const;
+  void run_block(ProgramBuilder &b, const std::vector<NodeId> &nodes, int32_t mb) const;
+  void run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step) const;
+  void apply_updates(ProgramBuilder &b, int s) const;
+
+  const Graph &graph_;
+  const std::vector<int> &virtual_stage_;
+  const PipelineOptions &options_;
+  const int chunks_; // model chunks per device
+  const StepPhases phases_;
+  const std::vector<NodeId> order_; // topological
+  // The device of every node: its stage, or with chunks its virtual stage mod P.
+  std::vector<int> node_stage_;
+  std::vector<NodeId> producer_;  // by tensor
+  std::vector<bool> accumulated_; // by tensor
+  // Which other stages read each intermediate, per micro-batch and per step.
+  std::vector<std::set<int>> mb_readers_, step_readers_;
+  std::vector<std::set<TensorId>> holds_;          // per stage: parameters, state, constants
+  std::vector<Shard> shard_role_;                  // by node
+  std::vector<bool> sharded_grad_, sharded_state_; // by tensor
+};
+
+PipelineLowering::PipelineLowering(const Graph &graph, const std::vector<int> &virtual_stage,
+                                   const PipelineOptions &options, StepPhases phases,
+                                   std::vector<NodeId> order)
+    : graph_(graph), virtual_stage_(virtual_stage), options_(options),
+      chunks_(options.schedule == Schedule::kInterleaved ? options.chunks : 1),
+      phases_(std::move(phases)), order_(std::move(order)), node_stage_(graph.num_nodes()),
+      producer_(graph.num_tensors(), kNoNode), accumulated_(graph.num_tensors(), false),
+      mb_readers_(graph.num_tensors()), step_readers_(graph.num_tensors()),
+      holds_(static_cast<size_t>(options.stages)), shard_role_(graph.num_nodes(), Shard::kNone),
+      sharded_grad_(graph.num_tensors(), false), sharded_state_(graph.num_tensors(), false) {
+  for (NodeId id = 0; id < graph.num_nodes(); ++id)
+    node_stage_[id] = virtual_stage[id] % options.stages;
   for (NodeId id = 0; id < graph.num_nodes(); ++id)
     for (TensorId out : graph.node(id).outputs)
-      producer[out] = id;
-  std::vector<bool> accumulated(graph.num_tensors(), false);
-  for (TensorId id : phases.accumulated)
-    accumulated[id] = true;
+      producer_[out] = id;
+  for (TensorId id : phases_.accumulated)
+    accumulated_[id] = true;
+  find_readers();
+}
 
-  // Which other stages read each intermediate, per micro-batch and per step.
-  std::vector<std::set<int>> mb_readers(graph.num_tensors()), step_readers(graph.num_tensors());
-  std::vector<std::set<TensorId>> holds(static_cast<size_t>(P));
-  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
-    const int s = node_stage[id];
-    const bool step = phases.node_phase[id] == Phase::kStep;
-    for (TensorId in : graph.node(id).inputs) {
-      const TensorKind kind = graph.tensor(in).kind;
+void PipelineLowering::find_readers() {
+  for (NodeId id = 0; id < graph_.num_nodes(); ++id) {
+    const int s = node_stage_[id];
+    const bool step = phases_.node_phase[id] == Phase::kStep;
+    for (TensorId in : graph_.node(id).inputs) {
+      const TensorKind kind = graph_.tensor(in).kind;
       if (kind == TensorKind::kParameter || kind == TensorKind::kState ||
           kind == TensorKind::kConstant) {
-        holds[static_cast<size_t>(s)].insert(in);
+        holds_[static_cast<size_t>(s)].insert(in);
         continue;
       }
-      if (kind != TensorKind::kIntermediate || node_stage[producer[in]] == s) continue;
-      (step ? step_readers : mb_readers)[in].insert(s);
+      if (kind != TensorKind::kIntermediate || node_stage_[producer_[in]] == s) continue;
+      (step ? step_readers_ : mb_readers_)[in].insert(s);
     }
   }
+}
 
-  for (const StateUpdate &update : graph.updates())
-    if (producer[update.value] == kNoNode)
-      return invalid_argument("the state update of '", graph.tensor(update.target).name,
-                              "' assigns '", graph.tensor(update.value).name,
+Status PipelineLowering::check_updates() const {
+  for (const StateUpdate &update : graph_.updates())
+    if (producer_[update.value] == kNoNode)
+      return invalid_argument("the state update of '", graph_.tensor(update.target).name,
+                              "' assigns '", graph_.tensor(update.value).name,
                               "', which no node computes; pipeline plans need a node to "
                               "produce every new value");
-  // A parameter or state tensor nothing reads is still part of the model (and of
-  // its checkpoints): the stage that computes its new value keeps it, else stage 0.
-  for (TensorId id = 0; id < graph.num_tensors(); ++id) {
-    const TensorKind kind = graph.tensor(id).kind;
+  return Status::ok();
+}
+
+// A parameter or state tensor nothing reads is still part of the model (and of
+// its checkpoints): the stage that computes its new value keeps it, else stage 0.
+void PipelineLowering::hold_unread_state() {
+  for (TensorId id = 0; id < graph_.num_tensors(); ++id) {
+    const TensorKind kind = graph_.tensor(id).kind;
     if (kind != TensorKind::kParameter && kind != TensorKind::kState) continue;
     bool held = false;
-    for (const auto &h : holds)
+    for (const auto &h : holds_)
       held = held || h.contains(id);
     if (held) continue;
     int owner = 0;
-    for (const StateUpdate &update : graph.updates())
-      if (update.target == id) owner = node_stage[producer[update.value]];
-    holds[static_cast<size_t>(owner)].insert(id);
+    for (const StateUpdate &update : graph_.updates())
+      if (update.target == id) owner = node_stage_[producer_[update.value]];
+    holds_[static_cast<size_t>(owner)].insert(id);
   }
+}
 
-  // ZeRO-1: the optimizer updates that can run on shards, their gradients and
-  // the optimizer state they alone read. With clipping an update reads
-  // Mul(gradient, scale), which runs on the shard too, and the gradient's
-  // own SumOfSquares (split_clip_norm_over_shards) sums the shard's squares,
-  // then the pairs are summed over the replicas. Each runs as ComputeShard;
-  // what follows it depends on its role.
-  enum class Shard : uint8_t {
-    kNone,
-    kUpdate,  // then every replica's new parameter in full (AllGather)
-    kClip,    // the clipped shard, read by the update
-    kSquares, // the shard's squares, summed over the replicas (AllReduce)
+void PipelineLowering::plan_shards() {
+  if (options_.zero != 1 || options_.data_parallel <= 1) return;
+  const auto consumers = graph_.consumers();
+  for (NodeId id = 0; id < graph_.num_nodes(); ++id) {
+    const std::optional<ShardedUpdate> update = sharded_update(id, consumers);
+    if (!update) continue;
+    shard_role_[id] = Shard::kUpdate;
+    sharded_grad_[update->grad] = true;
+    for (TensorId t : update->states)
+      sharded_state_[t] = true;
+    if (update->clip != kNoNode) {
+      shard_role_[update->clip] = Shard::kClip;
+      shard_role_[update->squares] = Shard::kSquares;
+    }
+  }
+}
+
+// Node `id` as a ZeRO-1 update, or nothing when it is not an optimizer update
+// or cannot run on shards: the parameter's size must be a multiple of the
+// replicas, and the gradient, the clipping and the update all on one stage.
+std::optional<ShardedUpdate>
+PipelineLowering::sharded_update(NodeId id,
+                                 const std::vector<llvm::SmallVector<NodeId, 2>> &consumers) const {
+  const int DP = options_.data_parallel;
+  const Node &node = graph_.node(id);
+  if ((node.op != "AdamUpdate" && node.op != "SgdUpdate") || node.inputs.size() < 2)
+    return std::nullopt;
+  const int64_t n = graph_.tensor(node.inputs[0]).type.num_elements();
+  if (n % DP != 0 || n < DP) return std::nullopt;
+  ShardedUpdate update;
+  update.grad = node.inputs[1];
+  // Clipped: grad = Mul(gradient, scalar scale), read only here; the
+  // gradient read by it and by a SumOfSquares of it alone.
+  const NodeId mul_id = producer_[update.grad];
+  if (!accumulated_[update.grad] && mul_id != kNoNode && graph_.node(mul_id).op == "Mul" &&
+      consumers[update.grad].size() == 1) {
+    const Node &mul = graph_.node(mul_id);
+    const TensorId scale = mul.inputs.size() == 2 ? mul.inputs[1] : kInvalidTensor;
+    const TensorId raw = mul.inputs[0];
+    if (scale == kInvalidTensor || graph_.tensor(scale).type.num_elements() != 1 ||
+        !accumulated_[raw] || consumers[raw].size() != 2)
+      return std::nullopt;
+    for (NodeId reader : consumers[raw])
+      if (reader != mul_id && graph_.node(reader).op == "SumOfSquares" &&
+          graph_.node(reader).inputs.size() == 1 && node_stage_[reader] == node_stage_[id])
+        update.squares = reader;
+    if (update.squares == kNoNode || node_stage_[mul_id] != node_stage_[id]) return std::nullopt;
+    update.clip = mul_id;
+    update.grad = raw;
+  }
+  if (!accumulated_[update.grad] ||
+      consumers[update.grad].size() != (update.clip == kNoNode ? 1u : 2u) ||
+      node_stage_[producer_[update.grad]] != node_stage_[id])
+    return std::nullopt;
+  bool ok = true;
+  for (TensorId in : node.inputs) {
+    const Tensor &t = graph_.tensor(in);
+    if (t.type.num_elements() == 1 && n > 1) continue; // lr, step: scalars
+    if (t.type.num_elements() != n) ok = false;
+    if (t.kind == TensorKind::kState) {
+      if (consumers[in].size() != 1) ok = false;
+      update.states.push_back(in);
+    }
+  }
+  for (TensorId out : node.outputs)
+    if (graph_.tensor(out).type.num_elements() != n) ok = false;
+  if (!ok) return std::nullopt;
+  return update;
+}
+
+StageNodes PipelineLowering::stage_nodes(int s) const {
+  StageNodes nodes;
+  nodes.forward.resize(static_cast<size_t>(chunks_));
+  nodes.backward.resize(static_cast<size_t>(chunks_));
+  for (NodeId id : order_) {
+    if (node_stage_[id] != s) continue;
+    const auto chunk = static_cast<size_t>(virtual_stage_[id] / options_.stages);
+    switch (phases_.node_phase[id]) {
+    case Phase::kForward: nodes.forward[chunk].push_back(id); break;
+    case Phase::kBackward: nodes.backward[chunk].push_back(id); break;
+    case Phase::kStep: nodes.step.push_back(id); break;
+    }
+  }
+  for (auto &block : nodes.backward)
+    block = just_in_time(graph_, block, producer_, node_stage_, s);
+  return nodes;
+}
+
+// One micro-batch of a block's nodes: each sends what other stages read and
+// accumulates what the step reads.
+void PipelineLowering::run_block(ProgramBuilder &b, const std::vector<NodeId> &nodes,
+                                 int32_t mb) const {
+  for (NodeId id : nodes) {
+    b.compute(id, mb);
+    for (TensorId out : graph_.node(id).outputs) {
+      for (int peer : mb_readers_[out])
+        b.send(out, mb, peer);
+      if (accumulated_[out] && options_.microbatches > 1) b.add(InstrKind::kAccumulate, out, mb);
+    }
+  }
+}
+
+// Once per step: the sums over the replicas, the means, what other stages
+// read of them, the step nodes.
+void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step) const {
+  const int DP = options_.data_parallel;
+  auto finish = [&](TensorId t) {
+    if (options_.microbatches * DP > 1) b.add(InstrKind::kScale, t);
+    for (int peer : step_readers_[t])
+      b.send(t, -1, peer);
   };
-  std::vector<Shard> shard_role(graph.num_nodes(), Shard::kNone);
-  std::vector<bool> sharded_grad(graph.num_tensors(), false),
-      sharded_state(graph.num_tensors(), false);
-  if (options.zero == 1 && DP > 1) {
-    const auto consumers = graph.consumers();
-    for (NodeId id = 0; id < graph.num_nodes(); ++id) {
-      const Node &node = graph.node(id);
-      if ((node.op != "AdamUpdate" && node.op != "SgdUpdate") || node.inputs.size() < 2) continue;
-      const int64_t n = graph.tensor(node.inputs[0]).type.num_elements();
-      if (n % DP != 0 || n < DP) continue;
-      TensorId grad = node.inputs[1];
-      // Clipped: grad = Mul(gradient, scalar scale), read only here; the
-      // gradient read by it and by a SumOfSquares of it alone.
-      NodeId clip = kNoNode, squares = kNoNode;
-      if (!accumulated[grad] && producer[grad] != kNoNode &&
-          graph.node(producer[grad]).op == "Mul" && consumers[grad].size() == 1) {
-        const Node &mul = graph.node(producer[grad]);
-        const TensorId scale = mul.inputs.size() == 2 ? mul.inputs[1] : kInvalidTensor;
-        const TensorId raw = mul.inputs[0];
-        if (scale == kInvalidTensor || graph.tensor(scale).type.num_elements() != 1 ||
-            !accumulated[raw] || consumers[raw].size() != 2)
-          continue;
-        for (NodeId reader : consumers[raw])
-          if (reader != producer[grad] && graph.node(reader).op == "SumOfSquares" &&
-              graph.node(reader).inputs.size() == 1 && node_stage[reader] == node_stage[id])
-            squares = reader;
-        if (squares == kNoNode || node_stage[producer[grad]] != node_stage[id]) continue;
-        clip = producer[grad];
-        grad = raw;
-      }
-      if (!accumulated[grad] || consumers[grad].size() != (clip == kNoNode ? 1u : 2u) ||
-          node_stage[producer[grad]] != node_stage[id])
-        continue;
-      bool ok = true;
-      std::vector<TensorId> states;
-      for (TensorId in : node.inputs) {
-        const Tensor &t = graph.tensor(in);
-        if (t.type.num_elements() == 1 && n > 1) continue; // lr, step: scalars
-        if (t.type.num_elements() != n) ok = false;
-        if (t.kind == TensorKind::kState) {
-          if (consumers[in].size() != 1) ok = false;
-          states.push_back(in);
-        }
-      }
-      for (TensorId out : node.outputs)
-        if (graph.tensor(out).type.num_elements() != n) ok = false;
-      if (!ok) continue;
-      shard_role[id] = Shard::kUpdate;
-      sharded_grad[grad] = true;
-      for (TensorId t : states)
-        sharded_state[t] = true;
-      if (clip != kNoNode) {
-        shard_role[clip] = Shard::kClip;
-        shard_role[squares] = Shard::kSquares;
-      }
-    }
-  }
-
-  std::vector<PlanProgram> programs;
-  for (int s = 0; s < P; ++s) {
-    ProgramBuilder b(graph, node_stage, producer, s);
-    // Per model chunk (one without the interleaved schedule).
-    std::vector<std::vector<NodeId>> fwd(static_cast<size_t>(chunks)),
-        bwd(static_cast<size_t>(chunks));
-    std::vector<NodeId> step;
-    for (NodeId id : order) {
-      if (node_stage[id] != s) continue;
-      const auto chunk = static_cast<size_t>(virtual_stage[id] / P);
-      switch (phases.node_phase[id]) {
-      case Phase::kForward: fwd[chunk].push_back(id); break;
-      case Phase::kBackward: bwd[chunk].push_back(id); break;
-      case Phase::kStep: step.push_back(id); break;
-      }
-    }
-    for (auto &block : bwd)
-      block = just_in_time(graph, block, producer, node_stage, s);
-    auto run_block = [&](const std::vector<NodeId> &nodes, int32_t mb) {
-      for (NodeId id : nodes) {
-        b.compute(id, mb);
-        for (TensorId out : graph.node(id).outputs) {
-          for (int peer : mb_readers[out])
-            b.send(out, mb, peer);
-          if (accumulated[out] && M > 1) b.add(InstrKind::kAccumulate, out, mb);
-        }
-      }
-    };
-    // 1. Micro-batches in schedule order.
-    if (options.schedule == Schedule::kGPipe) {
-      for (int k = 0; k < M; ++k)
-        run_block(fwd[0], k);
-      for (int k = 0; k < M; ++k)
-        run_block(bwd[0], k);
-    } else if (!interleaved) {
-      const int warmup = std::min(P - 1 - s, M);
-      for (int k = 0; k < warmup; ++k)
-        run_block(fwd[0], k);
-      for (int k = 0; k + warmup < M; ++k) {
-        run_block(fwd[0], k + warmup);
-        run_block(bwd[0], k);
-      }
-      for (int k = M - warmup; k < M; ++k)
-        run_block(bwd[0], k);
-    } else {
-      // Interleaved 1F1B (Narayanan et al. 2021, as Megatron-LM runs it): the
-      // device's chunks take P micro-batches in turn, forwards in chunk order
-      // and backwards in reverse; block k of N = chunks x M is micro-batch
-      // (k / (P chunks)) P + k mod P of chunk (k mod (P chunks)) / P. Warm-up
-      // forwards fill the deeper pipeline; with M = P all forwards go first.
-      const int N = chunks * M, round = P * chunks;
-      auto chunk_at = [&](int k, bool forward) {
-        const int c = (k % round) / P;
-        return static_cast<size_t>(forward ? c : chunks - 1 - c);
-      };
-      auto mb_at = [&](int k) { return (k / round) * P + k % P; };
-      const int warmup = M == P ? N : std::min(N, (P - 1 - s) * 2 + (chunks - 1) * P);
-      for (int k = 0; k < warmup; ++k)
-        run_block(fwd[chunk_at(k, true)], mb_at(k));
-      for (int k = 0; k + warmup < N; ++k) {
-        run_block(fwd[chunk_at(k + warmup, true)], mb_at(k + warmup));
-        run_block(bwd[chunk_at(k, false)], mb_at(k));
-      }
-      for (int k = std::max(N - warmup, 0); k < N; ++k)
-        run_block(bwd[chunk_at(k, false)], mb_at(k));
-    }
-    // Gradient buckets, started as soon as their tensors are final.
-    if (DP > 1 && options.bucket_bytes > 0)
-      add_buckets(graph, phases, producer, node_stage, s, M, options.bucket_bytes, sharded_grad,
-                  b.program());
-    // 2. Once per step: the sums over the replicas, the means, what other
-    // stages read of them, the step nodes.
-    auto finish = [&](TensorId t) {
-      if (M * DP > 1) b.add(InstrKind::kScale, t);
-      for (int peer : step_readers[t])
-        b.send(t, -1, peer);
-    };
-    std::vector<bool> bucketed(graph.num_tensors(), false);
-    for (uint32_t k = 0; k < b.program().buckets.size(); ++k) {
-      b.add(InstrKind::kWaitBucket, k, -1, s);
-      for (TensorId t : b.program().buckets[k].tensors) {
-        bucketed[t] = true;
-        finish(t);
-      }
-    }
-    for (TensorId t : phases.accumulated) {
-      if (node_stage[producer[t]] != s || bucketed[t]) continue;
-      if (DP > 1)
-        b.add(sharded_grad[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
+  std::vector<bool> bucketed(graph_.num_tensors(), false);
+  for (uint32_t k = 0; k < b.program().buckets.size(); ++k) {
+    b.add(InstrKind::kWaitBucket, k, -1, s);
+    for (TensorId t : b.program().buckets[k].tensors) {
+      bucketed[t] = true;
       finish(t);
     }
-    for (NodeId id : step) {
-      if (shard_role[id] == Shard::kNone) {
-        b.compute(id, -1);
-      } else {
-        b.compute_shard(id, s);
-        if (shard_role[id] == Shard::kSquares)
-          b.add(InstrKind::kAllReduce, graph.node(id).outputs[0], -1, s);
-        if (shard_role[id] == Shard::kUpdate)
-          b.add(InstrKind::kAllGather, graph.node(id).outputs[0], -1, s);
-      }
-      for (TensorId out : graph.node(id).outputs)
-        for (int peer : step_readers[out])
-          b.send(out, -1, peer);
-    }
-    // 3. State updates: new values to every other holder, then apply.
-    const auto &updates = graph.updates();
-    for (uint32_t u = 0; u < updates.size(); ++u) {
-      if (node_stage[producer[updates[u].value]] != s) continue;
-      for (int h = 0; h < P; ++h)
-        if (h != s && holds[static_cast<size_t>(h)].contains(updates[u].target))
-          b.send(updates[u].value, -1, h);
-    }
-    for (uint32_t u = 0; u < updates.size(); ++u) {
-      if (!holds[static_cast<size_t>(s)].contains(updates[u].target)) continue;
-      const int from = node_stage[producer[updates[u].value]];
-      if (from != s) b.recv(updates[u].value, -1, from);
-      b.add(InstrKind::kUpdate, u);
-    }
-
-    PlanProgram program = std::move(b.program());
-    program.device = static_cast<uint32_t>(s);
-    program.holds.assign(holds[static_cast<size_t>(s)].begin(),
-                         holds[static_cast<size_t>(s)].end());
-    for (TensorId t : program.holds)
-      if (sharded_state[t]) program.sharded_holds.push_back(t);
-    if (!program.sharded_holds.empty()) program.shard_group = s;
-    RETURN_IF_ERROR(plan_program_memory(graph, accumulated, M, options.alignment, program));
-    programs.push_back(std::move(program));
   }
-  if (DP == 1) return programs;
-  // Replicas: the same program, with peers in its own replica.
+  for (TensorId t : phases_.accumulated) {
+    if (node_stage_[producer_[t]] != s || bucketed[t]) continue;
+    if (DP > 1)
+      b.add(sharded_grad_[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
+    finish(t);
+  }
+  for (NodeId id : step) {
+    if (shard_role_[id] == Shard::kNone) {
+      b.compute(id, -1);
+    } else {
+      b.compute_shard(id, s);
+      if (shard_role_[id] == Shard::kSquares)
+        b.add(InstrKind::kAllReduce, graph_.node(id).outputs[0], -1, s);
+      if (shard_role_[id] == Shard::kUpdate)
+        b.add(InstrKind::kAllGather, graph_.node(id).outputs[0], -1, s);
+    }
+    for (TensorId out : graph_.node(id).outputs)
+      for (int peer : step_readers_[out])
+        b.send(out, -1, peer);
+  }
+}
+
+// State updates: new values to every other holder, then apply.
+void PipelineLowering::apply_updates(ProgramBuilder &b, int s) const {
+  const auto &updates = graph_.updates();
+  for (uint32_t u = 0; u < updates.size(); ++u) {
+    if (node_stage_[producer_[updates[u].value]] != s) continue;
+    for (int h = 0; h < options_.stages; ++h)
+      if (h != s && holds_[static_cast<size_t>(h)].contains(updates[u].target))
+        b.send(updates[u].value, -1, h);
+  }
+  for (uint32_t u = 0; u < updates.size(); ++u) {
+    if (!holds_[static_cast<size_t>(s)].contains(updates[u].target)) continue;
+    const int from = node_stage_[producer_[updates[u].value]];
+    if (from != s) b.recv(updates[u].value, -1, from);
+    b.add(InstrKind::kUpdate, u);
+  }
+}
+
+Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
+  const int M = options_.microbatches;
+  ProgramBuilder b(graph_, node_stage_, producer_, s);
+  const StageNodes nodes = stage_nodes(s);
+  // 1. Micro-batches in schedule order.
+  for (const Block &block : schedule_blocks(options_.schedule, options_.stages, M, s, chunks_)) {
+    const auto &per_chunk = block.backward ? nodes.backward : nodes.forward;
+    run_block(b, per_chunk[static_cast<size_t>(block.chunk)], block.microbatch);
+  }
+  // Gradient buckets, started as soon as their tensors are final.
+  if (options_.data_parallel > 1 && options_.bucket_bytes > 0)
+    add_buckets(graph_, phases_, producer_, node_stage_, s, M, options_.bucket_bytes, sharded_grad_,
+                b.program());
+  // 2. Once per step.
+  run_step(b, s, nodes.step);
+  // 3. State updates.
+  apply_updates(b, s);
+
+  PlanProgram program = std::move(b.program());
+  const auto &held = holds_[static_cast<size_t>(s)];
+  program.device = static_cast<uint32_t>(s);
+  program.holds.assign(held.begin(), held.end());
+  for (TensorId t : program.holds)
+    if (sharded_state_[t]) program.sharded_holds.push_back(t);
+  if (!program.sharded_holds.empty()) program.shard_group = s;
+  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.alignment, program));
+  return program;
+}
+
+// The same programs on every replica of a stage, with peers in its own replica.
+std::vector<PlanProgram> replicate(const std::vector<PlanProgram> &programs, int DP) {
   std::vector<PlanProgram> replicated;
-  for (int s = 0; s < P; ++s)
+  for (size_t s = 0; s < programs.size(); ++s)
     for (int r = 0; r < DP; ++r) {
-      PlanProgram program = programs[static_cast<size_t>(s)];
-      program.device = static_cast<uint32_t>(s * DP + r);
+      PlanProgram program = programs[s];
+      program.device = static_cast<uint32_t>(static_cast<int>(s) * DP + r);
       for (PlanInstruction &instr : program.instructions)
         if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv)
           instr.peer = instr.peer * DP + r;
       replicated.push_back(std::move(program));
     }
   return replicated;
+}
+
+} // namespace
+
+Result<std::vector<PlanProgram>> lower_pipeline(const Graph &graph,
+                                                const std::vector<int> &virtual_stage,
+                                                const PipelineOptions &options) {
+  RETURN_IF_ERROR(check_lowering(graph, virtual_stage, options));
+  // Replicas split the batch like micro-batches do.
+  ASSIGN_OR_RETURN(StepPhases phases,
+                   analyze_phases(graph, options.microbatches * options.data_parallel));
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, graph.topological_order());
+  PipelineLowering lowering(graph, virtual_stage, options, std::move(phases), std::move(order));
+  RETURN_IF_ERROR(lowering.check_updates());
+  lowering.hold_unread_state();
+  lowering.plan_shards();
+
+  std::vector<PlanProgram> programs;
+  for (int s = 0; s < options.stages; ++s) {
+    ASSIGN_OR_RETURN(PlanProgram program, lowering.lower_stage(s));
+    programs.push_back(std::move(program));
+  }
+  if (options.data_parallel == 1) return programs;
+  return replicate(programs, options.data_parallel);
 }
 
 std::vector<std::vector<int32_t>> pipeline_groups(const PipelineOptions &options) {

@@ -10,18 +10,15 @@
 //
 // Lowering (lower_pipeline), per device s (= stage s; with the interleaved
 // schedule's v chunks, stages s, s + P, ..., s + (v-1) P):
-//  1. the per-micro-batch blocks in schedule order. GPipe: F0 .. F(M-1), then
-//     B0 .. B(M-1). 1F1B (PipeDream-Flush, as in Megatron-LM): w = min(P-1-s, M)
-//     warm-up forwards, then alternating F(w+i), B(i), then the remaining
-//     backwards. Interleaved (Megatron-LM's virtual pipeline): the chunks take
-//     P micro-batches in turn, forwards in chunk order and backwards in
-//     reverse, after 2(P-1-s) + (v-1)P warm-up forwards (all of them when
-//     M = P). Every schedule runs the backward of micro-batch k before that of
-//     k + 1 in every stage, so gradients accumulate in the same order and all
-//     give bitwise the same result (but with clipping, whose norm sums
-//     per-stage partials, so v chunks sum in another order). Inside a block, nodes run in one
-//     topological order; a tensor from another stage is received right before its first reader in
-//     that micro-batch and sent right after its producer; accumulation follows the producer;
+//  1. the per-micro-batch blocks in the order schedule_blocks gives them
+//     (GPipe, 1F1B or interleaved; partitioner/schedule.h). Every schedule
+//     runs the backward of micro-batch k before that of k + 1 in every stage,
+//     so gradients accumulate in the same order and all give bitwise the same
+//     result (but with clipping, whose norm sums per-stage partials, so v
+//     chunks sum in another order). Inside a block, nodes run in one
+//     topological order; a tensor from another stage is received right before
+//     its first reader in that micro-batch and sent right after its producer;
+//     accumulation follows the producer;
 //  2. the per-step part: scale the accumulated tensors, send those another stage
 //     reads, run the step nodes (receiving and sending across stages likewise).
 //     With data parallelism the accumulated tensors are first summed over the
@@ -50,17 +47,13 @@
 
 #include "graph/graph.h"
 #include "partitioner/cluster.h"
+#include "partitioner/schedule.h"
 #include "plan/instructions.h"
 #include "plan/phases.h"
 #include "plan/simulate.h"
 #include "serialization/plan_io.h"
 
 namespace strata::partitioner {
-
-enum class Schedule { kGPipe, k1F1B, kInterleaved };
-// "gpipe", "1f1b" or "interleaved"
-Result<Schedule> parse_schedule(std::string_view text);
-std::string_view schedule_name(Schedule schedule);
 
 // PyTorch DDP's default bucket size (bucket_cap_mb = 25).
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;

@@ -390,250 +390,334 @@ std::vector<char> forward_nodes(const Graph &graph) {
   return forward;
 }
 
-} // namespace
+// One run of partition_stages: the forward nodes as a sequence of items (time,
+// owned parameters, kept activations, the cost of cutting after each), the
+// search over them, and the assignment read back from its solution.
+class StagePartitioner {
+public:
+  StagePartitioner(const Graph &graph, int stages, const StagePartitionOptions &options)
+      : graph_(graph), stages_(stages), options_(options),
+        where_(str_cat("stage partition of '", graph.name(), "'")),
+        registry_(ops::OpRegistry::global()), is_forward_(forward_nodes(graph)),
+        // Whole-step times need the step's other nodes: a forward graph has none.
+        whole_step_(options.training && options.whole_step_times &&
+                    std::find(is_forward_.begin(), is_forward_.end(), 0) != is_forward_.end()) {}
 
-Result<StageAssignment> partition_stages(const Graph &graph, int stages,
-                                         const StagePartitionOptions &options) {
-  const std::string where = str_cat("stage partition of '", graph.name(), "'");
-  if (stages < 1) return invalid_argument(where, ": stages must be at least 1, got ", stages);
-  if (!(options.link_bandwidth > 0) || !(options.link_latency >= 0) ||
-      !(options.backward_factor >= 0) || !(options.parameter_state_factor >= 0)) {
-    return invalid_argument(where, ": link bandwidth must be positive, latency, backward "
-                                   "factor and parameter state factor non-negative");
-  }
-  if (!options.in_flight.empty() && options.in_flight.size() != static_cast<size_t>(stages)) {
-    return invalid_argument(where, ": in_flight has ", options.in_flight.size(), " entries for ",
-                            stages, " stages");
-  }
+  Result<StageAssignment> run();
 
-  ASSIGN_OR_RETURN(std::vector<NodeId> topo, graph.topological_order());
-  const std::vector<char> is_forward = forward_nodes(graph);
-  StageAssignment out;
-  out.num_stages = stages;
-  for (NodeId id : topo) {
-    if (is_forward[id]) out.order.push_back(id);
-  }
-  const size_t n = out.order.size();
-  if (n < static_cast<size_t>(stages)) {
-    return invalid_argument(where, ": cannot split ", n, " forward nodes into ", stages, " stages");
-  }
-  std::vector<size_t> position(graph.num_nodes(), SIZE_MAX);
-  for (size_t i = 0; i < n; ++i) {
-    position[out.order[i]] = i;
-    out.order_names.push_back(graph.node(out.order[i]).name);
-  }
-
-  // Items: time, owned parameters (first forward consumer), kept activations.
-  PartitionProblem problem;
-  problem.stages = stages;
-  problem.memory_capacity = options.memory_capacity;
-  problem.items.resize(n);
-  const double time_scale = 1.0 + (options.training ? options.backward_factor : 0.0);
-  // Whole-step times need the step's other nodes: a forward graph has none.
-  const bool whole_step = options.training && options.whole_step_times &&
-                          std::find(is_forward.begin(), is_forward.end(), 0) != is_forward.end();
-  const ops::OpRegistry &registry = ops::OpRegistry::global();
-  for (size_t i = 0; i < n; ++i) {
-    const NodeId id = out.order[i];
-    PartitionItem &item = problem.items[i];
-    item.name = graph.node(id).name;
-    double t = options.node_time ? options.node_time(graph, id)
-                                 : registry.node_cost(graph, id).flops / 1e11;
-    if (!std::isfinite(t) || t < 0) {
-      return invalid_argument(where, ": node '", item.name, "' has time ", t);
-    }
-    item.time = whole_step ? t : t * time_scale;
-    if (options.training) {
-      for (TensorId o : graph.node(id).outputs)
-        if (!options.kept || options.kept(graph, o))
-          item.activation_bytes += tensor_bytes(graph.tensor(o));
-    }
-  }
-
-  if (whole_step) {
-    // Where each node of the step runs, as if every forward node were a stage
-    // of its own: the item it adds its time to.
-    StageAssignment each;
-    each.num_stages = static_cast<int>(n);
-    each.order = out.order;
-    each.order_names = out.order_names;
-    each.node_stage.assign(graph.num_nodes(), -1);
-    for (size_t i = 0; i < n; ++i)
-      each.node_stage[out.order[i]] = static_cast<int>(i);
-    auto placed = assign_training_nodes(graph, each);
-    if (!placed.is_ok()) return placed.status().with_context(where);
-    const double micro = options.microbatches > 0 ? options.microbatches : stages;
-    for (NodeId id = 0; id < graph.num_nodes(); ++id) {
-      if (position[id] != SIZE_MAX) continue; // a forward node: counted above
-      double t = options.node_time ? options.node_time(graph, id)
-                                   : registry.node_cost(graph, id).flops / 1e11;
-      if (!std::isfinite(t) || t < 0)
-        return invalid_argument(where, ": node '", graph.node(id).name, "' has time ", t);
-      if (options.once_per_step && options.once_per_step(id)) t /= micro;
-      problem.items[static_cast<size_t>(placed->node_stage[id])].time += t;
-    }
-  }
-
-  const auto consumers = graph.consumers();
-  out.tensor_stage.assign(graph.num_tensors(), -1);
-  std::vector<size_t> owner(graph.num_tensors(), SIZE_MAX); // position of the owner
-  // Crossing counts and bytes per cut position, by difference arrays: an activation
-  // produced at position a and last read (forward) at c crosses the cuts after a..c-1.
-  std::vector<double> cross_count(n + 1, 0), cross_bytes(n + 1, 0);
+private:
+  // An activation produced at position `first` and last read (forward) at
+  // `last`: it crosses the cuts after first..last-1.
   struct Span {
     TensorId tensor;
-    size_t first, last; // crosses cuts after positions first..last-1
+    size_t first, last;
   };
-  std::vector<Span> spans;
-  for (TensorId t = 0; t < graph.num_tensors(); ++t) {
-    const Tensor &tensor = graph.tensor(t);
+
+  Status check_options() const;
+  // The forward nodes in topological order, and each one's position in it.
+  Status order_forward_nodes();
+  double node_time(NodeId id) const {
+    return options_.node_time ? options_.node_time(graph_, id)
+                              : registry_.node_cost(graph_, id).flops / 1e11;
+  }
+  // Each forward node's item: its time and the activations it keeps.
+  Status time_items();
+  // With whole-step times: every other node of the step adds its time to the
+  // item of the forward node it will run with.
+  Status add_step_times();
+  // Who owns each parameter and constant, and the activations crossing each
+  // cut: the items' static bytes and cut costs.
+  void find_crossings();
+  void set_in_flight();
+  // The partition --stage-boundaries names, or the search's.
+  Result<PartitionSolution> manual_solution();
+  Result<PartitionSolution> searched_solution();
+  // Stages of nodes and parameters, per-stage statistics.
+  void read_stages(const PartitionSolution &solution);
+  void read_parameters_and_crossings(const PartitionSolution &solution);
+
+  const Graph &graph_;
+  const int stages_;
+  const StagePartitionOptions &options_;
+  const std::string where_;
+  const ops::OpRegistry &registry_;
+  const std::vector<char> is_forward_;
+  const bool whole_step_;
+  StageAssignment out_;
+  size_t n_ = 0;                 // forward nodes
+  std::vector<size_t> position_; // by NodeId; SIZE_MAX for other nodes
+  PartitionProblem problem_;
+  std::vector<llvm::SmallVector<NodeId, 2>> consumers_;
+  std::vector<size_t> owner_; // by TensorId: position of the owner
+  std::vector<Span> spans_;
+  std::vector<long> count_at_; // activations crossing the cut after each position
+  std::vector<int> stage_at_;  // by position
+};
+
+Result<StageAssignment> StagePartitioner::run() {
+  RETURN_IF_ERROR(check_options());
+  RETURN_IF_ERROR(order_forward_nodes());
+  RETURN_IF_ERROR(time_items());
+  if (whole_step_) RETURN_IF_ERROR(add_step_times());
+  find_crossings();
+  set_in_flight();
+  PartitionSolution solution;
+  if (!options_.manual_boundaries.empty()) {
+    ASSIGN_OR_RETURN(solution, manual_solution());
+    out_.manual = true;
+  } else {
+    ASSIGN_OR_RETURN(solution, searched_solution());
+  }
+  read_stages(solution);
+  read_parameters_and_crossings(solution);
+  return std::move(out_);
+}
+
+Status StagePartitioner::check_options() const {
+  if (stages_ < 1) return invalid_argument(where_, ": stages must be at least 1, got ", stages_);
+  if (!(options_.link_bandwidth > 0) || !(options_.link_latency >= 0) ||
+      !(options_.backward_factor >= 0) || !(options_.parameter_state_factor >= 0)) {
+    return invalid_argument(where_, ": link bandwidth must be positive, latency, backward "
+                                    "factor and parameter state factor non-negative");
+  }
+  if (!options_.in_flight.empty() && options_.in_flight.size() != static_cast<size_t>(stages_)) {
+    return invalid_argument(where_, ": in_flight has ", options_.in_flight.size(), " entries for ",
+                            stages_, " stages");
+  }
+  return Status::ok();
+}
+
+Status StagePartitioner::order_forward_nodes() {
+  ASSIGN_OR_RETURN(std::vector<NodeId> topo, graph_.topological_order());
+  out_.num_stages = stages_;
+  for (NodeId id : topo) {
+    if (is_forward_[id]) out_.order.push_back(id);
+  }
+  n_ = out_.order.size();
+  if (n_ < static_cast<size_t>(stages_)) {
+    return invalid_argument(where_, ": cannot split ", n_, " forward nodes into ", stages_,
+                            " stages");
+  }
+  position_.assign(graph_.num_nodes(), SIZE_MAX);
+  for (size_t i = 0; i < n_; ++i) {
+    position_[out_.order[i]] = i;
+    out_.order_names.push_back(graph_.node(out_.order[i]).name);
+  }
+  return Status::ok();
+}
+
+Status StagePartitioner::time_items() {
+  problem_.stages = stages_;
+  problem_.memory_capacity = options_.memory_capacity;
+  problem_.items.resize(n_);
+  const double time_scale = 1.0 + (options_.training ? options_.backward_factor : 0.0);
+  for (size_t i = 0; i < n_; ++i) {
+    const NodeId id = out_.order[i];
+    PartitionItem &item = problem_.items[i];
+    item.name = graph_.node(id).name;
+    double t = node_time(id);
+    if (!std::isfinite(t) || t < 0) {
+      return invalid_argument(where_, ": node '", item.name, "' has time ", t);
+    }
+    item.time = whole_step_ ? t : t * time_scale;
+    if (options_.training) {
+      for (TensorId o : graph_.node(id).outputs)
+        if (!options_.kept || options_.kept(graph_, o))
+          item.activation_bytes += tensor_bytes(graph_.tensor(o));
+    }
+  }
+  return Status::ok();
+}
+
+Status StagePartitioner::add_step_times() {
+  // Where each node of the step runs, as if every forward node were a stage
+  // of its own: the item it adds its time to.
+  StageAssignment each;
+  each.num_stages = static_cast<int>(n_);
+  each.order = out_.order;
+  each.order_names = out_.order_names;
+  each.node_stage.assign(graph_.num_nodes(), -1);
+  for (size_t i = 0; i < n_; ++i)
+    each.node_stage[out_.order[i]] = static_cast<int>(i);
+  auto placed = assign_training_nodes(graph_, each);
+  if (!placed.is_ok()) return placed.status().with_context(where_);
+  const double micro = options_.microbatches > 0 ? options_.microbatches : stages_;
+  for (NodeId id = 0; id < graph_.num_nodes(); ++id) {
+    if (position_[id] != SIZE_MAX) continue; // a forward node: counted above
+    double t = node_time(id);
+    if (!std::isfinite(t) || t < 0)
+      return invalid_argument(where_, ": node '", graph_.node(id).name, "' has time ", t);
+    if (options_.once_per_step && options_.once_per_step(id)) t /= micro;
+    problem_.items[static_cast<size_t>(placed->node_stage[id])].time += t;
+  }
+  return Status::ok();
+}
+
+void StagePartitioner::find_crossings() {
+  consumers_ = graph_.consumers();
+  out_.tensor_stage.assign(graph_.num_tensors(), -1);
+  owner_.assign(graph_.num_tensors(), SIZE_MAX);
+  // Crossing counts and bytes per cut position, by difference arrays: an activation
+  // produced at position a and last read (forward) at c crosses the cuts after a..c-1.
+  std::vector<double> cross_count(n_ + 1, 0), cross_bytes(n_ + 1, 0);
+  for (TensorId t = 0; t < graph_.num_tensors(); ++t) {
+    const Tensor &tensor = graph_.tensor(t);
     size_t first_use = SIZE_MAX, last_use = 0;
-    for (NodeId c : consumers[t]) {
-      if (position[c] == SIZE_MAX) continue;
-      first_use = std::min(first_use, position[c]);
-      last_use = std::max(last_use, position[c]);
+    for (NodeId c : consumers_[t]) {
+      if (position_[c] == SIZE_MAX) continue;
+      first_use = std::min(first_use, position_[c]);
+      last_use = std::max(last_use, position_[c]);
     }
     if (first_use == SIZE_MAX) continue;
     if (tensor.kind == TensorKind::kParameter || tensor.kind == TensorKind::kConstant) {
-      owner[t] = first_use;
-      double factor = tensor.kind == TensorKind::kParameter ? options.parameter_state_factor : 1.0;
-      problem.items[first_use].static_bytes += tensor_bytes(tensor) * factor;
+      owner_[t] = first_use;
+      double factor = tensor.kind == TensorKind::kParameter ? options_.parameter_state_factor : 1.0;
+      problem_.items[first_use].static_bytes += tensor_bytes(tensor) * factor;
     } else if (is_activation(tensor) && tensor.producer != kNoNode &&
-               position[tensor.producer] != SIZE_MAX && last_use > position[tensor.producer]) {
-      size_t a = position[tensor.producer];
-      spans.push_back({t, a, last_use});
+               position_[tensor.producer] != SIZE_MAX && last_use > position_[tensor.producer]) {
+      size_t a = position_[tensor.producer];
+      spans_.push_back({t, a, last_use});
       cross_count[a] += 1;
       cross_count[last_use] -= 1;
       cross_bytes[a] += tensor_bytes(tensor);
       cross_bytes[last_use] -= tensor_bytes(tensor);
     }
   }
-  const double directions = options.training ? 2.0 : 1.0;
-  std::vector<long> count_at(n, 0);
-  {
-    double count = 0, bytes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      count += cross_count[i];
-      bytes += cross_bytes[i];
-      count_at[i] = std::lround(count);
-      problem.items[i].cut_cost = directions * (count * options.link_latency +
-                                                std::max(bytes, 0.0) / options.link_bandwidth);
-    }
+  const double directions = options_.training ? 2.0 : 1.0;
+  count_at_.assign(n_, 0);
+  double count = 0, bytes = 0;
+  for (size_t i = 0; i < n_; ++i) {
+    count += cross_count[i];
+    bytes += cross_bytes[i];
+    count_at_[i] = std::lround(count);
+    problem_.items[i].cut_cost = directions * (count * options_.link_latency +
+                                               std::max(bytes, 0.0) / options_.link_bandwidth);
   }
+}
 
-  if (!options.in_flight.empty()) {
-    problem.in_flight = options.in_flight;
+void StagePartitioner::set_in_flight() {
+  if (!options_.in_flight.empty()) {
+    problem_.in_flight = options_.in_flight;
   } else {
-    const int micro = options.microbatches > 0 ? options.microbatches : stages;
-    for (int s = 0; s < stages; ++s)
-      problem.in_flight.push_back(std::min(stages - s, micro));
+    const int micro = options_.microbatches > 0 ? options_.microbatches : stages_;
+    for (int s = 0; s < stages_; ++s)
+      problem_.in_flight.push_back(std::min(stages_ - s, micro));
   }
+}
 
-  PartitionSolution solution;
-  if (!options.manual_boundaries.empty()) {
-    if (options.manual_boundaries.size() + 1 != static_cast<size_t>(stages)) {
-      return invalid_argument(where, ": --stage-boundaries names ",
-                              options.manual_boundaries.size(), " node(s); ", stages,
-                              stages == 1 ? " stage needs none (the pipeline depth is --mesh's "
-                                            "last number, e.g. --mesh 1x1x2)"
-                                          : str_cat(" stages need ", stages - 1));
-    }
-    std::vector<size_t> cuts;
-    for (size_t k = 0; k < options.manual_boundaries.size(); ++k) {
-      const std::string &name = options.manual_boundaries[k];
-      std::optional<NodeId> id = graph.find_node(name);
-      if (!id || position[*id] == SIZE_MAX) {
-        return not_found(where, ": --stage-boundaries: no forward node named '", name, "'");
-      }
-      size_t pos = position[*id];
-      if (!cuts.empty() && pos <= cuts.back()) {
-        return invalid_argument(where, ": --stage-boundaries: '", name, "' does not come after '",
-                                options.manual_boundaries[k - 1], "' in the topological order");
-      }
-      if (pos + 1 >= n) {
-        return invalid_argument(where, ": --stage-boundaries: '", name,
-                                "' is the last forward node; the last stage would be empty");
-      }
-      cuts.push_back(pos);
-    }
-    auto evaluated = evaluate_partition(problem, cuts);
-    if (!evaluated) return evaluated.status().with_context(where);
-    solution = std::move(evaluated).value();
-    out.manual = true;
-  } else {
-    if (options.cut_points == CutPoints::kNarrowest && stages > 1) {
-      // The smallest crossing count with enough positions at or below it.
-      std::vector<long> counts(count_at.begin(), count_at.end() - 1);
-      std::sort(counts.begin(), counts.end());
-      const long threshold = counts[static_cast<size_t>(stages - 2)];
-      if (options.narrowest_only && threshold > counts.front())
-        return invalid_argument(
-            where, ": ", std::count(counts.begin(), counts.end(), counts.front()),
-            " cut positions where the fewest activations cross (layer boundaries); ", stages,
-            " stages need ", stages - 1);
-      for (size_t i = 0; i + 1 < n; ++i) {
-        if (count_at[i] > threshold) problem.items[i].cut_cost = kUnlimited;
-      }
-    }
-    auto solved = solve_partition(problem);
-    if (!solved) return solved.status().with_context(where);
-    solution = std::move(solved).value();
+Result<PartitionSolution> StagePartitioner::manual_solution() {
+  const std::vector<std::string> &names = options_.manual_boundaries;
+  if (names.size() + 1 != static_cast<size_t>(stages_)) {
+    return invalid_argument(where_, ": --stage-boundaries names ", names.size(), " node(s); ",
+                            stages_,
+                            stages_ == 1 ? " stage needs none (the pipeline depth is --mesh's "
+                                           "last number, e.g. --mesh 1x1x2)"
+                                         : str_cat(" stages need ", stages_ - 1));
   }
+  std::vector<size_t> cuts;
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string &name = names[k];
+    std::optional<NodeId> id = graph_.find_node(name);
+    if (!id || position_[*id] == SIZE_MAX) {
+      return not_found(where_, ": --stage-boundaries: no forward node named '", name, "'");
+    }
+    size_t pos = position_[*id];
+    if (!cuts.empty() && pos <= cuts.back()) {
+      return invalid_argument(where_, ": --stage-boundaries: '", name, "' does not come after '",
+                              names[k - 1], "' in the topological order");
+    }
+    if (pos + 1 >= n_) {
+      return invalid_argument(where_, ": --stage-boundaries: '", name,
+                              "' is the last forward node; the last stage would be empty");
+    }
+    cuts.push_back(pos);
+  }
+  auto evaluated = evaluate_partition(problem_, cuts);
+  if (!evaluated) return evaluated.status().with_context(where_);
+  return evaluated;
+}
 
-  // Stages of nodes and parameters, per-stage statistics.
-  out.node_stage.assign(graph.num_nodes(), -1);
-  out.stages.resize(static_cast<size_t>(stages));
-  std::vector<int> stage_at(n);
-  {
-    int s = 0;
-    for (size_t i = 0; i < n; ++i) {
-      stage_at[i] = s;
-      if (static_cast<size_t>(s) < solution.boundaries.size() && solution.boundaries[s] == i) ++s;
+Result<PartitionSolution> StagePartitioner::searched_solution() {
+  if (options_.cut_points == CutPoints::kNarrowest && stages_ > 1) {
+    // The smallest crossing count with enough positions at or below it.
+    std::vector<long> counts(count_at_.begin(), count_at_.end() - 1);
+    std::sort(counts.begin(), counts.end());
+    const long threshold = counts[static_cast<size_t>(stages_ - 2)];
+    if (options_.narrowest_only && threshold > counts.front())
+      return invalid_argument(
+          where_, ": ", std::count(counts.begin(), counts.end(), counts.front()),
+          " cut positions where the fewest activations cross (layer boundaries); ", stages_,
+          " stages need ", stages_ - 1);
+    for (size_t i = 0; i + 1 < n_; ++i) {
+      if (count_at_[i] > threshold) problem_.items[i].cut_cost = kUnlimited;
     }
   }
-  for (size_t i = 0; i < n; ++i) {
-    StageInfo &info = out.stages[static_cast<size_t>(stage_at[i])];
-    const PartitionItem &item = problem.items[i];
-    out.node_stage[out.order[i]] = stage_at[i];
+  auto solved = solve_partition(problem_);
+  if (!solved) return solved.status().with_context(where_);
+  return solved;
+}
+
+void StagePartitioner::read_stages(const PartitionSolution &solution) {
+  out_.node_stage.assign(graph_.num_nodes(), -1);
+  out_.stages.resize(static_cast<size_t>(stages_));
+  stage_at_.assign(n_, 0);
+  int s = 0;
+  for (size_t i = 0; i < n_; ++i) {
+    stage_at_[i] = s;
+    if (static_cast<size_t>(s) < solution.boundaries.size() && solution.boundaries[s] == i) ++s;
+  }
+  for (size_t i = 0; i < n_; ++i) {
+    StageInfo &info = out_.stages[static_cast<size_t>(stage_at_[i])];
+    const PartitionItem &item = problem_.items[i];
+    out_.node_stage[out_.order[i]] = stage_at_[i];
     info.num_nodes += 1;
     info.compute_time += item.time;
     info.static_bytes += item.static_bytes;
     info.activation_bytes += item.activation_bytes;
   }
-  for (int s = 0; s < stages; ++s) {
-    StageInfo &info = out.stages[static_cast<size_t>(s)];
-    info.time = solution.stage_time[static_cast<size_t>(s)];
-    info.cut_time = s + 1 < stages ? problem.items[solution.boundaries[s]].cut_cost : 0.0;
-    info.in_flight = problem.in_flight[static_cast<size_t>(s)];
-    info.memory_bytes = solution.stage_memory[static_cast<size_t>(s)];
+  for (int k = 0; k < stages_; ++k) {
+    StageInfo &info = out_.stages[static_cast<size_t>(k)];
+    info.time = solution.stage_time[static_cast<size_t>(k)];
+    info.cut_time = k + 1 < stages_ ? problem_.items[solution.boundaries[k]].cut_cost : 0.0;
+    info.in_flight = problem_.in_flight[static_cast<size_t>(k)];
+    info.memory_bytes = solution.stage_memory[static_cast<size_t>(k)];
   }
-  out.bottleneck = solution.bottleneck;
+  out_.bottleneck = solution.bottleneck;
   for (size_t cut : solution.boundaries)
-    out.boundaries.push_back(problem.items[cut].name);
+    out_.boundaries.push_back(problem_.items[cut].name);
+}
 
-  for (TensorId t = 0; t < graph.num_tensors(); ++t) {
-    if (owner[t] == SIZE_MAX) continue;
-    const Tensor &tensor = graph.tensor(t);
-    const int s = stage_at[owner[t]];
-    out.tensor_stage[t] = s;
+void StagePartitioner::read_parameters_and_crossings(const PartitionSolution &solution) {
+  for (TensorId t = 0; t < graph_.num_tensors(); ++t) {
+    if (owner_[t] == SIZE_MAX) continue;
+    const Tensor &tensor = graph_.tensor(t);
+    const int s = stage_at_[owner_[t]];
+    out_.tensor_stage[t] = s;
     if (tensor.kind != TensorKind::kParameter) continue;
-    out.stages[static_cast<size_t>(s)].parameter_bytes += tensor_bytes(tensor);
+    out_.stages[static_cast<size_t>(s)].parameter_bytes += tensor_bytes(tensor);
     std::vector<int> used;
-    for (NodeId c : consumers[t]) {
-      if (position[c] != SIZE_MAX) used.push_back(stage_at[position[c]]);
+    for (NodeId c : consumers_[t]) {
+      if (position_[c] != SIZE_MAX) used.push_back(stage_at_[position_[c]]);
     }
     std::sort(used.begin(), used.end());
     used.erase(std::unique(used.begin(), used.end()), used.end());
-    if (used.size() > 1) out.shared_parameters.push_back({t, std::move(used)});
+    if (used.size() > 1) out_.shared_parameters.push_back({t, std::move(used)});
   }
-  for (const Span &span : spans) {
+  for (const Span &span : spans_) {
     auto it = std::lower_bound(solution.boundaries.begin(), solution.boundaries.end(), span.first);
     for (; it != solution.boundaries.end() && *it < span.last; ++it) {
-      out.stages[static_cast<size_t>(it - solution.boundaries.begin())].outgoing.push_back(
+      out_.stages[static_cast<size_t>(it - solution.boundaries.begin())].outgoing.push_back(
           span.tensor);
     }
   }
-  return out;
+}
+
+} // namespace
+
+Result<StageAssignment> partition_stages(const Graph &graph, int stages,
+                                         const StagePartitionOptions &options) {
+  StagePartitioner partitioner(graph, stages, options);
+  return partitioner.run();
 }
 
 // ---------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ class Sharder {
 public:
   Sharder(const Graph &graph, const TensorParallelOptions &options)
       : g_(graph), t_(options.parts), options_(options), registry_(ops::OpRegistry::global()),
-        gamma_(reduce_bytes_per_second(options.device, DType::kF32)) {}
+        gamma_(reduce_bytes_per_second(options.device, DType::kF32)), local_(graph.name()) {}
 
   Result<TensorParallelResult> run();
 
@@ -149,6 +149,58 @@ private:
   std::pair<double, ShardSpec> best_arrival(TensorId input, const ShardSpec &want) const;
   double strategy_cost(NodeId id, const Strategy &s) const;
 
+  // The search. Forward: every tensor's cost table from its producer's
+  // strategies (an error when no strategy fits). Backward: every node's
+  // strategy from what its outputs' readers want, then the sources' specs.
+  void find_gradients(const std::vector<NodeId> &order);
+  Status fill_cost_tables(const std::vector<NodeId> &order);
+  void choose_strategies(const std::vector<NodeId> &order);
+  void choose_source_specs();
+  // What serving every reader of `id` decided so far from `spec` costs.
+  double serve(TensorId id, const ShardSpec &spec) const;
+  // A parameter is stored once for all its readers (a tied embedding: the
+  // lookup and the output projection). The cheapest storage serving the
+  // readers decided so far and `extra` (when not null).
+  double storage(TensorId id, const ShardSpec *extra) const;
+  // What a node's strategy `s` adds to the storage of the parameters it reads.
+  double storage_cost(NodeId id, const Strategy &s) const;
+  const Strategy &chosen_strategy(NodeId id) const {
+    return node_strategies_[id][static_cast<size_t>(strategy_of_[id])];
+  }
+
+  // The local graph. A failure to add a node is left in status_, which the
+  // callers check before using what it returned.
+  TensorType local_type(TensorId id) const;
+  std::vector<TensorId> add_node(std::string op, std::vector<TensorId> inputs,
+                                 std::vector<Attribute> attrs, std::string name,
+                                 std::vector<std::string> output_names);
+  // "'name' (op, rule)" of a global node, for the collectives' "why".
+  std::string describe(NodeId id) const;
+  // One collective node "<name>.tp_<suffix>": `op` over `input`, with the
+  // group's size, the split attributes `split` (the spec the op makes or
+  // reads) and `why`.
+  TensorId add_collective(const char *op, const char *suffix, TensorId input,
+                          const std::vector<Attribute> &split, const std::string &name,
+                          const std::string &why);
+  // Tensor `id` (global) in spec `want` for `reader`, converting from its
+  // chosen spec; each conversion is made once.
+  TensorId convert(TensorId id, const ShardSpec &want, NodeId reader);
+  // The sources (inputs, parameters, constants) at their local shape.
+  Status add_sources(TensorParallelResult &result);
+  // Input i of node `id` as its strategy reads it: split work reading a
+  // replicated tensor that carries a gradient reads it through a TpCopy.
+  TensorId local_input(NodeId id, size_t i);
+  // The local node's op and attributes.
+  struct LocalOp {
+    std::string op;
+    std::vector<Attribute> attrs;
+  };
+  LocalOp local_op(const Node &node, const Strategy &s) const;
+  // The vocabulary-parallel loss's statistics, gathered, as one more input.
+  Status add_vocab_stats(const Node &node, const Strategy &s, const std::vector<Attribute> &attrs,
+                         std::vector<TensorId> &inputs);
+  Status add_local_node(NodeId id, TensorParallelResult &result);
+
   const Graph &g_;
   const int t_;
   const TensorParallelOptions &options_;
@@ -161,6 +213,16 @@ private:
   std::vector<std::map<ShardSpec, double>> table_;
   std::vector<std::vector<Strategy>> node_strategies_;
   std::vector<double> node_time_;
+  // Per tensor: the specs its readers want, and the spec it is made in.
+  std::vector<std::vector<ShardSpec>> demands_;
+  std::vector<ShardSpec> chosen_;
+  std::vector<int> strategy_of_; // per node: its pick in node_strategies_
+
+  Graph local_;
+  std::vector<TensorId> base_; // per global tensor: the local one in its chosen spec
+  std::map<std::pair<TensorId, ShardSpec>, TensorId> converted_;
+  std::map<TensorId, TensorId> copied_; // a local tensor's TpCopy
+  Status status_ = Status::ok();
 };
 
 double Sharder::arrive(TensorId id, const ShardSpec &from, const ShardSpec &to,
@@ -521,13 +583,8 @@ double Sharder::strategy_cost(NodeId id, const Strategy &s) const {
   return cost;
 }
 
-Result<TensorParallelResult> Sharder::run() {
-  if (!g_.updates().empty())
-    return unimplemented("tensor parallelism: the forward graph has state updates");
-  ASSIGN_OR_RETURN(std::vector<NodeId> order, g_.topological_order());
-  collect_outers();
-
-  // Which tensors carry a gradient (depend on a trainable parameter).
+// Which tensors carry a gradient (depend on a trainable parameter).
+void Sharder::find_gradients(const std::vector<NodeId> &order) {
   needs_grad_.assign(g_.num_tensors(), false);
   for (TensorId id = 0; id < g_.num_tensors(); ++id)
     needs_grad_[id] =
@@ -539,8 +596,9 @@ Result<TensorParallelResult> Sharder::run() {
     for (TensorId out : g_.node(id).outputs)
       needs_grad_[out] = any && is_floating(type(out).dtype);
   }
+}
 
-  // Forward: the cost table of every tensor.
+Status Sharder::fill_cost_tables(const std::vector<NodeId> &order) {
   table_.assign(g_.num_tensors(), {});
   for (TensorId id = 0; id < g_.num_tensors(); ++id) {
     if (g_.tensor(id).producer != kNoNode) continue;
@@ -574,42 +632,44 @@ Result<TensorParallelResult> Sharder::run() {
         c -= least;
     }
   }
+  return Status::ok();
+}
 
-  // Backward: the spec of every tensor, from what its readers want.
-  std::vector<std::vector<ShardSpec>> demands(g_.num_tensors());
+double Sharder::serve(TensorId id, const ShardSpec &spec) const {
+  double c = 0;
+  for (const ShardSpec &want : demands_[id])
+    c += arrive(id, spec, want, true);
+  return c;
+}
+
+double Sharder::storage(TensorId id, const ShardSpec *extra) const {
+  std::vector<ShardSpec> wants = demands_[id];
+  if (extra != nullptr) wants.push_back(*extra);
+  double best = kInf;
+  for (const ShardSpec &stored : wants) {
+    double c = 0;
+    for (const ShardSpec &want : wants)
+      c += arrive(id, stored, want, true);
+    best = std::min(best, c);
+  }
+  return wants.empty() ? 0.0 : best;
+}
+
+double Sharder::storage_cost(NodeId id, const Strategy &s) const {
+  double c = 0;
+  const Node &node = g_.node(id);
+  for (size_t i = 0; i < node.inputs.size(); ++i)
+    if (is_parameter(node.inputs[i]) && !demands_[node.inputs[i]].empty())
+      c += storage(node.inputs[i], &s.in[i]) - storage(node.inputs[i], nullptr);
+  return c;
+}
+
+void Sharder::choose_strategies(const std::vector<NodeId> &order) {
+  demands_.assign(g_.num_tensors(), {});
   for (TensorId out : g_.outputs())
-    demands[out].push_back(ShardSpec::replicated());
-  std::vector<ShardSpec> chosen(g_.num_tensors());
-  std::vector<int> strategy_of(g_.num_nodes(), 0);
-  auto serve = [&](TensorId id, const ShardSpec &spec) {
-    double c = 0;
-    for (const ShardSpec &want : demands[id])
-      c += arrive(id, spec, want, true);
-    return c;
-  };
-  // A parameter is stored once for all its readers (a tied embedding: the
-  // lookup and the output projection). What a reader's wanting it in `want`
-  // adds to the cheapest storage serving the readers decided so far.
-  auto storage = [&](TensorId id, const ShardSpec *extra) {
-    std::vector<ShardSpec> wants = demands[id];
-    if (extra != nullptr) wants.push_back(*extra);
-    double best = kInf;
-    for (const ShardSpec &stored : wants) {
-      double c = 0;
-      for (const ShardSpec &want : wants)
-        c += arrive(id, stored, want, true);
-      best = std::min(best, c);
-    }
-    return wants.empty() ? 0.0 : best;
-  };
-  auto storage_cost = [&](NodeId id, const Strategy &s) {
-    double c = 0;
-    const Node &node = g_.node(id);
-    for (size_t i = 0; i < node.inputs.size(); ++i)
-      if (is_parameter(node.inputs[i]) && !demands[node.inputs[i]].empty())
-        c += storage(node.inputs[i], &s.in[i]) - storage(node.inputs[i], nullptr);
-    return c;
-  };
+    demands_[out].push_back(ShardSpec::replicated());
+  chosen_.assign(g_.num_tensors(), ShardSpec{});
+  strategy_of_.assign(g_.num_nodes(), 0);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const NodeId id = *it;
     const Node &node = g_.node(id);
@@ -622,238 +682,278 @@ Result<TensorParallelResult> Sharder::run() {
         c += serve(node.outputs[o], candidates[k].out[o]);
       if (c < best) best = c, pick = static_cast<int>(k);
     }
-    strategy_of[id] = pick;
+    strategy_of_[id] = pick;
     const Strategy &s = candidates[static_cast<size_t>(pick)];
     for (size_t o = 0; o < node.outputs.size(); ++o)
-      chosen[node.outputs[o]] = s.out[o];
+      chosen_[node.outputs[o]] = s.out[o];
     for (size_t i = 0; i < node.inputs.size(); ++i)
-      demands[node.inputs[i]].push_back(s.in[i]);
+      demands_[node.inputs[i]].push_back(s.in[i]);
   }
-  // Sources: parameters are stored in the spec that serves their readers best.
+}
+
+// Sources: parameters are stored in the spec that serves their readers best.
+void Sharder::choose_source_specs() {
   for (TensorId id = 0; id < g_.num_tensors(); ++id) {
     if (g_.tensor(id).producer != kNoNode) continue;
-    chosen[id] = ShardSpec::replicated();
+    chosen_[id] = ShardSpec::replicated();
     if (!is_parameter(id)) continue;
     double best = serve(id, ShardSpec::replicated());
-    for (const ShardSpec &want : demands[id]) {
+    for (const ShardSpec &want : demands_[id]) {
       const double c = serve(id, want);
-      if (c < best) best = c, chosen[id] = want;
+      if (c < best) best = c, chosen_[id] = want;
     }
   }
+}
 
-  // The local graph.
-  TensorParallelResult result;
-  Graph local(g_.name());
-  auto local_type = [&](TensorId id) {
-    TensorType ty = type(id);
-    if (chosen[id].is_split()) ty.shape[static_cast<size_t>(chosen[id].dim)] /= t_;
-    return ty;
-  };
-  std::vector<TensorId> base(g_.num_tensors(), kInvalidTensor);
-  std::map<std::pair<TensorId, ShardSpec>, TensorId> converted;
-  std::map<TensorId, TensorId> copied;
-  Status status = Status::ok();
-  auto add_node = [&](std::string op, std::vector<TensorId> inputs, std::vector<Attribute> attrs,
-                      std::string name, std::vector<std::string> output_names) {
-    Node node;
-    node.name = local.unique_name(name);
-    node.op = std::move(op);
-    for (Attribute &a : attrs)
-      node.set_attr(std::move(a.name), std::move(a.value));
-    llvm::SmallVector<TensorType, 4> in_types;
-    for (TensorId in : inputs) {
-      node.inputs.push_back(in);
-      in_types.push_back(local.tensor(in).type);
-    }
-    auto types = registry_.infer_types(node, in_types);
-    if (!types.is_ok()) {
-      status = types.status().with_context(str_cat("tensor parallelism: node '", node.name, "'"));
+TensorType Sharder::local_type(TensorId id) const {
+  TensorType ty = type(id);
+  if (chosen_[id].is_split()) ty.shape[static_cast<size_t>(chosen_[id].dim)] /= t_;
+  return ty;
+}
+
+std::vector<TensorId> Sharder::add_node(std::string op, std::vector<TensorId> inputs,
+                                        std::vector<Attribute> attrs, std::string name,
+                                        std::vector<std::string> output_names) {
+  Node node;
+  node.name = local_.unique_name(name);
+  node.op = std::move(op);
+  for (Attribute &a : attrs)
+    node.set_attr(std::move(a.name), std::move(a.value));
+  llvm::SmallVector<TensorType, 4> in_types;
+  for (TensorId in : inputs) {
+    node.inputs.push_back(in);
+    in_types.push_back(local_.tensor(in).type);
+  }
+  auto types = registry_.infer_types(node, in_types);
+  if (!types.is_ok()) {
+    status_ = types.status().with_context(str_cat("tensor parallelism: node '", node.name, "'"));
+    return std::vector<TensorId>{};
+  }
+  std::vector<TensorId> outs;
+  for (size_t k = 0; k < types->size(); ++k) {
+    Tensor t;
+    t.name =
+        k < output_names.size() ? output_names[k] : local_.unique_name(str_cat(node.name, ":", k));
+    t.type = (*types)[k];
+    auto added = local_.add_tensor(std::move(t));
+    if (!added.is_ok()) {
+      status_ = added.status();
       return std::vector<TensorId>{};
     }
-    std::vector<TensorId> outs;
-    for (size_t k = 0; k < types->size(); ++k) {
-      Tensor t;
-      t.name =
-          k < output_names.size() ? output_names[k] : local.unique_name(str_cat(node.name, ":", k));
-      t.type = (*types)[k];
-      auto added = local.add_tensor(std::move(t));
-      if (!added.is_ok()) {
-        status = added.status();
-        return std::vector<TensorId>{};
-      }
-      outs.push_back(*added);
-      node.outputs.push_back(*added);
-    }
-    if (auto added = local.add_node(std::move(node)); !added.is_ok()) status = added.status();
-    return outs;
-  };
-  auto describe = [&](NodeId id) {
-    if (id == kNoNode) return std::string("the graph output");
-    const Node &node = g_.node(id);
-    return str_cat("'", node.name, "' (", node.op, ", ",
-                   node_strategies_[id][static_cast<size_t>(strategy_of[id])].rule, ")");
-  };
-  // Tensor `id` (global) in spec `want` for `reader`, converting from its chosen spec.
-  std::function<TensorId(TensorId, const ShardSpec &, NodeId)> get = [&](TensorId id,
-                                                                         const ShardSpec &want,
-                                                                         NodeId reader) {
-    const ShardSpec &have = chosen[id];
-    if (have == want || !status.is_ok()) return base[id];
-    auto key = std::make_pair(id, want);
-    if (auto found = converted.find(key); found != converted.end()) return found->second;
-    const std::string &name = g_.tensor(id).name;
-    const NodeId producer = g_.tensor(id).producer;
-    const std::string why =
-        str_cat("'", name, "' is ",
-                have.kind == Kind::kPartial ? std::string("partial sums")
-                : have.is_split()           ? "split " + have.to_string()
-                                            : std::string("whole (R)"),
-                " from ", producer == kNoNode ? std::string("its source") : describe(producer),
-                "; ", describe(reader), " reads it ", want.to_string());
-    // One collective node: `op` over `input`, with the group's size, the split
-    // attributes `split` names (the spec the op makes or reads) and `why`.
-    auto collective = [&](const char *op, const char *suffix, TensorId input,
-                          const std::vector<Attribute> &split) {
-      std::vector<Attribute> attrs = {{"parts", int64_t{t_}}};
-      attrs.insert(attrs.end(), split.begin(), split.end());
-      attrs.push_back({"why", why});
-      const std::string node = str_cat(name, ".tp_", suffix);
-      auto outs = add_node(op, {input}, std::move(attrs), node, {local.unique_name(node)});
-      return outs.empty() ? kInvalidTensor : outs[0];
-    };
-    auto axis = [](const ShardSpec &spec, const char *dim = "axis", const char *outer = "outer") {
-      return std::vector<Attribute>{{dim, int64_t{spec.dim}}, {outer, spec.outer}};
-    };
-    TensorId made = kInvalidTensor;
-    if (want.kind == Kind::kReplicated && have.kind == Kind::kPartial) {
-      made = collective("TpAllReduce", "all_reduce", base[id], {});
-    } else if (want.kind == Kind::kReplicated && have.is_split()) {
-      made = collective("TpAllGather", "all_gather", base[id], axis(have));
-    } else if (want.is_split() && have.is_split() && want.dim != have.dim) {
-      std::vector<Attribute> attrs = axis(want);
-      for (Attribute &from : axis(have, "from_axis", "from_outer"))
-        attrs.push_back(std::move(from));
-      made = collective("TpAllToAll", "all_to_all", base[id], std::move(attrs));
-    } else if (want.is_split() && have.kind == Kind::kPartial) {
-      made = collective("TpReduceScatter", "reduce_scatter", base[id], axis(want));
-    } else if (want.is_split()) {
-      const TensorId whole = get(id, ShardSpec::replicated(), reader);
-      if (!status.is_ok()) return kInvalidTensor;
-      made = collective("TpSplit", "split", whole, axis(want));
-    } else {
-      status = internal_error("tensor parallelism: cannot turn '", name, "' from ",
-                              have.to_string(), " into ", want.to_string());
-    }
-    converted[key] = made;
-    return made;
-  };
+    outs.push_back(*added);
+    node.outputs.push_back(*added);
+  }
+  if (auto added = local_.add_node(std::move(node)); !added.is_ok()) status_ = added.status();
+  return outs;
+}
 
+std::string Sharder::describe(NodeId id) const {
+  if (id == kNoNode) return std::string("the graph output");
+  const Node &node = g_.node(id);
+  return str_cat("'", node.name, "' (", node.op, ", ", chosen_strategy(id).rule, ")");
+}
+
+// The split attributes of a collective: `spec`'s dim and outer under the
+// names `dim` and `outer`.
+std::vector<Attribute> split_attrs(const ShardSpec &spec, const char *dim = "axis",
+                                   const char *outer = "outer") {
+  return std::vector<Attribute>{{dim, int64_t{spec.dim}}, {outer, spec.outer}};
+}
+
+TensorId Sharder::add_collective(const char *op, const char *suffix, TensorId input,
+                                 const std::vector<Attribute> &split, const std::string &name,
+                                 const std::string &why) {
+  std::vector<Attribute> attrs = {{"parts", int64_t{t_}}};
+  attrs.insert(attrs.end(), split.begin(), split.end());
+  attrs.push_back({"why", why});
+  const std::string node = str_cat(name, ".tp_", suffix);
+  auto outs = add_node(op, {input}, std::move(attrs), node, {local_.unique_name(node)});
+  return outs.empty() ? kInvalidTensor : outs[0];
+}
+
+TensorId Sharder::convert(TensorId id, const ShardSpec &want, NodeId reader) {
+  const ShardSpec &have = chosen_[id];
+  if (have == want || !status_.is_ok()) return base_[id];
+  auto key = std::make_pair(id, want);
+  if (auto found = converted_.find(key); found != converted_.end()) return found->second;
+  const std::string &name = g_.tensor(id).name;
+  const NodeId producer = g_.tensor(id).producer;
+  const std::string why =
+      str_cat("'", name, "' is ",
+              have.kind == Kind::kPartial ? std::string("partial sums")
+              : have.is_split()           ? "split " + have.to_string()
+                                          : std::string("whole (R)"),
+              " from ", producer == kNoNode ? std::string("its source") : describe(producer), "; ",
+              describe(reader), " reads it ", want.to_string());
+  TensorId made = kInvalidTensor;
+  if (want.kind == Kind::kReplicated && have.kind == Kind::kPartial) {
+    made = add_collective("TpAllReduce", "all_reduce", base_[id], {}, name, why);
+  } else if (want.kind == Kind::kReplicated && have.is_split()) {
+    made = add_collective("TpAllGather", "all_gather", base_[id], split_attrs(have), name, why);
+  } else if (want.is_split() && have.is_split() && want.dim != have.dim) {
+    std::vector<Attribute> attrs = split_attrs(want);
+    for (Attribute &from : split_attrs(have, "from_axis", "from_outer"))
+      attrs.push_back(std::move(from));
+    made = add_collective("TpAllToAll", "all_to_all", base_[id], attrs, name, why);
+  } else if (want.is_split() && have.kind == Kind::kPartial) {
+    made = add_collective("TpReduceScatter", "reduce_scatter", base_[id], split_attrs(want), name,
+                          why);
+  } else if (want.is_split()) {
+    const TensorId whole = convert(id, ShardSpec::replicated(), reader);
+    if (!status_.is_ok()) return kInvalidTensor;
+    made = add_collective("TpSplit", "split", whole, split_attrs(want), name, why);
+  } else {
+    status_ = internal_error("tensor parallelism: cannot turn '", name, "' from ", have.to_string(),
+                             " into ", want.to_string());
+  }
+  converted_[key] = made;
+  return made;
+}
+
+Status Sharder::add_sources(TensorParallelResult &result) {
   for (TensorId id = 0; id < g_.num_tensors(); ++id) {
     const Tensor &t = g_.tensor(id);
     if (t.producer != kNoNode) continue;
     Tensor copy = t;
     copy.type = local_type(id);
     copy.producer = kNoNode;
-    ASSIGN_OR_RETURN(base[id], local.add_tensor(std::move(copy)));
-    if (chosen[id].is_split())
+    ASSIGN_OR_RETURN(base_[id], local_.add_tensor(std::move(copy)));
+    if (chosen_[id].is_split())
       result.shards.push_back(
-          {t.name, {t.type.shape.begin(), t.type.shape.end()}, chosen[id].dim, chosen[id].outer});
+          {t.name, {t.type.shape.begin(), t.type.shape.end()}, chosen_[id].dim, chosen_[id].outer});
   }
   for (TensorId in : g_.inputs())
-    local.add_input(base[in]);
-  for (NodeId id : order) {
-    const Node &node = g_.node(id);
-    const Strategy &s = node_strategies_[id][static_cast<size_t>(strategy_of[id])];
-    result.rules[node.name] = s.rule;
-    std::vector<TensorId> inputs;
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      const TensorId in = node.inputs[i];
-      TensorId local_in = get(in, s.in[i], id);
-      if (s.splits() && s.in[i].kind == Kind::kReplicated && needs_grad_[in]) {
-        // Split work reading a replicated tensor: its gradient is summed over the group.
-        auto found = copied.find(local_in);
-        if (found == copied.end()) {
-          const std::string name = local.tensor(local_in).name + ".tp_copy";
-          const std::string why = str_cat("'", g_.tensor(in).name, "' is read whole by ",
-                                          describe(id), ", whose gradients for it are partial");
-          auto outs = add_node("TpCopy", {local_in}, {{"parts", int64_t{t_}}, {"why", why}}, name,
-                               {local.unique_name(name)});
-          found = copied.emplace(local_in, outs.empty() ? kInvalidTensor : outs[0]).first;
-        }
-        local_in = found->second;
-      }
-      inputs.push_back(local_in);
-    }
-    RETURN_IF_ERROR(status);
-    std::vector<Attribute> attrs = node.attrs;
-    for (const Attribute &a : s.attrs) {
-      auto at = std::find_if(attrs.begin(), attrs.end(),
-                             [&](const Attribute &b) { return b.name == a.name; });
-      if (at == attrs.end())
-        attrs.push_back(a);
-      else
-        *at = a;
-    }
-    if (node.op == "Reshape")
-      for (Attribute &a : attrs)
-        if (a.name == "shape") {
-          const TensorType ty = local_type(node.outputs[0]);
-          a.value = std::vector<int64_t>(ty.shape.begin(), ty.shape.end());
-        }
-    std::string op = node.op;
-    if (is_reshape(node) && op != "Reshape" && s.in[0].is_split()) {
-      // Squeeze's "every size-1 dim" or Flatten's axis would read the piece's
-      // shape; a Reshape to the local shape says exactly what is meant.
-      op = "Reshape";
-      const TensorType ty = local_type(node.outputs[0]);
-      attrs = {{"shape", std::vector<int64_t>(ty.shape.begin(), ty.shape.end())}};
-    }
-    std::vector<std::string> names;
-    for (TensorId out : node.outputs)
-      names.push_back(g_.tensor(out).name);
-    if (s.vocab_parallel_loss) {
-      // The members' per-row statistics, gathered; then the loss from them.
-      std::vector<Attribute> stats_attrs;
-      for (const Attribute &a : attrs)
-        if (a.name == "parts" || a.name == "ignore_index") stats_attrs.push_back(a);
-      auto stats =
-          add_node("VocabParallelStats", inputs, std::move(stats_attrs), node.name + ".vocab_stats",
-                   {local.unique_name(node.name + ".vocab_stats")});
-      RETURN_IF_ERROR(status);
-      const auto rank = static_cast<int64_t>(local.tensor(stats[0]).type.rank());
-      const std::string why = str_cat("'", node.name, "' (", node.op, ", ", s.rule, ") reads '",
-                                      g_.tensor(node.inputs[0]).name,
-                                      "' split by class: every member's three numbers per row");
-      const std::string gathered_name = node.name + ".vocab_stats.tp_all_gather";
-      auto gathered = add_node(
-          "TpAllGather", stats,
-          {{"parts", int64_t{t_}}, {"axis", rank - 1}, {"outer", int64_t{1}}, {"why", why}},
-          gathered_name, {local.unique_name(gathered_name)});
-      RETURN_IF_ERROR(status);
-      inputs.push_back(gathered[0]);
-      op = "VocabParallelCrossEntropy";
-    }
-    auto outs = add_node(op, inputs, std::move(attrs), node.name, names);
-    RETURN_IF_ERROR(status);
-    for (size_t k = 0; k < node.outputs.size(); ++k) {
-      const TensorId out = node.outputs[k];
-      base[out] = outs[k];
-      if (!(local.tensor(outs[k]).type == local_type(out)))
-        return internal_error("tensor parallelism: node '", node.name, "' (", node.op, ", ", s.rule,
-                              ") gives ", local.tensor(outs[k]).type.to_string(), " for '",
-                              g_.tensor(out).name, "' (", chosen[out].to_string(), " of ",
-                              type(out).to_string(), ")");
-    }
+    local_.add_input(base_[in]);
+  return Status::ok();
+}
+
+TensorId Sharder::local_input(NodeId id, size_t i) {
+  const Node &node = g_.node(id);
+  const Strategy &s = chosen_strategy(id);
+  const TensorId in = node.inputs[i];
+  const TensorId local_in = convert(in, s.in[i], id);
+  if (!s.splits() || s.in[i].kind != Kind::kReplicated || !needs_grad_[in]) return local_in;
+  // Split work reading a replicated tensor: its gradient is summed over the group.
+  auto found = copied_.find(local_in);
+  if (found == copied_.end()) {
+    const std::string name = local_.tensor(local_in).name + ".tp_copy";
+    const std::string why = str_cat("'", g_.tensor(in).name, "' is read whole by ", describe(id),
+                                    ", whose gradients for it are partial");
+    auto outs = add_node("TpCopy", {local_in}, {{"parts", int64_t{t_}}, {"why", why}}, name,
+                         {local_.unique_name(name)});
+    found = copied_.emplace(local_in, outs.empty() ? kInvalidTensor : outs[0]).first;
   }
+  return found->second;
+}
+
+Sharder::LocalOp Sharder::local_op(const Node &node, const Strategy &s) const {
+  LocalOp local{node.op, node.attrs};
+  for (const Attribute &a : s.attrs) {
+    auto at = std::find_if(local.attrs.begin(), local.attrs.end(),
+                           [&](const Attribute &b) { return b.name == a.name; });
+    if (at == local.attrs.end())
+      local.attrs.push_back(a);
+    else
+      *at = a;
+  }
+  if (node.op == "Reshape")
+    for (Attribute &a : local.attrs)
+      if (a.name == "shape") {
+        const TensorType ty = local_type(node.outputs[0]);
+        a.value = std::vector<int64_t>(ty.shape.begin(), ty.shape.end());
+      }
+  if (is_reshape(node) && local.op != "Reshape" && s.in[0].is_split()) {
+    // Squeeze's "every size-1 dim" or Flatten's axis would read the piece's
+    // shape; a Reshape to the local shape says exactly what is meant.
+    local.op = "Reshape";
+    const TensorType ty = local_type(node.outputs[0]);
+    local.attrs = {{"shape", std::vector<int64_t>(ty.shape.begin(), ty.shape.end())}};
+  }
+  return local;
+}
+
+Status Sharder::add_vocab_stats(const Node &node, const Strategy &s,
+                                const std::vector<Attribute> &attrs,
+                                std::vector<TensorId> &inputs) {
+  // The members' per-row statistics, gathered; then the loss from them.
+  std::vector<Attribute> stats_attrs;
+  for (const Attribute &a : attrs)
+    if (a.name == "parts" || a.name == "ignore_index") stats_attrs.push_back(a);
+  auto stats =
+      add_node("VocabParallelStats", inputs, std::move(stats_attrs), node.name + ".vocab_stats",
+               {local_.unique_name(node.name + ".vocab_stats")});
+  RETURN_IF_ERROR(status_);
+  const auto rank = static_cast<int64_t>(local_.tensor(stats[0]).type.rank());
+  const std::string why = str_cat("'", node.name, "' (", node.op, ", ", s.rule, ") reads '",
+                                  g_.tensor(node.inputs[0]).name,
+                                  "' split by class: every member's three numbers per row");
+  const std::string gathered_name = node.name + ".vocab_stats.tp_all_gather";
+  auto gathered =
+      add_node("TpAllGather", stats,
+               {{"parts", int64_t{t_}}, {"axis", rank - 1}, {"outer", int64_t{1}}, {"why", why}},
+               gathered_name, {local_.unique_name(gathered_name)});
+  RETURN_IF_ERROR(status_);
+  inputs.push_back(gathered[0]);
+  return Status::ok();
+}
+
+Status Sharder::add_local_node(NodeId id, TensorParallelResult &result) {
+  const Node &node = g_.node(id);
+  const Strategy &s = chosen_strategy(id);
+  result.rules[node.name] = s.rule;
+  std::vector<TensorId> inputs;
+  for (size_t i = 0; i < node.inputs.size(); ++i)
+    inputs.push_back(local_input(id, i));
+  RETURN_IF_ERROR(status_);
+  LocalOp local = local_op(node, s);
+  std::vector<std::string> names;
+  for (TensorId out : node.outputs)
+    names.push_back(g_.tensor(out).name);
+  if (s.vocab_parallel_loss) {
+    RETURN_IF_ERROR(add_vocab_stats(node, s, local.attrs, inputs));
+    local.op = "VocabParallelCrossEntropy";
+  }
+  auto outs = add_node(local.op, inputs, std::move(local.attrs), node.name, names);
+  RETURN_IF_ERROR(status_);
+  for (size_t k = 0; k < node.outputs.size(); ++k) {
+    const TensorId out = node.outputs[k];
+    base_[out] = outs[k];
+    if (!(local_.tensor(outs[k]).type == local_type(out)))
+      return internal_error("tensor parallelism: node '", node.name, "' (", node.op, ", ", s.rule,
+                            ") gives ", local_.tensor(outs[k]).type.to_string(), " for '",
+                            g_.tensor(out).name, "' (", chosen_[out].to_string(), " of ",
+                            type(out).to_string(), ")");
+  }
+  return Status::ok();
+}
+
+Result<TensorParallelResult> Sharder::run() {
+  if (!g_.updates().empty())
+    return unimplemented("tensor parallelism: the forward graph has state updates");
+  ASSIGN_OR_RETURN(std::vector<NodeId> order, g_.topological_order());
+  collect_outers();
+  find_gradients(order);
+  // Forward: the cost table of every tensor.
+  RETURN_IF_ERROR(fill_cost_tables(order));
+  // Backward: the spec of every tensor, from what its readers want.
+  choose_strategies(order);
+  choose_source_specs();
+
+  // The local graph.
+  TensorParallelResult result;
+  base_.assign(g_.num_tensors(), kInvalidTensor);
+  RETURN_IF_ERROR(add_sources(result));
+  for (NodeId id : order)
+    RETURN_IF_ERROR(add_local_node(id, result));
   for (TensorId out : g_.outputs()) {
-    const TensorId whole = get(out, ShardSpec::replicated(), kNoNode);
-    RETURN_IF_ERROR(status);
-    local.add_output(whole);
+    const TensorId whole = convert(out, ShardSpec::replicated(), kNoNode);
+    RETURN_IF_ERROR(status_);
+    local_.add_output(whole);
   }
   for (TensorId id = 0; id < g_.num_tensors(); ++id)
-    result.specs[g_.tensor(id).name] = chosen[id];
-  RETURN_IF_ERROR(verify_graph(local, registry_).with_context("tensor-parallel local graph"));
-  result.local = std::move(local);
+    result.specs[g_.tensor(id).name] = chosen_[id];
+  RETURN_IF_ERROR(verify_graph(local_, registry_).with_context("tensor-parallel local graph"));
+  result.local = std::move(local_);
   return result;
 }
 

@@ -678,98 +678,33 @@ private:
 
   // ---- conversion ----------------------------------------------------------
 
+  // `strata_op` over `inputs`, giving node n's first output.
+  Status emit_one(const onnx::NodeProto &n, const std::vector<std::string> &outs,
+                  std::string_view strata_op, const std::vector<std::string> &inputs,
+                  Attrs attrs = {}) {
+    return emit(strata_op, inputs, std::move(attrs), {outs.at(0)}, n.name());
+  }
+
   Status convert(const onnx::NodeProto &n) {
     const std::string &op = n.op_type();
-    const std::string name = n.name();
     std::vector<std::string> ins(n.input().begin(), n.input().end());
     std::vector<std::string> outs(n.output().begin(), n.output().end());
     auto one = [&](std::string_view strata_op, std::vector<std::string> inputs, Attrs attrs = {}) {
-      return emit(strata_op, inputs, std::move(attrs), {outs.at(0)}, name);
+      return emit_one(n, outs, strata_op, inputs, std::move(attrs));
     };
 
     if (auto it = same_name_ops().find(op); it != same_name_ops().end())
       return one(it->second, ins);
 
-    if (op == "Constant") {
-      if (const auto *a = attr(n, "value")) {
-        ASSIGN_OR_RETURN(HostTensor t, tensor_of(a->t(), "its value"));
-        set_known(n, 0, std::move(t));
-      } else if (const auto *f = attr(n, "value_float")) {
-        HostTensor t = HostTensor::zeros({DType::kF32, {}});
-        t.as<float>()[0] = f->f();
-        set_known(n, 0, std::move(t));
-      } else if (const auto *i = attr(n, "value_int")) {
-        set_known(n, 0, i64_tensor({i->i()}, true));
-      } else if (const auto *is = attr(n, "value_ints")) {
-        set_known(n, 0, i64_tensor({is->ints().begin(), is->ints().end()}));
-      } else if (const auto *fs_ = attr(n, "value_floats")) {
-        HostTensor t = HostTensor::zeros({DType::kF32, {fs_->floats_size()}});
-        std::copy(fs_->floats().begin(), fs_->floats().end(), t.as<float>());
-        set_known(n, 0, std::move(t));
-      } else {
-        return unimplemented("a Constant without value, value_float(s) or value_int(s)");
-      }
-      return Status::ok();
-    }
-    if (op == "Shape") {
-      ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
-      std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
-      const int64_t rank = static_cast<int64_t>(dims.size());
-      int64_t start = attr_int(n, "start", 0), end = attr_int(n, "end", rank);
-      if (start < 0) start += rank;
-      if (end < 0) end += rank;
-      start = std::clamp<int64_t>(start, 0, rank);
-      end = std::clamp<int64_t>(end, start, rank);
-      set_known(n, 0, i64_tensor({dims.begin() + start, dims.begin() + end}));
-      return Status::ok();
-    }
+    if (op == "Constant") return convert_constant(n);
+    if (op == "Shape") return convert_shape(n, ins);
     if (op == "Size") {
       ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
       set_known(n, 0, i64_tensor({type.num_elements()}, true));
       return Status::ok();
     }
-    if (op == "ConstantOfShape") {
-      ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 0, "shape"));
-      HostTensor fill = HostTensor::zeros({DType::kF32, {1}});
-      if (const auto *a = attr(n, "value")) {
-        ASSIGN_OR_RETURN(fill, tensor_of(a->t(), "its value"));
-      }
-      for (int64_t d : shape)
-        if (d < 0) return invalid_argument("ConstantOfShape with negative dim ", d);
-      ASSIGN_OR_RETURN(HostTensor t,
-                       folded_tensor(fill.type.dtype, Shape(shape.begin(), shape.end())));
-      const size_t width = dtype_size(fill.type.dtype);
-      for (int64_t i = 0; i < t.type.num_elements(); ++i)
-        std::memcpy(t.data() + static_cast<size_t>(i) * width, fill.data(), width);
-      set_known(n, 0, std::move(t));
-      return Status::ok();
-    }
-    if (op == "Range") {
-      for (int i = 0; i < 3; ++i)
-        if (known(input(n, i)) == nullptr)
-          return unimplemented("Range over values computed at run time");
-      const HostTensor &start = *known(ins[0]);
-      const double s = scalar_of(start), l = scalar_of(*known(ins[1])),
-                   d = scalar_of(*known(ins[2]));
-      if (d == 0) return invalid_argument("Range with delta 0");
-      const double steps = std::ceil((l - s) / d);
-      if (!(steps <= static_cast<double>(kMaxTensorElements))) // NaN too
-        return invalid_argument("Range from ", s, " to ", l, " by ", d, " has ", steps,
-                                " elements");
-      const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(steps));
-      ASSIGN_OR_RETURN(HostTensor t, folded_tensor(start.type.dtype, {count}));
-      for (int64_t i = 0; i < count; ++i) {
-        const double v = s + static_cast<double>(i) * d;
-        if (start.type.dtype == DType::kI64)
-          t.as<int64_t>()[i] = static_cast<int64_t>(v);
-        else if (start.type.dtype == DType::kI32)
-          t.as<int32_t>()[i] = static_cast<int32_t>(v);
-        else
-          t.as<float>()[i] = static_cast<float>(v);
-      }
-      set_known(n, 0, std::move(t));
-      return Status::ok();
-    }
+    if (op == "ConstantOfShape") return convert_constant_of_shape(n);
+    if (op == "Range") return convert_range(n, ins);
     if (op == "Gemm") {
       std::vector<std::string> inputs = {ins.at(0), ins.at(1)};
       if (!input(n, 2).empty()) inputs.push_back(ins[2]);
@@ -808,84 +743,18 @@ private:
     }
     if (op == "Concat") return one("Concat", ins, {{"axis", attr_int(n, "axis", 0)}});
     if (op == "Split") return convert_split(n, ins, outs);
-    if (op == "Slice") {
-      ASSIGN_OR_RETURN(std::vector<int64_t> starts, known_ints(n, 1, "starts"));
-      ASSIGN_OR_RETURN(std::vector<int64_t> ends, known_ints(n, 2, "ends"));
-      Attrs attrs = {{"starts", starts}, {"ends", ends}};
-      if (!input(n, 3).empty()) {
-        ASSIGN_OR_RETURN(std::vector<int64_t> axes, known_ints(n, 3, "axes"));
-        attrs.push_back({"axes", axes});
-      }
-      if (!input(n, 4).empty()) {
-        ASSIGN_OR_RETURN(std::vector<int64_t> steps, known_ints(n, 4, "steps"));
-        attrs.push_back({"steps", steps});
-      }
-      return one("Slice", {ins.at(0)}, std::move(attrs));
-    }
-    if (op == "Squeeze" || op == "Unsqueeze") {
-      std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
-      if (!input(n, 1).empty()) {
-        ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
-        axes = from_input;
-      }
-      Attrs attrs;
-      if (axes)
-        attrs.push_back({"axes", *axes});
-      else if (op == "Unsqueeze")
-        return invalid_argument("Unsqueeze without axes");
-      return one(op, {ins.at(0)}, std::move(attrs));
-    }
+    if (op == "Slice") return convert_slice(n, ins, outs);
+    if (op == "Squeeze" || op == "Unsqueeze") return convert_squeeze(n, ins, outs);
     if (op == "Gather")
       return one("Gather", {ins.at(0), ins.at(1)}, {{"axis", attr_int(n, "axis", 0)}});
     if (op == "Expand") {
       ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 1, "shape"));
       return one("Expand", {ins.at(0)}, {{"shape", shape}});
     }
-    if (op == "Softmax" || op == "LogSoftmax") {
-      ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
-      const int64_t rank = type.rank();
-      int64_t axis = attr_int(n, "axis", opset_ < 13 ? 1 : -1);
-      if (axis < 0) axis += rank;
-      if (opset_ >= 13 || axis == rank - 1) return one(op, {ins.at(0)}, {{"axis", axis}});
-      // Before opset 13 the input is viewed as 2-D at `axis` and normalized over
-      // the trailing block: flatten, normalize the last dim, restore.
-      const std::string flat = str_cat(outs[0], ".flat"), normed = str_cat(outs[0], ".normed");
-      RETURN_IF_ERROR(emit("Flatten", {ins[0]}, {{"axis", axis}}, {flat}, name + ".flatten"));
-      RETURN_IF_ERROR(emit(op, {flat}, {{"axis", int64_t{-1}}}, {normed}, name));
-      return emit("Reshape", {normed},
-                  {{"shape", std::vector<int64_t>(type.shape.begin(), type.shape.end())}},
-                  {outs[0]}, name + ".restore");
-    }
-    if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax") {
-      std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
-      if (!input(n, 1).empty()) {
-        ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
-        axes = from_input;
-      }
-      if (attr_int(n, "noop_with_empty_axes", 0) != 0 && (!axes || axes->empty()))
-        return one("Identity", {ins.at(0)});
-      Attrs attrs = {{"keepdims", attr_int(n, "keepdims", 1)}};
-      if (axes) attrs.push_back({"axes", *axes});
-      return one(op, {ins.at(0)}, std::move(attrs));
-    }
-    if (op == "Clip") {
-      Attrs attrs;
-      auto bound = [&](int i, const char *key) -> Status {
-        if (input(n, i).empty()) return Status::ok();
-        const HostTensor *k = known(input(n, i));
-        if (k == nullptr) return unimplemented("a Clip ", key, " computed at run time");
-        attrs.push_back({key, scalar_of(*k)});
-        return Status::ok();
-      };
-      if (opset_ < 11) {
-        if (const auto *a = attr(n, "min")) attrs.push_back({"min", static_cast<double>(a->f())});
-        if (const auto *a = attr(n, "max")) attrs.push_back({"max", static_cast<double>(a->f())});
-      } else {
-        RETURN_IF_ERROR(bound(1, "min"));
-        RETURN_IF_ERROR(bound(2, "max"));
-      }
-      return one("Clip", {ins.at(0)}, std::move(attrs));
-    }
+    if (op == "Softmax" || op == "LogSoftmax") return convert_softmax(n, ins, outs);
+    if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax")
+      return convert_reduce(n, ins, outs);
+    if (op == "Clip") return convert_clip(n, ins, outs);
     if (op == "Cast") {
       ASSIGN_OR_RETURN(DType to, dtype_of(static_cast<int32_t>(attr_int(n, "to", 0)), "its 'to'"));
       return one("Cast", {ins.at(0)}, {{"to", std::string(dtype_name(to))}});
@@ -904,6 +773,178 @@ private:
                  {{"axis", attr_int(n, "axis", -1)}, {"epsilon", attr_float(n, "epsilon", 1e-5)}});
     }
     return unimplemented("op ", op);
+  }
+
+  // Constant: its value is known at import.
+  Status convert_constant(const onnx::NodeProto &n) {
+    if (const auto *a = attr(n, "value")) {
+      ASSIGN_OR_RETURN(HostTensor t, tensor_of(a->t(), "its value"));
+      set_known(n, 0, std::move(t));
+    } else if (const auto *f = attr(n, "value_float")) {
+      HostTensor t = HostTensor::zeros({DType::kF32, {}});
+      t.as<float>()[0] = f->f();
+      set_known(n, 0, std::move(t));
+    } else if (const auto *i = attr(n, "value_int")) {
+      set_known(n, 0, i64_tensor({i->i()}, true));
+    } else if (const auto *is = attr(n, "value_ints")) {
+      set_known(n, 0, i64_tensor({is->ints().begin(), is->ints().end()}));
+    } else if (const auto *fs_ = attr(n, "value_floats")) {
+      HostTensor t = HostTensor::zeros({DType::kF32, {fs_->floats_size()}});
+      std::copy(fs_->floats().begin(), fs_->floats().end(), t.as<float>());
+      set_known(n, 0, std::move(t));
+    } else {
+      return unimplemented("a Constant without value, value_float(s) or value_int(s)");
+    }
+    return Status::ok();
+  }
+
+  // Shape: known at import from the input's type, between start and end.
+  Status convert_shape(const onnx::NodeProto &n, const std::vector<std::string> &ins) {
+    ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
+    std::vector<int64_t> dims(type.shape.begin(), type.shape.end());
+    const int64_t rank = static_cast<int64_t>(dims.size());
+    int64_t start = attr_int(n, "start", 0), end = attr_int(n, "end", rank);
+    if (start < 0) start += rank;
+    if (end < 0) end += rank;
+    start = std::clamp<int64_t>(start, 0, rank);
+    end = std::clamp<int64_t>(end, start, rank);
+    set_known(n, 0, i64_tensor({dims.begin() + start, dims.begin() + end}));
+    return Status::ok();
+  }
+
+  // ConstantOfShape: a known shape filled with the value (0.0f by default).
+  Status convert_constant_of_shape(const onnx::NodeProto &n) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> shape, known_ints(n, 0, "shape"));
+    HostTensor fill = HostTensor::zeros({DType::kF32, {1}});
+    if (const auto *a = attr(n, "value")) {
+      ASSIGN_OR_RETURN(fill, tensor_of(a->t(), "its value"));
+    }
+    for (int64_t d : shape)
+      if (d < 0) return invalid_argument("ConstantOfShape with negative dim ", d);
+    ASSIGN_OR_RETURN(HostTensor t,
+                     folded_tensor(fill.type.dtype, Shape(shape.begin(), shape.end())));
+    const size_t width = dtype_size(fill.type.dtype);
+    for (int64_t i = 0; i < t.type.num_elements(); ++i)
+      std::memcpy(t.data() + static_cast<size_t>(i) * width, fill.data(), width);
+    set_known(n, 0, std::move(t));
+    return Status::ok();
+  }
+
+  // Range: computed at import from known start, limit and delta.
+  Status convert_range(const onnx::NodeProto &n, const std::vector<std::string> &ins) {
+    for (int i = 0; i < 3; ++i)
+      if (known(input(n, i)) == nullptr)
+        return unimplemented("Range over values computed at run time");
+    const HostTensor &start = *known(ins[0]);
+    const double s = scalar_of(start), l = scalar_of(*known(ins[1])), d = scalar_of(*known(ins[2]));
+    if (d == 0) return invalid_argument("Range with delta 0");
+    const double steps = std::ceil((l - s) / d);
+    if (!(steps <= static_cast<double>(kMaxTensorElements))) // NaN too
+      return invalid_argument("Range from ", s, " to ", l, " by ", d, " has ", steps, " elements");
+    const int64_t count = std::max<int64_t>(0, static_cast<int64_t>(steps));
+    ASSIGN_OR_RETURN(HostTensor t, folded_tensor(start.type.dtype, {count}));
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = s + static_cast<double>(i) * d;
+      if (start.type.dtype == DType::kI64)
+        t.as<int64_t>()[i] = static_cast<int64_t>(v);
+      else if (start.type.dtype == DType::kI32)
+        t.as<int32_t>()[i] = static_cast<int32_t>(v);
+      else
+        t.as<float>()[i] = static_cast<float>(v);
+    }
+    set_known(n, 0, std::move(t));
+    return Status::ok();
+  }
+
+  // Slice: starts, ends, axes and steps are inputs, known at import.
+  Status convert_slice(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                       const std::vector<std::string> &outs) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> starts, known_ints(n, 1, "starts"));
+    ASSIGN_OR_RETURN(std::vector<int64_t> ends, known_ints(n, 2, "ends"));
+    Attrs attrs = {{"starts", starts}, {"ends", ends}};
+    if (!input(n, 3).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> axes, known_ints(n, 3, "axes"));
+      attrs.push_back({"axes", axes});
+    }
+    if (!input(n, 4).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> steps, known_ints(n, 4, "steps"));
+      attrs.push_back({"steps", steps});
+    }
+    return emit_one(n, outs, "Slice", {ins.at(0)}, std::move(attrs));
+  }
+
+  // Squeeze and Unsqueeze: the axes an attribute (before opset 13) or an input.
+  Status convert_squeeze(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                         const std::vector<std::string> &outs) {
+    const std::string &op = n.op_type();
+    std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
+    if (!input(n, 1).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
+      axes = from_input;
+    }
+    Attrs attrs;
+    if (axes)
+      attrs.push_back({"axes", *axes});
+    else if (op == "Unsqueeze")
+      return invalid_argument("Unsqueeze without axes");
+    return emit_one(n, outs, op, {ins.at(0)}, std::move(attrs));
+  }
+
+  // Softmax and LogSoftmax, with the coerced 2-D form of opsets before 13.
+  Status convert_softmax(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                         const std::vector<std::string> &outs) {
+    const std::string &op = n.op_type();
+    ASSIGN_OR_RETURN(TensorType type, type_of(ins.at(0)));
+    const int64_t rank = type.rank();
+    int64_t axis = attr_int(n, "axis", opset_ < 13 ? 1 : -1);
+    if (axis < 0) axis += rank;
+    if (opset_ >= 13 || axis == rank - 1)
+      return emit_one(n, outs, op, {ins.at(0)}, {{"axis", axis}});
+    // Before opset 13 the input is viewed as 2-D at `axis` and normalized over
+    // the trailing block: flatten, normalize the last dim, restore.
+    const std::string flat = str_cat(outs[0], ".flat"), normed = str_cat(outs[0], ".normed");
+    RETURN_IF_ERROR(emit("Flatten", {ins[0]}, {{"axis", axis}}, {flat}, n.name() + ".flatten"));
+    RETURN_IF_ERROR(emit(op, {flat}, {{"axis", int64_t{-1}}}, {normed}, n.name()));
+    return emit("Reshape", {normed},
+                {{"shape", std::vector<int64_t>(type.shape.begin(), type.shape.end())}}, {outs[0]},
+                n.name() + ".restore");
+  }
+
+  // ReduceMean, ReduceSum, ReduceMax: the axes an attribute or an input.
+  Status convert_reduce(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                        const std::vector<std::string> &outs) {
+    const std::string &op = n.op_type();
+    std::optional<std::vector<int64_t>> axes = attr_ints(n, "axes");
+    if (!input(n, 1).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> from_input, known_ints(n, 1, "axes"));
+      axes = from_input;
+    }
+    if (attr_int(n, "noop_with_empty_axes", 0) != 0 && (!axes || axes->empty()))
+      return emit_one(n, outs, "Identity", {ins.at(0)});
+    Attrs attrs = {{"keepdims", attr_int(n, "keepdims", 1)}};
+    if (axes) attrs.push_back({"axes", *axes});
+    return emit_one(n, outs, op, {ins.at(0)}, std::move(attrs));
+  }
+
+  // Clip: bounds as attributes before opset 11, known inputs after.
+  Status convert_clip(const onnx::NodeProto &n, const std::vector<std::string> &ins,
+                      const std::vector<std::string> &outs) {
+    Attrs attrs;
+    auto bound = [&](int i, const char *key) -> Status {
+      if (input(n, i).empty()) return Status::ok();
+      const HostTensor *k = known(input(n, i));
+      if (k == nullptr) return unimplemented("a Clip ", key, " computed at run time");
+      attrs.push_back({key, scalar_of(*k)});
+      return Status::ok();
+    };
+    if (opset_ < 11) {
+      if (const auto *a = attr(n, "min")) attrs.push_back({"min", static_cast<double>(a->f())});
+      if (const auto *a = attr(n, "max")) attrs.push_back({"max", static_cast<double>(a->f())});
+    } else {
+      RETURN_IF_ERROR(bound(1, "min"));
+      RETURN_IF_ERROR(bound(2, "max"));
+    }
+    return emit_one(n, outs, "Clip", {ins.at(0)}, std::move(attrs));
   }
 
   Status convert_window(const onnx::NodeProto &n, const std::vector<std::string> &ins,

@@ -357,10 +357,10 @@ std::string text_of(const flatbuffers::String *s) { return s ? s->str() : std::s
 
 bool finite_non_negative(double value) { return std::isfinite(value) && value >= 0; }
 
-// The pipeline table (revision 2). The programs are checked against it later.
-Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, size_t num_devices,
-                                      size_t num_programs) {
-  PlanPipeline pipe;
+// The mesh: stages x data_parallel x tensor_parallel devices, one program
+// each; ZeRO and the bucket size.
+Status mesh_from_fb(const fb::Pipeline &q, size_t num_devices, size_t num_programs,
+                    PlanPipeline &pipe) {
   pipe.stages = q.stages();
   if (pipe.stages < 1)
     return invalid_argument("field pipeline.stages = ", pipe.stages,
@@ -386,6 +386,13 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   pipe.bucket_bytes = q.bucket_bytes();
   if (pipe.bucket_bytes < 0)
     return invalid_argument("field pipeline.bucket_bytes = ", pipe.bucket_bytes, " is negative");
+  return Status::ok();
+}
+
+// The collective groups, each of devices of the mesh, and the algorithm
+// each reduces with.
+Status groups_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
+  const int64_t total = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel;
   if (q.groups() != nullptr) {
     for (uint32_t i = 0; i < q.groups()->size(); ++i) {
       std::vector<int32_t> devices;
@@ -414,6 +421,12 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                     [](const std::string &a) { return a.empty(); }))
       pipe.group_algorithms.clear();
   }
+  return Status::ok();
+}
+
+// With tensor parallelism, where its groups are in pipeline.groups: one per
+// (stage, replica), of consecutive devices.
+Status tp_groups_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.tp_groups_begin = q.tp_groups_begin();
   if (pipe.tensor_parallel > 1) {
     const int64_t needed = int64_t{pipe.stages} * pipe.data_parallel;
@@ -435,6 +448,12 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   } else if (pipe.tp_groups_begin != -1) {
     return invalid_argument("field pipeline.tp_groups_begin is set without tensor parallelism");
   }
+  return Status::ok();
+}
+
+// The parameters held in pieces: each a tensor of the model whose full
+// shape is its piece's, cut along `dim` into tensor_parallel pieces.
+Status shards_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe) {
   if (q.shards() != nullptr) {
     if (pipe.tensor_parallel < 2)
       return invalid_argument("field pipeline.shards needs pipeline.tensor_parallel >= 2");
@@ -467,6 +486,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
       pipe.shards.push_back(std::move(shard));
     }
   }
+  return Status::ok();
+}
+
+// Micro-batches, the schedule and its chunks.
+Status schedule_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.microbatches = q.microbatches();
   if (pipe.microbatches < 1)
     return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
@@ -487,6 +511,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                             "plan has ",
                             pipe.stages, " stages, ", pipe.microbatches,
                             " micro-batches and tensor_parallel = ", pipe.tensor_parallel);
+  return Status::ok();
+}
+
+// Every node's (virtual) stage, and the last node of each stage but the last.
+Status stages_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe) {
   const int64_t virtual_stages = int64_t{pipe.stages} * pipe.chunks;
   if (size_of(q.node_stage()) != g.num_nodes())
     return invalid_argument("field pipeline.node_stage has ", size_of(q.node_stage()),
@@ -510,6 +539,11 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
                               pipe.node_stage[*node], ", not stage ", i);
     pipe.boundaries.push_back(std::move(name));
   }
+  return Status::ok();
+}
+
+// The cluster it was compiled for and the predicted step.
+Status predictions_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
   pipe.cluster_json = text_of(q.cluster_json());
   pipe.predicted_step_s = q.predicted_step_s();
   if (!finite_non_negative(pipe.predicted_step_s))
@@ -519,6 +553,20 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
   if (!finite_non_negative(pipe.predicted_bubble) || pipe.predicted_bubble > 1)
     return invalid_argument("field pipeline.predicted_bubble = ", pipe.predicted_bubble,
                             " is not a fraction in [0, 1]");
+  return Status::ok();
+}
+
+// The pipeline table (revision 2). The programs are checked against it later.
+Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, size_t num_devices,
+                                      size_t num_programs) {
+  PlanPipeline pipe;
+  RETURN_IF_ERROR(mesh_from_fb(q, num_devices, num_programs, pipe));
+  RETURN_IF_ERROR(groups_from_fb(q, pipe));
+  RETURN_IF_ERROR(tp_groups_from_fb(q, pipe));
+  RETURN_IF_ERROR(shards_from_fb(q, g, pipe));
+  RETURN_IF_ERROR(schedule_from_fb(q, pipe));
+  RETURN_IF_ERROR(stages_from_fb(q, g, pipe));
+  RETURN_IF_ERROR(predictions_from_fb(q, pipe));
   return pipe;
 }
 
@@ -609,103 +657,102 @@ Status check_arena_size(const std::string &where, int64_t arena_bytes, const Gra
                       "and once more");
 }
 
-// A pipeline plan's program (revision 2): instructions, slots and holds instead
-// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
-Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
-                                const std::string &where, PlanProgram &program) {
+// What instruction `kind` names by `index` must exist: a node, a tensor, a
+// state update or a bucket of the program.
+Status check_instruction_index(InstrKind kind, uint32_t index, const fb::Program &q, const Graph &g,
+                               const std::string &at) {
+  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
+  std::string_view name = instr_kind_name(kind);
+  switch (kind) {
+  case InstrKind::kCompute:
+  case InstrKind::kComputeShard:
+    if (index >= num_nodes)
+      return out_of_range(at, ": compute of node ", index,
+                          ", which is not a node index (the model has ", num_nodes, " nodes)");
+    break;
+  case InstrKind::kSend:
+  case InstrKind::kRecv:
+  case InstrKind::kAccumulate:
+  case InstrKind::kScale:
+  case InstrKind::kAllReduce:
+  case InstrKind::kReduceScatter:
+  case InstrKind::kAllGather:
+    if (index >= num_tensors)
+      return out_of_range(at, ": ", name, " of tensor ", index,
+                          ", which is not a tensor index (the model has ", num_tensors,
+                          " tensors)");
+    break;
+  case InstrKind::kUpdate:
+    if (index >= g.updates().size())
+      return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
+                          " state updates");
+    break;
+  case InstrKind::kStartBucket:
+  case InstrKind::kWaitBucket:
+    if (index >= size_of(q.buckets()))
+      return out_of_range(at, ": ", name, " ", index, ", but the program has ",
+                          size_of(q.buckets()), " buckets");
+    break;
+  }
+  return Status::ok();
+}
+
+// One instruction of a pipeline program: a known kind, naming what exists, its
+// peer a device or a group of the pipeline, its micro-batch in range.
+Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, const Graph &g,
+                           const PlanPipeline &pipe, const std::string &at, PlanProgram &program) {
   const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
                 microbatches = pipe.microbatches;
   const int64_t self = program.device;
-  if (self >= devices)
-    return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
-  if (size_of(q.order()) > 0)
-    return invalid_argument(where, ".order has ", size_of(q.order()),
-                            " entries; a pipeline plan's programs have instructions instead");
-  if (size_of(q.offsets()) > 0)
-    return invalid_argument(where, ".offsets has ", size_of(q.offsets()),
-                            " entries; a pipeline plan's programs have slots instead");
-  program.arena_bytes = q.arena_bytes();
-  if (program.arena_bytes < 0)
-    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
-  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
-
-  const std::vector<fb::Instruction> instructions = copy_structs(q.instructions());
-  for (size_t k = 0; k < instructions.size(); ++k) {
-    const fb::Instruction &in = instructions[k];
-    std::string at = str_cat(where, ".instructions[", k, "]");
-    auto kind_value = static_cast<uint8_t>(in.kind());
-    if (kind_value > static_cast<uint8_t>(fb::InstrKind::MAX))
-      return invalid_argument(at, ".kind has unknown value ", int{kind_value});
-    auto kind = static_cast<InstrKind>(kind_value);
-    std::string_view name = instr_kind_name(kind);
-    const uint32_t index = in.index();
-    const int64_t microbatch = in.microbatch(), peer = in.peer();
-    switch (kind) {
-    case InstrKind::kCompute:
-    case InstrKind::kComputeShard:
-      if (index >= num_nodes)
-        return out_of_range(at, ": compute of node ", index,
-                            ", which is not a node index (the model has ", num_nodes, " nodes)");
-      break;
-    case InstrKind::kSend:
-    case InstrKind::kRecv:
-    case InstrKind::kAccumulate:
-    case InstrKind::kScale:
-    case InstrKind::kAllReduce:
-    case InstrKind::kReduceScatter:
-    case InstrKind::kAllGather:
-      if (index >= num_tensors)
-        return out_of_range(at, ": ", name, " of tensor ", index,
-                            ", which is not a tensor index (the model has ", num_tensors,
-                            " tensors)");
-      break;
-    case InstrKind::kUpdate:
-      if (index >= g.updates().size())
-        return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
-                            " state updates");
-      break;
-    case InstrKind::kStartBucket:
-    case InstrKind::kWaitBucket:
-      if (index >= size_of(q.buckets()))
-        return out_of_range(at, ": ", name, " ", index, ", but the program has ",
-                            size_of(q.buckets()), " buckets");
-      break;
-    }
-    if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
-      std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
-      if (peer < 0 || peer >= devices)
-        return out_of_range(at, ": ", name, direction, " device ", peer,
-                            ", which is not a device of the pipeline (0..", devices - 1, ")");
-      if (peer == self)
-        return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
-    }
-    const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
-                         kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
-                         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
-    if (grouped) {
-      if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
-        return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
-                            pipe.groups.size(), " groups");
-      const auto &group = pipe.groups[static_cast<size_t>(peer)];
-      if (std::find(group.begin(), group.end(), self) == group.end())
-        return invalid_argument(at, ": ", name, " over group ", peer,
-                                ", which does not include device ", self);
-      const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
-                             kind == InstrKind::kComputeShard;
-      if (zero_only && pipe.zero != 1)
-        return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
-    }
-    // Compute, send and recv run on a micro-batch or once per step (-1);
-    // accumulate adds one micro-batch's buffer.
-    if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
-      int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
-      if (microbatch < lowest || microbatch >= microbatches)
-        return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest,
-                            "..", microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
-    }
-    program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
+  auto kind_value = static_cast<uint8_t>(in.kind());
+  if (kind_value > static_cast<uint8_t>(fb::InstrKind::MAX))
+    return invalid_argument(at, ".kind has unknown value ", int{kind_value});
+  auto kind = static_cast<InstrKind>(kind_value);
+  std::string_view name = instr_kind_name(kind);
+  const uint32_t index = in.index();
+  const int64_t microbatch = in.microbatch(), peer = in.peer();
+  RETURN_IF_ERROR(check_instruction_index(kind, index, q, g, at));
+  if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
+    std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
+    if (peer < 0 || peer >= devices)
+      return out_of_range(at, ": ", name, direction, " device ", peer,
+                          ", which is not a device of the pipeline (0..", devices - 1, ")");
+    if (peer == self)
+      return invalid_argument(at, ": ", name, direction, " device ", peer, ", which is itself");
   }
+  const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
+                       kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
+                       kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
+  if (grouped) {
+    if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
+      return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
+                          pipe.groups.size(), " groups");
+    const auto &group = pipe.groups[static_cast<size_t>(peer)];
+    if (std::find(group.begin(), group.end(), self) == group.end())
+      return invalid_argument(at, ": ", name, " over group ", peer,
+                              ", which does not include device ", self);
+    const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
+                           kind == InstrKind::kComputeShard;
+    if (zero_only && pipe.zero != 1)
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
+  }
+  // Compute, send and recv run on a micro-batch or once per step (-1);
+  // accumulate adds one micro-batch's buffer.
+  if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
+    int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
+    if (microbatch < lowest || microbatch >= microbatches)
+      return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest, "..",
+                          microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
+  }
+  program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
+  return Status::ok();
+}
 
+// A pipeline program's slots: buffers of the model's tensors, aligned and
+// inside the arena.
+Status slots_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                     int64_t microbatches, PlanProgram &program) {
+  const size_t num_tensors = g.num_tensors();
   for (const fb::Slot &slot : copy_structs(q.slots())) {
     std::string at = str_cat(where, ".slots[", program.slots.size(), "]");
     if (slot.tensor() >= num_tensors)
@@ -726,8 +773,13 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
                           program.arena_bytes, "-byte arena");
     program.slots.push_back(PlanSlot{slot.tensor(), slot.microbatch(), slot.offset()});
   }
-  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
+  return Status::ok();
+}
 
+// The parameters, state and constants a device holds, by strictly increasing id.
+Status holds_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                     PlanProgram &program) {
+  const size_t num_tensors = g.num_tensors();
   if (q.holds() != nullptr) program.holds = copy_numbers(*q.holds());
   for (size_t k = 0; k < program.holds.size(); ++k) {
     TensorId id = program.holds[k];
@@ -744,10 +796,13 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
       return invalid_argument(where, ".holds[", k, "] = ", id, " does not follow ",
                               program.holds[k - 1], "; holds are strictly increasing tensor ids");
   }
-  program.predicted_busy_s = q.predicted_busy_s();
-  if (!finite_non_negative(program.predicted_busy_s))
-    return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
-                            " is not a finite time >= 0");
+  return Status::ok();
+}
+
+// ZeRO-1: the held state kept as shards, and the group they are shards over.
+Status shard_group_from_fb(const fb::Program &q, const PlanPipeline &pipe, const std::string &where,
+                           PlanProgram &program) {
+  const int64_t self = program.device;
   if (q.sharded_holds() != nullptr) program.sharded_holds = copy_numbers(*q.sharded_holds());
   program.shard_group = q.shard_group();
   if (!program.sharded_holds.empty()) {
@@ -763,7 +818,12 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     return invalid_argument(where, ".shard_group = ", program.shard_group,
                             " without sharded_holds");
   }
-  RETURN_IF_ERROR(buckets_from_fb(q, g, pipe, where, program));
+  return Status::ok();
+}
+
+// Each sharded hold is a held state tensor whose size the group divides.
+Status check_sharded_holds(const Graph &g, const PlanPipeline &pipe, const std::string &where,
+                           const PlanProgram &program) {
   for (size_t k = 0; k < program.sharded_holds.size(); ++k) {
     const TensorId id = program.sharded_holds[k];
     if (!std::binary_search(program.holds.begin(), program.holds.end(), id))
@@ -780,6 +840,147 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
     if (k > 0 && id <= program.sharded_holds[k - 1])
       return invalid_argument(where, ".sharded_holds is not strictly increasing");
   }
+  return Status::ok();
+}
+
+// A pipeline plan's program (revision 2): instructions, slots and holds instead
+// of order and offsets. `where` is "field programs[i]"; `program.device` is set.
+Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
+                                const std::string &where, PlanProgram &program) {
+  const int64_t devices = int64_t{pipe.stages} * pipe.data_parallel * pipe.tensor_parallel,
+                microbatches = pipe.microbatches;
+  const int64_t self = program.device;
+  if (self >= devices)
+    return out_of_range(where, ".device = ", self, "; a pipeline's devices are 0..", devices - 1);
+  if (size_of(q.order()) > 0)
+    return invalid_argument(where, ".order has ", size_of(q.order()),
+                            " entries; a pipeline plan's programs have instructions instead");
+  if (size_of(q.offsets()) > 0)
+    return invalid_argument(where, ".offsets has ", size_of(q.offsets()),
+                            " entries; a pipeline plan's programs have slots instead");
+  program.arena_bytes = q.arena_bytes();
+  if (program.arena_bytes < 0)
+    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
+  const std::vector<fb::Instruction> instructions = copy_structs(q.instructions());
+  for (size_t k = 0; k < instructions.size(); ++k)
+    RETURN_IF_ERROR(instruction_from_fb(instructions[k], q, g, pipe,
+                                        str_cat(where, ".instructions[", k, "]"), program));
+  RETURN_IF_ERROR(slots_from_fb(q, g, where, microbatches, program));
+  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
+  RETURN_IF_ERROR(holds_from_fb(q, g, where, program));
+  program.predicted_busy_s = q.predicted_busy_s();
+  if (!finite_non_negative(program.predicted_busy_s))
+    return invalid_argument(where, ".predicted_busy_s = ", program.predicted_busy_s,
+                            " is not a finite time >= 0");
+  RETURN_IF_ERROR(shard_group_from_fb(q, pipe, where, program));
+  RETURN_IF_ERROR(buckets_from_fb(q, g, pipe, where, program));
+  RETURN_IF_ERROR(check_sharded_holds(g, pipe, where, program));
+  return Status::ok();
+}
+
+// A training plan's loss (a scalar graph output of a known kind) and optimizer.
+Status check_training_fields(const Plan &plan) {
+  const Graph &g = plan.graph;
+  if (plan.loss.empty()) return invalid_argument("field loss is missing in a training plan");
+  auto loss = g.find_tensor(plan.loss);
+  if (!loss) return invalid_argument("field loss names tensor '", plan.loss, "', not in the model");
+  if (std::find(g.outputs().begin(), g.outputs().end(), *loss) == g.outputs().end())
+    return invalid_argument("field loss: tensor '", plan.loss, "' is not a graph output");
+  if (g.tensor(*loss).type.num_elements() != 1)
+    return invalid_argument("field loss: tensor '", plan.loss, "' is ",
+                            g.tensor(*loss).type.to_string(), ", not a scalar");
+  if (plan.loss_kind != "softmax_cross_entropy" && plan.loss_kind != "mse")
+    return invalid_argument("field loss_kind is '", plan.loss_kind,
+                            "'; expected softmax_cross_entropy or mse");
+  if (plan.optimizer.empty())
+    return invalid_argument("field optimizer is missing in a training plan");
+  return Status::ok();
+}
+
+// The devices, each index once, all "cpu"; `device_indices` gets their indices.
+Status devices_from_fb(const fb::Plan &p, Plan &plan, std::set<uint32_t> &device_indices) {
+  if (p.devices() == nullptr || p.devices()->size() == 0)
+    return invalid_argument("field devices is empty; a plan runs on at least one device");
+  for (uint32_t i = 0; i < p.devices()->size(); ++i) {
+    const fb::Device &d = *p.devices()->Get(i);
+    if (!device_indices.insert(d.index()).second)
+      return invalid_argument("field devices[", i, "].index = ", d.index(), " is given twice");
+    if (d.kind() == nullptr || d.kind()->string_view() != "cpu")
+      return invalid_argument("field devices[", i, "].kind is '", text_of(d.kind()),
+                              "'; this build runs only \"cpu\"");
+    plan.devices.push_back(PlanDevice{d.index(), d.kind()->str()});
+  }
+  return Status::ok();
+}
+
+// A program of a plan without a pipeline (revision 1): the order every node
+// runs in, and each intermediate tensor's place in the arena.
+Status sequential_program_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
+                                  PlanProgram &program) {
+  // Revision 2 fields belong to pipeline plans only.
+  for (auto [field, count] :
+       {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
+        {"slots", size_of(q.slots())},
+        {"holds", size_of(q.holds())},
+        {"sharded_holds", size_of(q.sharded_holds())}})
+    if (count > 0)
+      return invalid_argument(where, ".", field, " has ", count,
+                              " entries, but only pipeline plans have ", field);
+  if (q.predicted_busy_s() != 0)
+    return invalid_argument(where, ".predicted_busy_s = ", q.predicted_busy_s(),
+                            ", but only pipeline plans have predicted times");
+  // The order: every node once, each after the producers of its inputs.
+  size_t num_nodes = g.num_nodes();
+  if (q.order() == nullptr || q.order()->size() != num_nodes)
+    return invalid_argument(where, ".order has ", q.order() ? q.order()->size() : 0,
+                            " entries but the model has ", num_nodes, " nodes");
+  std::vector<bool> done(num_nodes, false);
+  for (uint32_t k = 0; k < num_nodes; ++k) {
+    NodeId id = q.order()->Get(k);
+    if (id >= num_nodes)
+      return out_of_range(where, ".order[", k, "] = ", id, " is not a node index");
+    if (done[id])
+      return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name, "' comes twice");
+    for (TensorId input : g.node(id).inputs) {
+      NodeId producer = g.tensor(input).producer;
+      if (producer != kNoNode && !done[producer])
+        return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name,
+                                "' comes before node '", g.node(producer).name,
+                                "', which produces its input '", g.tensor(input).name, "'");
+    }
+    done[id] = true;
+    program.order.push_back(id);
+  }
+  program.arena_bytes = q.arena_bytes();
+  if (program.arena_bytes < 0)
+    return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
+  if (q.offsets() == nullptr || q.offsets()->size() != g.num_tensors())
+    return invalid_argument(where, ".offsets has ", q.offsets() ? q.offsets()->size() : 0,
+                            " entries but the model has ", g.num_tensors(), " tensors");
+  const std::vector<int64_t> offsets = copy_numbers(*q.offsets());
+  for (uint32_t t = 0; t < g.num_tensors(); ++t) {
+    int64_t offset = offsets[t];
+    const Tensor &tensor = g.tensor(t);
+    if (offset == -1) {
+      if (tensor.kind == TensorKind::kIntermediate && tensor.type.size_bytes() > 0)
+        return invalid_argument(where, ".offsets[", t, "]: intermediate tensor '", tensor.name,
+                                "' has no place in the arena");
+    } else if (tensor.kind != TensorKind::kIntermediate) {
+      return invalid_argument(where, ".offsets[", t, "]: tensor '", tensor.name, "' is a ",
+                              tensor_kind_name(tensor.kind), ", not in the arena");
+    } else if (offset < 0 || offset > program.arena_bytes ||
+               tensor.type.size_bytes() > program.arena_bytes - offset) {
+      return out_of_range(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name, "' (",
+                          tensor.type.size_bytes(), " bytes) does not fit the ",
+                          program.arena_bytes, "-byte arena");
+    } else if (offset % kPlanAlignment != 0) {
+      return invalid_argument(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name,
+                              "' is not at a multiple of ", kPlanAlignment,
+                              " bytes, as every buffer of a memory plan is");
+    }
+    program.offsets.push_back(offset);
+  }
+  RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, 1));
   return Status::ok();
 }
 
@@ -808,39 +1009,14 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   plan.producer = text(p.producer());
   const Graph &g = plan.graph;
 
-  if (plan.mode == Plan::Mode::kTrain) {
-    if (plan.loss.empty()) return invalid_argument("field loss is missing in a training plan");
-    auto loss = g.find_tensor(plan.loss);
-    if (!loss)
-      return invalid_argument("field loss names tensor '", plan.loss, "', not in the model");
-    if (std::find(g.outputs().begin(), g.outputs().end(), *loss) == g.outputs().end())
-      return invalid_argument("field loss: tensor '", plan.loss, "' is not a graph output");
-    if (g.tensor(*loss).type.num_elements() != 1)
-      return invalid_argument("field loss: tensor '", plan.loss, "' is ",
-                              g.tensor(*loss).type.to_string(), ", not a scalar");
-    if (plan.loss_kind != "softmax_cross_entropy" && plan.loss_kind != "mse")
-      return invalid_argument("field loss_kind is '", plan.loss_kind,
-                              "'; expected softmax_cross_entropy or mse");
-    if (plan.optimizer.empty())
-      return invalid_argument("field optimizer is missing in a training plan");
-  }
+  if (plan.mode == Plan::Mode::kTrain) RETURN_IF_ERROR(check_training_fields(plan));
   if (!is_hex_digest(p.model_fingerprint()))
     return invalid_argument("field model_fingerprint is not 64 lowercase hex digits");
   if (!is_hex_digest(p.fingerprint()))
     return invalid_argument("field fingerprint is not 64 lowercase hex digits");
 
-  if (p.devices() == nullptr || p.devices()->size() == 0)
-    return invalid_argument("field devices is empty; a plan runs on at least one device");
   std::set<uint32_t> device_indices;
-  for (uint32_t i = 0; i < p.devices()->size(); ++i) {
-    const fb::Device &d = *p.devices()->Get(i);
-    if (!device_indices.insert(d.index()).second)
-      return invalid_argument("field devices[", i, "].index = ", d.index(), " is given twice");
-    if (d.kind() == nullptr || d.kind()->string_view() != "cpu")
-      return invalid_argument("field devices[", i, "].kind is '", text(d.kind()),
-                              "'; this build runs only \"cpu\"");
-    plan.devices.push_back(PlanDevice{d.index(), d.kind()->str()});
-  }
+  RETURN_IF_ERROR(devices_from_fb(p, plan, device_indices));
   if (p.programs() == nullptr || p.programs()->size() != plan.devices.size())
     return invalid_argument("field programs has ", p.programs() ? p.programs()->size() : 0,
                             " entries for ", plan.devices.size(), " devices; one per device");
@@ -864,75 +1040,10 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
       return invalid_argument(where, ".device = ", q.device(), " has two programs");
     PlanProgram program;
     program.device = q.device();
-    if (plan.pipeline) {
+    if (plan.pipeline)
       RETURN_IF_ERROR(pipeline_program_from_fb(q, g, *plan.pipeline, where, program));
-      plan.programs.push_back(std::move(program));
-      continue;
-    }
-    // Revision 2 fields belong to pipeline plans only.
-    for (auto [field, count] :
-         {std::pair<const char *, size_t>{"instructions", size_of(q.instructions())},
-          {"slots", size_of(q.slots())},
-          {"holds", size_of(q.holds())},
-          {"sharded_holds", size_of(q.sharded_holds())}})
-      if (count > 0)
-        return invalid_argument(where, ".", field, " has ", count,
-                                " entries, but only pipeline plans have ", field);
-    if (q.predicted_busy_s() != 0)
-      return invalid_argument(where, ".predicted_busy_s = ", q.predicted_busy_s(),
-                              ", but only pipeline plans have predicted times");
-    // The order: every node once, each after the producers of its inputs.
-    size_t num_nodes = g.num_nodes();
-    if (q.order() == nullptr || q.order()->size() != num_nodes)
-      return invalid_argument(where, ".order has ", q.order() ? q.order()->size() : 0,
-                              " entries but the model has ", num_nodes, " nodes");
-    std::vector<bool> done(num_nodes, false);
-    for (uint32_t k = 0; k < num_nodes; ++k) {
-      NodeId id = q.order()->Get(k);
-      if (id >= num_nodes)
-        return out_of_range(where, ".order[", k, "] = ", id, " is not a node index");
-      if (done[id])
-        return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name, "' comes twice");
-      for (TensorId input : g.node(id).inputs) {
-        NodeId producer = g.tensor(input).producer;
-        if (producer != kNoNode && !done[producer])
-          return invalid_argument(where, ".order[", k, "]: node '", g.node(id).name,
-                                  "' comes before node '", g.node(producer).name,
-                                  "', which produces its input '", g.tensor(input).name, "'");
-      }
-      done[id] = true;
-      program.order.push_back(id);
-    }
-    program.arena_bytes = q.arena_bytes();
-    if (program.arena_bytes < 0)
-      return invalid_argument(where, ".arena_bytes = ", program.arena_bytes, " is negative");
-    if (q.offsets() == nullptr || q.offsets()->size() != g.num_tensors())
-      return invalid_argument(where, ".offsets has ", q.offsets() ? q.offsets()->size() : 0,
-                              " entries but the model has ", g.num_tensors(), " tensors");
-    const std::vector<int64_t> offsets = copy_numbers(*q.offsets());
-    for (uint32_t t = 0; t < g.num_tensors(); ++t) {
-      int64_t offset = offsets[t];
-      const Tensor &tensor = g.tensor(t);
-      if (offset == -1) {
-        if (tensor.kind == TensorKind::kIntermediate && tensor.type.size_bytes() > 0)
-          return invalid_argument(where, ".offsets[", t, "]: intermediate tensor '", tensor.name,
-                                  "' has no place in the arena");
-      } else if (tensor.kind != TensorKind::kIntermediate) {
-        return invalid_argument(where, ".offsets[", t, "]: tensor '", tensor.name, "' is a ",
-                                tensor_kind_name(tensor.kind), ", not in the arena");
-      } else if (offset < 0 || offset > program.arena_bytes ||
-                 tensor.type.size_bytes() > program.arena_bytes - offset) {
-        return out_of_range(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name, "' (",
-                            tensor.type.size_bytes(), " bytes) does not fit the ",
-                            program.arena_bytes, "-byte arena");
-      } else if (offset % kPlanAlignment != 0) {
-        return invalid_argument(where, ".offsets[", t, "] = ", offset, ": tensor '", tensor.name,
-                                "' is not at a multiple of ", kPlanAlignment,
-                                " bytes, as every buffer of a memory plan is");
-      }
-      program.offsets.push_back(offset);
-    }
-    RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, 1));
+    else
+      RETURN_IF_ERROR(sequential_program_from_fb(q, g, where, program));
     plan.programs.push_back(std::move(program));
   }
   return plan;
