@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "runtime/cuda_executor.h"
-#include "runtime/executor.h"
+#include "runtime/make_runner.h"
 #include "serialization/plan_io.h"
 
 namespace strata::tools {
@@ -64,14 +63,15 @@ Status run_command(const RunArgs &args, std::ostream &out);
 // The signal (SIGINT or SIGTERM) that stopped a training run, else 0: main
 // then ends the process by that signal (exit status 128 + it in a shell).
 int training_stop_signal();
-// The CUDA executor's options from `strata run`'s.
-runtime::CudaExecutorOptions cuda_options(const RunArgs &args);
-// --op-times: times every node of the executor's graph on `inputs` and prints
-// the time per op type, largest first. The CPU takes each node's median of
-// five more runs; the GPU runs once more, eagerly, an event after each node.
-// Exactly one executor is given. A training graph's weights update each run.
-Status print_op_times(runtime::CpuExecutor *cpu, runtime::CudaExecutor *gpu,
-                      llvm::ArrayRef<HostTensor> inputs, std::ostream &out);
+// The runner's options from `strata run`'s; the caller adds the timeout and,
+// under an MPI launcher, the world.
+runtime::RunnerOptions run_runner_options(const RunArgs &args);
+// --op-times: times every node of a one-device runner's graph on `inputs` and
+// prints the time per op type, largest first. The CPU takes each node's
+// median of five more runs; the GPU runs once more, eagerly, an event after
+// each node. A training graph's weights update each run on the GPU.
+Status print_op_times(runtime::StepRunner &runner, llvm::ArrayRef<HostTensor> inputs,
+                      std::ostream &out);
 
 struct CompileArgs {
   std::string model;

@@ -28,6 +28,7 @@
 #include "plan/trace.h"
 #include "runtime/cuda_executor.h"
 #include "runtime/cuda_pipeline.h"
+#include "runtime/make_runner.h"
 #include "runtime/mpi_world.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/trainer.h"
@@ -47,11 +48,6 @@ using serialization::Plan;
 // "1 stage", "4 stages", "1 micro-batch", "8 micro-batches".
 std::string counted(int64_t n, std::string_view noun) {
   return str_cat(n, " ", noun, n == 1 ? "" : noun.ends_with("h") ? "es" : "s");
-}
-
-std::string folder_of(const std::string &path) {
-  fs::path folder = fs::path(path).parent_path();
-  return folder.empty() ? std::string(".") : folder.string();
 }
 
 // What a plan holds, for the summary lines of compile and inspect.
@@ -799,14 +795,6 @@ private:
   struct sigaction previous_[3] = {};
 };
 
-// --timeout: a bound on every wait between devices.
-Status check_timeout(double seconds) {
-  if (!(seconds > 0) || seconds > 86400)
-    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
-                            seconds);
-  return Status::ok();
-}
-
 // "t.json" for rank 0, "t.rank2.json" for rank 2.
 std::string per_rank_path(const std::string &path, int rank) {
   if (rank == 0) return path;
@@ -835,12 +823,12 @@ Status train_command(const RunArgs &args, Plan plan, std::ostream &out, bool int
     return failed_precondition("the launcher started ", launch->size, " ranks but ", args.model,
                                " is a one-device plan; compile it for several devices (--mesh "
                                "DPx1xPP) or run it without mpirun");
-  RETURN_IF_ERROR(check_timeout(args.timeout_s));
+  ASSIGN_OR_RETURN(const std::chrono::milliseconds timeout,
+                   runtime::timeout_from_seconds(args.timeout_s));
   if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
   runtime::MpiWorldOptions options;
   options.devices_per_rank = args.devices_per_rank;
-  options.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
+  options.timeout = timeout;
   ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
                    runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
   Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string());
@@ -880,6 +868,28 @@ std::string gpu_step_line(const RunArgs &args, int64_t fused_chains) {
                  args.pool_norm == "strata" ? ", pooling and batch norm by strata's kernels" : "");
 }
 
+// The `gpu` line: which GPU, how the plan's devices share it or spread over
+// GPUs or processes, the memory allocated and how it runs each step. Empty
+// on the CPU.
+std::string gpu_summary(const RunArgs &args, const runtime::StepRunner &runner,
+                        const runtime::MpiWorld *world) {
+  if (const auto *gpu = dynamic_cast<const runtime::CudaPipelineRunner *>(&runner))
+    return str_cat(gpu->device_name(),
+                   world ? str_cat(" (rank 0 of ", world->size(),
+                                   " processes, NCCL between their GPUs) runs ",
+                                   args.devices_per_rank, " of the ", gpu->num_devices())
+                   : gpu->num_gpus() > 1
+                       ? str_cat(" (NCCL, a host thread each) run ", gpu->num_devices())
+                       : str_cat(" runs all ", gpu->num_devices()),
+                   " plan devices (two streams each), ",
+                   human_bytes(static_cast<double>(gpu->device_bytes())), " allocated once, ",
+                   gpu_step_line(args, gpu->fused_chains()));
+  if (const auto *gpu = dynamic_cast<const runtime::CudaExecutor *>(&runner))
+    return str_cat(gpu->device_name(), ", ", human_bytes(static_cast<double>(gpu->device_bytes())),
+                   " allocated once, ", gpu_step_line(args, gpu->fused_chains()));
+  return "";
+}
+
 // FLOPs of one training step by the op registry's costs, as the plan summary
 // counts them (recomputed nodes count again): every compute instruction of
 // every device, all micro-batches and replicas, or every node of a
@@ -904,36 +914,11 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
   if (args.checkpoint_every > 0 && args.checkpoint.empty())
     return invalid_argument("--checkpoint-every needs --checkpoint DIR");
 
-  if (args.backend == "cuda" && world && (!args.gpus.empty() || args.gpu != 0))
-    return invalid_argument("under an MPI launcher each process runs its devices on the GPU of "
-                            "its local rank on its node; drop --gpu/--gpus");
-  if (!args.gpus.empty() && (args.backend != "cuda" || !plan.pipeline))
-    return invalid_argument("--gpus places a pipeline plan's devices on GPUs (--backend cuda); ",
-                            plan.pipeline ? "add --backend cuda" : "this plan has one device",
-                            " (use --gpu for one GPU)");
-  if (!args.gpus.empty() && args.gpu != 0)
-    return invalid_argument("give --gpus or --gpu, not both");
-  if (args.backend == "cuda" && !args.trace.empty())
-    return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
-                            "profile the GPU with Nsight Systems (nsys profile strata run ...)");
-  if (args.op_times && plan.pipeline)
-    return invalid_argument("--op-times times a one-device plan's nodes; this plan has several "
-                            "devices (compile it without --mesh to profile its ops)");
-  if (!args.trace.empty() && !plan.pipeline)
-    return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
-                            "(compile with --mesh 1x1xP)");
-  if (args.clock == "device") {
-    if (args.backend == "cuda")
-      return invalid_argument("--clock device times the CPU device threads; a GPU's steps are "
-                              "timed by the GPU");
-    if (!plan.pipeline)
-      return invalid_argument("--clock device times a pipeline plan's devices; this plan has one "
-                              "device (compile with --mesh 1x1xP)");
-    if (world)
-      return invalid_argument("--clock device needs every device in one process; this run has ",
-                              world->size(), " MPI ranks");
-  }
-  RETURN_IF_ERROR(check_timeout(args.timeout_s));
+  runtime::RunnerOptions runner_options = run_runner_options(args);
+  runner_options.world = world;
+  runner_options.fault = fault.fault;
+  RETURN_IF_ERROR(runtime::check_runner_options(plan, runner_options));
+  ASSIGN_OR_RETURN(runner_options.timeout, runtime::timeout_from_seconds(args.timeout_s));
   // Where the run will write, checked before it trains.
   if (!args.checkpoint.empty()) {
     RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
@@ -960,7 +945,6 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     data = runtime::synthetic_dataset(plan.graph, args.seed, 8, microbatches);
   }
   runtime::TrainerOptions options;
-  options.model_dir = folder_of(args.model);
   options.fingerprint = plan.fingerprint;
   if (fault.ckpt_kill_rank == (world ? world->rank() : 0)) {
     const int64_t at = fault.ckpt_kill_step;
@@ -969,85 +953,13 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     };
   }
   std::string model_name = plan.graph.name();
-  runtime::PipelineRunner *pipeline = nullptr;
-  std::unique_ptr<runtime::StepRunner> runner;
-  std::string gpu_line;                           // --backend cuda
-  runtime::CudaExecutor *cuda_executor = nullptr; // --op-times
-  runtime::CpuExecutor *cpu_executor = nullptr;   // --op-times
-  if (plan.pipeline && args.backend == "cuda") {
-    const runtime::CudaExecutorOptions gpu = cuda_options(args);
-    runtime::CudaPipelineOptions pipeline_options;
-    pipeline_options.model_dir = gpu.model_dir;
-    pipeline_options.gpu = gpu.gpu;
-    pipeline_options.cuda_graph = gpu.cuda_graph;
-    pipeline_options.tf32 = gpu.tf32;
-    pipeline_options.bf16 = gpu.bf16;
-    pipeline_options.f16 = gpu.f16;
-    pipeline_options.cudnn_pool_norm = gpu.cudnn_pool_norm;
-    pipeline_options.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
-    if (!args.gpus.empty()) {
-      ASSIGN_OR_RETURN(pipeline_options.gpus, runtime::parse_gpu_list(args.gpus));
-    }
-    if (world) {
-      // One GPU per process: the launcher's local rank picks it; NCCL joins
-      // the processes, whose failures end every wait.
-      // A launcher that shows each process its own GPU only (Slurm's
-      // --gpus-per-task, CUDA_VISIBLE_DEVICES per rank) leaves one: GPU 0.
-      const auto launch = runtime::detect_mpi_launch();
-      pipeline_options.gpu = launch && runtime::cuda_device_count() > 1 ? launch->local_rank : 0;
-      pipeline_options.processes = world.get();
-      pipeline_options.devices_per_process = args.devices_per_rank;
-      pipeline_options.watch = [world]() -> Status {
-        Status failure = world->failure();
-        if (failure.is_ok()) return failure;
-        return failed_precondition("another process of the run failed: ", failure.message());
-      };
-      pipeline_options.fail = [world](const Status &status) { world->fail(status); };
-    }
-    auto created = runtime::CudaPipelineRunner::create(plan, pipeline_options);
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    gpu_line = str_cat((*created)->device_name(),
-                       world ? str_cat(" (rank 0 of ", world->size(),
-                                       " processes, NCCL between their GPUs) runs ",
-                                       args.devices_per_rank, " of the ", (*created)->num_devices())
-                       : (*created)->num_gpus() > 1
-                           ? str_cat(" (NCCL, a host thread each) run ", (*created)->num_devices())
-                           : str_cat(" runs all ", (*created)->num_devices()),
-                       " plan devices (two streams each), ",
-                       human_bytes(static_cast<double>((*created)->device_bytes())),
-                       " allocated once, ", gpu_step_line(args, (*created)->fused_chains()));
-    runner = std::move(created).value();
-  } else if (plan.pipeline) {
-    runtime::PipelineRunnerOptions pipeline_options;
-    pipeline_options.model_dir = options.model_dir;
-    pipeline_options.trace = !args.trace.empty();
-    if (args.clock == "device")
-      pipeline_options.clock = runtime::PipelineRunnerOptions::Clock::kDevice;
-    pipeline_options.world = world;
-    pipeline_options.fault = fault.fault;
-    pipeline_options.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(args.timeout_s * 1000)));
-    auto created = runtime::PipelineRunner::create(plan, pipeline_options);
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    pipeline = created->get();
-    runner = std::move(created).value();
-  } else if (args.backend == "cuda") {
-    auto created = runtime::CudaExecutor::create(std::move(plan.graph), cuda_options(args));
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    cuda_executor = created->get();
-    gpu_line = str_cat((*created)->device_name(), ", ",
-                       human_bytes(static_cast<double>((*created)->device_bytes())),
-                       " allocated once, ", gpu_step_line(args, (*created)->fused_chains()));
-    runner = std::move(created).value();
-  } else {
-    runtime::ExecutorOptions executor_options;
-    executor_options.model_dir = options.model_dir;
-    auto created = runtime::CpuExecutor::create(std::move(plan.graph), executor_options);
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    cpu_executor = created->get();
-    runner = std::move(created).value();
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
+                   runtime::make_runner(plan, runner_options));
+  // What only one kind of runner knows: a CPU pipeline's trace and device
+  // clock, a GPU's name and memory.
+  auto *pipeline = dynamic_cast<runtime::PipelineRunner *>(runner.get());
+  runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it
+  const std::string gpu_line = gpu_summary(args, *runner, world.get());
   auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data), options);
   if (!created.is_ok()) return created.status().with_context(args.model);
   runtime::Trainer &trainer = **created;
@@ -1207,11 +1119,9 @@ Status train_on(const RunArgs &args, Plan plan, std::ostream &out, bool interact
     out << "host       " << format_micros(median(issue_seconds)) << " us per step to issue it ("
         << last_steps << ": the batch copied in, "
         << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
-  if (args.op_times) {
-    const Graph &graph = cuda_executor ? cuda_executor->graph() : cpu_executor->graph();
+  if (args.op_times)
     RETURN_IF_ERROR(
-        print_op_times(cpu_executor, cuda_executor, runtime::random_inputs(graph, args.seed), out));
-  }
+        print_op_times(*timed, runtime::random_inputs(timed->graph(), args.seed), out));
   return Status::ok();
 }
 

@@ -10,6 +10,7 @@
 
 #include "runtime/cuda_executor.h"
 #include "runtime/executor.h"
+#include "runtime/make_runner.h"
 #include "serialization/file_io.h"
 #include "serialization/npy.h"
 #include "tools/commands.h"
@@ -137,16 +138,23 @@ double ms(std::chrono::steady_clock::duration d) {
 
 } // namespace
 
-runtime::CudaExecutorOptions cuda_options(const RunArgs &args) {
-  runtime::CudaExecutorOptions options;
+runtime::RunnerOptions run_runner_options(const RunArgs &args) {
+  runtime::RunnerOptions options;
+  options.backend = args.backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
   const fs::path parent = fs::path(args.model).parent_path();
   options.model_dir = parent.empty() ? "." : parent.string();
+  options.source = args.model;
+  options.trace = !args.trace.empty();
+  if (args.clock == "device") options.clock = runtime::PipelineRunnerOptions::Clock::kDevice;
   options.gpu = args.gpu;
+  options.gpus = args.gpus;
   options.cuda_graph = args.cuda_graph;
   options.tf32 = args.tf32;
   options.bf16 = args.precision == "bf16";
   options.f16 = args.precision == "f16";
   options.cudnn_pool_norm = args.pool_norm != "strata";
+  options.devices_per_rank = args.devices_per_rank;
+  options.node_times = args.op_times;
   return options;
 }
 
@@ -198,21 +206,23 @@ const char *first_given_option(const RunArgs &args, bool training) {
 
 } // namespace
 
-Status print_op_times(runtime::CpuExecutor *cpu, runtime::CudaExecutor *gpu,
-                      llvm::ArrayRef<HostTensor> inputs, std::ostream &out) {
+Status print_op_times(runtime::StepRunner &runner, llvm::ArrayRef<HostTensor> inputs,
+                      std::ostream &out) {
   std::vector<double> times; // by node id, in milliseconds
-  if (gpu != nullptr) {
+  if (auto *gpu = dynamic_cast<runtime::CudaExecutor *>(&runner)) {
     ASSIGN_OR_RETURN(times, gpu->node_times(inputs));
     out << "op times   one more run, eager, GPU time per op type (fused chains count on "
            "their last node)\n";
-  } else {
+  } else if (auto *cpu = dynamic_cast<runtime::CpuExecutor *>(&runner)) {
     constexpr int kRuns = 5;
     ASSIGN_OR_RETURN(times, cpu->profile(inputs, kRuns));
     for (double &t : times)
       t *= 1e3;
     out << "op times   " << kRuns << " more runs, CPU time per op type (each node's median)\n";
+  } else {
+    return unimplemented("--op-times times a one-device runner's nodes");
   }
-  const Graph &graph = gpu != nullptr ? gpu->graph() : cpu->graph();
+  const Graph &graph = runner.graph();
   const std::vector<OpTime> rows = op_times(graph, times);
   double total = 0;
   for (const OpTime &row : rows)
@@ -280,9 +290,6 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     ASSIGN_OR_RETURN(inputs, read_inputs(graph, args.inputs));
   }
 
-  runtime::ExecutorOptions options;
-  fs::path parent = fs::path(args.model).parent_path();
-  options.model_dir = parent.empty() ? "." : parent.string();
   std::string model_name = graph.name();
   std::vector<std::pair<std::string, std::string>> input_lines;
   for (size_t i = 0; i < graph.inputs().size(); ++i) {
@@ -295,20 +302,8 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   for (TensorId id : graph.outputs())
     output_names.push_back(graph.tensor(id).name);
 
-  std::unique_ptr<runtime::StepRunner> runner;
-  runtime::CpuExecutor *cpu = nullptr;
-  runtime::CudaExecutor *gpu = nullptr;
-  if (args.backend == "cuda") {
-    auto created = runtime::CudaExecutor::create(std::move(graph), cuda_options(args));
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    gpu = created->get();
-    runner = std::move(created).value();
-  } else {
-    auto created = runtime::CpuExecutor::create(std::move(graph), options);
-    if (!created.is_ok()) return created.status().with_context(args.model);
-    cpu = created->get();
-    runner = std::move(created).value();
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
+                   runtime::make_runner(std::move(graph), run_runner_options(args)));
   runtime::StepRunner &executor = *runner;
 
   std::vector<HostTensor> outputs;
@@ -341,13 +336,13 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     out << ", " << human_flops(flops / (median * 1e-3)) << "/s at the median";
   }
   out << '\n';
-  if (cpu != nullptr) {
+  if (const auto *cpu = dynamic_cast<const runtime::CpuExecutor *>(runner.get())) {
     const passes::MemoryPlan &plan = cpu->memory_plan();
     out << "memory     activations " << human_bytes(static_cast<double>(plan.arena_bytes))
         << " arena (" << human_bytes(static_cast<double>(plan.naive_bytes))
         << " without reuse), weights " << human_bytes(static_cast<double>(cpu->weight_bytes()))
         << '\n';
-  } else {
+  } else if (const auto *gpu = dynamic_cast<const runtime::CudaExecutor *>(runner.get())) {
     out << "memory     " << gpu->device_name() << ": "
         << human_bytes(static_cast<double>(gpu->device_bytes()))
         << " allocated once (activations, weights, staging, cuBLASLt workspace)"
@@ -380,7 +375,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
     }
     out << '\n';
   }
-  if (args.op_times) RETURN_IF_ERROR(print_op_times(cpu, gpu, inputs, out));
+  if (args.op_times) RETURN_IF_ERROR(print_op_times(executor, inputs, out));
   return Status::ok();
 }
 
