@@ -287,6 +287,25 @@ runtime::TrainerOptions trainer_options(const Plan &plan, const EnvFault &fault,
   return options;
 }
 
+// Where a pipeline plan's devices run, for the `pipeline` line: threads of
+// this process, streams of one GPU or of several, or a share of them in each
+// of the MPI job's processes.
+std::string placement(const RunArgs &args, const runtime::StepRunner &runner,
+                      const runtime::MpiWorld *world) {
+  const int per_rank = args.devices_per_rank;
+  if (world && args.backend == "cuda")
+    return str_cat(world->size(), " MPI ranks x ", per_rank, " device", per_rank == 1 ? "" : "s",
+                   " (streams of each rank's GPU)");
+  if (world)
+    return str_cat(world->size(), " MPI ranks x ", per_rank, " CPU thread",
+                   per_rank == 1 ? "" : "s", " (devices)");
+  if (const auto *gpu = dynamic_cast<const runtime::CudaPipelineRunner *>(&runner);
+      gpu != nullptr && gpu->num_gpus() > 1)
+    return str_cat("on ", gpu->num_gpus(), " GPUs");
+  if (args.backend == "cuda") return "on one GPU";
+  return "one CPU thread per device";
+}
+
 // The `plan` line, a pipeline plan's `pipeline` line, and on a GPU the `gpu`
 // line.
 void print_header(const RunArgs &args, const Plan &plan, const runtime::StepRunner &runner,
@@ -306,12 +325,7 @@ void print_header(const RunArgs &args, const Plan &plan, const runtime::StepRunn
         << (plan.pipeline->tensor_parallel > 1
                 ? str_cat(" x ", plan.pipeline->tensor_parallel, "-device tensor-parallel groups")
                 : std::string())
-        << ", "
-        << (world ? str_cat(world->size(), " MPI ranks x ", args.devices_per_rank, " CPU thread",
-                            args.devices_per_rank == 1 ? "" : "s", " (devices)")
-            : args.backend == "cuda" ? std::string("on one GPU")
-                                     : std::string("one CPU thread per device"))
-        << "\n";
+        << ", " << placement(args, runner, world) << "\n";
   if (const std::string gpu = gpu_summary(args, runner, world); !gpu.empty())
     out << "gpu        " << gpu << "\n";
 }
