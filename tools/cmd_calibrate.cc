@@ -18,10 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "ops/kernels/cpu/gemm.h"
 #include "partitioner/cluster.h"
+#include "tools/cli.h"
 
 namespace strata::tools {
 namespace {
@@ -172,7 +171,7 @@ Status calibrate_command(const CalibrateArgs &args, std::ostream &report) {
 
 } // namespace
 
-void add_calibrate(CLI::App &app, std::function<Status()> &action) {
+void add_calibrate(CLI::App &app, Action &action) {
   static CalibrateArgs args;
   CLI::App *sub = app.add_subcommand(
       "calibrate", "Measure this machine's CPU and write a cluster spec (JSON) for it");

@@ -1,17 +1,38 @@
-// `strata inspect`: what a model is and what it costs, as text, JSON or DOT.
+// `strata inspect`: what a model is and what it costs, as text, JSON or DOT;
+// what a plan holds, its pipeline's stages and transfers, and its predicted
+// schedule.
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "graph/printer.h"
+#include "partitioner/cluster.h"
+#include "partitioner/compile_pipeline.h"
 #include "passes/plan_memory.h"
-#include "tools/commands.h"
+#include "plan/instructions.h"
+#include "plan/trace.h"
+#include "serialization/file_io.h"
+#include "serialization/plan_io.h"
+#include "tools/cli.h"
 #include "tools/model_stats.h"
+#include "tools/plan_text.h"
 
 namespace strata::tools {
 namespace {
+
+using serialization::Plan;
+
+struct InspectArgs {
+  std::string path;
+  std::string format = "text"; // text, json or dot; plans also trace
+  int64_t max_nodes = 25;      // rows of the per-node table in text form
+  bool all_nodes = false;
+  bool comm = false; // pipeline plans: list every transfer and why it is there
+};
 
 // A plain text table: columns sized to their widest cell, numbers right-aligned.
 class Table {
@@ -208,7 +229,81 @@ nlohmann::ordered_json to_json(const std::string &path, const Graph &graph, cons
   return j;
 }
 
-} // namespace
+// Graphviz: one box per stage (its numbers), one edge per link with the bytes
+// it carries per step.
+std::string stage_dot(const Plan &plan) {
+  std::vector<StageRow> rows = stage_rows(plan);
+  std::string text =
+      "digraph pipeline {\n  rankdir=LR;\n  node [shape=box, fontname=\"monospace\"];\n";
+  for (size_t d = 0; d < rows.size(); ++d) {
+    const StageRow &r = rows[d];
+    const serialization::PlanPipeline &p = *plan.pipeline;
+    text +=
+        str_cat("  stage", d, " [label=\"",
+                p.chunks > 1 || p.data_parallel > 1 || p.tensor_parallel > 1
+                    ? str_cat("device ", d, "\\n", plan::device_role(p, static_cast<int64_t>(d)))
+                    : str_cat("stage ", d),
+                "\\n", r.nodes, " nodes\\n", grouped(r.parameters), " parameters\\n",
+                human_flops(r.flops), " per step\\npeak ",
+                human_bytes(static_cast<double>(r.arena)), "\\nbusy ", format_ms(r.busy), "\"];\n");
+  }
+  for (size_t d = 0; d < rows.size(); ++d)
+    for (const auto &[peer, bytes] : rows[d].sent)
+      text +=
+          str_cat("  stage", d, " -> stage", peer, " [label=\"", human_bytes(bytes), "/step\"];\n");
+  return text + "}\n";
+}
+
+Status inspect_plan(const InspectArgs &args, std::ostream &out) {
+  ASSIGN_OR_RETURN(Plan plan, serialization::load_plan(args.path));
+  if (args.format == "json") {
+    ASSIGN_OR_RETURN(std::string text, serialization::plan_to_json(plan));
+    out << text;
+    return Status::ok();
+  }
+  if (args.format == "trace" || args.format == "dot") {
+    if (!plan.pipeline)
+      return invalid_argument("--format ", args.format,
+                              " shows a pipeline plan's stages; this plan has one device (compile "
+                              "with --mesh 1x1xP)");
+    ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
+                     partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
+    if (args.format == "dot") {
+      out << stage_dot(plan);
+      return Status::ok();
+    }
+    ASSIGN_OR_RETURN(plan::Simulation sim, partitioner::simulate_plan(plan, cluster));
+    out << plan::chrome_trace(plan.graph, plan.programs, simulation_spans(sim),
+                              plan.pipeline->microbatches, &*plan.pipeline);
+    return Status::ok();
+  }
+  if (args.format != "text")
+    return invalid_argument("--format ", args.format,
+                            " is for models; a plan prints as text, json, dot or trace");
+  if (args.comm && !plan.pipeline)
+    return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
+  out << "plan         " << args.path << "\n";
+  print_plan_summary(plan, out);
+  if (args.comm) {
+    ASSIGN_OR_RETURN(partitioner::ClusterSpec cluster,
+                     partitioner::parse_cluster(plan.pipeline->cluster_json, args.path));
+    const auto rows = partitioner::explain_transfers(
+        plan.graph, plan.programs, plan.pipeline->groups, partitioner::plan_costs(plan, cluster));
+    out << "transfers    " << rows.size() << " (per step; predicted time of one on '"
+        << cluster.name << "')\n";
+    out << "  from -> to   tensor                          size x count     time each  why\n";
+    for (const auto &row : rows) {
+      std::string route =
+          row.to >= 0 ? str_cat(row.from, " -> ", row.to) : str_cat("group ", row.group);
+      std::string tensor = plan.graph.tensor(row.tensor).name;
+      if (tensor.size() > 30) tensor = tensor.substr(0, 27) + "...";
+      tensor.resize(30, ' ');
+      out << "  " << pad(route, 10) << "   " << tensor << pad(human_bytes(row.bytes), 10) << " x "
+          << row.count << pad(format_ms(row.seconds), 13) << "  " << row.why << "\n";
+    }
+  }
+  return Status::ok();
+}
 
 Status inspect_command(const InspectArgs &args, std::ostream &out) {
   if (args.format != "text" && args.format != "json" && args.format != "dot" &&
@@ -238,6 +333,52 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
   }
   print_text(args.path, graph, *stats, plan, args, out);
   return Status::ok();
+}
+
+} // namespace
+
+void add_inspect(CLI::App &app, Action &action) {
+  static InspectArgs args;
+  static std::string out_path;
+  CLI::App *sub = app.add_subcommand(
+      "inspect", "Show a model: inputs, outputs, parameters, FLOPs per forward, per-op and "
+                 "per-node costs");
+  sub->add_option("FILE", args.path, "model (.strata, .json) or plan (.splan, .splan.json)")
+      ->required();
+  sub->add_option("--format", args.format,
+                  "text (for people), json (for scripts) or dot (Graphviz); for a pipeline "
+                  "plan also trace (the predicted schedule as a Chrome / Perfetto trace)")
+      ->check(CLI::IsMember({"text", "json", "dot", "trace"}))
+      ->capture_default_str();
+  CLI::Option *all = sub->add_flag("--all", args.all_nodes, "list every node in the text form");
+  sub->add_flag("--comm", args.comm,
+                "pipeline plan: list every send, receive and all-reduce per step, its size, "
+                "predicted time and why it is there");
+  sub->add_option("--nodes", args.max_nodes, "rows of the per-node table in the text form")
+      ->check(at_least(0))
+      ->excludes(all)
+      ->capture_default_str();
+  sub->add_option("-o,--output", out_path,
+                  "write to this file instead of stdout (- or /dev/stdout: stdout)")
+      ->type_name("FILE");
+  sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
+              "Examples:\n  strata inspect gpt.strata\n"
+              "  strata inspect gpt.strata --format json | jq .flops\n"
+              "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
+              "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
+              "  strata inspect train.splan --format json # the plan's JSON form\n"
+              "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule");
+  sub->callback([&action] {
+    action = []() -> Status {
+      // "-" and /dev/stdout are stdout, where earlier output keeps its place.
+      if (out_path.empty() || out_path == "-" || out_path == "/dev/stdout")
+        return inspect_command(args, std::cout);
+      RETURN_IF_ERROR(serialization::check_not_input(out_path, args.path));
+      std::ostringstream text;
+      RETURN_IF_ERROR(inspect_command(args, text));
+      return serialization::write_file_atomically(out_path, std::move(text).str());
+    };
+  });
 }
 
 } // namespace strata::tools

@@ -1,0 +1,586 @@
+// The training mode of `strata run`: a training plan trained for --steps
+// steps on one device, a pipeline of CPU threads, one GPU or several, or
+// across the processes of an MPI job, with checkpoints, a stop on Ctrl-C, a
+// trace of a CPU pipeline's devices, and the steady step time at the end.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "runtime/cuda_executor.h"
+#include "runtime/cuda_pipeline.h"
+#include "runtime/mpi_world.h"
+#include "runtime/pipeline_runner.h"
+#include "runtime/trainer.h"
+#include "serialization/checkpoint.h"
+#include "serialization/file_io.h"
+#include "tools/cli.h"
+#include "tools/cmd_run.h"
+#include "tools/model_stats.h"
+#include "tools/plan_text.h"
+
+namespace strata::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using serialization::Plan;
+
+// STRATA_FAULT, for the failure tests: "<kind>:<device>:<step>:<instruction>"
+// with kind error|stall|kill|exit|stop (the device does it on reaching that
+// instruction of that step), "nostart:<rank>" (that rank never joins) or
+// "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file of that
+// step is written, before the commit).
+struct EnvFault {
+  std::optional<runtime::PipelineRunnerOptions::Fault> fault;
+  int nostart_rank = -1;
+  int ckpt_kill_rank = -1;
+  int64_t ckpt_kill_step = -1;
+};
+
+Result<EnvFault> fault_from_env() {
+  EnvFault result;
+  const char *text = std::getenv("STRATA_FAULT");
+  if (text == nullptr || *text == '\0') return result;
+  std::vector<std::string> parts;
+  std::string part;
+  for (const char *c = text;; ++c) {
+    if (*c == ':' || *c == '\0') {
+      parts.push_back(part);
+      part.clear();
+      if (*c == '\0') break;
+    } else {
+      part += *c;
+    }
+  }
+  auto number = [&](size_t i) -> int64_t {
+    int64_t value = -1;
+    const std::string &p = parts[i];
+    auto [end, error] = std::from_chars(p.data(), p.data() + p.size(), value);
+    return error == std::errc() && end == p.data() + p.size() ? value : -1;
+  };
+  const std::string usage = str_cat(
+      "STRATA_FAULT='", text,
+      "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, nostart:<rank> or "
+      "ckptkill:<rank>:<step>");
+  if (parts.size() == 2 && parts[0] == "nostart" && number(1) >= 0) {
+    result.nostart_rank = static_cast<int>(number(1));
+    return result;
+  }
+  if (parts.size() == 3 && parts[0] == "ckptkill" && number(1) >= 0 && number(2) >= 1) {
+    result.ckpt_kill_rank = static_cast<int>(number(1));
+    result.ckpt_kill_step = number(2);
+    return result;
+  }
+  using Kind = runtime::PipelineRunnerOptions::Fault::Kind;
+  const std::map<std::string, Kind> kinds = {{"error", Kind::kError},
+                                             {"stall", Kind::kStall},
+                                             {"kill", Kind::kKill},
+                                             {"exit", Kind::kExit},
+                                             {"stop", Kind::kStop}};
+  if (parts.size() != 4 || !kinds.contains(parts[0]) || number(1) < 0 || number(2) < 1 ||
+      number(3) < 0)
+    return invalid_argument(usage);
+  runtime::PipelineRunnerOptions::Fault fault;
+  fault.kind = kinds.at(parts[0]);
+  fault.device = static_cast<int>(number(1));
+  fault.step = number(2);
+  fault.instruction = static_cast<size_t>(number(3));
+  fault.stall = std::chrono::hours(1);
+  result.fault = fault;
+  return result;
+}
+
+// Ctrl-C (SIGINT) or SIGTERM during training: the step in flight finishes,
+// the checkpoint is saved (with --checkpoint), and the process ends by the
+// signal. A second signal ends it at once. From the first, SIGPIPE is
+// ignored: a pipe reader such as tee gets the Ctrl-C too, and writing to it
+// must not end the process before the checkpoint is saved.
+std::atomic<int> stop_requested{0}; // the signal, from the handler
+static_assert(std::atomic<int>::is_always_lock_free);
+int stopped_by = 0; // the signal that ended the run early, for main
+
+extern "C" void request_stop(int signal_number) {
+  struct sigaction action = {};
+  sigemptyset(&action.sa_mask);
+  if (stop_requested.exchange(signal_number) != 0) {
+    action.sa_handler = SIG_DFL;
+    ::sigaction(signal_number, &action, nullptr);
+    ::raise(signal_number); // delivered when this handler returns
+    return;
+  }
+  action.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &action, nullptr);
+  static const char kMessage[] =
+      "\nstrata: stopping after this step (send the signal again to stop at once)\n";
+  [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+}
+
+// Installs request_stop for SIGINT and SIGTERM while in scope, except for a
+// signal the process was started ignoring (a background job's SIGINT).
+class StopOnSignal {
+public:
+  StopOnSignal() {
+    struct sigaction action = {};
+    action.sa_handler = request_stop;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGPIPE, nullptr, &previous_[0]);
+    for (int k = 1; k < 3; ++k) {
+      ::sigaction(kSignals[k], nullptr, &previous_[k]);
+      if (previous_[k].sa_handler != SIG_IGN) ::sigaction(kSignals[k], &action, nullptr);
+    }
+  }
+  ~StopOnSignal() {
+    // After a stop SIGPIPE stays ignored: the error is still to be printed,
+    // perhaps to a pipe whose reader the signal ended too.
+    for (int k = 1; k < 3; ++k)
+      ::sigaction(kSignals[k], &previous_[k], nullptr);
+    if (stop_requested.load() == 0) ::sigaction(SIGPIPE, &previous_[0], nullptr);
+  }
+  StopOnSignal(const StopOnSignal &) = delete;
+  StopOnSignal &operator=(const StopOnSignal &) = delete;
+
+private:
+  static constexpr int kSignals[3] = {SIGPIPE, SIGINT, SIGTERM};
+  struct sigaction previous_[3] = {};
+};
+
+// "t.json" for rank 0, "t.rank2.json" for rank 2.
+std::string per_rank_path(const std::string &path, int rank) {
+  if (rank == 0) return path;
+  fs::path p(path);
+  return (p.parent_path() / str_cat(p.stem().string(), ".rank", rank, p.extension().string()))
+      .string();
+}
+
+std::string format_loss(double loss) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", loss);
+  return buf;
+}
+
+std::string format_rate(double steps, double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds > 0 ? steps / seconds : 0.0);
+  return buf;
+}
+
+std::string format_seconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", seconds);
+  return buf;
+}
+
+std::string format_micros(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
+  return buf;
+}
+
+// How a GPU runs each step, for the `gpu` line: replayed or eager, the GEMMs'
+// precision, the fused chains.
+std::string gpu_step_line(const RunArgs &args, int64_t fused_chains) {
+  return str_cat(args.cuda_graph ? "steps replayed as one CUDA Graph" : "eager launches",
+                 args.precision != "f32"
+                     ? str_cat(", ", args.precision, " GEMMs (f32 weights and optimizer state)")
+                     : std::string(),
+                 fused_chains > 0 ? str_cat(", ", fused_chains, " elementwise chains fused")
+                                  : std::string(),
+                 args.pool_norm == "strata" ? ", pooling and batch norm by strata's kernels" : "");
+}
+
+// The `gpu` line: which GPU, how the plan's devices share it or spread over
+// GPUs or processes, the memory allocated and how it runs each step. Empty
+// on the CPU.
+std::string gpu_summary(const RunArgs &args, const runtime::StepRunner &runner,
+                        const runtime::MpiWorld *world) {
+  if (const auto *gpu = dynamic_cast<const runtime::CudaPipelineRunner *>(&runner))
+    return str_cat(
+        gpu->device_name(),
+        world ? str_cat(" (rank 0 of ", world->size(), " processes, NCCL between their GPUs) runs ",
+                        args.devices_per_rank, " of the ", gpu->num_devices())
+        : gpu->num_gpus() > 1 ? str_cat(" (NCCL, a host thread each) run ", gpu->num_devices())
+                              : str_cat(" runs all ", gpu->num_devices()),
+        " plan devices (two streams each), ", human_bytes(static_cast<double>(gpu->device_bytes())),
+        " allocated once, ", gpu_step_line(args, gpu->fused_chains()));
+  if (const auto *gpu = dynamic_cast<const runtime::CudaExecutor *>(&runner))
+    return str_cat(gpu->device_name(), ", ", human_bytes(static_cast<double>(gpu->device_bytes())),
+                   " allocated once, ", gpu_step_line(args, gpu->fused_chains()));
+  return "";
+}
+
+// FLOPs of one training step by the op registry's costs, as the plan summary
+// counts them (recomputed nodes count again): every compute instruction of
+// every device, all micro-batches and replicas, or every node of a
+// single-device plan.
+double step_flops(const Plan &plan) {
+  double flops = 0;
+  if (plan.pipeline) {
+    for (const StageRow &row : stage_rows(plan))
+      flops += row.flops;
+  } else if (auto stats = compute_model_stats(plan.graph); stats.is_ok()) {
+    flops = stats->flops;
+  }
+  return flops;
+}
+
+// --steps, --log-every and --checkpoint-every.
+Status check_loop_options(const RunArgs &args) {
+  if (args.steps < 1) return invalid_argument("--steps must be at least 1");
+  if (args.log_every < 1) return invalid_argument("--log-every must be at least 1");
+  if (args.checkpoint_every < 0) return invalid_argument("--checkpoint-every must be at least 0");
+  if (args.checkpoint_every > 0 && args.checkpoint.empty())
+    return invalid_argument("--checkpoint-every needs --checkpoint DIR");
+  return Status::ok();
+}
+
+// Where the run will write, checked before it trains: a checkpoint folder
+// that holds no other run's checkpoint, and this rank's trace file.
+Status check_writable(const RunArgs &args, int rank) {
+  if (!args.checkpoint.empty()) {
+    RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
+    std::error_code error;
+    const bool resumes_it =
+        !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
+    if (!resumes_it &&
+        fs::exists(fs::path(args.checkpoint) / serialization::kCheckpointManifestFile, error))
+      return failed_precondition("--checkpoint ", args.checkpoint,
+                                 " already holds a checkpoint, which this run would "
+                                 "replace; continue it with --resume ",
+                                 args.checkpoint, ", or save to another folder");
+  }
+  if (!args.trace.empty())
+    RETURN_IF_ERROR(serialization::check_file_writable(per_rank_path(args.trace, rank), "--trace"));
+  return Status::ok();
+}
+
+// The batches: the --data folder's, or 8 synthetic ones.
+Result<runtime::Dataset> training_data(const RunArgs &args, const Plan &plan) {
+  // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
+  const int64_t microbatches =
+      plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
+  if (!args.data.empty()) return runtime::load_dataset(plan.graph, args.data, microbatches);
+  return runtime::synthetic_dataset(plan.graph, args.seed, 8, microbatches);
+}
+
+// The plan's fingerprint, which checkpoints carry, and STRATA_FAULT's
+// ckptkill where it names this rank.
+runtime::TrainerOptions trainer_options(const Plan &plan, const EnvFault &fault, int rank) {
+  runtime::TrainerOptions options;
+  options.fingerprint = plan.fingerprint;
+  if (fault.ckpt_kill_rank == rank) {
+    const int64_t at = fault.ckpt_kill_step;
+    options.checkpoint_file_written = [at](int64_t step) {
+      if (step == at) raise(SIGKILL);
+    };
+  }
+  return options;
+}
+
+// Where a pipeline plan's devices run, for the `pipeline` line: threads of
+// this process, streams of one GPU or of several, or a share of them in each
+// of the MPI job's processes.
+std::string placement(const RunArgs &args, const runtime::StepRunner &runner,
+                      const runtime::MpiWorld *world) {
+  const int per_rank = args.devices_per_rank;
+  if (world && args.backend == "cuda")
+    return str_cat(world->size(), " MPI ranks x ", per_rank, " device", per_rank == 1 ? "" : "s",
+                   " (streams of each rank's GPU)");
+  if (world)
+    return str_cat(world->size(), " MPI ranks x ", per_rank, " CPU thread",
+                   per_rank == 1 ? "" : "s", " (devices)");
+  if (const auto *gpu = dynamic_cast<const runtime::CudaPipelineRunner *>(&runner);
+      gpu != nullptr && gpu->num_gpus() > 1)
+    return str_cat("on ", gpu->num_gpus(), " GPUs");
+  if (args.backend == "cuda") return "on one GPU";
+  return "one CPU thread per device";
+}
+
+// The `plan` line, a pipeline plan's `pipeline` line, and on a GPU the `gpu`
+// line.
+void print_header(const RunArgs &args, const Plan &plan, const runtime::StepRunner &runner,
+                  const runtime::MpiWorld *world, std::ostream &out) {
+  const std::string &model_name = plan.graph.name();
+  out << "plan       " << args.model << " (train " << (model_name.empty() ? "model" : model_name)
+      << ", " << plan.loss_kind << ", " << plan.optimizer << ")\n";
+  if (plan.pipeline)
+    out << "pipeline   " << counted(plan.pipeline->stages, "stage") << " x "
+        << counted(plan.pipeline->microbatches, "micro-batch") << " (" << plan.pipeline->schedule
+        << (plan.pipeline->chunks > 1 ? str_cat(", ", plan.pipeline->chunks, " chunks per device")
+                                      : std::string())
+        << ")"
+        << (plan.pipeline->data_parallel > 1
+                ? str_cat(" x ", plan.pipeline->data_parallel, " replicas")
+                : std::string())
+        << (plan.pipeline->tensor_parallel > 1
+                ? str_cat(" x ", plan.pipeline->tensor_parallel, "-device tensor-parallel groups")
+                : std::string())
+        << ", " << placement(args, runner, world) << "\n";
+  if (const std::string gpu = gpu_summary(args, runner, world); !gpu.empty())
+    out << "gpu        " << gpu << "\n";
+}
+
+// What a CPU pipeline runner records: its devices' trace (--trace) and the
+// device clock (--clock device). Other runners record neither.
+struct PipelineRecords {
+  const runtime::PipelineRunner *pipeline = nullptr; // null: another runner
+  std::string trace_path;                            // this rank's --trace file; empty: none
+
+  bool tracing() const { return pipeline != nullptr && !trace_path.empty(); }
+  Status write_trace() const {
+    if (!tracing()) return Status::ok();
+    return serialization::write_file_atomically(trace_path, pipeline->trace_json());
+  }
+};
+
+// What the step loop saw, for the closing lines.
+struct LoopStats {
+  int64_t first_step = 0;
+  double first_loss = 0, last_loss = 0;
+  std::chrono::steady_clock::time_point start;
+  // Each step's time, and on a GPU the host's time issuing it, from the
+  // third step on (the first loads the kernels, on a GPU the second is
+  // captured): the steady state.
+  std::vector<double> step_seconds, issue_seconds, device_seconds;
+
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+// Steps until --steps are done or a signal asks to stop: the loss every
+// --log-every steps (rewritten in place on a terminal), and checkpoints.
+Status run_steps(const RunArgs &args, runtime::Trainer &trainer, const PipelineRecords &records,
+                 bool interactive, LoopStats &stats, std::ostream &out) {
+  stats.first_step = trainer.step();
+  stats.start = std::chrono::steady_clock::now();
+  while (trainer.step() < args.steps) {
+    const auto step_start = std::chrono::steady_clock::now();
+    auto stepped = trainer.train_step();
+    if (stepped.is_ok() && trainer.step() > stats.first_step + 2) {
+      stats.step_seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+      if (trainer.runner().issue_seconds() >= 0)
+        stats.issue_seconds.push_back(trainer.runner().issue_seconds());
+      if (records.pipeline != nullptr && args.clock == "device")
+        stats.device_seconds.push_back(records.pipeline->device_step_seconds());
+    }
+    if (!stepped.is_ok()) {
+      // The trace of a failed run is the most useful one: write what was recorded.
+      if (records.write_trace().is_ok() && records.tracing())
+        return stepped.status().with_context(str_cat("trace of the failed run: ", args.trace));
+      return stepped.status();
+    }
+    const double loss = *stepped;
+    const int64_t step = trainer.step();
+    if (step == stats.first_step + 1) stats.first_loss = loss;
+    stats.last_loss = loss;
+    if (!std::isfinite(loss)) {
+      if (interactive) out << "\n";
+      return failed_precondition("the loss is ", loss, " at step ", step,
+                                 "; lower the learning rate or add clip=1 to --optimizer");
+    }
+    std::string line = str_cat(
+        "step ", step, "/", args.steps, "  loss ", format_loss(loss), "  (",
+        format_rate(static_cast<double>(step - stats.first_step), stats.seconds()), " steps/s)");
+    bool logged = step % args.log_every == 0 || step == args.steps;
+    if (interactive) {
+      out << "\r" << line << "\x1b[K" << (logged ? "\n" : "") << std::flush;
+    } else if (logged) {
+      out << line << "\n" << std::flush; // a pipe or file sees each line as it happens
+    }
+    bool save =
+        !args.checkpoint.empty() &&
+        ((args.checkpoint_every > 0 && step % args.checkpoint_every == 0) || step == args.steps);
+    if (save) {
+      RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
+      if (!interactive || logged)
+        out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
+    }
+    if (stop_requested.load() != 0) {
+      stopped_by = stop_requested.load(); // whatever fails below, the process ends by it
+      if (interactive && !logged) out << "\n";
+      if (!args.checkpoint.empty() && !save) {
+        RETURN_IF_ERROR(trainer.save_checkpoint(args.checkpoint));
+        out << "checkpoint " << args.checkpoint << " (step " << step << ")\n" << std::flush;
+      }
+      break;
+    }
+  }
+  return Status::ok();
+}
+
+// A run a signal stopped after `step`: the trace up to there, and the error
+// that ends the process (by the signal: main).
+Status stopped_run(const RunArgs &args, int64_t step, const PipelineRecords &records,
+                   int signal_number, std::ostream &out) {
+  stopped_by = signal_number;
+  if (records.tracing()) {
+    RETURN_IF_ERROR(records.write_trace());
+    out << "trace      " << args.trace << " (up to the stop)\n" << std::flush;
+  }
+  return failed_precondition("stopped by ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+                             " after step ", step, " of ", args.steps, "; ",
+                             step == args.steps ? std::string("the run is complete")
+                             : args.checkpoint.empty()
+                                 ? std::string("nothing was saved (--checkpoint DIR saves the "
+                                               "state when stopped)")
+                                 : str_cat("continue with --resume ", args.checkpoint));
+}
+
+// The closing lines: the trace, the steps and the loss, the FLOP rate, and
+// the steady step time by the wall clock, the device clock and the host's
+// time issuing it.
+Status print_summary(const RunArgs &args, int64_t last_step, const LoopStats &stats,
+                     const PipelineRecords &records, double flops, std::ostream &out) {
+  double elapsed = stats.seconds();
+  int64_t ran = last_step - stats.first_step;
+  if (records.tracing()) {
+    RETURN_IF_ERROR(records.write_trace());
+    out << "trace      " << args.trace << " (" << ran << " step" << (ran == 1 ? "" : "s")
+        << "; open in ui.perfetto.dev or chrome://tracing)\n";
+  }
+  out << "done       " << ran << " step" << (ran == 1 ? "" : "s") << " in "
+      << format_seconds(elapsed) << " s (" << format_rate(static_cast<double>(ran), elapsed)
+      << " steps/s); loss " << format_loss(stats.first_loss) << " -> "
+      << format_loss(stats.last_loss) << "\n";
+  if (ran > 0 && elapsed > 0)
+    out << "compute    " << human_flops(flops) << " per step, "
+        << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
+  auto median = [](std::vector<double> values) {
+    std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+    return values[values.size() / 2];
+  };
+  const size_t n = stats.step_seconds.size();
+  const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
+  if (n > 0)
+    out << "steady     " << format_ms(median(stats.step_seconds)) << " per step (" << last_steps
+        << ")\n";
+  if (stats.device_seconds.empty() && args.clock == "device" && records.pipeline != nullptr)
+    out << "device     no step time: the device clock's is the median from the third step on "
+           "(run 3 or more steps)\n";
+  if (!stats.device_seconds.empty())
+    out << "device     " << format_ms(median(stats.device_seconds))
+        << " per step on a core per device (the device clock"
+        << (args.trace.empty() ? "" : ", which the trace uses too") << "; " << last_steps << ")\n";
+  if (!stats.issue_seconds.empty())
+    out << "host       " << format_micros(median(stats.issue_seconds))
+        << " us per step to issue it (" << last_steps << ": the batch copied in, "
+        << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
+  return Status::ok();
+}
+
+// Trains `plan` in this process: every device, or under an MPI launcher
+// (`world`) this rank's.
+Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool interactive,
+                const std::shared_ptr<runtime::MpiWorld> &world, const EnvFault &fault) {
+  RETURN_IF_ERROR(check_loop_options(args));
+  runtime::RunnerOptions runner_options = run_runner_options(args);
+  runner_options.world = world;
+  runner_options.fault = fault.fault;
+  RETURN_IF_ERROR(runtime::check_runner_options(plan, runner_options));
+  ASSIGN_OR_RETURN(runner_options.timeout, runtime::timeout_from_seconds(args.timeout_s));
+  const int rank = world ? world->rank() : 0;
+  RETURN_IF_ERROR(check_writable(args, rank));
+  ASSIGN_OR_RETURN(runtime::Dataset data, training_data(args, plan));
+  ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
+                   runtime::make_runner(plan, runner_options));
+  runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it
+  auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data),
+                                          trainer_options(plan, fault, rank));
+  if (!created.is_ok()) return created.status().with_context(args.model);
+  runtime::Trainer &trainer = **created;
+
+  print_header(args, plan, trainer.runner(), world.get(), out);
+  out << "data       " << trainer.data().description << "\n";
+  if (!args.resume.empty()) {
+    RETURN_IF_ERROR(trainer.restore_checkpoint(args.resume));
+    out << "resumed    " << args.resume << " at step " << trainer.step() << "\n";
+  }
+  if (trainer.step() >= args.steps) {
+    out << "done       already at step " << trainer.step() << " of " << args.steps
+        << "; nothing to run\n";
+    return Status::ok();
+  }
+
+  PipelineRecords records;
+  records.pipeline = dynamic_cast<const runtime::PipelineRunner *>(&trainer.runner());
+  if (!args.trace.empty()) records.trace_path = per_rank_path(args.trace, rank);
+  LoopStats stats;
+  {
+    // Under an MPI launcher every rank would have to stop at the same step;
+    // there the MPI world's own handlers (runtime/mpi_world.cc) end the job.
+    std::optional<StopOnSignal> stop_on_signal;
+    if (!world) stop_on_signal.emplace();
+    out << std::flush; // the header, before a first step that may take long
+    RETURN_IF_ERROR(run_steps(args, trainer, records, interactive, stats, out));
+  }
+  // A signal from here on has its default action again. One that came after
+  // the last step's check still ends the process by it.
+  if (const int signal_number = stop_requested.load(); signal_number != 0)
+    return stopped_run(args, trainer.step(), records, signal_number, out);
+  RETURN_IF_ERROR(print_summary(args, trainer.step(), stats, records, step_flops(plan), out));
+  if (args.op_times)
+    RETURN_IF_ERROR(print_op_times(*timed, runtime::random_inputs(timed->graph(), args.seed), out));
+  return Status::ok();
+}
+
+} // namespace
+
+int training_stop_signal() { return stopped_by; }
+
+Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
+  ASSIGN_OR_RETURN(EnvFault env_fault, fault_from_env());
+  const auto launch = runtime::detect_mpi_launch();
+  if (!launch || launch->size == 1) {
+    if (args.devices_per_rank != 1)
+      return invalid_argument("--devices-per-rank splits a plan over MPI ranks; start strata with "
+                              "an MPI launcher (mpirun -np N strata run ...)");
+    return train_on(args, plan, out, args.interactive, nullptr, env_fault);
+  }
+  if (!plan.pipeline)
+    return failed_precondition("the launcher started ", launch->size, " ranks but ", args.model,
+                               " is a one-device plan; compile it for several devices (--mesh "
+                               "DPx1xPP) or run it without mpirun");
+  ASSIGN_OR_RETURN(const std::chrono::milliseconds timeout,
+                   runtime::timeout_from_seconds(args.timeout_s));
+  if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
+  runtime::MpiWorldOptions options;
+  options.devices_per_rank = args.devices_per_rank;
+  options.timeout = timeout;
+  ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
+                   runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
+  Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string());
+  if (status.is_ok()) {
+    // Rank 0 speaks for the job.
+    std::ostream silent(nullptr);
+    status = train_on(args, plan, world->rank() == 0 ? out : silent,
+                      /*interactive=*/false, world, env_fault);
+  }
+  if (status.is_ok()) {
+    world->finish(false);
+    return status;
+  }
+  // Tell the other ranks (unless the failure came from them), report, and let
+  // the launcher end the job.
+  world->fail(status);
+  out.flush();
+  if (runtime::claim_failure_report())
+    std::cerr << str_cat("strata: error: rank ", world->rank(), " of ", world->size(), ": ",
+                         status.message(), "\n");
+  std::cerr.flush();
+  world->finish(true);
+  return status;
+}
+
+} // namespace strata::tools
