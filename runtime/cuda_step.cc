@@ -10,14 +10,13 @@
 #include <thread>
 
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/registry.h"
 
 namespace strata::runtime {
 
 Status cuda_check(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return Status::ok();
-  cudaGetLastError();
-  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
+  return cuda::cuda_status(error, what);
 }
 
 Status wait_for_stream(cudaStream_t stream, std::string_view what,

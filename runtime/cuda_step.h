@@ -16,8 +16,10 @@
 
 namespace strata::runtime {
 
-// OK, or an internal error "CUDA <what>: <CUDA's reason>" (the error is
-// cleared so later calls do not report it again).
+// cuda::cuda_status (ops/kernels/cuda/cuda_status.h): OK, or "CUDA <what>:
+// <CUDA's reason>" as resource_exhausted (out of GPU memory), unavailable (no
+// usable device or driver) or internal, with CUDA's last error cleared so
+// later calls do not report it again.
 Status cuda_check(cudaError_t error, std::string_view what);
 
 // Waits until `stream` has finished its work: spins for 2 ms (a short step
