@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "passes/fuse_elementwise.h"
@@ -21,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
 #include "runtime/cuda_step.h"
 #endif
@@ -200,6 +202,15 @@ namespace {
 
 int64_t align_up(int64_t n) { return (n + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment; }
 
+// "GPU 0 (NVIDIA H100 80GB HBM3)", or "GPU 0" where CUDA cannot say (the name
+// is for messages; its error is cleared, not reported).
+std::string gpu_name(int gpu) {
+  cudaDeviceProp properties = {};
+  if (!cuda_check(cudaGetDeviceProperties(&properties, gpu), "device properties").is_ok())
+    return str_cat("GPU ", gpu);
+  return str_cat("GPU ", gpu, " (", properties.name, ")");
+}
+
 } // namespace
 
 struct CudaExecutor::State {
@@ -254,7 +265,9 @@ struct CudaExecutor::State {
   mutable bool stuck = false;
 
   ~State() {
-    cudaSetDevice(options.gpu);
+    // Teardown has nowhere to report to; the error is cleared, not left for
+    // a later call to report.
+    cuda_check(cudaSetDevice(options.gpu), "set device").ignore();
     if (stuck && !wait_for_stream(stream, "teardown", std::chrono::seconds(2)).is_ok()) return;
     step.reset(); // the graph goes before the streams and memory it uses
     if (lt) cublasLtDestroy(lt);
@@ -440,7 +453,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   RETURN_IF_ERROR(verify_graph(graph, registry).with_context(context));
   RETURN_IF_ERROR(check_cuda_ops(graph));
   if (std::string reason = cuda_unavailable_reason(); !reason.empty())
-    return failed_precondition(reason).with_context(context);
+    return unavailable(reason).with_context(context);
   int gpus = 0;
   RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
   if (options.gpu < 0 || options.gpu >= gpus)
@@ -453,11 +466,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   const Graph &g = executor->graph_;
   auto state = std::make_unique<State>();
   state->options = options;
-  cudaDeviceProp properties = {};
-  if (cudaGetDeviceProperties(&properties, options.gpu) == cudaSuccess)
-    state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
-  else
-    state->device_name = str_cat("GPU ", options.gpu);
+  state->device_name = gpu_name(options.gpu);
   if (options.bf16 && options.f16)
     return invalid_argument("bf16 or f16 GEMM operands, not both").with_context(context);
   auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes,
@@ -493,7 +502,8 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
 
   void *base = nullptr;
   RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),
-                             str_cat("allocating ", state->bytes, " bytes"))
+                             str_cat("allocating ", human_bytes(static_cast<double>(state->bytes)),
+                                     " (", state->bytes, " bytes) on GPU ", options.gpu))
                       .with_context(context));
   state->base = static_cast<std::byte *>(base);
   RETURN_IF_ERROR(
@@ -502,15 +512,18 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
   // ordered after the legacy default stream), then create() waits for it.
   RETURN_IF_ERROR(cuda_check(
       cudaMemsetAsync(base, 0, static_cast<size_t>(state->bytes), state->stream), "memset"));
-  if (cublasLtCreate(&state->lt) != CUBLAS_STATUS_SUCCESS)
-    return internal_error("cuBLASLt could not start").with_context(context);
+  RETURN_IF_ERROR(
+      cuda::cublas_status(cublasLtCreate(&state->lt), "could not start").with_context(context));
   {
-    std::string why;
-    state->cudnn = cuda::create_cudnn(state->stream, &why);
-    for (const cuda::CudaOp &op : cuda::cudnn_ops())
-      if (state->cudnn == nullptr && std::any_of(g.nodes().begin(), g.nodes().end(),
-                                                 [&](const Node &n) { return n.op == op.name; }))
-        return failed_precondition(why).with_context(context);
+    Result<void *> handle = cuda::start_cudnn(state->stream);
+    if (handle.is_ok()) {
+      state->cudnn = *handle;
+    } else {
+      for (const cuda::CudaOp &op : cuda::cudnn_ops())
+        if (std::any_of(g.nodes().begin(), g.nodes().end(),
+                        [&](const Node &n) { return n.op == op.name; }))
+          return handle.status().with_context(context);
+    }
   }
   state->workspace = state->base + workspace_offset;
   if (l.bf16 >= 0) state->bf16 = state->base + l.bf16;
