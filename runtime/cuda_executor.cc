@@ -226,15 +226,6 @@ Status use_gpu(int gpu, const std::string &context) {
   return cuda_check(cudaSetDevice(gpu), "set device").with_context(context);
 }
 
-// "GPU 0 (NVIDIA H100 80GB HBM3)", or "GPU 0" where CUDA cannot say (the name
-// is for messages; its error is cleared, not reported).
-std::string gpu_name(int gpu) {
-  cudaDeviceProp properties = {};
-  if (!cuda_check(cudaGetDeviceProperties(&properties, gpu), "device properties").is_ok())
-    return str_cat("GPU ", gpu);
-  return str_cat("GPU ", gpu, " (", properties.name, ")");
-}
-
 // The host copies create() uploads: by tensor id, each parameter, state and
 // constant tensor the layout places; by step, each value computed at load.
 struct HostValues {

@@ -19,6 +19,13 @@ Status cuda_check(cudaError_t error, std::string_view what) {
   return cuda::cuda_status(error, what);
 }
 
+std::string gpu_name(int gpu) {
+  cudaDeviceProp properties = {};
+  if (!cuda_check(cudaGetDeviceProperties(&properties, gpu), "device properties").is_ok())
+    return str_cat("GPU ", gpu);
+  return str_cat("GPU ", gpu, " (", properties.name, ")");
+}
+
 Status wait_for_stream(cudaStream_t stream, std::string_view what,
                        std::chrono::milliseconds timeout, const std::function<Status()> &check) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

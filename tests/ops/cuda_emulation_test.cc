@@ -74,9 +74,9 @@ private:
 struct Libraries {
   Libraries() {
     EXPECT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
-    std::string why;
-    cudnn = cuda::create_cudnn(nullptr, &why);
-    EXPECT_TRUE(cudnn != nullptr || !STRATA_HAVE_CUDNN) << why;
+    Result<void *> handle = cuda::start_cudnn(nullptr);
+    if (handle.is_ok()) cudnn = *handle;
+    EXPECT_TRUE(handle.is_ok() || !STRATA_HAVE_CUDNN) << handle.status().message();
     EXPECT_EQ(cudaMalloc(&workspace, kWorkspace), cudaSuccess);
   }
   ~Libraries() {
