@@ -14,6 +14,8 @@ std::string_view status_code_name(StatusCode code) {
   case StatusCode::kDataLoss: return "DataLoss";
   case StatusCode::kIoError: return "IoError";
   case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
+  case StatusCode::kResourceExhausted: return "ResourceExhausted";
+  case StatusCode::kUnavailable: return "Unavailable";
   case StatusCode::kInternal: return "Internal";
   }
   return "Unknown";

@@ -26,6 +26,8 @@ enum class StatusCode {
   kDataLoss,           // a file is corrupt or truncated
   kIoError,            // the operating system refused a read or write
   kDeadlineExceeded,   // a wait ran past its timeout
+  kResourceExhausted,  // memory (host or GPU) or another resource ran out
+  kUnavailable,        // a device, driver, library or peer is absent or unusable now
   kInternal,           // a bug in strata
 };
 
@@ -91,6 +93,12 @@ template <typename... Args> Status io_error(Args &&...args) {
 }
 template <typename... Args> Status deadline_exceeded(Args &&...args) {
   return Status(StatusCode::kDeadlineExceeded, str_cat(std::forward<Args>(args)...));
+}
+template <typename... Args> Status resource_exhausted(Args &&...args) {
+  return Status(StatusCode::kResourceExhausted, str_cat(std::forward<Args>(args)...));
+}
+template <typename... Args> Status unavailable(Args &&...args) {
+  return Status(StatusCode::kUnavailable, str_cat(std::forward<Args>(args)...));
 }
 template <typename... Args> Status internal_error(Args &&...args) {
   return Status(StatusCode::kInternal, str_cat(std::forward<Args>(args)...));

@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "passes/fuse_elementwise.h"
@@ -21,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
 #include "runtime/cuda_step.h"
 #endif
@@ -200,6 +202,64 @@ namespace {
 
 int64_t align_up(int64_t n) { return (n + kCudaAlignment - 1) / kCudaAlignment * kCudaAlignment; }
 
+// What create() checks before it touches a GPU: the options, the graph, and
+// that the backend has a kernel for every node.
+Status check_request(const Graph &graph, const CudaExecutorOptions &options,
+                     const std::string &context) {
+  if (options.workspace_bytes < 0 || options.guard_bytes < 0)
+    return invalid_argument("workspace and guard bytes must be at least 0, got ",
+                            options.workspace_bytes, " and ", options.guard_bytes);
+  RETURN_IF_ERROR(verify_graph(graph, ops::OpRegistry::global()).with_context(context));
+  return check_cuda_ops(graph);
+}
+
+// Makes `gpu` the calling thread's device, once this machine is known to have
+// a usable GPU of that number.
+Status use_gpu(int gpu, const std::string &context) {
+  if (std::string reason = cuda_unavailable_reason(); !reason.empty())
+    return unavailable(reason).with_context(context);
+  int gpus = 0;
+  RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
+  if (gpu < 0 || gpu >= gpus)
+    return invalid_argument("GPU ", gpu, " does not exist: this machine has ", gpus)
+        .with_context(context);
+  return cuda_check(cudaSetDevice(gpu), "set device").with_context(context);
+}
+
+// The host copies create() uploads: by tensor id, each parameter, state and
+// constant tensor the layout places; by step, each value computed at load.
+struct HostValues {
+  std::vector<HostTensor> weights;
+  std::vector<HostTensor> constants;
+};
+
+// Reads or initializes the weights (external data relative to `model_dir`)
+// and runs the nodes computed at load on the CPU.
+Result<HostValues> host_values(const Graph &g, const CudaLayout &l, const std::string &model_dir,
+                               const std::string &context) {
+  const ops::OpRegistry &registry = ops::OpRegistry::global();
+  HostValues values;
+  values.weights.resize(g.num_tensors());
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    if (l.tensor[id] < 0 || g.tensor(id).kind == TensorKind::kIntermediate) continue;
+    auto value = materialize(g.tensor(id), model_dir);
+    if (!value.is_ok()) return value.status().with_context(context);
+    values.weights[id] = std::move(value).value();
+  }
+  values.constants.resize(l.order.size());
+  for (size_t s = 0; s < l.order.size(); ++s) {
+    if (l.constant[s] < 0) continue;
+    const Node &node = g.node(l.order[s]);
+    const ops::OpDef *def = registry.find(node.op);
+    HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
+    ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
+    ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
+    RETURN_IF_ERROR(def->cpu_kernel(kernel_context).with_context(node_context(node)));
+    values.constants[s] = std::move(value);
+  }
+  return values;
+}
+
 } // namespace
 
 struct CudaExecutor::State {
@@ -254,7 +314,9 @@ struct CudaExecutor::State {
   mutable bool stuck = false;
 
   ~State() {
-    cudaSetDevice(options.gpu);
+    // Teardown has nowhere to report to; the error is cleared, not left for
+    // a later call to report.
+    cuda_check(cudaSetDevice(options.gpu), "set device").ignore();
     if (stuck && !wait_for_stream(stream, "teardown", std::chrono::seconds(2)).is_ok()) return;
     step.reset(); // the graph goes before the streams and memory it uses
     if (lt) cublasLtDestroy(lt);
@@ -341,6 +403,129 @@ struct CudaExecutor::State {
           g.tensor(id).kind != TensorKind::kInput && address[id] != nullptr)
         r.add(g.tensor(id).name, address[id], g.tensor(id).type);
     return r;
+  }
+
+  // ---- create(), in order ------------------------------------------------
+
+  // The step's one allocation, zeroed on the step's stream, and the libraries'
+  // handles: cuBLASLt, and cuDNN (required only where a node has no other
+  // kernel).
+  Status allocate_and_start(const Graph &g, const CudaLayout &l, const std::string &context) {
+    void *memory = nullptr;
+    RETURN_IF_ERROR(cuda_check(cudaMalloc(&memory, static_cast<size_t>(bytes)),
+                               str_cat("allocating ", human_bytes(static_cast<double>(bytes)), " (",
+                                       bytes, " bytes) on GPU ", options.gpu))
+                        .with_context(context));
+    base = static_cast<std::byte *>(memory);
+    RETURN_IF_ERROR(
+        cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+    // Every upload goes on the step's stream (a non-blocking stream is not
+    // ordered after the legacy default stream), then create() waits for it.
+    RETURN_IF_ERROR(
+        cuda_check(cudaMemsetAsync(base, 0, static_cast<size_t>(bytes), stream), "memset"));
+    RETURN_IF_ERROR(
+        cuda::cublas_status(cublasLtCreate(&lt), "could not start").with_context(context));
+    Result<void *> handle = cuda::start_cudnn(stream);
+    if (handle.is_ok()) {
+      cudnn = *handle;
+    } else {
+      for (const cuda::CudaOp &op : cuda::cudnn_ops())
+        if (std::any_of(g.nodes().begin(), g.nodes().end(),
+                        [&](const Node &n) { return n.op == op.name; }))
+          return handle.status().with_context(context);
+    }
+    workspace = base + l.workspace;
+    if (l.bf16 >= 0) bf16 = base + l.bf16;
+    flags = reinterpret_cast<int *>(base + l.flags);
+    return Status::ok();
+  }
+
+  // Copies the weights and the values computed at load into place and fills
+  // the guards, all on the stream, and waits: `values` must outlive the copies.
+  Status upload(const Graph &g, const CudaLayout &l, const HostValues &values,
+                const std::string &context) {
+    for (TensorId id = 0; id < g.num_tensors(); ++id)
+      if (l.tensor[id] >= 0 && values.weights[id].size_bytes() > 0)
+        RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(base + l.tensor[id], values.weights[id].data(),
+                                                   values.weights[id].size_bytes(),
+                                                   cudaMemcpyHostToDevice, stream),
+                                   str_cat("uploading '", g.tensor(id).name, "'")));
+    for (size_t s = 0; s < values.constants.size(); ++s)
+      if (l.constant[s] >= 0 && values.constants[s].size_bytes() > 0)
+        RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(base + l.constant[s], values.constants[s].data(),
+                                                   values.constants[s].size_bytes(),
+                                                   cudaMemcpyHostToDevice, stream),
+                                   "uploading a constant"));
+    guards = l.guards;
+    for (const CudaLayout::Guard &guard : guards)
+      RETURN_IF_ERROR(cuda_check(cudaMemsetAsync(base + guard.offset, kGuardByte,
+                                                 static_cast<size_t>(guard.bytes), stream),
+                                 "guards"));
+    return wait("the uploads").with_context(context);
+  }
+
+  // Every tensor's address (the arena's plan, else its own region; graph
+  // inputs live in their staging), and the copies that end a step: each
+  // output into its staging, then each state update.
+  void bind_buffers(const Graph &g, const CudaLayout &l) {
+    address.assign(g.num_tensors(), nullptr);
+    for (TensorId id = 0; id < g.num_tensors(); ++id) {
+      if (plan.offsets[id] >= 0)
+        address[id] = base + plan.offsets[id];
+      else if (l.tensor[id] >= 0)
+        address[id] = base + l.tensor[id];
+    }
+    for (size_t k = 0; k < g.inputs().size(); ++k) {
+      input_staging.push_back(base + l.input[k]);
+      address[g.inputs()[k]] = base + l.input[k];
+    }
+    for (size_t k = 0; k < g.outputs().size(); ++k) {
+      output_staging.push_back(base + l.output[k]);
+      output_copies.push_back({base + l.output[k], address[g.outputs()[k]],
+                               static_cast<size_t>(g.tensor(g.outputs()[k]).type.size_bytes())});
+    }
+    for (const StateUpdate &update : g.updates())
+      updates.push_back({address[update.target], address[update.value],
+                         static_cast<size_t>(g.tensor(update.target).type.size_bytes())});
+  }
+
+  // One step per node, in order, with its buffers, scratch and flag; each
+  // elementwise chain then runs as one kernel at its last node's step.
+  Status build_steps(const Graph &g, const CudaLayout &l) {
+    const ops::OpRegistry &registry = ops::OpRegistry::global();
+    steps.resize(order.size());
+    for (size_t s = 0; s < order.size(); ++s) {
+      Step &node_step = steps[s];
+      const Node &node = g.node(order[s]);
+      node_step.node = &node;
+      node_step.def = registry.find(node.op);
+      node_step.op = cuda::find_cuda_op(node.op);
+      for (TensorId id : node.inputs)
+        node_step.inputs.push_back({address[id], &g.tensor(id).type});
+      for (TensorId id : node.outputs)
+        node_step.outputs.push_back({address[id], &g.tensor(id).type});
+      if (l.scratch[s] >= 0) {
+        node_step.scratch = base + l.scratch[s];
+        node_step.scratch_bytes = l.scratch_bytes[s];
+      }
+      if (l.constant[s] >= 0) node_step.constant = base + l.constant[s];
+      node_step.flag = flags + s;
+    }
+    std::vector<size_t> position(g.num_nodes(), 0);
+    for (size_t s = 0; s < order.size(); ++s)
+      position[order[s]] = s;
+    for (const std::vector<NodeId> &chain : l.chains) {
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<cuda::Fused> program,
+          fused_chain_program(g, chain, [&](TensorId id) -> const void * { return address[id]; }));
+      for (NodeId id : chain)
+        steps[position[id]].skip = true;
+      Step &last = steps[position[chain.back()]];
+      last.skip = false;
+      last.fused = std::move(program);
+      ++fused_chains;
+    }
+    return Status::ok();
   }
 };
 
@@ -433,167 +618,29 @@ CudaExecutor::~CudaExecutor() = default;
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::create(Graph graph,
                                                            const CudaExecutorOptions &options) {
   const std::string context = str_cat("CUDA executor for graph '", graph.name(), "'");
-  if (options.workspace_bytes < 0 || options.guard_bytes < 0)
-    return invalid_argument("workspace and guard bytes must be at least 0, got ",
-                            options.workspace_bytes, " and ", options.guard_bytes);
-  const ops::OpRegistry &registry = ops::OpRegistry::global();
-  RETURN_IF_ERROR(verify_graph(graph, registry).with_context(context));
-  RETURN_IF_ERROR(check_cuda_ops(graph));
-  if (std::string reason = cuda_unavailable_reason(); !reason.empty())
-    return failed_precondition(reason).with_context(context);
-  int gpus = 0;
-  RETURN_IF_ERROR(cuda_check(cudaGetDeviceCount(&gpus), "device count"));
-  if (options.gpu < 0 || options.gpu >= gpus)
-    return invalid_argument("GPU ", options.gpu, " does not exist: this machine has ", gpus)
-        .with_context(context);
-  RETURN_IF_ERROR(cuda_check(cudaSetDevice(options.gpu), "set device").with_context(context));
+  RETURN_IF_ERROR(check_request(graph, options, context));
+  RETURN_IF_ERROR(use_gpu(options.gpu, context));
 
   std::unique_ptr<CudaExecutor> executor(new CudaExecutor());
   executor->graph_ = std::move(graph);
   const Graph &g = executor->graph_;
   auto state = std::make_unique<State>();
   state->options = options;
-  cudaDeviceProp properties = {};
-  if (cudaGetDeviceProperties(&properties, options.gpu) == cudaSuccess)
-    state->device_name = str_cat("GPU ", options.gpu, " (", properties.name, ")");
-  else
-    state->device_name = str_cat("GPU ", options.gpu);
+  state->device_name = gpu_name(options.gpu);
   if (options.bf16 && options.f16)
     return invalid_argument("bf16 or f16 GEMM operands, not both").with_context(context);
   auto layout = cuda_layout(g, options.workspace_bytes, options.guard_bytes,
                             options.bf16 || options.f16, options.fuse);
   if (!layout.is_ok()) return layout.status().with_context(context);
-  CudaLayout &l = *layout;
+  const CudaLayout &l = *layout;
   state->order = l.order;
   state->plan = l.plan;
   state->bytes = l.total;
-  // Host values: parameters, state and constants, and the nodes computed at load.
-  std::vector<HostTensor> weights(g.num_tensors());
-  for (TensorId id = 0; id < g.num_tensors(); ++id) {
-    if (l.tensor[id] < 0 || g.tensor(id).kind == TensorKind::kIntermediate) continue;
-    auto value = materialize(g.tensor(id), options.model_dir);
-    if (!value.is_ok()) return value.status().with_context(context);
-    weights[id] = std::move(value).value();
-  }
-  std::vector<HostTensor> constants(state->order.size());
-  for (size_t s = 0; s < state->order.size(); ++s) {
-    if (l.constant[s] < 0) continue;
-    const Node &node = g.node(state->order[s]);
-    const ops::OpDef *def = registry.find(node.op);
-    HostTensor value = HostTensor::zeros(g.tensor(node.outputs[0]).type);
-    ops::TensorView view{value.size_bytes() > 0 ? value.data() : nullptr, &value.type};
-    ops::KernelContext kernel_context{node, *def, {}, llvm::ArrayRef<ops::TensorView>(view)};
-    RETURN_IF_ERROR(def->cpu_kernel(kernel_context).with_context(node_context(node)));
-    constants[s] = std::move(value);
-  }
-  const std::vector<int64_t> &tensor_offset = l.tensor, &step_constant = l.constant,
-                             &step_scratch = l.scratch, &input_offset = l.input,
-                             &output_offset = l.output;
-  const int64_t workspace_offset = l.workspace, flags_offset = l.flags;
-
-  void *base = nullptr;
-  RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(state->bytes)),
-                             str_cat("allocating ", state->bytes, " bytes"))
-                      .with_context(context));
-  state->base = static_cast<std::byte *>(base);
-  RETURN_IF_ERROR(
-      cuda_check(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking), "stream"));
-  // Every upload goes on the step's stream (a non-blocking stream is not
-  // ordered after the legacy default stream), then create() waits for it.
-  RETURN_IF_ERROR(cuda_check(
-      cudaMemsetAsync(base, 0, static_cast<size_t>(state->bytes), state->stream), "memset"));
-  if (cublasLtCreate(&state->lt) != CUBLAS_STATUS_SUCCESS)
-    return internal_error("cuBLASLt could not start").with_context(context);
-  {
-    std::string why;
-    state->cudnn = cuda::create_cudnn(state->stream, &why);
-    for (const cuda::CudaOp &op : cuda::cudnn_ops())
-      if (state->cudnn == nullptr && std::any_of(g.nodes().begin(), g.nodes().end(),
-                                                 [&](const Node &n) { return n.op == op.name; }))
-        return failed_precondition(why).with_context(context);
-  }
-  state->workspace = state->base + workspace_offset;
-  if (l.bf16 >= 0) state->bf16 = state->base + l.bf16;
-  state->flags = reinterpret_cast<int *>(state->base + flags_offset);
-
-  // Upload weights and constants.
-  for (TensorId id = 0; id < g.num_tensors(); ++id)
-    if (tensor_offset[id] >= 0 && weights[id].size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state->base + tensor_offset[id],
-                                                 weights[id].data(), weights[id].size_bytes(),
-                                                 cudaMemcpyHostToDevice, state->stream),
-                                 str_cat("uploading '", g.tensor(id).name, "'")));
-  for (size_t s = 0; s < constants.size(); ++s)
-    if (step_constant[s] >= 0 && constants[s].size_bytes() > 0)
-      RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(state->base + step_constant[s],
-                                                 constants[s].data(), constants[s].size_bytes(),
-                                                 cudaMemcpyHostToDevice, state->stream),
-                                 "uploading a constant"));
-  // The host buffers above must outlive their copies.
-  state->guards = l.guards;
-  for (const CudaLayout::Guard &guard : state->guards)
-    RETURN_IF_ERROR(cuda_check(cudaMemsetAsync(state->base + guard.offset, kGuardByte,
-                                               static_cast<size_t>(guard.bytes), state->stream),
-                               "guards"));
-  RETURN_IF_ERROR(state->wait("the uploads").with_context(context));
-
-  // Every tensor's address.
-  state->address.assign(g.num_tensors(), nullptr);
-  for (TensorId id = 0; id < g.num_tensors(); ++id) {
-    if (state->plan.offsets[id] >= 0)
-      state->address[id] = state->base + state->plan.offsets[id];
-    else if (tensor_offset[id] >= 0)
-      state->address[id] = state->base + tensor_offset[id];
-  }
-  for (size_t k = 0; k < g.inputs().size(); ++k) {
-    state->input_staging.push_back(state->base + input_offset[k]);
-    state->address[g.inputs()[k]] = state->base + input_offset[k];
-  }
-  for (size_t k = 0; k < g.outputs().size(); ++k) {
-    state->output_staging.push_back(state->base + output_offset[k]);
-    state->output_copies.push_back(
-        {state->base + output_offset[k], state->address[g.outputs()[k]],
-         static_cast<size_t>(g.tensor(g.outputs()[k]).type.size_bytes())});
-  }
-  for (const StateUpdate &update : g.updates())
-    state->updates.push_back({state->address[update.target], state->address[update.value],
-                              static_cast<size_t>(g.tensor(update.target).type.size_bytes())});
-
-  state->steps.resize(state->order.size());
-  for (size_t s = 0; s < state->order.size(); ++s) {
-    State::Step &step = state->steps[s];
-    const Node &node = g.node(state->order[s]);
-    step.node = &node;
-    step.def = registry.find(node.op);
-    step.op = cuda::find_cuda_op(node.op);
-    for (TensorId id : node.inputs)
-      step.inputs.push_back({state->address[id], &g.tensor(id).type});
-    for (TensorId id : node.outputs)
-      step.outputs.push_back({state->address[id], &g.tensor(id).type});
-    if (step_scratch[s] >= 0) {
-      step.scratch = state->base + step_scratch[s];
-      step.scratch_bytes = l.scratch_bytes[s];
-    }
-    if (step_constant[s] >= 0) step.constant = state->base + step_constant[s];
-    step.flag = state->flags + s;
-  }
-  {
-    std::vector<size_t> position(g.num_nodes(), 0);
-    for (size_t s = 0; s < state->order.size(); ++s)
-      position[state->order[s]] = s;
-    for (const std::vector<NodeId> &chain : l.chains) {
-      ASSIGN_OR_RETURN(std::unique_ptr<cuda::Fused> program,
-                       fused_chain_program(g, chain, [&](TensorId id) -> const void * {
-                         return state->address[id];
-                       }));
-      for (NodeId id : chain)
-        state->steps[position[id]].skip = true;
-      State::Step &last = state->steps[position[chain.back()]];
-      last.skip = false;
-      last.fused = std::move(program);
-      ++state->fused_chains;
-    }
-  }
+  ASSIGN_OR_RETURN(const HostValues values, host_values(g, l, options.model_dir, context));
+  RETURN_IF_ERROR(state->allocate_and_start(g, l, context));
+  RETURN_IF_ERROR(state->upload(g, l, values, context));
+  state->bind_buffers(g, l);
+  RETURN_IF_ERROR(state->build_steps(g, l));
   state->host.resize(g.num_tensors());
   state->host_fresh.assign(g.num_tensors(), false);
   executor->state_ = std::move(state);

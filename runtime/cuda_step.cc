@@ -10,14 +10,20 @@
 #include <thread>
 
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/registry.h"
 
 namespace strata::runtime {
 
 Status cuda_check(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return Status::ok();
-  cudaGetLastError();
-  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
+  return cuda::cuda_status(error, what);
+}
+
+std::string gpu_name(int gpu) {
+  cudaDeviceProp properties = {};
+  if (!cuda_check(cudaGetDeviceProperties(&properties, gpu), "device properties").is_ok())
+    return str_cat("GPU ", gpu);
+  return str_cat("GPU ", gpu, " (", properties.name, ")");
 }
 
 Status wait_for_stream(cudaStream_t stream, std::string_view what,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "graph/graph.h"
@@ -16,9 +17,15 @@
 
 namespace strata::runtime {
 
-// OK, or an internal error "CUDA <what>: <CUDA's reason>" (the error is
-// cleared so later calls do not report it again).
+// cuda::cuda_status (ops/kernels/cuda/cuda_status.h): OK, or "CUDA <what>:
+// <CUDA's reason>" as resource_exhausted (out of GPU memory), unavailable (no
+// usable device or driver) or internal, with CUDA's last error cleared so
+// later calls do not report it again.
 Status cuda_check(cudaError_t error, std::string_view what);
+
+// "GPU 0 (NVIDIA H100 80GB HBM3)", or "GPU 0" where CUDA cannot say: the name
+// is for messages, so CUDA's error is cleared, not reported.
+std::string gpu_name(int gpu);
 
 // Waits until `stream` has finished its work: spins for 2 ms (a short step
 // should not pay a sleep's latency), then naps up to 1 ms at a time; a GPU

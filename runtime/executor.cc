@@ -67,10 +67,10 @@ Status check_host_memory(int64_t bytes, std::string_view what, std::string_view 
   const double unit = info.mem_unit, ram = static_cast<double>(info.totalram) * unit,
                swap = static_cast<double>(info.totalswap) * unit;
   if (static_cast<double>(bytes) <= ram + swap) return Status::ok();
-  return failed_precondition(what, " ", human_bytes(static_cast<double>(bytes)), " of memory (",
-                             parts, "); this host has ", human_bytes(ram),
-                             swap > 0 ? str_cat(" and ", human_bytes(swap), " of swap")
-                                      : std::string(" and no swap"));
+  return resource_exhausted(what, " ", human_bytes(static_cast<double>(bytes)), " of memory (",
+                            parts, "); this host has ", human_bytes(ram),
+                            swap > 0 ? str_cat(" and ", human_bytes(swap), " of swap")
+                                     : std::string(" and no swap"));
 }
 
 CpuExecutor::~CpuExecutor() = default;

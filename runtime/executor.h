@@ -21,10 +21,10 @@
 namespace strata::runtime {
 
 // Whether `bytes` of host memory can be had at all. More than this host's
-// memory and swap together is an error that says what needs how much (`what`
-// ends "needs"; `parts` says of what, e.g. "1.0 GiB of activations, ...") and
-// what the host has: before an allocation the kernel would refuse, or a run
-// its out-of-memory killer would end without a word.
+// memory and swap together is a resource_exhausted error that says what needs
+// how much (`what` ends "needs"; `parts` says of what, e.g. "1.0 GiB of
+// activations, ...") and what the host has: before an allocation the kernel
+// would refuse, or a run its out-of-memory killer would end without a word.
 Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts);
 
 struct ExecutorOptions {

@@ -9,6 +9,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 #include <thread>
 #include <utility>
@@ -715,6 +716,11 @@ Status run_on_threads(int size, const std::function<Status(int rank, Communicato
       Status status;
       try {
         status = body(rank, *communicators[rank]);
+      } catch (const std::bad_alloc &error) {
+        // A buffer beyond what the host can give is a condition of the run,
+        // not a bug in strata.
+        status = resource_exhausted(
+            "out of memory: this host cannot allocate what the device needs (", error.what(), ")");
       } catch (const std::exception &error) {
         status = internal_error("threw an exception: ", error.what());
       } catch (...) {

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <climits>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +38,14 @@ constexpr int kTagAbort = 3;
 constexpr int kTagAlive = 4;
 // Payloads larger than this go as several messages (MPI counts are ints).
 constexpr size_t kMaxChunk = size_t{1} << 30;
+
+// An abort message's first byte: the failing rank's status code. A byte that
+// names no error code (a peer of another version) reads as internal.
+StatusCode abort_code(std::byte byte) {
+  const auto code = static_cast<StatusCode>(std::to_integer<int>(byte));
+  if (code == StatusCode::kOk || status_code_name(code) == "Unknown") return StatusCode::kInternal;
+  return code;
+}
 
 struct Header {
   uint64_t tag = 0;
@@ -223,7 +233,7 @@ public:
     }
     init_cv.notify_all();
     watchdog.join();
-    if (rc != MPI_SUCCESS) return internal_error("MPI_Init_thread failed (code ", rc, ")");
+    if (rc != MPI_SUCCESS) return unavailable("MPI_Init_thread failed (code ", rc, ")");
     if (provided < MPI_THREAD_SERIALIZED)
       return failed_precondition("the MPI library offers thread level ", provided,
                                  "; strata needs MPI_THREAD_SERIALIZED");
@@ -342,7 +352,9 @@ public:
     failed_ = true;
     cascade_ = Status(root.code(), cascade);
     failure_ = std::move(root);
-    if (tell) abort_to_send_ = cascade;
+    // The code goes first, one byte, so the other ranks report what kind of
+    // failure it was (out of memory is not a bug).
+    if (tell) abort_to_send_ = str_cat(static_cast<char>(cascade_.code()), cascade);
     cv_.notify_all();
   }
 
@@ -735,8 +747,10 @@ public:
         break;
       }
       case kTagAbort: {
-        std::string text(reinterpret_cast<const char *>(buffer.data()), static_cast<size_t>(count));
-        set_failure_locked(Status(StatusCode::kInternal, text), text, false);
+        if (count < 1) break;
+        std::string text(reinterpret_cast<const char *>(buffer.data()) + 1,
+                         static_cast<size_t>(count) - 1);
+        set_failure_locked(Status(abort_code(buffer[0]), text), text, false);
         break;
       }
       case kTagAlive: alive_[static_cast<size_t>(from)] = true; break;
@@ -1201,8 +1215,16 @@ Status MpiWorld::run_with_side(
       Status status;
       try {
         status = body(device, comm, &side);
+      } catch (const std::bad_alloc &error) {
+        // A buffer beyond what the host can give is a condition of the run,
+        // not a bug in strata.
+        status = resource_exhausted(
+            "out of memory: this host cannot allocate what the device needs (", error.what(), ")");
       } catch (const std::exception &error) {
         status = internal_error("threw an exception: ", error.what());
+      } catch (...) {
+        // Anything else would end the process without a word (std::terminate).
+        status = internal_error("threw an exception");
       }
       if (!status.is_ok()) impl_->fail_device(device, status);
     });

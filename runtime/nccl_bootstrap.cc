@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "strata_config.h"
@@ -43,6 +45,16 @@ Result<std::string> nccl_unique_id() {
 
 #if STRATA_HAVE_NCCL
 namespace {
+
+// An NCCL call's failure on a communicator that is up: a peer, the network or
+// the operating system refusing (ncclRemoteError, ncclSystemError) is
+// unavailable, a condition of the run; anything else is a bug in strata.
+Status nccl_failure(ncclResult_t result, std::string_view what, const std::string &detail) {
+  std::string text =
+      str_cat("NCCL ", what, ": ", ncclGetErrorString(result), detail.empty() ? "" : ": ", detail);
+  if (result == ncclRemoteError || result == ncclSystemError) return unavailable(std::move(text));
+  return internal_error(std::move(text));
+}
 
 class Comm : public NcclComm {
 public:
@@ -185,11 +197,8 @@ Status nccl_settle(NcclComm &comm, int result, std::string_view what,
   if (!stopped.is_ok()) return stopped;
   if (late)
     return deadline_exceeded("NCCL ", what, " was not enqueued within ", timeout.count(), " ms");
-  if (status != ncclSuccess) {
-    std::string detail = handle != nullptr ? ncclGetLastError(handle) : "";
-    return internal_error("NCCL ", what, ": ", ncclGetErrorString(status),
-                          detail.empty() ? "" : ": ", detail);
-  }
+  if (status != ncclSuccess)
+    return nccl_failure(status, what, handle != nullptr ? ncclGetLastError(handle) : "");
   return Status::ok();
 #else
   (void)comm, (void)result, (void)what, (void)timeout, (void)check;
@@ -205,9 +214,7 @@ Status nccl_async_error(const NcclComm &comm, std::string_view what) {
   ncclResult_t result = ncclSuccess;
   ncclCommGetAsyncError(handle, &result);
   if (result == ncclSuccess || result == ncclInProgress) return Status::ok();
-  std::string detail = ncclGetLastError(handle);
-  return internal_error("NCCL ", what, ": ", ncclGetErrorString(result), detail.empty() ? "" : ": ",
-                        detail);
+  return nccl_failure(result, what, ncclGetLastError(handle));
 #else
   (void)comm, (void)what;
   return unimplemented("this strata was built without NCCL");

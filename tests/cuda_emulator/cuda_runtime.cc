@@ -369,6 +369,9 @@ const char *cudaGetErrorString(cudaError_t error) {
   case cudaErrorLaunchFailure: return "unspecified launch failure (emulated)";
   case cudaErrorInvalidDevice: return "invalid device ordinal (emulated)";
   case cudaErrorMemoryAllocation: return "out of memory (emulated)";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
+  case cudaErrorInsufficientDriver:
+    return "CUDA driver version is insufficient for CUDA runtime version (emulated)";
   case cudaErrorStreamCaptureUnsupported:
     return "operation not permitted when stream is capturing (emulated)";
   case cudaErrorStreamCaptureInvalidated:

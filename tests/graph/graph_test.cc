@@ -217,5 +217,16 @@ TEST(StatusTest, ContextReadsOutsideIn) {
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
 }
 
+// Running out of memory and a missing device are conditions of the machine,
+// not bugs: each has its own code and name.
+TEST(StatusTest, ResourceExhaustedAndUnavailableAreNamed) {
+  Status full = resource_exhausted("out of memory: ", 3, " bytes");
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(full.to_string(), "ResourceExhausted: out of memory: 3 bytes");
+  Status absent = unavailable("no GPU");
+  EXPECT_EQ(absent.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(absent.to_string(), "Unavailable: no GPU");
+}
+
 } // namespace
 } // namespace strata

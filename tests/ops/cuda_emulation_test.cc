@@ -20,6 +20,7 @@
 
 #include "graph/host_tensor.h"
 #include "ops/kernels/cuda/cuda_ops.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/registry.h"
 #include "runtime/executor.h"
 #include "strata_config.h"
@@ -73,9 +74,9 @@ private:
 struct Libraries {
   Libraries() {
     EXPECT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
-    std::string why;
-    cudnn = cuda::create_cudnn(nullptr, &why);
-    EXPECT_TRUE(cudnn != nullptr || !STRATA_HAVE_CUDNN) << why;
+    Result<void *> handle = cuda::start_cudnn(nullptr);
+    if (handle.is_ok()) cudnn = *handle;
+    EXPECT_TRUE(handle.is_ok() || !STRATA_HAVE_CUDNN) << handle.status().message();
     EXPECT_EQ(cudaMalloc(&workspace, kWorkspace), cudaSuccess);
   }
   ~Libraries() {
@@ -400,6 +401,61 @@ TEST(CudaEmulator, MatmulRefusesOperandsLessAlignedThanItsAlgorithm) {
   cublasLtMatrixLayoutDestroy(layout);
   cublasLtMatmulDescDestroy(desc);
   cublasLtDestroy(lt);
+}
+
+// An error of CUDA is reported once: cuda_status clears it, so the next
+// kernel launcher's own cudaGetLastError() does not blame its kernel. Out of
+// GPU memory is a condition of the run, not a bug in strata.
+TEST(CudaStatus, OutOfGpuMemoryIsResourceExhaustedAndReportedOnce) {
+  void *memory = nullptr;
+  const cudaError_t error = cudaMalloc(&memory, size_t{1} << 40); // more than any GPU has
+  ASSERT_EQ(error, cudaErrorMemoryAllocation);
+  ASSERT_EQ(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+  const Status status = cuda::cuda_status(error, "allocating 1.00 TiB");
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.to_string();
+  EXPECT_EQ(status.message(), str_cat("CUDA allocating 1.00 TiB: out of GPU memory (",
+                                      cudaGetErrorString(cudaErrorMemoryAllocation), ")"));
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Each failure of CUDA, cuBLASLt and cuDNN means one thing (graph/status.h):
+// out of memory, no usable device or library, or a bug in strata.
+TEST(CudaStatus, FailuresMapToWhatTheyMean) {
+  EXPECT_TRUE(cuda::cuda_status(cudaSuccess, "launch").is_ok());
+  for (cudaError_t absent :
+       {cudaErrorNoDevice, cudaErrorInsufficientDriver, cudaErrorInvalidDevice})
+    EXPECT_EQ(cuda::cuda_status(absent, "device count").code(), StatusCode::kUnavailable)
+        << cudaGetErrorString(absent);
+  for (cudaError_t bug :
+       {cudaErrorInvalidValue, cudaErrorInvalidConfiguration, cudaErrorLaunchFailure})
+    EXPECT_EQ(cuda::cuda_status(bug, "launch").code(), StatusCode::kInternal)
+        << cudaGetErrorString(bug);
+  EXPECT_EQ(cuda::cuda_status(cudaErrorNoDevice, "device count").message(),
+            str_cat("CUDA device count: ", cudaGetErrorString(cudaErrorNoDevice)));
+
+  EXPECT_TRUE(cuda::cublas_status(CUBLAS_STATUS_SUCCESS, "layout").is_ok());
+  EXPECT_EQ(cuda::cublas_status(CUBLAS_STATUS_ALLOC_FAILED, "descriptor").code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(cuda::cublas_status(CUBLAS_STATUS_NOT_INITIALIZED, "could not start").code(),
+            StatusCode::kUnavailable);
+  const Status invalid = cuda::cublas_status(CUBLAS_STATUS_INVALID_VALUE, "layout");
+  EXPECT_EQ(invalid.code(), StatusCode::kInternal);
+  EXPECT_EQ(invalid.message(), "cuBLASLt layout: CUBLAS_STATUS_INVALID_VALUE");
+
+#if STRATA_HAVE_CUDNN
+  EXPECT_TRUE(cuda::cudnn_status(CUDNN_STATUS_SUCCESS, "convolution").is_ok());
+  EXPECT_EQ(cuda::cudnn_status(CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, "convolution")
+                .code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(cuda::cudnn_status(CUDNN_STATUS_NOT_INITIALIZED, "could not start").code(),
+            StatusCode::kUnavailable);
+  const Status bad = cuda::cudnn_status(CUDNN_STATUS_BAD_PARAM, "convolution");
+  EXPECT_EQ(bad.code(), StatusCode::kInternal);
+  EXPECT_EQ(bad.message(),
+            str_cat("cuDNN convolution: ", cudnnGetErrorString(CUDNN_STATUS_BAD_PARAM)));
+#endif
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST(CudaEmulation, EveryOpCaseMatchesTheCpu) {

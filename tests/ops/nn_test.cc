@@ -418,6 +418,46 @@ TEST(Conv2d, MatchesReference) {
   }
 }
 
+// Sanitizers end the program at an allocation this large instead of failing it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
+    __has_feature(memory_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// A patch matrix no host can hold is an error saying how much it needed, not
+// an exception or a crash. (oneDNN sizes its own scratchpad, which is checked
+// the same way, so no shape reaches that check on purpose.)
+TEST(Conv2d, APatchMatrixBeyondTheHostIsResourceExhausted) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizer would end the test at the allocation";
+  // A 4096x2048 kernel over a padded 1x1 input: 2^23 patch rows by 2^23
+  // output positions, 2^46 floats (256 TiB, more than a 47-bit address space
+  // maps) of patches from 32 MiB of weights and 32 MiB of output.
+  cpu::Conv2dParams p;
+  p.batch = 1;
+  p.in_channels = 1;
+  p.in_h = 1;
+  p.in_w = 1;
+  p.out_channels = 1;
+  p.kernel_h = 4096;
+  p.kernel_w = 2048;
+  p.pad_top = p.pad_bottom = 4095;
+  p.pad_left = p.pad_right = 2047;
+  p.out_h = 4096;
+  p.out_w = 2048;
+  std::vector<float> x(1), w(size_t{1} << 23), y(size_t{1} << 23);
+  Status status = cpu::conv2d_forward_im2col(p, x.data(), w.data(), nullptr, y.data());
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.to_string();
+  expect_error(status, {"out of memory", "patch matrix", "(281474976710656 bytes)"});
+}
+
 TEST(Conv2d, InferenceErrors) {
   const TensorType x{kF32, {1, 4, 8, 8}};
   expect_error(infer("Conv2d", {x, TensorType{kF32, {6, 3, 3, 3}}}).status(),

@@ -417,6 +417,27 @@ TEST_F(CudaGpuTest, DeviceChecksNameTheNode) {
   EXPECT_NE(status.message().find("label"), std::string::npos) << status.message();
 }
 
+// A step larger than the GPU is out of memory, not a bug in strata, and says
+// how much it asked for and of which GPU; the failure is not reported again
+// to the next executor on that GPU.
+TEST_F(CudaGpuTest, AStepLargerThanTheGpuIsResourceExhausted) {
+  const Graph graph = mlp_graph();
+  CudaExecutorOptions options;
+  options.workspace_bytes = int64_t{1} << 40; // 1 TiB: more than any GPU has
+  auto created = CudaExecutor::create(graph, options);
+  ASSERT_FALSE(created.is_ok());
+  const Status &status = created.status();
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status.to_string();
+  for (const char *part : {"CUDA executor for graph '", "CUDA allocating 1.00 TiB (",
+                           " bytes) on GPU 0: out of GPU memory ("})
+    EXPECT_NE(status.message().find(part), std::string::npos) << status.message();
+  auto next = CudaExecutor::create(graph);
+  ASSERT_TRUE(next.is_ok()) << next.status().message();
+  std::vector<HostTensor> outputs;
+  const Status run = (*next)->run(random_inputs(graph, 3), &outputs);
+  EXPECT_TRUE(run.is_ok()) << run.message();
+}
+
 // A training step with a bad label fails naming the loss node and, as on the
 // CPU, changes no weight; the next good step trains as usual.
 TEST_F(CudaGpuTest, AFailedStepChangesNoWeight) {

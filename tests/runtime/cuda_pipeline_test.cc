@@ -553,6 +553,18 @@ TEST_F(CudaPipelineGpuTest, ABadLabelOnOneGpuKeepsEveryGpusWeights) {
         << plan.graph.tensor(id).name << " changed after a failed step";
 }
 
+// A plan larger than the GPU is out of memory, not a bug in strata.
+TEST_F(CudaPipelineGpuTest, APlanLargerThanTheGpuIsResourceExhausted) {
+  const serialization::Plan plan = compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2));
+  CudaPipelineOptions options;
+  options.workspace_bytes = int64_t{1} << 40; // per plan device: more than any GPU has
+  auto gpu = CudaPipelineRunner::create(plan, options);
+  ASSERT_FALSE(gpu.is_ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kResourceExhausted) << gpu.status().to_string();
+  EXPECT_NE(gpu.status().message().find("out of GPU memory"), std::string::npos)
+      << gpu.status().message();
+}
+
 TEST_F(CudaPipelineGpuTest, ABadLabelNamesTheDeviceAndInstruction) {
   const serialization::Plan plan = compile(mlp_forward(), "sgd:lr=0.1", mesh(2, 2));
   auto gpu = CudaPipelineRunner::create(plan);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -373,6 +374,24 @@ TEST(LocalCommunicator, ErrorReturnedByOneRankEndsTheOthers) {
                       ": all_reduce of 4 f32 over devices {0, 1, 2} (gradients): device 1 failed: "
                       "loss is NaN"));
   }
+}
+
+// A device thread the host cannot give memory to fails the run as out of
+// memory (a condition of the run), not as a bug in strata; the others end too.
+TEST(LocalCommunicator, OutOfMemoryInADeviceThreadIsResourceExhausted) {
+  Status survivor;
+  const Status overall = run_on_threads(
+      2,
+      [&](int rank, Communicator &comm) -> Status {
+        if (rank == 1) throw std::bad_alloc();
+        float data[4] = {1, 2, 3, 4};
+        survivor = comm.all_reduce(data, {}, "gradients");
+        return survivor;
+      },
+      kGenerousTimeout);
+  EXPECT_EQ(overall.code(), StatusCode::kResourceExhausted) << overall.to_string();
+  EXPECT_THAT(overall.message(), HasSubstr("device 1: out of memory"));
+  EXPECT_EQ(survivor.code(), StatusCode::kResourceExhausted) << survivor.to_string();
 }
 
 TEST(LocalCommunicator, AbortEndsPendingAndLaterCalls) {

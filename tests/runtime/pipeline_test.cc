@@ -1353,6 +1353,7 @@ TEST_F(PipelineTest, DevicesBeyondTheHostsMemoryAreRefusedBySize) {
   plan->programs[1].arena_bytes = int64_t{1} << 50; // 1 PiB
   auto runner = PipelineRunner::create(*plan);
   ASSERT_FALSE(runner.is_ok());
+  EXPECT_EQ(runner.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(runner.status().message().find("the pipeline's 2 devices in this process need 1.00 PiB "
                                            "of memory (activations, weights and optimizer "
                                            "state; the largest, device 1, 1.00 PiB); this host "

@@ -6,10 +6,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "graph/units.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "strata_config.h"
 
@@ -19,6 +22,21 @@
 
 namespace strata::ops::cpu {
 namespace {
+
+// The error for memory a convolution could not get: how much, and for what.
+// The caller adds which node (the executors name it).
+Status out_of_memory(size_t bytes, std::string_view what) {
+  return resource_exhausted("out of memory: ", what, " needs ",
+                            human_bytes(static_cast<double>(bytes)), " (", bytes, " bytes)");
+}
+
+// A zeroed float buffer of `count` elements, or null where this host cannot
+// give it (a huge patch matrix must be an error, not an exception).
+std::unique_ptr<float[]> zeroed_floats(size_t count) {
+  return std::unique_ptr<float[]>(new (std::nothrow) float[count]());
+}
+
+constexpr std::string_view kPatchMatrix = "a convolution's patch matrix (im2col)";
 
 // Writes the patches of one group of one image as a [C/group * kH * kW, oH * oW]
 // matrix; taps that fall into the padding are zero.
@@ -206,13 +224,16 @@ private:
   PrimitiveCache<CachedConv> cache_;
 };
 
-// 64-byte aligned scratch memory for one call.
+// 64-byte aligned scratch memory for one call; `data` is null for zero bytes
+// and where the host could not give them (failed()).
 struct AlignedBytes {
   explicit AlignedBytes(size_t size)
-      : data(size == 0 ? nullptr : std::aligned_alloc(64, (size + 63) / 64 * 64)) {}
+      : bytes(size), data(size == 0 ? nullptr : std::aligned_alloc(64, (size + 63) / 64 * 64)) {}
   ~AlignedBytes() { std::free(data); }
   AlignedBytes(const AlignedBytes &) = delete;
   AlignedBytes &operator=(const AlignedBytes &) = delete;
+  bool failed() const { return bytes > 0 && data == nullptr; }
+  size_t bytes;
   void *data;
 };
 
@@ -225,7 +246,9 @@ public:
           const std::optional<dnnl::reorder> &reorder)
       : user_(user), reorder_(reorder), bytes_(reorder ? desc.get_size() : 0),
         memory_(reorder ? dnnl::memory(desc, cpu_engine(), bytes_.data) : user) {}
-  bool allocated() const { return !reorder_ || bytes_.data != nullptr; }
+  bool allocated() const { return !bytes_.failed(); }
+  // Bytes of its own copy (0 where it uses the caller's buffer).
+  size_t own_bytes() const { return bytes_.bytes; }
   dnnl::memory &memory() { return memory_; }
   void fill(const dnnl::stream &stream) {
     if (reorder_) reorder_->execute(stream, user_, memory_);
@@ -256,10 +279,14 @@ Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, cons
     Operand weights(user_weights, conv->desc.weights_desc(), conv->weights_reorder);
     Operand dst(user_dst, conv->desc.dst_desc(), conv->dst_reorder);
     if (!src.allocated() || !weights.allocated() || !dst.allocated())
-      return internal_error("out of memory for a convolution's reordered operands");
+      return out_of_memory(src.own_bytes() + weights.own_bytes() + dst.own_bytes(),
+                           "a convolution's reordered operands");
+    AlignedBytes scratch_bytes(conv->desc.scratchpad_desc().get_size());
+    // oneDNN would take a null scratchpad and write through it.
+    if (scratch_bytes.failed())
+      return out_of_memory(scratch_bytes.bytes, "a convolution's oneDNN scratchpad");
     src.fill(stream);
     weights.fill(stream);
-    AlignedBytes scratch_bytes(conv->desc.scratchpad_desc().get_size());
     dnnl::memory scratch(conv->desc.scratchpad_desc(), engine, scratch_bytes.data);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src.memory()},
                                                {DNNL_ARG_WEIGHTS, weights.memory()},
@@ -272,6 +299,8 @@ Status conv2d_onednn(const Conv2dParams &p, const float *x, const float *w, cons
     dst.write_back(stream);
     stream.wait();
   } catch (const dnnl::error &e) {
+    if (e.status == dnnl_out_of_memory)
+      return resource_exhausted("out of memory: oneDNN convolution: ", e.what());
     return internal_error("oneDNN convolution failed: ", e.what());
   }
   return Status::ok();
@@ -373,6 +402,9 @@ Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const fl
     const dnnl::engine &engine = cpu_engine();
     dnnl::stream stream(engine);
     AlignedBytes scratch_bytes(conv->scratchpad.get_size());
+    // oneDNN would take a null scratchpad and write through it.
+    if (scratch_bytes.failed())
+      return out_of_memory(scratch_bytes.bytes, "a convolution backward's oneDNN scratchpad");
     dnnl::memory scratch(conv->scratchpad, engine, scratch_bytes.data);
     // The caller's buffers, and the operands in the primitive's layouts
     // (reordered copies where they differ).
@@ -383,7 +415,8 @@ Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const fl
     Operand other_operand(user_other, conv->other, conv->other_reorder);
     Operand output(user_output, conv->output, conv->output_reorder);
     if (!input.allocated() || !other_operand.allocated() || !output.allocated())
-      return internal_error("out of memory for a convolution backward's reordered operands");
+      return out_of_memory(input.own_bytes() + other_operand.own_bytes() + output.own_bytes(),
+                           "a convolution backward's reordered operands");
     input.fill(stream);
     other_operand.fill(stream);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, input.memory()},
@@ -399,6 +432,8 @@ Status conv2d_backward_onednn(const Conv2dParams &p, BackwardKind kind, const fl
     output.write_back(stream);
     stream.wait();
   } catch (const dnnl::error &e) {
+    if (e.status == dnnl_out_of_memory)
+      return resource_exhausted("out of memory: oneDNN convolution backward: ", e.what());
     return internal_error("oneDNN convolution backward failed: ", e.what());
   }
   return Status::ok();
@@ -413,14 +448,16 @@ Status conv2d_forward_im2col(const Conv2dParams &p, const float *x, const float 
   const int64_t group_out = p.out_channels / p.group;
   const int64_t patch = group_in * p.kernel_h * p.kernel_w;
   const int64_t out_plane = p.out_h * p.out_w;
-  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  const size_t col_count = static_cast<size_t>(patch * out_plane);
+  std::unique_ptr<float[]> col = zeroed_floats(col_count);
+  if (col == nullptr) return out_of_memory(col_count * sizeof(float), kPatchMatrix);
   for (int64_t n = 0; n < p.batch; ++n) {
     for (int64_t g = 0; g < p.group; ++g) {
       const float *x_group = x + (n * p.in_channels + g * group_in) * p.in_h * p.in_w;
       float *y_group = y + (n * p.out_channels + g * group_out) * out_plane;
-      im2col(p, x_group, group_in, col.data());
+      im2col(p, x_group, group_in, col.get());
       sgemm(GemmShape{false, false, group_out, out_plane, patch}, 1.0f, w + g * group_out * patch,
-            patch, col.data(), out_plane, 0.0f, y_group, out_plane);
+            patch, col.get(), out_plane, 0.0f, y_group, out_plane);
     }
     if (bias != nullptr)
       for (int64_t m = 0; m < p.out_channels; ++m) {
@@ -451,7 +488,9 @@ Status conv2d_backward_data_im2col(const Conv2dParams &p, const float *dy, const
   const int64_t out_plane = p.out_h * p.out_w;
   std::fill(dx, dx + p.batch * p.in_channels * p.in_h * p.in_w, 0.0f);
   if (out_plane == 0 || patch == 0) return Status::ok();
-  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  const size_t col_count = static_cast<size_t>(patch * out_plane);
+  std::unique_ptr<float[]> col = zeroed_floats(col_count);
+  if (col == nullptr) return out_of_memory(col_count * sizeof(float), kPatchMatrix);
   for (int64_t n = 0; n < p.batch; ++n)
     for (int64_t g = 0; g < p.group; ++g) {
       const float *dy_group = dy + (n * p.out_channels + g * group_out) * out_plane;
@@ -459,8 +498,8 @@ Status conv2d_backward_data_im2col(const Conv2dParams &p, const float *dy, const
       if (group_out == 0) continue;
       // col = W_g^T dY_g: the gradient of every patch entry, then scattered back.
       sgemm(GemmShape{true, false, patch, out_plane, group_out}, 1.0f, w + g * group_out * patch,
-            patch, dy_group, out_plane, 0.0f, col.data(), out_plane);
-      col2im(p, col.data(), group_in, dx_group);
+            patch, dy_group, out_plane, 0.0f, col.get(), out_plane);
+      col2im(p, col.get(), group_in, dx_group);
     }
   return Status::ok();
 }
@@ -473,13 +512,15 @@ Status conv2d_backward_weights_im2col(const Conv2dParams &p, const float *dy, co
   const int64_t out_plane = p.out_h * p.out_w;
   std::fill(dw, dw + p.out_channels * patch, 0.0f);
   if (out_plane == 0 || patch == 0 || group_out == 0) return Status::ok();
-  std::vector<float> col(static_cast<size_t>(patch * out_plane));
+  const size_t col_count = static_cast<size_t>(patch * out_plane);
+  std::unique_ptr<float[]> col = zeroed_floats(col_count);
+  if (col == nullptr) return out_of_memory(col_count * sizeof(float), kPatchMatrix);
   for (int64_t n = 0; n < p.batch; ++n)
     for (int64_t g = 0; g < p.group; ++g) {
-      im2col(p, x + (n * p.in_channels + g * group_in) * p.in_h * p.in_w, group_in, col.data());
+      im2col(p, x + (n * p.in_channels + g * group_in) * p.in_h * p.in_w, group_in, col.get());
       // dW_g += dY_g col^T, images added in order.
       sgemm(GemmShape{false, true, group_out, patch, out_plane}, 1.0f,
-            dy + (n * p.out_channels + g * group_out) * out_plane, out_plane, col.data(), out_plane,
+            dy + (n * p.out_channels + g * group_out) * out_plane, out_plane, col.get(), out_plane,
             1.0f, dw + g * group_out * patch, patch);
     }
   return Status::ok();

@@ -5,6 +5,7 @@
 #include <memory>
 #include <tuple>
 
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
 #include "ops/matmul_shape.h"
 #include "ops/slice_plan.h"
@@ -17,16 +18,6 @@ namespace {
 
 using ops::ConstTensorView;
 using ops::TensorView;
-
-Status check(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return Status::ok();
-  return internal_error("CUDA ", what, ": ", cudaGetErrorString(error));
-}
-
-Status check_lt(cublasStatus_t status, std::string_view what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return internal_error("cuBLASLt ", what, ": status ", static_cast<int>(status));
-}
 
 Result<Dims> dims_of(llvm::ArrayRef<int64_t> shape) {
   if (shape.size() > static_cast<size_t>(kMaxDims))
@@ -69,8 +60,8 @@ template <Unary kOp> Status unary_op(const CudaKernelContext &c) {
   }
   if constexpr (kOp == Unary::kGeluErf)
     if (c.attrs().get_string("approximate") == "tanh") op = Unary::kGeluTanh;
-  return check(unary(op, in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(), a, b, c.stream),
-               "launch");
+  return cuda_status(
+      unary(op, in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(), a, b, c.stream), "launch");
 }
 
 template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
@@ -79,11 +70,11 @@ template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
     // Integers too: the optimizer's step counter is an i64 Add.
     if ((dtype == DType::kI32 || dtype == DType::kI64) && c.inputs[1].dtype() == dtype) {
       ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
-      return check(binary_int(kOp, c.inputs[0].data, broadcast_strides(c.inputs[0].shape(), shape),
-                              c.inputs[1].data, broadcast_strides(c.inputs[1].shape(), shape),
-                              c.outputs[0].data, shape, static_cast<int>(dtype_size(dtype)),
-                              c.stream),
-                   "launch");
+      return cuda_status(
+          binary_int(kOp, c.inputs[0].data, broadcast_strides(c.inputs[0].shape(), shape),
+                     c.inputs[1].data, broadcast_strides(c.inputs[1].shape(), shape),
+                     c.outputs[0].data, shape, static_cast<int>(dtype_size(dtype)), c.stream),
+          "launch");
     }
   }
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
@@ -98,27 +89,27 @@ template <Binary kOp> Status binary_op(const CudaKernelContext &c) {
     if (c.attrs().get_string("approximate") == "tanh") op = Binary::kGeluTanhGrad;
   if constexpr (kOp == Binary::kPow)
     if (c.inputs[1].num_elements() == 1) op = Binary::kPowScalar;
-  return check(binary(op, in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape), in_f32(c, 1),
-                      broadcast_strides(c.inputs[1].shape(), shape), out_f32(c, 0), shape, a, b,
-                      c.stream),
-               "launch");
+  return cuda_status(binary(op, in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape),
+                            in_f32(c, 1), broadcast_strides(c.inputs[1].shape(), shape),
+                            out_f32(c, 0), shape, a, b, c.stream),
+                     "launch");
 }
 
 // Reshape, Squeeze, Unsqueeze, Flatten, Identity: the bytes as they are.
 Status copy_op(const CudaKernelContext &c) {
   const size_t bytes = static_cast<size_t>(c.outputs[0].type->size_bytes());
   if (bytes == 0 || c.outputs[0].data == c.inputs[0].data) return Status::ok();
-  return check(cudaMemcpyAsync(c.outputs[0].data, c.inputs[0].data, bytes, cudaMemcpyDeviceToDevice,
-                               c.stream),
-               "copy");
+  return cuda_status(cudaMemcpyAsync(c.outputs[0].data, c.inputs[0].data, bytes,
+                                     cudaMemcpyDeviceToDevice, c.stream),
+                     "copy");
 }
 
 Status expand_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
-  return check(broadcast_copy(in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape),
-                              out_f32(c, 0), shape, c.stream),
-               "launch");
+  return cuda_status(broadcast_copy(in_f32(c, 0), broadcast_strides(c.inputs[0].shape(), shape),
+                                    out_f32(c, 0), shape, c.stream),
+                     "launch");
 }
 
 Status transpose_op(const CudaKernelContext &c) {
@@ -131,9 +122,9 @@ Status transpose_op(const CudaKernelContext &c) {
   int p[kMaxDims] = {};
   for (int d = 0; d < rank; ++d)
     p[d] = static_cast<int>(perm[static_cast<size_t>(d)]);
-  return check(transpose(c.inputs[0].data, shape, p, c.outputs[0].data,
-                         static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
-               "launch");
+  return cuda_status(transpose(c.inputs[0].data, shape, p, c.outputs[0].data,
+                               static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
+                     "launch");
 }
 
 // Slice(X) -> Y and SliceGrad(dY) -> dX (zeros with dY where Slice read).
@@ -154,32 +145,34 @@ Result<std::pair<int64_t, Dims>> slice_walk(const CudaKernelContext &c, const Te
 Status slice_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(auto walk, slice_walk(c, *c.inputs[0].type));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
-  return check(strided_copy(c.inputs[0].data, walk.first, walk.second, c.outputs[0].data, shape,
-                            static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
-               "launch");
+  return cuda_status(strided_copy(c.inputs[0].data, walk.first, walk.second, c.outputs[0].data,
+                                  shape, static_cast<int>(dtype_size(c.inputs[0].dtype())),
+                                  c.stream),
+                     "launch");
 }
 
 Status slice_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(auto walk, slice_walk(c, *c.outputs[0].type));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
   RETURN_IF_ERROR(
-      check(cudaMemsetAsync(c.outputs[0].data, 0,
-                            static_cast<size_t>(c.outputs[0].type->size_bytes()), c.stream),
-            "memset"));
-  return check(strided_scatter(c.inputs[0].data, shape, c.outputs[0].data, walk.first, walk.second,
-                               static_cast<int>(dtype_size(c.inputs[0].dtype())), c.stream),
-               "launch");
+      cuda_status(cudaMemsetAsync(c.outputs[0].data, 0,
+                                  static_cast<size_t>(c.outputs[0].type->size_bytes()), c.stream),
+                  "memset"));
+  return cuda_status(strided_scatter(c.inputs[0].data, shape, c.outputs[0].data, walk.first,
+                                     walk.second, static_cast<int>(dtype_size(c.inputs[0].dtype())),
+                                     c.stream),
+                     "launch");
 }
 
 // Where(cond, X, Z): any element type for X and Z.
 Status where_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
-  return check(where(static_cast<const uint8_t *>(c.inputs[0].data),
-                     broadcast_strides(c.inputs[0].shape(), shape), c.inputs[1].data,
-                     broadcast_strides(c.inputs[1].shape(), shape), c.inputs[2].data,
-                     broadcast_strides(c.inputs[2].shape(), shape), c.outputs[0].data, shape,
-                     static_cast<int>(dtype_size(c.outputs[0].dtype())), c.stream),
-               "launch");
+  return cuda_status(where(static_cast<const uint8_t *>(c.inputs[0].data),
+                           broadcast_strides(c.inputs[0].shape(), shape), c.inputs[1].data,
+                           broadcast_strides(c.inputs[1].shape(), shape), c.inputs[2].data,
+                           broadcast_strides(c.inputs[2].shape(), shape), c.outputs[0].data, shape,
+                           static_cast<int>(dtype_size(c.outputs[0].dtype())), c.stream),
+                     "launch");
 }
 
 Result<Elem> elem_of(const CudaKernelContext &c, DType dtype) {
@@ -197,7 +190,7 @@ Result<Elem> elem_of(const CudaKernelContext &c, DType dtype) {
 Status cast_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(Elem from, elem_of(c, c.inputs[0].dtype()));
   ASSIGN_OR_RETURN(Elem to, elem_of(c, c.outputs[0].dtype()));
-  return check(
+  return cuda_status(
       cast(c.inputs[0].data, from, c.outputs[0].data, to, c.inputs[0].num_elements(), c.stream),
       "launch");
 }
@@ -229,16 +222,17 @@ Status copy_rows(void *dst, int64_t dpitch, const void *src, int64_t spitch, int
                  int64_t rows, cudaStream_t stream) {
   constexpr int64_t kMaxPitch = int64_t{1} << 30;
   if (rows > 1 && dpitch < kMaxPitch && spitch < kMaxPitch)
-    return check(cudaMemcpy2DAsync(dst, static_cast<size_t>(dpitch), src,
-                                   static_cast<size_t>(spitch), static_cast<size_t>(width),
-                                   static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
-                 "copy");
+    return cuda_status(cudaMemcpy2DAsync(dst, static_cast<size_t>(dpitch), src,
+                                         static_cast<size_t>(spitch), static_cast<size_t>(width),
+                                         static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                         stream),
+                       "copy");
   for (int64_t r = 0; r < rows; ++r)
     RETURN_IF_ERROR(
-        check(cudaMemcpyAsync(static_cast<std::byte *>(dst) + r * dpitch,
-                              static_cast<const std::byte *>(src) + r * spitch,
-                              static_cast<size_t>(width), cudaMemcpyDeviceToDevice, stream),
-              "copy"));
+        cuda_status(cudaMemcpyAsync(static_cast<std::byte *>(dst) + r * dpitch,
+                                    static_cast<const std::byte *>(src) + r * spitch,
+                                    static_cast<size_t>(width), cudaMemcpyDeviceToDevice, stream),
+                    "copy"));
   return Status::ok();
 }
 
@@ -293,8 +287,8 @@ template <Reduce kOp, bool kMean> Status reduce_op(const CudaKernelContext &c) {
   for (int d = 0; d < shape.rank; ++d)
     if (reduced[d]) folded *= shape.d[d];
   const double divisor = kMean ? static_cast<double>(folded) : 1.0;
-  return check(reduce(kOp, in_f32(c, 0), shape, reduced, divisor, out_f32(c, 0), c.stream),
-               "launch");
+  return cuda_status(reduce(kOp, in_f32(c, 0), shape, reduced, divisor, out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 struct Rows {
@@ -314,16 +308,16 @@ Result<Rows> rows_at_axis(const CudaKernelContext &c, const TensorType &x) {
 template <bool kLog> Status softmax_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
-  return check(softmax(in_f32(c, 0), out_f32(c, 0), r.outer, r.axis, r.inner, kLog, c.stream),
-               "launch");
+  return cuda_status(softmax(in_f32(c, 0), out_f32(c, 0), r.outer, r.axis, r.inner, kLog, c.stream),
+                     "launch");
 }
 
 template <bool kLog> Status softmax_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
-  return check(softmax_grad(in_f32(c, 0), in_f32(c, 1), out_f32(c, 0), r.outer, r.axis, r.inner,
-                            kLog, c.stream),
-               "launch");
+  return cuda_status(softmax_grad(in_f32(c, 0), in_f32(c, 1), out_f32(c, 0), r.outer, r.axis,
+                                  r.inner, kLog, c.stream),
+                     "launch");
 }
 
 // LayerNorm's rows and columns: dims [axis, rank) are one row.
@@ -338,9 +332,9 @@ Result<std::pair<int64_t, int64_t>> norm_rows(const Node &node, const ops::OpDef
 Status layer_norm_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[0].type));
-  return check(layer_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0), rc.first,
-                          rc.second, c.attrs().get_float("epsilon"), c.stream),
-               "launch");
+  return cuda_status(layer_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0), rc.first,
+                                rc.second, c.attrs().get_float("epsilon"), c.stream),
+                     "launch");
 }
 
 int64_t layer_norm_grad_scratch(const Node &node, const ops::OpDef &def,
@@ -352,11 +346,11 @@ int64_t layer_norm_grad_scratch(const Node &node, const ops::OpDef &def,
 Status layer_norm_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   ASSIGN_OR_RETURN(auto rc, norm_rows(c.node, c.def, *c.inputs[1].type));
-  return check(layer_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
-                               out_f32(c, 1), out_f32(c, 2), rc.first, rc.second,
-                               c.attrs().get_float("epsilon"), static_cast<double *>(c.scratch),
-                               c.stream),
-               "launch");
+  return cuda_status(layer_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
+                                     out_f32(c, 1), out_f32(c, 2), rc.first, rc.second,
+                                     c.attrs().get_float("epsilon"),
+                                     static_cast<double *>(c.scratch), c.stream),
+                     "launch");
 }
 
 Result<int> reduction_code(const CudaKernelContext &c) {
@@ -385,10 +379,11 @@ Status cross_entropy_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int reduction, reduction_code(c));
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   const int64_t classes = c.inputs[0].shape().back();
-  return check(cross_entropy(in_f32(c, 0), c.inputs[1].data, bytes, c.inputs[1].num_elements(),
-                             classes, c.attrs().get_int("ignore_index"), reduction,
-                             static_cast<double *>(c.scratch), out_f32(c, 0), c.flag, c.stream),
-               "launch");
+  return cuda_status(
+      cross_entropy(in_f32(c, 0), c.inputs[1].data, bytes, c.inputs[1].num_elements(), classes,
+                    c.attrs().get_int("ignore_index"), reduction, static_cast<double *>(c.scratch),
+                    out_f32(c, 0), c.flag, c.stream),
+      "launch");
 }
 
 int64_t cross_entropy_grad_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
@@ -400,11 +395,11 @@ Status cross_entropy_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int reduction, reduction_code(c));
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 2));
   const int64_t classes = c.inputs[1].shape().back();
-  return check(cross_entropy_grad(in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes,
-                                  c.inputs[2].num_elements(), classes,
-                                  c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0),
-                                  c.flag, static_cast<double *>(c.scratch), c.stream),
-               "launch");
+  return cuda_status(cross_entropy_grad(in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes,
+                                        c.inputs[2].num_elements(), classes,
+                                        c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0),
+                                        c.flag, static_cast<double *>(c.scratch), c.stream),
+                     "launch");
 }
 
 // This device's piece of a table (or logits) split over `parts` members:
@@ -432,10 +427,10 @@ Status gather_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.inputs[0].type));
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, r.axis));
-  return check(gather(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                      c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream, piece.first,
-                      piece.bound),
-               "launch");
+  return cuda_status(gather(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
+                            c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.stream,
+                            piece.first, piece.bound),
+                     "launch");
 }
 
 Status gather_grad_op(const CudaKernelContext &c) {
@@ -443,11 +438,11 @@ Status gather_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   ASSIGN_OR_RETURN(Rows r, rows_at_axis(c, *c.outputs[0].type));
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, r.axis));
-  return check(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
-                           c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch,
-                           static_cast<size_t>(c.scratch_bytes), c.stream, piece.first,
-                           piece.bound),
-               "launch");
+  return cuda_status(gather_grad(in_f32(c, 0), r.outer, r.axis, r.inner, c.inputs[1].data, bytes,
+                                 c.inputs[1].num_elements(), out_f32(c, 0), c.flag, c.scratch,
+                                 static_cast<size_t>(c.scratch_bytes), c.stream, piece.first,
+                                 piece.bound),
+                     "launch");
 }
 
 // Megatron's vocabulary-parallel cross entropy (ops/ops_nn.cc): the statistics
@@ -458,11 +453,11 @@ Status vocab_parallel_stats_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   const int64_t classes = c.inputs[0].shape().back();
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
-  return check(vocab_parallel_stats(in_f32(c, 0), c.inputs[1].data, bytes,
-                                    c.inputs[1].num_elements(), classes, piece.first, piece.bound,
-                                    c.attrs().get_int("ignore_index"), out_f32(c, 0), c.flag,
-                                    c.stream),
-               "launch");
+  return cuda_status(vocab_parallel_stats(in_f32(c, 0), c.inputs[1].data, bytes,
+                                          c.inputs[1].num_elements(), classes, piece.first,
+                                          piece.bound, c.attrs().get_int("ignore_index"),
+                                          out_f32(c, 0), c.flag, c.stream),
+                     "launch");
 }
 
 Status vocab_parallel_cross_entropy_op(const CudaKernelContext &c) {
@@ -471,11 +466,11 @@ Status vocab_parallel_cross_entropy_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 1));
   const int64_t classes = c.inputs[0].shape().back();
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
-  return check(vocab_parallel_cross_entropy(
-                   c.inputs[1].data, bytes, in_f32(c, 2), c.inputs[1].num_elements(), piece.parts,
-                   piece.bound, c.attrs().get_int("ignore_index"), reduction,
-                   static_cast<double *>(c.scratch), out_f32(c, 0), c.flag, c.stream),
-               "launch");
+  return cuda_status(vocab_parallel_cross_entropy(
+                         c.inputs[1].data, bytes, in_f32(c, 2), c.inputs[1].num_elements(),
+                         piece.parts, piece.bound, c.attrs().get_int("ignore_index"), reduction,
+                         static_cast<double *>(c.scratch), out_f32(c, 0), c.flag, c.stream),
+                     "launch");
 }
 
 Status vocab_parallel_cross_entropy_grad_op(const CudaKernelContext &c) {
@@ -484,12 +479,12 @@ Status vocab_parallel_cross_entropy_grad_op(const CudaKernelContext &c) {
   ASSIGN_OR_RETURN(int bytes, index_bytes(c, 2));
   const int64_t classes = c.inputs[1].shape().back();
   ASSIGN_OR_RETURN(Piece piece, split_piece(c, classes));
-  return check(vocab_parallel_cross_entropy_grad(
-                   in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes, in_f32(c, 3),
-                   c.inputs[2].num_elements(), classes, piece.parts, piece.first,
-                   c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0), c.flag,
-                   static_cast<double *>(c.scratch), c.stream),
-               "launch");
+  return cuda_status(vocab_parallel_cross_entropy_grad(
+                         in_f32(c, 0), in_f32(c, 1), c.inputs[2].data, bytes, in_f32(c, 3),
+                         c.inputs[2].num_elements(), classes, piece.parts, piece.first,
+                         c.attrs().get_int("ignore_index"), reduction, out_f32(c, 0), c.flag,
+                         static_cast<double *>(c.scratch), c.stream),
+                     "launch");
 }
 
 // The radix sort's room when nothing precedes the indexed axis (an embedding
@@ -549,7 +544,7 @@ template <bool kMax> Status pool_op(const CudaKernelContext &c) {
   std::string mismatch;
   ASSIGN_OR_RETURN(Window w, pool_window(c, c.inputs[0].shape(), c.outputs[0].shape(), &mismatch));
   if (through_cudnn(c, mismatch)) return cudnn_pool(c, kMax, w);
-  return check(pool(kMax, w, in_f32(c, 0), out_f32(c, 0), c.stream), "launch");
+  return cuda_status(pool(kMax, w, in_f32(c, 0), out_f32(c, 0), c.stream), "launch");
 }
 
 // cuDNN's max-pooling gradient needs Y, which MaxPool2dGrad recomputes.
@@ -563,7 +558,7 @@ template <bool kMax> Status pool_grad_op(const CudaKernelContext &c) {
   std::string mismatch;
   ASSIGN_OR_RETURN(Window w, pool_window(c, c.outputs[0].shape(), c.inputs[0].shape(), &mismatch));
   if (through_cudnn(c, mismatch)) return cudnn_pool_grad(c, kMax, w);
-  return check(
+  return cuda_status(
       pool_grad(kMax, w, in_f32(c, 0), kMax ? in_f32(c, 1) : nullptr, out_f32(c, 0), c.stream),
       "launch");
 }
@@ -572,20 +567,21 @@ Status global_average_pool_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   ASSIGN_OR_RETURN(Dims shape, dims_of(c.inputs[0].shape()));
   if (shape.d[2] * shape.d[3] == 0) // empty planes average to 0, as on the CPU
-    return check(cudaMemsetAsync(c.outputs[0].data, 0,
-                                 static_cast<size_t>(c.outputs[0].type->size_bytes()), c.stream),
-                 "memset");
+    return cuda_status(cudaMemsetAsync(c.outputs[0].data, 0,
+                                       static_cast<size_t>(c.outputs[0].type->size_bytes()),
+                                       c.stream),
+                       "memset");
   const bool reduced[kMaxDims] = {false, false, true, true};
-  return check(reduce(Reduce::kSum, in_f32(c, 0), shape, reduced,
-                      static_cast<double>(shape.d[2] * shape.d[3]), out_f32(c, 0), c.stream),
-               "launch");
+  return cuda_status(reduce(Reduce::kSum, in_f32(c, 0), shape, reduced,
+                            static_cast<double>(shape.d[2] * shape.d[3]), out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 Status global_average_pool_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   const auto x = c.outputs[0].shape();
-  return check(spread_mean(in_f32(c, 0), out_f32(c, 0), x[0] * x[1], x[2] * x[3], c.stream),
-               "launch");
+  return cuda_status(spread_mean(in_f32(c, 0), out_f32(c, 0), x[0] * x[1], x[2] * x[3], c.stream),
+                     "launch");
 }
 
 // Dropout(X[, step]): the identity outside training.
@@ -601,11 +597,11 @@ Status dropout_op(const CudaKernelContext &c) {
   if (has_step) {
     ASSIGN_OR_RETURN(step_bytes, index_bytes(c, 1));
   }
-  return check(dropout(in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(),
-                       static_cast<uint64_t>(attrs.get_int("seed")),
-                       has_step ? c.inputs[1].data : nullptr, step_bytes, threshold, scale,
-                       c.stream),
-               "launch");
+  return cuda_status(dropout(in_f32(c, 0), out_f32(c, 0), c.inputs[0].num_elements(),
+                             static_cast<uint64_t>(attrs.get_int("seed")),
+                             has_step ? c.inputs[1].data : nullptr, step_bytes, threshold, scale,
+                             c.stream),
+                     "launch");
 }
 
 Status reduce_max_grad_op(const CudaKernelContext &c) {
@@ -620,8 +616,9 @@ Status reduce_max_grad_op(const CudaKernelContext &c) {
     ASSIGN_OR_RETURN(int64_t d, ops::normalize_axis(axis, x.rank(), "axes"));
     reduced[d] = true;
   }
-  return check(reduce_max_grad(in_f32(c, 0), in_f32(c, 1), shape, reduced, out_f32(c, 0), c.stream),
-               "launch");
+  return cuda_status(
+      reduce_max_grad(in_f32(c, 0), in_f32(c, 1), shape, reduced, out_f32(c, 0), c.stream),
+      "launch");
 }
 
 int64_t mse_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
@@ -631,18 +628,19 @@ int64_t mse_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>
 Status mse_loss_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1}));
   ASSIGN_OR_RETURN(int reduction, reduction_code(c));
-  return check(mse_loss(in_f32(c, 0), in_f32(c, 1), c.inputs[0].num_elements(), reduction,
-                        static_cast<double *>(c.scratch), out_f32(c, 0), c.stream),
-               "launch");
+  return cuda_status(mse_loss(in_f32(c, 0), in_f32(c, 1), c.inputs[0].num_elements(), reduction,
+                              static_cast<double *>(c.scratch), out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 // MseLossGrad(dLoss, P, T) -> dP, dT.
 Status mse_loss_grad_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0, 1, 2}));
   ASSIGN_OR_RETURN(int reduction, reduction_code(c));
-  return check(mse_loss_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), c.inputs[1].num_elements(),
-                             reduction, out_f32(c, 0), out_f32(c, 1), c.stream),
-               "launch");
+  return cuda_status(mse_loss_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2),
+                                   c.inputs[1].num_elements(), reduction, out_f32(c, 0),
+                                   out_f32(c, 1), c.stream),
+                     "launch");
 }
 
 // ---- batch norm ------------------------------------------------------------------------
@@ -659,17 +657,18 @@ Status batch_norm_op(const CudaKernelContext &c) {
   const bool training = c.attrs().get_int("training") != 0;
   if (through_cudnn(c, ops::cudnn_batch_norm_mismatch(batch, channels, inner, epsilon, training)))
     return cudnn_batch_norm(c, batch, channels, inner, epsilon, training);
-  return check(batch_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
-                          out_f32(c, 0), batch, channels, inner, epsilon, training, c.stream),
-               "launch");
+  return cuda_status(batch_norm(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3),
+                                in_f32(c, 4), out_f32(c, 0), batch, channels, inner, epsilon,
+                                training, c.stream),
+                     "launch");
 }
 
 Status batch_norm_stats_op(const CudaKernelContext &c) {
   RETURN_IF_ERROR(expect_f32(c, {0}));
   const auto [batch, channels, inner] = channel_dims(c.inputs[0].shape());
-  return check(batch_norm_stats(in_f32(c, 0), out_f32(c, 0), out_f32(c, 1), batch, channels, inner,
-                                c.stream),
-               "launch");
+  return cuda_status(batch_norm_stats(in_f32(c, 0), out_f32(c, 0), out_f32(c, 1), batch, channels,
+                                      inner, c.stream),
+                     "launch");
 }
 
 // BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dBias.
@@ -679,10 +678,10 @@ Status batch_norm_grad_op(const CudaKernelContext &c) {
   const double epsilon = c.attrs().get_float("epsilon");
   if (through_cudnn(c, ops::cudnn_batch_norm_mismatch(batch, channels, inner, epsilon, true)))
     return cudnn_batch_norm_grad(c, batch, channels, inner, epsilon);
-  return check(batch_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
-                               out_f32(c, 1), out_f32(c, 2), batch, channels, inner, epsilon,
-                               c.stream),
-               "launch");
+  return cuda_status(batch_norm_grad(in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), out_f32(c, 0),
+                                     out_f32(c, 1), out_f32(c, 2), batch, channels, inner, epsilon,
+                                     c.stream),
+                     "launch");
 }
 
 // ---- gradient norms --------------------------------------------------------------------
@@ -697,13 +696,13 @@ template <bool kPair> Status norm_op(const CudaKernelContext &c) {
     RETURN_IF_ERROR(expect_f32(c, {k}));
   auto *partials = static_cast<double *>(c.scratch);
   for (size_t k = 0; k < c.inputs.size(); ++k)
-    RETURN_IF_ERROR(check(sum_squares_partials(in_f32(c, k), c.inputs[k].num_elements(),
-                                               partials + k * kNormBlocks, c.stream),
-                          "launch"));
+    RETURN_IF_ERROR(cuda_status(sum_squares_partials(in_f32(c, k), c.inputs[k].num_elements(),
+                                                     partials + k * kNormBlocks, c.stream),
+                                "launch"));
   const double max_norm = kPair ? 0.0 : c.attrs().get_float("max_norm");
-  return check(finish_norm(partials, static_cast<int64_t>(c.inputs.size()), kPair, max_norm,
-                           out_f32(c, 0), c.stream),
-               "launch");
+  return cuda_status(finish_norm(partials, static_cast<int64_t>(c.inputs.size()), kPair, max_norm,
+                                 out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 int64_t norm_scale_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<TensorType>) {
@@ -714,11 +713,11 @@ int64_t norm_scale_scratch(const Node &, const ops::OpDef &, llvm::ArrayRef<Tens
 Status norm_scale_op(const CudaKernelContext &c) {
   auto *acc = static_cast<double *>(c.scratch);
   for (size_t k = 0; k < c.inputs.size(); ++k)
-    RETURN_IF_ERROR(check(add_pair(in_f32(c, k), k == 0, acc, c.stream), "launch"));
+    RETURN_IF_ERROR(cuda_status(add_pair(in_f32(c, k), k == 0, acc, c.stream), "launch"));
   if (c.inputs.empty())
-    RETURN_IF_ERROR(check(cudaMemsetAsync(acc, 0, sizeof(double), c.stream), "memset"));
-  return check(finish_pairs(acc, c.attrs().get_float("max_norm"), out_f32(c, 0), c.stream),
-               "launch");
+    RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc, 0, sizeof(double), c.stream), "memset"));
+  return cuda_status(finish_pairs(acc, c.attrs().get_float("max_norm"), out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 // ---- optimizer ---------------------------------------------------------------------
@@ -731,7 +730,8 @@ Status learning_rate_op(const CudaKernelContext &c) {
   s.cosine = attrs.get_string("schedule") == "cosine";
   s.warmup = attrs.get_int("warmup_steps");
   s.total = attrs.get_int("total_steps");
-  return check(learning_rate(s, c.inputs[0].as<int64_t>(), out_f32(c, 0), c.stream), "launch");
+  return cuda_status(learning_rate(s, c.inputs[0].as<int64_t>(), out_f32(c, 0), c.stream),
+                     "launch");
 }
 
 Status sgd_op(const CudaKernelContext &c) {
@@ -743,10 +743,11 @@ Status sgd_op(const CudaKernelContext &c) {
   p.keep = static_cast<float>(1.0 - attrs.get_float("dampening"));
   p.nesterov = attrs.get_int("nesterov") != 0;
   const bool has_buffer = c.inputs.size() >= 4;
-  return check(sgd(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), has_buffer ? in_f32(c, 3) : nullptr,
-                   c.inputs.size() >= 5 ? c.inputs[4].as<int64_t>() : nullptr, out_f32(c, 0),
-                   has_buffer ? out_f32(c, 1) : nullptr, c.inputs[0].num_elements(), c.stream),
-               "launch");
+  return cuda_status(
+      sgd(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), has_buffer ? in_f32(c, 3) : nullptr,
+          c.inputs.size() >= 5 ? c.inputs[4].as<int64_t>() : nullptr, out_f32(c, 0),
+          has_buffer ? out_f32(c, 1) : nullptr, c.inputs[0].num_elements(), c.stream),
+      "launch");
 }
 
 Status adam_op(const CudaKernelContext &c) {
@@ -758,10 +759,10 @@ Status adam_op(const CudaKernelContext &c) {
   p.epsilon = attrs.get_float("epsilon");
   p.weight_decay = attrs.get_float("weight_decay");
   p.decoupled = attrs.get_int("decoupled") != 0;
-  return check(adam(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
-                    c.inputs[5].as<int64_t>(), out_f32(c, 0), out_f32(c, 1), out_f32(c, 2),
-                    c.inputs[0].num_elements(), c.flag, c.stream),
-               "launch");
+  return cuda_status(adam(p, in_f32(c, 0), in_f32(c, 1), in_f32(c, 2), in_f32(c, 3), in_f32(c, 4),
+                          c.inputs[5].as<int64_t>(), out_f32(c, 0), out_f32(c, 1), out_f32(c, 2),
+                          c.inputs[0].num_elements(), c.flag, c.stream),
+                     "launch");
 }
 
 // ---- GEMMs ---------------------------------------------------------------------------
@@ -797,18 +798,20 @@ struct LtObjects {
 
 Status layout(cublasLtMatrixLayout_t *layout, cudaDataType_t type, uint64_t rows, uint64_t cols,
               int64_t ld, int64_t batch, int64_t stride) {
-  RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutCreate(layout, type, rows, cols, ld), "layout"));
+  RETURN_IF_ERROR(
+      cublas_status(cublasLtMatrixLayoutCreate(layout, type, rows, cols, ld), "layout"));
   if (batch > 1) {
     if (batch > INT32_MAX)
       return unimplemented("a batch of ", batch, " matrices is beyond cuBLASLt's 32-bit count");
     const int32_t count = static_cast<int32_t>(batch);
-    RETURN_IF_ERROR(check_lt(cublasLtMatrixLayoutSetAttribute(
-                                 *layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
-                             "batch count"));
     RETURN_IF_ERROR(
-        check_lt(cublasLtMatrixLayoutSetAttribute(
-                     *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
-                 "batch stride"));
+        cublas_status(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                       &count, sizeof count),
+                      "batch count"));
+    RETURN_IF_ERROR(cublas_status(
+        cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                         &stride, sizeof stride),
+        "batch stride"));
   }
   return Status::ok();
 }
@@ -839,22 +842,24 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   const bool half = p.bf16 || p.f16;
   const cublasComputeType_t compute =
       c.tf32 && !half ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
+  RETURN_IF_ERROR(
+      cublas_status(cublasLtMatmulDescCreate(&lt.desc, compute, CUDA_R_32F), "descriptor"));
   if (p.scalars != nullptr) {
     const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
-    RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(
-                                 lt.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode),
-                             "pointer mode"));
+    RETURN_IF_ERROR(
+        cublas_status(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                                                     &mode, sizeof mode),
+                      "pointer mode"));
   }
   // cuBLASLt's first operand is B, its second A.
   const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                          &op_first, sizeof op_first),
-                           "transa"));
-  RETURN_IF_ERROR(check_lt(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                          &op_second, sizeof op_second),
-                           "transb"));
+  RETURN_IF_ERROR(cublas_status(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                               &op_first, sizeof op_first),
+                                "transa"));
+  RETURN_IF_ERROR(cublas_status(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                               &op_second, sizeof op_second),
+                                "transb"));
   // B row-major [K, N] is column-major [N, K] (ld N); transposed, [K, N] (ld K).
   const uint64_t m = static_cast<uint64_t>(p.m), n = static_cast<uint64_t>(p.n),
                  k = static_cast<uint64_t>(p.k);
@@ -866,9 +871,9 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
   RETURN_IF_ERROR(p.trans_a ? layout(&lt.b, in, m, k, p.m, p.batch, p.stride_a)
                             : layout(&lt.b, in, k, m, p.k, p.batch, p.stride_a));
   RETURN_IF_ERROR(layout(&lt.d, CUDA_R_32F, n, m, p.n, p.batch, p.stride_d));
-  RETURN_IF_ERROR(check_lt(cublasLtMatmulPreferenceCreate(&lt.preference), "preference"));
+  RETURN_IF_ERROR(cublas_status(cublasLtMatmulPreferenceCreate(&lt.preference), "preference"));
   const uint64_t workspace = c.workspace_bytes;
-  RETURN_IF_ERROR(check_lt(
+  RETURN_IF_ERROR(cublas_status(
       cublasLtMatmulPreferenceSetAttribute(lt.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace, sizeof workspace),
       "workspace"));
@@ -882,14 +887,14 @@ Result<std::shared_ptr<LtPlan>> plan_product(const CudaKernelContext &c, const P
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(d, p.batch > 1 ? p.stride_d : 0)}};
   for (const auto &[attribute, bytes] : alignments)
-    RETURN_IF_ERROR(check_lt(
+    RETURN_IF_ERROR(cublas_status(
         cublasLtMatmulPreferenceSetAttribute(lt.preference, attribute, &bytes, sizeof bytes),
         "alignment"));
   int found = 0;
   RETURN_IF_ERROR(
-      check_lt(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d, lt.preference,
-                                              1, &plan->heuristic, &found),
-               "heuristic"));
+      cublas_status(cublasLtMatmulAlgoGetHeuristic(c.lt, lt.desc, lt.a, lt.b, lt.d, lt.d,
+                                                   lt.preference, 1, &plan->heuristic, &found),
+                    "heuristic"));
   if (found == 0)
     return unimplemented("cuBLASLt has no algorithm for this ", p.m, "x", p.n, "x", p.k,
                          " product (batch ", p.batch, ")");
@@ -904,9 +909,9 @@ Status run_product(const CudaKernelContext &c, const Product &p, const void *a, 
     // An empty sum: D = beta * D (zeros without C), which cuBLASLt will not do.
     const int64_t n = p.batch * p.m * p.n;
     if (p.beta == 0.0f)
-      return check(cudaMemsetAsync(d, 0, static_cast<size_t>(n) * sizeof(float), c.stream),
-                   "memset");
-    return check(unary(Unary::kScale, d, d, n, p.beta, 0.0f, c.stream), "launch");
+      return cuda_status(cudaMemsetAsync(d, 0, static_cast<size_t>(n) * sizeof(float), c.stream),
+                         "memset");
+    return cuda_status(unary(Unary::kScale, d, d, n, p.beta, 0.0f, c.stream), "launch");
   }
   std::shared_ptr<LtPlan> plan;
   if (cache != nullptr && *cache != nullptr) {
@@ -920,14 +925,15 @@ Status run_product(const CudaKernelContext &c, const Product &p, const void *a, 
     // beta is read on the device: D (also C) must hold no NaN from its
     // bytes' earlier use, which 0 x NaN would keep.
     const int64_t elements = (p.batch - 1) * p.stride_d + p.m * p.n;
-    RETURN_IF_ERROR(check(
+    RETURN_IF_ERROR(cuda_status(
         cudaMemsetAsync(d, 0, static_cast<size_t>(elements) * sizeof(float), c.stream), "memset"));
   }
   const float *alpha = p.scalars != nullptr ? p.scalars : &p.alpha;
   const float *beta = p.scalars != nullptr ? p.scalars + 1 : &p.beta;
-  return check_lt(cublasLtMatmul(c.lt, lt.desc, alpha, b, lt.a, a, lt.b, beta, d, lt.d, d, lt.d,
-                                 &plan->heuristic.algo, c.workspace, c.workspace_bytes, c.stream),
-                  "matmul");
+  return cublas_status(cublasLtMatmul(c.lt, lt.desc, alpha, b, lt.a, a, lt.b, beta, d, lt.d, d,
+                                      lt.d, &plan->heuristic.algo, c.workspace, c.workspace_bytes,
+                                      c.stream),
+                       "matmul");
 }
 
 // A product's operands (inputs 0 and 1) as the GEMM reads them: the f32
@@ -952,19 +958,22 @@ Result<Operands> gemm_operands(const CudaKernelContext &c, Product &p) {
   auto *a = static_cast<std::byte *>(c.half), *b = a + half_bytes(a_elements);
   auto *a16 = reinterpret_cast<uint16_t *>(a), *b16 = reinterpret_cast<uint16_t *>(b);
   if (!c.f16) {
-    RETURN_IF_ERROR(check(to_bf16(in_f32(c, 0), a16, a_elements, c.stream), "launch"));
-    RETURN_IF_ERROR(check(to_bf16(in_f32(c, 1), b16, b_elements, c.stream), "launch"));
+    RETURN_IF_ERROR(cuda_status(to_bf16(in_f32(c, 0), a16, a_elements, c.stream), "launch"));
+    RETURN_IF_ERROR(cuda_status(to_bf16(in_f32(c, 1), b16, b_elements, c.stream), "launch"));
     p.bf16 = true;
     return Operands{a, b, 2};
   }
   auto *amax = reinterpret_cast<unsigned *>(b + half_bytes(b_elements));
   auto *scalars = reinterpret_cast<float *>(amax + 2);
-  RETURN_IF_ERROR(check(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), c.stream), "memset"));
-  RETURN_IF_ERROR(check(f16_amax(in_f32(c, 0), a_elements, amax, c.stream), "launch"));
-  RETURN_IF_ERROR(check(f16_amax(in_f32(c, 1), b_elements, amax + 1, c.stream), "launch"));
-  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 0), a16, a_elements, amax, 0, c.stream), "launch"));
-  RETURN_IF_ERROR(check(to_f16_scaled(in_f32(c, 1), b16, b_elements, amax, 1, c.stream), "launch"));
-  RETURN_IF_ERROR(check(f16_gemm_scalars(amax, p.alpha, p.beta, scalars, c.stream), "launch"));
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(amax, 0, 2 * sizeof(unsigned), c.stream), "memset"));
+  RETURN_IF_ERROR(cuda_status(f16_amax(in_f32(c, 0), a_elements, amax, c.stream), "launch"));
+  RETURN_IF_ERROR(cuda_status(f16_amax(in_f32(c, 1), b_elements, amax + 1, c.stream), "launch"));
+  RETURN_IF_ERROR(
+      cuda_status(to_f16_scaled(in_f32(c, 0), a16, a_elements, amax, 0, c.stream), "launch"));
+  RETURN_IF_ERROR(
+      cuda_status(to_f16_scaled(in_f32(c, 1), b16, b_elements, amax, 1, c.stream), "launch"));
+  RETURN_IF_ERROR(
+      cuda_status(f16_gemm_scalars(amax, p.alpha, p.beta, scalars, c.stream), "launch"));
   p.f16 = true;
   p.scalars = scalars;
   return Operands{a, b, 2};
@@ -1042,9 +1051,9 @@ Status gemm_op(const CudaKernelContext &c) {
     RETURN_IF_ERROR(expect_f32(c, {2}));
     ASSIGN_OR_RETURN(Dims shape, dims_of(c.outputs[0].shape()));
     RETURN_IF_ERROR(
-        check(broadcast_copy(in_f32(c, 2), broadcast_strides(c.inputs[2].shape(), shape), d, shape,
-                             c.stream),
-              "launch"));
+        cuda_status(broadcast_copy(in_f32(c, 2), broadcast_strides(c.inputs[2].shape(), shape), d,
+                                   shape, c.stream),
+                    "launch"));
   } else {
     p.beta = 0.0f;
   }

@@ -100,10 +100,14 @@ std::vector<std::string_view> cuda_op_names();
 
 // The ops that need cuDNN (convolutions; none in a build without it).
 std::vector<CudaOp> cudnn_ops();
-// A cuDNN handle bound to `stream`, or null with `error` set (no cuDNN in the
-// build, or cuDNN could not start); destroy_cudnn(null) does nothing.
-void *create_cudnn(cudaStream_t stream, std::string *error);
+// A cuDNN handle bound to `stream`, or why there is none: failed_precondition
+// without cuDNN in the build, else cuDNN's reason as cuda_status.h maps it
+// (out of memory, cuDNN unusable on this machine). destroy_cudnn(null) does
+// nothing.
+Result<void *> start_cudnn(cudaStream_t stream);
 void destroy_cudnn(void *handle);
+// start_cudnn's handle, or null with `error` set to its error's message.
+void *create_cudnn(cudaStream_t stream, std::string *error);
 
 // The ops that take cuDNN when there is a handle and it fits the node
 // (pooling and batch norm), else strata's kernels; none without cuDNN.

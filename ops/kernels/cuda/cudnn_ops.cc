@@ -15,6 +15,8 @@
 #if STRATA_HAVE_CUDNN
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <cudnn.h>
+
+#include "ops/kernels/cuda/cuda_status.h"
 #endif
 
 namespace strata::cuda {
@@ -34,20 +36,14 @@ Status cudnn_batch_norm(const CudaKernelContext &c, int64_t, int64_t, int64_t, d
 Status cudnn_batch_norm_grad(const CudaKernelContext &c, int64_t, int64_t, int64_t, double) {
   return failed_precondition(c.def.name, ": this strata was built without cuDNN");
 }
-void *create_cudnn(cudaStream_t, std::string *error) {
-  *error = "this strata was built without cuDNN";
-  return nullptr;
+Result<void *> start_cudnn(cudaStream_t) {
+  return failed_precondition("this strata was built without cuDNN");
 }
 void destroy_cudnn(void *) {}
 
 #else
 
 namespace {
-
-Status check_dnn(cudnnStatus_t status, std::string_view what) {
-  if (status == CUDNN_STATUS_SUCCESS) return Status::ok();
-  return internal_error("cuDNN ", what, ": ", cudnnGetErrorString(status));
-}
 
 // The descriptors of one convolution; destroyed with it.
 struct Convolution {
@@ -65,8 +61,8 @@ struct Convolution {
 };
 
 Status tensor4d(cudnnTensorDescriptor_t *desc, llvm::ArrayRef<int64_t> shape) {
-  RETURN_IF_ERROR(check_dnn(cudnnCreateTensorDescriptor(desc), "tensor descriptor"));
-  return check_dnn(
+  RETURN_IF_ERROR(cudnn_status(cudnnCreateTensorDescriptor(desc), "tensor descriptor"));
+  return cudnn_status(
       cudnnSetTensor4dDescriptor(*desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                  static_cast<int>(shape[0]), static_cast<int>(shape[1]),
                                  static_cast<int>(shape[2]), static_cast<int>(shape[3])),
@@ -94,24 +90,24 @@ Status describe(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x, llvm::Arr
                              " is too large for cuDNN's 32-bit descriptors");
   RETURN_IF_ERROR(tensor4d(&conv->x, x));
   RETURN_IF_ERROR(tensor4d(&conv->y, y));
-  RETURN_IF_ERROR(check_dnn(cudnnCreateFilterDescriptor(&conv->w), "filter descriptor"));
+  RETURN_IF_ERROR(cudnn_status(cudnnCreateFilterDescriptor(&conv->w), "filter descriptor"));
   RETURN_IF_ERROR(
-      check_dnn(cudnnSetFilter4dDescriptor(conv->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                           static_cast<int>(w[0]), static_cast<int>(w[1]),
-                                           static_cast<int>(w[2]), static_cast<int>(w[3])),
-                "filter descriptor"));
+      cudnn_status(cudnnSetFilter4dDescriptor(conv->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                              static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                              static_cast<int>(w[2]), static_cast<int>(w[3])),
+                   "filter descriptor"));
   RETURN_IF_ERROR(
-      check_dnn(cudnnCreateConvolutionDescriptor(&conv->conv), "convolution descriptor"));
-  RETURN_IF_ERROR(check_dnn(cudnnSetConvolution2dDescriptor(
-                                conv->conv, static_cast<int>(pads[0]), static_cast<int>(pads[1]),
-                                static_cast<int>(strides[0]), static_cast<int>(strides[1]),
-                                static_cast<int>(dilations[0]), static_cast<int>(dilations[1]),
-                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-                            "convolution descriptor"));
-  RETURN_IF_ERROR(
-      check_dnn(cudnnSetConvolutionGroupCount(conv->conv, static_cast<int>(group)), "group count"));
+      cudnn_status(cudnnCreateConvolutionDescriptor(&conv->conv), "convolution descriptor"));
+  RETURN_IF_ERROR(cudnn_status(cudnnSetConvolution2dDescriptor(
+                                   conv->conv, static_cast<int>(pads[0]), static_cast<int>(pads[1]),
+                                   static_cast<int>(strides[0]), static_cast<int>(strides[1]),
+                                   static_cast<int>(dilations[0]), static_cast<int>(dilations[1]),
+                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                               "convolution descriptor"));
+  RETURN_IF_ERROR(cudnn_status(cudnnSetConvolutionGroupCount(conv->conv, static_cast<int>(group)),
+                               "group count"));
   conv->math = c.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  return check_dnn(cudnnSetConvolutionMathType(conv->conv, conv->math), "math type");
+  return cudnn_status(cudnnSetConvolutionMathType(conv->conv, conv->math), "math type");
 }
 
 // The first (fastest by cuDNN's heuristics) usable algorithm of `perf`:
@@ -156,11 +152,11 @@ auto plan_conv(const CudaKernelContext &c, llvm::ArrayRef<int64_t> x, llvm::Arra
   RETURN_IF_ERROR(describe(c, x, w, y, &plan->conv));
   Perf perf[kAlgorithms];
   int found = 0;
-  RETURN_IF_ERROR(check_dnn(query(plan->conv, perf, &found), "algorithm"));
+  RETURN_IF_ERROR(cudnn_status(query(plan->conv, perf, &found), "algorithm"));
   ASSIGN_OR_RETURN(Perf chosen, pick(c, perf, found, c.tf32));
   if (c.tf32)
     RETURN_IF_ERROR(
-        check_dnn(cudnnSetConvolutionMathType(plan->conv.conv, chosen.mathType), "math type"));
+        cudnn_status(cudnnSetConvolutionMathType(plan->conv.conv, chosen.mathType), "math type"));
   plan->algo = chosen.algo;
   if (c.cache != nullptr) *c.cache = plan;
   return plan;
@@ -179,16 +175,16 @@ Status conv_op(const CudaKernelContext &c) {
   Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
   RETURN_IF_ERROR(
-      check_dnn(cudnnConvolutionForward(handle, &one, conv.x, c.inputs[0].data, conv.w,
-                                        c.inputs[1].data, conv.conv, plan->algo, c.workspace,
-                                        c.workspace_bytes, &zero, conv.y, c.outputs[0].data),
-                "convolution"));
+      cudnn_status(cudnnConvolutionForward(handle, &one, conv.x, c.inputs[0].data, conv.w,
+                                           c.inputs[1].data, conv.conv, plan->algo, c.workspace,
+                                           c.workspace_bytes, &zero, conv.y, c.outputs[0].data),
+                   "convolution"));
   if (c.inputs.size() < 3) return Status::ok();
   if (conv.bias == nullptr) {
     const int64_t bias_shape[4] = {1, c.outputs[0].shape()[1], 1, 1};
     RETURN_IF_ERROR(tensor4d(&conv.bias, bias_shape));
   }
-  return check_dnn(
+  return cudnn_status(
       cudnnAddTensor(handle, &one, conv.bias, c.inputs[2].data, &one, conv.y, c.outputs[0].data),
       "bias");
 }
@@ -206,11 +202,11 @@ Status conv_grad_input_op(const CudaKernelContext &c) {
                                   }));
   const Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
-  return check_dnn(cudnnConvolutionBackwardData(handle, &one, conv.w, c.inputs[1].data, conv.y,
-                                                c.inputs[0].data, conv.conv, plan->algo,
-                                                c.workspace, c.workspace_bytes, &zero, conv.x,
-                                                c.outputs[0].data),
-                   "backward data");
+  return cudnn_status(cudnnConvolutionBackwardData(handle, &one, conv.w, c.inputs[1].data, conv.y,
+                                                   c.inputs[0].data, conv.conv, plan->algo,
+                                                   c.workspace, c.workspace_bytes, &zero, conv.x,
+                                                   c.outputs[0].data),
+                      "backward data");
 }
 
 // Conv2dGradWeight(dY, X) -> dW.
@@ -226,11 +222,11 @@ Status conv_grad_weight_op(const CudaKernelContext &c) {
                                   }));
   const Convolution &conv = plan->conv;
   const float one = 1.0f, zero = 0.0f;
-  return check_dnn(cudnnConvolutionBackwardFilter(handle, &one, conv.x, c.inputs[1].data, conv.y,
-                                                  c.inputs[0].data, conv.conv, plan->algo,
-                                                  c.workspace, c.workspace_bytes, &zero, conv.w,
-                                                  c.outputs[0].data),
-                   "backward filter");
+  return cudnn_status(cudnnConvolutionBackwardFilter(handle, &one, conv.x, c.inputs[1].data, conv.y,
+                                                     c.inputs[0].data, conv.conv, plan->algo,
+                                                     c.workspace, c.workspace_bytes, &zero, conv.w,
+                                                     c.outputs[0].data),
+                      "backward filter");
 }
 
 // ---- pooling and batch norm ---------------------------------------------------------
@@ -253,21 +249,21 @@ Result<std::shared_ptr<PoolPlan>> plan_pool(const CudaKernelContext &c, bool max
   auto plan = std::make_shared<PoolPlan>();
   RETURN_IF_ERROR(tensor4d(&plan->x, x));
   RETURN_IF_ERROR(tensor4d(&plan->y, y));
-  RETURN_IF_ERROR(check_dnn(cudnnCreatePoolingDescriptor(&plan->pool), "pooling descriptor"));
+  RETURN_IF_ERROR(cudnn_status(cudnnCreatePoolingDescriptor(&plan->pool), "pooling descriptor"));
   // Max: padding never wins and NaN propagates, as in strata's kernels; the
   // deterministic mode keeps a replayed step bitwise equal to an eager one.
   // Average: the divisor counts padding only with count_include_pad.
   const cudnnPoolingMode_t mode = max             ? CUDNN_POOLING_MAX_DETERMINISTIC
                                   : w.include_pad ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
                                                   : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-  RETURN_IF_ERROR(check_dnn(
+  RETURN_IF_ERROR(cudnn_status(
       cudnnSetPooling2dDescriptor(plan->pool, mode, CUDNN_PROPAGATE_NAN,
                                   static_cast<int>(w.kernel_h), static_cast<int>(w.kernel_w),
                                   static_cast<int>(w.pad_top), static_cast<int>(w.pad_left),
                                   static_cast<int>(w.stride_h), static_cast<int>(w.stride_w)),
       "pooling descriptor"));
   int n = 0, channels = 0, out_h = 0, out_w = 0;
-  RETURN_IF_ERROR(check_dnn(
+  RETURN_IF_ERROR(cudnn_status(
       cudnnGetPooling2dForwardOutputDim(plan->pool, plan->x, &n, &channels, &out_h, &out_w),
       "pooling output size"));
   if (out_h != w.out_h || out_w != w.out_w)
@@ -305,9 +301,9 @@ Status cudnn_pool(const CudaKernelContext &c, bool max, const Window &w) {
   auto handle = static_cast<cudnnHandle_t>(c.cudnn);
   ASSIGN_OR_RETURN(auto plan, plan_pool(c, max, w, c.inputs[0].shape(), c.outputs[0].shape()));
   const float one = 1.0f, zero = 0.0f;
-  return check_dnn(cudnnPoolingForward(handle, plan->pool, &one, plan->x, c.inputs[0].data, &zero,
-                                       plan->y, c.outputs[0].data),
-                   "pooling");
+  return cudnn_status(cudnnPoolingForward(handle, plan->pool, &one, plan->x, c.inputs[0].data,
+                                          &zero, plan->y, c.outputs[0].data),
+                      "pooling");
 }
 
 // MaxPool2dGrad(dY, X) and AveragePool2dGrad(dY) -> dX.
@@ -320,18 +316,18 @@ Status cudnn_pool_grad(const CudaKernelContext &c, bool max, const Window &w) {
   // Average pooling's gradient does not depend on Y or X, but cuDNN takes
   // them (TensorFlow's AvgPoolGrad passes unset buffers): dY and dX stand in.
   if (!max)
-    return check_dnn(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, dy, plan->y, dy,
-                                          plan->x, dx, &zero, plan->x, dx),
-                     "pooling gradient");
+    return cudnn_status(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, dy, plan->y, dy,
+                                             plan->x, dx, &zero, plan->x, dx),
+                        "pooling gradient");
   if (c.scratch == nullptr || c.scratch_bytes < c.inputs[0].type->size_bytes())
     return internal_error(c.def.name, ": no room in its scratch for the recomputed output");
   const void *x = c.inputs[1].data;
-  RETURN_IF_ERROR(check_dnn(
+  RETURN_IF_ERROR(cudnn_status(
       cudnnPoolingForward(handle, plan->pool, &one, plan->x, x, &zero, plan->y, c.scratch),
       "pooling (for its gradient)"));
-  return check_dnn(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, c.scratch, plan->y, dy,
-                                        plan->x, x, &zero, plan->x, dx),
-                   "pooling gradient");
+  return cudnn_status(cudnnPoolingBackward(handle, plan->pool, &one, plan->y, c.scratch, plan->y,
+                                           dy, plan->x, x, &zero, plan->x, dx),
+                      "pooling gradient");
 }
 
 // BatchNormalization(X, scale, B, mean, var) -> Y, per channel over batch and
@@ -346,15 +342,15 @@ Status cudnn_batch_norm(const CudaKernelContext &c, int64_t batch, int64_t chann
   const void *x = c.inputs[0].data, *scale = c.inputs[1].data, *bias = c.inputs[2].data;
   void *y = c.outputs[0].data;
   if (training)
-    return check_dnn(
+    return cudnn_status(
         cudnnBatchNormalizationForwardTraining(handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
                                                plan->x, x, plan->x, y, plan->channel, scale, bias,
                                                0.0, nullptr, nullptr, epsilon, nullptr, nullptr),
         "batch norm");
-  return check_dnn(cudnnBatchNormalizationForwardInference(
-                       handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, plan->x, x, plan->x, y,
-                       plan->channel, scale, bias, c.inputs[3].data, c.inputs[4].data, epsilon),
-                   "batch norm");
+  return cudnn_status(cudnnBatchNormalizationForwardInference(
+                          handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, plan->x, x, plan->x, y,
+                          plan->channel, scale, bias, c.inputs[3].data, c.inputs[4].data, epsilon),
+                      "batch norm");
 }
 
 // BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dB; cuDNN recomputes the
@@ -364,12 +360,12 @@ Status cudnn_batch_norm_grad(const CudaKernelContext &c, int64_t batch, int64_t 
   auto handle = static_cast<cudnnHandle_t>(c.cudnn);
   ASSIGN_OR_RETURN(auto plan, plan_norm(c, batch, channels, inner));
   const float one = 1.0f, zero = 0.0f;
-  return check_dnn(cudnnBatchNormalizationBackward(
-                       handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, plan->x,
-                       c.inputs[1].data, plan->x, c.inputs[0].data, plan->x, c.outputs[0].data,
-                       plan->channel, c.inputs[2].data, c.outputs[1].data, c.outputs[2].data,
-                       epsilon, nullptr, nullptr),
-                   "batch norm gradient");
+  return cudnn_status(cudnnBatchNormalizationBackward(
+                          handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, plan->x,
+                          c.inputs[1].data, plan->x, c.inputs[0].data, plan->x, c.outputs[0].data,
+                          plan->channel, c.inputs[2].data, c.outputs[1].data, c.outputs[2].data,
+                          epsilon, nullptr, nullptr),
+                      "batch norm gradient");
 }
 
 std::vector<CudaOp> cudnn_ops() {
@@ -378,16 +374,15 @@ std::vector<CudaOp> cudnn_ops() {
           CudaOp{"Conv2dGradWeight", conv_grad_weight_op, nullptr, {}}};
 }
 
-void *create_cudnn(cudaStream_t stream, std::string *error) {
+Result<void *> start_cudnn(cudaStream_t stream) {
   cudnnHandle_t handle = nullptr;
   cudnnStatus_t status = cudnnCreate(&handle);
   if (status == CUDNN_STATUS_SUCCESS) status = cudnnSetStream(handle, stream);
   if (status != CUDNN_STATUS_SUCCESS) {
-    *error = str_cat("cuDNN could not start: ", cudnnGetErrorString(status));
     if (handle) cudnnDestroy(handle);
-    return nullptr;
+    return cudnn_status(status, "could not start");
   }
-  return handle;
+  return static_cast<void *>(handle);
 }
 
 void destroy_cudnn(void *handle) {
@@ -395,5 +390,14 @@ void destroy_cudnn(void *handle) {
 }
 
 #endif
+
+void *create_cudnn(cudaStream_t stream, std::string *error) {
+  Result<void *> handle = start_cudnn(stream);
+  if (!handle.is_ok()) {
+    *error = handle.status().message();
+    return nullptr;
+  }
+  return *handle;
+}
 
 } // namespace strata::cuda
