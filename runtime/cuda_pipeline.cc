@@ -367,7 +367,7 @@ CudaPipelineRunner::create(const serialization::Plan &plan, const CudaPipelineOp
                                 p.pipeline().tp_groups_begin);
   if (!order.is_ok()) return order.status().with_context(context);
   if (std::string reason = cuda_unavailable_reason(); !reason.empty())
-    return failed_precondition(reason).with_context(context);
+    return unavailable(reason).with_context(context);
   auto placed = place(p, options);
   if (!placed.is_ok()) return placed.status().with_context(context);
   runner->processes_ = placed->processes;
@@ -578,7 +578,7 @@ Status CudaPipelineRunner::run(llvm::ArrayRef<HostTensor> inputs,
 GpuRank *CudaPipelineRunner::rank_of(size_t d) const {
   for (const auto &rank : ranks_)
     if (rank->is_local(d)) {
-      cudaSetDevice(rank->gpu);
+      cuda_check(cudaSetDevice(rank->gpu), "set device").ignore();
       return rank.get();
     }
   return nullptr;

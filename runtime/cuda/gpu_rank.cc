@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "graph/units.h"
+#include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
 #include "plan/instructions.h"
 #include "runtime/collectives.h"
@@ -63,7 +65,7 @@ Status GpuRank::Device::update(size_t instruction) {
 }
 
 GpuRank::~GpuRank() {
-  cudaSetDevice(gpu);
+  cuda_check(cudaSetDevice(gpu), "set device").ignore();
   if (failed || stuck) abort_comms();
   // A step that ran out of time may still be running (or hung): after the
   // comms are aborted it gets a short, bounded wait; if it still has not
@@ -198,19 +200,16 @@ Status GpuRank::build(const Parts &parts, const std::map<NodeId, HostTensor> &co
   const CudaPipelineLayout &l = layout;
   const Graph &g = plan.graph();
   RETURN_IF_ERROR(cuda_check(cudaSetDevice(gpu), "set device"));
-  cudaDeviceProp properties = {};
-  device_name = cudaGetDeviceProperties(&properties, gpu) == cudaSuccess
-                    ? str_cat("GPU ", gpu, " (", properties.name, ")")
-                    : str_cat("GPU ", gpu);
+  device_name = gpu_name(gpu);
   void *base = nullptr;
   RETURN_IF_ERROR(cuda_check(cudaMalloc(&base, static_cast<size_t>(std::max<int64_t>(l.total, 1))),
-                             str_cat("allocating ", l.total, " bytes on GPU ", gpu)));
+                             str_cat("allocating ", human_bytes(static_cast<double>(l.total)), " (",
+                                     l.total, " bytes) on GPU ", gpu)));
   base_ = static_cast<std::byte *>(base);
   RETURN_IF_ERROR(cuda_check(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), "stream"));
   RETURN_IF_ERROR(
       cuda_check(cudaMemsetAsync(base, 0, static_cast<size_t>(l.total), origin), "memset"));
-  if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
-    return internal_error("cuBLASLt could not start");
+  RETURN_IF_ERROR(cuda::cublas_status(cublasLtCreate(&lt_), "could not start"));
   ASSIGN_OR_RETURN(fork_, make_event());
   flags_ = reinterpret_cast<int *>(base_ + l.flags);
   rank_any_ = flags_ + l.instruction_flags;
@@ -264,9 +263,11 @@ Status GpuRank::build_device(size_t d, const Parts &parts) {
     cudnn_ops.push_back(op.name);
   const bool needs_cudnn = uses(g, cudnn_ops);
   if (needs_cudnn || (options.cudnn_pool_norm && uses(g, cuda::cudnn_preferred_ops()))) {
-    std::string why;
-    device.cudnn = cuda::create_cudnn(device.stream, &why);
-    if (device.cudnn == nullptr && needs_cudnn) return failed_precondition(why);
+    Result<void *> handle = cuda::start_cudnn(device.stream);
+    if (handle.is_ok())
+      device.cudnn = *handle;
+    else if (needs_cudnn)
+      return handle.status();
   }
   device.scratch = base_ + region.scratch;
   device.scratch_bytes = region.scratch_bytes;

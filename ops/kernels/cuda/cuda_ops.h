@@ -106,8 +106,6 @@ std::vector<CudaOp> cudnn_ops();
 // nothing.
 Result<void *> start_cudnn(cudaStream_t stream);
 void destroy_cudnn(void *handle);
-// start_cudnn's handle, or null with `error` set to its error's message.
-void *create_cudnn(cudaStream_t stream, std::string *error);
 
 // The ops that take cuDNN when there is a handle and it fits the node
 // (pooling and batch norm), else strata's kernels; none without cuDNN.

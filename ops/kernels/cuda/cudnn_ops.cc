@@ -391,13 +391,4 @@ void destroy_cudnn(void *handle) {
 
 #endif
 
-void *create_cudnn(cudaStream_t stream, std::string *error) {
-  Result<void *> handle = start_cudnn(stream);
-  if (!handle.is_ok()) {
-    *error = handle.status().message();
-    return nullptr;
-  }
-  return *handle;
-}
-
 } // namespace strata::cuda
