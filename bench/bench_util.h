@@ -6,7 +6,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata::bench {
 

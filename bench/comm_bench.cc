@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collectives.h"
-#include "runtime/local_communicator.h"
-#include "runtime/mpi_world.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/local_communicator.h"
+#include "runtime/comm/mpi_world.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "serialization/model_io.h"
 #include "serialization/plan_io.h"
 

@@ -31,7 +31,7 @@
 
 #include "ops/kernels/cpu/gemm.h"
 #include "partitioner/compile_pipeline.h"
-#include "runtime/pipeline_runner.h"
+#include "runtime/cpu/pipeline_runner.h"
 #include "runtime/trainer.h"
 #include "tools/zoo.h"
 

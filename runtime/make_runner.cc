@@ -3,10 +3,10 @@
 #include <cmath>
 #include <utility>
 
-#include "runtime/cuda_executor.h"
-#include "runtime/cuda_pipeline.h"
-#include "runtime/executor.h"
-#include "runtime/gpu_placement.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_pipeline.h"
+#include "runtime/cpu/executor.h"
+#include "runtime/cuda/gpu_placement.h"
 
 namespace strata::runtime {
 namespace {

@@ -21,9 +21,9 @@
 #include <string>
 
 #include "graph/graph.h"
-#include "runtime/local_communicator.h"
-#include "runtime/mpi_world.h"
-#include "runtime/pipeline_runner.h"
+#include "runtime/comm/local_communicator.h"
+#include "runtime/comm/mpi_world.h"
+#include "runtime/cpu/pipeline_runner.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
 

@@ -1,10 +1,13 @@
-// Materializing parameters and constants, and drawing random graph inputs.
+#include "runtime/materialize.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include <sys/sysinfo.h>
+
+#include "graph/units.h"
 #include "ops/registry.h"
-#include "runtime/executor.h"
 #include "runtime/random.h"
 #include "serialization/safetensors.h"
 
@@ -118,5 +121,18 @@ std::vector<HostTensor> random_inputs(const Graph &graph, uint64_t seed, int64_t
   }
   return inputs;
 }
+
+Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts) {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return Status::ok(); // unknown: let the allocation decide
+  const double unit = info.mem_unit, ram = static_cast<double>(info.totalram) * unit,
+               swap = static_cast<double>(info.totalswap) * unit;
+  if (static_cast<double>(bytes) <= ram + swap) return Status::ok();
+  return resource_exhausted(what, " ", human_bytes(static_cast<double>(bytes)), " of memory (",
+                            parts, "); this host has ", human_bytes(ram),
+                            swap > 0 ? str_cat(" and ", human_bytes(swap), " of swap")
+                                     : std::string(" and no swap"));
+}
+
 
 } // namespace strata::runtime

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/device_world.h"
+#include "runtime/comm/device_world.h"
 #include "serialization/checkpoint.h"
 #include "serialization/npy.h"
 

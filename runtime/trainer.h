@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata::runtime {
 

@@ -12,7 +12,7 @@
 #include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "serialization/file_io.h"
 #include "serialization/model_io.h"
 #include "serialization/plan_io.h"

@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "ops/registry.h"
-#include "runtime/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 #include "tools/cli.h"
 
 namespace strata::tools {

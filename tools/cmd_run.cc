@@ -12,8 +12,8 @@
 #include <iostream>
 #include <optional>
 
-#include "runtime/cuda_executor.h"
-#include "runtime/executor.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cpu/executor.h"
 #include "serialization/file_io.h"
 #include "serialization/npy.h"
 #include "tools/cli.h"

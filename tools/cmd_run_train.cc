@@ -17,10 +17,10 @@
 #include <optional>
 #include <thread>
 
-#include "runtime/cuda_executor.h"
-#include "runtime/cuda_pipeline.h"
-#include "runtime/mpi_world.h"
-#include "runtime/pipeline_runner.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_pipeline.h"
+#include "runtime/comm/mpi_world.h"
+#include "runtime/cpu/pipeline_runner.h"
 #include "runtime/trainer.h"
 #include "serialization/checkpoint.h"
 #include "serialization/file_io.h"

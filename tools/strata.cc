@@ -10,7 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runtime/mpi_world.h"
+#include "runtime/comm/mpi_world.h"
 #include "tools/cli.h"
 
 namespace strata::tools {

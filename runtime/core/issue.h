@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/core/device_program.h"
 
 namespace strata::runtime::core {

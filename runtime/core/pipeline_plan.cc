@@ -8,7 +8,7 @@
 #include "plan/instructions.h"
 #include "plan/pieces.h"
 #include "plan/simulate.h"
-#include "runtime/executor.h"
+#include "runtime/materialize.h"
 #include "runtime/step_runner.h"
 
 namespace strata::runtime::core {

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "graph/host_tensor.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "serialization/plan_io.h"
 
 namespace strata::runtime::core {

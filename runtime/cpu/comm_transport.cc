@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 
 namespace strata::runtime {
 

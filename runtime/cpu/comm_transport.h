@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/core/issue.h"
-#include "runtime/device_clock.h"
+#include "runtime/comm/device_clock.h"
 
 namespace strata::runtime {
 

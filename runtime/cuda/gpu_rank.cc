@@ -9,7 +9,7 @@
 #include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
 #include "plan/instructions.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #if STRATA_HAVE_NCCL
 #include <nccl.h>
 #endif

@@ -38,10 +38,10 @@
 
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "runtime/core/issue.h"
-#include "runtime/cuda_pipeline.h"
-#include "runtime/cuda_step.h"
-#include "runtime/gpu_placement.h"
-#include "runtime/nccl_bootstrap.h"
+#include "runtime/cuda/cuda_pipeline.h"
+#include "runtime/cuda/cuda_step.h"
+#include "runtime/cuda/gpu_placement.h"
+#include "runtime/cuda/nccl_bootstrap.h"
 
 namespace strata::runtime {
 

@@ -5,7 +5,7 @@
 #if STRATA_HAVE_CUDA
 
 #include "ops/kernels/cuda/launch.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #if STRATA_HAVE_NCCL
 #include <nccl.h>
 #endif

@@ -22,7 +22,7 @@
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "ops/kernels/cuda/cuda_status.h"
 #include "ops/registry.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "strata_config.h"
 #include "tests/cuda_emulator/cuda_emulator.h"
 #include "tests/cuda_emulator/self_test_kernels.h"

@@ -21,7 +21,7 @@
 #include "graph/builder.h"
 #include "ops/registry.h"
 #include "passes/autodiff.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata::testing {
 

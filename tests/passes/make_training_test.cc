@@ -11,7 +11,7 @@
 #include "ops/registry.h"
 #include "passes/autodiff.h"
 #include "passes/make_training.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata {
 namespace {

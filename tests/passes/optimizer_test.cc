@@ -9,7 +9,7 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "passes/optimizer.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata {
 namespace {

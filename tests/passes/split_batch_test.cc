@@ -16,7 +16,7 @@
 #include "ops/registry.h"
 #include "passes/make_training.h"
 #include "passes/split_batch.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "tools/zoo.h"
 
 namespace strata {

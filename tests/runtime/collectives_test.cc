@@ -1,7 +1,7 @@
 // Ring and tree collectives over point-to-point messages: every member gets the
 // same bits, the sum is right, shards land where ZeRO-1 expects them, and a
 // member that never joins ends the collective with a timeout, not a hang.
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 
 #include <chrono>
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/local_communicator.h"
+#include "runtime/comm/local_communicator.h"
 
 namespace strata::runtime {
 namespace {

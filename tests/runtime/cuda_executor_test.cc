@@ -1,6 +1,6 @@
 // The CUDA executor against the CPU one. The op-coverage tests need no GPU;
 // the rest skip, saying why, where no GPU is usable (no driver, no device).
-#include "runtime/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "graph/builder.h"
 #include "ops/registry.h"
 #include "passes/make_training.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "strata_config.h"
 #include "tests/ops/cuda_op_cases.h"
 #include "tools/zoo.h"

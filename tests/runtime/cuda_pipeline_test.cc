@@ -1,7 +1,7 @@
 // The CUDA pipeline runner: its memory layout and refusals without a GPU; on
 // a GPU, pipeline and data-parallel plans whose devices share it train as the
 // CPU pipeline runner trains them.
-#include "runtime/cuda_pipeline.h"
+#include "runtime/cuda/cuda_pipeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,9 +18,9 @@
 #include "partitioner/tensor_parallel.h"
 #include "passes/make_training.h"
 #include "plan/pieces.h"
-#include "runtime/cuda_executor.h"
-#include "runtime/executor.h"
-#include "runtime/pipeline_runner.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cpu/executor.h"
+#include "runtime/cpu/pipeline_runner.h"
 #include "strata_config.h"
 #include "tests/runtime/projection_softmax.h"
 #include "tools/zoo.h"
@@ -108,7 +108,7 @@ TEST(CudaPipelineLayout, EveryDeviceGetsItsOwnAlignedRegions) {
       auto layout = cuda_pipeline_layout(plan, 1 << 20, false, local);
       ASSERT_TRUE(layout.is_ok()) << layout.status().message();
       const Graph &g = plan.graph;
-      const int64_t a = GpuArenaLayout::kGpuAlignment;
+      const int64_t a = kGpuAlignment;
       struct Region {
         int64_t begin, end;
         std::string what;

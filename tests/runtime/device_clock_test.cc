@@ -1,6 +1,6 @@
 // Device time (runtime/device_clock.h): clocks that count each thread's own CPU
 // time and meet at messages and collectives, whatever the machine's load.
-#include "runtime/device_clock.h"
+#include "runtime/comm/device_clock.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/local_communicator.h"
+#include "runtime/comm/local_communicator.h"
 
 namespace strata::runtime {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 #include <cmath>
 #include <cstdlib>

@@ -17,7 +17,7 @@
 #include "passes/fuse_elementwise.h"
 #include "passes/make_training.h"
 #include "plan/instructions.h"
-#include "runtime/gpu_placement.h"
+#include "runtime/cuda/gpu_placement.h"
 #include "tools/zoo.h"
 
 namespace strata::runtime {
@@ -118,83 +118,6 @@ TEST(CaptureRecord, ReplayNeedsTheCapturedBuffers) {
   CaptureRecord more = same;
   more.add("extra", c, f8);
   expect_error(captured.check_replay(more), {"binds 3 buffers", "captured with 2"});
-}
-
-// A device's GPU arena: the activation arena of the memory plan, every held
-// tensor (ZeRO-1 shards at their shard's size), and staging for the largest
-// tensor-parallel collective and the largest gradient bucket, each region
-// aligned and none overlapping; on a dp 2 x tp 2 GPT plan with ZeRO-1, the
-// vocabulary-parallel loss's gathered statistics and small buckets.
-TEST(GpuArenaLayout, HoldsTheMemoryPlanTheWeightsAndTheStaging) {
-  zoo::GptOptions o;
-  o.layers = 2;
-  o.hidden = 16;
-  o.heads = 2;
-  o.seq = 8;
-  o.vocab = 4096;
-  o.batch = 8;
-  const Graph forward = *zoo::make_gpt(o);
-  passes::TrainingOptions training;
-  training.optimizer = *passes::parse_optimizer("adamw:lr=0.01");
-  partitioner::PipelineCompileOptions mesh;
-  mesh.data_parallel = 2;
-  mesh.tensor_parallel = 2;
-  mesh.zero = 1;
-  mesh.microbatches = 2;
-  mesh.bucket_bytes = 4096;
-  auto plan = partitioner::compile_pipeline(forward, training, mesh);
-  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
-  const Graph &g = plan->graph;
-  for (int device = 0; device < 4; ++device) {
-    SCOPED_TRACE(device);
-    const auto &program = plan->programs[static_cast<size_t>(device)];
-    auto layout = gpu_arena_layout(*plan, device);
-    ASSERT_TRUE(layout.is_ok()) << layout.status().message();
-    const int64_t a = GpuArenaLayout::kGpuAlignment;
-    EXPECT_EQ(layout->activations, program.arena_bytes);
-    ASSERT_EQ(layout->held.size(), program.holds.size());
-    ASSERT_FALSE(program.sharded_holds.empty());
-    const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
-    // Regions in order, each starting at the first aligned byte past the
-    // previous one's end: never overlapping, nothing wasted.
-    auto up = [a](int64_t bytes) { return (bytes + a - 1) / a * a; };
-    int64_t end = layout->activations, stored = 0;
-    for (const auto &[id, offset] : layout->held) {
-      EXPECT_EQ(offset % a, 0) << g.tensor(id).name;
-      EXPECT_EQ(offset, up(end)) << g.tensor(id).name;
-      const int64_t bytes = g.tensor(id).type.size_bytes() / (sharded.contains(id) ? 2 : 1);
-      end = offset + bytes;
-      stored += bytes;
-    }
-    int64_t all_held = 0;
-    for (TensorId id : program.holds)
-      all_held += g.tensor(id).type.size_bytes();
-    EXPECT_LT(stored, all_held); // ZeRO-1's shards are half their tensors
-    int64_t gathered = 0, bucket = 0;
-    for (const auto &instr : program.instructions)
-      if (instr.kind == serialization::InstrKind::kCompute &&
-          g.node(instr.index).op == "TpAllGather")
-        gathered = std::max(gathered, g.tensor(g.node(instr.index).outputs[0]).type.size_bytes());
-    for (const auto &b : program.buckets) {
-      int64_t sum = 0;
-      for (TensorId id : b.tensors)
-        sum += g.tensor(id).type.size_bytes();
-      bucket = std::max(bucket, sum);
-    }
-    EXPECT_GT(gathered, 0);
-    EXPECT_GT(bucket, 0);
-    EXPECT_GE(layout->collective_staging, gathered);
-    EXPECT_EQ(layout->bucket_staging, bucket);
-    EXPECT_EQ(layout->collective_staging_offset, up(end));
-    EXPECT_EQ(layout->collective_staging_offset % a, 0);
-    EXPECT_EQ(layout->bucket_staging_offset,
-              up(layout->collective_staging_offset + layout->collective_staging));
-    EXPECT_EQ(layout->bucket_staging_offset % a, 0);
-    EXPECT_EQ(layout->total, up(layout->bucket_staging_offset + layout->bucket_staging));
-  }
-  auto bad = gpu_arena_layout(*plan, 4);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("device 4 is not in the plan"), std::string::npos);
 }
 
 // Plans for the launch order: a 4-stage 1F1B GPT and a 2x2 data-parallel

@@ -1,4 +1,4 @@
-#include "runtime/local_communicator.h"
+#include "runtime/comm/local_communicator.h"
 
 #include <chrono>
 #include <cmath>

@@ -24,7 +24,7 @@
 #include "partitioner/compile_pipeline.h"
 #include "plan/memory.h"
 #include "plan/pieces.h"
-#include "runtime/pipeline_runner.h"
+#include "runtime/cpu/pipeline_runner.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/projection_softmax.h"
 #include "tools/zoo.h"

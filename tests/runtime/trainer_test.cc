@@ -10,7 +10,7 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "passes/make_training.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "runtime/trainer.h"
 #include "serialization/checkpoint.h"
 #include "serialization/model_io.h"

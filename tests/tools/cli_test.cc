@@ -16,7 +16,7 @@
 
 #include "graph/builder.h"
 #include "ops/registry.h"
-#include "runtime/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 #include "serialization/model_io.h"
 #include "serialization/npy.h"
 #include "tests/tools/cli_util.h"

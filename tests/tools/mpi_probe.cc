@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <random>
 
-#include "runtime/mpi_world.h"
-#include "runtime/nccl_bootstrap.h"
+#include "runtime/comm/mpi_world.h"
+#include "runtime/cuda/nccl_bootstrap.h"
 
 int main() {
   using namespace strata;

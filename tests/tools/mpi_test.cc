@@ -19,9 +19,9 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/cuda_executor.h"
-#include "runtime/mpi_world.h"
-#include "runtime/nccl_bootstrap.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/comm/mpi_world.h"
+#include "runtime/cuda/nccl_bootstrap.h"
 #include "serialization/checkpoint.h"
 #include "tests/tools/cli_util.h"
 

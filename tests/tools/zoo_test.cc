@@ -11,7 +11,7 @@
 #include "graph/printer.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 #include "tools/model_stats.h"
 #include "tools/zoo.h"
 

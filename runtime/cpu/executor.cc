@@ -1,10 +1,9 @@
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include <sys/sysinfo.h>
 
 #include "graph/units.h"
 #include "graph/verifier.h"
@@ -60,18 +59,6 @@ struct CpuExecutor::State {
   };
   std::vector<Update> updates;
 };
-
-Status check_host_memory(int64_t bytes, std::string_view what, std::string_view parts) {
-  struct sysinfo info {};
-  if (sysinfo(&info) != 0) return Status::ok(); // unknown: let the allocation decide
-  const double unit = info.mem_unit, ram = static_cast<double>(info.totalram) * unit,
-               swap = static_cast<double>(info.totalswap) * unit;
-  if (static_cast<double>(bytes) <= ram + swap) return Status::ok();
-  return resource_exhausted(what, " ", human_bytes(static_cast<double>(bytes)), " of memory (",
-                            parts, "); this host has ", human_bytes(ram),
-                            swap > 0 ? str_cat(" and ", human_bytes(swap), " of swap")
-                                     : std::string(" and no swap"));
-}
 
 CpuExecutor::~CpuExecutor() = default;
 

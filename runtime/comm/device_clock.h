@@ -33,7 +33,7 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::runtime {
 

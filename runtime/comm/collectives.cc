@@ -1,4 +1,4 @@
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 
 #include <algorithm>
 #include <vector>

@@ -19,7 +19,7 @@
 #include <functional>
 #include <memory>
 
-#include "runtime/communicator.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/mpi_world.h"
+#include "runtime/comm/mpi_world.h"
 
 // The C API only: the deprecated C++ bindings do not compile warning-free.
 #define OMPI_SKIP_MPICXX 1

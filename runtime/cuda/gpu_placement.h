@@ -20,7 +20,7 @@
 
 #include "graph/graph.h"
 #include "graph/host_tensor.h"
-#include "runtime/device_world.h"
+#include "runtime/comm/device_world.h"
 #include "serialization/plan_io.h"
 
 namespace strata::runtime {
@@ -51,25 +51,9 @@ Result<GpuPlacement> place_on_gpus(int devices, const std::vector<std::vector<in
 // "0,0,1,1" -> {0, 0, 1, 1}; an error naming the bad entry otherwise.
 Result<std::vector<int>> parse_gpu_list(std::string_view text);
 
-// One device's GPU memory as one arena, sized at load from the plan (nothing
-// is allocated during a step): the activation arena of the compile-time memory
-// plan (PlanProgram.arena_bytes, at offset 0), then every tensor the device
-// holds (parameters, state, optimizer state; a ZeRO-1 shard at its shard's
-// size; tensor-parallel pieces at the piece's shape, as the plan's graph
-// declares them), then the staging buffers of its tensor-parallel collectives
-// (the largest one: they run one at a time on the compute stream) and of its
-// gradient buckets (the largest: one at a time on the communication stream).
-// Every region starts at a multiple of kGpuAlignment.
-struct GpuArenaLayout {
-  static constexpr int64_t kGpuAlignment = 256;
-  int64_t activations = 0;                        // bytes, at offset 0
-  std::vector<std::pair<TensorId, int64_t>> held; // tensor, offset (in holds order)
-  int64_t collective_staging_offset = 0, collective_staging = 0;
-  int64_t bucket_staging_offset = 0, bucket_staging = 0;
-  int64_t total = 0;
-};
-// Errors: no such device, a held tensor the graph lacks.
-Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int device);
+// Where every region of a GPU allocation starts: a multiple of this many
+// bytes (what cuBLASLt and cuDNN want of their operands and workspaces).
+constexpr int64_t kGpuAlignment = 256;
 
 // One launch of the single host thread that enqueues a step of several plan
 // devices sharing a GPU, each device on its own stream: one instruction of one

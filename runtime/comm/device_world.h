@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::runtime {
 

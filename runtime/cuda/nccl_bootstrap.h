@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/device_world.h"
+#include "runtime/comm/device_world.h"
 
 namespace strata::runtime {
 

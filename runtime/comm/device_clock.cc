@@ -1,4 +1,4 @@
-#include "runtime/device_clock.h"
+#include "runtime/comm/device_clock.h"
 
 #include <algorithm>
 #include <ctime>

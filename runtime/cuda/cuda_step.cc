@@ -2,7 +2,7 @@
 
 #if STRATA_HAVE_CUDA
 
-#include "runtime/cuda_step.h"
+#include "runtime/cuda/cuda_step.h"
 
 #include <algorithm>
 #include <chrono>

@@ -40,8 +40,8 @@
 #include <optional>
 #include <string>
 
-#include "runtime/device_world.h"
-#include "runtime/local_communicator.h"
+#include "runtime/comm/device_world.h"
+#include "runtime/comm/local_communicator.h"
 
 namespace strata::runtime {
 

@@ -1,5 +1,5 @@
 // MpiWorld for builds without MPI: create() says how to get it.
-#include "runtime/mpi_world.h"
+#include "runtime/comm/mpi_world.h"
 
 namespace strata::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/gpu_placement.h"
+#include "runtime/cuda/gpu_placement.h"
 
 #include <algorithm>
 #include <charconv>
@@ -82,70 +82,6 @@ Result<std::vector<int>> parse_gpu_list(std::string_view text) {
     at = comma + 1;
   }
   return out;
-}
-
-namespace {
-int64_t aligned(int64_t bytes) {
-  const int64_t a = GpuArenaLayout::kGpuAlignment;
-  return (bytes + a - 1) / a * a;
-}
-} // namespace
-
-Result<GpuArenaLayout> gpu_arena_layout(const serialization::Plan &plan, int device) {
-  if (device < 0 || static_cast<size_t>(device) >= plan.programs.size())
-    return invalid_argument("device ", device, " is not in the plan (", plan.programs.size(),
-                            " programs)");
-  const serialization::PlanProgram &program = plan.programs[static_cast<size_t>(device)];
-  const Graph &g = plan.graph;
-  int64_t shard_count = 1;
-  if (program.shard_group >= 0 && plan.pipeline &&
-      static_cast<size_t>(program.shard_group) < plan.pipeline->groups.size())
-    shard_count = static_cast<int64_t>(
-        plan.pipeline->groups[static_cast<size_t>(program.shard_group)].size());
-  const std::set<TensorId> sharded(program.sharded_holds.begin(), program.sharded_holds.end());
-  auto bytes_of = [&](TensorId id) { return g.tensor(id).type.size_bytes(); };
-
-  GpuArenaLayout layout;
-  layout.activations = program.arena_bytes;
-  int64_t at = aligned(program.arena_bytes);
-  for (TensorId id : program.holds) {
-    if (id >= g.num_tensors())
-      return invalid_argument("device ", device, " holds tensor ", id, "; the graph has ",
-                              g.num_tensors());
-    const int64_t bytes = sharded.contains(id) ? bytes_of(id) / shard_count : bytes_of(id);
-    layout.held.push_back({id, at});
-    at += aligned(bytes);
-  }
-  // Staging: what the CPU runner's collectives gather into (all-gathers land
-  // whole, reduce-scatters read every member's piece, all-to-alls keep the
-  // outgoing and incoming blocks), and each bucket packed.
-  for (const serialization::PlanInstruction &instr : program.instructions) {
-    if (instr.kind != serialization::InstrKind::kCompute) continue;
-    const Node &node = g.node(instr.index);
-    int64_t need = 0;
-    switch (ops::collective_of(node.op)) {
-    case ops::Collective::kAllGather: need = bytes_of(node.outputs[0]); break;
-    case ops::Collective::kReduceScatter: need = bytes_of(node.inputs[0]); break;
-    case ops::Collective::kAllToAll: need = 2 * bytes_of(node.inputs[0]); break;
-    case ops::Collective::kNone:
-    case ops::Collective::kCopy:
-    case ops::Collective::kAllReduce:
-    case ops::Collective::kSplit: break;
-    }
-    layout.collective_staging = std::max(layout.collective_staging, need);
-  }
-  for (const serialization::PlanBucket &bucket : program.buckets) {
-    int64_t need = 0;
-    for (TensorId id : bucket.tensors)
-      need += bytes_of(id);
-    layout.bucket_staging = std::max(layout.bucket_staging, need);
-  }
-  layout.collective_staging_offset = at;
-  at += aligned(layout.collective_staging);
-  layout.bucket_staging_offset = at;
-  at += aligned(layout.bucket_staging);
-  layout.total = at;
-  return layout;
 }
 
 Result<std::vector<GpuLaunch>>

@@ -1,5 +1,5 @@
-#include "runtime/local_communicator.h"
-#include "runtime/device_world.h"
+#include "runtime/comm/local_communicator.h"
+#include "runtime/comm/device_world.h"
 
 #include <algorithm>
 #include <cassert>

@@ -1,4 +1,4 @@
-#include "runtime/nccl_bootstrap.h"
+#include "runtime/cuda/nccl_bootstrap.h"
 
 #include <cstring>
 #include <memory>

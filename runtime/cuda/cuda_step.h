@@ -13,7 +13,7 @@
 #include "graph/graph.h"
 #include "graph/status.h"
 #include "ops/kernels/cuda/launch.h"
-#include "runtime/gpu_placement.h"
+#include "runtime/cuda/gpu_placement.h"
 
 namespace strata::runtime {
 

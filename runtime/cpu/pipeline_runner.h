@@ -25,9 +25,9 @@
 
 #include "plan/trace.h"
 #include "runtime/core/issue.h"
-#include "runtime/device_clock.h"
-#include "runtime/device_world.h"
-#include "runtime/local_communicator.h"
+#include "runtime/comm/device_clock.h"
+#include "runtime/comm/device_world.h"
+#include "runtime/comm/local_communicator.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
 

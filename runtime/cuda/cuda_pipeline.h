@@ -90,7 +90,7 @@
 
 #include "graph/host_tensor.h"
 #include "runtime/core/pipeline_plan.h"
-#include "runtime/gpu_placement.h"
+#include "runtime/cuda/gpu_placement.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
 
@@ -131,7 +131,7 @@ struct CudaPipelineOptions {
 
 // The one GPU allocation of a CudaPipelineRunner, laid out before anything is
 // allocated (tested without a GPU). Byte offsets from its start; every region
-// starts at a multiple of GpuArenaLayout::kGpuAlignment and none overlap.
+// starts at a multiple of kGpuAlignment and none overlap.
 struct CudaPipelineLayout {
   struct Device {
     int64_t arena = 0, arena_bytes = 0;             // the plan's activation arena

@@ -1,4 +1,4 @@
-#include "runtime/pipeline_runner.h"
+#include "runtime/cpu/pipeline_runner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "plan/memory.h"
 #include "runtime/cpu/comm_transport.h"
 #include "runtime/cpu/cpu_device.h"
-#include "runtime/executor.h"
+#include "runtime/cpu/executor.h"
 
 namespace strata::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/cuda_executor.h"
+#include "runtime/cuda/cuda_executor.h"
 
 #include <dlfcn.h>
 
@@ -13,8 +13,8 @@
 #include "ops/registry.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/plan_memory.h"
-#include "runtime/executor.h"
-#include "runtime/gpu_placement.h"
+#include "runtime/materialize.h"
+#include "runtime/cuda/gpu_placement.h"
 #include "strata_config.h"
 
 #if STRATA_HAVE_CUDA
@@ -24,7 +24,7 @@
 #include "ops/kernels/cuda/cuda_ops.h"
 #include "ops/kernels/cuda/cuda_status.h"
 #include "ops/kernels/cuda/launch.h"
-#include "runtime/cuda_step.h"
+#include "runtime/cuda/cuda_step.h"
 #endif
 
 namespace strata::runtime {

@@ -20,7 +20,7 @@
 #include <span>
 #include <string_view>
 
-#include "runtime/communicator.h"
+#include "runtime/comm/communicator.h"
 
 namespace strata::runtime {
 

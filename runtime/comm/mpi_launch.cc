@@ -4,7 +4,7 @@
 #include <climits>
 #include <cstdlib>
 
-#include "runtime/mpi_world.h"
+#include "runtime/comm/mpi_world.h"
 
 namespace strata::runtime {
 namespace {

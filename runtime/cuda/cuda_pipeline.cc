@@ -1,4 +1,4 @@
-#include "runtime/cuda_pipeline.h"
+#include "runtime/cuda/cuda_pipeline.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +14,8 @@
 #include "passes/fuse_elementwise.h"
 #include "plan/instructions.h"
 #include "runtime/cuda/gpu_rank.h"
-#include "runtime/cuda_executor.h"
-#include "runtime/nccl_bootstrap.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/nccl_bootstrap.h"
 #include "strata_config.h"
 
 namespace strata::runtime {
@@ -60,7 +60,7 @@ std::string CudaPipelineRunner::device_name() const { return ""; }
 namespace {
 
 int64_t align_up(int64_t n) {
-  constexpr int64_t a = GpuArenaLayout::kGpuAlignment;
+  constexpr int64_t a = kGpuAlignment;
   return (n + a - 1) / a * a;
 }
 
