@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ops/registry.h"
-#include "partitioner/auto_plan.h"
+#include "partitioner/search/auto_plan.h"
 #include "tools/zoo.h"
 
 namespace strata {

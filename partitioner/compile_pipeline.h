@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "partitioner/cluster.h"
-#include "partitioner/pipeline.h"
+#include "partitioner/cost/cluster.h"
+#include "partitioner/lowering/pipeline.h"
 #include "passes/make_training.h"
 #include "serialization/plan_io.h"
 

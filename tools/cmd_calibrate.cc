@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ops/kernels/cpu/gemm.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "tools/cli.h"
 
 namespace strata::tools {

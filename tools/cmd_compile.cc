@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/registry.h"
-#include "partitioner/auto_plan.h"
+#include "partitioner/search/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
 #include "passes/make_training.h"
 #include "passes/plan_memory.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/printer.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "partitioner/compile_pipeline.h"
 #include "passes/plan_memory.h"
 #include "plan/instructions.h"

@@ -2,7 +2,7 @@
 // cluster, by replaying every device's program against the others.
 #include <iostream>
 
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "partitioner/compile_pipeline.h"
 #include "plan/trace.h"
 #include "serialization/file_io.h"

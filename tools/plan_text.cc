@@ -5,7 +5,7 @@
 #include <set>
 
 #include "ops/registry.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/recompute.h"
 #include "plan/instructions.h"

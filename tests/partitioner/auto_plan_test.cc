@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "partitioner/auto_plan.h"
+#include "partitioner/search/auto_plan.h"
 #include "plan/memory.h"
 #include "tools/zoo.h"
 

@@ -1,6 +1,6 @@
 // Tests of the cluster spec: the shipped examples, strict validation with errors
 // naming file and field, the JSON round trip, and link lookup.
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 
 #include <algorithm>
 #include <cstdlib>

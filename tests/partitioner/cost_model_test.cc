@@ -1,6 +1,6 @@
 // Tests of the cost model: roofline op times, alpha-beta transfers and the
 // collective formulas, checked against numbers worked out by hand.
-#include "partitioner/cost_model.h"
+#include "partitioner/cost/cost_model.h"
 
 #include <cmath>
 #include <limits>

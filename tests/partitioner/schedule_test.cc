@@ -2,7 +2,7 @@
 // pipelines written out in full, and the rules every schedule keeps on every
 // stage of many pipelines (each block once, forward before backward, backwards
 // in micro-batch order, the warm-up counts).
-#include "partitioner/schedule.h"
+#include "partitioner/lowering/schedule.h"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,5 @@
 // Tests of the vertical (pipeline stage) partitioner.
-#include "partitioner/stage_partition.h"
+#include "partitioner/search/stage_partition.h"
 
 #include <algorithm>
 #include <chrono>

@@ -7,7 +7,7 @@
 
 #include "graph/builder.h"
 #include "ops/registry.h"
-#include "partitioner/tensor_parallel.h"
+#include "partitioner/search/tensor_parallel.h"
 #include "plan/pieces.h"
 #include "passes/make_training.h"
 #include "tools/zoo.h"

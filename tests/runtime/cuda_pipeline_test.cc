@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "partitioner/compile_pipeline.h"
-#include "partitioner/tensor_parallel.h"
+#include "partitioner/search/tensor_parallel.h"
 #include "passes/make_training.h"
 #include "plan/pieces.h"
 #include "runtime/cuda/cuda_executor.h"

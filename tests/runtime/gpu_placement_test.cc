@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "partitioner/compile_pipeline.h"
-#include "partitioner/pipeline.h"
+#include "partitioner/lowering/pipeline.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/make_training.h"
 #include "plan/instructions.h"

@@ -20,7 +20,7 @@
 #include "graph/builder.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
-#include "partitioner/auto_plan.h"
+#include "partitioner/search/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
 #include "plan/memory.h"
 #include "plan/pieces.h"

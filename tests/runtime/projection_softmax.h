@@ -6,7 +6,7 @@
 
 #include "graph/builder.h"
 #include "ops/registry.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "partitioner/compile_pipeline.h"
 
 namespace strata::testing_graphs {

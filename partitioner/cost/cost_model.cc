@@ -1,4 +1,4 @@
-#include "partitioner/cost_model.h"
+#include "partitioner/cost/cost_model.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "partitioner/tensor_parallel.h"
+#include "partitioner/search/tensor_parallel.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include "graph/verifier.h"
 #include "ops/registry.h"
-#include "partitioner/cost_model.h"
+#include "partitioner/cost/cost_model.h"
 
 namespace strata::partitioner {
 

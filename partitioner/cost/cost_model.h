@@ -24,7 +24,7 @@
 
 #include "graph/graph.h"
 #include "ops/registry.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 
 namespace strata::partitioner {
 

@@ -1,4 +1,4 @@
-#include "partitioner/stage_partition.h"
+#include "partitioner/search/stage_partition.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "partitioner/auto_plan.h"
+#include "partitioner/search/auto_plan.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,10 +8,10 @@
 #include <set>
 
 #include "ops/registry.h"
-#include "partitioner/cost_model.h"
+#include "partitioner/cost/cost_model.h"
 #include "plan/memory.h"
-#include "partitioner/stage_partition.h"
-#include "partitioner/tensor_parallel.h"
+#include "partitioner/search/stage_partition.h"
+#include "partitioner/search/tensor_parallel.h"
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
 

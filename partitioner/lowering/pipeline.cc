@@ -1,4 +1,4 @@
-#include "partitioner/pipeline.h"
+#include "partitioner/lowering/pipeline.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "ops/registry.h"
-#include "partitioner/cost_model.h"
+#include "partitioner/cost/cost_model.h"
 #include "passes/optimizer.h"
 #include "passes/plan_memory.h"
 #include "passes/recompute.h"

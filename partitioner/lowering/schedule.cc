@@ -1,4 +1,4 @@
-#include "partitioner/schedule.h"
+#include "partitioner/lowering/schedule.h"
 
 #include <algorithm>
 #include <cassert>

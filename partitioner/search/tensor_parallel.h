@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 #include "serialization/plan_io.h"
 
 namespace strata::partitioner {

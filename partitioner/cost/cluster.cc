@@ -1,4 +1,4 @@
-#include "partitioner/cluster.h"
+#include "partitioner/cost/cluster.h"
 
 #include <cassert>
 #include <cmath>

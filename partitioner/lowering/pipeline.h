@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "partitioner/cluster.h"
-#include "partitioner/schedule.h"
+#include "partitioner/cost/cluster.h"
+#include "partitioner/lowering/schedule.h"
 #include "plan/instructions.h"
 #include "plan/phases.h"
 #include "plan/simulate.h"
