@@ -288,9 +288,6 @@ Status check_compile_options(const PipelineCompileOptions &options) {
     if (M % P != 0)
       return invalid_argument("--schedule interleaved runs micro-batches in groups of the ", P,
                               " stages: --microbatches ", M, " is not a multiple of ", P);
-    if (TP > 1)
-      return unimplemented("--schedule interleaved with tensor parallelism is not built yet "
-                           "(--mesh DPx1xPP); use 1f1b there");
     if (options.recompute)
       return unimplemented("--schedule interleaved with --recompute is not built yet");
   }

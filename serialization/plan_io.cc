@@ -505,12 +505,10 @@ Status schedule_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
                             pipe.schedule, "; expected ",
                             pipe.schedule == "interleaved" ? "2 to 1024" : "1");
   if (pipe.schedule == "interleaved" &&
-      (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0 || pipe.tensor_parallel != 1))
-    return invalid_argument("field pipeline.schedule: interleaved needs 2 or more stages, "
-                            "micro-batches a multiple of them and no tensor parallelism; the "
-                            "plan has ",
-                            pipe.stages, " stages, ", pipe.microbatches,
-                            " micro-batches and tensor_parallel = ", pipe.tensor_parallel);
+      (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0))
+    return invalid_argument("field pipeline.schedule: interleaved needs 2 or more stages and "
+                            "micro-batches a multiple of them; the plan has ",
+                            pipe.stages, " stages and ", pipe.microbatches, " micro-batches");
   return Status::ok();
 }
 

@@ -356,6 +356,15 @@ TEST_F(CudaPipelineGpuTest, InterleavedScheduleTrainsAsOnTheCpu) {
   expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", options), 1e-4);
 }
 
+// The interleaved schedule with tensor-parallel groups at each position:
+// the members run their position's chunks, their collectives on one GPU.
+TEST_F(CudaPipelineGpuTest, TensorParallelInterleavedTrainsAsOnTheCpu) {
+  auto options = mesh(2, 2, 1, partitioner::Schedule::kInterleaved);
+  options.chunks = 2;
+  options.tensor_parallel = 2;
+  expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", options), 1e-4);
+}
+
 TEST_F(CudaPipelineGpuTest, GpipeScheduleTrainsAsOnTheCpu) {
   expect_pipeline_matches(compile(mlp_forward(), "sgd:lr=0.1,momentum=0.9",
                                   mesh(2, 4, 1, partitioner::Schedule::kGPipe)),
@@ -526,6 +535,11 @@ TEST_F(CudaPipelineGpuTest, PlansOverTwoGpusTrainAsOnTheCpu) {
   expect_pipeline_matches(compile(gpt_forward(), sgd, tp), 1e-4, {0, 1});
   expect_pipeline_matches(compile(gpt_forward(4096), sgd, tp), 1e-4, {0, 1});
   expect_pipeline_matches(all_to_all_plan(2), 1e-4, {0, 1});
+  // The interleaved schedule's tensor-parallel members on distinct GPUs.
+  auto interleaved = mesh(2, 2, 1, partitioner::Schedule::kInterleaved);
+  interleaved.chunks = 2;
+  interleaved.tensor_parallel = 2;
+  expect_pipeline_matches(compile(gpt_forward(), sgd, interleaved), 1e-4, {0, 1, 0, 1});
 }
 
 // A bad label on one GPU keeps every GPU's weights (the check flags are

@@ -161,6 +161,11 @@ std::vector<serialization::Plan> launch_plans() {
   mesh.data_parallel = 2;
   mesh.bucket_bytes = 4096;
   plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
+  // ... with tensor-parallel pairs at each of 2 positions instead.
+  mesh.data_parallel = 1;
+  mesh.bucket_bytes = 0;
+  mesh.tensor_parallel = 2;
+  plans.push_back(*partitioner::compile_pipeline(gpt, training, mesh));
   return plans;
 }
 
@@ -324,6 +329,8 @@ TEST(GpuRankSteps, EveryRankMeetsItsPeersAtTheSameLaunch) {
       {3, {0, 1, 2, 3}},                    // pipeline x tensor parallel
       {3, {0, 1, 0, 1}}, {4, {0, 1, 2, 3}}, // interleaved, two chunks per device
       {4, {0, 0, 1, 1}},
+      {6, {0, 1, 2, 3}}, // interleaved x tensor parallel: members over NCCL
+      {6, {0, 0, 1, 1}}, // ... members sharing a GPU
   };
   for (const Case &c : cases) {
     const serialization::Plan &plan = plans[c.plan];

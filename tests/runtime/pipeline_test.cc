@@ -22,6 +22,7 @@
 #include "ops/registry.h"
 #include "partitioner/search/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
+#include "plan/instructions.h"
 #include "plan/memory.h"
 #include "plan/pieces.h"
 #include "runtime/cpu/pipeline_runner.h"
@@ -1146,11 +1147,12 @@ TEST_F(PipelineTest, DeviceClockKeepsTheBitsAndJoinsDevicesAtMessages) {
 
 Result<serialization::Plan> compile_interleaved(const Graph &forward, int stages, int chunks,
                                                 int microbatches, int data_parallel = 1,
-                                                int zero = 0) {
+                                                int zero = 0, int tensor_parallel = 1) {
   partitioner::PipelineCompileOptions pipeline;
   pipeline.stages = stages;
   pipeline.data_parallel = data_parallel;
   pipeline.zero = zero;
+  pipeline.tensor_parallel = tensor_parallel;
   pipeline.microbatches = microbatches;
   pipeline.schedule = Schedule::kInterleaved;
   pipeline.chunks = chunks;
@@ -1200,6 +1202,61 @@ TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
     EXPECT_EQ(interleaved->programs.size(), 4u) << what;
     expect_bitwise(run_plan(*interleaved), run_plan(*plain), what + ": interleaved vs 1f1b");
   }
+}
+
+// Tensor-parallel groups at every pipeline position of the interleaved
+// schedule: the members of a position run its chunks on their pieces, their
+// collectives over the position's group. Bitwise 1F1B on the same mesh (the
+// same graph, the same sums in the same order), and one device's result to
+// the rounding tensor parallelism itself brings.
+TEST_F(PipelineTest, InterleavedWithTensorParallelismMatchesOneFOneBBitwise) {
+  for (const auto &[dp, tp, M, zero] : std::vector<std::tuple<int, int, int, int>>{
+           {1, 2, 2, 0}, {1, 2, 4, 0}, {2, 2, 2, 1}}) {
+    const std::string what = str_cat("mesh ", dp, "x", tp, "x2 chunks=2 M=", M, " zero=", zero);
+    auto interleaved = compile_interleaved(gpt(), 2, 2, M, dp, zero, tp);
+    ASSERT_TRUE(interleaved.is_ok()) << what << ": " << interleaved.status().message();
+    auto plain = compile(gpt(), training("adamw:lr=1e-3"), 2, M, Schedule::k1F1B, dp, zero, tp);
+    ASSERT_TRUE(plain.is_ok()) << what << ": " << plain.status().message();
+    const auto &pipeline = *interleaved->pipeline;
+    EXPECT_EQ(interleaved->programs.size(), static_cast<size_t>(2 * dp * tp)) << what;
+    EXPECT_EQ(pipeline.chunks, 2) << what;
+    EXPECT_EQ(pipeline.tensor_parallel, tp) << what;
+    EXPECT_FALSE(pipeline.shards.empty()) << what;
+    for (int k = 0; k < 2 * dp; ++k) {
+      std::vector<int32_t> members;
+      for (int m = 0; m < tp; ++m)
+        members.push_back(k * tp + m);
+      EXPECT_EQ(pipeline.groups[static_cast<size_t>(pipeline.tp_groups_begin + k)], members)
+          << what;
+    }
+    EXPECT_EQ(plan::device_role(pipeline, 1), dp == 1 ? "stages 0, 2 member 1"
+                                                      : "stages 0, 2 replica 0 member 1")
+        << what;
+    const TrainRun got = run_plan(*interleaved);
+    expect_bitwise(got, run_plan(*plain), what + ": interleaved vs 1f1b");
+    if (zero == 0 && M == 2) {
+      const TrainRun want = reference(gpt(), training("adamw:lr=1e-3"));
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t step = 0; step < want.losses.size(); ++step)
+        EXPECT_NEAR(got.losses[step], want.losses[step], 1e-5 * std::abs(want.losses[step]))
+            << what;
+      expect_close(got, want, 2e-3, what + ": interleaved vs one device");
+    }
+  }
+  // Through both file forms, and run from the file as compiled.
+  auto plan = compile_interleaved(gpt(), 2, 2, 2, 1, 0, 2);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  plan->model_fingerprint = plan->fingerprint = std::string(64, 'a');
+  auto bytes = serialization::plan_to_flatbuffer(*plan);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().message();
+  auto loaded = serialization::load_plan_from_buffer(*bytes, "ti.splan", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(*loaded->pipeline, *plan->pipeline);
+  auto json = serialization::plan_to_json(*plan);
+  ASSERT_TRUE(json.is_ok()) << json.status().message();
+  auto from_json = serialization::load_plan_from_json(*json, "ti.splan.json", ".");
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
+  EXPECT_EQ(*serialization::plan_to_flatbuffer(*from_json), *bytes);
 }
 
 // Device 0 of P = 2 with 2 chunks and 4 micro-batches runs its blocks in the
@@ -1272,10 +1329,6 @@ TEST_F(PipelineTest, InterleavedOptionsAreChecked) {
   pipeline.microbatches = 2;
   pipeline.schedule = Schedule::kInterleaved;
   pipeline.chunks = 2;
-  pipeline.tensor_parallel = 2;
-  expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
-               "with tensor parallelism is not built yet");
-  pipeline.tensor_parallel = 1;
   pipeline.recompute = true;
   expect_error(partitioner::compile_pipeline(gpt(), training(), pipeline),
                "with --recompute is not built yet");

@@ -1050,6 +1050,18 @@ TEST_F(CliTest, TensorParallelMesh) {
   Outcome split_run = strata({"run", "sa.splan", "--steps", "3"});
   ASSERT_EQ(split_run.code, 0) << split_run.err;
   expect_same_losses(split_run, one, 3);
+  // The interleaved schedule with tensor-parallel pairs at each position.
+  Outcome interleaved =
+      strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "--mesh", "1x2x2",
+              "--microbatches", "2", "--schedule", "interleaved", "--chunks", "2", "-o",
+              "ti.splan"});
+  ASSERT_EQ(interleaved.code, 0) << interleaved.err;
+  EXPECT_NE(interleaved.out.find("tensor par.  2 devices per group"), std::string::npos)
+      << interleaved.out;
+  Outcome interleaved_run = strata({"run", "ti.splan", "--steps", "3", "--trace", "ti.json"});
+  ASSERT_EQ(interleaved_run.code, 0) << interleaved_run.err;
+  expect_same_losses(interleaved_run, one, 3);
+  EXPECT_NE(read_file(path("ti.json")).find("device 1 (stages 0, 2 member 1)"), std::string::npos);
 }
 
 // --recompute: the plan says what it recomputes, needs less activation memory
