@@ -1,16 +1,38 @@
-// The pipeline compiler: a forward model to a pipeline training plan.
+// The pipeline compiler: a forward model to a pipeline training plan
+// (strata compile --mesh DPxTPxPP, --microbatches M).
 //
-//   split_batch        the forward graph at batch / M (passes/split_batch.h)
-//   make_training      loss, backward, optimizer (passes/make_training.h)
-//   partition_stages   the forward nodes into P stages, balanced by the cost model
+//   split_batch        the forward graph at batch / (M x DP) (passes/split_batch.h)
+//   shard_tensor_parallel  TP > 1: the loss added first (passes::add_loss), then
+//                      the local graph one member of a group runs
+//                      (search/tensor_parallel.h)
+//   make_training      loss, backward, optimizer (passes/make_training.h);
+//                      --recompute then adds recomputation (passes/recompute.h)
+//   partition_stages   the forward nodes into P stages (P x chunks virtual
+//                      stages when interleaved), balanced by the cost model
 //                      on the cluster's device (or profiled node times) over the
 //                      whole step: each forward node counts with the backward and
 //                      optimizer nodes that will run where it runs; under the
 //                      device's memory (or the manual --stage-boundaries);
 //                      backward and optimizer nodes follow
 //   lower_pipeline     per-device programs for the schedule, with memory plans
+//                      (lowering/pipeline.h)
+//   expand_tensor_parallel  TP > 1: each program copied per member
 //   check_deadlock     every receive matched, in an order that completes
 //   simulate_pipeline  predicted step time, per-device busy time and bubble
+//
+// Devices are numbered (stage x DP + replica) x TP + member: tensor
+// parallelism innermost, on the fastest links. Every data-parallel group
+// reduces with one algorithm for the whole plan, the ring or the binomial
+// tree (runtime/comm/collectives.h), whichever the cost model prices lower
+// for everything reduced in a step: with three or more replicas the two add
+// in different orders, so one choice keeps every pipeline depth bitwise
+// equal. Gradient clipping is split where a stage, a tensor-parallel group or
+// a ZeRO-1 replica holds only part of the gradients: each part's SumOfSquares
+// runs where its gradient is (on a replica's shard: ComputeShard) and the
+// partial sums meet before NormScale. ZeRO-1 with clipping under tensor
+// parallelism is refused; ZeRO-1 shards the optimizer state a device holds,
+// while the new state a step computes still gets full-size arena buffers
+// until the update.
 #pragma once
 
 #include <functional>

@@ -3,6 +3,11 @@
 // proves that the programs cannot deadlock (check_deadlock). The compiler
 // prices it with a cluster (partitioner::cluster_costs); the runtime checks
 // a plan read from a file with zero costs before any thread waits.
+//
+// Collectives match too: every member's k-th collective on a group must
+// reduce the same tensor. Gradient buckets run on a second resource per
+// device (its communication stream), beside its instructions; a stuck
+// WaitBucket is traced to the member that never started the bucket.
 #pragma once
 
 #include <functional>

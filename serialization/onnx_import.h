@@ -4,13 +4,17 @@
 //   external-data initializers are read only from regular files inside the
 //   model's folder (no absolute paths, no "..", no symlink leading out), with
 //   offset and length checked against the file and the tensor's size.
+//   PyTorch's exporter merges equal initializers, giving each former owner an
+//   Identity of the survivor; such an Identity becomes an initializer of its
+//   own, under the source model's name, so merged batch-norm weights and
+//   running statistics train and update apart.
 // - Shapes are static: every graph input needs fixed dims, from the file or
 //   from `input_shapes` (`--input-shape name=1x3x224x224`).
 // - Nodes whose inputs are all known at import (Shape of a static tensor,
 //   Constant, ConstantOfShape, Range, and any op over constants) are folded to
 //   constants with strata's own kernels, so shape-computing subgraphs vanish
 //   and shape inputs (Reshape, Expand, Slice, Split, Unsqueeze, ...) become
-//   the static attributes strata ops take.
+//   the static attributes strata ops take. A folded constant is at most 1 GiB.
 // - An op strata cannot express is an error listing every such op with its
 //   nodes, all at once. Malformed files (truncated protobuf, initializer sizes
 //   that disagree with their dims, cycles, external paths that escape) are

@@ -11,22 +11,27 @@
 // Lowering (lower_pipeline), per device s (= stage s; with the interleaved
 // schedule's v chunks, stages s, s + P, ..., s + (v-1) P):
 //  1. the per-micro-batch blocks in the order schedule_blocks gives them
-//     (GPipe, 1F1B or interleaved; partitioner/schedule.h). Every schedule
-//     runs the backward of micro-batch k before that of k + 1 in every stage,
-//     so gradients accumulate in the same order and all give bitwise the same
-//     result (but with clipping, whose norm sums per-stage partials, so v
-//     chunks sum in another order). Inside a block, nodes run in one
-//     topological order; a tensor from another stage is received right before
-//     its first reader in that micro-batch and sent right after its producer;
-//     accumulation follows the producer;
+//     (GPipe, 1F1B or interleaved; schedule.h). Every schedule runs the
+//     backward of micro-batch k before that of k + 1 in every stage, so
+//     gradients accumulate in the same order: every schedule and every P give
+//     bitwise the weights of the one-device plan with the same M. The
+//     exception is clipping over several stages: its norm is combined from
+//     per-stage partial sums (SumOfSquares pairs of about 48 bits), which can
+//     differ from one stage's sum in the last bit of the scale. Inside a
+//     block, nodes run in one topological order; a tensor from another stage
+//     is received right before its first reader in that micro-batch and sent
+//     right after its producer; accumulation follows the producer;
 //  2. the per-step part: scale the accumulated tensors, send those another stage
 //     reads, run the step nodes (receiving and sending across stages likewise).
 //     With data parallelism the accumulated tensors are first summed over the
 //     stage's replicas: in gradient buckets (PipelineOptions::bucket_bytes), each
 //     started (StartBucket) right after the last instruction of the micro-batch
 //     blocks that touches its tensors, and waited for (WaitBucket) here, so the
-//     reduction of late layers' gradients overlaps the backward of early ones;
-//     or, without buckets, by one blocking collective per tensor here;
+//     reduction of late layers' gradients overlaps the backward of early ones
+//     (only the last micro-batch's backward overlaps: the earlier ones only
+//     accumulate, as in PyTorch DDP with no_sync and in Megatron-LM; ZeRO-1's
+//     sharded gradients get reduce-scatter buckets of their own); or, without
+//     buckets, by one blocking collective per tensor here;
 //  3. state updates: the stage computing a new value sends it to every other
 //     stage holding a copy of the target (a tied embedding, the step counter),
 //     and each holder applies it.
@@ -37,7 +42,8 @@
 // Memory (per device): each (tensor, micro-batch) buffer lives from the
 // instruction that writes it to the last one that reads it; buffers are placed
 // with passes::place_buffers, so the arena size is the device's peak activation
-// memory for that schedule, known at compile time.
+// memory for that schedule, known at compile time (1F1B's is below GPipe's:
+// stage s keeps at most P - s micro-batches in flight).
 #pragma once
 
 #include <functional>

@@ -10,7 +10,10 @@
 //  - Interleaved (Megatron-LM's virtual pipeline, Narayanan et al. 2021): the
 //    chunks take P micro-batches in turn, forwards in chunk order and
 //    backwards in reverse, after min(2(P-1-s) + (v-1)P, vM) warm-up forwards
-//    (all of them when M = P).
+//    (all of them when M = P). M must be a multiple of P. The ideal bubble
+//    shrinks from (P-1)/(M+P-1) to (P-1)/(vM+P-1), for v times the activation
+//    transfers. Data-parallel replicas and ZeRO-1 work as with 1F1B; tensor
+//    parallelism and recomputation are not built for it yet.
 // Every schedule runs each (micro-batch, chunk) forward once and backward
 // once, the forward first, and the backward of micro-batch k before that of
 // k + 1 in every chunk, so gradients accumulate in the same order whatever

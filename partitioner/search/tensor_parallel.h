@@ -23,17 +23,39 @@
 // an all-gather for S -> R). Parameters may be stored in any spec for free; an
 // activation never goes from R to S by itself (the group splits the model; the
 // data-parallel axis splits the batch), so splits start at the parameters. The
-// choices are then read back from the graph outputs, which must be R. On a GPT
-// this finds Megatron-LM's pattern: the QKV and first MLP projections split by
-// columns (QKV by heads: a split of the fused [Q | K | V] axis with outer 3), the
-// attention by heads, the output and second MLP projections by rows, and one
-// all-reduce after each block.
+// choices are then read back from the graph outputs, which must be R. Costs
+// are kept relative to each tensor's cheapest spec, so a residual stream's
+// shared upstream cost cancels instead of doubling per layer. A parameter
+// read by several nodes (a tied embedding) is stored once: choosing a node's
+// rule charges what its wanting the parameter in some spec adds to the
+// cheapest storage for the readers already decided. One split becomes
+// another (S(a) -> S(b)) by an all-to-all, each member sending (p-1)/p^2 of
+// the tensor where an all-gather and a slice would receive (p-1)/p of it.
+//
+// On a GPT this finds Megatron-LM's pattern (tests/partitioner/
+// tensor_parallel_test.cc checks it at GPT-2-medium width on the H100 spec):
+// the QKV and first MLP projections split by columns (QKV by heads: a split
+// of the fused [Q | K | V] axis with outer 3), the attention by heads, the
+// output and second MLP projections by rows, and one all-reduce after each
+// block. Where the vocabulary is large it also finds the vocabulary-parallel
+// embedding and loss: the tied table split by rows, the lookup a Gather of
+// each member's rows (partial sums, one all-reduce), the logits left split by
+// class into VocabParallelStats, a TpAllGather of three numbers per row, and
+// VocabParallelCrossEntropy (ops/ops_nn.cc), whose gradient reaches the piece
+// with nothing to communicate. On tiny models or slow links it may choose
+// otherwise (an all-gather instead of an all-reduce, or replication), because
+// that is cheaper there.
 //
 // The result is one local graph that every member runs: parameters at their
 // piece's shape, activations at their local shape, and the communication as
-// graph ops (TpCopy, TpAllReduce, TpAllGather, TpSplit; ops/ops_parallel.cc)
-// whose gradients are each other, so autodiff and the optimizer apply to the
-// local graph unchanged.
+// graph ops (ops/ops_parallel.cc) whose gradients are each other, so autodiff
+// and the optimizer apply to the local graph unchanged: TpCopy (identity;
+// gradient all-reduced), TpAllReduce (gradient passes through), TpAllGather
+// and TpSplit (each other's gradient), TpReduceScatter (gradient
+// all-gathered), TpAllToAll (gradient the reverse all-to-all). Each records
+// why it is there (`why`, which `strata inspect --comm` prints). Pieces are
+// cut from initializers only: weights that come as data (imported ONNX
+// initializers) stay replicated.
 #pragma once
 
 #include <map>

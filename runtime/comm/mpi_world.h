@@ -10,28 +10,44 @@
 // block inside MPI and every wait they make is a condition-variable wait
 // bounded by the timeout. A message between devices of different ranks is a
 // small header (source and destination device, the 64-bit plan tag, the byte
-// count, a sequence number) followed by the payload, sent with MPI tag = the
-// sequence number. The receiver matches headers to posted receives by
-// (source device, tag) in posting order, the Communicator contract, and only
-// then receives the payload straight into the destination buffer. Messages
-// between devices of the same rank never touch MPI. Collectives are built
-// from these point-to-point messages (gather to the group's first member, sum
-// in device order, send back), so their results are bitwise those of the
-// threaded run; the plan's ring and tree algorithms (runtime/collectives.h) run
-// over them the same way.
+// count, a sequence number) on a control communicator, then the payload on a
+// data communicator with MPI tag = the sequence number. The receiver matches
+// headers to posted receives by (source device, tag) in posting order, the
+// Communicator contract. The payload lands in a staging buffer and is copied
+// to the device's buffer only if the device still waits for it (after a
+// failure its arena may be gone while MPI still delivers). Messages between
+// devices of the same rank never touch MPI. Collectives are built from these
+// point-to-point messages (gather to the group's first member, sum in device
+// order, send back), so their results are bitwise those of the threaded run;
+// the plan's ring and tree algorithms (runtime/comm/collectives.h) run over
+// them the same way.
+//
+// Start and end. MPI_Init and MPI_Finalize wait for every rank, so each runs
+// under a watchdog bounded by the timeout: a rank that never starts makes the
+// others stop with an error saying so. Open MPI's single-copy shared-memory
+// transfers are turned off (btl_vader_single_copy_mechanism=none, unless the
+// environment sets it): a receiver reading a dead peer's memory would crash
+// before it could report.
 //
 // Failure. Every rank sends a heartbeat with where each of its devices is
-// (step, instruction) every `heartbeat`. The first failure on any rank (a
-// timeout, an error, an abort) is sent to every other rank, which fails with
-// it at once; a rank nobody has heard from for the timeout (stopped, hung,
-// partitioned) is declared lost, with the step and instruction it last
-// reported. When one rank dies (SIGKILL, a crash, an exit), the launcher sends
-// SIGTERM to the others: each then asks the others whether they are alive,
-// names the ranks that do not answer as lost (with where they last were; a
-// rank on the same host counts as alive while its process exists) and
-// exits non-zero, before the launcher's SIGKILL. A start-up that does not
-// finish within the timeout (a rank that never started) ends the rank with an
-// error saying so.
+// (step, instruction) every `heartbeat` (sooner when a device moves on, at
+// once on a new step). The first failure on any rank (a timeout, an error, an
+// abort) is sent to every other rank, which fails with it at once; a rank
+// nobody has heard from for the timeout (stopped, hung, partitioned) is
+// declared lost, with the step and instruction it last reported, and a
+// receive that times out names a silent rank first. When one rank dies
+// (SIGKILL, a crash, an exit), the launcher sends SIGTERM to the others and
+// SIGKILL a second later: each asks the others whether they are alive (a few
+// hundred milliseconds), names the ranks that do not answer as lost (with
+// where they last were) and exits non-zero. A rank on the same host and pid
+// namespace is asked of the kernel as well, and counts as alive while its
+// process exists: after a peer was killed, a survivor has been seen (rarely)
+// to receive nothing more from anyone, answers included.
+//
+// The failure tests inject faults through STRATA_FAULT (read in
+// tools/cmd_run_train.cc): a device that errs, stalls, is killed, exits or
+// stops at an instruction, a rank that never starts, a kill while a
+// checkpoint is written.
 #pragma once
 
 #include <chrono>

@@ -13,9 +13,10 @@
 // executor stops before its updates. With CUDA Graphs on (the default), the
 // first run launches that sequence eagerly, the second captures it into a
 // graph and every later run replays it, after checking that every buffer it
-// binds is where and what it was at capture (runtime/gpu_placement.h's
+// binds is where and what it was at capture (runtime/cuda/gpu_placement.h's
 // CaptureRecord). The results are the same either way: every kernel is
-// deterministic.
+// deterministic. How each op runs, and why its bits repeat:
+// ops/kernels/cuda/cuda_ops.h and launch.h.
 //
 // Without a GPU the executor cannot be created (the error says why), but
 // check_cuda_ops() tells, without one, which ops of a graph the backend lacks.

@@ -7,7 +7,9 @@
 // memory plan, unchanged), its copies of the parameters, state and constants
 // it holds, its kernels' scratch and cuBLASLt/cuDNN workspace, a staging
 // buffer per send and one error flag per instruction; then the batch's
-// staging and the values computed at load. A step allocates nothing.
+// staging and the values computed at load. A step allocates nothing. The
+// batch is staged once; each compute instruction reads its micro-batch's rows
+// of it in place.
 //
 // On one GPU, one host thread enqueues every device's instructions, in an
 // order in which nothing waits for work not yet enqueued (gpu_launch_order):
@@ -48,21 +50,27 @@
 // own State and CUDA Graph (and its own host thread for the eager and
 // captured steps, whose NCCL calls may wait on the other ranks' while being
 // enqueued; replays are launched by the calling thread, one graph per GPU),
-// and the ranks talk over NCCL: a
-// world communicator (from one unique id shared in-process) for messages and
-// one split off it per plan group spread over GPUs (one member per GPU; a
-// group on one GPU keeps the copies above). Every rank walks the same launch
+// and the ranks talk over NCCL: a world communicator (from one unique id
+// shared in-process, started with NCCL's non-blocking init, bounded by
+// `timeout`) for messages and one split off it per plan group spread over
+// GPUs (one member per GPU; a group on one GPU keeps the copies above; a
+// group partly sharing a GPU is refused). Every rank walks the same launch
 // order and makes its NCCL calls where gpu_rank_steps says, so all ranks
 // reach each call in the same order and none waits on one not yet issued: a
 // message is staged at its send and goes out (ncclSend on the sender's
 // second stream, ncclRecv on the receiver's) at its receive's launch;
 // collectives, buckets and tensor-parallel nodes are NCCL's all-reduce,
 // reduce-scatter and all-gather (in place; column-block pieces through a
-// staging buffer). Before the step's first update the ranks combine their
-// check flags (an NCCL max), so a check that fails on one GPU keeps every
-// GPU's weights. Every wait is bounded by `timeout` and watches the
+// staging buffer). NCCL sums in its own order, so results equal the CPU's to
+// rounding, not bitwise. Before the step's first update the ranks combine
+// their check flags (an NCCL max), so a check that fails on one GPU keeps
+// every GPU's weights. Every wait is bounded by `timeout` and watches the
 // communicators' errors and the other ranks: a failure aborts every
-// communicator and ends the step with the failing GPU's error.
+// communicator and ends the step with the failing GPU's own error, not the
+// "another GPU failed" of the rest. A rank whose step timed out leaves its
+// memory and handles unfreed at teardown (its comms aborted, then 2 s more)
+// rather than block in cudaFree. So far this path has run on the CUDA
+// emulator's two GPUs (tests/cuda_emulator), not on a machine with several.
 //
 // Across the processes of an MPI job (CudaPipelineOptions::processes) each
 // process is one such rank on the GPU of its local rank, running its

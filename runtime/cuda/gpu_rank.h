@@ -1,4 +1,4 @@
-// GpuRank: one GPU of a CUDA pipeline run (runtime/cuda_pipeline.h), the
+// GpuRank: one GPU of a CUDA pipeline run (runtime/cuda/cuda_pipeline.h), the
 // CUDA backend and transport of the execution core (runtime/core/issue.h).
 //
 // Every plan device on the GPU is a pair of streams: compute, and a second

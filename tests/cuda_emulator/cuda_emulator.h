@@ -1,7 +1,14 @@
 // A CUDA emulator, for tests on machines without a GPU: strata's kernels, the
 // CUDA runtime, cuBLASLt, cuDNN and NCCL on the host. A test program links
 // the CUDA backend's own object files against it instead of nvcc's kernels
-// and NVIDIA's libraries (tests/runtime/meson.build).
+// and NVIDIA's libraries (tests/runtime/meson.build). It needs the CUDA
+// toolkit's headers (it is built where the CUDA backend is), not a GPU.
+// Linked so: cuda_emulation_test (every CUDA op against the CPU kernel, and
+// the emulator's own checks), cuda_executor_emulated_test* (the GPU tests of
+// cuda_executor_test: the executor and the pipeline runner against the CPU)
+// and strata_emulated, the CLI, which cli_emulated_test runs for the CLI's
+// CUDA cases. The last two run with two emulated GPUs, so runs over several
+// GPUs and NCCL are tested too.
 //
 // Kernels. The kernel files (ops/kernels/cuda/*.cu) compile as C++ with
 // kernel_language.h included first (the *_emulated.cc files beside this),

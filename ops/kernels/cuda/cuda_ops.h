@@ -8,6 +8,28 @@
 // reserves it with the arena and a whole step can be captured into a CUDA
 // Graph. Errors found on the device (a label or index out of range) raise the
 // node's flag, which the executor reads after the step.
+//
+// How the ops run:
+//  - MatMul and Gemm: cuBLASLt, f32 compute (TF32 only with --tf32).
+//    cuBLASLt is column-major, so a row-major product is computed as
+//    D^T = B^T A^T. A batched MatMul is one tall product when B is shared,
+//    else strided calls over blocks of the batch (one call when both operands
+//    step evenly; ops::strided_batch_blocks), one plan kept per node.
+//  - Convolutions: cuDNN (cudnn_ops.cc), deterministic algorithms only, FMA
+//    math unless --tf32.
+//  - Pooling and batch norm: cuDNN where it computes the node as strata
+//    defines it (ops/window.h), else, and with --pool-norm strata, strata's
+//    kernels, which follow the CPU's window clipping and accumulation order
+//    element for element. cuDNN's batch statistics are f32 sums: the two
+//    agree within rounding, not bitwise.
+//  - Everything else: strata's kernels (launch.h), including the optimizer
+//    updates and the learning-rate schedule, which reads the step counter on
+//    the device so a replayed step sees the new step. Concat and Split are
+//    2-D copies, reshapes plain copies; a node without inputs (Constant) is
+//    computed once on the CPU at load and copied into place each step.
+// Ops on f16 or bf16 tensors (other than byte moves) and ops missing here make
+// a runner's create() fail, naming every missing op and its nodes
+// (check_cuda_ops); `strata ops --backend cuda` lists what runs.
 #pragma once
 
 #include <cublasLt.h>

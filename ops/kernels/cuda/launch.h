@@ -9,6 +9,15 @@
 //
 // Tensors are dense, row-major, f32 unless an argument says otherwise. Shapes
 // of up to kMaxDims dims travel by value in a Dims.
+//
+// Numerics. The kernels are compiled with --fmad=false (a * b + c rounds
+// twice, as on the CPU; Gelu shares the CPU's own math, gelu_math.h; Pow by
+// a one-element exponent of 2 or 1 is x * x or x, as on the CPU), reduce in
+// double where the CPU does, and sum in a fixed order: block reductions in a
+// fixed tree, column sums one thread per column, the embedding gradient one
+// thread per table element scanning the indices in order. So a kernel gives
+// bitwise the same result on every run, and a replayed CUDA Graph equals
+// eager execution bitwise.
 #pragma once
 
 #include <cuda_runtime.h>
