@@ -6,7 +6,7 @@
 // per rank). For each size from 1 KiB to --max-mib MiB:
 //   send/recv  device 0 sends n bytes to device 1 and gets them back; the time
 //              is half the round trip; bound alpha + n / beta.
-//   all-reduce the ring all-reduce the plans use (runtime/collectives.h) of n
+//   all-reduce the ring all-reduce the plans use (runtime/comm/collectives.h) of n
 //              bytes of f32 over all P devices; bound 2 (P - 1) (alpha +
 //              n / (P beta)) (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with

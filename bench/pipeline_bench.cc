@@ -3,7 +3,7 @@
 //
 // For each P in {2, 4} and M in {4, 8, 16} the GPT is compiled to a 1F1B
 // pipeline plan and trained for a few steps with tracing on, timed by the
-// device clock (runtime/device_clock.h: each device's own CPU time, joined at
+// device clock (runtime/comm/device_clock.h: each device's own CPU time, joined at
 // its messages and collectives), which measures the step as a core per device
 // would run it also where the machine has fewer cores than devices. The wall
 // time of the same steps is printed beside it: with a core per device the two

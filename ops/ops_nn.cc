@@ -1718,7 +1718,7 @@ Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
 // Vocabulary-parallel cross entropy (Megatron-LM's): the logits' last dim is
 // split over `parts` tensor-parallel members, member r holding classes
 // [r V / parts, (r + 1) V / parts). Three nodes replace SoftmaxCrossEntropy
-// (partitioner/tensor_parallel.cc):
+// (partitioner/search/tensor_parallel.cc):
 //
 //   stats = VocabParallelStats(piece, labels)  per row: the piece's max m_r,
 //           sum of exp(x - m_r), and the label's logit if the piece holds it

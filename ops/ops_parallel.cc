@@ -1,4 +1,4 @@
-// Tensor-parallel communication ops (partitioner/tensor_parallel.h inserts them).
+// Tensor-parallel communication ops (partitioner/search/tensor_parallel.h inserts them).
 //
 // A tensor-parallel plan gives every device of a tensor-parallel group the same
 // local graph; these six ops are where the devices of the group meet. Their
@@ -20,8 +20,9 @@
 // o = 1 is the plain contiguous split; o = 3 splits a fused [Q | K | V] axis by
 // heads.
 //
-// Only the pipeline runner runs them on a group (runtime/pipeline_runner.cc);
-// the CPU kernel here is the one-member group (parts = 1), a copy.
+// The execution core runs them over their group on every backend
+// (runtime/core/issue.cc); the CPU kernel here is the one-member group
+// (parts = 1), a copy.
 #include <cstring>
 
 #include "ops/registry.h"

@@ -175,7 +175,7 @@ enum class BatchRule : uint8_t {
   kNotForward,
 };
 
-// Tensor parallelism's strategies for the op (partitioner/tensor_parallel.cc).
+// Tensor parallelism's strategies for the op (partitioner/search/tensor_parallel.cc).
 // Every op may run whole on every member; the rule adds the split and
 // partial-sum strategies.
 enum class ShardRule : uint8_t {

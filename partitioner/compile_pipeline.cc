@@ -226,7 +226,7 @@ void price_with_algorithms(SimulationCosts &costs, const ClusterSpec &cluster,
       const CollectiveAlgorithm algorithm =
           it == algorithm_of.end() || kind == Collective::kAllGather ? CollectiveAlgorithm::kRing
                                                                      : it->second;
-      // A tree reduce-scatter is a whole tree all-reduce (runtime/collectives.h).
+      // A tree reduce-scatter is a whole tree all-reduce (runtime/comm/collectives.h).
       const Collective priced_kind =
           kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree
               ? Collective::kAllReduce

@@ -60,7 +60,7 @@ struct PipelineCompileOptions {
   // collective per gradient at the step (PipelineOptions::bucket_bytes).
   int64_t bucket_bytes = kDefaultBucketBytes;
   // Members of every tensor-parallel group (--mesh DPxTPxPP): the forward graph
-  // is split over them (partitioner/tensor_parallel.h); tp is innermost in the
+  // is split over them (partitioner/search/tensor_parallel.h); tp is innermost in the
   // device numbering.
   int tensor_parallel = 1;
   // --split-activations: TensorParallelOptions::split_activations.

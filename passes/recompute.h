@@ -17,7 +17,7 @@
 // the same result with and without recomputation. Stochastic ops recompute the
 // same values (Dropout's mask is a function of its seed, the step and the
 // element index). The lowering runs each clone just before its first backward
-// reader (partitioner/pipeline.h).
+// reader (partitioner/lowering/pipeline.h).
 #pragma once
 
 #include "graph/graph.h"

@@ -1,7 +1,9 @@
 // StepRunner: what the Trainer drives. One run is one training step on one
 // batch; the runner owns the parameters and state and applies the step's state
-// updates. CpuExecutor (one device) and PipelineRunner (P devices as threads)
-// implement it.
+// updates. The single-device executors (CpuExecutor, CudaExecutor) and the
+// pipeline runners (PipelineRunner: CPU threads or MPI ranks;
+// CudaPipelineRunner: GPU streams, GPUs, MPI ranks) implement it;
+// make_runner.h picks one for a plan.
 #pragma once
 
 #include <map>

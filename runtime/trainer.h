@@ -49,7 +49,7 @@ public:
   // `loss` names the scalar loss tensor, a graph output.
   static Result<std::unique_ptr<Trainer>> create(Graph graph, const std::string &loss, Dataset data,
                                                  const TrainerOptions &options = {});
-  // The same around any runner (a pipeline: runtime/pipeline_runner.h).
+  // The same around any runner (a pipeline: runtime/cpu/pipeline_runner.h).
   static Result<std::unique_ptr<Trainer>> create(std::unique_ptr<StepRunner> runner,
                                                  const std::string &loss, Dataset data,
                                                  const TrainerOptions &options = {});

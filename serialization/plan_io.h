@@ -9,8 +9,11 @@
 // every field is checked (the embedded model with the model loader's own
 // checks, then mode, loss, fingerprints, devices, programs). Errors name the
 // file and the field. Saving is canonical: the same Plan gives the same bytes.
-// Pipeline plans (revision 2, `Plan::pipeline`) give every device a program of
-// instructions instead; plans without a pipeline are written as revision 1.
+// Pipeline plans (revision 2 and later, `Plan::pipeline`) give every device a
+// program of instructions instead; plans without a pipeline are written as
+// revision 1. Each file is written at the lowest revision that holds what it
+// uses (gradient buckets: 3; interleaved chunks: 4); schemas/plan.fbs keeps
+// the history.
 #pragma once
 
 #include <cstdint>
@@ -105,7 +108,7 @@ struct PlanProgram {
 // of a tensor-parallel group holds one piece of. The plan's graph declares the
 // piece's shape; member r holds piece r of the full tensor (`full_shape`) along
 // `dim`, viewed as [outer, n / outer] with the second factor cut in
-// tensor_parallel pieces (partitioner/tensor_parallel.h).
+// tensor_parallel pieces (partitioner/search/tensor_parallel.h).
 struct PlanShard {
   std::string tensor;
   std::vector<int64_t> full_shape;

@@ -42,7 +42,7 @@ struct RunArgs {
   std::string pool_norm = "cudnn";
   // Pipeline plans only.
   std::string trace;          // write a Chrome / Perfetto trace of every device here
-  std::string clock = "wall"; // wall or device (runtime/device_clock.h)
+  std::string clock = "wall"; // wall or device (runtime/comm/device_clock.h)
   double timeout_s = 30;      // bound on every wait between devices
   // Under an MPI launcher (mpirun -np N): plan devices each rank runs.
   int devices_per_rank = 1;

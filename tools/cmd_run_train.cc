@@ -519,7 +519,7 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   LoopStats stats;
   {
     // Under an MPI launcher every rank would have to stop at the same step;
-    // there the MPI world's own handlers (runtime/mpi_world.cc) end the job.
+    // there the MPI world's own handlers (runtime/comm/mpi_world.cc) end the job.
     std::optional<StopOnSignal> stop_on_signal;
     if (!world) stop_on_signal.emplace();
     out << std::flush; // the header, before a first step that may take long

@@ -3,8 +3,8 @@
 // A runner asks its world which devices are local to this process, and runs one
 // body per local device, each on its own thread with that device's
 // Communicator. Two worlds exist: LocalDeviceWorld (every device a thread of
-// this process, runtime/local_communicator.h) and MpiWorld (the devices spread
-// over the ranks of an MPI job, runtime/mpi_world.h). A runner written against
+// this process, runtime/comm/local_communicator.h) and MpiWorld (the devices spread
+// over the ranks of an MPI job, runtime/comm/mpi_world.h). A runner written against
 // this interface runs the same plan unchanged in one process or in many.
 //
 // ProcessGroup: what the processes of a multi-process run say to each other

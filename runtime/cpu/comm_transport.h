@@ -25,7 +25,7 @@ namespace strata::runtime {
 // it, in order, on the device's second communicator, while the device
 // thread computes. A failure aborts the device's main communicator too, so a
 // device waiting anywhere learns of it at once. Its times are seconds since
-// `epoch`, or with a `clock` the stream's device time (runtime/device_clock.h),
+// `epoch`, or with a `clock` the stream's device time (runtime/comm/device_clock.h),
 // which starts at `clock_start`.
 class CommStream {
 public:

@@ -4,7 +4,7 @@
 // Each device owns one activation arena (the size its program's memory plan
 // says; nothing is allocated during a step), the parameters, state and constants
 // its program reads (materialized identically on every device that holds a
-// copy), and its instruction stream (partitioner/pipeline.h): compute a node on a
+// copy), and its instruction stream (partitioner/lowering/pipeline.h): compute a node on a
 // micro-batch with the registry's CPU kernel, send or receive a buffer,
 // accumulate / scale a gradient, apply a state update. A step hands every device
 // the full batch; micro-batch k of replica r (device s * DP + r) is rows
@@ -37,12 +37,12 @@ struct PipelineRunnerOptions {
   std::string model_dir = "."; // folder external data paths are relative to
   std::chrono::milliseconds timeout = kDefaultCommunicatorTimeout;
   // Where the devices run: null for every device a thread of this process;
-  // an MpiWorld to run only this rank's devices (runtime/mpi_world.h).
+  // an MpiWorld to run only this rank's devices (runtime/comm/mpi_world.h).
   std::shared_ptr<DeviceWorld> world;
   int gemm_threads = 1; // GEMM threads per device thread
   bool trace = false;   // record what each device did (trace_json())
   // How the trace and device_step_seconds() tell time: wall-clock time, or
-  // device time (runtime/device_clock.h: each device's own CPU time, joined at
+  // device time (runtime/comm/device_clock.h: each device's own CPU time, joined at
   // its messages and collectives: the step as it would run with a core per
   // device). Device time needs every device in this process and one GEMM
   // thread per device.

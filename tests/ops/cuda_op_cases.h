@@ -1,5 +1,5 @@
 // The op cases the CUDA backend is checked on: one node each, on inputs
-// random_inputs makes valid. The GPU test (runtime/cuda_executor_test.cc)
+// random_inputs makes valid. The GPU test (tests/runtime/cuda_executor_test.cc)
 // runs them through the CUDA executor, the emulator test
 // (ops/cuda_emulation_test.cc) through the op table on the CUDA emulator.
 #pragma once

@@ -1,4 +1,4 @@
-// Device time (runtime/device_clock.h): clocks that count each thread's own CPU
+// Device time (runtime/comm/device_clock.h): clocks that count each thread's own CPU
 // time and meet at messages and collectives, whatever the machine's load.
 #include "runtime/comm/device_clock.h"
 

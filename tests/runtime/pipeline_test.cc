@@ -1070,7 +1070,7 @@ TEST_F(PipelineTest, TraceShowsEveryDevice) {
   EXPECT_EQ(stream_spans, dp->programs[1].buckets.size());
 }
 
-// The device clock (runtime/device_clock.h) changes how time is told, not
+// The device clock (runtime/comm/device_clock.h) changes how time is told, not
 // what is computed: the same bits as the wall clock. In its trace each
 // device's instructions follow one another, a receive ends no earlier than
 // its message was sent, and the step lasts until the last device is done.

@@ -316,7 +316,7 @@ cudaError_t any_flag(const int *flags, int64_t n, int *any, cudaStream_t stream)
 cudaError_t guarded_copy(void *dst, const void *src, int64_t bytes, const int *any,
                          cudaStream_t stream);
 
-// Pipeline plans (runtime/cuda_pipeline.h): acc += src (a gradient summed
+// Pipeline plans (runtime/cuda/cuda_pipeline.h): acc += src (a gradient summed
 // over micro-batches, in micro-batch order), and acc /= divisor (their mean).
 cudaError_t accumulate(float *acc, const float *src, int64_t n, cudaStream_t stream);
 cudaError_t divide(float *acc, float divisor, int64_t n, cudaStream_t stream);
