@@ -1,14 +1,15 @@
-// PipelineRunner: runs a pipeline plan's per-device programs, one thread per
-// device, in one process, over the local communicator.
+// PipelineRunner: a pipeline plan on CPU device threads, in this process
+// (LocalDeviceWorld) or spread over the ranks of an MPI job (MpiWorld).
 //
-// Each device owns one activation arena (the size its program's memory plan
-// says; nothing is allocated during a step), the parameters, state and constants
-// its program reads (materialized identically on every device that holds a
-// copy), and its instruction stream (partitioner/lowering/pipeline.h): compute a node on a
-// micro-batch with the registry's CPU kernel, send or receive a buffer,
-// accumulate / scale a gradient, apply a state update. A step hands every device
-// the full batch; micro-batch k of replica r (device s * DP + r) is rows
-// [(r M + k) b, (r M + k + 1) b) of dim 0.
+// Each local device owns one activation arena (the size its program's memory
+// plan says; nothing is allocated during a step), its parts of the tensors it
+// holds, and its resolved program (runtime/core/device_program.h), which its
+// thread issues through the execution core: CpuDevice runs the registry's
+// CPU kernels, CommTransport moves data over the device's communicator and
+// reduces gradient buckets on a communication thread beside it. Around the
+// core this runner adds what only threads have: traces, the device clock,
+// injected faults for tests, and, over MPI, each step's outputs broadcast to
+// every process.
 //
 // Failure: every wait is bounded by the timeout. A kernel error, a timeout or an
 // abort on one device ends the step on every device with one error naming the

@@ -1,91 +1,43 @@
-// The CUDA pipeline runner: a pipeline (and data-parallel) plan's devices on
-// one GPU or spread over several, each plan device a pair of CUDA streams of
-// its GPU, each GPU's whole step captured into one CUDA Graph.
+// The CUDA pipeline runner: a pipeline plan's devices (pipeline stages,
+// data-parallel replicas, tensor-parallel members, ZeRO-1 shards, any
+// schedule) on one GPU, spread over the GPUs of this process (--gpus), or
+// over MPI processes a GPU each. Each GPU is a GpuRank (runtime/cuda/
+// gpu_rank.h): the execution core's CUDA backend and transport, its devices
+// as streams, its whole step captured into one CUDA Graph from the second
+// step on. What each instruction does is the core's (runtime/core/issue.h),
+// as on the CPU.
 //
-// create() lays out all of the step's GPU memory as one allocation
-// (cuda_pipeline_layout): per plan device its activation arena (the plan's
-// memory plan, unchanged), its copies of the parameters, state and constants
-// it holds, its kernels' scratch and cuBLASLt/cuDNN workspace, a staging
-// buffer per send and one error flag per instruction; then the batch's
-// staging and the values computed at load. A step allocates nothing. The
-// batch is staged once; each compute instruction reads its micro-batch's rows
-// of it in place.
+// create() reads the plan (core::PipelinePlan), places its devices on GPUs
+// (place_on_gpus: a group whose members share a GPU meets through copies
+// between streams, one spread over GPUs through NCCL; a group partly sharing
+// a GPU is refused), orders the launches (gpu_launch_order, and for each GPU
+// of several its gpu_rank_steps), lays out each GPU's memory as one
+// allocation (cuda_pipeline_layout; a step allocates nothing) and starts the
+// NCCL communicators: one world (a unique id shared in-process, or by MPI
+// rank 0 across processes; NCCL's non-blocking init bounded by `timeout`)
+// and one split off it per group spread over GPUs.
 //
-// On one GPU, one host thread enqueues every device's instructions, in an
-// order in which nothing waits for work not yet enqueued (gpu_launch_order):
-//  - compute: the node's CUDA kernel (ops/kernels/cuda/cuda_ops.h) on the
-//    device's compute stream;
-//  - send: a copy into the send's staging on the sender's stream, then an
-//    event; the sender may reuse its buffer at once, as the CPU
-//    communicator's sends copy;
-//  - receive: the receiver's stream waits for that event and copies out;
-//  - accumulate, scale, update: kernels and copies on the device's stream;
-//  - all-reduce: every member records an event, the first member's stream
-//    waits for them all and sums the members' buffers in group order (as the
-//    CPU communicator does; where the plan names a ring or tree algorithm,
-//    the CPU adds in its order, the same sum to rounding with three or more
-//    members) into every member's, and the members wait for it;
-//  - gradient buckets: a member's StartBucket records its arrival and its
-//    stream goes on; once every member has arrived, the same sum runs on the
-//    first member's second stream, which the members wait for at their
-//    WaitBucket, so the reduction overlaps their backward.
-// With CUDA Graphs on (the default) the first step runs eagerly, the second is
-// captured (every stream forked from and joined back to one origin stream) and
-// later steps replay it, after checking that every buffer is where it was.
-//
-// Tensor-parallel groups run on the same GPU: a member holds its piece of each
-// split parameter, TpCopy and TpSplit run on its stream, and TpAllReduce,
-// TpAllGather and TpReduceScatter are collectives of its group (the first
-// member's stream sums or moves every member's pieces while the others wait).
-// ZeRO-1 runs too: a replica holds its shard of the sharded state, its
-// ComputeShard updates run on views of its chunk, and the gradients'
-// reduce-scatters (blocking, or as buckets) and the parameters' all-gathers
-// are group collectives like the all-reduce. Megatron's vocabulary-parallel
-// embedding and cross entropy run on each member's piece (the kernels take
-// the member's place in its group), and TpAllToAll moves blocks through a
-// staging buffer per member (plan::all_to_all_layout). ZeRO-1 shards
-// tensor-parallel pieces too: a replica holds its shard of its member's piece.
-//
-// Over several GPUs (CudaPipelineOptions::gpus) each GPU is a rank with its
-// own State and CUDA Graph (and its own host thread for the eager and
-// captured steps, whose NCCL calls may wait on the other ranks' while being
-// enqueued; replays are launched by the calling thread, one graph per GPU),
-// and the ranks talk over NCCL: a world communicator (from one unique id
-// shared in-process, started with NCCL's non-blocking init, bounded by
-// `timeout`) for messages and one split off it per plan group spread over
-// GPUs (one member per GPU; a group on one GPU keeps the copies above; a
-// group partly sharing a GPU is refused). Every rank walks the same launch
-// order and makes its NCCL calls where gpu_rank_steps says, so all ranks
-// reach each call in the same order and none waits on one not yet issued: a
-// message is staged at its send and goes out (ncclSend on the sender's
-// second stream, ncclRecv on the receiver's) at its receive's launch;
-// collectives, buckets and tensor-parallel nodes are NCCL's all-reduce,
-// reduce-scatter and all-gather (in place; column-block pieces through a
-// staging buffer). NCCL sums in its own order, so results equal the CPU's to
-// rounding, not bitwise. Before the step's first update the ranks combine
-// their check flags (an NCCL max), so a check that fails on one GPU keeps
-// every GPU's weights. Every wait is bounded by `timeout` and watches the
-// communicators' errors and the other ranks: a failure aborts every
-// communicator and ends the step with the failing GPU's own error, not the
-// "another GPU failed" of the rest. A rank whose step timed out leaves its
-// memory and handles unfreed at teardown (its comms aborted, then 2 s more)
-// rather than block in cudaFree. So far this path has run on the CUDA
-// emulator's two GPUs (tests/cuda_emulator), not on a machine with several.
-//
-// Across the processes of an MPI job (CudaPipelineOptions::processes) each
-// process is one such rank on the GPU of its local rank, running its
-// devices; rank 0 shares the NCCL unique id through the process group, all
-// agree that every rank started, and after each step the processes share
-// the outputs (from the process keeping each) and the step's verdict, so
-// every process sees the same losses and the same first failure. value()
-// reads only this process's tensors; checkpoints go through
-// checkpoint_pieces(), as with the CPU runner over MPI.
+// A step stages the batch once (each compute reads its micro-batch's rows in
+// place). On one GPU one host thread enqueues it; over several each GPU's
+// host thread enqueues its own (an NCCL call may wait for the other ranks
+// while being enqueued), and replays are launched from the calling thread.
+// NCCL sums in its own order, so results over several GPUs equal the CPU's
+// to rounding; on one GPU sums follow group order, as on the CPU. Every wait
+// is bounded by `timeout` and watches the communicators' errors and the other
+// ranks: a failure aborts every communicator and ends the step with the
+// failing GPU's own error, not the "another GPU failed" of the rest; a rank
+// whose step timed out leaves its memory and handles unfreed at teardown
+// rather than block in cudaFree. Across MPI processes, rank 0 shares the NCCL
+// id through the process group, all agree that every rank started, and after
+// each step the processes share the outputs and the step's verdict, so all
+// print the same losses and stop on the same first failure; checkpoints are
+// written per process (checkpoint_pieces), as with the CPU runner over MPI.
 //
 // A device check that fails (a label out of range) ends the step with an
-// error naming the device and instruction, and, as with the CPU pipeline
-// runner, leaves the runner unusable. A device's state updates are skipped
-// when any flag set before them (of any device) is raised, so a bad label
-// leaves the weights as they were.
+// error naming the device and instruction and leaves the runner unusable;
+// the step's state updates are skipped on every device and GPU, so the
+// weights stay as they were. Several GPUs have so far run only on the CUDA
+// emulator's two (tests/cuda_emulator).
 #pragma once
 
 #include <chrono>
