@@ -22,6 +22,10 @@
 //   other way, ends the whole world: every pending and later call on every rank
 //   fails promptly with "device N failed: <reason>". abort() does the same on
 //   request. There is no recovery: a failed world is discarded.
+// - A peer that is no rank of the world, a group that breaks the rules above,
+//   or a collective that does not fit its group (a broadcast root outside it, a
+//   reduce_scatter input other than group size x output) is the caller's bug:
+//   the call fails with invalid_argument and ends the world like any failure.
 // - Errors name the device (its rank and label, "device 2 (stage 2)"), the
 //   operation and its peer or group, and the caller's `what` text describing the
 //   instruction, e.g. "device 2 (stage 2): recv from device 1, tag 7 (activation

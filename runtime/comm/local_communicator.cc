@@ -1,61 +1,24 @@
 #include "runtime/comm/local_communicator.h"
 #include "runtime/comm/device_world.h"
+#include "runtime/comm/host_transport.h"
 
-#include <algorithm>
 #include <cassert>
 #include <compare>
 #include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <map>
 #include <mutex>
-#include <new>
 #include <set>
-#include <thread>
 #include <utility>
 
 namespace strata::runtime {
+
+using namespace host_transport; // what the host transports share
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using Bytes = std::vector<std::byte>;
-
-// Message copies recycled by size across worlds (a pipeline makes a fresh
-// world per step and sends the same sizes every step); fresh memory would cost
-// a page fault per page. At most 8 buffers per size and 1 GiB in all.
-class BufferPool {
-public:
-  static BufferPool &global() {
-    static BufferPool pool;
-    return pool;
-  }
-  Bytes take(std::size_t bytes) {
-    {
-      std::lock_guard lock(mutex_);
-      auto it = free_.find(bytes);
-      if (it != free_.end()) {
-        Bytes buffer = std::move(it->second);
-        free_.erase(it);
-        held_ -= bytes;
-        return buffer;
-      }
-    }
-    return Bytes(bytes);
-  }
-  void give(Bytes buffer) {
-    constexpr std::size_t kSmall = 4096, kMaxHeld = std::size_t{1} << 30;
-    if (buffer.size() < kSmall) return;
-    std::lock_guard lock(mutex_);
-    if (held_ + buffer.size() > kMaxHeld || free_.count(buffer.size()) >= 8) return;
-    held_ += buffer.size();
-    free_.emplace(buffer.size(), std::move(buffer));
-  }
-
-private:
-  std::mutex mutex_;
-  std::multimap<std::size_t, Bytes> free_;
-  std::size_t held_ = 0;
-};
 
 // A send's copy of the data, in a recycled buffer.
 Bytes message_copy(const void *data, std::size_t bytes) {
@@ -69,32 +32,6 @@ Bytes copy_bytes(const void *data, std::size_t bytes) {
   if (bytes > 0) std::memcpy(out.data(), data, bytes);
   return out;
 }
-
-std::string format_duration(std::chrono::milliseconds duration) {
-  if (duration.count() % 1000 == 0) return str_cat(duration.count() / 1000, " s");
-  return str_cat(duration.count(), " ms");
-}
-
-// "device 2" or "devices {0, 2}".
-std::string format_devices(const std::vector<int> &ranks) {
-  if (ranks.size() == 1) return str_cat("device ", ranks[0]);
-  std::string out = "devices {";
-  for (std::size_t i = 0; i < ranks.size(); ++i)
-    out += str_cat(i == 0 ? "" : ", ", ranks[i]);
-  return out + "}";
-}
-
-std::string with_what(std::string operation, std::string_view what) {
-  if (what.empty()) return operation;
-  return str_cat(operation, " (", what, ")");
-}
-
-std::string p2p_operation(const char *verb, int peer, uint64_t tag, std::string_view what) {
-  return with_what(str_cat(verb, " device ", peer, ", tag ", tag), what);
-}
-
-std::size_t element_size(ReduceType type) { return type == ReduceType::kF32 ? 4 : 8; }
-const char *element_name(ReduceType type) { return type == ReduceType::kF32 ? "f32" : "f64"; }
 
 // ---------------------------------------------------------------------------
 // Point to point: one channel per (source, destination, tag). Sends and posted
@@ -125,38 +62,6 @@ struct Channel {
 // ---------------------------------------------------------------------------
 // Collectives: one rendezvous slot per (group, sequence number on that group).
 
-enum class CollectiveKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
-
-struct CollectiveSignature {
-  CollectiveKind kind;
-  std::size_t count = 0; // elements (reductions) or bytes (gather, broadcast) per member
-  ReduceType type = ReduceType::kF32;
-  int root = -1;
-  bool operator==(const CollectiveSignature &) const = default;
-};
-
-std::string collective_operation(const CollectiveSignature &signature,
-                                 const std::vector<int> &members, std::string_view what) {
-  std::string operation;
-  switch (signature.kind) {
-  case CollectiveKind::kAllReduce:
-    operation = str_cat("all_reduce of ", signature.count, " ", element_name(signature.type));
-    break;
-  case CollectiveKind::kReduceScatter:
-    operation = str_cat("reduce_scatter of ", signature.count, " ", element_name(signature.type),
-                        " per device");
-    break;
-  case CollectiveKind::kAllGather:
-    operation = str_cat("all_gather of ", signature.count, " bytes per device");
-    break;
-  case CollectiveKind::kBroadcast:
-    operation = str_cat("broadcast of ", signature.count, " bytes from device ", signature.root);
-    break;
-  case CollectiveKind::kBarrier: operation = "barrier"; break;
-  }
-  return with_what(str_cat(operation, " over ", format_devices(members)), what);
-}
-
 struct Slot {
   CollectiveSignature signature;
   int first_rank = -1;
@@ -171,15 +76,6 @@ struct Slot {
 
 using SlotKey = std::pair<std::vector<int>, uint64_t>;
 
-template <typename T> void accumulate(Bytes &sum, const Bytes &addend) {
-  assert(sum.size() == addend.size());
-  T *out = reinterpret_cast<T *>(sum.data());
-  const T *in = reinterpret_cast<const T *>(addend.data());
-  const std::size_t count = sum.size() / sizeof(T);
-  for (std::size_t i = 0; i < count; ++i)
-    out[i] += in[i];
-}
-
 // The result of a collective whose members have all arrived. Reductions add the
 // inputs one member at a time in group (= increasing rank) order.
 Bytes compute_result(Slot &slot, const std::vector<int> &members) {
@@ -188,12 +84,10 @@ Bytes compute_result(Slot &slot, const std::vector<int> &members) {
   case CollectiveKind::kAllReduce:
   case CollectiveKind::kReduceScatter: {
     Bytes sum = slot.inputs[0];
+    const std::size_t count = sum.size() / element_size(signature.type);
     for (std::size_t i = 1; i < slot.inputs.size(); ++i) {
-      if (signature.type == ReduceType::kF32) {
-        accumulate<float>(sum, slot.inputs[i]);
-      } else {
-        accumulate<double>(sum, slot.inputs[i]);
-      }
+      assert(slot.inputs[i].size() == sum.size());
+      add_elements(signature.type, sum.data(), slot.inputs[i].data(), count);
     }
     return sum;
   }
@@ -218,12 +112,12 @@ Bytes compute_result(Slot &slot, const std::vector<int> &members) {
 
 // ---------------------------------------------------------------------------
 
-class LocalWorldState {
+class LocalWorldState final : public WorldState {
 public:
   LocalWorldState(int size, std::chrono::milliseconds timeout)
-      : size_(size), timeout_(timeout),
+      : WorldState(size), size_(size), timeout_(timeout),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
-        labels_(static_cast<std::size_t>(size)), claimed_(static_cast<std::size_t>(size)) {}
+        claimed_(static_cast<std::size_t>(size)) {}
 
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -235,46 +129,19 @@ public:
     return true;
   }
 
-  void set_label(int rank, std::string label) {
-    std::lock_guard lock(mutex_);
-    labels_[rank] = std::move(label);
-  }
-
-  Status failure() const {
-    std::lock_guard lock(mutex_);
-    return failure_;
-  }
-
   void abort(int rank, const Status &reason) {
     std::lock_guard lock(mutex_);
     std::string message =
-        str_cat(rank < 0 ? "run" : device_name_locked(rank),
+        str_cat(rank < 0 ? "run" : name_locked(rank),
                 " aborted: ", reason.is_ok() ? "no reason given" : reason.message());
     StatusCode code = reason.is_ok() ? StatusCode::kInternal : reason.code();
     set_failure_locked(Status(code, message), message);
   }
 
-  void fail(int rank, const Status &error) {
-    std::lock_guard lock(mutex_);
-    std::string device = device_name_locked(rank);
-    set_failure_locked(Status(error.code(), str_cat(device, ": ", error.message())),
-                       str_cat(device, " failed: ", error.message()));
-  }
-
-  bool valid_peer(int peer) const { return peer >= 0 && peer < size_; }
-
-  // Fails the world from `rank` with an invalid argument in `operation`.
-  Status reject(int rank, const std::string &operation, const std::string &problem) {
-    std::lock_guard lock(mutex_);
-    return fail_locked(rank, StatusCode::kInvalidArgument, operation, problem);
-  }
-
   // Sends copy the data and never block.
   Status send(int rank, const void *data, std::size_t bytes, int peer, uint64_t tag,
               std::string_view what) {
-    if (!valid_peer(peer)) {
-      return reject(rank, p2p_operation("send to", peer, tag, what), no_such_device(peer));
-    }
+    RETURN_IF_ERROR(check_peer(rank, "send to", peer, tag, what));
     Message message{message_copy(data, bytes), std::string(what)};
     std::lock_guard lock(mutex_);
     if (failed_) return cascaded_locked(rank, p2p_operation("send to", peer, tag, what));
@@ -289,9 +156,7 @@ public:
 
   // Reserves the next message from `peer` on `tag` for a receive of `rank`.
   Result<uint64_t> post_recv(int rank, int peer, uint64_t tag, std::string_view what) {
-    if (!valid_peer(peer)) {
-      return reject(rank, p2p_operation("recv from", peer, tag, what), no_such_device(peer));
-    }
+    RETURN_IF_ERROR(check_peer(rank, "recv from", peer, tag, what));
     std::lock_guard lock(mutex_);
     if (failed_) return cascaded_locked(rank, p2p_operation("recv from", peer, tag, what));
     return channels_[ChannelKey{peer, rank, tag}].posted++;
@@ -420,64 +285,21 @@ public:
   }
 
 private:
-  static std::string no_such_device(int peer) { return str_cat("there is no device ", peer); }
-
-  std::string device_name_locked(int rank) const {
-    if (labels_[rank].empty()) return str_cat("device ", rank);
-    return str_cat("device ", rank, " (", labels_[rank], ")");
-  }
-
-  // Records the world's first failure and wakes every rank.
-  void set_failure_locked(Status root, const std::string &cascade_message) {
-    if (failed_) return;
-    failed_ = true;
-    cascade_ = Status(root.code(), cascade_message);
-    failure_ = std::move(root);
+  void on_failure_locked(bool) override {
     for (int rank = 0; rank < size_; ++rank)
       wakeups_[rank].notify_all();
   }
 
-  // `rank` failed in `operation`: ends the world and returns the rank's error.
-  Status fail_locked(int rank, StatusCode code, const std::string &operation,
-                     const std::string &problem) {
-    const std::string device = device_name_locked(rank);
-    Status error(code, str_cat(device, ": ", operation, ": ", problem));
-    set_failure_locked(error, str_cat(device, " failed: ", operation, ": ", problem));
-    return error;
-  }
-
-  // The error of a call of `rank` that the world's failure ended.
-  Status cascaded_locked(int rank, const std::string &operation) const {
-    return Status(cascade_.code(),
-                  str_cat(device_name_locked(rank), ": ", operation, ": ", cascade_.message()));
-  }
-
   const int size_;
   const std::chrono::milliseconds timeout_;
-
-  mutable std::mutex mutex_;
   // Guarded by mutex_:
   std::unique_ptr<std::condition_variable[]> wakeups_; // one per rank: what it waits for changed
-  std::vector<std::string> labels_;
   std::vector<bool> claimed_;
   std::map<ChannelKey, Channel> channels_;
   std::map<SlotKey, std::shared_ptr<Slot>> slots_;
-  bool failed_ = false;
-  Status failure_; // the first failure, as its rank reported it
-  Status cascade_; // what the first failure means to every other call
 };
 
 namespace {
-
-class CompletedRequest final : public Request {
-public:
-  explicit CompletedRequest(Status status) : status_(std::move(status)) {}
-  bool ready() override { return true; }
-  Status wait() override { return status_; }
-
-private:
-  Status status_;
-};
 
 class LocalRecvRequest final : public Request {
 public:
@@ -516,7 +338,7 @@ private:
 class LocalCommunicator final : public Communicator {
 public:
   LocalCommunicator(std::shared_ptr<LocalWorldState> state, int rank)
-      : state_(std::move(state)), rank_(rank) {}
+      : state_(std::move(state)), rank_(rank), calls_(rank, state_->size()) {}
 
   int rank() const override { return rank_; }
   int size() const override { return state_->size(); }
@@ -551,7 +373,7 @@ protected:
 
   Status all_reduce_impl(void *data, std::size_t count, ReduceType type, const Group &group,
                          std::string_view what) override {
-    const CollectiveSignature signature{CollectiveKind::kAllReduce, count, type, -1};
+    const CollectiveSignature signature{CollectiveKind::kAllReduce, count, type, -1, 0};
     const std::size_t bytes = count * element_size(type);
     Result<std::shared_ptr<const Slot>> slot =
         run_collective(signature, group, what, [&] { return copy_bytes(data, bytes); });
@@ -563,27 +385,22 @@ protected:
   Status reduce_scatter_impl(const void *input, std::size_t input_count, void *output,
                              std::size_t output_count, ReduceType type, const Group &group,
                              std::string_view what) override {
-    const CollectiveSignature signature{CollectiveKind::kReduceScatter, output_count, type, -1};
+    const CollectiveSignature signature{CollectiveKind::kReduceScatter, output_count, type, -1,
+                                        input_count};
     const std::size_t chunk = output_count * element_size(type);
-    std::size_t position = 0;
-    Result<std::shared_ptr<const Slot>> slot = run_collective(
-        signature, group, what, [&] { return copy_bytes(input, input_count * element_size(type)); },
-        &position,
-        [&](std::size_t group_size) -> std::string {
-          if (input_count == output_count * group_size) return {};
-          return str_cat("the input has ", input_count, " elements, not ", group_size, " x ",
-                         output_count);
-        });
+    Result<std::shared_ptr<const Slot>> slot = run_collective(signature, group, what, [&] {
+      return copy_bytes(input, input_count * element_size(type));
+    });
     if (!slot.is_ok()) return slot.status();
-    const std::byte *source =
-        *slot ? (*slot)->result.data() + position * chunk : static_cast<const std::byte *>(input);
+    const std::byte *source = *slot ? (*slot)->result.data() + calls_.position() * chunk
+                                    : static_cast<const std::byte *>(input);
     if (chunk > 0) std::memmove(output, source, chunk);
     return Status::ok();
   }
 
   Status all_gather_impl(const void *input, std::size_t bytes, void *output, const Group &group,
                          std::string_view what) override {
-    const CollectiveSignature signature{CollectiveKind::kAllGather, bytes, ReduceType::kF32, -1};
+    const CollectiveSignature signature{CollectiveKind::kAllGather, bytes, ReduceType::kF32, -1, 0};
     Result<std::shared_ptr<const Slot>> slot =
         run_collective(signature, group, what, [&] { return copy_bytes(input, bytes); });
     if (!slot.is_ok()) return slot.status();
@@ -597,78 +414,41 @@ protected:
 
   Status broadcast_impl(void *data, std::size_t bytes, int root, const Group &group,
                         std::string_view what) override {
-    const CollectiveSignature signature{CollectiveKind::kBroadcast, bytes, ReduceType::kF32, root};
+    const CollectiveSignature signature{CollectiveKind::kBroadcast, bytes, ReduceType::kF32, root,
+                                        0};
     Result<std::shared_ptr<const Slot>> slot = run_collective(
-        signature, group, what, [&] { return rank_ == root ? copy_bytes(data, bytes) : Bytes(); },
-        nullptr,
-        [&](std::size_t) -> std::string {
-          if (std::binary_search(members_.begin(), members_.end(), root)) return {};
-          return str_cat("the root, device ", root, ", is not in the group");
-        });
+        signature, group, what, [&] { return rank_ == root ? copy_bytes(data, bytes) : Bytes(); });
     if (!slot.is_ok()) return slot.status();
     if (*slot && rank_ != root && bytes > 0) std::memcpy(data, (*slot)->result.data(), bytes);
     return Status::ok();
   }
 
   Status barrier_impl(const Group &group, std::string_view what) override {
-    const CollectiveSignature signature{CollectiveKind::kBarrier, 0, ReduceType::kF32, -1};
+    const CollectiveSignature signature{CollectiveKind::kBarrier, 0, ReduceType::kF32, -1, 0};
     return run_collective(signature, group, what, [] { return Bytes(); }).status();
   }
 
 private:
-  // Resolves `group` into members_ and this rank's position in it, or explains
-  // what is wrong with it.
-  std::string resolve_group(const Group &group, std::size_t *position) {
-    members_.clear();
-    if (group.empty()) {
-      for (int rank = 0; rank < state_->size(); ++rank)
-        members_.push_back(rank);
-    } else {
-      members_ = group;
-    }
-    bool has_self = false;
-    for (std::size_t i = 0; i < members_.size(); ++i) {
-      const bool in_range = state_->valid_peer(members_[i]);
-      const bool increasing = i == 0 || members_[i - 1] < members_[i];
-      if (!in_range || !increasing) {
-        return str_cat("a group lists distinct devices in increasing order, each in [0, ",
-                       state_->size(), ")");
-      }
-      if (members_[i] == rank_) {
-        has_self = true;
-        *position = i;
-      }
-    }
-    if (!has_self) return str_cat("the group does not include device ", rank_);
-    return {};
-  }
-
   // Runs one collective: checks the group and the call, then meets the other
   // members. Returns a null slot for a group of one (nothing to exchange).
-  template <typename MakeInput, typename CheckCall = std::string (*)(std::size_t)>
-  Result<std::shared_ptr<const Slot>> run_collective(
-      const CollectiveSignature &signature, const Group &group, std::string_view what,
-      MakeInput make_input, std::size_t *position_out = nullptr,
-      CheckCall check_call = [](std::size_t) { return std::string(); }) {
-    std::size_t position = 0;
-    std::string problem = resolve_group(group, &position);
-    if (problem.empty()) problem = check_call(members_.size());
-    if (!problem.empty()) {
-      return state_->reject(rank_, collective_operation(signature, members_, what), problem);
-    }
-    if (position_out != nullptr) *position_out = position;
-    if (members_.size() == 1) {
-      RETURN_IF_ERROR(state_->check_alive(rank_, collective_operation(signature, members_, what)));
+  template <typename MakeInput>
+  Result<std::shared_ptr<const Slot>> run_collective(const CollectiveSignature &signature,
+                                                     const Group &group, std::string_view what,
+                                                     MakeInput make_input) {
+    RETURN_IF_ERROR(state_->check_collective(rank_, calls_, signature, group, what));
+    const std::vector<int> &members = calls_.members();
+    if (members.size() == 1) {
+      RETURN_IF_ERROR(state_->check_alive(rank_, collective_operation(signature, members, what)));
       return std::shared_ptr<const Slot>();
     }
-    const uint64_t sequence = sequences_[members_]++;
-    return state_->rendezvous(rank_, members_, position, sequence, signature, make_input(), what);
+    const uint64_t sequence = calls_.next_sequence();
+    return state_->rendezvous(rank_, members, calls_.position(), sequence, signature, make_input(),
+                              what);
   }
 
   std::shared_ptr<LocalWorldState> state_;
   int rank_;
-  std::vector<int> members_;                       // the current collective's group
-  std::map<std::vector<int>, uint64_t> sequences_; // collectives issued per group
+  CollectiveCalls calls_;
 };
 
 } // namespace
@@ -700,39 +480,21 @@ std::unique_ptr<Communicator> LocalWorld::communicator(int rank) {
 }
 
 void LocalWorld::abort(Status reason) { state_->abort(-1, reason); }
-void LocalWorld::fail(int rank, const Status &error) { state_->fail(rank, error); }
+void LocalWorld::fail(int rank, const Status &error) { state_->fail_device(rank, error); }
 Status LocalWorld::failure() const { return state_->failure(); }
 
 Status run_on_threads(int size, const std::function<Status(int rank, Communicator &)> &body,
                       std::chrono::milliseconds timeout) {
   ASSIGN_OR_RETURN(std::shared_ptr<LocalWorld> world, LocalWorld::create(size, timeout));
+  std::vector<int> ranks;
   std::vector<std::unique_ptr<Communicator>> communicators;
-  for (int rank = 0; rank < size; ++rank)
-    communicators.push_back(world->communicator(rank));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(size));
   for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      Status status;
-      try {
-        status = body(rank, *communicators[rank]);
-      } catch (const std::bad_alloc &error) {
-        // A buffer beyond what the host can give is a condition of the run,
-        // not a bug in strata.
-        status = resource_exhausted(
-            "out of memory: this host cannot allocate what the device needs (", error.what(), ")");
-      } catch (const std::exception &error) {
-        status = internal_error("threw an exception: ", error.what());
-      } catch (...) {
-        status = internal_error("threw an exception");
-      }
-      // A communicator error has already ended the world; this records errors of
-      // the body itself and wakes the ranks that wait on this one.
-      if (!status.is_ok()) world->fail(rank, status);
-    });
+    ranks.push_back(rank);
+    communicators.push_back(world->communicator(rank));
   }
-  for (std::thread &thread : threads)
-    thread.join();
+  run_device_threads(
+      ranks, [&](int rank) { return body(rank, *communicators[rank]); },
+      [&](int rank, const Status &error) { world->fail(rank, error); });
   return world->failure();
 }
 

@@ -26,7 +26,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/comm/host_transport.h"
+
 namespace strata::runtime {
+
+using namespace host_transport; // what the host transports share
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -76,16 +81,6 @@ std::string format_seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", s);
   return buf;
-}
-
-std::string format_duration(std::chrono::milliseconds duration) {
-  if (duration.count() % 1000 == 0) return str_cat(duration.count() / 1000, " s");
-  return str_cat(duration.count(), " ms");
-}
-
-std::string with_what(std::string operation, std::string_view what) {
-  if (what.empty()) return operation;
-  return str_cat(operation, " (", what, ")");
 }
 
 std::string host_name() {
@@ -147,9 +142,10 @@ bool mpi_built() { return true; }
 
 // ---------------------------------------------------------------------------
 
-class MpiWorld::Impl {
+class MpiWorld::Impl : public WorldState {
 public:
-  Impl(int devices, const MpiWorldOptions &options) : devices_(devices), options_(options) {}
+  Impl(int devices, const MpiWorldOptions &options)
+      : WorldState(devices), devices_(devices), options_(options) {}
 
   // A receive a device posted: waits for its header, then its payload.
   struct Posted {
@@ -265,7 +261,6 @@ public:
                                                    ", or keep -np and pass --devices-per-rank ",
                                                    devices_ / ranks_, ")")
                                          : str_cat(" (run with -np ", devices_ / k, ")"));
-    labels_.assign(static_cast<size_t>(devices_), {});
     positions_.assign(static_cast<size_t>(std::max(devices_, ranks_ * k)), {});
     last_heard_.assign(static_cast<size_t>(ranks_), Clock::now());
     heard_.assign(static_cast<size_t>(ranks_), false);
@@ -285,11 +280,10 @@ public:
   }
   bool local(int endpoint) const { return rank_of(endpoint) == rank_; }
 
-  std::string endpoint_name_locked(int endpoint) const {
+  // "device 2 (stage 1) on rank 1"; a process is "rank 1".
+  std::string name_locked(int endpoint) const override {
     if (endpoint < 0) return str_cat("rank ", -1 - endpoint);
-    const std::string &label = labels_[static_cast<size_t>(endpoint)];
-    std::string name = label.empty() ? str_cat("device ", endpoint)
-                                     : str_cat("device ", endpoint, " (", label, ")");
+    std::string name = WorldState::name_locked(endpoint);
     if (ranks_ > 1) name += str_cat(" on rank ", rank_of(endpoint));
     return name;
   }
@@ -298,8 +292,8 @@ public:
   // nothing better describes the message.
   std::string operation_text(std::string_view verb, int peer, uint64_t tag,
                              std::string_view what) const {
-    if (what.empty()) return str_cat(verb, " ", endpoint_name_locked(peer), ", tag ", tag);
-    return str_cat(verb, " ", endpoint_name_locked(peer), " (", what, ")");
+    if (what.empty()) return str_cat(verb, " ", name_locked(peer), ", tag ", tag);
+    return str_cat(verb, " ", name_locked(peer), " (", what, ")");
   }
 
   // "rank 1 is lost: ..." for the ranks nothing was heard from for `quiet`
@@ -344,49 +338,17 @@ public:
 
   // ---- failure ------------------------------------------------------------
 
-  // Records the world's first failure. `root` is what the failing call
-  // returns; `cascade` what every other call reports. `tell` sends it to the
-  // other ranks.
-  void set_failure_locked(Status root, const std::string &cascade, bool tell) {
-    if (failed_) return;
-    failed_ = true;
-    cascade_ = Status(root.code(), cascade);
-    failure_ = std::move(root);
-    // The code goes first, one byte, so the other ranks report what kind of
-    // failure it was (out of memory is not a bug).
-    if (tell) abort_to_send_ = str_cat(static_cast<char>(cascade_.code()), cascade);
+  // The code goes first, one byte, so the other ranks report what kind of
+  // failure it was (out of memory is not a bug).
+  void on_failure_locked(bool spread) override {
+    if (spread) abort_to_send_ = str_cat(static_cast<char>(cascade_.code()), cascade_.message());
     cv_.notify_all();
-  }
-
-  Status fail_locked(int endpoint, StatusCode code, const std::string &operation,
-                     const std::string &problem) {
-    const std::string name = endpoint_name_locked(endpoint);
-    Status error(code, str_cat(name, ": ", operation, ": ", problem));
-    set_failure_locked(error, str_cat(name, " failed: ", operation, ": ", problem), true);
-    return error;
-  }
-
-  Status cascaded_locked(int endpoint, const std::string &operation) const {
-    return Status(cascade_.code(), str_cat(endpoint_name_locked(endpoint), ": ", operation, ": ",
-                                           cascade_.message()));
   }
 
   void fail(const Status &reason) {
     std::lock_guard lock(mutex_);
     std::string text = str_cat("rank ", rank_, ": ", reason.message());
-    set_failure_locked(Status(reason.code(), text), text, true);
-  }
-
-  void fail_device(int device, const Status &error) {
-    std::lock_guard lock(mutex_);
-    const std::string name = endpoint_name_locked(device);
-    set_failure_locked(Status(error.code(), str_cat(name, ": ", error.message())),
-                       str_cat(name, " failed: ", error.message()), true);
-  }
-
-  Status failure() const {
-    std::lock_guard lock(mutex_);
-    return failure_;
+    set_failure_locked(Status(reason.code(), text), text);
   }
 
   // ---- point to point ------------------------------------------------------
@@ -396,7 +358,9 @@ public:
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("send to", dst, tag, what);
     if (failed_) return cascaded_locked(src, operation);
-    if (dst < -ranks_ || dst >= devices_ || dst == src)
+    // Communicators check their peers (a device may send to itself, as in the
+    // local world); this guards the processes' messages, never to themselves.
+    if (dst < -ranks_ || dst >= devices_ || (dst < 0 && dst == src))
       return fail_locked(src, StatusCode::kInvalidArgument, operation, "no such peer");
     Header header{tag, src, dst, bytes, 0, 0};
     if (local(dst)) {
@@ -409,7 +373,7 @@ public:
     auto message = std::make_unique<OutMessage>();
     message->header = header;
     message->dst_rank = dst_rank;
-    message->payload = take_buffer(bytes);
+    message->payload = buffers_.take(bytes);
     if (bytes) std::memcpy(message->payload.data(), data, bytes);
     outbox_.push_back(std::move(message));
     return Status::ok();
@@ -457,7 +421,7 @@ public:
       *error = cascaded_locked(dst, operation);
       return nullptr;
     }
-    if (src < -ranks_ || src >= devices_ || src == dst) {
+    if (src < -ranks_ || src >= devices_ || (src < 0 && src == dst)) {
       *error = fail_locked(dst, StatusCode::kInvalidArgument, operation, "no such peer");
       return nullptr;
     }
@@ -501,7 +465,7 @@ public:
         const std::string lost = lost_ranks_locked(
             Clock::now(), std::max(std::chrono::milliseconds(1000), 10 * options_.heartbeat));
         if (!lost.empty()) {
-          const std::string name = endpoint_name_locked(p->dst);
+          const std::string name = name_locked(p->dst);
           const std::string text =
               str_cat(lost, " (", name, " timed out after ", format_duration(options_.timeout),
                       " in ", operation, ")");
@@ -527,33 +491,6 @@ public:
   bool ready(const std::shared_ptr<Posted> &p) {
     std::lock_guard lock(mutex_);
     return p->done || failed_;
-  }
-
-  // ---- buffers ---------------------------------------------------------------
-
-  // Payload copies are recycled by size: a training step sends the same sizes
-  // every step, and fresh memory costs a page fault per page.
-  std::vector<std::byte> take_buffer(size_t bytes) {
-    {
-      std::lock_guard lock(pool_mutex_);
-      auto it = pool_.find(bytes);
-      if (it != pool_.end()) {
-        std::vector<std::byte> buffer = std::move(it->second);
-        pool_.erase(it);
-        pooled_bytes_ -= bytes;
-        return buffer;
-      }
-    }
-    return std::vector<std::byte>(bytes);
-  }
-
-  void give_buffer(std::vector<std::byte> buffer) {
-    constexpr size_t kSmall = 4096, kMaxPooled = size_t{1} << 30;
-    if (buffer.size() < kSmall) return; // cheap to make
-    std::lock_guard lock(pool_mutex_);
-    if (pooled_bytes_ + buffer.size() > kMaxPooled || pool_.count(buffer.size()) >= 8) return;
-    pooled_bytes_ += buffer.size();
-    pool_.emplace(buffer.size(), std::move(buffer));
   }
 
   // ---- progress thread -----------------------------------------------------
@@ -583,7 +520,7 @@ public:
       }
       for (InRecv &in : to_post) {
         busy = true;
-        in.staging = take_buffer(in.posted->bytes);
+        in.staging = buffers_.take(in.posted->bytes);
         std::byte *base = in.staging.data();
         for (size_t off = 0; off < in.posted->bytes; off += kMaxChunk) {
           const size_t n = std::min(kMaxChunk, in.posted->bytes - off);
@@ -681,7 +618,7 @@ public:
     bool any = false;
     for (auto it = list.begin(); it != list.end();) {
       if (all_done((*it)->requests)) {
-        give_buffer(std::move((*it)->payload));
+        buffers_.give(std::move((*it)->payload));
         it = list.erase(it);
         any = true;
       } else {
@@ -701,7 +638,7 @@ public:
           if (!p.abandoned && p.bytes) std::memcpy(p.data, it->staging.data(), p.bytes);
           p.done = true;
         }
-        give_buffer(std::move(it->staging));
+        buffers_.give(std::move(it->staging));
         cv_.notify_all();
         it = receiving_.erase(it);
         any = true;
@@ -852,7 +789,7 @@ public:
     for (int d = rank_ * k; d < rank_ * k + k; ++d) {
       const Position &p = positions_[static_cast<size_t>(d)];
       here +=
-          str_cat(here.empty() ? "" : "; ", endpoint_name_locked(d), " was at ",
+          str_cat(here.empty() ? "" : "; ", name_locked(d), " was at ",
                   p.instruction < 0 ? str_cat("the end of step ", p.step)
                                     : str_cat("step ", p.step, ", instruction ", p.instruction));
       if (p.instruction >= 0 && describe_) here += str_cat(" (", describe_(d, p.instruction), ")");
@@ -924,16 +861,11 @@ public:
   MPI_Comm control_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL;
   std::thread progress_;
 
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool failed_ = false, stop_ = false, ping_ = false, moved_ = false, new_step_ = false;
-  int waiters_ = 0; // device threads blocked in wait()
-  std::mutex pool_mutex_;
-  std::multimap<size_t, std::vector<std::byte>> pool_;
-  size_t pooled_bytes_ = 0;
-  Status failure_, cascade_;
+  std::condition_variable cv_; // mutex_ guards what follows
+  bool stop_ = false, ping_ = false, moved_ = false, new_step_ = false;
+  int waiters_ = 0;    // device threads blocked in wait()
+  BufferPool buffers_; // payload copies, recycled by size
   std::string abort_to_send_;
-  std::vector<std::string> labels_;
   std::vector<Position> positions_;
   std::vector<Clock::time_point> last_heard_;
   std::vector<bool> heard_, alive_;
@@ -953,30 +885,18 @@ public:
 
 namespace {
 
+// A receive in flight (one that failed at once is a CompletedRequest).
 class MpiRequest : public Request {
 public:
-  MpiRequest(MpiWorld::Impl *world, std::shared_ptr<MpiWorld::Impl::Posted> posted, Status error)
-      : world_(world), posted_(std::move(posted)), error_(std::move(error)) {}
-  ~MpiRequest() override {
-    if (posted_) world_->abandon(posted_);
-  }
-  bool ready() override { return !posted_ || world_->ready(posted_); }
-  Status wait() override { return posted_ ? world_->wait(posted_) : error_; }
+  MpiRequest(MpiWorld::Impl *world, std::shared_ptr<MpiWorld::Impl::Posted> posted)
+      : world_(world), posted_(std::move(posted)) {}
+  ~MpiRequest() override { world_->abandon(posted_); }
+  bool ready() override { return world_->ready(posted_); }
+  Status wait() override { return world_->wait(posted_); }
 
 private:
   MpiWorld::Impl *world_;
   std::shared_ptr<MpiWorld::Impl::Posted> posted_;
-  Status error_;
-};
-
-class DoneRequest : public Request {
-public:
-  explicit DoneRequest(Status status) : status_(std::move(status)) {}
-  bool ready() override { return true; }
-  Status wait() override { return status_; }
-
-private:
-  Status status_;
 };
 
 // One device's communicator. Collectives are point-to-point messages with
@@ -988,7 +908,8 @@ private:
 class MpiCommunicator : public Communicator {
 public:
   MpiCommunicator(MpiWorld::Impl *world, MpiWorld *owner, int device, int devices, int channel = 0)
-      : world_(world), owner_(owner), device_(device), devices_(devices), channel_(channel) {}
+      : world_(world), owner_(owner), device_(device), devices_(devices), channel_(channel),
+        calls_(device, devices) {}
 
   int rank() const override { return device_; }
   int size() const override { return devices_; }
@@ -1001,84 +922,62 @@ public:
 protected:
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
                    std::string_view what) override {
-    if (peer >= devices_) return invalid_argument("send to device ", peer, ": no such device");
+    RETURN_IF_ERROR(world_->check_peer(device_, "send to", peer, tag, what));
     return world_->send(device_, peer, data, bytes, tag, what);
   }
   Status recv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
                    std::string_view what) override {
-    if (peer >= devices_) return invalid_argument("recv from device ", peer, ": no such device");
+    RETURN_IF_ERROR(world_->check_peer(device_, "recv from", peer, tag, what));
     Status error;
-    auto p = world_->post(device_, peer, data, bytes, tag, what, &error);
-    if (!p) return error;
-    return world_->wait(p);
+    auto posted = world_->post(device_, peer, data, bytes, tag, what, &error);
+    if (!posted) return error;
+    return world_->wait(posted);
   }
   std::unique_ptr<Request> isend_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
                                       std::string_view what) override {
-    return std::make_unique<DoneRequest>(send_impl(data, bytes, peer, tag, what));
+    return std::make_unique<CompletedRequest>(send_impl(data, bytes, peer, tag, what));
   }
   std::unique_ptr<Request> irecv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
                                       std::string_view what) override {
-    if (peer >= devices_)
-      return std::make_unique<DoneRequest>(
-          invalid_argument("recv from device ", peer, ": no such device"));
-    Status error;
-    auto p = world_->post(device_, peer, data, bytes, tag, what, &error);
-    return std::make_unique<MpiRequest>(world_, std::move(p), std::move(error));
+    Status error = world_->check_peer(device_, "recv from", peer, tag, what);
+    std::shared_ptr<MpiWorld::Impl::Posted> posted;
+    if (error.is_ok()) posted = world_->post(device_, peer, data, bytes, tag, what, &error);
+    if (!posted) return std::make_unique<CompletedRequest>(std::move(error));
+    return std::make_unique<MpiRequest>(world_, std::move(posted));
   }
 
   Status all_reduce_impl(void *data, std::size_t count, ReduceType type, const Group &group,
                          std::string_view what) override {
-    const size_t width = type == ReduceType::kF32 ? 4 : 8;
-    ASSIGN_OR_RETURN(Group members, members_of(group));
-    const uint64_t tag = next_tag(members);
-    const std::string operation = with_what("all-reduce", what);
-    const int root = members.front();
-    const size_t bytes = count * width;
-    if (device_ != root) {
-      RETURN_IF_ERROR(send_impl(data, bytes, root, tag, operation));
-      return recv_impl(data, bytes, root, tag, operation);
-    }
-    // The root sums in increasing device order: its own values first.
-    std::vector<std::byte> other(bytes);
-    for (size_t m = 1; m < members.size(); ++m) {
-      RETURN_IF_ERROR(recv_impl(other.data(), bytes, members[m], tag, operation));
-      if (type == ReduceType::kF32)
-        add<float>(data, other.data(), count);
-      else
-        add<double>(data, other.data(), count);
-    }
-    for (size_t m = 1; m < members.size(); ++m)
-      RETURN_IF_ERROR(send_impl(data, bytes, members[m], tag, operation));
-    return Status::ok();
+    RETURN_IF_ERROR(world_->check_collective(
+        device_, calls_, {CollectiveKind::kAllReduce, count, type, -1, 0}, group, what));
+    return sum_over_members(data, count, type, with_what("all-reduce", what));
   }
 
   Status reduce_scatter_impl(const void *input, std::size_t input_count, void *output,
                              std::size_t output_count, ReduceType type, const Group &group,
                              std::string_view what) override {
-    ASSIGN_OR_RETURN(Group members, members_of(group));
-    if (input_count != output_count * members.size())
-      return invalid_argument("reduce-scatter of ", input_count, " elements over ", members.size(),
-                              " devices into ", output_count);
-    const size_t width = type == ReduceType::kF32 ? 4 : 8;
+    RETURN_IF_ERROR(world_->check_collective(
+        device_, calls_, {CollectiveKind::kReduceScatter, output_count, type, -1, input_count},
+        group, what));
+    const size_t width = element_size(type);
     std::vector<std::byte> sum(input_count * width);
     if (!sum.empty()) std::memcpy(sum.data(), input, sum.size());
-    RETURN_IF_ERROR(all_reduce_impl(sum.data(), input_count, type, members, what));
-    const size_t position =
-        static_cast<size_t>(std::find(members.begin(), members.end(), device_) - members.begin());
-    if (output_count)
-      std::memcpy(output, sum.data() + position * output_count * width, output_count * width);
+    RETURN_IF_ERROR(sum_over_members(sum.data(), input_count, type, with_what("all-reduce", what)));
+    const size_t chunk = output_count * width;
+    if (chunk) std::memcpy(output, sum.data() + calls_.position() * chunk, chunk);
     return Status::ok();
   }
 
   Status all_gather_impl(const void *input, std::size_t bytes, void *output, const Group &group,
                          std::string_view what) override {
-    ASSIGN_OR_RETURN(Group members, members_of(group));
-    const uint64_t tag = next_tag(members);
+    RETURN_IF_ERROR(world_->check_collective(
+        device_, calls_, {CollectiveKind::kAllGather, bytes, ReduceType::kF32, -1, 0}, group,
+        what));
+    const std::vector<int> &members = calls_.members();
+    const uint64_t tag = next_tag();
     const std::string operation = with_what("all-gather", what);
     auto *out = static_cast<std::byte *>(output);
-    const size_t position =
-        static_cast<size_t>(std::find(members.begin(), members.end(), device_) - members.begin());
-    if (bytes) std::memcpy(out + position * bytes, input, bytes);
+    if (bytes) std::memcpy(out + calls_.position() * bytes, input, bytes);
     for (int peer : members)
       if (peer != device_) RETURN_IF_ERROR(send_impl(input, bytes, peer, tag, operation));
     for (size_t m = 0; m < members.size(); ++m)
@@ -1089,48 +988,55 @@ protected:
 
   Status broadcast_impl(void *data, std::size_t bytes, int root, const Group &group,
                         std::string_view what) override {
-    ASSIGN_OR_RETURN(Group members, members_of(group));
-    if (std::find(members.begin(), members.end(), root) == members.end())
-      return invalid_argument("broadcast from device ", root, ", which is not in the group");
-    const uint64_t tag = next_tag(members);
+    RETURN_IF_ERROR(world_->check_collective(
+        device_, calls_, {CollectiveKind::kBroadcast, bytes, ReduceType::kF32, root, 0}, group,
+        what));
+    const uint64_t tag = next_tag();
     const std::string operation = with_what("broadcast", what);
     if (device_ != root) return recv_impl(data, bytes, root, tag, operation);
-    for (int peer : members)
+    for (int peer : calls_.members())
       if (peer != device_) RETURN_IF_ERROR(send_impl(data, bytes, peer, tag, operation));
     return Status::ok();
   }
 
   Status barrier_impl(const Group &group, std::string_view what) override {
+    RETURN_IF_ERROR(world_->check_collective(
+        device_, calls_, {CollectiveKind::kBarrier, 0, ReduceType::kF32, -1, 0}, group, what));
     float token = 0;
-    return all_reduce_impl(&token, 1, ReduceType::kF32, group, with_what("barrier", what));
+    return sum_over_members(&token, 1, ReduceType::kF32,
+                            with_what("all-reduce", with_what("barrier", what)));
   }
 
 private:
-  template <typename T> static void add(void *into, const void *from, size_t count) {
-    auto *a = static_cast<T *>(into);
-    const auto *b = static_cast<const T *>(from);
-    for (size_t i = 0; i < count; ++i)
-      a[i] += b[i];
+  // Sums the checked group's `data` in place on every member: the first member
+  // receives the others' values in increasing device order, adds each to its
+  // own in turn and sends the sum back, so every member has the local world's
+  // bits.
+  Status sum_over_members(void *data, size_t count, ReduceType type, const std::string &operation) {
+    const std::vector<int> &members = calls_.members();
+    const uint64_t tag = next_tag();
+    const int root = members.front();
+    const size_t bytes = count * element_size(type);
+    if (device_ != root) {
+      RETURN_IF_ERROR(send_impl(data, bytes, root, tag, operation));
+      return recv_impl(data, bytes, root, tag, operation);
+    }
+    std::vector<std::byte> other(bytes);
+    for (size_t m = 1; m < members.size(); ++m) {
+      RETURN_IF_ERROR(recv_impl(other.data(), bytes, members[m], tag, operation));
+      add_elements(type, data, other.data(), count);
+    }
+    for (size_t m = 1; m < members.size(); ++m)
+      RETURN_IF_ERROR(send_impl(data, bytes, members[m], tag, operation));
+    return Status::ok();
   }
 
-  Result<Group> members_of(const Group &group) const {
-    Group members = group;
-    if (members.empty())
-      for (int d = 0; d < devices_; ++d)
-        members.push_back(d);
-    for (size_t i = 0; i < members.size(); ++i)
-      if (members[i] < 0 || members[i] >= devices_ || (i > 0 && members[i] <= members[i - 1]))
-        return invalid_argument("group members must be increasing device indices");
-    if (std::find(members.begin(), members.end(), device_) == members.end())
-      return invalid_argument("device ", device_, " is not in the group");
-    return members;
-  }
-
-  uint64_t next_tag(const Group &members) {
+  // The tag of the checked group's next collective.
+  uint64_t next_tag() {
     uint64_t hash = 1469598103934665603ull;
-    for (int m : members)
+    for (int m : calls_.members())
       hash = (hash ^ static_cast<uint64_t>(m)) * 1099511628211ull;
-    const uint32_t seq = sequence_[members]++;
+    const auto seq = static_cast<uint32_t>(calls_.next_sequence());
     return (uint64_t{3} << 62) | (static_cast<uint64_t>(channel_) << 61) |
            ((hash & 0x1fffffffull) << 32) | seq;
   }
@@ -1138,7 +1044,7 @@ private:
   MpiWorld::Impl *world_;
   MpiWorld *owner_;
   int device_, devices_, channel_;
-  std::map<Group, uint32_t> sequence_;
+  CollectiveCalls calls_;
 };
 
 MpiWorld *g_world = nullptr;
@@ -1189,8 +1095,7 @@ void MpiWorld::set_describer(std::function<std::string(int, int64_t)> describe) 
 }
 
 void MpiWorld::set_label(int device, std::string label) {
-  std::lock_guard lock(impl_->mutex_);
-  impl_->labels_[static_cast<size_t>(device)] = std::move(label);
+  impl_->set_label(device, std::move(label));
 }
 
 void MpiWorld::fail(const Status &reason) { impl_->fail(reason); }
@@ -1207,30 +1112,14 @@ Status MpiWorld::run_with_side(
   std::vector<int> locals;
   for (int d = 0; d < impl_->devices_; ++d)
     if (is_local(d)) locals.push_back(d);
-  std::vector<std::thread> threads;
-  for (int device : locals) {
-    threads.emplace_back([&, device] {
-      MpiCommunicator comm(impl_.get(), this, device, impl_->devices_);
-      MpiCommunicator side(impl_.get(), this, device, impl_->devices_, 1);
-      Status status;
-      try {
-        status = body(device, comm, &side);
-      } catch (const std::bad_alloc &error) {
-        // A buffer beyond what the host can give is a condition of the run,
-        // not a bug in strata.
-        status = resource_exhausted(
-            "out of memory: this host cannot allocate what the device needs (", error.what(), ")");
-      } catch (const std::exception &error) {
-        status = internal_error("threw an exception: ", error.what());
-      } catch (...) {
-        // Anything else would end the process without a word (std::terminate).
-        status = internal_error("threw an exception");
-      }
-      if (!status.is_ok()) impl_->fail_device(device, status);
-    });
-  }
-  for (std::thread &thread : threads)
-    thread.join();
+  run_device_threads(
+      locals,
+      [&](int device) {
+        MpiCommunicator comm(impl_.get(), this, device, impl_->devices_);
+        MpiCommunicator side(impl_.get(), this, device, impl_->devices_, 1);
+        return body(device, comm, &side);
+      },
+      [&](int device, const Status &error) { impl_->fail_device(device, error); });
   return failure();
 }
 

@@ -476,11 +476,30 @@ TEST(LocalCommunicator, BadGroupsAndPeersAreErrors) {
   });
   EXPECT_EQ(outcome.overall.message(), "device 1: send to device 5, tag 0: there is no device 5");
 
+  // A bad peer ends the world: the device waiting on the caller fails too.
+  outcome = run_ranks(2, [&](int rank, Communicator &comm) {
+    int value = 0;
+    if (rank == 0) return comm.irecv(&value, sizeof(value), -1, 4, "weights")->wait();
+    return comm.recv(&value, sizeof(value), 0, 4);
+  });
+  EXPECT_EQ(outcome.overall.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(outcome.overall.message(),
+            "device 0: recv from device -1, tag 4 (weights): there is no device -1");
+  EXPECT_THAT(outcome.ranks[1].message(), HasSubstr("device 0 failed: recv from device -1"));
+
   outcome = run_ranks(2, [&](int rank, Communicator &comm) {
     std::vector<float> input(3), output(2);
     return comm.reduce_scatter(input, output, {}, str_cat("rank ", rank));
   });
   EXPECT_THAT(outcome.overall.message(), HasSubstr("the input has 3 elements, not 2 x 2"));
+
+  outcome = run_ranks(2, [&](int rank, Communicator &comm) {
+    int value = 0;
+    if (rank == 0) return comm.broadcast(&value, sizeof(value), 1, {0});
+    return Status::ok();
+  });
+  EXPECT_EQ(outcome.overall.message(), "device 0: broadcast of 4 bytes from device 1 over device "
+                                       "0: the root, device 1, is not in the group");
 }
 
 TEST(LocalWorld, CreateRejectsBadArguments) {
