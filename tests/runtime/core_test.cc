@@ -1,0 +1,187 @@
+// The execution core's reading of a plan (runtime/core/pipeline_plan.h):
+// which part of each tensor a device holds, how parts make whole values and
+// checkpoint pieces, and the errors resolve_program gives a plan whose
+// buffers it cannot place. Both pipeline runners rely on these; here they
+// are checked on their own, without running a step.
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "partitioner/compile_pipeline.h"
+#include "passes/optimizer.h"
+#include "runtime/core/device_program.h"
+#include "runtime/core/pipeline_plan.h"
+#include "tools/zoo.h"
+
+namespace strata::runtime::core {
+namespace {
+
+serialization::Plan compile_gpt(int dp, int tp, int zero) {
+  zoo::GptOptions o;
+  o.layers = 2;
+  o.hidden = 32;
+  o.heads = 2;
+  o.seq = 8;
+  o.vocab = 64;
+  o.batch = 8;
+  passes::TrainingOptions training;
+  training.optimizer = *passes::parse_optimizer("adamw:lr=1e-3");
+  partitioner::PipelineCompileOptions mesh;
+  mesh.data_parallel = dp;
+  mesh.tensor_parallel = tp;
+  mesh.zero = zero;
+  mesh.microbatches = 2;
+  auto plan = partitioner::compile_pipeline(*zoo::make_gpt(o), training, mesh);
+  EXPECT_TRUE(plan.is_ok()) << plan.status().message();
+  return std::move(plan).value();
+}
+
+// A whole value of `type` whose every byte says where it is.
+HostTensor numbered(const TensorType &type, uint32_t seed) {
+  HostTensor value = HostTensor::zeros(type);
+  for (size_t i = 0; i < value.size_bytes(); ++i)
+    value.data()[i] = static_cast<std::byte>((i * 131 + seed * 7 + i / 253) & 0xff);
+  return value;
+}
+
+// Every device's parts, as split_value writes them.
+using Parts = std::map<std::pair<int, TensorId>, HostTensor>;
+
+Parts split_all(const PipelinePlan &plan, const std::map<TensorId, HostTensor> &values) {
+  Parts parts;
+  for (const auto &[id, value] : values) {
+    auto held = plan.split_value(id, value, [&](int d, const std::byte *data, size_t bytes) {
+      HostTensor part = HostTensor::zeros(plan.held(d, id).type);
+      EXPECT_EQ(part.size_bytes(), bytes) << plan.graph().tensor(id).name << " on device " << d;
+      if (bytes > 0) std::memcpy(part.data(), data, bytes);
+      parts[{d, id}] = std::move(part);
+      return Status::ok();
+    });
+    EXPECT_TRUE(held.is_ok() && *held) << plan.graph().tensor(id).name;
+  }
+  return parts;
+}
+
+// Over data parallelism, tensor parallelism and ZeRO-1 together, a value cut
+// into every holder's part is put together again bitwise, from the parts of
+// every device or of the first holder's group only; the pieces a process
+// would checkpoint carry the names the trainer joins.
+TEST(PipelinePlan, PartsMakeTheWholeValueAgain) {
+  const serialization::Plan compiled = compile_gpt(2, 2, 1);
+  auto made = PipelinePlan::create(compiled, "test plan");
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  const PipelinePlan &plan = **made;
+  ASSERT_EQ(plan.num_devices(), 4);
+  const Graph &g = plan.graph();
+  std::map<TensorId, HostTensor> values;
+  size_t pieces = 0, shards = 0;
+  for (TensorId id = 0; id < g.num_tensors(); ++id) {
+    const Tensor &t = g.tensor(id);
+    if (t.kind != TensorKind::kParameter && t.kind != TensorKind::kState) continue;
+    values.emplace(id, numbered(plan.value_type(id), id));
+    pieces += plan.tp_shard(id) != nullptr;
+    for (int d = 0; d < plan.num_devices(); ++d)
+      shards += plan.holds(d, id) && plan.held(d, id).shard >= 0;
+  }
+  ASSERT_GT(pieces, 0u);
+  ASSERT_GT(shards, 0u);
+  const Parts parts = split_all(plan, values);
+  auto read = [&](int d, TensorId id) -> std::optional<HostTensor> {
+    auto it = parts.find({d, id});
+    if (it == parts.end()) return std::nullopt;
+    return it->second;
+  };
+  auto everywhere = [](int) { return true; };
+  for (const auto &[id, want] : values) {
+    std::optional<HostTensor> got = plan.whole_value(id, everywhere, read);
+    ASSERT_TRUE(got.has_value()) << g.tensor(id).name;
+    ASSERT_EQ(got->size_bytes(), want.size_bytes()) << g.tensor(id).name;
+    EXPECT_EQ(std::memcmp(got->data(), want.data(), want.size_bytes()), 0) << g.tensor(id).name;
+  }
+  // Without one member of a tensor-parallel group, a tensor in pieces cannot
+  // be put together here; one held whole still can.
+  auto without_member_1 = [](int d) { return d != 1; };
+  for (const auto &[id, want] : values)
+    EXPECT_EQ(plan.whole_value(id, without_member_1, read).has_value(),
+              plan.tp_shard(id) == nullptr)
+        << g.tensor(id).name;
+
+  // Checkpoint pieces: a tensor in pieces as "@tp<m>of2", a ZeRO-1 shard as
+  // "@shard<i>of2"; joined back, the whole value.
+  const auto written = plan.checkpoint_pieces(everywhere, read);
+  std::set<std::string> suffixes;
+  for (const auto &[name, value] : written)
+    if (name.find('@') != std::string::npos) suffixes.insert(name.substr(name.find('@')));
+  EXPECT_TRUE(suffixes.contains("@tp0of2") || suffixes.contains("@tp0of2@shard0of2"));
+  EXPECT_TRUE(suffixes.contains("@shard1of2") || suffixes.contains("@tp1of2@shard1of2"));
+  for (const auto &[id, want] : values) {
+    const std::string &name = g.tensor(id).name;
+    if (plan.tp_shard(id) == nullptr) continue;
+    std::vector<HostTensor> members;
+    for (int m = 0; m < 2; ++m) {
+      const std::string piece = str_cat(name, "@tp", m, "of2");
+      if (written.contains(piece)) {
+        members.push_back(written.at(piece));
+        continue;
+      }
+      // In ZeRO-1 shards of the piece: put the piece together first.
+      HostTensor joined = HostTensor::zeros(g.tensor(id).type);
+      for (int i = 0; i < 2; ++i) {
+        const HostTensor &shard = written.at(str_cat(piece, "@shard", i, "of2"));
+        std::memcpy(joined.data() + i * shard.size_bytes(), shard.data(), shard.size_bytes());
+      }
+      members.push_back(std::move(joined));
+    }
+    auto whole = plan.join_pieces(id, members);
+    ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+    EXPECT_EQ(std::memcmp(whole->data(), want.data(), want.size_bytes()), 0) << name;
+  }
+}
+
+// A plan whose program reads a buffer it never places is refused when the
+// program is resolved, naming the device, the instruction and the buffer.
+TEST(ResolveProgram, NamesTheInstructionWhoseBufferIsMissing) {
+  serialization::Plan compiled = compile_gpt(1, 1, 0);
+  auto &slots = compiled.programs[0].slots;
+  ASSERT_FALSE(slots.empty());
+  const std::string missing = compiled.graph.tensor(slots.back().tensor).name;
+  slots.pop_back();
+  auto made = PipelinePlan::create(compiled, "test plan");
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  std::vector<std::byte> arena(static_cast<size_t>(compiled.programs[0].arena_bytes));
+  std::vector<HostTensor> held;
+  DeviceMemory memory;
+  memory.arena = arena.data();
+  memory.held = [&](TensorId id) -> std::byte * {
+    held.push_back(HostTensor::zeros((*made)->held(0, id).type));
+    return held.back().size_bytes() ? held.back().data() : nullptr;
+  };
+  auto program = resolve_program(**made, 0, memory);
+  ASSERT_FALSE(program.is_ok());
+  const std::string message = program.status().message();
+  EXPECT_NE(message.find("device 0 instruction "), std::string::npos) << message;
+  EXPECT_NE(message.find("'" + missing + "'"), std::string::npos) << message;
+  EXPECT_NE(message.find("has no buffer in the plan"), std::string::npos) << message;
+}
+
+// What a plan cannot be read as: programs out of device order, a group naming
+// a device the plan lacks.
+TEST(PipelinePlan, RefusesWhatNoBackendCouldRun) {
+  serialization::Plan swapped = compile_gpt(2, 1, 0);
+  std::swap(swapped.programs[0], swapped.programs[1]);
+  auto made = PipelinePlan::create(swapped, "test plan");
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find("test plan: program 0 is for device 1"), std::string::npos)
+      << made.status().message();
+  serialization::Plan stray = compile_gpt(2, 1, 0);
+  stray.pipeline->groups.push_back({0, 7});
+  made = PipelinePlan::create(stray, "test plan");
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find("names device 7; the plan has 2"), std::string::npos)
+      << made.status().message();
+}
+
+} // namespace
+} // namespace strata::runtime::core
