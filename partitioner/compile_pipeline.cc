@@ -8,13 +8,13 @@
 #include "graph/units.h"
 #include "graph/verifier.h"
 #include "ops/registry.h"
-#include "partitioner/search/auto_plan.h"
 #include "partitioner/cost/cost_model.h"
-#include "plan/memory.h"
+#include "partitioner/search/auto_plan.h"
 #include "partitioner/search/stage_partition.h"
 #include "partitioner/search/tensor_parallel.h"
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
+#include "plan/memory.h"
 
 namespace strata::partitioner {
 
@@ -22,9 +22,9 @@ using plan::analyze_phases;
 using plan::check_deadlock;
 using plan::Phase;
 using plan::reduced_tensors;
+using plan::simulate_pipeline;
 using plan::Simulation;
 using plan::SimulationCosts;
-using plan::simulate_pipeline;
 using plan::StepPhases;
 
 namespace {
@@ -288,8 +288,6 @@ Status check_compile_options(const PipelineCompileOptions &options) {
     if (M % P != 0)
       return invalid_argument("--schedule interleaved runs micro-batches in groups of the ", P,
                               " stages: --microbatches ", M, " is not a multiple of ", P);
-    if (options.recompute)
-      return unimplemented("--schedule interleaved with --recompute is not built yet");
   }
   return Status::ok();
 }
@@ -299,6 +297,7 @@ Status check_compile_options(const PipelineCompileOptions &options) {
 struct TrainingGraph {
   Graph graph;
   std::vector<serialization::PlanShard> shards;
+  Graph before_recompute; // with --recompute under the interleaved schedule
 };
 
 // split_batch, then (with tensor parallelism) the loss and the sharding, then
@@ -336,12 +335,14 @@ Result<TrainingGraph> build_training_graph(const Graph &forward,
   ASSIGN_OR_RETURN(Graph graph, TP > 1 ? passes::make_training_graph_from_loss(micro, training)
                                        : passes::make_training_graph(micro, training));
   if (TP > 1) shards = with_optimizer_state(graph, std::move(shards));
+  Graph before_recompute;
   if (options.recompute) {
+    if (options.schedule == Schedule::kInterleaved) before_recompute = graph;
     auto recomputed = passes::recompute_activations(graph);
     if (!recomputed.is_ok()) return recomputed.status().with_context("--recompute");
     graph = std::move(recomputed).value();
   }
-  return TrainingGraph{std::move(graph), std::move(shards)};
+  return TrainingGraph{std::move(graph), std::move(shards), std::move(before_recompute)};
 }
 
 // --profile: every node's measured seconds, by NodeId; empty without it.
@@ -492,6 +493,42 @@ Status check_device_memory(const serialization::Plan &plan, const ClusterSpec &c
   return Status::ok();
 }
 
+// The interleaved schedule runs a device's chunks' backwards in reverse
+// order, so an activation that crosses a virtual stage must not be
+// recomputed: its clone would flow from the earlier chunk's backward, which
+// runs after the later one's. Recomputes `plain` again with every such
+// activation kept (the stage's input, as Megatron-LM keeps it), and places
+// the result on the same stages. Node ids change: --profile's times follow
+// the nodes by name.
+Status keep_stage_inputs(const Graph &plain, const StageAssignment &stages,
+                         const ClusterSpec &cluster, Graph &graph, TrainingStages &placed,
+                         std::vector<double> &measured) {
+  ASSIGN_OR_RETURN(const TrainingStages plain_placed, assign_training_nodes(plain, stages));
+  const std::vector<bool> forward = passes::forward_part(plain);
+  std::vector<bool> keep(plain.num_tensors(), false);
+  for (NodeId id = 0; id < plain.num_nodes(); ++id)
+    for (TensorId in : plain.node(id).inputs) {
+      const NodeId producer = plain.tensor(in).producer;
+      if (producer != kNoNode && forward[producer] &&
+          plain_placed.node_stage[producer] != plain_placed.node_stage[id])
+        keep[in] = true;
+    }
+  auto recomputed = passes::recompute_activations(plain, nullptr, &keep);
+  if (!recomputed.is_ok()) return recomputed.status().with_context("--recompute");
+  std::map<std::string, double> seconds;
+  for (NodeId id = 0; id < measured.size(); ++id)
+    seconds[graph.node(id).name] = measured[id];
+  graph = std::move(recomputed).value();
+  ASSIGN_OR_RETURN(placed, assign_training_nodes(graph, stages));
+  if (measured.empty()) return Status::ok();
+  measured.clear();
+  for (NodeId id = 0; id < graph.num_nodes(); ++id) {
+    auto it = seconds.find(graph.node(id).name);
+    measured.push_back(it != seconds.end() ? it->second : node_seconds(graph, id, cluster));
+  }
+  return Status::ok();
+}
+
 } // namespace
 
 Result<serialization::Plan> compile_pipeline(const Graph &forward,
@@ -523,6 +560,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   ASSIGN_OR_RETURN(StageAssignment stages,
                    find_stages(graph, training, options, cluster, measured, chunks));
   ASSIGN_OR_RETURN(TrainingStages placed, assign_training_nodes(graph, stages));
+  if (interleaved && options.recompute)
+    RETURN_IF_ERROR(
+        keep_stage_inputs(built.before_recompute, stages, cluster, graph, placed, measured));
   // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
   // shards): the pieces' squares are summed over the group first.
   const bool zero_clip = options.zero == 1 && DP > 1 && TP == 1;

@@ -27,7 +27,8 @@ std::vector<bool> forward_part(const Graph &training) {
   return forward;
 }
 
-Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats) {
+Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats,
+                                    const std::vector<bool> *also_keep) {
   if (training.outputs().empty())
     return invalid_argument("recomputation: the training graph '", training.name(),
                             "' has no loss output");
@@ -86,6 +87,7 @@ Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats
   for (TensorId t = 0; t < training.num_tensors(); ++t) {
     const NodeId p = training.tensor(t).producer;
     if (p != kNoNode && forward[p] && position[p] > last_cut) keep[t] = true;
+    if (also_keep != nullptr && t < also_keep->size() && (*also_keep)[t]) keep[t] = true;
   }
 
   // Clone what backward reads of the rest.

@@ -30,8 +30,13 @@ struct RecomputeStats {
 };
 
 // `training` is a make_training_graph result whose first output is the loss.
-// Errors: no loss. A graph with nothing to recompute is returned unchanged.
-Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats = nullptr);
+// `also_keep` (by TensorId of `training`), when given, names more checkpoints:
+// activations that must not be recomputed (the interleaved schedule keeps
+// every activation that crosses a virtual stage, whose backward runs before
+// the stage that produced it). Errors: no loss. A graph with nothing to
+// recompute is returned unchanged.
+Result<Graph> recompute_activations(const Graph &training, RecomputeStats *stats = nullptr,
+                                    const std::vector<bool> *also_keep = nullptr);
 
 // The forward part of a training graph: the nodes its outputs (the loss)
 // depend on, by NodeId.

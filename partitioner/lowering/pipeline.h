@@ -88,7 +88,7 @@ struct PipelineOptions {
   // kInterleaved: model chunks per device (2 or more). node_stage then runs
   // over stages * chunks virtual stages; virtual stage k runs on device
   // k mod stages (chunk k / stages of it). Needs microbatches a multiple of
-  // stages and no recomputation.
+  // stages.
   int chunks = 1;
   int64_t alignment = 64;
 };

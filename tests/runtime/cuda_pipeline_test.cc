@@ -354,6 +354,11 @@ TEST_F(CudaPipelineGpuTest, InterleavedScheduleTrainsAsOnTheCpu) {
   auto options = mesh(4, 8, 1, partitioner::Schedule::kInterleaved);
   options.chunks = 2;
   expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", options), 1e-4);
+  // With recomputation: the clones run in their chunk's backward.
+  auto recompute = mesh(2, 2, 1, partitioner::Schedule::kInterleaved);
+  recompute.chunks = 2;
+  recompute.recompute = true;
+  expect_pipeline_matches(compile(gpt_forward(), "sgd:lr=0.1,momentum=0.9", recompute), 1e-4);
 }
 
 // The interleaved schedule with tensor-parallel groups at each position:

@@ -1084,6 +1084,16 @@ TEST_F(CliTest, RecomputeKeepsTheLosses) {
   ASSERT_EQ(a.code, 0) << a.err;
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(printed_losses(a.out), printed_losses(b.out)) << a.out << b.out;
+  // The interleaved schedule recomputes too, to the same losses.
+  Outcome interleaved =
+      strata({"compile", "g.strata", "--train", "--mesh", "1x1x2", "--microbatches", "4",
+              "--schedule", "interleaved", "--chunks", "2", "--recompute", "-o", "ir.splan"});
+  ASSERT_EQ(interleaved.code, 0) << interleaved.err;
+  EXPECT_NE(interleaved.out.find("forward nodes recomputed in backward"), std::string::npos)
+      << interleaved.out;
+  Outcome c = strata({"run", "ir.splan", "--steps", "3"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(printed_losses(a.out), printed_losses(c.out)) << a.out << c.out;
   expect_one_line_error(strata({"compile", "g.strata", "--recompute", "-o", "x.splan"}), "--train");
 }
 
