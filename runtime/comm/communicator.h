@@ -1,8 +1,11 @@
 // Communicator: how the devices of one run exchange tensors.
 //
-// Every transport (local threads, MPI processes, NCCL GPUs) implements this one
-// narrow interface. A communicator belongs to one rank ("device") of a world of
-// size() ranks and is used by one thread at a time.
+// The host transports (local threads, MPI processes) implement this one
+// narrow interface; the execution core reaches them through CommTransport
+// (runtime/cpu/comm_transport.h), as it reaches NCCL and copies between GPU
+// streams through GpuRank: both are core::Transport (runtime/core/issue.h). A
+// communicator belongs to one rank ("device") of a world of size() ranks and
+// is used by one thread at a time.
 //
 // Terms and guarantees:
 // - Point-to-point messages are matched by (source, destination, tag). Messages on

@@ -227,8 +227,8 @@ std::optional<HostTensor> PipelinePlan::whole_value(TensorId id, const Local &lo
   return full;
 }
 
-Result<bool> PipelinePlan::split_value(TensorId id, const HostTensor &value,
-                                       const WritePart &write) const {
+Status PipelinePlan::split_value(TensorId id, const HostTensor &value,
+                                 const WritePart &write) const {
   const serialization::PlanShard *shard = tp_shard(id);
   // Each member's piece (the whole value outside tensor parallelism).
   std::vector<HostTensor> pieces;
@@ -238,10 +238,8 @@ Result<bool> PipelinePlan::split_value(TensorId id, const HostTensor &value,
                      const_cast<std::byte *>(value.data()), piece.data(), true);
     pieces.push_back(std::move(piece));
   }
-  bool held = false;
   for (int d = 0; d < num_devices(); ++d) {
     if (!holds(d, id)) continue;
-    held = true;
     const HostTensor &whole = shard == nullptr ? value : pieces[static_cast<size_t>(member(d))];
     const std::byte *from = whole.size_bytes() > 0 ? whole.data() : nullptr;
     size_t bytes = whole.size_bytes();
@@ -252,7 +250,7 @@ Result<bool> PipelinePlan::split_value(TensorId id, const HostTensor &value,
     }
     RETURN_IF_ERROR(write(d, from, bytes));
   }
-  return held;
+  return Status::ok();
 }
 
 std::map<std::string, HostTensor> PipelinePlan::checkpoint_pieces(const Local &local,

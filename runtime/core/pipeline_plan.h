@@ -138,9 +138,9 @@ public:
   std::optional<HostTensor> whole_value(TensorId id, const Local &local,
                                         const ReadPart &read) const;
   // Cuts a whole `value` (of value_type(id)) into every holder's part and
-  // hands each to `write`; false when no device holds the tensor.
+  // hands each to `write`.
   using WritePart = std::function<Status(int device, const std::byte *data, size_t bytes)>;
-  Result<bool> split_value(TensorId id, const HostTensor &value, const WritePart &write) const;
+  Status split_value(TensorId id, const HostTensor &value, const WritePart &write) const;
   // What a process writes to a checkpoint: every parameter and state tensor
   // whole where its first holder keeps it whole, else as named pieces and
   // shards (see above); only the parts `read` can read here.

@@ -323,8 +323,7 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
   const TensorType type = value_type(id);
   RETURN_IF_ERROR(check_assignable(graph(), id, value, &type));
   bool written = false;
-  ASSIGN_OR_RETURN(
-      const bool held,
+  RETURN_IF_ERROR(
       plan_->split_value(id, value, [&](int d, const std::byte *from, size_t bytes) -> Status {
         const auto &device = devices_[static_cast<size_t>(d)];
         if (!device) return Status::ok(); // another process's
@@ -333,7 +332,6 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
         return Status::ok();
       }));
   // Over several processes, a tensor only other processes hold is theirs to set.
-  (void)held;
   if (!written && all_local_)
     return not_found("no device of the pipeline holds '", graph().tensor(id).name, "'");
   return Status::ok();

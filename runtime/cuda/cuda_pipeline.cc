@@ -13,8 +13,8 @@
 #include "ops/registry.h"
 #include "passes/fuse_elementwise.h"
 #include "plan/instructions.h"
-#include "runtime/cuda/gpu_rank.h"
 #include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/gpu_rank.h"
 #include "runtime/cuda/nccl_bootstrap.h"
 #include "strata_config.h"
 
@@ -628,8 +628,7 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
   bool written = false;
   // The parts are copied from host memory that lives until the copies are
   // waited for below.
-  ASSIGN_OR_RETURN(
-      const bool held,
+  RETURN_IF_ERROR(
       plan_->split_value(id, value, [&](int d, const std::byte *from, size_t bytes) -> Status {
         GpuRank *rank = rank_of(static_cast<size_t>(d));
         if (rank == nullptr) return Status::ok(); // another process's
@@ -640,7 +639,6 @@ Status CudaPipelineRunner::assign(TensorId id, const HostTensor &value) {
             str_cat("assigning '", graph().tensor(id).name, "'"));
       }));
   // Across processes, a tensor only other processes hold is theirs to set.
-  (void)held;
   if (!written && processes_ == nullptr)
     return invalid_argument("no device of the plan holds '", graph().tensor(id).name, "'");
   ranks_[0]->host.erase(id);
