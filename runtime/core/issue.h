@@ -3,10 +3,10 @@
 //
 // An issuer walks a device's resolved program (device_program.h) and issues
 // each instruction through two interfaces a backend implements:
-//  - DeviceBackend: the device's memory and compute. run a node (the CPU
+//  - DeviceBackend: the device's memory and compute: run a node (the CPU
 //    kernel; the CUDA op table on the device's stream), copy, add, divide,
 //    apply a state update;
-//  - Transport: how devices meet. point-to-point messages, collectives over
+//  - Transport: how devices meet: point-to-point messages, collectives over
 //    a plan group, gradient buckets reduced beside the computation.
 // Both are stream-ordered: a call's work happens after the device's earlier
 // work and before its later work. On a CPU device thread that means the call
@@ -19,9 +19,11 @@
 // over NCCL, this GPU's member. So the same instruction semantics serve
 // threads, MPI ranks, streams of one GPU and GPUs over NCCL.
 //
-// Tensor-parallel nodes: the transports only move contiguous buffers; the
-// layouts of pieces cut in column blocks (plan::PieceLayout) are copied into
-// and out of the device's collective staging here, by the device.
+// Tensor-parallel nodes: pieces cut in column blocks (plan::PieceLayout) are
+// copied into and out of the device's collective staging here, by the
+// device, so that a transport moves contiguous buffers only; a transport
+// that can read and write the blocks in place (copies on one GPU) says so
+// (strided) and no staging is used.
 #pragma once
 
 #include <optional>
