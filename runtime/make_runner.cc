@@ -3,15 +3,30 @@
 #include <cmath>
 #include <utility>
 
+#include "runtime/cpu/executor.h"
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/cuda/cuda_pipeline.h"
-#include "runtime/cpu/executor.h"
 #include "runtime/cuda/gpu_placement.h"
 
 namespace strata::runtime {
 namespace {
 
 using serialization::Plan;
+
+// What the two CUDA runners' options share, from `options`.
+template <typename CudaOptions> CudaOptions cuda_options(const RunnerOptions &options) {
+  CudaOptions cuda;
+  cuda.model_dir = options.model_dir;
+  cuda.gpu = options.gpu;
+  cuda.cuda_graph = options.cuda_graph;
+  cuda.tf32 = options.tf32;
+  cuda.bf16 = options.bf16;
+  cuda.f16 = options.f16;
+  cuda.fuse = options.fuse;
+  cuda.cudnn_pool_norm = options.cudnn_pool_norm;
+  cuda.workspace_bytes = options.workspace_bytes;
+  return cuda;
+}
 
 // A made runner as a StepRunner, or its error prefixed with the file it came from.
 template <typename Runner>
@@ -24,17 +39,8 @@ Result<std::unique_ptr<StepRunner>> named(Result<std::unique_ptr<Runner>> create
 
 Result<std::unique_ptr<StepRunner>> make_cuda_pipeline(const Plan &plan,
                                                        const RunnerOptions &options) {
-  CudaPipelineOptions cuda;
-  cuda.model_dir = options.model_dir;
-  cuda.gpu = options.gpu;
+  auto cuda = cuda_options<CudaPipelineOptions>(options);
   cuda.timeout = options.timeout;
-  cuda.cuda_graph = options.cuda_graph;
-  cuda.tf32 = options.tf32;
-  cuda.bf16 = options.bf16;
-  cuda.f16 = options.f16;
-  cuda.fuse = options.fuse;
-  cuda.cudnn_pool_norm = options.cudnn_pool_norm;
-  cuda.workspace_bytes = options.workspace_bytes;
   if (!options.gpus.empty()) {
     ASSIGN_OR_RETURN(cuda.gpus, parse_gpu_list(options.gpus));
   }
@@ -123,17 +129,8 @@ Result<std::unique_ptr<StepRunner>> make_runner(const Plan &plan, const RunnerOp
 
 Result<std::unique_ptr<StepRunner>> make_runner(Graph graph, const RunnerOptions &options) {
   if (options.backend == Backend::kCuda) {
-    CudaExecutorOptions cuda;
-    cuda.model_dir = options.model_dir;
-    cuda.gpu = options.gpu;
-    cuda.cuda_graph = options.cuda_graph;
-    cuda.tf32 = options.tf32;
-    cuda.bf16 = options.bf16;
-    cuda.f16 = options.f16;
-    cuda.fuse = options.fuse;
-    cuda.cudnn_pool_norm = options.cudnn_pool_norm;
-    cuda.workspace_bytes = options.workspace_bytes;
-    return named(CudaExecutor::create(std::move(graph), cuda), options.source);
+    return named(CudaExecutor::create(std::move(graph), cuda_options<CudaExecutorOptions>(options)),
+                 options.source);
   }
   ExecutorOptions cpu;
   cpu.model_dir = options.model_dir;

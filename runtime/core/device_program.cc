@@ -61,10 +61,9 @@ Result<std::byte *> Resolver::slot(TensorId t, int32_t microbatch) const {
 }
 
 Result<std::byte *> Resolver::weight(TensorId t) const {
-  std::byte *at = plan_.holds(device_, t) ? memory_.held(t) : nullptr;
-  if (at == nullptr && !plan_.holds(device_, t))
+  if (!plan_.holds(device_, t))
     return invalid("reads '", g_.tensor(t).name, "', which the plan does not place on this device");
-  return at;
+  return memory_.held(t); // null for an empty tensor
 }
 
 Result<int> Resolver::group(const PlanInstruction &instr) const {

@@ -111,14 +111,11 @@ Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_
                                      const core::Collective &call, const plan::PieceLayout *) {
   const core::Member &me = members[0];
   const Group &group = plan_.group(call.group);
-  // The algorithms work in place: the whole tensor in, this member's chunk
-  // of it out (the rest is scratch).
+  // The algorithms work in place: `in` is the whole tensor and `out` this
+  // member's chunk of it (the rest is scratch).
   if (call.algo)
     return algo_reduce_scatter(
-        comm_,
-        std::span<float>(static_cast<float *>(me.out) -
-                             count / group.size() * plan_.position(call.group, me.device),
-                         count),
+        comm_, std::span<float>(const_cast<float *>(static_cast<const float *>(me.in)), count),
         group, *call.algo, call.tag, call.what);
   return comm_.reduce_scatter(std::span<const float>(static_cast<const float *>(me.in), count),
                               std::span<float>(static_cast<float *>(me.out), count / group.size()),
