@@ -27,6 +27,11 @@ def run(name, make, clip=0.0):
         gw, gb = grads(step)
         w.grad, b.grad = gw.clone(), gb.clone()
         if clip > 0:
+            # Clipping switches on where the norm passes `clip`: the norm must
+            # clear it by far more than rounding, or strata and PyTorch could
+            # disagree on whether to clip. (Here it is 2.15 .. 2.85.)
+            norm = torch.cat([gw.flatten(), gb]).double().norm().item()
+            assert abs(norm - clip) > 1e-3 * clip, f"step {step}: norm {norm} at the clip"
             torch.nn.utils.clip_grad_norm_([w, b], clip)
         opt.step()
         values = [f"{x:.9g}" for x in w.detach().flatten().tolist() + b.detach().tolist()]
