@@ -12,18 +12,20 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <thread>
 
-#include "runtime/cuda/cuda_executor.h"
-#include "runtime/cuda/cuda_pipeline.h"
 #include "runtime/comm/mpi_world.h"
 #include "runtime/cpu/pipeline_runner.h"
+#include "runtime/cuda/cuda_executor.h"
+#include "runtime/cuda/cuda_pipeline.h"
 #include "runtime/trainer.h"
 #include "serialization/checkpoint.h"
 #include "serialization/file_io.h"
+#include "serialization/sha256.h"
 #include "tools/cli.h"
 #include "tools/cmd_run.h"
 #include "tools/model_stats.h"
@@ -535,6 +537,61 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   return Status::ok();
 }
 
+// What identifies a data folder to the start-up agreement: each file's name,
+// size and a digest of its first and last MiB. Ranks given different data
+// (another folder, another copy, another seed's synthetic batches) then refuse
+// to start, without every rank reading all of a large dataset at start-up.
+Result<std::string> data_identity(const std::string &dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto &entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  if (ec) return not_found("--data ", dir, ": ", ec.message());
+  std::sort(files.begin(), files.end());
+  serialization::Sha256 digest;
+  std::vector<char> buffer(size_t{1} << 20);
+  for (const fs::path &file : files) {
+    const uintmax_t size = fs::file_size(file, ec);
+    if (ec) return not_found("--data ", file.string(), ": ", ec.message());
+    digest.update(str_cat(file.filename().string(), " ", size, "\n"));
+    std::ifstream in(file, std::ios::binary);
+    for (const uintmax_t at : {uintmax_t{0}, size > buffer.size() ? size - buffer.size() : 0}) {
+      in.seekg(static_cast<std::streamoff>(at));
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      digest.update(buffer.data(), static_cast<size_t>(in.gcount()));
+      in.clear();
+    }
+    if (!in) return io_error("--data ", file.string(), ": cannot read");
+  }
+  return str_cat(files.size(), " files, ", digest.hex_digest().substr(0, 16));
+}
+
+// The settings every rank of a job must share besides the plan: ranks that
+// differ in them would train on mixed data or save at different steps. A data
+// folder a rank cannot read is its value too, so that rank is named rather
+// than left out of the agreement the others wait in.
+std::vector<std::pair<std::string, std::string>> shared_settings(const RunArgs &args) {
+  auto folder = [](const std::string &path) {
+    if (path.empty()) return std::string("(none)");
+    std::error_code ec;
+    const fs::path full = fs::weakly_canonical(fs::absolute(path), ec);
+    return ec ? path : full.string();
+  };
+  std::string data = "(synthetic)";
+  if (!args.data.empty()) {
+    Result<std::string> identity = data_identity(args.data);
+    data = identity.is_ok() ? *identity : identity.status().message();
+  }
+  return {
+      {"--seed", str_cat(args.seed)},
+      {"--steps", str_cat(args.steps)},
+      {"--data", data},
+      {"--checkpoint folder", folder(args.checkpoint)},
+      {"--checkpoint-every", str_cat(args.checkpoint_every)},
+      {"--resume folder", folder(args.resume)},
+  };
+}
+
 } // namespace
 
 int training_stop_signal() { return stopped_by; }
@@ -560,7 +617,8 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
   options.timeout = timeout;
   ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
                    runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
-  Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string());
+  Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string(),
+                               shared_settings(args));
   if (status.is_ok()) {
     // Rank 0 speaks for the job.
     std::ostream silent(nullptr);

@@ -1143,7 +1143,8 @@ Status MpiWorld::broadcast(std::string *data, std::string_view what) {
   return Status::ok();
 }
 
-Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan) {
+Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan,
+                       const std::vector<std::pair<std::string, std::string>> &settings) {
   nlohmann::ordered_json mine = {
       {"strata version", STRATA_VERSION},
       {"plan fingerprint", fingerprint},
@@ -1152,6 +1153,8 @@ Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan) 
       {"devices per rank", impl_->options_.devices_per_rank},
       {"timeout (ms)", static_cast<int64_t>(impl_->options_.timeout.count())},
   };
+  for (const auto &[name, value] : settings)
+    mine[name] = value;
   std::vector<std::string> all;
   RETURN_IF_ERROR(
       gather(str_cat(mine.dump(), "\n", plan, "\n", impl_->host_), &all, "start-up agreement"));
@@ -1187,7 +1190,7 @@ Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan) 
       verdict += str_cat(verdict.empty() ? "" : "; ", differs);
     }
     if (verdict.empty() && !impl_->layout_error_.empty()) verdict = impl_->layout_error_;
-    if (!verdict.empty()) verdict += "; every rank must run the same plan with the same strata";
+    if (!verdict.empty()) verdict += "; every rank must run the same plan and options with the same strata";
   }
   RETURN_IF_ERROR(broadcast(&verdict, "start-up agreement"));
   if (!verdict.empty()) return failed_precondition("start-up check failed: ", verdict);

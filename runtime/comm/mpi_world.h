@@ -55,6 +55,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/comm/device_world.h"
 #include "runtime/comm/local_communicator.h"
@@ -121,10 +123,12 @@ public:
   void set_label(int device, std::string label);
 
   // The start-up agreement, before anything else: every rank sends its strata
-  // version, plan fingerprint (and file name), world size and layout to rank
-  // 0, which checks them and tells every rank the verdict. An error names the
-  // ranks on each side of every difference.
-  Status agree(const std::string &fingerprint, const std::string &plan);
+  // version, plan fingerprint (and file name), world size, layout and the
+  // run's `settings` (name, value: seed, steps, data, checkpoint folder, ...)
+  // to rank 0, which checks them and tells every rank the verdict. An error
+  // names the ranks on each side of every difference.
+  Status agree(const std::string &fingerprint, const std::string &plan,
+               const std::vector<std::pair<std::string, std::string>> &settings = {});
 
   // Ends the world from this process; the other ranks fail with `reason`.
   void fail(const Status &reason);

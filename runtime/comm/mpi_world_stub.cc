@@ -38,6 +38,9 @@ void MpiWorld::set_label(int, std::string) {}
 void MpiWorld::fail(const Status &) {}
 Status MpiWorld::failure() const { return Status::ok(); }
 void MpiWorld::finish(bool) {}
-Status MpiWorld::agree(const std::string &, const std::string &) { return Status::ok(); }
+Status MpiWorld::agree(const std::string &, const std::string &,
+                       const std::vector<std::pair<std::string, std::string>> &) {
+  return Status::ok();
+}
 
 } // namespace strata::runtime

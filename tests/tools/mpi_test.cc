@@ -19,8 +19,8 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/cuda/cuda_executor.h"
 #include "runtime/comm/mpi_world.h"
+#include "runtime/cuda/cuda_executor.h"
 #include "runtime/cuda/nccl_bootstrap.h"
 #include "serialization/checkpoint.h"
 #include "tests/tools/cli_util.h"
@@ -300,6 +300,30 @@ TEST_F(MpiTest, MismatchedPlanEndsEveryRank) {
   EXPECT_EQ(count_of(o.err, "the ranks disagree on the plan fingerprint"), 2) << o.err;
   EXPECT_NE(o.err.find("rank 0 (a.splan"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("rank 1 (b.splan"), std::string::npos) << o.err;
+}
+
+// Ranks that share the plan but not the run's settings would train on mixed
+// batches or save at different steps: each difference is named at start-up.
+TEST_F(MpiTest, MismatchedRunSettingsEndEveryRank) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile("mlp.strata", "a.splan", {"--mesh", "1x1x2", "--microbatches", "2"});
+  for (const std::string folder : {"d0", "d1"}) {
+    fs::create_directories(dir_ / folder);
+    std::ofstream(dir_ / folder / "input.npy") << folder;
+  }
+  auto rank = [&](const std::string &seed, const std::string &data, const std::string &ck) {
+    return strata_command(
+        {"run", "a.splan", "--timeout", "5", "--seed", seed, "--data", data, "--checkpoint", ck});
+  };
+  Outcome o = shell(str_cat("timeout -k 5 60 ", quote(mpirun_path()), " --oversubscribe -np 1 ",
+                            rank("1", "d0", "ck0"), " : -np 1 ", rank("2", "d1", "ck1")));
+  EXPECT_NE(o.code, 0);
+  EXPECT_LT(o.seconds, 15.0);
+  for (const std::string what : {"--seed", "--data", "--checkpoint folder"})
+    EXPECT_EQ(count_of(o.err, "disagree on the " + what + ":"), 2) << what << "\n" << o.err;
+  EXPECT_NE(o.err.find("rank 0 (a.splan on "), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("disagree on the --steps"), std::string::npos) << o.err;
+  EXPECT_FALSE(fs::exists(dir_ / "ck0") || fs::exists(dir_ / "ck1"));
 }
 
 TEST_F(MpiTest, WrongRankCountIsRefused) {
