@@ -12,14 +12,17 @@
 // files of a step have names of their own, and the manifest is replaced only
 // after all of them are durable (every rank's), so a save interrupted at any
 // point leaves the previous manifest and the files it lists intact: the
-// previous checkpoint stays loadable. Files no manifest lists any more are
-// removed after the commit. Version 1 folders (one model.safetensors) still
-// read.
+// previous checkpoint stays loadable. After the commit strata removes only
+// its own files: those the replaced manifest listed, and data files under
+// its own names (above) that the new one does not list (a save cut short).
+// Any other file in the folder is left alone. Version 1 folders (one
+// model.safetensors) still read.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/host_tensor.h"
@@ -46,6 +49,8 @@ struct CheckpointFile {
 
 // "model-step5.safetensors", "model-step5-rank1-of4.safetensors".
 std::string checkpoint_file_name(int64_t step, int rank, int ranks);
+// True for exactly the names checkpoint_file_name gives.
+bool is_checkpoint_data_name(std::string_view name);
 
 // Writes `tensors` durably into `dir`/`name` (`dir` is created if missing) and
 // returns its manifest entry, checksummed from what is on disk.
@@ -53,7 +58,9 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
                                              const std::map<std::string, HostTensor> &tensors);
 
 // Replaces the manifest (atomically) with one listing `files`, then removes
-// the data files of earlier checkpoints.
+// the files the replaced manifest listed and unlisted files named as
+// checkpoint_file_name names them (saves that never committed); every other
+// file in `dir` stays.
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
                          int ranks, const std::vector<CheckpointFile> &files);
 

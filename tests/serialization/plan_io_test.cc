@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -870,6 +871,51 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   ASSERT_FALSE(escaped.is_ok());
   EXPECT_NE(escaped.status().message().find("files[0].name"), std::string::npos)
       << escaped.status().message();
+}
+
+// A commit removes only what strata wrote: the files the replaced manifest
+// listed and unlisted files under strata's own data-file names. A user's
+// weights in the same folder (model.safetensors, model_pretrained.safetensors)
+// stay, byte for byte.
+TEST(CheckpointTest, CommitKeepsFilesStrataDidNotWrite) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  std::filesystem::create_directories(ck);
+  const std::vector<std::string> user_files = {"model.safetensors", "model_pretrained.safetensors",
+                                               "model-final.safetensors",
+                                               "model-step2.safetensors.bak", "notes.txt"};
+  for (const std::string &name : user_files) {
+    std::ofstream out(ck + "/" + name, std::ios::binary);
+    out << "the user's " << name;
+  }
+  HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 1).is_ok());
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 2).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/model-step1.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(ck + "/model-step2.safetensors"));
+  // A file the replaced manifest listed goes, whatever its name.
+  auto listed = write_checkpoint_file(ck, "weights.safetensors", {{"w", w}});
+  ASSERT_TRUE(listed.is_ok()) << listed.status().message();
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 3, 1, {*listed}).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/model-step2.safetensors"));
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 4).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/weights.safetensors"));
+  auto read = read_checkpoint(ck, "f");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->step, 4);
+  for (const std::string &name : user_files) {
+    std::ifstream in(ck + "/" + name, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "the user's " + name) << name;
+  }
+
+  EXPECT_TRUE(is_checkpoint_data_name("model-step5.safetensors"));
+  EXPECT_TRUE(is_checkpoint_data_name(checkpoint_file_name(12, 3, 4)));
+  for (const char *name :
+       {"model.safetensors", "model_pretrained.safetensors", "model-step.safetensors",
+        "model-stepx.safetensors", "model-step5-rank-of4.safetensors",
+        "model-step5-rank1.safetensors", "model-step5.safetensors.bak", ".model-step5.safetensors"})
+    EXPECT_FALSE(is_checkpoint_data_name(name)) << name;
 }
 
 TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {

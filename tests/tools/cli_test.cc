@@ -708,6 +708,24 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
                         "model-step6.safetensors");
 }
 
+// A --checkpoint folder may hold the user's own weights: saves replace only
+// strata's files, and the user's stay byte for byte.
+TEST_F(CliTest, CheckpointKeepsTheUsersFiles) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  fs::create_directories(path("ck"));
+  const std::vector<std::string> user_files = {"model.safetensors", "model_pretrained.safetensors",
+                                               "model-best.safetensors"};
+  for (const std::string &name : user_files)
+    write_file(path("ck/" + name), "the user's " + name);
+  Outcome run =
+      strata({"run", "t.splan", "--steps", "2", "--checkpoint", "ck", "--checkpoint-every", "1"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  for (const std::string &name : user_files)
+    EXPECT_EQ(read_file(path("ck/" + name)), "the user's " + name) << name;
+  EXPECT_TRUE(fs::exists(path("ck/model-step2.safetensors")));
+  EXPECT_FALSE(fs::exists(path("ck/model-step1.safetensors")));
+}
+
 // Ctrl-C or SIGTERM during training: the step in flight ends, the checkpoint
 // is saved at it, the process ends by the signal (128 + it in a shell), and the run
 // continues from there. The loop waits for the header's last line in the
