@@ -780,6 +780,18 @@ TEST_F(CliTest, SignalsEndTrainingAfterTheStepWithACheckpoint) {
   }
 }
 
+// An empty --checkpoint or --resume is a mistake (an unset shell variable),
+// not the option left out: it is refused, naming the option, before any step.
+TEST_F(CliTest, EmptyCheckpointOrResumeIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  for (const char *flag : {"--checkpoint", "--resume"}) {
+    SCOPED_TRACE(flag);
+    Outcome o = strata({"run", "t.splan", "--steps", "1", flag, ""});
+    expect_one_line_error(o, std::string(flag) + ": the path is empty");
+    EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+  }
+}
+
 // What a command will write is checked before it works: a checkpoint folder
 // it cannot create or that holds another run's checkpoint, a trace in a
 // missing folder, an output that is its own input, a model named as a plan.
