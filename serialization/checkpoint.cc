@@ -1,5 +1,10 @@
 #include "serialization/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -72,7 +77,67 @@ void remove_replaced_files(const std::string &dir, const std::vector<std::string
   }
 }
 
+// The holder of the lock on `fd` as it recorded itself ("pid 12 on host"),
+// or empty where it has not yet or the file holds something else.
+std::string lock_holder(int fd) {
+  char buf[320] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string_view text(buf, static_cast<size_t>(n));
+  text = text.substr(0, text.find('\n'));
+  const size_t space = text.find(' ');
+  const std::string_view pid = text.substr(0, space);
+  const std::string_view host =
+      space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  const bool printable =
+      std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; });
+  if (!is_digits(pid) || !printable) return "";
+  return host.empty() ? str_cat("pid ", pid) : str_cat("pid ", pid, " on ", host);
+}
+
+// What the holder of a lock records: "<pid> <host>\n".
+std::string lock_record() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return str_cat(::getpid(), " ", host, "\n");
+}
+
 } // namespace
+
+Result<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return io_error(dir, ": cannot create the checkpoint folder: ", error.message());
+  const std::string path = (fs::path(dir) / kCheckpointLockFile).string();
+  const int raw_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (raw_fd < 0)
+    return io_error(
+        path, ": cannot create or open the checkpoint folder's lock file: ", errno_text(errno));
+  auto fd = std::make_unique<FileDescriptor>(raw_fd);
+  struct stat info {};
+  if (::fstat(fd->get(), &info) != 0 || !S_ISREG(info.st_mode))
+    return io_error(path, ": not a regular file (strata locks the checkpoint folder with it)");
+  int locked = 0;
+  do {
+    locked = ::flock(fd->get(), LOCK_EX | LOCK_NB);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    const int cause = errno;
+    if (cause != EWOULDBLOCK) return io_error(path, ": cannot lock: ", errno_text(cause));
+    const std::string holder = lock_holder(fd->get());
+    return failed_precondition("checkpoint folder ", dir, " is in use by another strata run (",
+                               holder.empty() ? std::string("its pid not yet recorded") : holder,
+                               "; it holds ", path,
+                               "); wait for that run to end, or save to another folder");
+  }
+  const std::string record = lock_record();
+  if (::ftruncate(fd->get(), 0) != 0) return io_error(path, ": cannot write: ", errno_text(errno));
+  const ssize_t written = ::pwrite(fd->get(), record.data(), record.size(), 0);
+  if (written != static_cast<ssize_t>(record.size()))
+    return io_error(
+        path, ": cannot write: ", written < 0 ? errno_text(errno) : std::string("short write"));
+  return CheckpointLock(std::move(fd));
+}
 
 bool is_checkpoint_data_name(std::string_view name) {
   constexpr std::string_view prefix = "model-step", suffix = ".safetensors";

@@ -1,5 +1,7 @@
 // The training formats: state tensors and updates in model files, plan files
 // (canonical bytes, JSON form, robustness, meaning checks) and checkpoints.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -916,6 +918,39 @@ TEST(CheckpointTest, CommitKeepsFilesStrataDidNotWrite) {
         "model-stepx.safetensors", "model-step5-rank-of4.safetensors",
         "model-step5-rank1.safetensors", "model-step5.safetensors.bak", ".model-step5.safetensors"})
     EXPECT_FALSE(is_checkpoint_data_name(name)) << name;
+}
+
+// A checkpoint folder is one run's at a time: the lock creates the folder,
+// a second taker is refused at once with the folder and the holder's pid, and
+// the lock goes with its object (a moved one still holds it).
+TEST(CheckpointTest, LockKeepsOneRunPerFolder) {
+  TempDir dir;
+  const std::string ck = dir.file("runs/ck");
+  const std::string pid = "pid " + std::to_string(::getpid());
+  {
+    auto held = CheckpointLock::acquire(ck);
+    ASSERT_TRUE(held.is_ok()) << held.status().message();
+    EXPECT_TRUE(std::filesystem::is_directory(ck));
+    EXPECT_TRUE(std::filesystem::exists(ck + "/" + kCheckpointLockFile));
+    auto second = CheckpointLock::acquire(ck);
+    ASSERT_FALSE(second.is_ok());
+    const std::string &message = second.status().message();
+    EXPECT_NE(message.find("checkpoint folder " + ck + " is in use"), std::string::npos) << message;
+    EXPECT_NE(message.find(pid), std::string::npos) << message;
+    CheckpointLock moved = std::move(held).value();
+    EXPECT_FALSE(CheckpointLock::acquire(ck).is_ok());
+  }
+  auto again = CheckpointLock::acquire(ck);
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_TRUE(write_checkpoint(ck, {{"w", HostTensor::zeros({DType::kF32, {2}})}}, "f", 1).is_ok());
+
+  // A folder that cannot be created: the path and the system's reason.
+  const std::string too_long = dir.file(std::string(300, 'n'));
+  auto refused = CheckpointLock::acquire(too_long);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find(too_long + ": cannot create the checkpoint folder: "),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {
