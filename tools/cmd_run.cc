@@ -441,7 +441,8 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
                   "training plan: save the weights + manifest.json here at the end, and when "
                   "Ctrl-C or SIGTERM stops the run (after the step in flight); the previous save "
                   "stays loadable until the new one is complete. A folder that holds a "
-                  "checkpoint is refused unless --resume names it")
+                  "checkpoint is refused unless --resume names it, and one that another run "
+                  "is saving to (.strata.lock) is refused")
       ->check(not_empty_path("a folder"))
       ->type_name("DIR");
   sub->add_option("--checkpoint-every", args.checkpoint_every,
