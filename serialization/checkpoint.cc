@@ -77,6 +77,40 @@ void remove_replaced_files(const std::string &dir, const std::vector<std::string
   }
 }
 
+// A temporary file that strata's own writes leave in a checkpoint folder
+// when the process dies between creating it and renaming or removing it:
+// ".<name>.tmp.XXXXXX" (write_file_atomically) for the manifest or a data
+// file, or ".strata-write-check.XXXXXX" (a check_folder_writable probe),
+// where X is one of mkstemp's letters and digits.
+bool is_checkpoint_temporary(std::string_view name) {
+  constexpr size_t kRandom = 6;
+  constexpr std::string_view kTemporary = ".tmp.";
+  if (name.size() <= kRandom + 1 || name.front() != '.') return false;
+  const std::string_view random = name.substr(name.size() - kRandom);
+  const bool alphanumeric = std::all_of(random.begin(), random.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  });
+  if (!alphanumeric) return false;
+  std::string_view base = name.substr(1, name.size() - 1 - kRandom);
+  if (base == "strata-write-check.") return true;
+  if (!base.ends_with(kTemporary)) return false;
+  base.remove_suffix(kTemporary.size());
+  return base == kCheckpointManifestFile || is_checkpoint_data_name(base);
+}
+
+// Removes the temporaries that saves killed mid-write left in `dir`. Only
+// for the holder of the folder's lock: then no save is writing one.
+void remove_stale_temporaries(const std::string &dir) {
+  std::error_code error;
+  std::vector<fs::path> stale;
+  for (const auto &entry : fs::directory_iterator(dir, error))
+    if (is_checkpoint_temporary(entry.path().filename().string()) &&
+        !fs::is_directory(entry.symlink_status(error)))
+      stale.push_back(entry.path());
+  for (const fs::path &path : stale)
+    fs::remove(path, error);
+}
+
 // The holder of the lock on `fd` as it recorded itself ("pid 12 on host"),
 // or empty where it has not yet or the file holds something else.
 std::string lock_holder(int fd) {
@@ -136,6 +170,7 @@ Result<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
   if (written != static_cast<ssize_t>(record.size()))
     return io_error(
         path, ": cannot write: ", written < 0 ? errno_text(errno) : std::string("short write"));
+  remove_stale_temporaries(dir);
   return CheckpointLock(std::move(fd));
 }
 

@@ -82,10 +82,13 @@ Status write_checkpoint(const std::string &dir, const std::map<std::string, Host
 // checkpoint; the other ranks write only inside the saves it leads).
 class CheckpointLock {
 public:
-  // Creates `dir` if needed and takes the lock without waiting. Errors name
-  // the folder or the lock file and the cause: the operating system's reason
-  // (a name too long, no permission, no flock on this file system), or the
-  // pid and host of the run that holds the lock.
+  // Creates `dir` if needed and takes the lock without waiting, then removes
+  // the temporary files of saves killed mid-write (".model-step5.safetensors
+  // .tmp.AbC123" and the like, strata's exact patterns only): with the lock
+  // held, no save is writing one. Errors name the folder or the lock file and
+  // the cause: the operating system's reason (a name too long, no
+  // permission, no flock on this file system), or the pid and host of the run
+  // that holds the lock.
   static Result<CheckpointLock> acquire(const std::string &dir);
 
 private:

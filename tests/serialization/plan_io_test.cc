@@ -953,6 +953,38 @@ TEST(CheckpointTest, LockKeepsOneRunPerFolder) {
       << refused.status().message();
 }
 
+// A save killed mid-write leaves its temporary file; the next run to lock
+// the folder removes every one of strata's exact patterns, and nothing else.
+TEST(CheckpointTest, LockRemovesStaleTemporaries) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", HostTensor::zeros({DType::kF32, {2}})}}, "f", 1).is_ok());
+  const std::vector<std::string> stale = {
+      ".model-step2.safetensors.tmp.AbC123", ".model-step2-rank1-of4.safetensors.tmp.x9Y8z7",
+      ".manifest.json.tmp.QwErTy", ".strata-write-check.a1b2c3"};
+  const std::vector<std::string> others = {
+      ".model.safetensors.tmp.AbC123",       ".model-step2.safetensors.tmp.AbC1234",
+      ".model-step2.safetensors.tmp.Ab-123", ".notes.txt.tmp.AbC123",
+      "model-step2.safetensors.tmp.AbC123",  ".manifest.json.tmp.AbC12"};
+  auto write = [&](const std::string &name, const char *text) {
+    std::ofstream out(ck + "/" + name, std::ios::binary);
+    out << text;
+  };
+  for (const std::string &name : stale)
+    write(name, "partial");
+  for (const std::string &name : others)
+    write(name, "not strata's");
+  auto lock = CheckpointLock::acquire(ck);
+  ASSERT_TRUE(lock.is_ok()) << lock.status().message();
+  for (const std::string &name : stale)
+    EXPECT_FALSE(std::filesystem::exists(ck + "/" + name)) << name;
+  for (const std::string &name : others)
+    EXPECT_TRUE(std::filesystem::exists(ck + "/" + name)) << name;
+  auto read = read_checkpoint(ck, "f");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->step, 1);
+}
+
 TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {
   if (!testing::python_has("numpy")) GTEST_SKIP() << "the system Python has no NumPy";
   TempDir dir;

@@ -834,6 +834,25 @@ TEST_F(CliTest, CheckpointFolderIsCreatedBeforeTheFirstStep) {
   EXPECT_TRUE(fs::exists(path("new/ck/model-step1.safetensors")));
 }
 
+// A save killed mid-write (or by a second Ctrl-C) leaves its temporary file
+// behind; the next run on the folder removes strata's own, and only those.
+TEST_F(CliTest, NextRunRemovesTemporariesOfAKilledSave) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  ASSERT_EQ(strata({"run", "t.splan", "--steps", "2", "--checkpoint", "ck"}).code, 0);
+  const std::vector<std::string> stale = {".model-step3.safetensors.tmp.Zx81Qp",
+                                          ".manifest.json.tmp.Ab12Cd"};
+  for (const std::string &name : stale)
+    write_file(path("ck/" + name), "half a save");
+  write_file(path("ck/.notes.tmp.Ab12Cd"), "the user's");
+  Outcome resumed =
+      strata({"run", "t.splan", "--steps", "4", "--resume", "ck", "--checkpoint", "ck"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  for (const std::string &name : stale)
+    EXPECT_FALSE(fs::exists(path("ck/" + name))) << name;
+  EXPECT_EQ(read_file(path("ck/.notes.tmp.Ab12Cd")), "the user's");
+  EXPECT_TRUE(fs::exists(path("ck/model-step4.safetensors")));
+}
+
 // An empty --checkpoint or --resume is a mistake (an unset shell variable),
 // not the option left out: it is refused, naming the option, before any step.
 TEST_F(CliTest, EmptyCheckpointOrResumeIsRefused) {
