@@ -1,6 +1,13 @@
 #include "serialization/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -20,7 +27,168 @@ std::string short_digest(std::string_view digest) {
   return std::string(digest.substr(0, 16)) + (digest.size() > 16 ? "..." : "");
 }
 
+bool is_digits(std::string_view text) {
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What a manifest may list: a plain .safetensors file in the folder, no
+// paths, nothing hidden.
+bool is_plain_data_name(std::string_view name) {
+  return !name.empty() && name.find('/') == std::string_view::npos && name.front() != '.' &&
+         name.ends_with(".safetensors");
+}
+
+// The data files the manifest at `manifest_path` lists, as far as it can be
+// read: the files of the checkpoint a commit replaces.
+std::vector<std::string> listed_files(const std::string &manifest_path) {
+  std::vector<std::string> names;
+  auto bytes = read_file(manifest_path, kMaxManifestBytes);
+  if (!bytes.is_ok()) return names;
+  nlohmann::json manifest = nlohmann::json::parse(bytes->begin(), bytes->end(), nullptr,
+                                                  /*allow_exceptions=*/false);
+  if (!manifest.is_object() || !manifest.contains("files") || !manifest["files"].is_array())
+    return names;
+  for (const nlohmann::json &entry : manifest["files"])
+    if (entry.is_object() && entry.contains("name") && entry["name"].is_string() &&
+        is_plain_data_name(entry["name"].get<std::string>()))
+      names.push_back(entry["name"].get<std::string>());
+  return names;
+}
+
+// Once a commit is durable: removes the files of the checkpoint it replaced
+// (`previous`, what the old manifest listed) and data files under the names
+// checkpoint_file_name gives that the new manifest does not list (a save cut
+// short before its commit). Anything else in the folder is not strata's and
+// stays. A file that cannot be removed stays too: the new checkpoint is whole.
+void remove_replaced_files(const std::string &dir, const std::vector<std::string> &previous,
+                           const std::vector<CheckpointFile> &kept) {
+  std::set<std::string> doomed(previous.begin(), previous.end());
+  std::error_code error;
+  for (const auto &entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (is_checkpoint_data_name(name)) doomed.insert(name);
+  }
+  for (const CheckpointFile &file : kept)
+    doomed.erase(file.name);
+  for (const std::string &name : doomed) {
+    const fs::path path = fs::path(dir) / name;
+    if (!fs::is_directory(fs::symlink_status(path, error))) fs::remove(path, error);
+  }
+}
+
+// A temporary file that strata's own writes leave in a checkpoint folder
+// when the process dies between creating it and renaming or removing it:
+// ".<name>.tmp.XXXXXX" (write_file_atomically) for the manifest or a data
+// file, or ".strata-write-check.XXXXXX" (a check_folder_writable probe),
+// where X is one of mkstemp's letters and digits.
+bool is_checkpoint_temporary(std::string_view name) {
+  constexpr size_t kRandom = 6;
+  constexpr std::string_view kTemporary = ".tmp.";
+  if (name.size() <= kRandom + 1 || name.front() != '.') return false;
+  const std::string_view random = name.substr(name.size() - kRandom);
+  const bool alphanumeric = std::all_of(random.begin(), random.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  });
+  if (!alphanumeric) return false;
+  std::string_view base = name.substr(1, name.size() - 1 - kRandom);
+  if (base == "strata-write-check.") return true;
+  if (!base.ends_with(kTemporary)) return false;
+  base.remove_suffix(kTemporary.size());
+  return base == kCheckpointManifestFile || is_checkpoint_data_name(base);
+}
+
+// Removes the temporaries that saves killed mid-write left in `dir`. Only
+// for the holder of the folder's lock: then no save is writing one.
+void remove_stale_temporaries(const std::string &dir) {
+  std::error_code error;
+  std::vector<fs::path> stale;
+  for (const auto &entry : fs::directory_iterator(dir, error))
+    if (is_checkpoint_temporary(entry.path().filename().string()) &&
+        !fs::is_directory(entry.symlink_status(error)))
+      stale.push_back(entry.path());
+  for (const fs::path &path : stale)
+    fs::remove(path, error);
+}
+
+// The holder of the lock on `fd` as it recorded itself ("pid 12 on host"),
+// or empty where it has not yet or the file holds something else.
+std::string lock_holder(int fd) {
+  char buf[320] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string_view text(buf, static_cast<size_t>(n));
+  text = text.substr(0, text.find('\n'));
+  const size_t space = text.find(' ');
+  const std::string_view pid = text.substr(0, space);
+  const std::string_view host =
+      space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  const bool printable =
+      std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 127; });
+  if (!is_digits(pid) || !printable) return "";
+  return host.empty() ? str_cat("pid ", pid) : str_cat("pid ", pid, " on ", host);
+}
+
+// What the holder of a lock records: "<pid> <host>\n".
+std::string lock_record() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return str_cat(::getpid(), " ", host, "\n");
+}
+
 } // namespace
+
+Result<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return io_error(dir, ": cannot create the checkpoint folder: ", error.message());
+  const std::string path = (fs::path(dir) / kCheckpointLockFile).string();
+  const int raw_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (raw_fd < 0)
+    return io_error(
+        path, ": cannot create or open the checkpoint folder's lock file: ", errno_text(errno));
+  auto fd = std::make_unique<FileDescriptor>(raw_fd);
+  struct stat info {};
+  if (::fstat(fd->get(), &info) != 0 || !S_ISREG(info.st_mode))
+    return io_error(path, ": not a regular file (strata locks the checkpoint folder with it)");
+  int locked = 0;
+  do {
+    locked = ::flock(fd->get(), LOCK_EX | LOCK_NB);
+  } while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    const int cause = errno;
+    if (cause != EWOULDBLOCK) return io_error(path, ": cannot lock: ", errno_text(cause));
+    const std::string holder = lock_holder(fd->get());
+    return failed_precondition("checkpoint folder ", dir, " is in use by another strata run (",
+                               holder.empty() ? std::string("its pid not yet recorded") : holder,
+                               "; it holds ", path,
+                               "); wait for that run to end, or save to another folder");
+  }
+  const std::string record = lock_record();
+  if (::ftruncate(fd->get(), 0) != 0) return io_error(path, ": cannot write: ", errno_text(errno));
+  const ssize_t written = ::pwrite(fd->get(), record.data(), record.size(), 0);
+  if (written != static_cast<ssize_t>(record.size()))
+    return io_error(
+        path, ": cannot write: ", written < 0 ? errno_text(errno) : std::string("short write"));
+  remove_stale_temporaries(dir);
+  return CheckpointLock(std::move(fd));
+}
+
+bool is_checkpoint_data_name(std::string_view name) {
+  constexpr std::string_view prefix = "model-step", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
+      !name.ends_with(suffix))
+    return false;
+  // "<K>" or "<K>-rank<R>-of<N>".
+  std::string_view middle = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  const size_t rank_at = middle.find("-rank");
+  if (rank_at == std::string_view::npos) return is_digits(middle);
+  const size_t of_at = middle.find("-of", rank_at);
+  if (of_at == std::string_view::npos) return false;
+  return is_digits(middle.substr(0, rank_at)) &&
+         is_digits(middle.substr(rank_at + 5, of_at - rank_at - 5)) &&
+         is_digits(middle.substr(of_at + 3));
+}
 
 std::string checkpoint_file_name(int64_t step, int rank, int ranks) {
   if (ranks <= 1) return str_cat("model-step", step, ".safetensors");
@@ -53,18 +221,13 @@ Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, i
         {{"name", file.name}, {"size", file.size}, {"sha256", file.sha256}});
   manifest["producer"] = producer_string();
   std::string text = manifest.dump(2) + "\n";
+  const std::string manifest_path = (fs::path(dir) / kCheckpointManifestFile).string();
+  const std::vector<std::string> previous = listed_files(manifest_path);
   RETURN_IF_ERROR(write_file_atomically(
-      (fs::path(dir) / kCheckpointManifestFile).string(),
+      manifest_path,
       llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t *>(text.data()), text.size())));
   // The commit is durable: the previous checkpoint's files can go.
-  std::error_code error;
-  for (const auto &entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    const bool ours = name.starts_with("model") && name.ends_with(".safetensors");
-    const bool listed = std::any_of(files.begin(), files.end(),
-                                    [&](const CheckpointFile &f) { return f.name == name; });
-    if (ours && !listed) fs::remove(entry.path(), error);
-  }
+  remove_replaced_files(dir, previous, files);
   return Status::ok();
 }
 
@@ -127,9 +290,7 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
         !entry.contains("sha256") || !entry["sha256"].is_string())
       return invalid_argument(where, " needs name (string), size (count) and sha256 (string)");
     std::string name = entry["name"].get<std::string>();
-    // A plain file name in the folder: no paths, nothing hidden.
-    if (name.empty() || name.find('/') != std::string::npos || name.front() == '.' ||
-        !name.ends_with(".safetensors"))
+    if (!is_plain_data_name(name))
       return invalid_argument(where, ".name is '", name,
                               "'; expected a .safetensors file name in the checkpoint folder");
     std::string path = (fs::path(dir) / name).string();

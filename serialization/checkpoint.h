@@ -7,27 +7,34 @@
 //                      that ZeRO-1 keeps in pieces is stored as its flat pieces
 //                      "<name>@shard<i>of<n>", one per holder;
 //   manifest.json      format version, the plan fingerprint, the step count,
-//                      the number of ranks and, per file, its size and SHA-256.
+//                      the number of ranks and, per file, its size and SHA-256;
+//   .strata.lock       what CheckpointLock (below) locks, where a run took it.
 // Every file is written through a temporary file, fsync and rename. The data
 // files of a step have names of their own, and the manifest is replaced only
 // after all of them are durable (every rank's), so a save interrupted at any
 // point leaves the previous manifest and the files it lists intact: the
-// previous checkpoint stays loadable. Files no manifest lists any more are
-// removed after the commit. Version 1 folders (one model.safetensors) still
-// read.
+// previous checkpoint stays loadable. After the commit strata removes only
+// its own files: those the replaced manifest listed, and data files under
+// its own names (above) that the new one does not list (a save cut short).
+// Any other file in the folder is left alone. Version 1 folders (one
+// model.safetensors) still read.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/host_tensor.h"
+#include "serialization/file_io.h"
 
 namespace strata::serialization {
 
 inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char *kCheckpointManifestFile = "manifest.json";
+inline constexpr const char *kCheckpointLockFile = ".strata.lock";
 
 struct Checkpoint {
   int64_t step = 0;                           // training steps completed
@@ -46,6 +53,8 @@ struct CheckpointFile {
 
 // "model-step5.safetensors", "model-step5-rank1-of4.safetensors".
 std::string checkpoint_file_name(int64_t step, int rank, int ranks);
+// True for exactly the names checkpoint_file_name gives.
+bool is_checkpoint_data_name(std::string_view name);
 
 // Writes `tensors` durably into `dir`/`name` (`dir` is created if missing) and
 // returns its manifest entry, checksummed from what is on disk.
@@ -53,13 +62,39 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
                                              const std::map<std::string, HostTensor> &tensors);
 
 // Replaces the manifest (atomically) with one listing `files`, then removes
-// the data files of earlier checkpoints.
+// the files the replaced manifest listed and unlisted files named as
+// checkpoint_file_name names them (saves that never committed); every other
+// file in `dir` stays.
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
                          int ranks, const std::vector<CheckpointFile> &files);
 
 // One process's checkpoint: one data file, then the commit.
 Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
                         std::string_view fingerprint, int64_t step);
+
+// Holds a checkpoint folder for one training run, so that no other run saves
+// into it meanwhile: an exclusive flock(2) on `dir`/.strata.lock, released
+// when the object goes away or the process ends, however it ends. The file
+// records the holder as "<pid> <host>" for the error another run gets. It
+// stays in the folder after the run: were it removed, a run that opened it
+// just before and one that created it anew would lock different files.
+// One process per run takes it (with MPI, rank 0, which commits every
+// checkpoint; the other ranks write only inside the saves it leads).
+class CheckpointLock {
+public:
+  // Creates `dir` if needed and takes the lock without waiting, then removes
+  // the temporary files of saves killed mid-write (".model-step5.safetensors
+  // .tmp.AbC123" and the like, strata's exact patterns only): with the lock
+  // held, no save is writing one. Errors name the folder or the lock file and
+  // the cause: the operating system's reason (a name too long, no
+  // permission, no flock on this file system), or the pid and host of the run
+  // that holds the lock.
+  static Result<CheckpointLock> acquire(const std::string &dir);
+
+private:
+  explicit CheckpointLock(std::unique_ptr<FileDescriptor> fd) : fd_(std::move(fd)) {}
+  std::unique_ptr<FileDescriptor> fd_;
+};
 
 // Reads and verifies the checkpoint in `dir`: manifest format, fingerprint
 // (must equal `expected_fingerprint` unless that is empty), each file's size and

@@ -41,6 +41,15 @@ CLI::Validator at_least(int64_t low) {
       str_cat("INT>=", low));
 }
 
+CLI::Validator not_empty_path(std::string_view kind) {
+  return CLI::Validator(
+      [kind = std::string(kind)](std::string &text) -> std::string {
+        if (text.empty()) return str_cat("the path is empty; name ", kind);
+        return "";
+      },
+      "");
+}
+
 std::string one_line(std::string_view message) {
   std::string out;
   out.reserve(message.size());

@@ -39,6 +39,9 @@ int training_stop_signal();
 
 // A validator for integers with a lower bound, with a plain message.
 CLI::Validator at_least(int64_t low);
+// A validator that refuses an empty path (`--checkpoint ""` would otherwise
+// read as the option not given); `kind` says what to name ("a folder").
+CLI::Validator not_empty_path(std::string_view kind);
 
 // Loads a model file and adds the path to any error that does not name it.
 Result<Graph> load_model_file(const std::string &path);

@@ -441,7 +441,9 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
                   "training plan: save the weights + manifest.json here at the end, and when "
                   "Ctrl-C or SIGTERM stops the run (after the step in flight); the previous save "
                   "stays loadable until the new one is complete. A folder that holds a "
-                  "checkpoint is refused unless --resume names it")
+                  "checkpoint is refused unless --resume names it, and one that another run "
+                  "is saving to (.strata.lock) is refused")
+      ->check(not_empty_path("a folder"))
       ->type_name("DIR");
   sub->add_option("--checkpoint-every", args.checkpoint_every,
                   "training plan: also save every K steps (needs --checkpoint)")
@@ -449,6 +451,7 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
       ->capture_default_str();
   sub->add_option("--resume", args.resume,
                   "training plan: continue from this checkpoint (same plan fingerprint)")
+      ->check(not_empty_path("a checkpoint folder"))
       ->type_name("DIR");
   sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
       ->check(at_least(1))

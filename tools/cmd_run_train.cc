@@ -246,11 +246,22 @@ Status check_loop_options(const RunArgs &args) {
   return Status::ok();
 }
 
-// Where the run will write, checked before it trains: a checkpoint folder
-// that holds no other run's checkpoint, and this rank's trace file.
-Status check_writable(const RunArgs &args, int rank) {
+// Where the run will write, checked before it trains: the checkpoint folder,
+// which must hold no other run's checkpoint, and this rank's trace file.
+// Rank 0 (or the only process) also creates the folder and locks it for the
+// run, which it returns: it commits every checkpoint and removes the files
+// a commit replaces, while the other ranks write only their own data files
+// inside the saves it leads, so its lock keeps every other run out without
+// making the ranks of this one refuse each other.
+Result<std::optional<serialization::CheckpointLock>> check_writable(const RunArgs &args, int rank) {
+  std::optional<serialization::CheckpointLock> lock;
   if (!args.checkpoint.empty()) {
     RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
+    if (rank == 0) {
+      auto locked = serialization::CheckpointLock::acquire(args.checkpoint);
+      if (!locked.is_ok()) return locked.status().with_context("--checkpoint");
+      lock.emplace(std::move(locked).value());
+    }
     std::error_code error;
     const bool resumes_it =
         !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
@@ -263,7 +274,7 @@ Status check_writable(const RunArgs &args, int rank) {
   }
   if (!args.trace.empty())
     RETURN_IF_ERROR(serialization::check_file_writable(per_rank_path(args.trace, rank), "--trace"));
-  return Status::ok();
+  return lock;
 }
 
 // The batches: the --data folder's, or 8 synthetic ones.
@@ -493,7 +504,9 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   RETURN_IF_ERROR(runtime::check_runner_options(plan, runner_options));
   ASSIGN_OR_RETURN(runner_options.timeout, runtime::timeout_from_seconds(args.timeout_s));
   const int rank = world ? world->rank() : 0;
-  RETURN_IF_ERROR(check_writable(args, rank));
+  // Held until the run ends.
+  ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> checkpoint_lock,
+                   check_writable(args, rank));
   ASSIGN_OR_RETURN(runtime::Dataset data, training_data(args, plan));
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(plan, runner_options));

@@ -1,8 +1,11 @@
 // The training formats: state tensors and updates in model files, plan files
 // (canonical bytes, JSON form, robustness, meaning checks) and checkpoints.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -870,6 +873,116 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   ASSERT_FALSE(escaped.is_ok());
   EXPECT_NE(escaped.status().message().find("files[0].name"), std::string::npos)
       << escaped.status().message();
+}
+
+// A commit removes only what strata wrote: the files the replaced manifest
+// listed and unlisted files under strata's own data-file names. A user's
+// weights in the same folder (model.safetensors, model_pretrained.safetensors)
+// stay, byte for byte.
+TEST(CheckpointTest, CommitKeepsFilesStrataDidNotWrite) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  std::filesystem::create_directories(ck);
+  const std::vector<std::string> user_files = {"model.safetensors", "model_pretrained.safetensors",
+                                               "model-final.safetensors",
+                                               "model-step2.safetensors.bak", "notes.txt"};
+  for (const std::string &name : user_files) {
+    std::ofstream out(ck + "/" + name, std::ios::binary);
+    out << "the user's " << name;
+  }
+  HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 1).is_ok());
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 2).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/model-step1.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(ck + "/model-step2.safetensors"));
+  // A file the replaced manifest listed goes, whatever its name.
+  auto listed = write_checkpoint_file(ck, "weights.safetensors", {{"w", w}});
+  ASSERT_TRUE(listed.is_ok()) << listed.status().message();
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 3, 1, {*listed}).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/model-step2.safetensors"));
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}}, "f", 4).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ck + "/weights.safetensors"));
+  auto read = read_checkpoint(ck, "f");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->step, 4);
+  for (const std::string &name : user_files) {
+    std::ifstream in(ck + "/" + name, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "the user's " + name) << name;
+  }
+
+  EXPECT_TRUE(is_checkpoint_data_name("model-step5.safetensors"));
+  EXPECT_TRUE(is_checkpoint_data_name(checkpoint_file_name(12, 3, 4)));
+  for (const char *name :
+       {"model.safetensors", "model_pretrained.safetensors", "model-step.safetensors",
+        "model-stepx.safetensors", "model-step5-rank-of4.safetensors",
+        "model-step5-rank1.safetensors", "model-step5.safetensors.bak", ".model-step5.safetensors"})
+    EXPECT_FALSE(is_checkpoint_data_name(name)) << name;
+}
+
+// A checkpoint folder is one run's at a time: the lock creates the folder,
+// a second taker is refused at once with the folder and the holder's pid, and
+// the lock goes with its object (a moved one still holds it).
+TEST(CheckpointTest, LockKeepsOneRunPerFolder) {
+  TempDir dir;
+  const std::string ck = dir.file("runs/ck");
+  const std::string pid = "pid " + std::to_string(::getpid());
+  {
+    auto held = CheckpointLock::acquire(ck);
+    ASSERT_TRUE(held.is_ok()) << held.status().message();
+    EXPECT_TRUE(std::filesystem::is_directory(ck));
+    EXPECT_TRUE(std::filesystem::exists(ck + "/" + kCheckpointLockFile));
+    auto second = CheckpointLock::acquire(ck);
+    ASSERT_FALSE(second.is_ok());
+    const std::string &message = second.status().message();
+    EXPECT_NE(message.find("checkpoint folder " + ck + " is in use"), std::string::npos) << message;
+    EXPECT_NE(message.find(pid), std::string::npos) << message;
+    CheckpointLock moved = std::move(held).value();
+    EXPECT_FALSE(CheckpointLock::acquire(ck).is_ok());
+  }
+  auto again = CheckpointLock::acquire(ck);
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_TRUE(write_checkpoint(ck, {{"w", HostTensor::zeros({DType::kF32, {2}})}}, "f", 1).is_ok());
+
+  // A folder that cannot be created: the path and the system's reason.
+  const std::string too_long = dir.file(std::string(300, 'n'));
+  auto refused = CheckpointLock::acquire(too_long);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find(too_long + ": cannot create the checkpoint folder: "),
+            std::string::npos)
+      << refused.status().message();
+}
+
+// A save killed mid-write leaves its temporary file; the next run to lock
+// the folder removes every one of strata's exact patterns, and nothing else.
+TEST(CheckpointTest, LockRemovesStaleTemporaries) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", HostTensor::zeros({DType::kF32, {2}})}}, "f", 1).is_ok());
+  const std::vector<std::string> stale = {
+      ".model-step2.safetensors.tmp.AbC123", ".model-step2-rank1-of4.safetensors.tmp.x9Y8z7",
+      ".manifest.json.tmp.QwErTy", ".strata-write-check.a1b2c3"};
+  const std::vector<std::string> others = {
+      ".model.safetensors.tmp.AbC123",       ".model-step2.safetensors.tmp.AbC1234",
+      ".model-step2.safetensors.tmp.Ab-123", ".notes.txt.tmp.AbC123",
+      "model-step2.safetensors.tmp.AbC123",  ".manifest.json.tmp.AbC12"};
+  auto write = [&](const std::string &name, const char *text) {
+    std::ofstream out(ck + "/" + name, std::ios::binary);
+    out << text;
+  };
+  for (const std::string &name : stale)
+    write(name, "partial");
+  for (const std::string &name : others)
+    write(name, "not strata's");
+  auto lock = CheckpointLock::acquire(ck);
+  ASSERT_TRUE(lock.is_ok()) << lock.status().message();
+  for (const std::string &name : stale)
+    EXPECT_FALSE(std::filesystem::exists(ck + "/" + name)) << name;
+  for (const std::string &name : others)
+    EXPECT_TRUE(std::filesystem::exists(ck + "/" + name)) << name;
+  auto read = read_checkpoint(ck, "f");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->step, 1);
 }
 
 TEST(CheckpointTest, WeightsAreReadableAsPlainSafetensors) {

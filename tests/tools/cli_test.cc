@@ -708,6 +708,24 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
                         "model-step6.safetensors");
 }
 
+// A --checkpoint folder may hold the user's own weights: saves replace only
+// strata's files, and the user's stay byte for byte.
+TEST_F(CliTest, CheckpointKeepsTheUsersFiles) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  fs::create_directories(path("ck"));
+  const std::vector<std::string> user_files = {"model.safetensors", "model_pretrained.safetensors",
+                                               "model-best.safetensors"};
+  for (const std::string &name : user_files)
+    write_file(path("ck/" + name), "the user's " + name);
+  Outcome run =
+      strata({"run", "t.splan", "--steps", "2", "--checkpoint", "ck", "--checkpoint-every", "1"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  for (const std::string &name : user_files)
+    EXPECT_EQ(read_file(path("ck/" + name)), "the user's " + name) << name;
+  EXPECT_TRUE(fs::exists(path("ck/model-step2.safetensors")));
+  EXPECT_FALSE(fs::exists(path("ck/model-step1.safetensors")));
+}
+
 // Ctrl-C or SIGTERM during training: the step in flight ends, the checkpoint
 // is saved at it, the process ends by the signal (128 + it in a shell), and the run
 // continues from there. The loop waits for the header's last line in the
@@ -759,6 +777,91 @@ TEST_F(CliTest, SignalsEndTrainingAfterTheStepWithACheckpoint) {
               std::string::npos)
         << resumed.out;
     EXPECT_EQ(printed_losses(resumed.out).size(), 2u) << resumed.out;
+  }
+}
+
+// Two trainers on one --checkpoint folder: the second is refused before its
+// first step, naming the folder and the first one's pid, and leaves the
+// folder to the first; once the first has ended, the folder is free again.
+TEST_F(CliTest, CheckpointFolderTakesOneTrainerAtATime) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  const std::string binary = quote(strata_binary().string());
+  // The first run holds the folder from before its header's `data` line
+  // until SIGTERM ends it (after a save). Every wait is bounded.
+  const std::string script =
+      "(" + binary +
+      " run t.splan --steps 100000000 --log-every 1000000000 --checkpoint ck >first.out "
+      "2>first.err & pid=$!; echo $pid >first.pid; i=0; while [ $i -lt 600 ]; do "
+      "if grep -q '^data ' first.out 2>/dev/null; then break; fi; sleep 0.1; i=$((i+1)); done; " +
+      binary +
+      " run t.splan --steps 2 --checkpoint ck >second.out 2>second.err; echo $? >second.code; "
+      "kill -TERM $pid; i=0; while kill -0 $pid 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; "
+      "i=$((i+1)); done; kill -KILL $pid 2>/dev/null; wait $pid; echo $? >first.code)";
+  ASSERT_EQ(testing::run_in(dir_, script).code, 0);
+  Outcome second;
+  second.code = std::stoi(read_file(path("second.code")));
+  second.out = read_file(path("second.out"));
+  second.err = read_file(path("second.err"));
+  std::string first_pid = read_file(path("first.pid"));
+  first_pid = first_pid.substr(0, first_pid.find('\n'));
+  const std::string refusal =
+      "--checkpoint: checkpoint folder ck is in use by another strata run (pid " + first_pid;
+  expect_one_line_error(second, refusal + " on ");
+  EXPECT_EQ(second.out.find("step 1/"), std::string::npos) << second.out;
+  // The first run saved where it stopped, and the folder is free for the next.
+  EXPECT_EQ(std::stoi(read_file(path("first.code"))), 143) << read_file(path("first.err"));
+  auto manifest = nlohmann::json::parse(read_file(path("ck/manifest.json")));
+  const int64_t step = manifest["step"].get<int64_t>();
+  Outcome resumed = strata({"run", "t.splan", "--steps", std::to_string(step + 1), "--resume", "ck",
+                            "--checkpoint", "ck"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+}
+
+// A --checkpoint folder that cannot be created (a name longer than the file
+// system allows) is refused before the first step, with the path and the
+// system's reason, not after the last.
+TEST_F(CliTest, CheckpointFolderIsCreatedBeforeTheFirstStep) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  const std::string too_long = "ck/" + std::string(300, 'n');
+  Outcome o = strata({"run", "t.splan", "--steps", "2", "--checkpoint", too_long});
+  expect_one_line_error(o, "--checkpoint: " + too_long +
+                               ": cannot create the checkpoint folder: File name too long");
+  EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+  // A folder that can be made is made (with its lock) before training.
+  Outcome made = strata({"run", "t.splan", "--steps", "1", "--checkpoint", "new/ck"});
+  ASSERT_EQ(made.code, 0) << made.err;
+  EXPECT_TRUE(fs::exists(path("new/ck/.strata.lock")));
+  EXPECT_TRUE(fs::exists(path("new/ck/model-step1.safetensors")));
+}
+
+// A save killed mid-write (or by a second Ctrl-C) leaves its temporary file
+// behind; the next run on the folder removes strata's own, and only those.
+TEST_F(CliTest, NextRunRemovesTemporariesOfAKilledSave) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  ASSERT_EQ(strata({"run", "t.splan", "--steps", "2", "--checkpoint", "ck"}).code, 0);
+  const std::vector<std::string> stale = {".model-step3.safetensors.tmp.Zx81Qp",
+                                          ".manifest.json.tmp.Ab12Cd"};
+  for (const std::string &name : stale)
+    write_file(path("ck/" + name), "half a save");
+  write_file(path("ck/.notes.tmp.Ab12Cd"), "the user's");
+  Outcome resumed =
+      strata({"run", "t.splan", "--steps", "4", "--resume", "ck", "--checkpoint", "ck"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  for (const std::string &name : stale)
+    EXPECT_FALSE(fs::exists(path("ck/" + name))) << name;
+  EXPECT_EQ(read_file(path("ck/.notes.tmp.Ab12Cd")), "the user's");
+  EXPECT_TRUE(fs::exists(path("ck/model-step4.safetensors")));
+}
+
+// An empty --checkpoint or --resume is a mistake (an unset shell variable),
+// not the option left out: it is refused, naming the option, before any step.
+TEST_F(CliTest, EmptyCheckpointOrResumeIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  for (const char *flag : {"--checkpoint", "--resume"}) {
+    SCOPED_TRACE(flag);
+    Outcome o = strata({"run", "t.splan", "--steps", "1", flag, ""});
+    expect_one_line_error(o, std::string(flag) + ": the path is empty");
+    EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
   }
 }
 

@@ -506,6 +506,36 @@ TEST_F(MpiFailureTest, RankThatNeverStartsEndsTheJob) {
   EXPECT_NE(o.err.find("never started"), std::string::npos) << o.err;
 }
 
+// A checkpoint folder another run holds: rank 0, which locks the folder for
+// the job, is refused before the first step with the holder's pid, and every
+// rank ends. Once the folder is free, the four ranks of one job share it
+// (only rank 0 takes the lock).
+TEST_F(MpiFailureTest, LockedCheckpointFolderEndsEveryRank) {
+  const std::vector<std::string> args = {"run", "dp.splan",  "--steps",        "2", "--checkpoint",
+                                         "ck",  "--timeout", str_cat(kTimeout)};
+  {
+    auto held = serialization::CheckpointLock::acquire((dir_ / "ck").string());
+    ASSERT_TRUE(held.is_ok()) << held.status().message();
+    Outcome o = mpirun(4, args, kTimeout + 30);
+    EXPECT_NE(o.code, 0);
+    EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
+    EXPECT_NE(o.err.find(str_cat("rank 0 of 4: --checkpoint: checkpoint folder ck is in use by "
+                                 "another strata run (pid ",
+                                 ::getpid(), " on ")),
+              std::string::npos)
+        << o.err;
+    EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+    EXPECT_FALSE(fs::exists(dir_ / "ck" / serialization::kCheckpointManifestFile));
+    expect_no_orphans();
+  }
+  Outcome o = mpirun(4, args, kTimeout + 30);
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.status().message();
+  EXPECT_EQ(checkpoint->step, 2);
+  EXPECT_EQ(checkpoint->ranks, 4);
+}
+
 TEST_F(MpiFailureTest, KillDuringCheckpointKeepsThePreviousOne) {
   // Rank 2 dies after writing its file of the step-2 checkpoint, before the
   // commit: step 1's checkpoint stays, and a run resumes from it.
