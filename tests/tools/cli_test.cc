@@ -154,6 +154,32 @@ TEST_F(CliTest, InspectJsonCarriesTheNumbers) {
   EXPECT_NEAR(share, 1.0, 1e-9);
 }
 
+// A name that is not UTF-8 text is refused when the model loads, with the
+// bytes escaped, so no report (JSON least of all) meets it; a path that is
+// not UTF-8 still gives a JSON report.
+TEST_F(CliTest, InspectJsonOfNamesThatAreNotUtf8) {
+  GraphBuilder b("bad_names", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  b.output(b.op1("Relu", {x}, {}, "act\xff"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE(serialization::save_model(*graph, path("bad.strata").string()).is_ok());
+  ASSERT_TRUE(serialization::save_model(*graph, path("bad.json").string()).is_ok());
+  for (const char *file : {"bad.strata", "bad.json"}) {
+    Outcome o = strata({"inspect", file, "--format", "json"});
+    expect_one_line_error(o, str_cat(file, ": tensor 1: field name 'act\\xff' is not valid UTF-8"));
+    EXPECT_EQ(o.out, "") << file;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(make_mlp());
+  fs::copy_file(path("m.strata"), path("m\xfe.strata"));
+  Outcome renamed = strata({"inspect", "m\xfe.strata", "--format", "json"});
+  ASSERT_EQ(renamed.code, 0) << renamed.err;
+  nlohmann::json j = nlohmann::json::parse(renamed.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << renamed.out;
+  EXPECT_EQ(j["file"], "m\xef\xbf\xbd.strata");
+}
+
 TEST_F(CliTest, InspectDotAndOutputFile) {
   ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
   Outcome o = strata({"inspect", "m.strata", "--format", "dot", "-o", "m.dot"});
