@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include "runtime/cuda/cuda_executor.h"
@@ -407,6 +408,11 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   return run_forward(args, std::move(graph), out);
 }
 
+// Bounds far beyond any real run, inside int64 so that a number CLI11 would
+// saturate to the largest int64 is refused instead.
+constexpr int64_t kMaxRuns = int64_t{1} << 20;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
 // What a model run reads: its inputs, outputs, runs and seed.
 void add_model_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("-i,--input", args.inputs,
@@ -419,11 +425,15 @@ void add_model_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--output-dir", args.output_dir, "write every output here as <name>.npy")
       ->excludes(output)
       ->type_name("DIR");
-  sub->add_option("--repeat", args.repeat, "timed runs")->check(at_least(1))->capture_default_str();
+  // Each timed run keeps its time: a bound on the runs is one on that memory.
+  sub->add_option("--repeat", args.repeat, "timed runs")
+      ->check(CLI::Range(int64_t{1}, kMaxRuns))
+      ->capture_default_str();
   sub->add_option("--warmup", args.warmup, "untimed runs first")
-      ->check(at_least(0))
+      ->check(CLI::Range(int64_t{0}, kMaxRuns))
       ->capture_default_str();
   sub->add_option("--seed", args.seed, "seed of the random inputs or synthetic training batches")
+      ->transform(unsigned_64())
       ->capture_default_str();
 }
 
@@ -431,7 +441,7 @@ void add_model_options(CLI::App *sub, RunArgs &args) {
 void add_training_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--steps", args.steps,
                   "training plan: train until this many steps are done (counting resumed ones)")
-      ->check(at_least(1))
+      ->check(CLI::Range(int64_t{1}, kMaxSteps))
       ->capture_default_str();
   sub->add_option("--data", args.data,
                   "training plan: folder with <input>.npy for every graph input, batches "
@@ -451,7 +461,7 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
                   "training plan: continue from this checkpoint (same plan fingerprint)")
       ->type_name("DIR");
   sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
-      ->check(at_least(1))
+      ->check(CLI::Range(int64_t{1}, kMaxSteps))
       ->capture_default_str();
 }
 
@@ -468,7 +478,7 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--gpu", args.gpu,
                   "--backend cuda: the GPU to run on (CUDA device ordinal; under mpirun each "
                   "rank takes the GPU of its local rank instead)")
-      ->check(at_least(0))
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
   sub->add_option("--gpus", args.gpus,
                   "--backend cuda, pipeline plan: the GPU of each plan device, e.g. 0,0,1,1 for "
@@ -520,7 +530,7 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--devices-per-rank", args.devices_per_rank,
                   "pipeline plan under mpirun: plan devices each rank runs as threads, or "
                   "with --backend cuda as streams of its GPU (ranks x this = the plan's devices)")
-      ->check(at_least(1))
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
 }
 

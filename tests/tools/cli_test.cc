@@ -251,6 +251,62 @@ TEST_F(CliTest, BadZooOptionsAreErrors) {
                         "divisible");
 }
 
+// Numbers beyond what an option means are refused by the command line, naming
+// the flag and its range, before any work: --devices 2^31 once reached the
+// cluster model as a negative count (an assertion, or SIGFPE), a seq of 2^31
+// made the GPT's mask allocation wrap around, and --seed -1 became 2^64 - 1.
+TEST_F(CliTest, NumbersOutOfRangeNameTheFlagAndTheRange) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  const struct {
+    std::vector<std::string> args;
+    std::string cause;
+  } cases[] = {
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "2147483648", "-o", "a.splan"},
+       "--devices: Value 2147483648 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "4294967296", "-o", "a.splan"},
+       "--devices: Value 4294967296 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "-1", "-o", "a.splan"},
+       "--devices: Value -1 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--microbatches", "99999999999999999999", "-o",
+        "a.splan"},
+       "--microbatches: Value 99999999999999999999 not in range 1 to 1048576"},
+      {{"zoo", "gpt", "--seq", "2147483648", "-o", "g.strata"},
+       "--seq: Value 2147483648 not in range 1 to 16383"},
+      {{"zoo", "gpt", "--layers", "4097", "--hidden", "8", "--heads", "1", "--seq", "4", "--vocab",
+        "8", "-o", "g.strata"},
+       "--layers: Value 4097 not in range 1 to 4096"},
+      {{"zoo", "mlp", "--batch", "99999999999999999999", "-o", "g.strata"},
+       "--batch: Value 99999999999999999999 not in range 1 to 2147483647"},
+      {{"zoo", "mlp", "--hidden", "16,0", "-o", "g.strata"},
+       "--hidden: Value 0 not in range 1 to 2147483647"},
+      {{"zoo", "convnet", "--fc-hidden", "-1", "-o", "g.strata"},
+       "--fc-hidden: Value -1 not in range 0 to 2147483647"},
+      {{"zoo", "mlp", "--seed", "-1", "-o", "g.strata"},
+       "--seed: '-1' is not an integer from 0 to 18446744073709551615"},
+      {{"run", "m.strata", "--seed", "18446744073709551616"},
+       "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615"},
+      // (A training plan, which refused these only after loading, if at all.)
+      {{"run", "t.splan", "--repeat", "99999999999999999999"},
+       "--repeat: Value 99999999999999999999 not in range 1 to 1048576"},
+      {{"run", "t.splan", "--warmup", "1048577"},
+       "--warmup: Value 1048577 not in range 0 to 1048576"},
+      {{"run", "m.strata", "--gpu", "4294967296"},
+       "--gpu: Value 4294967296 not in range 0 to 2147483647"},
+      {{"run", "m.strata", "--steps", "99999999999999999999"},
+       "--steps: Value 99999999999999999999 not in range 1 to 1099511627776"},
+  };
+  for (const auto &c : cases) {
+    Outcome o = strata(c.args);
+    expect_one_line_error(o, c.cause);
+    EXPECT_EQ(o.code, 2) << c.cause; // a usage error, found before any work
+    EXPECT_FALSE(fs::exists(path("a.splan")));
+    EXPECT_FALSE(fs::exists(path("g.strata")));
+  }
+  // The largest seed is a seed.
+  Outcome seeded = strata({"zoo", "mlp", "--seed", "18446744073709551615", "-o", "g.strata"});
+  EXPECT_EQ(seeded.code, 0) << seeded.err;
+}
+
 TEST_F(CliTest, HelpForEverySubcommand) {
   std::vector<std::vector<std::string>> commands = {
       {"--help"},
