@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "runtime/cuda/cuda_executor.h"
@@ -285,10 +286,36 @@ void print_memory(const runtime::StepRunner &runner, const RunArgs &args, std::o
   }
 }
 
-// An `output` line per output with its checksum, each written where --output
-// or --output-dir says.
+// The file each output is written to ("" where none is): --output, or
+// <name>.npy in --output-dir. Refused, before anything runs, where two
+// outputs would go to one file (names that differ only where sanitize
+// replaces characters, such as 'a/b' and 'a_b').
+Result<std::vector<std::string>> output_files(const RunArgs &args,
+                                              const std::vector<std::string> &names) {
+  std::vector<std::string> files(names.size());
+  if (!args.output.empty()) {
+    files.assign(names.size(), args.output);
+    return files;
+  }
+  if (args.output_dir.empty()) return files;
+  std::map<std::string, std::string> owner; // file name -> output name
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string file = sanitize(names[i]) + ".npy";
+    if (auto [it, fresh] = owner.try_emplace(file, names[i]); !fresh && it->second != names[i])
+      return invalid_argument("--output-dir ", args.output_dir, ": outputs '", it->second,
+                              "' and '", names[i], "' would both be written to ", file,
+                              " (a file name keeps a tensor name's letters, digits, '.', '-' "
+                              "and '_', and turns any other character into '_')");
+    files[i] = (fs::path(args.output_dir) / file).string();
+  }
+  return files;
+}
+
+// An `output` line per output with its checksum, each written to its file
+// (output_files).
 Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
-                     const std::vector<HostTensor> &outputs, std::ostream &out) {
+                     const std::vector<std::string> &files, const std::vector<HostTensor> &outputs,
+                     std::ostream &out) {
   if (!args.output_dir.empty()) {
     std::error_code ec;
     fs::create_directories(args.output_dir, ec);
@@ -297,11 +324,7 @@ Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     std::string name = i < names.size() ? names[i] : str_cat("output", i);
-    std::string path;
-    if (!args.output.empty())
-      path = args.output;
-    else if (!args.output_dir.empty())
-      path = (fs::path(args.output_dir) / (sanitize(name) + ".npy")).string();
+    const std::string path = i < files.size() ? files[i] : std::string();
     out << "output     " << name << " " << outputs[i].type.to_string() << " "
         << summarize(outputs[i]);
     if (!path.empty()) {
@@ -320,6 +343,11 @@ Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
 
 // Runs a model's graph (or an inference plan's) and reports it.
 Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
+  std::vector<std::string> output_names;
+  for (TensorId id : graph.outputs())
+    output_names.push_back(graph.tensor(id).name);
+  ASSIGN_OR_RETURN(const std::vector<std::string> output_paths, output_files(args, output_names));
+
   auto stats = compute_model_stats(graph);
   double flops = stats.is_ok() ? stats->flops : 0.0;
 
@@ -338,10 +366,6 @@ Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
                              args.inputs.empty() ? str_cat("random (seed ", args.seed, ")")
                                                  : summarize(inputs[i]));
   }
-  std::vector<std::string> output_names;
-  for (TensorId id : graph.outputs())
-    output_names.push_back(graph.tensor(id).name);
-
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(std::move(graph), run_runner_options(args)));
   std::vector<HostTensor> outputs;
@@ -361,7 +385,7 @@ Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
   }
   out << '\n';
   print_memory(*runner, args, out);
-  RETURN_IF_ERROR(write_outputs(args, output_names, outputs, out));
+  RETURN_IF_ERROR(write_outputs(args, output_names, output_paths, outputs, out));
   if (args.op_times) RETURN_IF_ERROR(print_op_times(*runner, inputs, out));
   return Status::ok();
 }

@@ -578,6 +578,23 @@ TEST_F(CliTest, SeveralOutputsGoToADirectory) {
   }
 }
 
+// Outputs whose names give one file name ('a/b' and 'a_b' both become
+// a_b.npy) are refused before the model runs, naming both; nothing is written.
+TEST_F(CliTest, OutputsThatWouldShareAFileAreRefused) {
+  GraphBuilder b("clash", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  b.output(b.op1("Relu", {x}, {}, "a/b"));
+  b.output(b.op1("Neg", {x}, {}, "a_b"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE(serialization::save_model(*graph, path("clash.json").string()).is_ok());
+  Outcome o = strata({"run", "clash.json", "--output-dir", "out"});
+  expect_one_line_error(o, "--output-dir out: outputs 'a/b' and 'a_b' would both be written to "
+                           "a_b.npy");
+  EXPECT_EQ(o.out, "");
+  EXPECT_FALSE(fs::exists(path("out")));
+}
+
 TEST_F(CliTest, MlpAndConvnetFromTheZoo) {
   Outcome mlp = strata({"zoo", "mlp", "--batch", "4", "--input", "20", "--hidden", "16,8",
                         "--classes", "3", "-o", "mlp.json"});
