@@ -19,6 +19,12 @@
 //   nodes, all at once. Malformed files (truncated protobuf, initializer sizes
 //   that disagree with their dims, cycles, external paths that escape) are
 //   refused with the cause, naming the node, tensor or file.
+// - What the ONNX specification makes invalid is refused, never read as a
+//   default: an attribute the op's schema (at the model's opset) does not
+//   define, or of another type than the schema's; a value that two nodes
+//   produce (or a node and a graph input or initializer); a name that is not
+//   UTF-8 text without NUL bytes; a graph without outputs. The imported graph
+//   passes the checks a model file is loaded with.
 #pragma once
 
 #include <map>

@@ -304,6 +304,29 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   }
 }
 
+// What the ONNX specification makes invalid is refused, naming the node, op,
+// attribute or value at fault, and never read as a default: a Transpose whose
+// perm is a string once imported as the default order, an unknown attribute
+// was ignored, a second producer replaced the first, and a graph without
+// outputs was written as a model that strata then refused to load.
+TEST_F(OnnxTest, InvalidOnnxIsRefusedNotReadAsDefaults) {
+  expect_refused("attribute_type",
+                 "node 't': Transpose attribute 'perm' is STRING; ONNX Transpose-13 takes INTS");
+  expect_refused("unknown_attribute",
+                 "node 'relu': Relu has no attribute 'alpha' (ONNX Relu-13 takes none)");
+  expect_refused("two_producers", "value 'a' is produced by both node 'first' and node 'second'");
+  expect_refused("redefined_input", "node 'again' produces 'x', which is already a graph input");
+  expect_refused("empty", "empty.onnx: the graph is empty (no nodes, no outputs)");
+}
+
+// Names are UTF-8 text without NUL bytes, as strata's files and reports need;
+// the error shows the bytes escaped.
+TEST_F(OnnxTest, NamesThatAreNotUtf8AreRefused) {
+  expect_refused("non_utf8_name",
+                 "non_utf8_name.onnx: the name of node 0 're\\xfflu' is not valid UTF-8");
+  expect_refused("nul_name", "nul_name.onnx: an output of node 0 'a\\x00b' holds a NUL byte");
+}
+
 // Every byte of two exported networks flipped in turn (every 8th under the
 // sanitizers): the import succeeds or names the file, and never crashes,
 // throws, reads out of bounds or allocates what a corrupt size claims.
