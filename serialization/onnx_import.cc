@@ -99,10 +99,12 @@ HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
 class Importer {
 public:
   Importer(const onnx::ModelProto &model, const OnnxImportOptions &options, fs::path dir,
-           std::string file, std::vector<std::string> *warnings)
+           std::string file, std::vector<std::string> *warnings,
+           std::vector<std::string> *external_files)
       : model_(model), options_(options), dir_(std::move(dir)), file_(std::move(file)),
-        warnings_(warnings), builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
-                                      ops::OpRegistry::global()) {}
+        warnings_(warnings), external_files_(external_files),
+        builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
+                 ops::OpRegistry::global()) {}
 
   Result<Graph> run() {
     RETURN_IF_ERROR(check_opset());
@@ -336,6 +338,9 @@ private:
       return invalid_argument(what, " resolves to ", full.string(),
                               ", outside the model's folder (a symbolic link?)");
     if (!fs::is_regular_file(full, error)) return invalid_argument(what, " is not a regular file");
+    if (external_files_ != nullptr && std::find(external_files_->begin(), external_files_->end(),
+                                                full.string()) == external_files_->end())
+      external_files_->push_back(full.string());
     const uint64_t size = fs::file_size(full, error);
     const uint64_t bytes = static_cast<uint64_t>(type.size_bytes());
     if (length >= 0 && static_cast<uint64_t>(length) != bytes)
@@ -1322,6 +1327,7 @@ private:
   const fs::path dir_;
   const std::string file_;
   std::vector<std::string> *warnings_;
+  std::vector<std::string> *external_files_;
   GraphBuilder builder_;
   int opset_ = 0;
   std::map<std::string, HostTensor> known_;
@@ -1334,7 +1340,8 @@ private:
 bool onnx_import_built() { return true; }
 
 Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options,
-                          std::vector<std::string> *warnings) {
+                          std::vector<std::string> *warnings,
+                          std::vector<std::string> *external_files) {
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path, kMaxModelBytes));
   onnx::ModelProto model;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
@@ -1345,7 +1352,7 @@ Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &opti
   Importer importer(model, options,
                     fs::path(path).parent_path().empty() ? fs::path(".")
                                                          : fs::path(path).parent_path(),
-                    path, warnings);
+                    path, warnings, external_files);
   return importer.run();
 }
 

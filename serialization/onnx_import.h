@@ -50,8 +50,11 @@ bool onnx_import_built();
 // `warnings` (optional) receives what the user should know but that does not
 // stop the import: one initializer feeding the same input of several nodes of
 // one op (exporters merge initializers with equal contents, which ties weights
-// that were separate in the source model).
+// that were separate in the source model). `external_files` (optional)
+// receives the external-data files the import read, as found on disk, so that
+// a caller can refuse to write over one of them.
 Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options = {},
-                          std::vector<std::string> *warnings = nullptr);
+                          std::vector<std::string> *warnings = nullptr,
+                          std::vector<std::string> *external_files = nullptr);
 
 } // namespace strata::serialization
