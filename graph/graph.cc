@@ -1,9 +1,12 @@
 #include "graph/graph.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <queue>
+
+#include <llvm/Support/ConvertUTF.h>
 
 #include "strata_config.h"
 
@@ -67,6 +70,33 @@ std::string attr_value_to_string(const AttrValue &value) {
       },
       value);
   return out.str();
+}
+
+std::string escape_bytes(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", byte);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+Status check_name(std::string_view what, std::string_view name) {
+  if (name.find('\0') != std::string_view::npos)
+    return invalid_argument(what, " '", escape_bytes(name),
+                            "' holds a NUL byte; names are UTF-8 text without NUL bytes");
+  const auto *begin = reinterpret_cast<const llvm::UTF8 *>(name.data());
+  if (!llvm::isLegalUTF8String(&begin, begin + name.size()))
+    return invalid_argument(what, " '", escape_bytes(name),
+                            "' is not valid UTF-8; names are UTF-8 text without NUL bytes");
+  return Status::ok();
 }
 
 void Blob::AlignedFree::operator()(std::byte *p) const { std::free(p); }

@@ -142,6 +142,16 @@ struct StateUpdate {
   friend bool operator==(const StateUpdate &, const StateUpdate &) = default;
 };
 
+// Names of graphs, tensors, nodes, ops and attributes are valid UTF-8 without
+// NUL bytes, so that every file and report strata writes (JSON included)
+// carries them unchanged. The error names `what` ("tensor 3: name") and shows
+// the name through escape_bytes.
+Status check_name(std::string_view what, std::string_view name);
+
+// `text` with printable ASCII kept and every other byte written as \xNN: safe
+// in an error message whatever the bytes are.
+std::string escape_bytes(std::string_view text);
+
 class Graph {
 public:
   Graph() = default;

@@ -52,10 +52,12 @@ Status verify_tensor(const Graph &graph, TensorId id) {
 } // namespace
 
 Status verify_graph(const Graph &graph, const OpResolver &resolver) {
+  RETURN_IF_ERROR(check_name("the graph name", graph.name()));
   llvm::StringSet<> tensor_names, node_names;
   for (TensorId id = 0; id < graph.num_tensors(); ++id) {
     const Tensor &t = graph.tensor(id);
     if (t.name.empty()) return invalid_argument("tensor ", id, " has no name");
+    RETURN_IF_ERROR(check_name(str_cat("tensor ", id, ": name"), t.name));
     if (!tensor_names.insert(t.name).second)
       return invalid_argument("tensor name '", t.name, "' is used twice");
     RETURN_IF_ERROR(verify_tensor(graph, id));
@@ -66,6 +68,10 @@ Status verify_graph(const Graph &graph, const OpResolver &resolver) {
     const Node &node = graph.node(id);
     auto where = [&] { return str_cat("node '", node.name, "' (", node.op, ")"); };
     if (node.name.empty()) return invalid_argument("node ", id, " has no name");
+    RETURN_IF_ERROR(check_name(str_cat("node ", id, ": name"), node.name));
+    RETURN_IF_ERROR(check_name(str_cat("node ", id, ": op"), node.op));
+    for (const Attribute &attr : node.attrs)
+      RETURN_IF_ERROR(check_name(str_cat(where(), ": attribute name"), attr.name));
     if (!node_names.insert(node.name).second)
       return invalid_argument("node name '", node.name, "' is used twice");
     for (size_t i = 0; i < node.inputs.size(); ++i)

@@ -1,7 +1,9 @@
 // The graph verifier: checks that a Graph means something.
 //
 // A graph is valid when
-//  - every tensor and node name is non-empty and unique;
+//  - every tensor and node name is non-empty and unique, and every name (the
+//    graph's and its tensors', nodes', ops' and attributes') is UTF-8 without
+//    NUL bytes;
 //  - every node index refers to an existing tensor;
 //  - every intermediate tensor has exactly one producer, and no other tensor has one;
 //  - graph inputs are exactly the tensors of kind input, each listed once;

@@ -277,20 +277,36 @@ std::string describe(std::string_view kind, uint32_t index, const flatbuffers::S
   return str_cat(kind, " ", index);
 }
 
+// Every name in the model (its own and its tensors', nodes', ops' and
+// attributes') is UTF-8 text without NUL bytes, checked before any error
+// quotes one; the tensor or node is named by its index.
+Status check_model_names(const fb::Model &model) {
+  if (model.name()) RETURN_IF_ERROR(check_name("field name", model.name()->string_view()));
+  if (model.tensors())
+    for (uint32_t id = 0; id < model.tensors()->size(); ++id)
+      if (const flatbuffers::String *name = model.tensors()->Get(id)->name())
+        RETURN_IF_ERROR(
+            check_name("field name", name->string_view()).with_context(str_cat("tensor ", id)));
+  if (model.nodes())
+    for (uint32_t id = 0; id < model.nodes()->size(); ++id) {
+      const fb::Node &n = *model.nodes()->Get(id);
+      const std::string where = str_cat("node ", id);
+      if (n.name())
+        RETURN_IF_ERROR(check_name("field name", n.name()->string_view()).with_context(where));
+      if (n.op())
+        RETURN_IF_ERROR(check_name("field op", n.op()->string_view()).with_context(where));
+      for (uint32_t i = 0; n.attrs() && i < n.attrs()->size(); ++i)
+        if (const flatbuffers::String *name = n.attrs()->Get(i)->name())
+          RETURN_IF_ERROR(check_name(str_cat("field attrs[", i, "].name"), name->string_view())
+                              .with_context(where));
+    }
+  return Status::ok();
+}
+
 } // namespace
 
 std::string printable(llvm::ArrayRef<uint8_t> bytes) {
-  std::string out;
-  for (uint8_t b : bytes) {
-    if (b >= 0x20 && b < 0x7f) {
-      out += static_cast<char>(b);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", b);
-      out += buf;
-    }
-  }
-  return out;
+  return escape_bytes(std::string_view(reinterpret_cast<const char *>(bytes.data()), bytes.size()));
 }
 
 namespace {
@@ -347,6 +363,7 @@ Result<Graph> graph_from_model(const fb::Model &model, std::string_view model_di
                                " but this build of strata reads versions up to ", kSchemaVersion,
                                "; use a newer strata");
 
+  RETURN_IF_ERROR(check_model_names(model));
   Graph graph(model.name() ? model.name()->str() : std::string());
   uint32_t num_tensors = model.tensors() ? model.tensors()->size() : 0;
   if (model.tensors())

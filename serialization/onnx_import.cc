@@ -1,5 +1,6 @@
 #include "serialization/onnx_import.h"
 
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "graph/builder.h"
 #include "graph/host_tensor.h"
+#include "graph/verifier.h"
 #include "ops/registry.h"
 #include "serialization/file_io.h"
 
@@ -54,6 +56,13 @@ Result<DType> dtype_of(int32_t type, const std::string &where) {
                        " (strata imports float, float16, bfloat16, int32, int64, bool)");
 }
 
+// "INTS", "STRING", ...: an attribute type as ONNX names it.
+std::string attribute_type_name(int type) {
+  if (!onnx::AttributeProto::AttributeType_IsValid(type)) return str_cat("type ", type);
+  return onnx::AttributeProto::AttributeType_Name(
+      static_cast<onnx::AttributeProto::AttributeType>(type));
+}
+
 // The values of an integer tensor (i32 or i64), for shape-like inputs.
 std::vector<int64_t> ints_of(const HostTensor &t) {
   std::vector<int64_t> out;
@@ -90,14 +99,22 @@ HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
 class Importer {
 public:
   Importer(const onnx::ModelProto &model, const OnnxImportOptions &options, fs::path dir,
-           std::string file, std::vector<std::string> *warnings)
+           std::string file, std::vector<std::string> *warnings,
+           std::vector<std::string> *external_files)
       : model_(model), options_(options), dir_(std::move(dir)), file_(std::move(file)),
-        warnings_(warnings), builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
-                                      ops::OpRegistry::global()) {}
+        warnings_(warnings), external_files_(external_files),
+        builder_(model.graph().name().empty() ? "onnx" : model.graph().name(),
+                 ops::OpRegistry::global()) {}
 
   Result<Graph> run() {
     RETURN_IF_ERROR(check_opset());
+    RETURN_IF_ERROR(check_names());
     const onnx::GraphProto &graph = model_.graph();
+    if (graph.output_size() == 0)
+      return invalid_argument(file_, ": ",
+                              graph.node_size() == 0 ? "the graph is empty (no nodes, no outputs)"
+                                                     : "the graph declares no outputs",
+                              "; a strata model computes at least one output");
     for (const onnx::TensorProto &init : graph.initializer()) {
       ASSIGN_OR_RETURN(HostTensor value,
                        tensor_of(init, str_cat("initializer '", init.name(), "'")));
@@ -113,6 +130,7 @@ public:
     order = unmerge_initializers(std::move(order));
     warn_about_merged_initializers(order);
     RETURN_IF_ERROR(check_supported(order));
+    RETURN_IF_ERROR(check_attributes(order));
     for (const onnx::NodeProto *node : order) {
       Status status = Status::ok();
       try {
@@ -152,6 +170,9 @@ public:
         continue;
       RETURN_IF_ERROR(result.rename_tensor(id, name));
     }
+    // What a model file is loaded with: nothing is written that strata
+    // would then refuse to read.
+    RETURN_IF_ERROR(verify_graph(result, ops::OpRegistry::global()).with_context(file_));
     return result;
   }
 
@@ -173,6 +194,36 @@ private:
     if (opset_ < kMinOpset || opset_ > kMaxOpset)
       return unimplemented(file_, ": opset ", opset_, "; strata imports opsets ", kMinOpset, " to ",
                            kMaxOpset, " (re-export with opset_version in that range)");
+    return Status::ok();
+  }
+
+  // Every name in the graph (its own, its values', nodes', ops' and
+  // attributes') is UTF-8 text without NUL bytes, as strata's files and
+  // reports need. Checked first, so that later errors can quote names.
+  Status check_names() const {
+    const onnx::GraphProto &graph = model_.graph();
+    auto check = [&](std::string_view what, const std::string &name) {
+      return check_name(what, name).with_context(file_);
+    };
+    RETURN_IF_ERROR(check("the graph name", graph.name()));
+    for (const onnx::TensorProto &init : graph.initializer())
+      RETURN_IF_ERROR(check("an initializer name", init.name()));
+    for (const onnx::ValueInfoProto &input : graph.input())
+      RETURN_IF_ERROR(check("a graph input name", input.name()));
+    for (const onnx::ValueInfoProto &output : graph.output())
+      RETURN_IF_ERROR(check("a graph output name", output.name()));
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const onnx::NodeProto &node = graph.node(i);
+      RETURN_IF_ERROR(check(str_cat("the name of node ", i), node.name()));
+      RETURN_IF_ERROR(check(str_cat("the op_type of node ", i), node.op_type()));
+      RETURN_IF_ERROR(check(str_cat("the domain of node ", i), node.domain()));
+      for (const std::string &value : node.input())
+        RETURN_IF_ERROR(check(str_cat("an input of node ", i), value));
+      for (const std::string &value : node.output())
+        RETURN_IF_ERROR(check(str_cat("an output of node ", i), value));
+      for (const onnx::AttributeProto &a : node.attribute())
+        RETURN_IF_ERROR(check(str_cat("an attribute name of node ", i), a.name()));
+    }
     return Status::ok();
   }
 
@@ -287,6 +338,9 @@ private:
       return invalid_argument(what, " resolves to ", full.string(),
                               ", outside the model's folder (a symbolic link?)");
     if (!fs::is_regular_file(full, error)) return invalid_argument(what, " is not a regular file");
+    if (external_files_ != nullptr && std::find(external_files_->begin(), external_files_->end(),
+                                                full.string()) == external_files_->end())
+      external_files_->push_back(full.string());
     const uint64_t size = fs::file_size(full, error);
     const uint64_t bytes = static_cast<uint64_t>(type.size_bytes());
     if (length >= 0 && static_cast<uint64_t>(length) != bytes)
@@ -352,8 +406,11 @@ private:
     const auto &nodes = model_.graph().node();
     std::map<std::string, int> producer;
     for (int i = 0; i < nodes.size(); ++i)
-      for (const std::string &out : nodes[i].output())
-        if (!out.empty()) producer[out] = i;
+      for (const std::string &out : nodes[i].output()) {
+        if (out.empty()) continue;
+        RETURN_IF_ERROR(check_single_definition(out, i, producer));
+        producer[out] = i;
+      }
     std::vector<int> pending(static_cast<size_t>(nodes.size()), 0);
     std::vector<std::vector<int>> readers(static_cast<size_t>(nodes.size()));
     for (int i = 0; i < nodes.size(); ++i) {
@@ -389,6 +446,29 @@ private:
                               stuck);
     }
     return order;
+  }
+
+  // ONNX graphs are in single static assignment form: a value that node i
+  // produces is not produced by another node (`producer` so far), nor by the
+  // same node twice, nor a graph input or an initializer. Otherwise one
+  // definition would silently replace the other.
+  Status check_single_definition(const std::string &value, int i,
+                                 const std::map<std::string, int> &producer) const {
+    const auto &nodes = model_.graph().node();
+    if (auto it = producer.find(value); it != producer.end()) {
+      if (it->second == i)
+        return invalid_argument(file_, ": node '", label(nodes[i]), "' lists output '", value,
+                                "' twice");
+      return invalid_argument(file_, ": value '", value, "' is produced by both node '",
+                              label(nodes[it->second]), "' and node '", label(nodes[i]),
+                              "'; each value has one producer");
+    }
+    if (initializers_.contains(value) || ids_.contains(value))
+      return invalid_argument(file_, ": node '", label(nodes[i]), "' produces '", value,
+                              "', which is already ",
+                              ids_.contains(value) ? "a graph input" : "an initializer",
+                              "; each value has one producer");
+    return Status::ok();
   }
 
   // ---- op support ----------------------------------------------------------
@@ -473,6 +553,52 @@ private:
     }
     return unimplemented(file_, ": ", missing.size(), " ONNX op", missing.size() == 1 ? "" : "s",
                          " strata does not support: ", text);
+  }
+
+  // Every attribute is one the op's ONNX schema (at the model's opset)
+  // defines, given once, of the schema's type: what the ONNX checker demands.
+  // The conversion reads an attribute it cannot find as its default, so a
+  // Transpose whose perm is a string would otherwise keep the default order.
+  Status check_attributes(const std::vector<const onnx::NodeProto *> &order) const {
+    for (const onnx::NodeProto *node : order) {
+      Status status = check_attributes(*node);
+      if (!status.is_ok())
+        return std::move(status).with_context(str_cat(file_, ": node '", label(*node), "'"));
+    }
+    return Status::ok();
+  }
+
+  Status check_attributes(const onnx::NodeProto &node) const {
+    const std::string &op = node.op_type();
+    const onnx::OpSchema *schema = onnx::OpSchemaRegistry::Schema(op, opset_);
+    // An op defined after the model's opset (LayerNormalization in an opset
+    // 13 model): its definition at the newest opset strata imports.
+    if (schema == nullptr) schema = onnx::OpSchemaRegistry::Schema(op, kMaxOpset);
+    if (schema == nullptr)
+      return internal_error("the ONNX library has no schema for ", op, " up to opset ", kMaxOpset);
+    const std::string definition = str_cat("ONNX ", op, "-", schema->since_version());
+    const auto &defined = schema->attributes();
+    std::set<std::string> seen;
+    for (const onnx::AttributeProto &a : node.attribute()) {
+      if (!seen.insert(a.name()).second)
+        return invalid_argument(op, " attribute '", a.name(), "' is given twice");
+      const auto it = defined.find(a.name());
+      if (it == defined.end()) {
+        std::string names;
+        for (const auto &entry : defined)
+          names += str_cat(names.empty() ? "" : ", ", entry.first);
+        return invalid_argument(
+            op, " has no attribute '", a.name(), "' (", definition,
+            names.empty() ? std::string(" takes none") : str_cat(" takes ", names), ")");
+      }
+      if (a.type() != it->second.type)
+        return invalid_argument(op, " attribute '", a.name(), "' ",
+                                a.type() == onnx::AttributeProto::UNDEFINED
+                                    ? std::string("has no type")
+                                    : str_cat("is ", attribute_type_name(a.type())),
+                                "; ", definition, " takes ", attribute_type_name(it->second.type));
+    }
+    return Status::ok();
   }
 
   // ---- values --------------------------------------------------------------
@@ -1201,6 +1327,7 @@ private:
   const fs::path dir_;
   const std::string file_;
   std::vector<std::string> *warnings_;
+  std::vector<std::string> *external_files_;
   GraphBuilder builder_;
   int opset_ = 0;
   std::map<std::string, HostTensor> known_;
@@ -1213,7 +1340,8 @@ private:
 bool onnx_import_built() { return true; }
 
 Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options,
-                          std::vector<std::string> *warnings) {
+                          std::vector<std::string> *warnings,
+                          std::vector<std::string> *external_files) {
   ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file(path, kMaxModelBytes));
   onnx::ModelProto model;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
@@ -1224,7 +1352,7 @@ Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &opti
   Importer importer(model, options,
                     fs::path(path).parent_path().empty() ? fs::path(".")
                                                          : fs::path(path).parent_path(),
-                    path, warnings);
+                    path, warnings, external_files);
   return importer.run();
 }
 

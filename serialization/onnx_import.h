@@ -19,6 +19,12 @@
 //   nodes, all at once. Malformed files (truncated protobuf, initializer sizes
 //   that disagree with their dims, cycles, external paths that escape) are
 //   refused with the cause, naming the node, tensor or file.
+// - What the ONNX specification makes invalid is refused, never read as a
+//   default: an attribute the op's schema (at the model's opset) does not
+//   define, or of another type than the schema's; a value that two nodes
+//   produce (or a node and a graph input or initializer); a name that is not
+//   UTF-8 text without NUL bytes; a graph without outputs. The imported graph
+//   passes the checks a model file is loaded with.
 #pragma once
 
 #include <map>
@@ -44,8 +50,11 @@ bool onnx_import_built();
 // `warnings` (optional) receives what the user should know but that does not
 // stop the import: one initializer feeding the same input of several nodes of
 // one op (exporters merge initializers with equal contents, which ties weights
-// that were separate in the source model).
+// that were separate in the source model). `external_files` (optional)
+// receives the external-data files the import read, as found on disk, so that
+// a caller can refuse to write over one of them.
 Result<Graph> import_onnx(const std::string &path, const OnnxImportOptions &options = {},
-                          std::vector<std::string> *warnings = nullptr);
+                          std::vector<std::string> *warnings = nullptr,
+                          std::vector<std::string> *external_files = nullptr);
 
 } // namespace strata::serialization

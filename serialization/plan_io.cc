@@ -462,6 +462,7 @@ Status shards_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe)
       const std::string at = str_cat("field pipeline.shards[", i, "]");
       PlanShard shard;
       shard.tensor = text_of(s->tensor());
+      RETURN_IF_ERROR(check_name(str_cat(at, ".tensor"), shard.tensor));
       if (s->full_shape() != nullptr) shard.full_shape = copy_numbers(*s->full_shape());
       shard.dim = s->dim();
       shard.outer = s->outer();
@@ -528,6 +529,7 @@ Status stages_from_fb(const fb::Pipeline &q, const Graph &g, PlanPipeline &pipe)
                             " entries for ", virtual_stages, " stages; one per stage but the last");
   for (uint32_t i = 0; i < size_of(q.boundaries()); ++i) {
     std::string name = text_of(q.boundaries()->Get(i));
+    RETURN_IF_ERROR(check_name(str_cat("field pipeline.boundaries[", i, "]"), name));
     auto node = g.find_node(name);
     if (!node)
       return invalid_argument("field pipeline.boundaries[", i, "] names node '", name,
@@ -880,6 +882,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
 Status check_training_fields(const Plan &plan) {
   const Graph &g = plan.graph;
   if (plan.loss.empty()) return invalid_argument("field loss is missing in a training plan");
+  RETURN_IF_ERROR(check_name("field loss", plan.loss));
   auto loss = g.find_tensor(plan.loss);
   if (!loss) return invalid_argument("field loss names tensor '", plan.loss, "', not in the model");
   if (std::find(g.outputs().begin(), g.outputs().end(), *loss) == g.outputs().end())

@@ -3,7 +3,9 @@
 #include "tools/cli.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "serialization/model_io.h"
@@ -48,6 +50,21 @@ CLI::Validator not_empty_path(std::string_view kind) {
         return "";
       },
       "");
+}
+
+CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string &text) -> std::string {
+        uint64_t value = 0;
+        const char *end = text.data() + text.size();
+        auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (text.empty() || error != std::errc() || stop != end)
+          return str_cat("'", text, "' is not an integer from 0 to ",
+                         std::numeric_limits<uint64_t>::max());
+        text = std::to_string(value);
+        return "";
+      },
+      "UINT64");
 }
 
 std::string one_line(std::string_view message) {

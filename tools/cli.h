@@ -43,6 +43,12 @@ CLI::Validator at_least(int64_t low);
 // read as the option not given); `kind` says what to name ("a folder").
 CLI::Validator not_empty_path(std::string_view kind);
 
+// For an option taking any 64-bit unsigned integer (a seed), with
+// ->transform(): CLI11 alone reads "-1" as 2^64 - 1 and a number past the
+// range as the largest one. Both are refused, naming the range; other text is
+// rewritten as plain decimal (CLI11 would read "010" as octal).
+CLI::Validator unsigned_64();
+
 // Loads a model file and adds the path to any error that does not name it.
 Result<Graph> load_model_file(const std::string &path);
 

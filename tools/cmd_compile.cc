@@ -55,6 +55,9 @@ struct Mesh {
   int dp = 1, tp = 1, pp = 1;
 };
 
+// The most devices a mesh (--mesh) or an --auto search (--devices) spans.
+constexpr int kMaxDevices = 4096;
+
 // --mesh DPxTPxPP.
 Result<Mesh> parse_mesh(const std::string &mesh) {
   if (mesh.empty()) return Mesh{};
@@ -74,8 +77,9 @@ Result<Mesh> parse_mesh(const std::string &mesh) {
   }
   if (dims.size() != 3)
     return invalid_argument("--mesh '", mesh, "': expected three sizes DPxTPxPP, e.g. 1x1x4");
-  if (dims[0] > 4096 || dims[1] > 4096 || dims[2] > 4096 || dims[0] * dims[1] * dims[2] > 4096)
-    return invalid_argument("--mesh '", mesh, "': at most 4096 devices");
+  if (dims[0] > kMaxDevices || dims[1] > kMaxDevices || dims[2] > kMaxDevices ||
+      dims[0] * dims[1] * dims[2] > kMaxDevices)
+    return invalid_argument("--mesh '", mesh, "': at most ", kMaxDevices, " devices");
   return Mesh{static_cast<int>(dims[0]), static_cast<int>(dims[1]), static_cast<int>(dims[2])};
 }
 
@@ -206,6 +210,9 @@ Status compile_command(const CompileArgs &args, std::ostream &out) {
       return spec.status().with_context(str_cat("--optimizer '", args.optimizer, "'"));
     options.optimizer = *spec;
     if (args.auto_plan) {
+      if (args.devices < 0 || args.devices > kMaxDevices)
+        return invalid_argument("--devices must be between 1 and ", kMaxDevices, ", got ",
+                                args.devices);
       ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
       partitioner::AutoOptions search;
       search.cluster = pipeline.cluster
@@ -285,7 +292,7 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
                   "split each batch into M micro-batches (M divides the batch); gradients are "
                   "averaged, one optimizer step per batch (default 1)")
       ->needs(train)
-      ->check(at_least(1))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->type_name("M");
   sub->add_option("--schedule", args.schedule,
                   "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b "
@@ -322,9 +329,10 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
       "fits in memory (above 64 "
       "devices candidates are estimated from the stage search, and only the winner compiled)");
   sub->add_option("--devices", args.devices,
-                  "--auto: devices to use (default: every device of --cluster)")
+                  "--auto: devices to use, at most 4096 as in a --mesh (default: every device of "
+                  "--cluster)")
       ->needs(auto_flag)
-      ->check(at_least(1));
+      ->check(CLI::Range(1, kMaxDevices));
   sub->add_flag("--explain", args.explain,
                 "--auto: print the best candidates and why the winner won")
       ->needs(auto_flag);

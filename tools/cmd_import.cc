@@ -1,5 +1,6 @@
 // `strata import`: an ONNX model as a strata model.
 #include <charconv>
+#include <filesystem>
 #include <iostream>
 #include <vector>
 
@@ -31,6 +32,31 @@ Result<std::vector<int64_t>> parse_dims(const std::string &text, const std::stri
   return dims;
 }
 
+// -o names a model file strata reads back: .strata (binary) or .json (text).
+Status check_output_name(const std::string &out) {
+  const std::filesystem::path extension = std::filesystem::path(out).extension();
+  if (extension != ".strata" && extension != ".json")
+    return invalid_argument("-o ", out,
+                            ": import writes a strata model, named .strata (binary) "
+                            "or .json (text)");
+  if (out.ends_with(".splan.json"))
+    return invalid_argument("-o ", out, ": .splan.json names a plan; a model is .strata or .json");
+  return Status::ok();
+}
+
+// The model's external-data files are inputs too: writing over one would
+// lose weights the model (and this import) reads.
+Status check_not_external_data(const std::string &out, const std::string &in,
+                               const std::vector<std::string> &external_files) {
+  for (const std::string &file : external_files) {
+    std::error_code error;
+    if (std::filesystem::equivalent(out, file, error))
+      return invalid_argument("the output ", out, " is ", file, ", external data of the input ", in,
+                              "; write to another file (the weights would be lost)");
+  }
+  return Status::ok();
+}
+
 } // namespace
 
 void add_import(CLI::App &app, Action &action) {
@@ -60,6 +86,7 @@ void add_import(CLI::App &app, Action &action) {
       "  strata compile model.strata --train --loss mse -o train.splan");
   sub->callback([&action] {
     action = []() -> Status {
+      RETURN_IF_ERROR(check_output_name(out));
       RETURN_IF_ERROR(serialization::check_not_input(out, in));
       serialization::OnnxImportOptions options;
       for (const std::string &spec : shapes) {
@@ -70,8 +97,10 @@ void add_import(CLI::App &app, Action &action) {
         options.input_shapes[spec.substr(0, eq)] = dims;
       }
       options.constants.insert(constants.begin(), constants.end());
-      std::vector<std::string> warnings;
-      ASSIGN_OR_RETURN(Graph graph, serialization::import_onnx(in, options, &warnings));
+      std::vector<std::string> warnings, external_files;
+      ASSIGN_OR_RETURN(Graph graph,
+                       serialization::import_onnx(in, options, &warnings, &external_files));
+      RETURN_IF_ERROR(check_not_external_data(out, in, external_files));
       for (const std::string &warning : warnings)
         std::cerr << "strata: warning: " << in << ": " << warning << "\n";
       RETURN_IF_ERROR(serialization::save_model(graph, out));

@@ -328,7 +328,11 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
   if (!stats.is_ok()) return stats.status().with_context(args.path);
   std::optional<passes::MemoryPlan> plan = plan_activations(graph);
   if (args.format == "json") {
-    out << to_json(args.path, graph, *stats, plan).dump(2) << '\n';
+    // Names are UTF-8 (the loader checks them); the path is whatever the
+    // command line held, so bytes that are not UTF-8 print as U+FFFD.
+    out << to_json(args.path, graph, *stats, plan)
+               .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+        << '\n';
     return Status::ok();
   }
   print_text(args.path, graph, *stats, plan, args, out);

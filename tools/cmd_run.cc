@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <optional>
 
 #include "runtime/cuda/cuda_executor.h"
@@ -284,10 +286,36 @@ void print_memory(const runtime::StepRunner &runner, const RunArgs &args, std::o
   }
 }
 
-// An `output` line per output with its checksum, each written where --output
-// or --output-dir says.
+// The file each output is written to ("" where none is): --output, or
+// <name>.npy in --output-dir. Refused, before anything runs, where two
+// outputs would go to one file (names that differ only where sanitize
+// replaces characters, such as 'a/b' and 'a_b').
+Result<std::vector<std::string>> output_files(const RunArgs &args,
+                                              const std::vector<std::string> &names) {
+  std::vector<std::string> files(names.size());
+  if (!args.output.empty()) {
+    files.assign(names.size(), args.output);
+    return files;
+  }
+  if (args.output_dir.empty()) return files;
+  std::map<std::string, std::string> owner; // file name -> output name
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string file = sanitize(names[i]) + ".npy";
+    if (auto [it, fresh] = owner.try_emplace(file, names[i]); !fresh && it->second != names[i])
+      return invalid_argument("--output-dir ", args.output_dir, ": outputs '", it->second,
+                              "' and '", names[i], "' would both be written to ", file,
+                              " (a file name keeps a tensor name's letters, digits, '.', '-' "
+                              "and '_', and turns any other character into '_')");
+    files[i] = (fs::path(args.output_dir) / file).string();
+  }
+  return files;
+}
+
+// An `output` line per output with its checksum, each written to its file
+// (output_files).
 Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
-                     const std::vector<HostTensor> &outputs, std::ostream &out) {
+                     const std::vector<std::string> &files, const std::vector<HostTensor> &outputs,
+                     std::ostream &out) {
   if (!args.output_dir.empty()) {
     std::error_code ec;
     fs::create_directories(args.output_dir, ec);
@@ -296,11 +324,7 @@ Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     std::string name = i < names.size() ? names[i] : str_cat("output", i);
-    std::string path;
-    if (!args.output.empty())
-      path = args.output;
-    else if (!args.output_dir.empty())
-      path = (fs::path(args.output_dir) / (sanitize(name) + ".npy")).string();
+    const std::string path = i < files.size() ? files[i] : std::string();
     out << "output     " << name << " " << outputs[i].type.to_string() << " "
         << summarize(outputs[i]);
     if (!path.empty()) {
@@ -319,6 +343,11 @@ Status write_outputs(const RunArgs &args, const std::vector<std::string> &names,
 
 // Runs a model's graph (or an inference plan's) and reports it.
 Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
+  std::vector<std::string> output_names;
+  for (TensorId id : graph.outputs())
+    output_names.push_back(graph.tensor(id).name);
+  ASSIGN_OR_RETURN(const std::vector<std::string> output_paths, output_files(args, output_names));
+
   auto stats = compute_model_stats(graph);
   double flops = stats.is_ok() ? stats->flops : 0.0;
 
@@ -337,10 +366,6 @@ Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
                              args.inputs.empty() ? str_cat("random (seed ", args.seed, ")")
                                                  : summarize(inputs[i]));
   }
-  std::vector<std::string> output_names;
-  for (TensorId id : graph.outputs())
-    output_names.push_back(graph.tensor(id).name);
-
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(std::move(graph), run_runner_options(args)));
   std::vector<HostTensor> outputs;
@@ -360,7 +385,7 @@ Status run_forward(const RunArgs &args, Graph graph, std::ostream &out) {
   }
   out << '\n';
   print_memory(*runner, args, out);
-  RETURN_IF_ERROR(write_outputs(args, output_names, outputs, out));
+  RETURN_IF_ERROR(write_outputs(args, output_names, output_paths, outputs, out));
   if (args.op_times) RETURN_IF_ERROR(print_op_times(*runner, inputs, out));
   return Status::ok();
 }
@@ -407,6 +432,11 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   return run_forward(args, std::move(graph), out);
 }
 
+// Bounds far beyond any real run, inside int64 so that a number CLI11 would
+// saturate to the largest int64 is refused instead.
+constexpr int64_t kMaxRuns = int64_t{1} << 20;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
 // What a model run reads: its inputs, outputs, runs and seed.
 void add_model_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("-i,--input", args.inputs,
@@ -419,11 +449,15 @@ void add_model_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--output-dir", args.output_dir, "write every output here as <name>.npy")
       ->excludes(output)
       ->type_name("DIR");
-  sub->add_option("--repeat", args.repeat, "timed runs")->check(at_least(1))->capture_default_str();
+  // Each timed run keeps its time: a bound on the runs is one on that memory.
+  sub->add_option("--repeat", args.repeat, "timed runs")
+      ->check(CLI::Range(int64_t{1}, kMaxRuns))
+      ->capture_default_str();
   sub->add_option("--warmup", args.warmup, "untimed runs first")
-      ->check(at_least(0))
+      ->check(CLI::Range(int64_t{0}, kMaxRuns))
       ->capture_default_str();
   sub->add_option("--seed", args.seed, "seed of the random inputs or synthetic training batches")
+      ->transform(unsigned_64())
       ->capture_default_str();
 }
 
@@ -431,7 +465,7 @@ void add_model_options(CLI::App *sub, RunArgs &args) {
 void add_training_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--steps", args.steps,
                   "training plan: train until this many steps are done (counting resumed ones)")
-      ->check(at_least(1))
+      ->check(CLI::Range(int64_t{1}, kMaxSteps))
       ->capture_default_str();
   sub->add_option("--data", args.data,
                   "training plan: folder with <input>.npy for every graph input, batches "
@@ -454,7 +488,7 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
       ->check(not_empty_path("a checkpoint folder"))
       ->type_name("DIR");
   sub->add_option("--log-every", args.log_every, "training plan: print the loss every K steps")
-      ->check(at_least(1))
+      ->check(CLI::Range(int64_t{1}, kMaxSteps))
       ->capture_default_str();
 }
 
@@ -471,7 +505,7 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--gpu", args.gpu,
                   "--backend cuda: the GPU to run on (CUDA device ordinal; under mpirun each "
                   "rank takes the GPU of its local rank instead)")
-      ->check(at_least(0))
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
   sub->add_option("--gpus", args.gpus,
                   "--backend cuda, pipeline plan: the GPU of each plan device, e.g. 0,0,1,1 for "
@@ -523,7 +557,7 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--devices-per-rank", args.devices_per_rank,
                   "pipeline plan under mpirun: plan devices each rank runs as threads, or "
                   "with --backend cuda as streams of its GPU (ranks x this = the plan's devices)")
-      ->check(at_least(1))
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
 }
 

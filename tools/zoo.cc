@@ -149,6 +149,9 @@ Result<Graph> make_convnet(const ConvnetOptions &o) {
   if (o.image_size % divisor != 0)
     return invalid_argument("convnet image size ", o.image_size, " must be divisible by ", divisor,
                             " (", o.channels.size(), " stages of 2x2 pooling)");
+  const int64_t s = convnet_spatial_out(o);
+  auto flat = checked_num_elements({o.channels.back(), s, s});
+  if (!flat.is_ok()) return flat.status().with_context("convnet features after the conv stages");
 
   ZooBuilder z("convnet", o.seed);
   TensorId x =
@@ -168,8 +171,7 @@ Result<Graph> make_convnet(const ConvnetOptions &o) {
     c = out;
   }
   x = z.b.op1("Flatten", {x}, {{"axis", int64_t{1}}}, "flatten");
-  int64_t s = convnet_spatial_out(o);
-  int64_t width = c * s * s;
+  int64_t width = *flat;
   if (o.fc_hidden > 0) {
     x = z.dense(x, width, o.fc_hidden, he_std(width), "fc");
     x = z.b.op1("Relu", {x}, {}, "fc.relu");
@@ -195,6 +197,10 @@ Result<Graph> make_gpt(const GptOptions &o) {
   RETURN_IF_ERROR(positive(o.seq, "gpt seq"));
   RETURN_IF_ERROR(positive(o.vocab, "gpt vocab"));
   RETURN_IF_ERROR(positive(o.batch, "gpt batch"));
+  if (o.seq > kMaxGptSeq)
+    return invalid_argument("gpt seq ", o.seq, " is longer than ", kMaxGptSeq,
+                            ": the causal mask, a seq x seq f32 constant, is kept in the model "
+                            "file, whose inline data stays under 1 GiB");
   if (o.hidden % o.heads != 0)
     return invalid_argument("gpt hidden (", o.hidden, ") must be divisible by heads (", o.heads,
                             ")");

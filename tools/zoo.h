@@ -38,6 +38,10 @@ struct ConvnetOptions {
   uint64_t seed = 0;
 };
 
+// The longest sequence make_gpt builds: its causal mask, a seq x seq f32
+// constant, is kept in the model file, whose inline data stays under 1 GiB.
+inline constexpr int64_t kMaxGptSeq = 16383;
+
 struct GptOptions {
   int64_t layers = 2;
   int64_t hidden = 128;

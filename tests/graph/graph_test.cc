@@ -175,6 +175,37 @@ TEST(VerifierTest, ParameterNeedsExactlyOneValueSource) {
   EXPECT_TRUE(verify_graph(g, resolver).is_ok());
 }
 
+// Names reach JSON reports and files unchanged, so the verifier refuses any
+// that is not UTF-8 text, and the error shows the bytes escaped.
+TEST(VerifierTest, NamesMustBeUtf8WithoutNul) {
+  EXPECT_TRUE(check_name("name", "").is_ok());
+  EXPECT_TRUE(check_name("name", "layer0.attn/q \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80").is_ok());
+  for (std::string_view bad :
+       {std::string_view("a\xff"), std::string_view("\xc3"), std::string_view("\xc0\xaf"),
+        std::string_view("\xed\xa0\x80"), std::string_view("\xf4\x90\x80\x80")})
+    EXPECT_NE(check_name("name", bad).message().find("is not valid UTF-8"), std::string::npos)
+        << escape_bytes(bad);
+  EXPECT_EQ(check_name("name", std::string_view("a\0b", 3)).message(),
+            "name 'a\\x00b' holds a NUL byte; names are UTF-8 text without NUL bytes");
+  EXPECT_EQ(escape_bytes("a\xff\n'"), "a\\xff\\x0a'");
+
+  TinyResolver resolver;
+  Graph tensor = diamond();
+  ASSERT_TRUE(tensor.rename_tensor(*tensor.find_tensor("left"), "left\xff").is_ok());
+  Status s = verify_graph(tensor, resolver);
+  EXPECT_NE(s.message().find("tensor 1: name 'left\\xff' is not valid UTF-8"), std::string::npos)
+      << s.message();
+  Graph node = diamond();
+  node.mutable_node(0).name = std::string("le\0ft", 5);
+  s = verify_graph(node, resolver);
+  EXPECT_NE(s.message().find("node 0: name 'le\\x00ft' holds a NUL byte"), std::string::npos)
+      << s.message();
+  Graph graph = diamond();
+  graph.set_name("g\xe2\x82");
+  EXPECT_NE(verify_graph(graph, resolver).message().find("the graph name 'g\\xe2\\x82'"),
+            std::string::npos);
+}
+
 TEST(BuilderTest, FirstErrorSticks) {
   TinyResolver resolver;
   GraphBuilder b("g", resolver);

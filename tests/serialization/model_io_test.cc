@@ -517,6 +517,42 @@ TEST(ModelIoSemantics, AttributeNeedsExactlyOneValue) {
   EXPECT_THAT(message, HasSubstr("attribute 'trans_a' is given twice"));
 }
 
+// Names must be UTF-8 text without NUL bytes (JSON reports of a model would
+// throw on anything else); the error shows the bytes escaped.
+TEST(ModelIoSemantics, NamesThatAreNotUtf8AreRefused) {
+  EXPECT_THAT(error_for(R"("name": "w1")", "\"name\": \"w1\xff\""),
+              HasSubstr("m.strata: tensor 1: field name 'w1\\xff' is not valid UTF-8"));
+  EXPECT_THAT(error_for(R"("name": "act")", "\"name\": \"a\xc3(t\""),
+              HasSubstr("m.strata: node 1: field name 'a\\xc3(t' is not valid UTF-8"));
+  EXPECT_THAT(error_for(R"("name": "base")", "\"name\": \"b\xe2\x82\""),
+              HasSubstr("m.strata: field name 'b\\xe2\\x82' is not valid UTF-8"));
+  EXPECT_THAT(error_for(R"("name": "trans_b")", "\"name\": \"trans_b\xa0\""),
+              HasSubstr("m.strata: node 0: field attrs[0].name 'trans_b\\xa0' is not valid"));
+  // A valid non-ASCII name loads.
+  auto loaded = load_model_from_json(
+      replace_once(kBaseJson, R"("name": "w1")", "\"name\": \"w\xc3\xa9\""), "m.strata", ".");
+  EXPECT_TRUE(loaded.is_ok()) << loaded.status().message();
+
+  // The binary form, with a NUL byte in a tensor name and in an op.
+  TempDir dir;
+  GraphBuilder b("nul", ops::OpRegistry::global());
+  TensorId x = b.input(std::string("x\0y", 3), DType::kF32, {2});
+  b.output(b.op1("Relu", {x}, {}, "act"));
+  Graph g = std::move(b).finish().value();
+  ASSERT_TRUE(save_model(g, dir.file("m.strata")).is_ok());
+  auto nul = load_model(dir.file("m.strata"));
+  ASSERT_FALSE(nul.is_ok());
+  EXPECT_THAT(nul.status().message(),
+              HasSubstr("m.strata: tensor 0: field name 'x\\x00y' holds a NUL byte"));
+  ASSERT_TRUE(g.rename_tensor(0, "x").is_ok());
+  g.mutable_node(0).op = std::string("Re\0lu", 5);
+  ASSERT_TRUE(save_model(g, dir.file("op.strata")).is_ok());
+  auto op = load_model(dir.file("op.strata"));
+  ASSERT_FALSE(op.is_ok());
+  EXPECT_THAT(op.status().message(),
+              HasSubstr("op.strata: node 0: field op 'Re\\x00lu' holds a NUL byte"));
+}
+
 TEST(ModelIoSemantics, NewerSchemaVersionIsRefused) {
   std::string message = error_for(R"("schema_version": 1)", R"("schema_version": 3)");
   EXPECT_THAT(message, HasSubstr("m.strata: the file has schema version 3 but this build of "

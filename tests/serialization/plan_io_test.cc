@@ -288,6 +288,13 @@ TEST(PlanTest, MeaningErrorsNameTheField) {
          FAIL() << "no buffer to move";
        },
        "is not at a multiple of 64 bytes, as every buffer of a memory plan is"},
+      // Names that are not UTF-8 text, in the model and in the plan's own
+      // fields (JSON reports would throw on them).
+      {[](Plan &p) { ASSERT_TRUE(p.graph.rename_tensor(0, "x\xff").is_ok()); },
+       "field model: tensor 0: field name 'x\\xff' is not valid UTF-8"},
+      {[](Plan &p) { p.graph.mutable_node(0).op = std::string("Mat\0Mul", 7); },
+       "field model: node 0: field op 'Mat\\x00Mul' holds a NUL byte"},
+      {[](Plan &p) { p.loss = "lo\xc3"; }, "field loss 'lo\\xc3' is not valid UTF-8"},
   };
   for (const Case &c : cases) {
     Plan plan = make_plan(training_graph());

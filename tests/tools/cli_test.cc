@@ -154,6 +154,32 @@ TEST_F(CliTest, InspectJsonCarriesTheNumbers) {
   EXPECT_NEAR(share, 1.0, 1e-9);
 }
 
+// A name that is not UTF-8 text is refused when the model loads, with the
+// bytes escaped, so no report (JSON least of all) meets it; a path that is
+// not UTF-8 still gives a JSON report.
+TEST_F(CliTest, InspectJsonOfNamesThatAreNotUtf8) {
+  GraphBuilder b("bad_names", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  b.output(b.op1("Relu", {x}, {}, "act\xff"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE(serialization::save_model(*graph, path("bad.strata").string()).is_ok());
+  ASSERT_TRUE(serialization::save_model(*graph, path("bad.json").string()).is_ok());
+  for (const char *file : {"bad.strata", "bad.json"}) {
+    Outcome o = strata({"inspect", file, "--format", "json"});
+    expect_one_line_error(o, str_cat(file, ": tensor 1: field name 'act\\xff' is not valid UTF-8"));
+    EXPECT_EQ(o.out, "") << file;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(make_mlp());
+  fs::copy_file(path("m.strata"), path("m\xfe.strata"));
+  Outcome renamed = strata({"inspect", "m\xfe.strata", "--format", "json"});
+  ASSERT_EQ(renamed.code, 0) << renamed.err;
+  nlohmann::json j = nlohmann::json::parse(renamed.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << renamed.out;
+  EXPECT_EQ(j["file"], "m\xef\xbf\xbd.strata");
+}
+
 TEST_F(CliTest, InspectDotAndOutputFile) {
   ASSERT_NO_FATAL_FAILURE(make_gpt("m.strata"));
   Outcome o = strata({"inspect", "m.strata", "--format", "dot", "-o", "m.dot"});
@@ -223,6 +249,62 @@ TEST_F(CliTest, BadZooOptionsAreErrors) {
   EXPECT_FALSE(fs::exists(path("m.strata")));
   expect_one_line_error(strata({"zoo", "convnet", "--image-size", "30", "-o", "c.strata"}),
                         "divisible");
+}
+
+// Numbers beyond what an option means are refused by the command line, naming
+// the flag and its range, before any work: --devices 2^31 once reached the
+// cluster model as a negative count (an assertion, or SIGFPE), a seq of 2^31
+// made the GPT's mask allocation wrap around, and --seed -1 became 2^64 - 1.
+TEST_F(CliTest, NumbersOutOfRangeNameTheFlagAndTheRange) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  const struct {
+    std::vector<std::string> args;
+    std::string cause;
+  } cases[] = {
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "2147483648", "-o", "a.splan"},
+       "--devices: Value 2147483648 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "4294967296", "-o", "a.splan"},
+       "--devices: Value 4294967296 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--auto", "--devices", "-1", "-o", "a.splan"},
+       "--devices: Value -1 not in range 1 to 4096"},
+      {{"compile", "m.strata", "--train", "--microbatches", "99999999999999999999", "-o",
+        "a.splan"},
+       "--microbatches: Value 99999999999999999999 not in range 1 to 1048576"},
+      {{"zoo", "gpt", "--seq", "2147483648", "-o", "g.strata"},
+       "--seq: Value 2147483648 not in range 1 to 16383"},
+      {{"zoo", "gpt", "--layers", "4097", "--hidden", "8", "--heads", "1", "--seq", "4", "--vocab",
+        "8", "-o", "g.strata"},
+       "--layers: Value 4097 not in range 1 to 4096"},
+      {{"zoo", "mlp", "--batch", "99999999999999999999", "-o", "g.strata"},
+       "--batch: Value 99999999999999999999 not in range 1 to 2147483647"},
+      {{"zoo", "mlp", "--hidden", "16,0", "-o", "g.strata"},
+       "--hidden: Value 0 not in range 1 to 2147483647"},
+      {{"zoo", "convnet", "--fc-hidden", "-1", "-o", "g.strata"},
+       "--fc-hidden: Value -1 not in range 0 to 2147483647"},
+      {{"zoo", "mlp", "--seed", "-1", "-o", "g.strata"},
+       "--seed: '-1' is not an integer from 0 to 18446744073709551615"},
+      {{"run", "m.strata", "--seed", "18446744073709551616"},
+       "--seed: '18446744073709551616' is not an integer from 0 to 18446744073709551615"},
+      // (A training plan, which refused these only after loading, if at all.)
+      {{"run", "t.splan", "--repeat", "99999999999999999999"},
+       "--repeat: Value 99999999999999999999 not in range 1 to 1048576"},
+      {{"run", "t.splan", "--warmup", "1048577"},
+       "--warmup: Value 1048577 not in range 0 to 1048576"},
+      {{"run", "m.strata", "--gpu", "4294967296"},
+       "--gpu: Value 4294967296 not in range 0 to 2147483647"},
+      {{"run", "m.strata", "--steps", "99999999999999999999"},
+       "--steps: Value 99999999999999999999 not in range 1 to 1099511627776"},
+  };
+  for (const auto &c : cases) {
+    Outcome o = strata(c.args);
+    expect_one_line_error(o, c.cause);
+    EXPECT_EQ(o.code, 2) << c.cause; // a usage error, found before any work
+    EXPECT_FALSE(fs::exists(path("a.splan")));
+    EXPECT_FALSE(fs::exists(path("g.strata")));
+  }
+  // The largest seed is a seed.
+  Outcome seeded = strata({"zoo", "mlp", "--seed", "18446744073709551615", "-o", "g.strata"});
+  EXPECT_EQ(seeded.code, 0) << seeded.err;
 }
 
 TEST_F(CliTest, HelpForEverySubcommand) {
@@ -494,6 +576,23 @@ TEST_F(CliTest, SeveralOutputsGoToADirectory) {
     EXPECT_EQ(relu->as<float>()[i], v > 0 ? v : 0.0f);
     EXPECT_EQ(neg->as<float>()[i], -v);
   }
+}
+
+// Outputs whose names give one file name ('a/b' and 'a_b' both become
+// a_b.npy) are refused before the model runs, naming both; nothing is written.
+TEST_F(CliTest, OutputsThatWouldShareAFileAreRefused) {
+  GraphBuilder b("clash", ops::OpRegistry::global());
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  b.output(b.op1("Relu", {x}, {}, "a/b"));
+  b.output(b.op1("Neg", {x}, {}, "a_b"));
+  auto graph = std::move(b).finish();
+  ASSERT_TRUE(graph.is_ok()) << graph.status().to_string();
+  ASSERT_TRUE(serialization::save_model(*graph, path("clash.json").string()).is_ok());
+  Outcome o = strata({"run", "clash.json", "--output-dir", "out"});
+  expect_one_line_error(o, "--output-dir out: outputs 'a/b' and 'a_b' would both be written to "
+                           "a_b.npy");
+  EXPECT_EQ(o.out, "");
+  EXPECT_FALSE(fs::exists(path("out")));
 }
 
 TEST_F(CliTest, MlpAndConvnetFromTheZoo) {

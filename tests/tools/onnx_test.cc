@@ -304,6 +304,65 @@ TEST_F(OnnxTest, MalformedModelsAreRefusedWithTheirCause) {
   }
 }
 
+// What the ONNX specification makes invalid is refused, naming the node, op,
+// attribute or value at fault, and never read as a default: a Transpose whose
+// perm is a string once imported as the default order, an unknown attribute
+// was ignored, a second producer replaced the first, and a graph without
+// outputs was written as a model that strata then refused to load.
+TEST_F(OnnxTest, InvalidOnnxIsRefusedNotReadAsDefaults) {
+  expect_refused("attribute_type",
+                 "node 't': Transpose attribute 'perm' is STRING; ONNX Transpose-13 takes INTS");
+  expect_refused("unknown_attribute",
+                 "node 'relu': Relu has no attribute 'alpha' (ONNX Relu-13 takes none)");
+  expect_refused("two_producers", "value 'a' is produced by both node 'first' and node 'second'");
+  expect_refused("redefined_input", "node 'again' produces 'x', which is already a graph input");
+  expect_refused("empty", "empty.onnx: the graph is empty (no nodes, no outputs)");
+}
+
+// Names are UTF-8 text without NUL bytes, as strata's files and reports need;
+// the error shows the bytes escaped.
+TEST_F(OnnxTest, NamesThatAreNotUtf8AreRefused) {
+  expect_refused("non_utf8_name",
+                 "non_utf8_name.onnx: the name of node 0 're\\xfflu' is not valid UTF-8");
+  expect_refused("nul_name", "nul_name.onnx: an output of node 0 'a\\x00b' holds a NUL byte");
+}
+
+// import writes a model file: never over the model it reads or that model's
+// external data (also not through a link), and only under a name strata
+// reads as a model.
+TEST_F(OnnxTest, OutputIsNeitherAnInputNorOfAnotherKind) {
+  fs::create_directories(dir_ / "m");
+  fs::copy_file(fixtures() / "external_ok.onnx", dir_ / "m/model.onnx");
+  fs::copy_file(fixtures() / "weights.bin", dir_ / "m/weights.bin");
+  fs::create_symlink("weights.bin", dir_ / "m/link.strata");
+  const std::string model = read_file(dir_ / "m/model.onnx");
+  const std::string weights = read_file(dir_ / "m/weights.bin");
+  const struct {
+    std::string out, cause;
+  } cases[] = {
+      {"m/link.strata", "the output m/link.strata is " +
+                            fs::canonical(dir_ / "m/weights.bin").string() +
+                            ", external data of the input m/model.onnx"},
+      {"m/weights.bin", "-o m/weights.bin: import writes a strata model, named .strata (binary) or "
+                        ".json (text)"},
+      {"m/model.onnx", "-o m/model.onnx: import writes a strata model"},
+      {"m/x.splan.json", "-o m/x.splan.json: .splan.json names a plan"},
+  };
+  for (const auto &c : cases) {
+    Outcome o = strata({"import", "m/model.onnx", "-o", c.out});
+    EXPECT_NE(o.code, 0) << c.out;
+    EXPECT_NE(o.err.find(c.cause), std::string::npos) << c.out << ": " << o.err;
+  }
+  EXPECT_EQ(read_file(dir_ / "m/model.onnx"), model);
+  EXPECT_EQ(read_file(dir_ / "m/weights.bin"), weights);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "m/link.strata"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "m"), fs::directory_iterator()), 3)
+      << "a refused import left a file behind";
+  Outcome ok = strata({"import", "m/model.onnx", "-o", "m/model.json"});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(serialization::load_model((dir_ / "m/model.json").string()).is_ok());
+}
+
 // Every byte of two exported networks flipped in turn (every 8th under the
 // sanitizers): the import succeeds or names the file, and never crashes,
 // throws, reads out of bounds or allocates what a corrupt size claims.

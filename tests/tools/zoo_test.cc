@@ -207,6 +207,19 @@ TEST(GptTest, RejectsBadOptions) {
   EXPECT_FALSE(zoo::make_gpt({.init_std = 0}).is_ok());
 }
 
+// The causal mask, seq x seq floats, is kept in the model file: a longer
+// sequence is refused before anything is allocated (seq x seq x 4 bytes once
+// wrapped around to a small allocation, or asked the host for terabytes).
+TEST(GptTest, RejectsASequenceWhoseMaskAFileCannotHold) {
+  for (int64_t seq : {zoo::kMaxGptSeq + 1, int64_t{1} << 20, int64_t{2147483647}}) {
+    auto r = zoo::make_gpt({.layers = 1, .hidden = 8, .heads = 1, .seq = seq, .vocab = 4});
+    ASSERT_FALSE(r.is_ok()) << seq;
+    EXPECT_NE(r.status().message().find(str_cat("gpt seq ", seq, " is longer than 16383")),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // GPT numerics: the graph against a loop implementation of the same model.
 
@@ -438,6 +451,17 @@ TEST(ConvnetTest, RejectsImageSizeThatDoesNotPool) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("divisible"), std::string::npos);
   EXPECT_FALSE(zoo::make_convnet({.channels = {}}).is_ok());
+}
+
+// The features the conv stages hand the dense layers are counted with an
+// overflow check, not multiplied blindly.
+TEST(ConvnetTest, RejectsFeaturesBeyondTheElementLimit) {
+  auto r = zoo::make_convnet(
+      {.batch = 1, .in_channels = 1, .image_size = 2147483646, .channels = {2147483647}});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("convnet features after the conv stages: shape "),
+            std::string::npos)
+      << r.status().message();
 }
 
 // ---------------------------------------------------------------------------
