@@ -551,7 +551,8 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
       ->check(CLI::IsMember({"wall", "device"}))
       ->capture_default_str();
   sub->add_option("--timeout", args.timeout_s,
-                  "pipeline plan: seconds any device waits for another before the run fails "
+                  "pipeline plan: seconds any device waits for another before the run fails; "
+                  "a device thread still stalled this long after that ends the process "
                   "(--backend cuda: a GPU's whole step, and NCCL's start-up)")
       ->capture_default_str();
   sub->add_option("--devices-per-rank", args.devices_per_rank,

@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 
+#include "runtime/comm/host_transport.h"
 #include "runtime/comm/mpi_world.h"
 #include "runtime/cpu/pipeline_runner.h"
 #include "runtime/cuda/cuda_executor.h"
@@ -616,6 +617,17 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
     if (args.devices_per_rank != 1)
       return invalid_argument("--devices-per-rank splits a plan over MPI ranks; start strata with "
                               "an MPI launcher (mpirun -np N strata run ...)");
+    // A device thread stalled past the timeout cannot be stopped: report the
+    // failure and end the process, as a failed MPI rank does, rather than
+    // wait for it past --timeout and the user's SIGTERM.
+    ASSIGN_OR_RETURN(const std::chrono::milliseconds grace,
+                     runtime::timeout_from_seconds(args.timeout_s));
+    runtime::host_transport::set_stuck_device_policy({grace, [](const Status &failure) {
+      std::cout.flush();
+      std::cerr << str_cat("strata: error: ", one_line(failure.message()), "\n");
+      std::cerr.flush();
+      std::_Exit(1);
+    }});
     return train_on(args, plan, out, args.interactive, nullptr, env_fault);
   }
   if (!plan.pipeline)

@@ -1,8 +1,10 @@
 #include "runtime/comm/host_transport.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <exception>
 #include <new>
+#include <optional>
 #include <thread>
 
 namespace strata::runtime::host_transport {
@@ -97,13 +99,66 @@ void BufferPool::give(std::vector<std::byte> buffer) {
   free_.emplace(buffer.size(), std::move(buffer));
 }
 
+namespace {
+
+std::mutex policy_mutex;
+StuckDevicePolicy stuck_policy;
+
+// The device threads' progress, as the joining thread sees it.
+struct Progress {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<bool> done;
+  std::optional<std::chrono::steady_clock::time_point> failed_at;
+  Status failure;
+};
+
+// Waits until every thread is done; with a policy's `end`, ends the process
+// once the world has failed and some device has not stopped within `grace`.
+void wait_for_devices(Progress &progress, const std::vector<int> &devices) {
+  StuckDevicePolicy policy;
+  {
+    std::lock_guard lock(policy_mutex);
+    policy = stuck_policy;
+  }
+  std::unique_lock lock(progress.mutex);
+  auto all_done = [&] {
+    return std::all_of(progress.done.begin(), progress.done.end(), [](bool d) { return d; });
+  };
+  while (!all_done()) {
+    if (!policy.end || !progress.failed_at) {
+      progress.changed.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    const auto deadline = *progress.failed_at + policy.grace;
+    if (progress.changed.wait_until(lock, deadline, all_done)) break;
+    std::vector<int> stuck;
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      if (!progress.done[i]) stuck.push_back(devices[i]);
+    policy.end(Status(progress.failure.code(),
+                      str_cat(format_devices(stuck), " did not stop within ",
+                              format_duration(policy.grace),
+                              " of the failure (stalled): ", progress.failure.message())));
+  }
+}
+
+} // namespace
+
+void set_stuck_device_policy(StuckDevicePolicy policy) {
+  std::lock_guard lock(policy_mutex);
+  stuck_policy = std::move(policy);
+}
+
 void run_device_threads(const std::vector<int> &devices,
                         const std::function<Status(int device)> &body,
                         const std::function<void(int device, const Status &error)> &fail) {
+  Progress progress;
+  progress.done.assign(devices.size(), false);
   std::vector<std::thread> threads;
   threads.reserve(devices.size());
-  for (int device : devices) {
-    threads.emplace_back([&, device] {
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const int device = devices[i];
       Status status;
       try {
         status = body(device);
@@ -116,8 +171,16 @@ void run_device_threads(const std::vector<int> &devices,
         status = internal_error("threw an exception");
       }
       if (!status.is_ok()) fail(device, status);
+      std::lock_guard lock(progress.mutex);
+      progress.done[i] = true;
+      if (!status.is_ok() && !progress.failed_at) {
+        progress.failed_at = std::chrono::steady_clock::now();
+        progress.failure = status;
+      }
+      progress.changed.notify_all();
     });
   }
+  wait_for_devices(progress, devices);
   for (std::thread &thread : threads)
     thread.join();
 }

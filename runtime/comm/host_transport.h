@@ -205,6 +205,18 @@ private:
   Status status_;
 };
 
+// What happens to device threads still running `grace` after their world
+// failed. A device stalled in a kernel or a sleep cannot be stopped, and it
+// uses memory its caller owns, so by default the caller waits for it, as a
+// library must. A command-line run instead sets `end`, which reports the
+// failure (naming the stalled devices) and ends the process, as a failed MPI
+// rank does: nothing outlives the run's timeout.
+struct StuckDevicePolicy {
+  std::chrono::milliseconds grace{0};
+  std::function<void(const Status &failure)> end; // must not return
+};
+void set_stuck_device_policy(StuckDevicePolicy policy);
+
 // Runs `body` for each of `devices` on its own thread and joins them. A thrown
 // exception becomes the body's error rather than end the process without a
 // word: std::bad_alloc is out of memory (a condition of the run), anything else

@@ -46,7 +46,6 @@ protected:
   }
 
   // Runs `strata args...` in the scratch folder.
-  // Runs `strata args...` in the scratch folder.
   Outcome strata(const std::vector<std::string> &args) {
     std::string command = quote(strata_binary().string());
     for (const std::string &arg : args)
@@ -954,6 +953,24 @@ TEST_F(CliTest, NextRunRemovesTemporariesOfAKilledSave) {
 
 // An empty --checkpoint or --resume is a mistake (an unset shell variable),
 // not the option left out: it is refused, naming the option, before any step.
+// A device thread that stalls (here: sleeps an hour at an instruction) cannot
+// be stopped; the run names it and ends within twice --timeout instead of
+// waiting for it past the timeout and the user's SIGTERM.
+TEST_F(CliTest, StalledDeviceThreadEndsTheRun) {
+  ASSERT_EQ(strata({"zoo", "mlp", "-o", "mlp.strata"}).code, 0);
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x1x2", "--microbatches", "2",
+                    "-o", "t.splan"})
+                .code,
+            0);
+  Outcome o = testing::run_in(dir_, "STRATA_FAULT=stall:1:1:3 timeout -s KILL 60 " +
+                                        quote(strata_binary().string()) +
+                                        " run t.splan --steps 3 --timeout 1");
+  EXPECT_EQ(o.code, 1) << o.err;
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_NE(o.err.find("device 1 did not stop within 1 s"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("timed out after 1 s"), std::string::npos) << o.err;
+}
+
 TEST_F(CliTest, EmptyCheckpointOrResumeIsRefused) {
   ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
   for (const char *flag : {"--checkpoint", "--resume"}) {
@@ -1253,10 +1270,9 @@ TEST_F(CliTest, TensorParallelMesh) {
   ASSERT_EQ(split_run.code, 0) << split_run.err;
   expect_same_losses(split_run, one, 3);
   // The interleaved schedule with tensor-parallel pairs at each position.
-  Outcome interleaved =
-      strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "--mesh", "1x2x2",
-              "--microbatches", "2", "--schedule", "interleaved", "--chunks", "2", "-o",
-              "ti.splan"});
+  Outcome interleaved = strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1",
+                                "--mesh", "1x2x2", "--microbatches", "2", "--schedule",
+                                "interleaved", "--chunks", "2", "-o", "ti.splan"});
   ASSERT_EQ(interleaved.code, 0) << interleaved.err;
   EXPECT_NE(interleaved.out.find("tensor par.  2 devices per group"), std::string::npos)
       << interleaved.out;
