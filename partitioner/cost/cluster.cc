@@ -203,7 +203,7 @@ Result<ClusterSpec> parse_cluster(std::string_view json_text, std::string_view d
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error &e) {
+  } catch (const Json::exception &e) { // a parse error, or a number out of range (1e400)
     return invalid_argument(display_name, ": not valid JSON: ", e.what());
   }
   return parse_root(root, display_name);

@@ -209,6 +209,10 @@ TEST(ClusterSpec, MalformedJsonAndMissingFile) {
   Result<ClusterSpec> parsed = parse_cluster("{\"name\": ", "broken.json");
   ASSERT_FALSE(parsed.is_ok());
   EXPECT_THAT(parsed.status().message(), HasSubstr("broken.json: not valid JSON"));
+  // A number beyond a double's range is refused, not thrown past the parser.
+  parsed = parse_cluster(R"({"name": "x", "nodes": 1e400})", "huge.json");
+  ASSERT_FALSE(parsed.is_ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("huge.json: not valid JSON"));
 
   parsed = parse_cluster("[1, 2]", "array.json");
   ASSERT_FALSE(parsed.is_ok());
