@@ -40,7 +40,9 @@ using serialization::Plan;
 
 // STRATA_FAULT, for the failure tests: "<kind>:<device>:<step>:<instruction>"
 // with kind error|stall|kill|exit|stop (the device does it on reaching that
-// instruction of that step), "nostart:<rank>" (that rank never joins) or
+// instruction of that step; "stall:...:<ms>" sleeps that long, not an hour: a
+// slow device when it is under --timeout), "nostart:<rank>" (that rank never
+// joins) or
 // "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file of that
 // step is written, before the commit).
 struct EnvFault {
@@ -71,10 +73,10 @@ Result<EnvFault> fault_from_env() {
     auto [end, error] = std::from_chars(p.data(), p.data() + p.size(), value);
     return error == std::errc() && end == p.data() + p.size() ? value : -1;
   };
-  const std::string usage = str_cat(
-      "STRATA_FAULT='", text,
-      "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, nostart:<rank> or "
-      "ckptkill:<rank>:<step>");
+  const std::string usage =
+      str_cat("STRATA_FAULT='", text,
+              "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, "
+              "stall:<device>:<step>:<instruction>:<ms>, nostart:<rank> or ckptkill:<rank>:<step>");
   if (parts.size() == 2 && parts[0] == "nostart" && number(1) >= 0) {
     result.nostart_rank = static_cast<int>(number(1));
     return result;
@@ -90,15 +92,16 @@ Result<EnvFault> fault_from_env() {
                                              {"kill", Kind::kKill},
                                              {"exit", Kind::kExit},
                                              {"stop", Kind::kStop}};
-  if (parts.size() != 4 || !kinds.contains(parts[0]) || number(1) < 0 || number(2) < 1 ||
-      number(3) < 0)
+  const bool timed_stall = parts.size() == 5 && parts[0] == "stall" && number(4) >= 0;
+  if ((parts.size() != 4 && !timed_stall) || !kinds.contains(parts[0]) || number(1) < 0 ||
+      number(2) < 1 || number(3) < 0)
     return invalid_argument(usage);
   runtime::PipelineRunnerOptions::Fault fault;
   fault.kind = kinds.at(parts[0]);
   fault.device = static_cast<int>(number(1));
   fault.step = number(2);
   fault.instruction = static_cast<size_t>(number(3));
-  fault.stall = std::chrono::hours(1);
+  fault.stall = timed_stall ? std::chrono::milliseconds(number(4)) : std::chrono::hours(1);
   result.fault = fault;
   return result;
 }
@@ -622,12 +625,13 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
     // wait for it past --timeout and the user's SIGTERM.
     ASSIGN_OR_RETURN(const std::chrono::milliseconds grace,
                      runtime::timeout_from_seconds(args.timeout_s));
-    runtime::host_transport::set_stuck_device_policy({grace, [](const Status &failure) {
-      std::cout.flush();
-      std::cerr << str_cat("strata: error: ", one_line(failure.message()), "\n");
-      std::cerr.flush();
-      std::_Exit(1);
-    }});
+    runtime::host_transport::set_stuck_device_policy(
+        {grace, [](const Status &failure) {
+           std::cout.flush();
+           std::cerr << str_cat("strata: error: ", one_line(failure.message()), "\n");
+           std::cerr.flush();
+           std::_Exit(1);
+         }});
     return train_on(args, plan, out, args.interactive, nullptr, env_fault);
   }
   if (!plan.pipeline)
