@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <filesystem>
 #include <limits>
@@ -111,8 +112,37 @@ std::string mismatched_names(int64_t step, int ranks, const std::vector<std::str
   return "";
 }
 
+// Why `file` is not in `dir` as its writer left it (present, a regular file
+// of `file.size` bytes, readable to its end), or empty when it is.
+std::string absent_file(const std::string &dir, const CheckpointFile &file) {
+  const std::string path = (fs::path(dir) / file.name).string();
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int cause = errno;
+    if (cause == ENOENT) return "is missing";
+    return str_cat("cannot be opened: ", errno_text(cause));
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) return str_cat("cannot be examined: ", errno_text(errno));
+  if (!S_ISREG(info.st_mode)) return "is not a regular file";
+  const auto size = static_cast<uint64_t>(info.st_size);
+  if (size != file.size)
+    return str_cat("has ", size, " bytes here, not the ", file.size, " written");
+  if (size == 0) return "";
+  char last = 0;
+  ssize_t got = 0;
+  do {
+    got = ::pread(fd.get(), &last, 1, static_cast<off_t>(size - 1));
+  } while (got < 0 && errno == EINTR);
+  if (got != 1)
+    return str_cat("cannot be read: ", got < 0 ? errno_text(errno) : std::string("it ends early"));
+  return "";
+}
+
 // Refuses a commit of `files` that would leave a manifest read_checkpoint
-// refuses: names it may not list or that do not fit `step` and `ranks`.
+// refuses: names it may not list or that do not fit `step` and `ranks`, and
+// files not in `dir` as their writers left them. The error names every such
+// file and, for a save of several ranks, the rank that wrote it.
 Status check_commit(const std::string &dir, int64_t step, int ranks,
                     const std::vector<CheckpointFile> &files) {
   std::vector<std::string> names;
@@ -125,7 +155,21 @@ Status check_commit(const std::string &dir, int64_t step, int ranks,
   if (const std::string mismatch = mismatched_names(step, ranks, names); !mismatch.empty())
     return invalid_argument(dir, ": cannot commit a checkpoint of step ", step, " by ", ranks,
                             ranks == 1 ? " rank: " : " ranks: ", mismatch);
-  return Status::ok();
+  std::string problems;
+  for (const CheckpointFile &file : files) {
+    const std::string problem = absent_file(dir, file);
+    if (problem.empty()) continue;
+    const std::optional<CheckpointDataName> parts = parse_checkpoint_data_name(file.name);
+    const std::string writer =
+        parts && parts->ranks > 1 ? str_cat("rank ", parts->rank, "'s ") : std::string();
+    problems += str_cat(problems.empty() ? "" : "; ", writer, file.name, " ", problem);
+  }
+  if (problems.empty()) return Status::ok();
+  return failed_precondition(
+      dir, ": the manifest would list files this folder lacks as written: ", problems,
+      ranks > 1 ? " (no shared filesystem? every rank saves its file into this folder, and "
+                  "rank 0, which commits, must find them all here)"
+                : "");
 }
 
 // A temporary file that strata's own writes leave in a checkpoint folder

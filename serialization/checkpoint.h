@@ -78,7 +78,11 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
 // checkpoint_file_name names them (saves that never committed); every other
 // file in `dir` stays. Before anything changes, refuses `files` that
 // read_checkpoint would refuse by name (a path, a file of another step or
-// rank count, a rank twice or none).
+// rank count, a rank twice or none) and files that are not in `dir` as they
+// were written: missing, of another size or unreadable. With MPI each rank
+// writes its own file and rank 0 commits, so ranks that do not share a
+// filesystem (or were given different folders) each wrote into a folder of
+// their own; the error names each such file and the rank that wrote it.
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
                          int ranks, const std::vector<CheckpointFile> &files);
 

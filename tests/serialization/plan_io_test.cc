@@ -956,6 +956,71 @@ TEST(CheckpointTest, ManifestStepAndRanksMustFitItsFiles) {
   EXPECT_TRUE(read_checkpoint(ck, "f").is_ok());
 }
 
+// Ranks that do not share a filesystem (or were given different folders)
+// each save into a folder of their own: rank 0, which commits, would list
+// files its folder lacks. The commit refuses, naming each file that is not
+// there as written and the rank that wrote it, and the previous checkpoint
+// stays the folder's.
+TEST(CheckpointTest, CommitRefusesFilesTheFolderLacks) {
+  TempDir dir;
+  const std::string ck = dir.file("ck"), other_host = dir.file("other-host");
+  const HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  const HostTensor b = HostTensor::zeros({DType::kF32, {2}});
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}, {"b", b}}, "f", 1).is_ok());
+  auto rank0 = write_checkpoint_file(ck, checkpoint_file_name(2, 0, 3), {{"w", w}});
+  auto rank1 = write_checkpoint_file(other_host, checkpoint_file_name(2, 1, 3), {{"b", b}});
+  auto rank2 = write_checkpoint_file(other_host, checkpoint_file_name(2, 2, 3), {});
+  ASSERT_TRUE(rank0.is_ok() && rank1.is_ok() && rank2.is_ok());
+  Status refused = commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2});
+  ASSERT_FALSE(refused.is_ok());
+  const std::string &message = refused.message();
+  EXPECT_NE(message.find(ck + ": the manifest would list files this folder lacks as written: "
+                              "rank 1's model-step2-rank1-of3.safetensors is missing; rank 2's "
+                              "model-step2-rank2-of3.safetensors is missing (no shared "
+                              "filesystem?"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("rank 0's"), std::string::npos) << message;
+  auto previous = read_checkpoint(ck, "f");
+  ASSERT_TRUE(previous.is_ok()) << previous.status().message();
+  EXPECT_EQ(previous->step, 1);
+
+  // A file of that name but not as its rank wrote it (another save's, cut short).
+  const std::string name1 = checkpoint_file_name(2, 1, 3), name2 = checkpoint_file_name(2, 2, 3);
+  std::filesystem::copy_file(other_host + "/" + name1, ck + "/" + name1);
+  std::filesystem::resize_file(ck + "/" + name1, rank1->size - 1);
+  std::filesystem::copy_file(other_host + "/" + name2, ck + "/" + name2);
+  refused = commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2});
+  EXPECT_NE(refused.message().find("rank 1's model-step2-rank1-of3.safetensors has " +
+                                   std::to_string(rank1->size - 1) + " bytes here, not the " +
+                                   std::to_string(rank1->size) + " written (no shared"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(read_checkpoint(ck, "f")->step, 1);
+
+  // Once every file is here as written, the commit goes through.
+  std::filesystem::copy_file(other_host + "/" + name1, ck + "/" + name1,
+                             std::filesystem::copy_options::overwrite_existing);
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2}).is_ok());
+  auto committed = read_checkpoint(ck, "f");
+  ASSERT_TRUE(committed.is_ok()) << committed.status().message();
+  EXPECT_EQ(committed->step, 2);
+  EXPECT_EQ(committed->ranks, 3);
+
+  // One process: the file it wrote is gone before the commit.
+  auto lone = write_checkpoint_file(ck, checkpoint_file_name(3, 0, 1), {{"w", w}, {"b", b}});
+  ASSERT_TRUE(lone.is_ok());
+  std::filesystem::remove(ck + "/" + lone->name);
+  refused = commit_checkpoint(ck, "f", 3, 1, {*lone});
+  EXPECT_NE(refused.message().find(ck +
+                                   ": the manifest would list files this folder lacks as written: "
+                                   "model-step3.safetensors is missing"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(refused.message().find("shared"), std::string::npos) << refused.message();
+  EXPECT_EQ(read_checkpoint(ck, "f")->step, 2);
+}
+
 // A commit removes only what strata wrote: the files the replaced manifest
 // listed and unlisted files under strata's own data-file names. A user's
 // weights in the same folder (model.safetensors, model_pretrained.safetensors)
