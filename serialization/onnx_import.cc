@@ -87,6 +87,22 @@ double element_of(const HostTensor &t, int64_t i) {
 
 double scalar_of(const HostTensor &t) { return element_of(t, 0); }
 
+// An error naming `name` unless every element of the floating tensor `t` has
+// a value of the integer dtype `to`, truncated toward zero: NaN, infinity and
+// values beyond `to` have none (the Cast kernel would write 0 or a limit).
+Status check_integer_values(const HostTensor &t, const std::string &name, DType to) {
+  const int64_t n = t.type.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = element_of(t, i);
+    const bool fits = to == DType::kI32 ? v > -2147483649.0 && v < 2147483648.0
+                                        : v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+    if (!fits) // NaN fails every comparison
+      return invalid_argument("Cast of the constant '", name, "' to ", dtype_name(to), ": element ",
+                              i, " is ", v, ", which has no ", dtype_name(to), " value");
+  }
+  return Status::ok();
+}
+
 HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
   Shape shape;
   if (!scalar) shape.push_back(static_cast<int64_t>(values.size()));
@@ -883,6 +899,11 @@ private:
     if (op == "Clip") return convert_clip(n, ins, outs);
     if (op == "Cast") {
       ASSIGN_OR_RETURN(DType to, dtype_of(static_cast<int32_t>(attr_int(n, "to", 0)), "its 'to'"));
+      // A constant is cast here, at import: to integers only if it has them.
+      const HostTensor *value = known(ins.at(0));
+      if (value != nullptr && !is_weight(ins.at(0)) && is_integer(to) &&
+          is_floating(value->type.dtype))
+        RETURN_IF_ERROR(check_integer_values(*value, ins.at(0), to));
       return one("Cast", {ins.at(0)}, {{"to", std::string(dtype_name(to))}});
     }
     if (op == "Dropout") {

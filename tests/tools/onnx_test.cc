@@ -319,6 +319,14 @@ TEST_F(OnnxTest, InvalidOnnxIsRefusedNotReadAsDefaults) {
   expect_refused("empty", "empty.onnx: the graph is empty (no nodes, no outputs)");
 }
 
+// A constant cast to integers at import must have integer values: a NaN
+// (or infinity, or a value beyond the dtype) once became 0, or the dtype's
+// limit, without a word.
+TEST_F(OnnxTest, ConstantsCastToIntegersAtImportMustHaveIntegerValues) {
+  expect_refused("nan_cast", "nan_cast.onnx: node 'to_int': Cast of the constant 'k' to i64: "
+                             "element 4 is nan, which has no i64 value");
+}
+
 // Names are UTF-8 text without NUL bytes, as strata's files and reports need;
 // the error shows the bytes escaped.
 TEST_F(OnnxTest, NamesThatAreNotUtf8AreRefused) {
