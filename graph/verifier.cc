@@ -186,8 +186,7 @@ Status verify_graph(const Graph &graph, const OpResolver &resolver) {
     for (TensorId input : node.inputs)
       input_types.push_back(graph.tensor(input).type);
     auto inferred = resolver.infer_types(node, input_types);
-    if (!inferred.is_ok())
-      return inferred.status().with_context(str_cat("node '", node.name, "' (", node.op, ")"));
+    if (!inferred.is_ok()) return with_node_context(inferred.status(), node);
     if (inferred->size() != node.outputs.size())
       return invalid_argument("node '", node.name, "' (", node.op, ") has ", node.outputs.size(),
                               " outputs but the op produces ", inferred->size());

@@ -159,10 +159,14 @@ public:
                                   " output(s) lacks one the op needs (see the ONNX operator's "
                                   "inputs and outputs)");
       }
-      if (!status.is_ok())
-        return status.with_context(str_cat(file_, ": node '", label(*node), "'"));
-      if (!builder_.status().is_ok())
-        return builder_.status().with_context(str_cat(file_, ": node '", label(*node), "'"));
+      if (status.is_ok()) status = builder_.status();
+      if (!status.is_ok()) {
+        // The builder's errors begin with the node already: "node 'bn'
+        // (BatchNormalization): ...".
+        const std::string where = str_cat("node '", label(*node), "'");
+        if (status.message().starts_with(where + " (")) return status.with_context(file_);
+        return status.with_context(str_cat(file_, ": ", where));
+      }
     }
     std::set<std::string> output_names;
     for (const onnx::ValueInfoProto &output : graph.output()) {
@@ -718,7 +722,7 @@ private:
     const bool all_known = std::all_of(inputs.begin(), inputs.end(), [&](const std::string &in) {
       return known(in) != nullptr && !is_weight(in);
     });
-    if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs);
+    if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs, node_name);
     std::vector<TensorId> ids;
     for (const std::string &in : inputs) {
       ASSIGN_OR_RETURN(TensorId id, value(in));
@@ -734,7 +738,7 @@ private:
   }
 
   Status fold(std::string_view op, const std::vector<std::string> &inputs, Attrs attrs,
-              const std::vector<std::string> &outputs) {
+              const std::vector<std::string> &outputs, const std::string &node_name) {
     const ops::OpRegistry &registry = ops::OpRegistry::global();
     GraphBuilder scratch("fold", registry);
     std::vector<TensorId> ids;
@@ -743,7 +747,7 @@ private:
       ids.push_back(scratch.constant(str_cat("c", ids.size()), k.type.dtype, k.type.shape,
                                      Blob::copy_of(k.data(), k.size_bytes())));
     }
-    auto outs = scratch.op(op, ids, std::move(attrs));
+    auto outs = scratch.op(op, ids, std::move(attrs), node_name);
     RETURN_IF_ERROR(scratch.status());
     const Graph &g = scratch.graph();
     const Node &node = g.node(g.num_nodes() - 1);
