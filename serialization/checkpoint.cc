@@ -254,7 +254,7 @@ Result<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
     const int cause = errno;
     if (cause != EWOULDBLOCK) return io_error(path, ": cannot lock: ", errno_text(cause));
     const std::string holder = lock_holder(fd->get());
-    return failed_precondition("checkpoint folder ", dir, " is in use by another strata run (",
+    return failed_precondition(dir, ": the checkpoint folder is in use by another strata run (",
                                holder.empty() ? std::string("its pid not yet recorded") : holder,
                                "; it holds ", path,
                                "); wait for that run to end, or save to another folder");

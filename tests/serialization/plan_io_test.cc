@@ -1081,7 +1081,9 @@ TEST(CheckpointTest, LockKeepsOneRunPerFolder) {
     auto second = CheckpointLock::acquire(ck);
     ASSERT_FALSE(second.is_ok());
     const std::string &message = second.status().message();
-    EXPECT_NE(message.find("checkpoint folder " + ck + " is in use"), std::string::npos) << message;
+    EXPECT_NE(message.find(ck + ": the checkpoint folder is in use by another strata run ("),
+              std::string::npos)
+        << message;
     EXPECT_NE(message.find(pid), std::string::npos) << message;
     CheckpointLock moved = std::move(held).value();
     EXPECT_FALSE(CheckpointLock::acquire(ck).is_ok());

@@ -911,7 +911,7 @@ TEST_F(CliTest, CheckpointFolderTakesOneTrainerAtATime) {
   std::string first_pid = read_file(path("first.pid"));
   first_pid = first_pid.substr(0, first_pid.find('\n'));
   const std::string refusal =
-      "--checkpoint: checkpoint folder ck is in use by another strata run (pid " + first_pid;
+      "--checkpoint: ck: the checkpoint folder is in use by another strata run (pid " + first_pid;
   expect_one_line_error(second, refusal + " on ");
   EXPECT_EQ(second.out.find("step 1/"), std::string::npos) << second.out;
   // The first run saved where it stopped, and the folder is free for the next.

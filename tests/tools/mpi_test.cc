@@ -519,8 +519,8 @@ TEST_F(MpiFailureTest, LockedCheckpointFolderEndsEveryRank) {
     Outcome o = mpirun(4, args, kTimeout + 30);
     EXPECT_NE(o.code, 0);
     EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
-    EXPECT_NE(o.err.find(str_cat("rank 0 of 4: --checkpoint: checkpoint folder ck is in use by "
-                                 "another strata run (pid ",
+    EXPECT_NE(o.err.find(str_cat("rank 0 of 4: --checkpoint: ck: the checkpoint folder is in use "
+                                 "by another strata run (pid ",
                                  ::getpid(), " on ")),
               std::string::npos)
         << o.err;
