@@ -84,7 +84,7 @@ llvm::SmallVector<TensorId, 2> GraphBuilder::op(std::string_view op,
   }
   auto output_types = resolver_.infer_types(node, input_types);
   if (!output_types.is_ok()) {
-    status_ = output_types.status().with_context(str_cat("node '", node.name, "' (", op, ")"));
+    status_ = with_node_context(output_types.status(), node);
     return {};
   }
   llvm::SmallVector<TensorId, 2> outputs;

@@ -88,6 +88,13 @@ std::string escape_bytes(std::string_view text) {
   return out;
 }
 
+Status with_node_context(const Status &status, const Node &node) {
+  std::string_view message = status.message();
+  const std::string own = node.op + ": ";
+  if (message.starts_with(own)) message.remove_prefix(own.size());
+  return Status(status.code(), str_cat("node '", node.name, "' (", node.op, "): ", message));
+}
+
 Status check_name(std::string_view what, std::string_view name) {
   if (name.find('\0') != std::string_view::npos)
     return invalid_argument(what, " '", escape_bytes(name),

@@ -228,4 +228,10 @@ public:
   infer_types(const Node &node, llvm::ArrayRef<TensorType> input_types) const = 0;
 };
 
+// An error of `node`'s type inference with the node in front: "node 'ln'
+// (LayerNorm): attribute 'epsilon' = 0 ...". A message that starts with the
+// op's name ("LayerNorm: attribute ...", as the registry's do) drops it, so
+// the op is named once.
+Status with_node_context(const Status &status, const Node &node);
+
 } // namespace strata

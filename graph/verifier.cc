@@ -1,10 +1,60 @@
 #include "graph/verifier.h"
 
+#include <cmath>
+
 #include <llvm/ADT/DenseSet.h>
 #include <llvm/ADT/StringSet.h>
 
 namespace strata {
 namespace {
+
+// An initializer must make values of its tensor's dtype: random ones a
+// floating dtype, with a finite mean and a finite, non-negative stddev
+// (normal) or finite bounds low <= high (uniform); a constant of an integer
+// or bool tensor a finite value in the dtype's range. Otherwise the values
+// would be NaN, fall outside the bounds, or fail only when first drawn.
+Status verify_initializer(const Tensor &t) {
+  const Initializer &init = t.initializer;
+  auto bad = [&](auto &&...parts) {
+    return invalid_argument("tensor '", t.name, "' (", t.type.to_string(), "): initializer ",
+                            initializer_kind_name(init.kind), ": ", parts...);
+  };
+  const bool floating = is_floating(t.type.dtype);
+  switch (init.kind) {
+  case Initializer::Kind::kNone:
+  case Initializer::Kind::kZeros:
+  case Initializer::Kind::kOnes: return Status::ok();
+  case Initializer::Kind::kConstant: {
+    if (floating) return Status::ok(); // inf and NaN are values of a float tensor
+    const double value = init.a;
+    if (!std::isfinite(value))
+      return bad("value ", value, " is not finite, so it has no ", dtype_name(t.type.dtype),
+                 " value");
+    // Truncated toward zero, the value must fit the dtype.
+    if ((t.type.dtype == DType::kI32 && (value <= -2147483649.0 || value >= 2147483648.0)) ||
+        (t.type.dtype == DType::kI64 &&
+         (value < -9223372036854775808.0 || value >= 9223372036854775808.0)))
+      return bad("value ", value, " does not fit ", dtype_name(t.type.dtype));
+    return Status::ok();
+  }
+  case Initializer::Kind::kNormal:
+    if (!floating) return bad("needs a floating dtype");
+    if (!std::isfinite(init.a)) return bad("mean ", init.a, " is not finite");
+    if (!(init.b >= 0) || !std::isfinite(init.b))
+      return bad("stddev ", init.b, " must be finite and at least 0");
+    return Status::ok();
+  case Initializer::Kind::kUniform:
+    if (!floating) return bad("needs a floating dtype");
+    if (!std::isfinite(init.a) || !std::isfinite(init.b))
+      return bad("bounds [", init.a, ", ", init.b, ") must be finite");
+    if (init.a > init.b)
+      return bad("bounds [", init.a, ", ", init.b, ") are reversed (low ", init.a, " > high ",
+                 init.b, ")");
+    return Status::ok();
+  }
+  return invalid_argument("tensor '", t.name, "': field initializer.kind has unknown value ",
+                          static_cast<int>(init.kind));
+}
 
 Status verify_tensor(const Graph &graph, TensorId id) {
   const Tensor &t = graph.tensor(id);
@@ -46,7 +96,7 @@ Status verify_tensor(const Graph &graph, TensorId id) {
   default:
     return invalid_argument(where(), ": field kind has unknown value ", static_cast<int>(t.kind));
   }
-  return Status::ok();
+  return verify_initializer(t);
 }
 
 } // namespace
@@ -136,8 +186,7 @@ Status verify_graph(const Graph &graph, const OpResolver &resolver) {
     for (TensorId input : node.inputs)
       input_types.push_back(graph.tensor(input).type);
     auto inferred = resolver.infer_types(node, input_types);
-    if (!inferred.is_ok())
-      return inferred.status().with_context(str_cat("node '", node.name, "' (", node.op, ")"));
+    if (!inferred.is_ok()) return with_node_context(inferred.status(), node);
     if (inferred->size() != node.outputs.size())
       return invalid_argument("node '", node.name, "' (", node.op, ") has ", node.outputs.size(),
                               " outputs but the op produces ", inferred->size());

@@ -9,6 +9,10 @@
 //  - graph inputs are exactly the tensors of kind input, each listed once;
 //  - parameters and constants have data, external data or an initializer, and
 //    inline data is exactly shape x dtype bytes;
+//  - an initializer makes values of its tensor's dtype: normal and uniform
+//    only for floating dtypes, with a finite mean and a finite, non-negative
+//    stddev, or finite bounds low <= high; a constant of an integer or bool
+//    tensor is finite and fits the dtype;
 //  - every shape is non-negative and its element count does not overflow;
 //  - the nodes form no cycle;
 //  - every op is known and the declared output types equal the inferred ones;

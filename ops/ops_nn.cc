@@ -91,6 +91,17 @@ Result<bool> read_flag(const OpDef &def, const AttrReader &attrs, std::string_vi
   return value == 1;
 }
 
+// The norms divide by sqrt(variance + epsilon), and a constant row or
+// channel has variance 0: only a positive, finite epsilon keeps the result
+// finite (ONNX and PyTorch take any float and give inf or NaN there).
+Status expect_positive_epsilon(const Node &node, const OpDef &def) {
+  const double epsilon = AttrReader(node, def).get_float("epsilon");
+  if (!(epsilon > 0) || !std::isfinite(epsilon))
+    return invalid_argument(def.name, ": attribute 'epsilon' = ", epsilon,
+                            " must be a finite number > 0");
+  return Status::ok();
+}
+
 enum class Reduction { kMean, kSum, kNone };
 
 Result<Reduction> read_reduction(const OpDef &def, const AttrReader &attrs) {
@@ -365,6 +376,7 @@ Status gemm_kernel(const KernelContext &context) {
 Result<TypeList> infer_layer_norm(const Node &node, const OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_positive_epsilon(node, def));
   RETURN_IF_ERROR(expect_same_dtype(def, inputs));
   const TensorType &x = inputs[0];
   int64_t axis_attr = AttrReader(node, def).get_int("axis");
@@ -547,6 +559,10 @@ Result<cpu::Conv2dParams> conv_params(const OpDef &def, const AttrReader &attrs,
   RETURN_IF_ERROR(expect_rank(def, inputs, 0, 4, "X [N, C, H, W]"));
   RETURN_IF_ERROR(expect_rank(def, inputs, 1, 4, "W [M, C/group, kH, kW]"));
   const TensorType &x = inputs[0], &weights = inputs[1];
+  if (weights.shape[2] < 1 || weights.shape[3] < 1)
+    return invalid_argument(def.name, ": input 1 (W) ", describe(weights), " has a kernel of ",
+                            weights.shape[2], "x", weights.shape[3],
+                            "; kH and kW must be at least 1");
   int64_t group = attrs.get_int("group");
   if (group < 1) return invalid_argument(def.name, ": attribute 'group' must be >= 1, got ", group);
   const int64_t channels = x.shape[1], out_channels = weights.shape[0];
@@ -958,9 +974,11 @@ Status global_average_pool_kernel(const KernelContext &context) {
 Result<TypeList> infer_batch_norm(const Node &node, const OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_positive_epsilon(node, def));
+  RETURN_IF_ERROR(read_flag(def, AttrReader(node, def), "training").status());
   const double momentum = AttrReader(node, def).get_float("momentum");
   if (!(momentum >= 0.0 && momentum <= 1.0))
-    return invalid_argument(def.name, ": attribute momentum must be in [0, 1], got ", momentum);
+    return invalid_argument(def.name, ": attribute 'momentum' = ", momentum, " is outside [0, 1]");
   RETURN_IF_ERROR(expect_same_dtype(def, inputs));
   const TensorType &x = inputs[0];
   if (x.rank() < 2)
@@ -1325,6 +1343,7 @@ Status expect_type(const OpDef &def, llvm::ArrayRef<TensorType> inputs, size_t i
 Result<TypeList> infer_layer_norm_grad(const Node &node, const OpDef &def,
                                        llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_positive_epsilon(node, def));
   RETURN_IF_ERROR(expect_same_dtype(def, inputs));
   const TensorType &x = inputs[1];
   RETURN_IF_ERROR(expect_type(def, inputs, 0, x, "dY"));
@@ -1599,9 +1618,10 @@ Status global_average_pool_grad_kernel(const KernelContext &context) {
 // BatchNormalizationGrad(dY, X, scale) -> dX, dScale, dBias for the training form
 // (statistics of the batch, per channel over N and the spatial dims).
 
-Result<TypeList> infer_batch_norm_grad(const Node &, const OpDef &def,
+Result<TypeList> infer_batch_norm_grad(const Node &node, const OpDef &def,
                                        llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
+  RETURN_IF_ERROR(expect_positive_epsilon(node, def));
   RETURN_IF_ERROR(expect_same_dtype(def, inputs));
   const TensorType &x = inputs[1];
   if (x.rank() < 2)

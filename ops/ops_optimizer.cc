@@ -55,6 +55,24 @@ Status f32_only(const KernelContext &context) {
   return Status::ok();
 }
 
+// A finite attribute of at least `low` (a rate, a decay), named with its
+// value where it is not.
+Status expect_at_least(const Node &node, const OpDef &def, std::string_view name, double low) {
+  const double value = AttrReader(node, def).get_float(name);
+  if (!(value >= low) || !std::isfinite(value))
+    return invalid_argument(def.name, ": attribute '", name, "' = ", value,
+                            " must be a finite number >= ", low);
+  return Status::ok();
+}
+
+// An attribute that is 0 or 1.
+Status expect_flag(const Node &node, const OpDef &def, std::string_view name) {
+  const int64_t value = AttrReader(node, def).get_int(name);
+  if (value != 0 && value != 1)
+    return invalid_argument(def.name, ": attribute '", name, "' = ", value, " must be 0 or 1");
+  return Status::ok();
+}
+
 float read_f32_scalar(const ConstTensorView &view) { return *view.as<float>(); }
 int64_t read_i64_scalar(const ConstTensorView &view) { return *view.as<int64_t>(); }
 
@@ -69,8 +87,11 @@ Result<TypeList> infer_sgd(const Node &node, const OpDef &def, llvm::ArrayRef<Te
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
   RETURN_IF_ERROR(expect_like_param(def, inputs, 1, "grad"));
   RETURN_IF_ERROR(expect_scalar(def, inputs, 2, "lr", DType::kF32));
-  if (momentum < 0)
-    return invalid_argument(def.name, ": attribute 'momentum' = ", momentum, " is negative");
+  RETURN_IF_ERROR(expect_at_least(node, def, "momentum", 0));
+  RETURN_IF_ERROR(expect_at_least(node, def, "weight_decay", 0));
+  RETURN_IF_ERROR(expect_flag(node, def, "nesterov"));
+  if (!std::isfinite(dampening))
+    return invalid_argument(def.name, ": attribute 'dampening' = ", dampening, " is not finite");
   const bool has_buffer = inputs.size() >= 4;
   if (momentum != 0 && !has_buffer)
     return invalid_argument(def.name, ": attribute 'momentum' = ", momentum,
@@ -169,8 +190,14 @@ Result<TypeList> infer_adam(const Node &node, const OpDef &def, llvm::ArrayRef<T
     if (!(beta >= 0 && beta < 1))
       return invalid_argument(def.name, ": attribute '", name, "' = ", beta, " is outside [0, 1)");
   }
-  if (!(attrs.get_float("epsilon") >= 0))
-    return invalid_argument(def.name, ": attribute 'epsilon' must be >= 0");
+  // The update divides by sqrt(v) + epsilon, and v is 0 where the gradient
+  // has been: only a positive epsilon keeps it finite.
+  const double epsilon = attrs.get_float("epsilon");
+  if (!(epsilon > 0) || !std::isfinite(epsilon))
+    return invalid_argument(def.name, ": attribute 'epsilon' = ", epsilon,
+                            " must be a finite number > 0");
+  RETURN_IF_ERROR(expect_at_least(node, def, "weight_decay", 0));
+  RETURN_IF_ERROR(expect_flag(node, def, "decoupled"));
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
   RETURN_IF_ERROR(expect_like_param(def, inputs, 1, "grad"));
   RETURN_IF_ERROR(expect_like_param(def, inputs, 2, "m"));
@@ -315,8 +342,17 @@ Result<ScheduleAttrs> read_schedule(const Node &node, const OpDef &def) {
   s.warmup = attrs.get_int("warmup_steps");
   s.total = attrs.get_int("total_steps");
   s.min_lr = attrs.get_float("min_lr");
+  if (!(s.base_lr > 0) || !std::isfinite(s.base_lr))
+    return invalid_argument(def.name, ": attribute 'base_lr' = ", s.base_lr,
+                            " must be a finite number > 0");
+  RETURN_IF_ERROR(expect_at_least(node, def, "min_lr", 0));
+  if (s.min_lr > s.base_lr)
+    return invalid_argument(def.name, ": attribute 'min_lr' = ", s.min_lr,
+                            " is more than 'base_lr' = ", s.base_lr);
   if (s.warmup < 0)
     return invalid_argument(def.name, ": attribute 'warmup_steps' = ", s.warmup, " is negative");
+  if (s.total < 0)
+    return invalid_argument(def.name, ": attribute 'total_steps' = ", s.total, " is negative");
   if (s.cosine && s.total <= s.warmup)
     return invalid_argument(def.name, ": schedule \"cosine\" needs total_steps (", s.total,
                             ") > warmup_steps (", s.warmup, ")");

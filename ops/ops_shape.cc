@@ -668,15 +668,29 @@ Result<TypeList> infer_constant(const Node &node, const OpDef &def, llvm::ArrayR
   Result<int64_t> count = checked_num_elements(shape);
   if (!count.is_ok())
     return std::move(count).take_status().with_context(str_cat(def.name, ": attribute 'shape'"));
-  size_t values = attrs.get_floats("value").size();
-  if (values != 1 && static_cast<int64_t>(values) != *count)
-    return invalid_argument(def.name, ": attribute 'value' has ", values,
+  const std::vector<double> values = attrs.get_floats("value");
+  if (values.size() != 1 && static_cast<int64_t>(values.size()) != *count)
+    return invalid_argument(def.name, ": attribute 'value' has ", values.size(),
                             " elements; expected 1 (a fill) or ", *count, " for shape ",
                             shape_to_string(shape));
+  // An integer is each value truncated toward zero: NaN, infinity and values
+  // beyond the dtype have none (the kernel would write 0 or the dtype's limit).
+  if (is_integer(*dtype))
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double v = values[i];
+      const bool fits = *dtype == DType::kI32
+                            ? v > -2147483649.0 && v < 2147483648.0
+                            : v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+      if (!fits) // NaN fails every comparison
+        return invalid_argument(def.name, ": attribute 'value'[", i, "] = ", v, " has no ",
+                                dtype_name(*dtype), " value (",
+                                std::isfinite(v) ? "out of range" : "not finite", ")");
+    }
   return one(*dtype, std::move(shape));
 }
 
-// Truncates toward zero, saturating at I's range; NaN gives 0.
+// Truncates toward zero, saturating at I's range; NaN gives 0 (shape
+// inference refuses both in a Constant of integers).
 template <typename I> I double_to_int(double v) {
   if (std::isnan(v)) return 0;
   constexpr double kLimit = static_cast<double>(uint64_t{1} << (sizeof(I) * 8 - 1));

@@ -82,23 +82,37 @@ Status validate(const OptimizerSpec &spec) {
   auto bad = [&](auto &&...parts) {
     return invalid_argument("optimizer '", name, "': ", parts...);
   };
+  // A finite value of at least 0 (NaN fails the comparison).
+  auto non_negative = [](double value) { return value >= 0 && std::isfinite(value); };
   if (!(spec.lr > 0) || !std::isfinite(spec.lr))
     return bad("lr must be positive, got ", format_double(spec.lr));
-  if (!(spec.momentum >= 0)) return bad("momentum must be >= 0, got ", spec.momentum);
+  if (!non_negative(spec.momentum))
+    return bad("momentum must be >= 0, got ", format_double(spec.momentum));
   if (spec.nesterov && spec.momentum <= 0) return bad("nesterov needs momentum > 0");
   if (spec.kind != Kind::kSgd && (spec.momentum != 0 || spec.nesterov))
     return bad("momentum and nesterov apply only to sgd");
-  if (!(spec.weight_decay >= 0)) return bad("wd must be >= 0, got ", spec.weight_decay);
-  if (!(spec.beta1 >= 0 && spec.beta1 < 1)) return bad("beta1 must be in [0, 1), got ", spec.beta1);
-  if (!(spec.beta2 >= 0 && spec.beta2 < 1)) return bad("beta2 must be in [0, 1), got ", spec.beta2);
-  if (!(spec.epsilon >= 0)) return bad("eps must be >= 0, got ", spec.epsilon);
+  if (!non_negative(spec.weight_decay))
+    return bad("wd must be >= 0, got ", format_double(spec.weight_decay));
+  if (!(spec.beta1 >= 0 && spec.beta1 < 1))
+    return bad("beta1 must be in [0, 1), got ", format_double(spec.beta1));
+  if (!(spec.beta2 >= 0 && spec.beta2 < 1))
+    return bad("beta2 must be in [0, 1), got ", format_double(spec.beta2));
+  // Adam divides by sqrt(v) + eps, and v is 0 until a gradient reaches it.
+  if (!(spec.epsilon > 0) || !std::isfinite(spec.epsilon))
+    return bad("eps must be positive, got ", format_double(spec.epsilon));
   if (spec.warmup_steps < 0) return bad("warmup must be >= 0, got ", spec.warmup_steps);
   if (spec.total_steps < 0) return bad("total must be >= 0, got ", spec.total_steps);
   if (spec.schedule == OptimizerSpec::Schedule::kCosine && spec.total_steps <= spec.warmup_steps)
     return bad("schedule=cosine needs total (", spec.total_steps, ") > warmup (", spec.warmup_steps,
                ")");
-  if (!(spec.min_lr >= 0)) return bad("min_lr must be >= 0, got ", spec.min_lr);
-  if (!(spec.clip_norm >= 0)) return bad("clip must be >= 0, got ", spec.clip_norm);
+  if (!non_negative(spec.min_lr))
+    return bad("min_lr must be >= 0, got ", format_double(spec.min_lr));
+  // The schedule decays from lr down to min_lr.
+  if (spec.min_lr > spec.lr)
+    return bad("min_lr must be at most lr, got min_lr=", format_double(spec.min_lr),
+               " and lr=", format_double(spec.lr));
+  if (!non_negative(spec.clip_norm))
+    return bad("clip must be >= 0, got ", format_double(spec.clip_norm));
   return Status::ok();
 }
 

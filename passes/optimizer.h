@@ -51,7 +51,9 @@ struct OptimizerSpec {
 
 // Parses "NAME[:key=value,...]" where NAME is sgd, adam or adamw and keys are
 // lr, momentum, nesterov (0/1), wd, beta1, beta2, eps, schedule (constant,
-// cosine), warmup, total, min_lr, clip. An error names the bad key or value.
+// cosine), warmup, total, min_lr, clip. Values are finite, with lr and eps
+// > 0, momentum, wd, min_lr and clip >= 0, min_lr <= lr and the betas in
+// [0, 1). An error names the bad key or value.
 Result<OptimizerSpec> parse_optimizer(std::string_view text);
 
 // Appends the optimizer step for `gradients` to `graph` (see the file comment).

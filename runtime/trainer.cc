@@ -203,7 +203,9 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
   ProcessGroup *processes = executor_->processes();
   if (processes == nullptr || processes->size() == 1) {
     std::map<std::string, HostTensor> tensors = state();
-    RETURN_IF_ERROR(executor_->read_status().with_context("reading the weights to checkpoint"));
+    RETURN_IF_ERROR(executor_->read_status().with_context(
+        str_cat("checkpoint ", dir, " at step ", step_,
+                " was not saved (the previous one stays): reading the weights")));
     ASSIGN_OR_RETURN(serialization::CheckpointFile file,
                      serialization::write_checkpoint_file(
                          dir, serialization::checkpoint_file_name(step_, 0, 1), tensors));

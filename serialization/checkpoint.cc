@@ -6,7 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -75,6 +80,96 @@ void remove_replaced_files(const std::string &dir, const std::vector<std::string
     const fs::path path = fs::path(dir) / name;
     if (!fs::is_directory(fs::symlink_status(path, error))) fs::remove(path, error);
   }
+}
+
+// What is wrong with the data files `names` (in the manifest's order) of a
+// checkpoint of `step` written by `ranks` processes, judged by their names,
+// or empty when nothing is: a name checkpoint_file_name gives must be of that
+// step and rank count, no rank may have two files, and when any file has
+// such a name, or there are several ranks, every rank must have one. Other
+// names (a version 1 folder's model.safetensors) say nothing about either.
+std::string mismatched_names(int64_t step, int ranks, const std::vector<std::string> &names) {
+  std::map<int, size_t> file_of_rank;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::optional<CheckpointDataName> parts = parse_checkpoint_data_name(names[i]);
+    if (!parts) continue;
+    const std::string file = str_cat("files[", i, "] is ", names[i]);
+    if (parts->step != step) return str_cat(file, ", a file of step ", parts->step);
+    if (parts->ranks != ranks)
+      return str_cat(file, ", a file of ", parts->ranks, parts->ranks == 1 ? " rank" : " ranks");
+    if (parts->rank >= parts->ranks)
+      return str_cat(file, ", of rank ", parts->rank, " of only ", parts->ranks);
+    auto [earlier, fresh] = file_of_rank.emplace(parts->rank, i);
+    if (!fresh)
+      return str_cat("files[", earlier->second, "] and files[", i, "] are both rank ", parts->rank,
+                     "'s file");
+  }
+  if (file_of_rank.empty() && ranks == 1) return "";
+  for (int rank = 0; rank < ranks; ++rank)
+    if (!file_of_rank.contains(rank))
+      return str_cat("no file of rank ", rank, " (", checkpoint_file_name(step, rank, ranks),
+                     ") is listed");
+  return "";
+}
+
+// Why `file` is not in `dir` as its writer left it (present, a regular file
+// of `file.size` bytes, readable to its end), or empty when it is.
+std::string absent_file(const std::string &dir, const CheckpointFile &file) {
+  const std::string path = (fs::path(dir) / file.name).string();
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int cause = errno;
+    if (cause == ENOENT) return "is missing";
+    return str_cat("cannot be opened: ", errno_text(cause));
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) return str_cat("cannot be examined: ", errno_text(errno));
+  if (!S_ISREG(info.st_mode)) return "is not a regular file";
+  const auto size = static_cast<uint64_t>(info.st_size);
+  if (size != file.size)
+    return str_cat("has ", size, " bytes here, not the ", file.size, " written");
+  if (size == 0) return "";
+  char last = 0;
+  ssize_t got = 0;
+  do {
+    got = ::pread(fd.get(), &last, 1, static_cast<off_t>(size - 1));
+  } while (got < 0 && errno == EINTR);
+  if (got != 1)
+    return str_cat("cannot be read: ", got < 0 ? errno_text(errno) : std::string("it ends early"));
+  return "";
+}
+
+// Refuses a commit of `files` that would leave a manifest read_checkpoint
+// refuses: names it may not list or that do not fit `step` and `ranks`, and
+// files not in `dir` as their writers left them. The error names every such
+// file and, for a save of several ranks, the rank that wrote it.
+Status check_commit(const std::string &dir, int64_t step, int ranks,
+                    const std::vector<CheckpointFile> &files) {
+  std::vector<std::string> names;
+  for (const CheckpointFile &file : files) {
+    if (!is_plain_data_name(file.name))
+      return invalid_argument(dir, ": cannot commit '", file.name,
+                              "': a manifest lists .safetensors files in the checkpoint folder");
+    names.push_back(file.name);
+  }
+  if (const std::string mismatch = mismatched_names(step, ranks, names); !mismatch.empty())
+    return invalid_argument(dir, ": cannot commit a checkpoint of step ", step, " by ", ranks,
+                            ranks == 1 ? " rank: " : " ranks: ", mismatch);
+  std::string problems;
+  for (const CheckpointFile &file : files) {
+    const std::string problem = absent_file(dir, file);
+    if (problem.empty()) continue;
+    const std::optional<CheckpointDataName> parts = parse_checkpoint_data_name(file.name);
+    const std::string writer =
+        parts && parts->ranks > 1 ? str_cat("rank ", parts->rank, "'s ") : std::string();
+    problems += str_cat(problems.empty() ? "" : "; ", writer, file.name, " ", problem);
+  }
+  if (problems.empty()) return Status::ok();
+  return failed_precondition(
+      dir, ": the manifest would list files this folder lacks as written: ", problems,
+      ranks > 1 ? " (no shared filesystem? every rank saves its file into this folder, and "
+                  "rank 0, which commits, must find them all here)"
+                : "");
 }
 
 // A temporary file that strata's own writes leave in a checkpoint folder
@@ -159,7 +254,7 @@ Result<CheckpointLock> CheckpointLock::acquire(const std::string &dir) {
     const int cause = errno;
     if (cause != EWOULDBLOCK) return io_error(path, ": cannot lock: ", errno_text(cause));
     const std::string holder = lock_holder(fd->get());
-    return failed_precondition("checkpoint folder ", dir, " is in use by another strata run (",
+    return failed_precondition(dir, ": the checkpoint folder is in use by another strata run (",
                                holder.empty() ? std::string("its pid not yet recorded") : holder,
                                "; it holds ", path,
                                "); wait for that run to end, or save to another folder");
@@ -190,6 +285,30 @@ bool is_checkpoint_data_name(std::string_view name) {
          is_digits(middle.substr(of_at + 3));
 }
 
+std::optional<CheckpointDataName> parse_checkpoint_data_name(std::string_view name) {
+  if (!is_checkpoint_data_name(name)) return std::nullopt;
+  constexpr std::string_view prefix = "model-step", suffix = ".safetensors";
+  const std::string_view middle =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  auto number = [](std::string_view text, auto &out) {
+    const char *end = text.data() + text.size();
+    auto [stop, error] = std::from_chars(text.data(), end, out);
+    return error == std::errc() && stop == end;
+  };
+  CheckpointDataName parts;
+  const size_t rank_at = middle.find("-rank");
+  if (rank_at == std::string_view::npos) {
+    if (!number(middle, parts.step)) return std::nullopt;
+    return parts;
+  }
+  const size_t of_at = middle.find("-of", rank_at);
+  if (!number(middle.substr(0, rank_at), parts.step) ||
+      !number(middle.substr(rank_at + 5, of_at - rank_at - 5), parts.rank) ||
+      !number(middle.substr(of_at + 3), parts.ranks))
+    return std::nullopt;
+  return parts;
+}
+
 std::string checkpoint_file_name(int64_t step, int rank, int ranks) {
   if (ranks <= 1) return str_cat("model-step", step, ".safetensors");
   return str_cat("model-step", step, "-rank", rank, "-of", ranks, ".safetensors");
@@ -209,6 +328,7 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
 
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
                          int ranks, const std::vector<CheckpointFile> &files) {
+  RETURN_IF_ERROR(check_commit(dir, step, ranks, files));
   nlohmann::ordered_json manifest;
   manifest["format"] = "strata-checkpoint";
   manifest["format_version"] = kCheckpointFormatVersion;
@@ -276,12 +396,14 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
         "; resume with the plan that wrote it (same model and options)");
 
   const nlohmann::json *ranks = field("ranks");
-  if (ranks != nullptr && (!ranks->is_number_integer() || ranks->get<int64_t>() < 1))
+  if (ranks != nullptr && (!ranks->is_number_integer() || ranks->get<int64_t>() < 1 ||
+                           ranks->get<int64_t>() > std::numeric_limits<int>::max()))
     return invalid_argument(manifest_path, ": field ranks is not a positive count");
   checkpoint.ranks = ranks ? static_cast<int>(ranks->get<int64_t>()) : 1;
   const nlohmann::json *files = field("files");
   if (files == nullptr || !files->is_array() || files->empty())
     return invalid_argument(manifest_path, ": field files is missing, empty or not a list");
+  std::vector<std::string> names;
   for (size_t i = 0; i < files->size(); ++i) {
     const nlohmann::json &entry = (*files)[i];
     std::string where = str_cat(manifest_path, ": field files[", i, "]");
@@ -293,6 +415,16 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
     if (!is_plain_data_name(name))
       return invalid_argument(where, ".name is '", name,
                               "'; expected a .safetensors file name in the checkpoint folder");
+    names.push_back(std::move(name));
+  }
+  // Before any file is read: the names must fit the step and the ranks.
+  if (const std::string mismatch = mismatched_names(checkpoint.step, checkpoint.ranks, names);
+      !mismatch.empty())
+    return invalid_argument(manifest_path, ": field files does not fit fields step (",
+                            checkpoint.step, ") and ranks (", checkpoint.ranks, "): ", mismatch);
+  for (size_t i = 0; i < files->size(); ++i) {
+    const nlohmann::json &entry = (*files)[i];
+    const std::string &name = names[i];
     std::string path = (fs::path(dir) / name).string();
     if (!fs::exists(path, error))
       return not_found(path, ": missing (listed in ", manifest_path, ")");

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,17 @@ std::string checkpoint_file_name(int64_t step, int rank, int ranks);
 // True for exactly the names checkpoint_file_name gives.
 bool is_checkpoint_data_name(std::string_view name);
 
+// What a data file's name says about it: the step of the save and the rank
+// of how many that wrote it (rank 0 of 1 for "model-step5.safetensors").
+struct CheckpointDataName {
+  int64_t step = 0;
+  int rank = 0;
+  int ranks = 1;
+};
+// The parts of a name checkpoint_file_name gives; nullopt for any other name
+// and for numbers too large for their fields.
+std::optional<CheckpointDataName> parse_checkpoint_data_name(std::string_view name);
+
 // Writes `tensors` durably into `dir`/`name` (`dir` is created if missing) and
 // returns its manifest entry, checksummed from what is on disk.
 Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::string &name,
@@ -64,7 +76,13 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
 // Replaces the manifest (atomically) with one listing `files`, then removes
 // the files the replaced manifest listed and unlisted files named as
 // checkpoint_file_name names them (saves that never committed); every other
-// file in `dir` stays.
+// file in `dir` stays. Before anything changes, refuses `files` that
+// read_checkpoint would refuse by name (a path, a file of another step or
+// rank count, a rank twice or none) and files that are not in `dir` as they
+// were written: missing, of another size or unreadable. With MPI each rank
+// writes its own file and rank 0 commits, so ranks that do not share a
+// filesystem (or were given different folders) each wrote into a folder of
+// their own; the error names each such file and the rank that wrote it.
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
                          int ranks, const std::vector<CheckpointFile> &files);
 
@@ -97,8 +115,10 @@ private:
 };
 
 // Reads and verifies the checkpoint in `dir`: manifest format, fingerprint
-// (must equal `expected_fingerprint` unless that is empty), each file's size and
-// checksum, then the tensors. Errors name the file and field or tensor.
+// (must equal `expected_fingerprint` unless that is empty), that the files
+// it lists under checkpoint_file_name's names are of its step and rank count
+// (every rank once), each file's size and checksum, then the tensors. Errors
+// name the file and field or tensor.
 Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint);
 
 } // namespace strata::serialization

@@ -87,6 +87,22 @@ double element_of(const HostTensor &t, int64_t i) {
 
 double scalar_of(const HostTensor &t) { return element_of(t, 0); }
 
+// An error naming `name` unless every element of the floating tensor `t` has
+// a value of the integer dtype `to`, truncated toward zero: NaN, infinity and
+// values beyond `to` have none (the Cast kernel would write 0 or a limit).
+Status check_integer_values(const HostTensor &t, const std::string &name, DType to) {
+  const int64_t n = t.type.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = element_of(t, i);
+    const bool fits = to == DType::kI32 ? v > -2147483649.0 && v < 2147483648.0
+                                        : v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+    if (!fits) // NaN fails every comparison
+      return invalid_argument("Cast of the constant '", name, "' to ", dtype_name(to), ": element ",
+                              i, " is ", v, ", which has no ", dtype_name(to), " value");
+  }
+  return Status::ok();
+}
+
 HostTensor i64_tensor(const std::vector<int64_t> &values, bool scalar = false) {
   Shape shape;
   if (!scalar) shape.push_back(static_cast<int64_t>(values.size()));
@@ -143,10 +159,14 @@ public:
                                   " output(s) lacks one the op needs (see the ONNX operator's "
                                   "inputs and outputs)");
       }
-      if (!status.is_ok())
-        return status.with_context(str_cat(file_, ": node '", label(*node), "'"));
-      if (!builder_.status().is_ok())
-        return builder_.status().with_context(str_cat(file_, ": node '", label(*node), "'"));
+      if (status.is_ok()) status = builder_.status();
+      if (!status.is_ok()) {
+        // The builder's errors begin with the node already: "node 'bn'
+        // (BatchNormalization): ...".
+        const std::string where = str_cat("node '", label(*node), "'");
+        if (status.message().starts_with(where + " (")) return status.with_context(file_);
+        return status.with_context(str_cat(file_, ": ", where));
+      }
     }
     std::set<std::string> output_names;
     for (const onnx::ValueInfoProto &output : graph.output()) {
@@ -702,7 +722,7 @@ private:
     const bool all_known = std::all_of(inputs.begin(), inputs.end(), [&](const std::string &in) {
       return known(in) != nullptr && !is_weight(in);
     });
-    if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs);
+    if (all_known && op != "Dropout") return fold(op, inputs, std::move(attrs), outputs, node_name);
     std::vector<TensorId> ids;
     for (const std::string &in : inputs) {
       ASSIGN_OR_RETURN(TensorId id, value(in));
@@ -718,7 +738,7 @@ private:
   }
 
   Status fold(std::string_view op, const std::vector<std::string> &inputs, Attrs attrs,
-              const std::vector<std::string> &outputs) {
+              const std::vector<std::string> &outputs, const std::string &node_name) {
     const ops::OpRegistry &registry = ops::OpRegistry::global();
     GraphBuilder scratch("fold", registry);
     std::vector<TensorId> ids;
@@ -727,7 +747,7 @@ private:
       ids.push_back(scratch.constant(str_cat("c", ids.size()), k.type.dtype, k.type.shape,
                                      Blob::copy_of(k.data(), k.size_bytes())));
     }
-    auto outs = scratch.op(op, ids, std::move(attrs));
+    auto outs = scratch.op(op, ids, std::move(attrs), node_name);
     RETURN_IF_ERROR(scratch.status());
     const Graph &g = scratch.graph();
     const Node &node = g.node(g.num_nodes() - 1);
@@ -883,6 +903,11 @@ private:
     if (op == "Clip") return convert_clip(n, ins, outs);
     if (op == "Cast") {
       ASSIGN_OR_RETURN(DType to, dtype_of(static_cast<int32_t>(attr_int(n, "to", 0)), "its 'to'"));
+      // A constant is cast here, at import: to integers only if it has them.
+      const HostTensor *value = known(ins.at(0));
+      if (value != nullptr && !is_weight(ins.at(0)) && is_integer(to) &&
+          is_floating(value->type.dtype))
+        RETURN_IF_ERROR(check_integer_values(*value, ins.at(0), to));
       return one("Cast", {ins.at(0)}, {{"to", std::string(dtype_name(to))}});
     }
     if (op == "Dropout") {

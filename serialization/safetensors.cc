@@ -1,7 +1,10 @@
 #include "serialization/safetensors.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -152,28 +155,14 @@ Result<OpenedFile> open_safetensors(const std::string &path) {
   return opened;
 }
 
-} // namespace
-
-Result<HostTensor> read_safetensors_tensor(const std::string &path, std::string_view key,
-                                           const TensorType &expected) {
-  ASSIGN_OR_RETURN(auto opened, open_safetensors(path));
-  auto it = opened.header.find(std::string(key));
-  if (key == "__metadata__" || it == opened.header.end())
-    return not_found(path, ": no tensor '", key, "'");
-  auto entry = parse_entry(std::string(key), *it, opened.data_size);
-  if (!entry.is_ok()) return entry.status().with_context(path);
-  if (!(entry->type == expected))
-    return invalid_argument(path, ": tensor '", key, "' is stored as ", entry->type.to_string(),
-                            " but ", expected.to_string(), " is expected");
-  HostTensor tensor = HostTensor::zeros(entry->type);
-  RETURN_IF_ERROR(read_exactly(opened.file->get(), path, tensor.data(), entry->end - entry->begin,
-                               opened.data_start + entry->begin));
-  return tensor;
-}
-
-Result<std::map<std::string, HostTensor>> read_safetensors(const std::string &path) {
-  ASSIGN_OR_RETURN(auto opened, open_safetensors(path));
-  std::map<std::string, HostTensor> tensors;
+// Every tensor's entry, checked against the data section, which the entries
+// must cover exactly, as the format requires: in offset order each tensor
+// starts where the one before it ends, and the last ends at the end of the
+// file. A byte no tensor owns means the file is not what its header says (a
+// header length off by one, bytes appended or left between tensors).
+Result<std::map<std::string, Entry>> parse_entries(const std::string &path,
+                                                   const OpenedFile &opened) {
+  std::map<std::string, Entry> entries;
   for (const auto &[name, value] : opened.header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) return invalid_argument(path, ": __metadata__ is not an object");
@@ -181,9 +170,64 @@ Result<std::map<std::string, HostTensor>> read_safetensors(const std::string &pa
     }
     auto entry = parse_entry(name, value, opened.data_size);
     if (!entry.is_ok()) return entry.status().with_context(path);
-    HostTensor tensor = HostTensor::zeros(entry->type);
-    RETURN_IF_ERROR(read_exactly(opened.file->get(), path, tensor.data(), entry->end - entry->begin,
-                                 opened.data_start + entry->begin));
+    entries.emplace(name, *entry);
+  }
+  std::vector<std::pair<const std::string *, const Entry *>> by_offset;
+  for (const auto &[name, entry] : entries)
+    by_offset.emplace_back(&name, &entry);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto &a, const auto &b) {
+    return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+  });
+  auto uncovered = [&](uint64_t begin, uint64_t end, std::string_view where) {
+    return data_loss(path, ": data bytes [", begin, ", ", end, ") (file offsets [",
+                     opened.data_start + begin, ", ", opened.data_start + end,
+                     ")) belong to no tensor ", where,
+                     "; the tensors' data_offsets must cover the data section exactly");
+  };
+  uint64_t covered = 0;
+  const std::string *previous = nullptr;
+  for (const auto &[name, entry] : by_offset) {
+    if (entry->begin > covered)
+      return uncovered(covered, entry->begin, str_cat("(before tensor '", *name, "')"));
+    if (entry->begin < covered)
+      return invalid_argument(path, ": tensor '", *name, "' at data_offsets [", entry->begin, ", ",
+                              entry->end, "] overlaps tensor '", *previous, "', which ends at ",
+                              covered);
+    covered = entry->end;
+    previous = name;
+  }
+  if (covered != opened.data_size)
+    return uncovered(covered, opened.data_size,
+                     "(after the last tensor: a wrong header length, or bytes appended?)");
+  return entries;
+}
+
+} // namespace
+
+Result<HostTensor> read_safetensors_tensor(const std::string &path, std::string_view key,
+                                           const TensorType &expected) {
+  ASSIGN_OR_RETURN(auto opened, open_safetensors(path));
+  ASSIGN_OR_RETURN(auto entries, parse_entries(path, opened));
+  auto it = entries.find(std::string(key));
+  if (it == entries.end()) return not_found(path, ": no tensor '", key, "'");
+  const Entry &entry = it->second;
+  if (!(entry.type == expected))
+    return invalid_argument(path, ": tensor '", key, "' is stored as ", entry.type.to_string(),
+                            " but ", expected.to_string(), " is expected");
+  HostTensor tensor = HostTensor::zeros(entry.type);
+  RETURN_IF_ERROR(read_exactly(opened.file->get(), path, tensor.data(), entry.end - entry.begin,
+                               opened.data_start + entry.begin));
+  return tensor;
+}
+
+Result<std::map<std::string, HostTensor>> read_safetensors(const std::string &path) {
+  ASSIGN_OR_RETURN(auto opened, open_safetensors(path));
+  ASSIGN_OR_RETURN(auto entries, parse_entries(path, opened));
+  std::map<std::string, HostTensor> tensors;
+  for (const auto &[name, entry] : entries) {
+    HostTensor tensor = HostTensor::zeros(entry.type);
+    RETURN_IF_ERROR(read_exactly(opened.file->get(), path, tensor.data(), entry.end - entry.begin,
+                                 opened.data_start + entry.begin));
     tensors.emplace(name, std::move(tensor));
   }
   return tensors;

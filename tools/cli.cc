@@ -37,6 +37,13 @@ CLI::Validator at_least(int64_t low) {
       [low](std::string &text) -> std::string {
         int64_t value = 0;
         if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not an integer";
+        // CLI11 reads a number beyond int64 as the nearest int64, silently.
+        int64_t exact = 0;
+        const char *begin = text.data() + (text.starts_with('+') ? 1 : 0);
+        if (std::from_chars(begin, text.data() + text.size(), exact).ec ==
+            std::errc::result_out_of_range)
+          return str_cat("'", text, "' is not an integer from ", low, " to ",
+                         std::numeric_limits<int64_t>::max());
         if (value < low) return str_cat("must be at least ", low, ", got ", value);
         return "";
       },

@@ -481,7 +481,7 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
       ->type_name("DIR");
   sub->add_option("--checkpoint-every", args.checkpoint_every,
                   "training plan: also save every K steps (needs --checkpoint)")
-      ->check(at_least(0))
+      ->check(CLI::Range(int64_t{0}, kMaxSteps))
       ->capture_default_str();
   sub->add_option("--resume", args.resume,
                   "training plan: continue from this checkpoint (same plan fingerprint)")

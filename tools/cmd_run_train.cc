@@ -42,14 +42,18 @@ using serialization::Plan;
 // with kind error|stall|kill|exit|stop (the device does it on reaching that
 // instruction of that step; "stall:...:<ms>" sleeps that long, not an hour: a
 // slow device when it is under --timeout), "nostart:<rank>" (that rank never
-// joins) or
+// joins),
 // "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file of that
-// step is written, before the commit).
+// step is written, before the commit) or "ckptlose:<rank>:<step>" (that file
+// is removed once written, as if the rank had saved it on a filesystem of its
+// own).
 struct EnvFault {
   std::optional<runtime::PipelineRunnerOptions::Fault> fault;
   int nostart_rank = -1;
   int ckpt_kill_rank = -1;
   int64_t ckpt_kill_step = -1;
+  int ckpt_lose_rank = -1;
+  int64_t ckpt_lose_step = -1;
 };
 
 Result<EnvFault> fault_from_env() {
@@ -73,10 +77,11 @@ Result<EnvFault> fault_from_env() {
     auto [end, error] = std::from_chars(p.data(), p.data() + p.size(), value);
     return error == std::errc() && end == p.data() + p.size() ? value : -1;
   };
-  const std::string usage =
-      str_cat("STRATA_FAULT='", text,
-              "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, "
-              "stall:<device>:<step>:<instruction>:<ms>, nostart:<rank> or ckptkill:<rank>:<step>");
+  const std::string usage = str_cat(
+      "STRATA_FAULT='", text,
+      "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, "
+      "stall:<device>:<step>:<instruction>:<ms>, nostart:<rank>, ckptkill:<rank>:<step> or "
+      "ckptlose:<rank>:<step>");
   if (parts.size() == 2 && parts[0] == "nostart" && number(1) >= 0) {
     result.nostart_rank = static_cast<int>(number(1));
     return result;
@@ -84,6 +89,11 @@ Result<EnvFault> fault_from_env() {
   if (parts.size() == 3 && parts[0] == "ckptkill" && number(1) >= 0 && number(2) >= 1) {
     result.ckpt_kill_rank = static_cast<int>(number(1));
     result.ckpt_kill_step = number(2);
+    return result;
+  }
+  if (parts.size() == 3 && parts[0] == "ckptlose" && number(1) >= 0 && number(2) >= 1) {
+    result.ckpt_lose_rank = static_cast<int>(number(1));
+    result.ckpt_lose_step = number(2);
     return result;
   }
   using Kind = runtime::PipelineRunnerOptions::Fault::Kind;
@@ -291,14 +301,23 @@ Result<runtime::Dataset> training_data(const RunArgs &args, const Plan &plan) {
 }
 
 // The plan's fingerprint, which checkpoints carry, and STRATA_FAULT's
-// ckptkill where it names this rank.
-runtime::TrainerOptions trainer_options(const Plan &plan, const EnvFault &fault, int rank) {
+// ckptkill or ckptlose where it names this rank (of `ranks`).
+runtime::TrainerOptions trainer_options(const RunArgs &args, const Plan &plan,
+                                        const EnvFault &fault, int rank, int ranks) {
   runtime::TrainerOptions options;
   options.fingerprint = plan.fingerprint;
   if (fault.ckpt_kill_rank == rank) {
     const int64_t at = fault.ckpt_kill_step;
     options.checkpoint_file_written = [at](int64_t step) {
       if (step == at) raise(SIGKILL);
+    };
+  } else if (fault.ckpt_lose_rank == rank) {
+    const int64_t at = fault.ckpt_lose_step;
+    const std::string file =
+        (fs::path(args.checkpoint) / serialization::checkpoint_file_name(at, rank, ranks)).string();
+    options.checkpoint_file_written = [at, file](int64_t step) {
+      std::error_code error;
+      if (step == at) fs::remove(file, error);
     };
   }
   return options;
@@ -515,8 +534,9 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(plan, runner_options));
   runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it
-  auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data),
-                                          trainer_options(plan, fault, rank));
+  auto created =
+      runtime::Trainer::create(std::move(runner), plan.loss, std::move(data),
+                               trainer_options(args, plan, fault, rank, world ? world->size() : 1));
   if (!created.is_ok()) return created.status().with_context(args.model);
   runtime::Trainer &trainer = **created;
 

@@ -2,6 +2,9 @@
 // the builder, the verifier and the printers. Ops come from a tiny resolver so
 // this suite depends on nothing but graph/.
 #include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -173,6 +176,67 @@ TEST(VerifierTest, ParameterNeedsExactlyOneValueSource) {
       << s.message();
   g.mutable_tensor(w).initializer = {Initializer::Kind::kNormal, 0.0, 0.02, 7};
   EXPECT_TRUE(verify_graph(g, resolver).is_ok());
+}
+
+// An initializer must make values of its tensor's dtype: a NaN or negative
+// stddev, reversed or infinite uniform bounds, a random initializer of an
+// integer tensor and a constant an integer cannot hold are refused by the
+// verifier, naming the tensor, the initializer and the value, instead of
+// filling NaNs or failing only when the weights are first drawn.
+TEST(VerifierTest, InitializersMustMakeValuesOfTheirDtype) {
+  TinyResolver resolver;
+  GraphBuilder b("g", resolver);
+  TensorId w = b.parameter("w", DType::kF32, {4}, Initializer{Initializer::Kind::kOnes});
+  TensorId k = b.parameter("k", DType::kI64, {2}, Initializer{Initializer::Kind::kOnes});
+  b.output(b.op1("Copy", {w}));
+  b.output(b.op1("Copy", {k}));
+  Graph g = std::move(b).finish().value();
+  ASSERT_TRUE(verify_graph(g, resolver).is_ok());
+  using Kind = Initializer::Kind;
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const struct {
+    TensorId id;
+    Initializer init;
+    std::string cause;
+  } cases[] = {
+      {w,
+       {Kind::kNormal, 0.0, nan, 1},
+       "tensor 'w' (f32[4]): initializer normal: stddev nan must be finite and at least 0"},
+      {w, {Kind::kNormal, 0.0, -0.02, 1}, "initializer normal: stddev -0.02 must be finite"},
+      {w, {Kind::kNormal, 0.0, inf, 1}, "initializer normal: stddev inf must be finite"},
+      {w, {Kind::kNormal, nan, 1.0, 1}, "initializer normal: mean nan is not finite"},
+      {w,
+       {Kind::kUniform, 1.0, -1.0, 1},
+       "tensor 'w' (f32[4]): initializer uniform: bounds [1, -1) are reversed (low 1 > high -1)"},
+      {w, {Kind::kUniform, -inf, 1.0, 1}, "initializer uniform: bounds [-inf, 1) must be finite"},
+      {k,
+       {Kind::kUniform, 0.0, 1.0, 1},
+       "tensor 'k' (i64[2]): initializer uniform: needs a floating dtype"},
+      {k, {Kind::kNormal, 0.0, 1.0, 1}, "initializer normal: needs a floating dtype"},
+      {k,
+       {Kind::kConstant, nan, 0.0, 0},
+       "tensor 'k' (i64[2]): initializer constant: value nan is not finite, so it has no i64 "
+       "value"},
+      {k, {Kind::kConstant, 1e19, 0.0, 0}, "initializer constant: value 1e+19 does not fit i64"},
+  };
+  for (const auto &c : cases) {
+    Graph bad = g;
+    bad.mutable_tensor(c.id).initializer = c.init;
+    Status s = verify_graph(bad, resolver);
+    EXPECT_NE(s.message().find(c.cause), std::string::npos) << c.cause << "\n" << s.message();
+  }
+  // The edges are values: a zero stddev, equal bounds, a float tensor's
+  // infinite constant, the most negative i64.
+  for (const auto &[id, init] : std::vector<std::pair<TensorId, Initializer>>{
+           {w, {Kind::kNormal, 0.0, 0.0, 1}},
+           {w, {Kind::kUniform, 2.0, 2.0, 1}},
+           {w, {Kind::kConstant, -inf, 0.0, 0}},
+           {k, {Kind::kConstant, -9223372036854775808.0, 0.0, 0}}}) {
+    Graph edge = g;
+    edge.mutable_tensor(id).initializer = init;
+    Status s = verify_graph(edge, resolver);
+    EXPECT_TRUE(s.is_ok()) << s.message();
+  }
 }
 
 // Names reach JSON reports and files unchanged, so the verifier refuses any

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "ops/kernels/cpu/conv.h"
 #include "ops/kernels/cpu/gemm.h"
@@ -477,6 +479,17 @@ TEST(Conv2d, InferenceErrors) {
   expect_error(
       infer("Conv2d", {TensorType{kF32, {4, 8, 8}}, TensorType{kF32, {2, 4, 3, 3}}}).status(),
       {"input 0", "rank 4", "f32[4, 8, 8]"});
+  // A kernel without taps (its output would be the bias alone).
+  for (const Shape &w : {Shape{2, 4, 0, 3}, Shape{2, 4, 3, 0}})
+    expect_error(infer("Conv2d", {x, TensorType{kF32, w}}).status(),
+                 {"Conv2d: input 1 (W) " + TensorType{kF32, w}.to_string() + " has a kernel of " +
+                      std::to_string(w[2]) + "x" + std::to_string(w[3]),
+                  "kH and kW must be at least 1"});
+  expect_error(infer("Conv2dGradInput",
+                     {TensorType{kF32, {1, 2, 9, 6}}, TensorType{kF32, {2, 4, 0, 3}}},
+                     {ints_attr("input_shape", {1, 4, 8, 8})})
+                   .status(),
+               {"Conv2dGradInput", "has a kernel of 0x3"});
 }
 
 // ---------------------------------------------------------------------------
@@ -777,6 +790,37 @@ TEST(BatchNormalization, MatchesReference) {
                       TensorType{kF32, {4}}, TensorType{kF32, {3}}})
                    .status(),
                {"input 3 (mean)", "f32[4]", "[3]"});
+}
+
+// The norms divide by sqrt(variance + epsilon), and a constant row or channel
+// has variance 0: an epsilon of 0 or less, NaN or infinity is refused when the
+// node is checked, naming the op, the attribute and the value.
+TEST(Norms, EpsilonMustBeAFinitePositiveNumber) {
+  const TensorType x{kF32, {2, 3}}, c{kF32, {3}};
+  const struct {
+    const char *op;
+    std::vector<TensorType> inputs;
+  } norms[] = {
+      {"LayerNorm", {x, c, c}},
+      {"LayerNormGrad", {x, x, c}},
+      {"BatchNormalization", {x, c, c, c, c}},
+      {"BatchNormalizationGrad", {x, x, c}},
+  };
+  for (const auto &norm : norms) {
+    auto fine = infer(norm.op, norm.inputs);
+    EXPECT_TRUE(fine.is_ok()) << norm.op << ": " << fine.status().message();
+    for (double eps : {0.0, -1e-5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+      const std::string value = str_cat(eps);
+      expect_error(infer(norm.op, norm.inputs, {float_attr("epsilon", eps)}).status(),
+                   {norm.op, "attribute 'epsilon' = " + value + " must be a finite number > 0"},
+                   str_cat(norm.op, " epsilon ", value));
+    }
+  }
+  expect_error(infer("BatchNormalization", {x, c, c, c, c}, {int_attr("training", 2)}).status(),
+               {"BatchNormalization", "attribute 'training' must be 0 or 1, got 2"});
+  expect_error(
+      infer("BatchNormalization", {x, c, c, c, c}, {float_attr("momentum", std::nan(""))}).status(),
+      {"BatchNormalization", "attribute 'momentum' = nan is outside [0, 1]"});
 }
 
 // Training mode on channels whose mean is large against their spread (the

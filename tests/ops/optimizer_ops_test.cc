@@ -2,7 +2,10 @@
 // feeding its outputs back as the next step's inputs, against a double-precision
 // reference that spells out PyTorch's update formulas.
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <string>
+#include <vector>
 
 #include "tests/ops/op_test_util.h"
 
@@ -256,6 +259,66 @@ TEST(AdamUpdateTest, RejectsBadInputs) {
   expect_error(infer("AdamUpdate", {p, p, p, p, lr, step}, {float_attr("beta2", 1.0)}).status(),
                {"AdamUpdate", "'beta2'"});
   expect_error(infer("AdamUpdate", {p, p, p, p, lr}).status(), {"AdamUpdate", "6", "5"});
+}
+
+// Hyperparameters outside their range are refused when the node is checked,
+// naming the op, the attribute and the value: an epsilon of 0 divides by zero
+// where a moment is 0, NaN and infinite rates poison every weight, and a flag
+// other than 0 or 1 would be read as 1 by one backend and refused by another.
+TEST(OptimizerOpsTest, RefuseHyperparametersOutsideTheirRange) {
+  const TensorType p{DType::kF32, {4}};
+  const TensorType lr{DType::kF32, {}};
+  const TensorType step{DType::kI64, {}};
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<TensorType> adam = {p, p, p, p, lr, step};
+  for (double eps : {0.0, -1e-8, nan, inf})
+    expect_error(
+        infer("AdamUpdate", adam, {float_attr("epsilon", eps)}).status(),
+        {"AdamUpdate: attribute 'epsilon' = " + str_cat(eps) + " must be a finite number > 0"});
+  expect_error(infer("AdamUpdate", adam, {float_attr("weight_decay", -0.1)}).status(),
+               {"AdamUpdate: attribute 'weight_decay' = -0.1 must be a finite number >= 0"});
+  expect_error(infer("AdamUpdate", adam, {float_attr("weight_decay", nan)}).status(),
+               {"AdamUpdate: attribute 'weight_decay' = nan"});
+  expect_error(infer("AdamUpdate", adam, {int_attr("decoupled", 2)}).status(),
+               {"AdamUpdate: attribute 'decoupled' = 2 must be 0 or 1"});
+
+  const std::vector<TensorType> sgd = {p, p, lr, p};
+  expect_error(infer("SgdUpdate", sgd, {float_attr("momentum", nan)}).status(),
+               {"SgdUpdate: attribute 'momentum' = nan must be a finite number >= 0"});
+  expect_error(infer("SgdUpdate", sgd, {float_attr("momentum", inf)}).status(),
+               {"SgdUpdate: attribute 'momentum' = inf"});
+  expect_error(infer("SgdUpdate", {p, p, lr}, {float_attr("weight_decay", -1)}).status(),
+               {"SgdUpdate: attribute 'weight_decay' = -1 must be a finite number >= 0"});
+  expect_error(
+      infer("SgdUpdate", sgd, {float_attr("momentum", 0.9), float_attr("dampening", nan)}).status(),
+      {"SgdUpdate: attribute 'dampening' = nan is not finite"});
+  expect_error(infer("SgdUpdate", {p, p, lr}, {int_attr("nesterov", -1)}).status(),
+               {"SgdUpdate: attribute 'nesterov' = -1 must be 0 or 1"});
+
+  for (double base : {0.0, -1.0, nan, inf})
+    expect_error(
+        infer("LearningRate", {step}, {float_attr("base_lr", base)}).status(),
+        {"LearningRate: attribute 'base_lr' = " + str_cat(base) + " must be a finite number > 0"});
+  expect_error(infer("LearningRate", {step},
+                     {float_attr("base_lr", 0.1), string_attr("schedule", "cosine"),
+                      int_attr("total_steps", 10), float_attr("min_lr", 0.5)})
+                   .status(),
+               {"LearningRate: attribute 'min_lr' = 0.5 is more than 'base_lr' = 0.1"});
+  expect_error(
+      infer("LearningRate", {step}, {float_attr("base_lr", 0.1), float_attr("min_lr", -0.01)})
+          .status(),
+      {"LearningRate: attribute 'min_lr' = -0.01 must be a finite number >= 0"});
+  expect_error(
+      infer("LearningRate", {step}, {float_attr("base_lr", 0.1), int_attr("total_steps", -5)})
+          .status(),
+      {"LearningRate: attribute 'total_steps' = -5 is negative"});
+  // The edges are in range.
+  EXPECT_TRUE(infer("LearningRate", {step},
+                    {float_attr("base_lr", 0.1), string_attr("schedule", "cosine"),
+                     int_attr("total_steps", 10), float_attr("min_lr", 0.1)})
+                  .is_ok());
+  EXPECT_TRUE(
+      infer("AdamUpdate", adam, {float_attr("beta1", 0.0), float_attr("epsilon", 1e-30)}).is_ok());
 }
 
 double lr_at(int64_t step, std::vector<Attribute> attrs) {

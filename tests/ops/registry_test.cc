@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "graph/verifier.h"
 #include "tests/ops/op_test_util.h"
 
 namespace strata::ops {
@@ -421,6 +422,28 @@ TEST(RegistryTest, CheckSchemaRejectsMalformedNodes) {
   EXPECT_TRUE(registry.check_schema(make_node("Clip", {int_attr("min", 0)}), 1).is_ok());
   EXPECT_TRUE(registry.check_schema(make_node("Concat", {int_attr("axis", 0)}), 64).is_ok());
   EXPECT_TRUE(registry.check_schema(make_node("Add"), 2).is_ok());
+}
+
+// An attribute out of its op's range fails the graph's verification, and
+// the builder's, naming the node, its op (once), the attribute and the value.
+TEST(RegistryTest, VerifierNamesTheNodeOfAnAttributeOutOfRange) {
+  const OpRegistry &registry = OpRegistry::global();
+  GraphBuilder b("g", registry);
+  TensorId x = b.input("x", DType::kF32, {2, 3});
+  TensorId scale = b.parameter("scale", DType::kF32, {3}, Initializer{Initializer::Kind::kOnes});
+  TensorId bias = b.parameter("bias", DType::kF32, {3}, Initializer{Initializer::Kind::kZeros});
+  b.output(b.op1("LayerNorm", {x, scale, bias}, {}, "ln"));
+  Graph g = std::move(b).finish().value();
+  ASSERT_TRUE(verify_graph(g, registry).is_ok());
+  g.mutable_node(*g.find_node("ln")).set_attr("epsilon", 0.0);
+  const std::string expected =
+      "node 'ln' (LayerNorm): attribute 'epsilon' = 0 must be a finite number > 0";
+  EXPECT_EQ(verify_graph(g, registry).message(), expected);
+  GraphBuilder again("g", registry);
+  TensorId y = again.input("y", DType::kF32, {2, 3});
+  TensorId ones = again.parameter("ones", DType::kF32, {3}, Initializer{Initializer::Kind::kOnes});
+  again.op1("LayerNorm", {y, ones, ones}, {{"epsilon", 0.0}}, "ln");
+  EXPECT_EQ(again.status().message(), expected);
 }
 
 TEST(RegistryTest, InferTypesChecksSchemaFirst) {

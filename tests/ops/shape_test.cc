@@ -2,8 +2,12 @@
 // bytes around every buffer (see op_test_util.h). Shape ops only move bytes, so
 // every comparison is exact.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -434,6 +438,45 @@ TEST(ShapeTest, ConstantWritesValuesInEveryDtype) {
       run_one("Constant", {},
               {string_attr("dtype", "i64"), ints_attr("shape", {2}), ints_attr("value", {7, -9})});
   EXPECT_EQ(from_ints.as<int64_t>()[1], -9);
+}
+
+// A Constant of integers holds each value truncated toward zero; NaN,
+// infinity and values beyond the dtype have no such value (the kernel would
+// write 0 or the dtype's limit) and are refused when the node is checked,
+// naming the element and the value. Floating and bool constants take them.
+TEST(ShapeTest, ConstantOfIntegersRefusesValuesWithoutOne) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const struct {
+    const char *dtype;
+    std::vector<double> values;
+    std::string cause;
+  } cases[] = {
+      {"i64", {1, nan}, "Constant: attribute 'value'[1] = nan has no i64 value (not finite)"},
+      {"i64", {nan}, "Constant: attribute 'value'[0] = nan has no i64 value (not finite)"},
+      {"i32", {-inf, 2}, "Constant: attribute 'value'[0] = -inf has no i32 value (not finite)"},
+      {"i32",
+       {2147483648.0, 0},
+       "attribute 'value'[0] = 2.14748e+09 has no i32 value (out of range)"},
+      {"i64", {0, 1e19}, "attribute 'value'[1] = 1e+19 has no i64 value (out of range)"},
+  };
+  for (const auto &c : cases)
+    expect_error(infer("Constant", {},
+                       {string_attr("dtype", c.dtype),
+                        ints_attr("shape", {static_cast<int64_t>(c.values.size())}),
+                        floats_attr("value", c.values)})
+                     .status(),
+                 {c.cause}, c.cause);
+  // The limits themselves, and NaN where the dtype has it.
+  for (const auto &[dtype, value] :
+       std::vector<std::pair<std::string, double>>{{"i32", 2147483647.9},
+                                                   {"i32", -2147483648.9},
+                                                   {"i64", -9223372036854775808.0},
+                                                   {"f32", nan},
+                                                   {"f16", -inf},
+                                                   {"bool", nan}}) {
+    auto ok = infer("Constant", {}, {string_attr("dtype", dtype), floats_attr("value", {value})});
+    EXPECT_TRUE(ok.is_ok()) << dtype << " " << value << ": " << ok.status().message();
+  }
 }
 
 TEST(ShapeTest, InferenceErrorsNameTheProblem) {

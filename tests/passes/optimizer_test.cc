@@ -3,6 +3,7 @@
 // training steps run by the CPU executor against PyTorch's numbers.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -89,6 +90,25 @@ TEST(ParseOptimizerTest, ErrorsNameTheKeyOrValue) {
   expect_error(parse_optimizer("adam:lr=0.1,").status(), {"trailing ','"});
   expect_error(parse_optimizer("adam:").status(), {"nothing after ':'"});
   expect_error(parse_optimizer("adam:clip=-1").status(), {"clip must be >= 0"});
+}
+
+// Values that would train on NaN or against the schedule are refused, naming
+// the option and the value: an eps of 0 divides by zero where a second
+// moment is still 0, and a cosine schedule cannot decay from lr up to a
+// larger min_lr.
+TEST(ParseOptimizerTest, RefusesValuesOutsideTheirRange) {
+  expect_error(parse_optimizer("adamw:eps=0").status(),
+               {"optimizer 'adamw': eps must be positive, got 0"});
+  expect_error(parse_optimizer("adam:eps=-1e-8").status(),
+               {"optimizer 'adam': eps must be positive, got -1e-08"});
+  expect_error(parse_optimizer("adam:lr=0.001,schedule=cosine,total=10,min_lr=0.01").status(),
+               {"optimizer 'adam': min_lr must be at most lr, got min_lr=0.01 and lr=0.001"});
+  expect_error(parse_optimizer("sgd:lr=0.1,min_lr=0.2").status(),
+               {"min_lr must be at most lr, got min_lr=0.2 and lr=0.1"});
+  expect_error(parse_optimizer("adamw:wd=-0.1").status(), {"wd must be >= 0, got -0.1"});
+  expect_error(parse_optimizer("adam:beta1=-0.5").status(), {"beta1 must be in [0, 1), got -0.5"});
+  expect_error(parse_optimizer("adam:eps=nan").status(), {"eps='nan' is not a number"});
+  EXPECT_TRUE(parse_optimizer("adam:lr=0.01,schedule=cosine,total=10,min_lr=0.01").is_ok());
 }
 
 // torch.optim's defaults: weight decay 0, but 0.01 for AdamW.
@@ -283,6 +303,35 @@ TEST(AppendOptimizerTest, FailureLeavesTheGraphUnchanged) {
     expect_error(append_optimizer(fed.graph, fed.gradients, adam), {"already has an optimizer"});
     EXPECT_EQ(size_of(fed.graph), before);
   }
+}
+
+// A spec built in code, not parsed, is checked as parse_optimizer checks
+// one: NaN and infinite values too, which the parser never reads.
+TEST(AppendOptimizerTest, RefusesSpecsOutsideTheirRange) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const struct {
+    double OptimizerSpec::*field;
+    double value;
+    const char *cause;
+  } edits[] = {
+      {&OptimizerSpec::lr, nan, "optimizer 'adam': lr must be positive, got nan"},
+      {&OptimizerSpec::epsilon, nan, "optimizer 'adam': eps must be positive, got nan"},
+      {&OptimizerSpec::epsilon, 0.0, "optimizer 'adam': eps must be positive, got 0"},
+      {&OptimizerSpec::epsilon, inf, "optimizer 'adam': eps must be positive, got inf"},
+      {&OptimizerSpec::beta2, nan, "optimizer 'adam': beta2 must be in [0, 1), got nan"},
+      {&OptimizerSpec::weight_decay, inf, "optimizer 'adam': wd must be >= 0, got inf"},
+      {&OptimizerSpec::clip_norm, inf, "optimizer 'adam': clip must be >= 0, got inf"},
+      {&OptimizerSpec::min_lr, 1.0,
+       "optimizer 'adam': min_lr must be at most lr, got min_lr=1 and lr=0.001"},
+  };
+  FedGraph fed = fed_graph();
+  const GraphSize before = size_of(fed.graph);
+  for (const auto &edit : edits) {
+    OptimizerSpec spec = *parse_optimizer("adam");
+    spec.*edit.field = edit.value;
+    expect_error(append_optimizer(fed.graph, fed.gradients, spec), {edit.cause});
+  }
+  EXPECT_EQ(size_of(fed.graph), before);
 }
 
 // Runs three steps of `spec` on the fed graph; returns w and b after each.

@@ -787,6 +787,20 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kWaitBucket), "wait-bucket");
 }
 
+// Writes `dir`/manifest.json by hand, listing `files` under `step` and
+// `ranks`: a manifest commit_checkpoint would refuse to write.
+void write_manifest(const std::string &dir, int64_t step, int ranks,
+                    const std::vector<CheckpointFile> &files) {
+  std::string text = str_cat("{\"format\": \"strata-checkpoint\", \"format_version\": 2, "
+                             "\"fingerprint\": \"f\", \"step\": ",
+                             step, ", \"ranks\": ", ranks, ", \"files\": [");
+  for (size_t i = 0; i < files.size(); ++i)
+    text += str_cat(i ? ", " : "", "{\"name\": \"", files[i].name, "\", \"size\": ", files[i].size,
+                    ", \"sha256\": \"", files[i].sha256, "\"}");
+  text += "]}\n";
+  ASSERT_TRUE(write_file_atomically(dir + "/" + kCheckpointManifestFile, text).is_ok());
+}
+
 TEST(CheckpointTest, RoundTripAndRefusals) {
   TempDir dir;
   std::map<std::string, HostTensor> tensors;
@@ -866,20 +880,145 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(ck + "/" + checkpoint_file_name(4, 0, 2)));
 
   // A tensor in two files, and a file name that leaves the folder, are refused.
+  auto first = write_checkpoint_file(ck, checkpoint_file_name(6, 0, 2), {{"w", w}});
   auto again = write_checkpoint_file(ck, checkpoint_file_name(6, 1, 2), {{"w", w}});
-  ASSERT_TRUE(again.is_ok());
-  ASSERT_TRUE(commit_checkpoint(ck, "f", 6, 2, {*a_file, *again}).is_ok());
+  ASSERT_TRUE(first.is_ok() && again.is_ok());
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 6, 2, {*first, *again}).is_ok());
   auto twice = read_checkpoint(ck, "f");
   ASSERT_FALSE(twice.is_ok());
   EXPECT_NE(twice.status().message().find("tensor 'w' is also in"), std::string::npos)
       << twice.status().message();
-  CheckpointFile escape = *a_file;
+  CheckpointFile escape = *first;
   escape.name = "../elsewhere.safetensors";
-  ASSERT_TRUE(commit_checkpoint(ck, "f", 7, 1, {escape}).is_ok());
+  Status refused = commit_checkpoint(ck, "f", 7, 1, {escape});
+  EXPECT_NE(refused.message().find("cannot commit '../elsewhere.safetensors'"), std::string::npos)
+      << refused.message();
+  write_manifest(ck, 7, 1, {escape});
   auto escaped = read_checkpoint(ck, "f");
   ASSERT_FALSE(escaped.is_ok());
   EXPECT_NE(escaped.status().message().find("files[0].name"), std::string::npos)
       << escaped.status().message();
+}
+
+// A manifest's step and ranks say which files it lists: model-step<K>-rank<R>-
+// of<N>.safetensors belongs to step K of a save by N ranks, and a save by N
+// ranks has one file of each rank. A manifest that says otherwise (edited by
+// hand, or pieced together from two saves) is refused before any file is read,
+// naming the entry.
+TEST(CheckpointTest, ManifestStepAndRanksMustFitItsFiles) {
+  TempDir dir;
+  const std::string ck = dir.file("ck");
+  const HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  const HostTensor b = HostTensor::zeros({DType::kF32, {2}});
+  auto rank0 = write_checkpoint_file(ck, checkpoint_file_name(5, 0, 2), {{"w", w}});
+  auto rank1 = write_checkpoint_file(ck, checkpoint_file_name(5, 1, 2), {{"b", b}});
+  auto alone = write_checkpoint_file(ck, checkpoint_file_name(5, 0, 1), {{"w", w}, {"b", b}});
+  auto stray = write_checkpoint_file(ck, "model-step5-rank2-of2.safetensors", {{"b", b}});
+  ASSERT_TRUE(rank0.is_ok() && rank1.is_ok() && alone.is_ok() && stray.is_ok());
+  const struct {
+    int64_t step;
+    int ranks;
+    std::vector<CheckpointFile> files;
+    std::string cause;
+  } cases[] = {
+      {6, 2, {*rank0, *rank1}, "files[0] is model-step5-rank0-of2.safetensors, a file of step 5"},
+      {5, 3, {*rank0, *rank1}, "files[0] is model-step5-rank0-of2.safetensors, a file of 2 ranks"},
+      {5, 2, {*alone, *rank1}, "files[0] is model-step5.safetensors, a file of 1 rank"},
+      {5, 1, {*rank0}, "files[0] is model-step5-rank0-of2.safetensors, a file of 2 ranks"},
+      {5, 2, {*rank0, *rank0}, "files[0] and files[1] are both rank 0's file"},
+      {5, 2, {*rank0}, "no file of rank 1 (model-step5-rank1-of2.safetensors) is listed"},
+      {5,
+       2,
+       {*rank0, *stray},
+       "files[1] is model-step5-rank2-of2.safetensors, of rank 2 of only 2"},
+  };
+  for (const auto &c : cases) {
+    write_manifest(ck, c.step, c.ranks, c.files);
+    auto read = read_checkpoint(ck, "f");
+    ASSERT_FALSE(read.is_ok()) << c.cause;
+    EXPECT_NE(read.status().message().find(ck +
+                                           "/manifest.json: field files does not fit fields "
+                                           "step (" +
+                                           std::to_string(c.step) + ") and ranks (" +
+                                           std::to_string(c.ranks) + "): " + c.cause),
+              std::string::npos)
+        << read.status().message();
+    // The commit refuses to write such a manifest in the first place.
+    Status refused = commit_checkpoint(ck, "f", c.step, c.ranks, c.files);
+    EXPECT_NE(refused.message().find(": " + c.cause), std::string::npos) << refused.message();
+  }
+  // What fits reads.
+  write_manifest(ck, 5, 2, {*rank1, *rank0});
+  auto both = read_checkpoint(ck, "f");
+  ASSERT_TRUE(both.is_ok()) << both.status().message();
+  EXPECT_EQ(both->tensors.size(), 2u);
+  write_manifest(ck, 5, 1, {*alone});
+  EXPECT_TRUE(read_checkpoint(ck, "f").is_ok());
+}
+
+// Ranks that do not share a filesystem (or were given different folders)
+// each save into a folder of their own: rank 0, which commits, would list
+// files its folder lacks. The commit refuses, naming each file that is not
+// there as written and the rank that wrote it, and the previous checkpoint
+// stays the folder's.
+TEST(CheckpointTest, CommitRefusesFilesTheFolderLacks) {
+  TempDir dir;
+  const std::string ck = dir.file("ck"), other_host = dir.file("other-host");
+  const HostTensor w = HostTensor::zeros({DType::kF32, {4}});
+  const HostTensor b = HostTensor::zeros({DType::kF32, {2}});
+  ASSERT_TRUE(write_checkpoint(ck, {{"w", w}, {"b", b}}, "f", 1).is_ok());
+  auto rank0 = write_checkpoint_file(ck, checkpoint_file_name(2, 0, 3), {{"w", w}});
+  auto rank1 = write_checkpoint_file(other_host, checkpoint_file_name(2, 1, 3), {{"b", b}});
+  auto rank2 = write_checkpoint_file(other_host, checkpoint_file_name(2, 2, 3), {});
+  ASSERT_TRUE(rank0.is_ok() && rank1.is_ok() && rank2.is_ok());
+  Status refused = commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2});
+  ASSERT_FALSE(refused.is_ok());
+  const std::string &message = refused.message();
+  EXPECT_NE(message.find(ck + ": the manifest would list files this folder lacks as written: "
+                              "rank 1's model-step2-rank1-of3.safetensors is missing; rank 2's "
+                              "model-step2-rank2-of3.safetensors is missing (no shared "
+                              "filesystem?"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("rank 0's"), std::string::npos) << message;
+  auto previous = read_checkpoint(ck, "f");
+  ASSERT_TRUE(previous.is_ok()) << previous.status().message();
+  EXPECT_EQ(previous->step, 1);
+
+  // A file of that name but not as its rank wrote it (another save's, cut short).
+  const std::string name1 = checkpoint_file_name(2, 1, 3), name2 = checkpoint_file_name(2, 2, 3);
+  std::filesystem::copy_file(other_host + "/" + name1, ck + "/" + name1);
+  std::filesystem::resize_file(ck + "/" + name1, rank1->size - 1);
+  std::filesystem::copy_file(other_host + "/" + name2, ck + "/" + name2);
+  refused = commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2});
+  EXPECT_NE(refused.message().find("rank 1's model-step2-rank1-of3.safetensors has " +
+                                   std::to_string(rank1->size - 1) + " bytes here, not the " +
+                                   std::to_string(rank1->size) + " written (no shared"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(read_checkpoint(ck, "f")->step, 1);
+
+  // Once every file is here as written, the commit goes through.
+  std::filesystem::copy_file(other_host + "/" + name1, ck + "/" + name1,
+                             std::filesystem::copy_options::overwrite_existing);
+  ASSERT_TRUE(commit_checkpoint(ck, "f", 2, 3, {*rank0, *rank1, *rank2}).is_ok());
+  auto committed = read_checkpoint(ck, "f");
+  ASSERT_TRUE(committed.is_ok()) << committed.status().message();
+  EXPECT_EQ(committed->step, 2);
+  EXPECT_EQ(committed->ranks, 3);
+
+  // One process: the file it wrote is gone before the commit.
+  auto lone = write_checkpoint_file(ck, checkpoint_file_name(3, 0, 1), {{"w", w}, {"b", b}});
+  ASSERT_TRUE(lone.is_ok());
+  std::filesystem::remove(ck + "/" + lone->name);
+  refused = commit_checkpoint(ck, "f", 3, 1, {*lone});
+  EXPECT_NE(refused.message().find(ck +
+                                   ": the manifest would list files this folder lacks as written: "
+                                   "model-step3.safetensors is missing"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(refused.message().find("shared"), std::string::npos) << refused.message();
+  EXPECT_EQ(read_checkpoint(ck, "f")->step, 2);
 }
 
 // A commit removes only what strata wrote: the files the replaced manifest
@@ -942,7 +1081,9 @@ TEST(CheckpointTest, LockKeepsOneRunPerFolder) {
     auto second = CheckpointLock::acquire(ck);
     ASSERT_FALSE(second.is_ok());
     const std::string &message = second.status().message();
-    EXPECT_NE(message.find("checkpoint folder " + ck + " is in use"), std::string::npos) << message;
+    EXPECT_NE(message.find(ck + ": the checkpoint folder is in use by another strata run ("),
+              std::string::npos)
+        << message;
     EXPECT_NE(message.find(pid), std::string::npos) << message;
     CheckpointLock moved = std::move(held).value();
     EXPECT_FALSE(CheckpointLock::acquire(ck).is_ok());

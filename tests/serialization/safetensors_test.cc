@@ -164,6 +164,74 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
   }
 }
 
+// The tensors' data_offsets must cover the data section exactly: a byte no
+// tensor owns (a header length one short, bytes appended, a gap between two
+// tensors) means the file is not what its header says, and tensors must not
+// share bytes. Each is refused naming the file and the range.
+TEST(Safetensors, DataNotCoveredByTheTensorsIsRefused) {
+  TempDir dir;
+  const std::string f32 = R"("dtype":"F32","shape":[2])";
+  // Two spaces of padding keep the JSON whole when the length is one short.
+  std::vector<uint8_t> one_short =
+      file_with_header("{\"t\":{" + f32 + ",\"data_offsets\":[0,8]}}  ", 8);
+  --one_short[0];
+  const size_t data_start = 8 + (one_short.size() - 8 - 8) - 1;
+  struct Case {
+    const char *name;
+    std::vector<uint8_t> bytes;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"trailing bytes",
+       file_with_header("{\"t\":{" + f32 + ",\"data_offsets\":[0,8]}}", 12),
+       {"data bytes [8, 12)", "belong to no tensor", "after the last tensor"}},
+      {"header length one short",
+       one_short,
+       {"data bytes [8, 9)",
+        str_cat("(file offsets [", data_start + 8, ", ", data_start + 9, "))")}},
+      {"a gap between tensors",
+       file_with_header("{\"a\":{" + f32 + ",\"data_offsets\":[0,8]},\"b\":{" + f32 +
+                            ",\"data_offsets\":[12,20]}}",
+                        20),
+       {"data bytes [8, 12)", "before tensor 'b'"}},
+      {"a gap before the first tensor",
+       file_with_header("{\"t\":{" + f32 + ",\"data_offsets\":[4,12]}}", 12),
+       {"data bytes [0, 4)", "before tensor 't'"}},
+      {"tensors sharing bytes",
+       file_with_header("{\"a\":{" + f32 + ",\"data_offsets\":[0,8]},\"b\":{" + f32 +
+                            ",\"data_offsets\":[4,12]}}",
+                        12),
+       {"tensor 'b' at data_offsets [4, 12] overlaps tensor 'a', which ends at 8"}},
+      {"no tensors but data", file_with_header("{}", 8), {"data bytes [0, 8)"}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = dir.file("bad.safetensors");
+    write_bytes(path, c.bytes);
+    auto all = read_safetensors(path);
+    ASSERT_FALSE(all.is_ok());
+    EXPECT_THAT(all.status().message(), HasSubstr(path));
+    for (const std::string &part : c.expected)
+      EXPECT_THAT(all.status().message(), HasSubstr(part));
+    auto one = read_safetensors_tensor(path, "t", TensorType{DType::kF32, {2}});
+    ASSERT_FALSE(one.is_ok());
+    EXPECT_EQ(one.status().message(), all.status().message());
+  }
+  // Covered exactly, with a zero-size tensor between two others: accepted.
+  write_bytes(dir.file("good.safetensors"),
+              file_with_header("{\"a\":{" + f32 +
+                                   ",\"data_offsets\":[0,8]},\"e\":{\"dtype\":"
+                                   "\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},\"t\":{" +
+                                   f32 + ",\"data_offsets\":[8,16]}}",
+                               16));
+  auto good = read_safetensors(dir.file("good.safetensors"));
+  ASSERT_TRUE(good.is_ok()) << good.status().to_string();
+  EXPECT_EQ(good->size(), 3u);
+  EXPECT_TRUE(
+      read_safetensors_tensor(dir.file("good.safetensors"), "t", TensorType{DType::kF32, {2}})
+          .is_ok());
+}
+
 TEST(Safetensors, EveryTruncationIsAnError) {
   TempDir dir;
   std::map<std::string, HostTensor> tensors;

@@ -253,7 +253,8 @@ TEST_F(CliTest, BadZooOptionsAreErrors) {
 // Numbers beyond what an option means are refused by the command line, naming
 // the flag and its range, before any work: --devices 2^31 once reached the
 // cluster model as a negative count (an assertion, or SIGFPE), a seq of 2^31
-// made the GPT's mask allocation wrap around, and --seed -1 became 2^64 - 1.
+// made the GPT's mask allocation wrap around, --seed -1 became 2^64 - 1, and
+// a number beyond int64 became the largest one.
 TEST_F(CliTest, NumbersOutOfRangeNameTheFlagAndTheRange) {
   ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
   const struct {
@@ -293,6 +294,13 @@ TEST_F(CliTest, NumbersOutOfRangeNameTheFlagAndTheRange) {
        "--gpu: Value 4294967296 not in range 0 to 2147483647"},
       {{"run", "m.strata", "--steps", "99999999999999999999"},
        "--steps: Value 99999999999999999999 not in range 1 to 1099511627776"},
+      // (Once read as the largest int64: a save never due.)
+      {{"run", "m.strata", "--checkpoint-every", "99999999999999999999"},
+       "--checkpoint-every: Value 99999999999999999999 not in range 0 to 1099511627776"},
+      {{"run", "m.strata", "--checkpoint-every", "-1"},
+       "--checkpoint-every: Value -1 not in range 0 to 1099511627776"},
+      {{"inspect", "m.strata", "--nodes", "99999999999999999999"},
+       "--nodes: '99999999999999999999' is not an integer from 0 to 9223372036854775807"},
   };
   for (const auto &c : cases) {
     Outcome o = strata(c.args);
@@ -903,7 +911,7 @@ TEST_F(CliTest, CheckpointFolderTakesOneTrainerAtATime) {
   std::string first_pid = read_file(path("first.pid"));
   first_pid = first_pid.substr(0, first_pid.find('\n'));
   const std::string refusal =
-      "--checkpoint: checkpoint folder ck is in use by another strata run (pid " + first_pid;
+      "--checkpoint: ck: the checkpoint folder is in use by another strata run (pid " + first_pid;
   expect_one_line_error(second, refusal + " on ");
   EXPECT_EQ(second.out.find("step 1/"), std::string::npos) << second.out;
   // The first run saved where it stopped, and the folder is free for the next.

@@ -519,8 +519,8 @@ TEST_F(MpiFailureTest, LockedCheckpointFolderEndsEveryRank) {
     Outcome o = mpirun(4, args, kTimeout + 30);
     EXPECT_NE(o.code, 0);
     EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
-    EXPECT_NE(o.err.find(str_cat("rank 0 of 4: --checkpoint: checkpoint folder ck is in use by "
-                                 "another strata run (pid ",
+    EXPECT_NE(o.err.find(str_cat("rank 0 of 4: --checkpoint: ck: the checkpoint folder is in use "
+                                 "by another strata run (pid ",
                                  ::getpid(), " on ")),
               std::string::npos)
         << o.err;
@@ -534,6 +534,35 @@ TEST_F(MpiFailureTest, LockedCheckpointFolderEndsEveryRank) {
   ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.status().message();
   EXPECT_EQ(checkpoint->step, 2);
   EXPECT_EQ(checkpoint->ranks, 4);
+}
+
+// Ranks without a shared filesystem each save into a folder of their own:
+// rank 1's file of step 2 is removed once written, as rank 0 on another host
+// would not see it. The commit fails on every rank, which once all reported
+// success with a manifest listing a file rank 0 did not have; the error
+// names the file and the rank, and the step-1 checkpoint stays.
+TEST_F(MpiFailureTest, CheckpointFileRankZeroLacksEndsEveryRank) {
+  Outcome o = mpirun(4,
+                     {"run", "dp.splan", "--steps", "3", "--checkpoint", "ck", "--checkpoint-every",
+                      "1", "--timeout", str_cat(kTimeout)},
+                     kTimeout + 30, "STRATA_FAULT=ckptlose:1:2");
+  EXPECT_NE(o.code, 0);
+  EXPECT_LT(o.seconds, kTimeout + 10.0) << o.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.err, m, std::regex("strata: error: rank 0 of 4[^\\n]*")))
+      << o.err;
+  EXPECT_NE(m.str().find("checkpoint ck at step 2 was not committed (the previous one stays)"),
+            std::string::npos)
+      << m.str();
+  EXPECT_NE(m.str().find("rank 1's model-step2-rank1-of4.safetensors is missing (no shared "
+                         "filesystem?"),
+            std::string::npos)
+      << m.str();
+  EXPECT_EQ(o.out.find("step 3/"), std::string::npos) << o.out;
+  expect_no_orphans();
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.status().message();
+  EXPECT_EQ(checkpoint->step, 1);
 }
 
 TEST_F(MpiFailureTest, KillDuringCheckpointKeepsThePreviousOne) {

@@ -319,6 +319,31 @@ TEST_F(OnnxTest, InvalidOnnxIsRefusedNotReadAsDefaults) {
   expect_refused("empty", "empty.onnx: the graph is empty (no nodes, no outputs)");
 }
 
+// A constant cast to integers at import must have integer values: a NaN
+// (or infinity, or a value beyond the dtype) once became 0, or the dtype's
+// limit, without a word.
+TEST_F(OnnxTest, ConstantsCastToIntegersAtImportMustHaveIntegerValues) {
+  expect_refused("nan_cast", "nan_cast.onnx: node 'to_int': Cast of the constant 'k' to i64: "
+                             "element 4 is nan, which has no i64 value");
+}
+
+// An attribute strata's op refuses (a batch norm's epsilon of 0) is refused
+// at import naming the file, the node, the op, the attribute and the value,
+// each once: the import once named the node again in front of the op's own
+// error, which named the op again ("node 'bn': node 'bn' (BatchNormalization):
+// BatchNormalization: ...").
+TEST_F(OnnxTest, AttributesOutOfRangeNameTheNodeOnce) {
+  Outcome o = strata({"import", (fixtures() / "bn_epsilon.onnx").string(), "-o", "x.strata"});
+  EXPECT_NE(o.code, 0);
+  EXPECT_NE(o.err.find("bn_epsilon.onnx: node 'bn' (BatchNormalization): attribute 'epsilon' = "
+                       "0 must be a finite number > 0"),
+            std::string::npos)
+      << o.err;
+  EXPECT_EQ(o.err.find("node 'bn'"), o.err.rfind("node 'bn'")) << o.err;
+  EXPECT_EQ(o.err.find("BatchNormalization"), o.err.rfind("BatchNormalization")) << o.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.strata"));
+}
+
 // Names are UTF-8 text without NUL bytes, as strata's files and reports need;
 // the error shows the bytes escaped.
 TEST_F(OnnxTest, NamesThatAreNotUtf8AreRefused) {
