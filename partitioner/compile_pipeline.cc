@@ -15,6 +15,7 @@
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
 #include "plan/memory.h"
+#include "plan/verify.h"
 
 namespace strata::partitioner {
 
@@ -624,6 +625,8 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   plan.graph = std::move(graph);
   if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
     RETURN_IF_ERROR(check_device_memory(plan, cluster, chunks));
+  // What every runner checks on load: a plan the compiler writes passes.
+  RETURN_IF_ERROR(plan::verify_plan(plan).with_context("verify-plan"));
   return plan;
 }
 

@@ -19,6 +19,8 @@
 //   expand_tensor_parallel  TP > 1: each program copied per member
 //   check_deadlock     every receive matched, in an order that completes
 //   simulate_pipeline  predicted step time, per-device busy time and bubble
+//   verify_plan        what the programs mean (plan/verify.h), as every runner
+//                      checks it on load
 //
 // Devices are numbered (stage x DP + replica) x TP + member: tensor
 // parallelism innermost, on the fastest links. Every data-parallel group

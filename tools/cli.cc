@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "plan/verify.h"
 #include "serialization/model_io.h"
 
 namespace strata::tools {
@@ -101,6 +102,12 @@ Result<Graph> load_model_file(const std::string &path) {
     return status;
   }
   return graph;
+}
+
+Result<serialization::Plan> load_plan_file(const std::string &path) {
+  ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(path));
+  RETURN_IF_ERROR(plan::verify_plan(plan).with_context(path));
+  return plan;
 }
 
 std::string folder_of(const std::string &path) {

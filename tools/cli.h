@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "graph/graph.h"
+#include "serialization/plan_io.h"
 
 namespace strata::tools {
 
@@ -51,6 +52,10 @@ CLI::Validator unsigned_64();
 
 // Loads a model file and adds the path to any error that does not name it.
 Result<Graph> load_model_file(const std::string &path);
+// Loads a plan file and checks what its programs mean (plan/verify.h), so
+// that no command reads an edited or corrupted plan as a good one. Errors
+// name the path.
+Result<serialization::Plan> load_plan_file(const std::string &path);
 
 // The folder a model or plan file is in ("." for a bare name): where its
 // external data paths start.

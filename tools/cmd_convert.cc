@@ -13,7 +13,7 @@ namespace strata::tools {
 namespace {
 
 Status convert_plan(const std::string &in, const std::string &out_path, std::ostream &out) {
-  ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(in));
+  ASSIGN_OR_RETURN(serialization::Plan plan, load_plan_file(in));
   if (!serialization::is_plan_path(out_path) &&
       std::filesystem::path(out_path).extension() != ".json")
     return invalid_argument("'", in, "' is a plan; write it as .splan or .splan.json, not '",

@@ -255,7 +255,7 @@ std::string stage_dot(const Plan &plan) {
 }
 
 Status inspect_plan(const InspectArgs &args, std::ostream &out) {
-  ASSIGN_OR_RETURN(Plan plan, serialization::load_plan(args.path));
+  ASSIGN_OR_RETURN(Plan plan, load_plan_file(args.path));
   if (args.format == "json") {
     ASSIGN_OR_RETURN(std::string text, serialization::plan_to_json(plan));
     out << text;

@@ -403,7 +403,7 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   Graph graph;
   bool inference_plan = false;
   if (serialization::file_is_plan(args.model)) {
-    ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.model));
+    ASSIGN_OR_RETURN(serialization::Plan plan, load_plan_file(args.model));
     if (plan.mode == serialization::Plan::Mode::kTrain) {
       // Options that only a forward run reads would be silently ignored.
       const char *forward_only = first_given_option(args, /*training=*/false);

@@ -20,7 +20,7 @@ struct SimulateArgs {
 };
 
 Status simulate_command(const SimulateArgs &args, std::ostream &out) {
-  ASSIGN_OR_RETURN(serialization::Plan plan, serialization::load_plan(args.plan));
+  ASSIGN_OR_RETURN(serialization::Plan plan, load_plan_file(args.plan));
   if (!plan.pipeline)
     return invalid_argument(args.plan, ": not a pipeline plan (compile it with --mesh 1x1xP)");
   partitioner::ClusterSpec cluster;

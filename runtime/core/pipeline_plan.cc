@@ -8,6 +8,7 @@
 #include "plan/instructions.h"
 #include "plan/pieces.h"
 #include "plan/simulate.h"
+#include "plan/verify.h"
 #include "runtime/materialize.h"
 #include "runtime/step_runner.h"
 
@@ -22,6 +23,9 @@ Result<std::unique_ptr<const PipelinePlan>> PipelinePlan::create(const serializa
   p->pipeline_ = *plan.pipeline;
   p->programs_ = plan.programs;
   RETURN_IF_ERROR(p->index().with_context(context));
+  // What the programs mean: every node computed once per micro-batch, every
+  // read after its write, every sum scaled and every update applied once.
+  RETURN_IF_ERROR(plan::verify_plan(plan).with_context(context));
   return std::unique_ptr<const PipelinePlan>(std::move(p));
 }
 

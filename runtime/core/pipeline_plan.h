@@ -44,8 +44,8 @@ public:
   // graph (verify_graph), inputs that a step can cut into micro-batches,
   // programs in device order whose receives and collectives all complete
   // (plan::check_deadlock), groups that name the plan's devices, tensor-
-  // parallel shards of known tensors, ZeRO-1 shard groups the device is in.
-  // Errors carry `context`.
+  // parallel shards of known tensors, ZeRO-1 shard groups the device is in;
+  // then what the programs mean (plan::verify_plan). Errors carry `context`.
   static Result<std::unique_ptr<const PipelinePlan>> create(const serialization::Plan &plan,
                                                             std::string_view context);
 

@@ -3,6 +3,7 @@
 // checkpoint pieces, and the errors resolve_program gives a plan whose
 // buffers it cannot place. Both pipeline runners rely on these; here they
 // are checked on their own, without running a step.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -182,6 +183,25 @@ TEST(PipelinePlan, RefusesWhatNoBackendCouldRun) {
   made = PipelinePlan::create(stray, "test plan");
   ASSERT_FALSE(made.is_ok());
   EXPECT_NE(made.status().message().find("names device 7; the plan has 2"), std::string::npos)
+      << made.status().message();
+}
+
+// A plan whose programs do not compute its step (a replica drops an update,
+// and trains on to other weights than its peer) is refused before a backend
+// allocates anything, naming the device and the update.
+TEST(PipelinePlan, RefusesProgramsThatDoNotComputeTheStep) {
+  serialization::Plan plan = compile_gpt(2, 1, 0);
+  auto &instrs = plan.programs[1].instructions;
+  auto update = std::find_if(instrs.begin(), instrs.end(), [](const auto &instr) {
+    return instr.kind == serialization::InstrKind::kUpdate;
+  });
+  ASSERT_NE(update, instrs.end());
+  instrs.erase(update);
+  auto made = PipelinePlan::create(plan, "test plan");
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find(
+                "test plan: device 1 (stage 0 replica 1): never applies update "),
+            std::string::npos)
       << made.status().message();
 }
 

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "runtime/cuda/cuda_executor.h"
 #include "serialization/model_io.h"
 #include "serialization/npy.h"
+#include "serialization/plan_io.h"
 #include "tests/tools/cli_util.h"
 
 namespace strata {
@@ -1077,6 +1079,35 @@ TEST_F(CliTest, GptTrainingFromTheIssue) {
     last += losses[losses.size() - 8 + i];
   }
   EXPECT_LT(last, first) << run.out;
+}
+
+// A pipeline plan edited after compile (one update dropped: that stage's
+// weights would never move) loads as a file, but every command that reads
+// it refuses it, naming the device and the update.
+TEST_F(CliTest, EditedPipelinePlansAreRefused) {
+  ASSERT_EQ(
+      strata({"zoo", "mlp", "--batch", "8", "--input", "8", "--hidden", "8,8", "-o", "m.strata"})
+          .code,
+      0);
+  Outcome compile = strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--microbatches",
+                            "2", "-o", "pp.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  auto plan = serialization::load_plan(path("pp.splan").string());
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  auto &instrs = plan->programs[0].instructions;
+  auto update = std::find_if(instrs.begin(), instrs.end(), [](const auto &instr) {
+    return instr.kind == serialization::InstrKind::kUpdate;
+  });
+  ASSERT_NE(update, instrs.end());
+  instrs.erase(update);
+  ASSERT_TRUE(serialization::save_plan(*plan, path("bad.splan").string()).is_ok());
+  ASSERT_TRUE(serialization::load_plan(path("bad.splan").string()).is_ok());
+  for (const std::vector<std::string> &command :
+       std::vector<std::vector<std::string>>{{"inspect", "bad.splan"},
+                                             {"run", "bad.splan", "--steps", "1"},
+                                             {"simulate", "bad.splan"},
+                                             {"convert", "bad.splan", "-o", "bad.splan.json"}})
+    expect_one_line_error(strata(command), "bad.splan: device 0 (stage 0): never applies update ");
 }
 
 // The issue's pipeline walk-through, small: compile a 4-stage 1F1B plan,
