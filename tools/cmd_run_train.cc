@@ -42,11 +42,10 @@ using serialization::Plan;
 // with kind error|stall|kill|exit|stop (the device does it on reaching that
 // instruction of that step; "stall:...:<ms>" sleeps that long, not an hour: a
 // slow device when it is under --timeout), "nostart:<rank>" (that rank never
-// joins),
-// "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file of that
-// step is written, before the commit) or "ckptlose:<rank>:<step>" (that file
-// is removed once written, as if the rank had saved it on a filesystem of its
-// own).
+// joins), "ckptkill:<rank>:<step>" (SIGKILL once that rank's checkpoint file
+// of that step is written, before the commit) or "ckptlose:<rank>:<step>"
+// (that file is removed once written, as if the rank had saved it on a
+// filesystem of its own).
 struct EnvFault {
   std::optional<runtime::PipelineRunnerOptions::Fault> fault;
   int nostart_rank = -1;
