@@ -30,7 +30,7 @@ import torchvision
 
 # A decision closer to its boundary than K times the largest f32 error of its
 # tensor is ambiguous (strata's f32 error is of the same order as PyTorch's).
-K = 16
+K = 8
 # The training step's image size: small enough that a few dozen decisions are
 # ambiguous, large enough that no batch norm sees fewer than 8 values.
 TRAIN_SIZE = 64
