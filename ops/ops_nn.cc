@@ -469,6 +469,22 @@ Result<Window> read_window(const OpDef &def, const AttrReader &attrs) {
   if (def.find_attr("ceil_mode")) {
     ASSIGN_OR_RETURN(w.ceil_mode, read_flag(def, attrs, "ceil_mode"));
   }
+  // Sizes beyond 32 bits describe no tensor strata can hold, and their
+  // products (a dilated kernel's extent) would overflow.
+  constexpr int64_t kLimit = (int64_t{1} << 31) - 1;
+  for (const auto &[name, value] : {std::pair{"kernel_shape", w.kernel_h},
+                                    {"kernel_shape", w.kernel_w},
+                                    {"strides", w.stride_h},
+                                    {"strides", w.stride_w},
+                                    {"pads", w.pad_top},
+                                    {"pads", w.pad_left},
+                                    {"pads", w.pad_bottom},
+                                    {"pads", w.pad_right},
+                                    {"dilations", w.dilation_h},
+                                    {"dilations", w.dilation_w}})
+    if (value > kLimit)
+      return invalid_argument(def.name, ": attribute '", name, "' holds ", value,
+                              ", more than 2^31 - 1");
   return w;
 }
 

@@ -490,6 +490,17 @@ TEST(Conv2d, InferenceErrors) {
                      {ints_attr("input_shape", {1, 4, 8, 8})})
                    .status(),
                {"Conv2dGradInput", "has a kernel of 0x3"});
+  // Window sizes beyond 32 bits (a fuzzed model: their dilated extent
+  // overflowed int64) are refused by name.
+  const int64_t huge = int64_t{1} << 40;
+  expect_error(infer("MaxPool2d", {x},
+                     {ints_attr("kernel_shape", {2, huge}), ints_attr("dilations", {1, huge})})
+                   .status(),
+               {"MaxPool2d", "attribute 'kernel_shape' holds 1099511627776", "2^31 - 1"});
+  expect_error(infer("Conv2d", {x, TensorType{kF32, {2, 4, 3, 3}}},
+                     {ints_attr("dilations", {1, huge})})
+                   .status(),
+               {"Conv2d", "attribute 'dilations' holds 1099511627776"});
 }
 
 // ---------------------------------------------------------------------------
