@@ -179,36 +179,8 @@ Status PipelineCheck::check_instruction(size_t d, size_t i) const {
   const std::string head =
       str_cat(where(d), " instruction ", i, " (", serialization::instr_kind_name(instr.kind), ")");
   const int64_t devices = static_cast<int64_t>(num_devices());
-  size_t count = 0; // what `index` names
-  std::string_view what;
-  switch (instr.kind) {
-  case InstrKind::kCompute:
-  case InstrKind::kComputeShard:
-    count = g_.num_nodes();
-    what = "node";
-    break;
-  case InstrKind::kSend:
-  case InstrKind::kRecv:
-  case InstrKind::kAccumulate:
-  case InstrKind::kScale:
-  case InstrKind::kAllReduce:
-  case InstrKind::kReduceScatter:
-  case InstrKind::kAllGather:
-    count = g_.num_tensors();
-    what = "tensor";
-    break;
-  case InstrKind::kUpdate:
-    count = g_.updates().size();
-    what = "state update";
-    break;
-  case InstrKind::kStartBucket:
-  case InstrKind::kWaitBucket:
-    count = plan_.programs[d].buckets.size();
-    what = "bucket";
-    break;
-  }
-  if (instr.index >= count)
-    return out_of_range(head, ": ", what, " ", instr.index, ", but there are ", count);
+  RETURN_IF_ERROR(serialization::check_instruction_index(
+      instr.kind, instr.index, plan_.programs[d].buckets.size(), g_, head));
   if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv) {
     if (instr.peer < 0 || instr.peer >= devices || instr.peer == static_cast<int64_t>(d))
       return out_of_range(head, ": peer ", instr.peer, " is not another device of the ", devices);

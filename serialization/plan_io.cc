@@ -505,8 +505,7 @@ Status schedule_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
     return invalid_argument("field pipeline.chunks = ", pipe.chunks, " with schedule ",
                             pipe.schedule, "; expected ",
                             pipe.schedule == "interleaved" ? "2 to 1024" : "1");
-  if (pipe.schedule == "interleaved" &&
-      (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0))
+  if (pipe.schedule == "interleaved" && (pipe.stages < 2 || pipe.microbatches % pipe.stages != 0))
     return invalid_argument("field pipeline.schedule: interleaved needs 2 or more stages and "
                             "micro-batches a multiple of them; the plan has ",
                             pipe.stages, " stages and ", pipe.microbatches, " micro-batches");
@@ -657,46 +656,6 @@ Status check_arena_size(const std::string &where, int64_t arena_bytes, const Gra
                       "and once more");
 }
 
-// What instruction `kind` names by `index` must exist: a node, a tensor, a
-// state update or a bucket of the program.
-Status check_instruction_index(InstrKind kind, uint32_t index, const fb::Program &q, const Graph &g,
-                               const std::string &at) {
-  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
-  std::string_view name = instr_kind_name(kind);
-  switch (kind) {
-  case InstrKind::kCompute:
-  case InstrKind::kComputeShard:
-    if (index >= num_nodes)
-      return out_of_range(at, ": compute of node ", index,
-                          ", which is not a node index (the model has ", num_nodes, " nodes)");
-    break;
-  case InstrKind::kSend:
-  case InstrKind::kRecv:
-  case InstrKind::kAccumulate:
-  case InstrKind::kScale:
-  case InstrKind::kAllReduce:
-  case InstrKind::kReduceScatter:
-  case InstrKind::kAllGather:
-    if (index >= num_tensors)
-      return out_of_range(at, ": ", name, " of tensor ", index,
-                          ", which is not a tensor index (the model has ", num_tensors,
-                          " tensors)");
-    break;
-  case InstrKind::kUpdate:
-    if (index >= g.updates().size())
-      return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
-                          " state updates");
-    break;
-  case InstrKind::kStartBucket:
-  case InstrKind::kWaitBucket:
-    if (index >= size_of(q.buckets()))
-      return out_of_range(at, ": ", name, " ", index, ", but the program has ",
-                          size_of(q.buckets()), " buckets");
-    break;
-  }
-  return Status::ok();
-}
-
 // One instruction of a pipeline program: a known kind, naming what exists, its
 // peer a device or a group of the pipeline, its micro-batch in range.
 Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, const Graph &g,
@@ -711,7 +670,7 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
   std::string_view name = instr_kind_name(kind);
   const uint32_t index = in.index();
   const int64_t microbatch = in.microbatch(), peer = in.peer();
-  RETURN_IF_ERROR(check_instruction_index(kind, index, q, g, at));
+  RETURN_IF_ERROR(check_instruction_index(kind, index, size_of(q.buckets()), g, at));
   if (kind == InstrKind::kSend || kind == InstrKind::kRecv) {
     std::string_view direction = kind == InstrKind::kSend ? " to" : " from";
     if (peer < 0 || peer >= devices)
@@ -1091,6 +1050,44 @@ std::string folder_of(const std::string &path) {
 }
 
 } // namespace
+
+Status check_instruction_index(InstrKind kind, uint32_t index, size_t num_buckets, const Graph &g,
+                               const std::string &at) {
+  const size_t num_nodes = g.num_nodes(), num_tensors = g.num_tensors();
+  std::string_view name = instr_kind_name(kind);
+  switch (kind) {
+  case InstrKind::kCompute:
+  case InstrKind::kComputeShard:
+    if (index >= num_nodes)
+      return out_of_range(at, ": compute of node ", index,
+                          ", which is not a node index (the model has ", num_nodes, " nodes)");
+    break;
+  case InstrKind::kSend:
+  case InstrKind::kRecv:
+  case InstrKind::kAccumulate:
+  case InstrKind::kScale:
+  case InstrKind::kAllReduce:
+  case InstrKind::kReduceScatter:
+  case InstrKind::kAllGather:
+    if (index >= num_tensors)
+      return out_of_range(at, ": ", name, " of tensor ", index,
+                          ", which is not a tensor index (the model has ", num_tensors,
+                          " tensors)");
+    break;
+  case InstrKind::kUpdate:
+    if (index >= g.updates().size())
+      return out_of_range(at, ": update ", index, ", but the model has ", g.updates().size(),
+                          " state updates");
+    break;
+  case InstrKind::kStartBucket:
+  case InstrKind::kWaitBucket:
+    if (index >= num_buckets)
+      return out_of_range(at, ": ", name, " ", index, ", but the program has ", num_buckets,
+                          " buckets");
+    break;
+  }
+  return Status::ok();
+}
 
 std::string_view instr_kind_name(InstrKind kind) {
   switch (kind) {

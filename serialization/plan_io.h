@@ -53,6 +53,11 @@ enum class InstrKind : uint8_t {
   kWaitBucket = 11,  // wait until bucket `index` (over group `peer`) is reduced
 };
 std::string_view instr_kind_name(InstrKind kind);
+// What instruction `kind` names by `index` must exist: a node, a tensor or a
+// state update of `g`, or one of the program's `num_buckets` buckets. The
+// loader and plan::verify_plan share it; `at` begins the error.
+Status check_instruction_index(InstrKind kind, uint32_t index, size_t num_buckets, const Graph &g,
+                               const std::string &at);
 
 struct PlanInstruction {
   InstrKind kind = InstrKind::kCompute;
