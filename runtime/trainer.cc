@@ -36,6 +36,21 @@ std::string stacked_type_text(const TensorType &type) {
   return text + "]";
 }
 
+// Whether `batch` is what a run of `graph` consumes: one tensor per graph
+// input, of `types`. `what` names the batch in errors ("batch 3").
+Status check_batch_types(const Graph &graph, const std::vector<TensorType> &types,
+                         llvm::ArrayRef<HostTensor> batch, std::string_view what) {
+  if (batch.size() != graph.inputs().size())
+    return invalid_argument(what, " has ", batch.size(), " tensors for ", graph.inputs().size(),
+                            " graph inputs");
+  for (size_t i = 0; i < graph.inputs().size(); ++i)
+    if (!(batch[i].type == types[i]))
+      return invalid_argument(what, ": input '", graph.tensor(graph.inputs()[i]).name, "' is ",
+                              batch[i].type.to_string(), " but the plan needs ",
+                              types[i].to_string());
+  return Status::ok();
+}
+
 } // namespace
 
 Status StepRunner::check_assignable(const Graph &graph, TensorId id, const HostTensor &value,
@@ -156,18 +171,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(std::unique_ptr<StepRunner> run
   auto it = std::find(graph.outputs().begin(), graph.outputs().end(), *loss_id);
   if (it == graph.outputs().end())
     return invalid_argument("loss tensor '", loss, "' is not a graph output");
-  if (data.batches.empty()) return invalid_argument("the training data has no batches");
   const std::vector<TensorType> types = runner->batch_types();
-  for (size_t k = 0; k < data.batches.size(); ++k) {
-    if (data.batches[k].size() != graph.inputs().size())
-      return invalid_argument("batch ", k, " has ", data.batches[k].size(), " tensors for ",
-                              graph.inputs().size(), " graph inputs");
-    for (size_t i = 0; i < graph.inputs().size(); ++i)
-      if (!(data.batches[k][i].type == types[i]))
-        return invalid_argument("batch ", k, ": input '", graph.tensor(graph.inputs()[i]).name,
-                                "' is ", data.batches[k][i].type.to_string(),
-                                " but the plan needs ", types[i].to_string());
-  }
+  for (size_t k = 0; k < data.batches.size(); ++k)
+    RETURN_IF_ERROR(check_batch_types(graph, types, data.batches[k], str_cat("batch ", k)));
   std::unique_ptr<Trainer> trainer(new Trainer());
   trainer->loss_output_ = static_cast<size_t>(it - graph.outputs().begin());
   for (TensorId id = 0; id < graph.num_tensors(); ++id)
@@ -179,7 +185,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(std::unique_ptr<StepRunner> run
 }
 
 Result<double> Trainer::train_step() {
-  const auto &batch = data_.batches[static_cast<size_t>(step_ % num_batches())];
+  if (data_.batches.empty())
+    return failed_precondition("the trainer holds no batches; give each step its batch");
+  return run_step(data_.batches[static_cast<size_t>(step_ % num_batches())]);
+}
+
+Result<double> Trainer::train_step(llvm::ArrayRef<HostTensor> batch) {
+  RETURN_IF_ERROR(check_batch_types(executor_->graph(), executor_->batch_types(), batch,
+                                    str_cat("the batch of step ", step_ + 1)));
+  return run_step(batch);
+}
+
+Result<double> Trainer::run_step(llvm::ArrayRef<HostTensor> batch) {
   std::vector<HostTensor> outputs;
   Status status = executor_->run(batch, &outputs);
   if (!status.is_ok()) return status.with_context(str_cat("training step ", step_ + 1));

@@ -46,7 +46,8 @@ struct TrainerOptions {
 
 class Trainer {
 public:
-  // `loss` names the scalar loss tensor, a graph output.
+  // `loss` names the scalar loss tensor, a graph output. `data` may hold no
+  // batches when every step is given its own (train_step(batch)).
   static Result<std::unique_ptr<Trainer>> create(Graph graph, const std::string &loss, Dataset data,
                                                  const TrainerOptions &options = {});
   // The same around any runner (a pipeline: runtime/cpu/pipeline_runner.h).
@@ -54,8 +55,14 @@ public:
                                                  const std::string &loss, Dataset data,
                                                  const TrainerOptions &options = {});
 
-  // Runs one step on batch step() mod num_batches and returns its loss.
+  // Runs one step on batch step() mod num_batches and returns its loss; an
+  // error when the trainer holds no batches.
   Result<double> train_step();
+  // Runs one step on `batch` (one tensor per graph input, of the runner's
+  // batch_types(): a pipeline's whole step) and returns its loss. It counts
+  // as a step like any other: a later train_step() reads batch step() mod
+  // num_batches, and a checkpoint records the steps of both kinds.
+  Result<double> train_step(llvm::ArrayRef<HostTensor> batch);
   // Steps completed (restored by a checkpoint).
   int64_t step() const { return step_; }
   int64_t num_batches() const { return static_cast<int64_t>(data_.batches.size()); }
@@ -74,6 +81,7 @@ public:
 
 private:
   Trainer() = default;
+  Result<double> run_step(llvm::ArrayRef<HostTensor> batch);
   std::unique_ptr<StepRunner> executor_;
   Dataset data_;
   TrainerOptions options_;

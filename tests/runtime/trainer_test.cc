@@ -107,6 +107,37 @@ TEST_F(TrainerTest, LossFallsOnTheSyntheticTask) {
   EXPECT_LT(last, first * 0.8) << "first epoch " << first << ", last epoch " << last;
 }
 
+// Steps given their batches compute what steps that read the same batches
+// from the trainer's data do; a trainer without data needs them, and a batch
+// of the wrong type is refused naming the input.
+TEST_F(TrainerTest, StepsGivenTheirBatchesMatchStepsOnTheData) {
+  auto own = trainer();
+  Graph graph = training_graph();
+  const Dataset data = synthetic_dataset(graph, 5);
+  TrainerOptions options;
+  options.fingerprint = "plan-fingerprint";
+  auto given = Trainer::create(std::move(graph), "loss", Dataset{}, options);
+  ASSERT_TRUE(given.is_ok()) << given.status().message();
+  auto none = (*given)->train_step();
+  ASSERT_FALSE(none.is_ok());
+  EXPECT_NE(none.status().message().find("no batches"), std::string::npos);
+  for (size_t k = 0; k < 3; ++k) {
+    auto a = own->train_step();
+    auto b = (*given)->train_step(data.batches[k]);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().message();
+    EXPECT_EQ(*a, *b) << "step " << k + 1;
+  }
+  EXPECT_EQ((*given)->step(), 3);
+
+  std::vector<HostTensor> wrong = data.batches[0];
+  wrong[1] = HostTensor::zeros({DType::kI64, {4}});
+  auto refused = (*given)->train_step(wrong);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("input 'labels' is i64[4]"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ((*given)->step(), 3);
+}
+
 TEST_F(TrainerTest, ResumeIsBitwiseEqualToAnUninterruptedRun) {
   auto straight = trainer();
   for (int i = 0; i < 6; ++i)
