@@ -19,6 +19,7 @@
 
 #include "graph/graph.h"
 #include "serialization/plan_io.h"
+#include "tools/model_files.h"
 
 namespace strata::tools {
 
@@ -49,17 +50,6 @@ CLI::Validator not_empty_path(std::string_view kind);
 // range as the largest one. Both are refused, naming the range; other text is
 // rewritten as plain decimal (CLI11 would read "010" as octal).
 CLI::Validator unsigned_64();
-
-// Loads a model file and adds the path to any error that does not name it.
-Result<Graph> load_model_file(const std::string &path);
-// Loads a plan file and checks what its programs mean (plan/verify.h), so
-// that no command reads an edited or corrupted plan as a good one. Errors
-// name the path.
-Result<serialization::Plan> load_plan_file(const std::string &path);
-
-// The folder a model or plan file is in ("." for a bare name): where its
-// external data paths start.
-std::string folder_of(const std::string &path);
 
 // A one-line error message: newlines folded into "; ".
 std::string one_line(std::string_view message);

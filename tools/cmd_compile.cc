@@ -2,22 +2,15 @@
 // training step on one device, or a pipeline-, data- and tensor-parallel
 // training step, found by --auto if asked.
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <vector>
 
-#include "ops/registry.h"
 #include "partitioner/search/auto_plan.h"
-#include "partitioner/compile_pipeline.h"
-#include "passes/make_training.h"
-#include "passes/plan_memory.h"
-#include "runtime/cpu/executor.h"
 #include "serialization/file_io.h"
-#include "serialization/model_io.h"
 #include "serialization/plan_io.h"
-#include "serialization/sha256.h"
 #include "tools/cli.h"
+#include "tools/compile_model.h"
 #include "tools/model_stats.h"
 #include "tools/plan_text.h"
 
@@ -26,102 +19,13 @@ namespace {
 
 using serialization::Plan;
 
-struct CompileArgs {
+// `strata compile`'s options: what the plan is compiled with, the model it
+// reads and the plan file it writes.
+struct CompileArgs : CompileOptions {
   std::string model;
-  bool train = false;
-  std::string loss = "softmax_cross_entropy";
-  std::string optimizer = "sgd:lr=0.01";
-  std::string output_tensor; // --loss-input: the tensor the loss reads; empty: the first output
-  std::string out;           // plan file to write
-  // Pipeline parallelism (training only).
-  std::string mesh;                          // "DPxTPxPP"; TP must be 1 so far
-  int64_t microbatches = 0;                  // 0: not given (1)
-  std::string schedule = "1f1b";             // gpipe, 1f1b or interleaved
-  int64_t chunks = 0;                        // interleaved: chunks per device; 0: not given (2)
-  std::string cluster;                       // cluster spec JSON the costs are predicted for
-  std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
-  bool profile = false;                      // time every node here instead of using the roofline
-  int64_t zero = 0;                          // 1: shard the optimizer state over the replicas
-  double bucket_mb = 25;                     // gradient bucket size in MiB; 0: no overlap
-  bool recompute = false;                    // recompute activations in backward
-  bool split_activations = false;            // TP: reduce-scatter partial sums into split ones
-  // --auto: search the mesh, micro-batches and schedule for `devices` devices.
-  bool auto_plan = false;
-  int64_t devices = 0;  // 0: every device of the cluster
-  bool explain = false; // print the candidates and why the winner won
+  std::string out;      // plan file to write
+  bool explain = false; // --auto: print the candidates and why the winner won
 };
-
-struct Mesh {
-  int dp = 1, tp = 1, pp = 1;
-};
-
-// The most devices a mesh (--mesh) or an --auto search (--devices) spans.
-constexpr int kMaxDevices = 4096;
-
-// --mesh DPxTPxPP.
-Result<Mesh> parse_mesh(const std::string &mesh) {
-  if (mesh.empty()) return Mesh{};
-  std::vector<int64_t> dims;
-  size_t start = 0;
-  while (true) {
-    size_t x = mesh.find('x', start);
-    std::string part = mesh.substr(start, x == std::string::npos ? std::string::npos : x - start);
-    int64_t value = 0;
-    auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
-    if (part.empty() || error != std::errc() || end != part.data() + part.size() || value < 1)
-      return invalid_argument("--mesh '", mesh,
-                              "': expected DPxTPxPP with positive integers, e.g. 1x1x4");
-    dims.push_back(value);
-    if (x == std::string::npos) break;
-    start = x + 1;
-  }
-  if (dims.size() != 3)
-    return invalid_argument("--mesh '", mesh, "': expected three sizes DPxTPxPP, e.g. 1x1x4");
-  if (dims[0] > kMaxDevices || dims[1] > kMaxDevices || dims[2] > kMaxDevices ||
-      dims[0] * dims[1] * dims[2] > kMaxDevices)
-    return invalid_argument("--mesh '", mesh, "': at most ", kMaxDevices, " devices");
-  return Mesh{static_cast<int>(dims[0]), static_cast<int>(dims[1]), static_cast<int>(dims[2])};
-}
-
-Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileArgs &args) {
-  partitioner::PipelineCompileOptions options;
-  ASSIGN_OR_RETURN(Mesh mesh, parse_mesh(args.mesh));
-  options.stages = mesh.pp;
-  options.data_parallel = mesh.dp;
-  options.tensor_parallel = mesh.tp;
-  if (args.microbatches < 0 || args.microbatches > 1 << 20)
-    return invalid_argument("--microbatches must be between 1 and 1048576, got ",
-                            args.microbatches);
-  options.microbatches = args.microbatches > 0 ? static_cast<int>(args.microbatches) : 1;
-  auto schedule = partitioner::parse_schedule(args.schedule);
-  if (!schedule.is_ok()) return schedule.status().with_context("--schedule");
-  options.schedule = *schedule;
-  const bool interleaved = *schedule == partitioner::Schedule::kInterleaved;
-  if (args.chunks != 0 && !interleaved)
-    return invalid_argument("--chunks cuts the model into chunks per device for --schedule "
-                            "interleaved, not ",
-                            args.schedule,
-                            args.schedule == CompileArgs{}.schedule ? " (the default)" : "");
-
-  options.chunks = !interleaved ? 1 : args.chunks > 0 ? static_cast<int>(args.chunks) : 2;
-  if (!args.cluster.empty()) {
-    auto cluster = partitioner::load_cluster(args.cluster);
-    if (!cluster.is_ok()) return cluster.status().with_context("--cluster");
-    options.cluster = std::move(cluster).value();
-  }
-  options.stage_boundaries = args.stage_boundaries;
-  options.zero = static_cast<int>(args.zero);
-  options.recompute = args.recompute;
-  options.split_activations = args.split_activations;
-  if (!(args.bucket_mb >= 0 && args.bucket_mb <= 1 << 20))
-    return invalid_argument("--bucket-mb must be between 0 and 1048576 MiB, got ", args.bucket_mb);
-  options.bucket_bytes = static_cast<int64_t>(args.bucket_mb * (1 << 20));
-  if (args.profile) {
-    // One GEMM thread, as each pipeline device thread runs with.
-    options.profile = runtime::profile_node_times;
-  }
-  return options;
-}
 
 // --explain: the candidates of the search and why the winner won.
 void print_search(const partitioner::AutoResult &result, std::ostream &out) {
@@ -154,123 +58,15 @@ void print_search(const partitioner::AutoResult &result, std::ostream &out) {
   out << "chosen       " << result.reason << "\n";
 }
 
-// The pipeline's part of the options text the fingerprint covers.
-std::string pipeline_options_text(const Plan &plan) {
-  const serialization::PlanPipeline &p = *plan.pipeline;
-  std::string text =
-      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
-              p.tensor_parallel > 1 ? str_cat("\ntensor_parallel=", p.tensor_parallel) : "",
-              "\nzero=", p.zero, "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule,
-              p.chunks > 1 ? str_cat("\nchunks=", p.chunks) : "", "\nboundaries=");
-  for (size_t i = 0; i < p.boundaries.size(); ++i)
-    text += str_cat(i ? "," : "", p.boundaries[i]);
-  if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
-  if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
-  for (const Node &node : plan.graph.nodes())
-    if (ops::collective_of(node.op) == ops::Collective::kReduceScatter) {
-      text += "\nsplit_activations=1";
-      break;
-    }
-  return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
-}
-
 Status compile_command(const CompileArgs &args, std::ostream &out) {
   if (!args.out.empty()) RETURN_IF_ERROR(serialization::check_not_input(args.out, args.model));
   ASSIGN_OR_RETURN(Graph forward, load_model_file(args.model));
-  auto model_bytes = serialization::model_to_flatbuffer(forward);
-  if (!model_bytes.is_ok()) return model_bytes.status().with_context(args.model);
-
-  Plan plan;
-  std::string options_text;
-  const bool pipelined = !args.mesh.empty() || args.microbatches > 0 || !args.cluster.empty() ||
-                         !args.stage_boundaries.empty() || args.profile || args.auto_plan ||
-                         args.zero > 0 || args.recompute || args.chunks > 0 ||
-                         args.schedule == "interleaved";
-  if (const CompileArgs defaults;
-      args.bucket_mb != defaults.bucket_mb && args.bucket_mb != 0 && !args.auto_plan) {
-    // Buckets group the replicas' gradient all-reduces; without replicas the
-    // option would be ignored (0, no buckets, is what one replica has anyway).
-    auto mesh = parse_mesh(args.mesh);
-    if (mesh.is_ok() && mesh->dp < 2)
-      return invalid_argument("--bucket-mb groups the data-parallel replicas' gradient "
-                              "all-reduces; ",
-                              args.mesh.empty() ? "without --mesh" : "this mesh has",
-                              " one replica (use --mesh DPxTPxPP with DP >= 2)");
-  }
-  if (pipelined && !args.train)
-    return invalid_argument(
-        "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "
-        "pipeline training plan; add --train");
-  if (args.train) {
-    passes::TrainingOptions options;
-    options.loss = args.loss;
-    options.output = args.output_tensor;
-    auto spec = passes::parse_optimizer(args.optimizer);
-    if (!spec.is_ok())
-      return spec.status().with_context(str_cat("--optimizer '", args.optimizer, "'"));
-    options.optimizer = *spec;
-    if (args.auto_plan) {
-      if (args.devices < 0 || args.devices > kMaxDevices)
-        return invalid_argument("--devices must be between 1 and ", kMaxDevices, ", got ",
-                                args.devices);
-      ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
-      partitioner::AutoOptions search;
-      search.cluster = pipeline.cluster
-                           ? *pipeline.cluster
-                           : partitioner::default_cpu_cluster(
-                                 args.devices > 0 ? static_cast<int>(args.devices) : 2);
-      search.devices = static_cast<int>(args.devices);
-      search.bucket_bytes = pipeline.bucket_bytes;
-      search.profile = pipeline.profile;
-      auto found = partitioner::auto_plan(forward, options, search);
-      if (!found.is_ok()) return found.status().with_context(args.model);
-      if (args.explain) print_search(*found, out);
-      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
-      options_text = "mode=train\n" + options.to_string() + pipeline_options_text(found->plan);
-      plan = std::move(found->plan);
-    } else if (pipelined) {
-      ASSIGN_OR_RETURN(partitioner::PipelineCompileOptions pipeline, pipeline_options(args));
-      auto compiled = partitioner::compile_pipeline(forward, options, pipeline);
-      if (!compiled.is_ok()) return compiled.status().with_context(args.model);
-      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
-      options_text = "mode=train\n" + options.to_string() + pipeline_options_text(*compiled);
-      plan = std::move(compiled).value();
-      if (args.profile)
-        out << "profiled     node times measured on this CPU (one GEMM thread) balance the "
-               "stages and predict the step\n";
-    } else {
-      auto training = passes::make_training_graph(forward, options);
-      if (!training.is_ok()) return training.status().with_context(args.model);
-      if (options.output.empty()) options.output = forward.tensor(forward.outputs()[0]).name;
-      options_text = "mode=train\n" + options.to_string();
-      plan.mode = Plan::Mode::kTrain;
-      plan.graph = std::move(training).value();
-      plan.loss = "loss";
-      plan.loss_kind = options.loss;
-      plan.optimizer = options.optimizer.to_string();
-    }
-  } else {
-    if (!args.output_tensor.empty())
-      return invalid_argument("--loss-input selects the tensor a loss reads; it needs --train");
-    options_text = "mode=infer\n";
-    plan.mode = Plan::Mode::kInfer;
-    plan.graph = std::move(forward);
-  }
-  plan.model_fingerprint = serialization::sha256_hex(*model_bytes);
-  plan.fingerprint = serialization::plan_fingerprint(*model_bytes, options_text);
-
-  if (!plan.pipeline) {
-    auto order = plan.graph.topological_order();
-    if (!order.is_ok()) return order.status().with_context(args.model);
-    auto memory = passes::plan_memory(plan.graph, *order);
-    if (!memory.is_ok()) return memory.status().with_context(args.model);
-    plan.devices.push_back({0, "cpu"});
-    serialization::PlanProgram program;
-    program.order = std::move(order).value();
-    program.arena_bytes = memory->arena_bytes;
-    program.offsets = memory->offsets;
-    plan.programs.push_back(std::move(program));
-  }
+  ASSIGN_OR_RETURN(CompiledModel compiled, compile_model(forward, args, args.model));
+  Plan &plan = compiled.plan;
+  if (compiled.search && args.explain) print_search(*compiled.search, out);
+  if (args.profile && !args.auto_plan)
+    out << "profiled     node times measured on this CPU (one GEMM thread) balance the "
+           "stages and predict the step\n";
 
   RETURN_IF_ERROR(serialization::save_plan(plan, args.out));
   out << "wrote " << args.out << "\n";

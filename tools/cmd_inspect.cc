@@ -1,7 +1,6 @@
 // `strata inspect`: what a model is and what it costs, as text, JSON or DOT;
 // what a plan holds, its pipeline's stages and transfers, and its predicted
 // schedule.
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -10,14 +9,15 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/printer.h"
-#include "partitioner/cost/cluster.h"
 #include "partitioner/compile_pipeline.h"
+#include "partitioner/cost/cluster.h"
 #include "passes/plan_memory.h"
 #include "plan/instructions.h"
 #include "plan/trace.h"
 #include "serialization/file_io.h"
 #include "serialization/plan_io.h"
 #include "tools/cli.h"
+#include "tools/inspect_json.h"
 #include "tools/model_stats.h"
 #include "tools/plan_text.h"
 
@@ -81,19 +81,6 @@ std::string flops_cell(double flops) {
   return human_flops(flops);
 }
 
-// FLOP and byte totals are integral in practice; JSON shows them as integers then.
-nlohmann::ordered_json number(double value) {
-  if (value == std::floor(value) && std::fabs(value) < 9.0e15) return static_cast<int64_t>(value);
-  return value;
-}
-
-nlohmann::ordered_json tensor_json(const Graph &graph, TensorId id) {
-  const Tensor &t = graph.tensor(id);
-  return {{"name", t.name},
-          {"dtype", std::string(dtype_name(t.type.dtype))},
-          {"shape", std::vector<int64_t>(t.type.shape.begin(), t.type.shape.end())}};
-}
-
 std::string tensor_text(const Graph &graph, TensorId id) {
   const Tensor &t = graph.tensor(id);
   return t.name + ": " + t.type.to_string();
@@ -112,14 +99,6 @@ std::string node_outputs_text(const Graph &graph, const Node &node) {
     text += graph.tensor(id).type.to_string();
   }
   return text;
-}
-
-std::optional<passes::MemoryPlan> plan_activations(const Graph &graph) {
-  auto order = graph.topological_order();
-  if (!order.is_ok()) return std::nullopt;
-  auto plan = passes::plan_memory(graph, *order);
-  if (!plan.is_ok()) return std::nullopt;
-  return std::move(plan).value();
 }
 
 void print_text(const std::string &path, const Graph &graph, const ModelStats &stats,
@@ -182,51 +161,6 @@ void print_text(const std::string &path, const Graph &graph, const ModelStats &s
   if (shown < stats.nodes.size())
     out << "  ... " << stats.nodes.size() - shown
         << " more nodes (--all lists every node, --nodes N the first N)\n";
-}
-
-nlohmann::ordered_json to_json(const std::string &path, const Graph &graph, const ModelStats &stats,
-                               const std::optional<passes::MemoryPlan> &plan) {
-  nlohmann::ordered_json j;
-  j["file"] = path;
-  j["name"] = graph.name();
-  j["inputs"] = nlohmann::ordered_json::array();
-  for (TensorId id : graph.inputs())
-    j["inputs"].push_back(tensor_json(graph, id));
-  j["outputs"] = nlohmann::ordered_json::array();
-  for (TensorId id : graph.outputs())
-    j["outputs"].push_back(tensor_json(graph, id));
-  j["parameters"] = stats.parameters;
-  j["parameter_bytes"] = stats.parameter_bytes;
-  j["constant_bytes"] = stats.constant_bytes;
-  j["num_nodes"] = graph.num_nodes();
-  j["num_tensors"] = graph.num_tensors();
-  j["flops"] = number(stats.flops);
-  j["bytes"] = number(stats.bytes);
-  if (plan)
-    j["activations"] = {{"arena_bytes", plan->arena_bytes}, {"naive_bytes", plan->naive_bytes}};
-  j["ops"] = nlohmann::ordered_json::array();
-  for (const OpTypeStats &op : stats.ops)
-    j["ops"].push_back({{"op", op.op},
-                        {"count", op.count},
-                        {"flops", number(op.flops)},
-                        {"share", stats.flops > 0 ? op.flops / stats.flops : 0.0}});
-  j["nodes"] = nlohmann::ordered_json::array();
-  for (const NodeStats &ns : stats.nodes) {
-    const Node &node = graph.node(ns.node);
-    nlohmann::ordered_json inputs = nlohmann::ordered_json::array(),
-                           outputs = nlohmann::ordered_json::array();
-    for (TensorId id : node.inputs)
-      inputs.push_back(graph.tensor(id).name);
-    for (TensorId id : node.outputs)
-      outputs.push_back(tensor_json(graph, id));
-    j["nodes"].push_back({{"name", node.name},
-                          {"op", node.op},
-                          {"inputs", std::move(inputs)},
-                          {"outputs", std::move(outputs)},
-                          {"flops", number(ns.flops)},
-                          {"bytes", number(ns.bytes)}});
-  }
-  return j;
 }
 
 // Graphviz: one box per stage (its numbers), one edge per link with the bytes
@@ -330,7 +264,7 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
   if (args.format == "json") {
     // Names are UTF-8 (the loader checks them); the path is whatever the
     // command line held, so bytes that are not UTF-8 print as U+FFFD.
-    out << to_json(args.path, graph, *stats, plan)
+    out << model_json(args.path, graph, *stats, plan)
                .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
         << '\n';
     return Status::ok();

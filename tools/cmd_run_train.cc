@@ -31,6 +31,7 @@
 #include "tools/cmd_run.h"
 #include "tools/model_stats.h"
 #include "tools/plan_text.h"
+#include "tools/training_setup.h"
 
 namespace strata::tools {
 namespace {
@@ -76,11 +77,11 @@ Result<EnvFault> fault_from_env() {
     auto [end, error] = std::from_chars(p.data(), p.data() + p.size(), value);
     return error == std::errc() && end == p.data() + p.size() ? value : -1;
   };
-  const std::string usage = str_cat(
-      "STRATA_FAULT='", text,
-      "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, "
-      "stall:<device>:<step>:<instruction>:<ms>, nostart:<rank>, ckptkill:<rank>:<step> or "
-      "ckptlose:<rank>:<step>");
+  const std::string usage =
+      str_cat("STRATA_FAULT='", text,
+              "': expected <error|stall|kill|exit|stop>:<device>:<step>:<instruction>, "
+              "stall:<device>:<step>:<instruction>:<ms>, nostart:<rank>, ckptkill:<rank>:<step> or "
+              "ckptlose:<rank>:<step>");
   if (parts.size() == 2 && parts[0] == "nostart" && number(1) >= 0) {
     result.nostart_rank = static_cast<int>(number(1));
     return result;
@@ -267,36 +268,11 @@ Status check_loop_options(const RunArgs &args) {
 // inside the saves it leads, so its lock keeps every other run out without
 // making the ranks of this one refuse each other.
 Result<std::optional<serialization::CheckpointLock>> check_writable(const RunArgs &args, int rank) {
-  std::optional<serialization::CheckpointLock> lock;
-  if (!args.checkpoint.empty()) {
-    RETURN_IF_ERROR(serialization::check_folder_writable(args.checkpoint, "--checkpoint"));
-    if (rank == 0) {
-      auto locked = serialization::CheckpointLock::acquire(args.checkpoint);
-      if (!locked.is_ok()) return locked.status().with_context("--checkpoint");
-      lock.emplace(std::move(locked).value());
-    }
-    std::error_code error;
-    const bool resumes_it =
-        !args.resume.empty() && fs::equivalent(args.resume, args.checkpoint, error);
-    if (!resumes_it &&
-        fs::exists(fs::path(args.checkpoint) / serialization::kCheckpointManifestFile, error))
-      return failed_precondition("--checkpoint ", args.checkpoint,
-                                 " already holds a checkpoint, which this run would "
-                                 "replace; continue it with --resume ",
-                                 args.checkpoint, ", or save to another folder");
-  }
+  ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> lock,
+                   claim_checkpoint_folder(args.checkpoint, args.resume, rank));
   if (!args.trace.empty())
     RETURN_IF_ERROR(serialization::check_file_writable(per_rank_path(args.trace, rank), "--trace"));
   return lock;
-}
-
-// The batches: the --data folder's, or 8 synthetic ones.
-Result<runtime::Dataset> training_data(const RunArgs &args, const Plan &plan) {
-  // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
-  const int64_t microbatches =
-      plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
-  if (!args.data.empty()) return runtime::load_dataset(plan.graph, args.data, microbatches);
-  return runtime::synthetic_dataset(plan.graph, args.seed, 8, microbatches);
 }
 
 // The plan's fingerprint, which checkpoints carry, and STRATA_FAULT's
@@ -529,7 +505,7 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   // Held until the run ends.
   ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> checkpoint_lock,
                    check_writable(args, rank));
-  ASSIGN_OR_RETURN(runtime::Dataset data, training_data(args, plan));
+  ASSIGN_OR_RETURN(runtime::Dataset data, training_data(plan, args.data, args.seed));
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(plan, runner_options));
   runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it

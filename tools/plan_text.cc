@@ -16,30 +16,6 @@ namespace {
 
 using serialization::Plan;
 
-// What a plan holds, for the summary lines of compile and inspect.
-struct PlanNumbers {
-  int64_t parameters = 0, parameter_bytes = 0, trainable_tensors = 0;
-  int64_t state_tensors = 0, state_bytes = 0;
-  double flops = 0;
-};
-
-PlanNumbers plan_numbers(const Graph &graph) {
-  PlanNumbers n;
-  for (const Tensor &t : graph.tensors()) {
-    if (t.kind == TensorKind::kParameter) {
-      n.parameters += t.type.num_elements();
-      n.parameter_bytes += t.type.size_bytes();
-      if (is_floating(t.type.dtype)) ++n.trainable_tensors;
-    } else if (t.kind == TensorKind::kState) {
-      ++n.state_tensors;
-      n.state_bytes += t.type.size_bytes();
-    }
-  }
-  auto stats = compute_model_stats(graph);
-  if (stats.is_ok()) n.flops = stats->flops;
-  return n;
-}
-
 std::string tensor_list(const Graph &graph, llvm::ArrayRef<TensorId> ids) {
   std::string text;
   for (TensorId id : ids)
@@ -123,6 +99,23 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
 }
 
 } // namespace
+
+PlanNumbers plan_numbers(const Graph &graph) {
+  PlanNumbers n;
+  for (const Tensor &t : graph.tensors()) {
+    if (t.kind == TensorKind::kParameter) {
+      n.parameters += t.type.num_elements();
+      n.parameter_bytes += t.type.size_bytes();
+      if (is_floating(t.type.dtype)) ++n.trainable_tensors;
+    } else if (t.kind == TensorKind::kState) {
+      ++n.state_tensors;
+      n.state_bytes += t.type.size_bytes();
+    }
+  }
+  auto stats = compute_model_stats(graph);
+  if (stats.is_ok()) n.flops = stats->flops;
+  return n;
+}
 
 std::string counted(int64_t n, std::string_view noun) {
   return str_cat(n, " ", noun, n == 1 ? "" : noun.ends_with("h") ? "es" : "s");

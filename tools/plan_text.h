@@ -25,6 +25,14 @@ std::string format_percent(double fraction);
 // `text` right-aligned in `width` columns.
 std::string pad(std::string text, size_t width);
 
+// What a plan's graph holds, for the summary lines of compile and inspect.
+struct PlanNumbers {
+  int64_t parameters = 0, parameter_bytes = 0, trainable_tensors = 0;
+  int64_t state_tensors = 0, state_bytes = 0;
+  double flops = 0; // one run of the graph (FLOPs of a pipeline step: stage_rows)
+};
+PlanNumbers plan_numbers(const Graph &graph);
+
 // One pipeline device's share of the step.
 struct StageRow {
   size_t nodes = 0;           // distinct nodes it computes

@@ -1,0 +1,41 @@
+#include "tools/training_setup.h"
+
+#include <filesystem>
+
+#include "serialization/file_io.h"
+
+namespace strata::tools {
+
+namespace fs = std::filesystem;
+
+Result<runtime::Dataset> training_data(const serialization::Plan &plan, const std::string &data_dir,
+                                       uint64_t seed) {
+  // A pipeline step takes microbatches x replicas micro-batches of the graph's batch.
+  const int64_t microbatches =
+      plan.pipeline ? int64_t{plan.pipeline->microbatches} * plan.pipeline->data_parallel : 1;
+  if (!data_dir.empty()) return runtime::load_dataset(plan.graph, data_dir, microbatches);
+  return runtime::synthetic_dataset(plan.graph, seed, 8, microbatches);
+}
+
+Result<std::optional<serialization::CheckpointLock>>
+claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank) {
+  std::optional<serialization::CheckpointLock> lock;
+  if (checkpoint.empty()) return lock;
+  RETURN_IF_ERROR(serialization::check_folder_writable(checkpoint, "--checkpoint"));
+  if (rank == 0) {
+    auto locked = serialization::CheckpointLock::acquire(checkpoint);
+    if (!locked.is_ok()) return locked.status().with_context("--checkpoint");
+    lock.emplace(std::move(locked).value());
+  }
+  std::error_code error;
+  const bool resumes_it = !resume.empty() && fs::equivalent(resume, checkpoint, error);
+  if (!resumes_it &&
+      fs::exists(fs::path(checkpoint) / serialization::kCheckpointManifestFile, error))
+    return failed_precondition("--checkpoint ", checkpoint,
+                               " already holds a checkpoint, which this run would "
+                               "replace; continue it with --resume ",
+                               checkpoint, ", or save to another folder");
+  return lock;
+}
+
+} // namespace strata::tools
