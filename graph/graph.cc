@@ -106,7 +106,9 @@ Status check_name(std::string_view what, std::string_view name) {
   return Status::ok();
 }
 
-void Blob::AlignedFree::operator()(std::byte *p) const { std::free(p); }
+void Blob::AlignedFree::operator()(std::byte *p) const {
+  if (owned) std::free(p);
+}
 
 std::shared_ptr<Blob> Blob::zeroed(size_t size) {
   auto blob = std::make_shared<Blob>();
@@ -116,6 +118,15 @@ std::shared_ptr<Blob> Blob::zeroed(size_t size) {
   std::memset(raw, 0, rounded);
   blob->data_.reset(raw);
   blob->size_ = size;
+  return blob;
+}
+
+std::shared_ptr<Blob> Blob::borrowed(std::byte *data, size_t size,
+                                     std::shared_ptr<const void> owner) {
+  auto blob = std::make_shared<Blob>();
+  blob->data_ = std::unique_ptr<std::byte[], AlignedFree>(data, AlignedFree{false});
+  blob->size_ = size;
+  blob->owner_ = std::move(owner);
   return blob;
 }
 

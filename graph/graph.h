@@ -43,6 +43,12 @@ class Blob {
 public:
   static std::shared_ptr<const Blob> copy_of(const void *data, size_t size);
   static std::shared_ptr<Blob> zeroed(size_t size);
+  // `size` bytes at `data`, which the blob does not own: `owner` keeps them
+  // alive and is released, on whichever thread drops the blob last, when the
+  // blob goes. For callers that hand strata memory of their own without a
+  // copy (the Python module's NumPy arrays), 64-byte aligned like every blob.
+  static std::shared_ptr<Blob> borrowed(std::byte *data, size_t size,
+                                        std::shared_ptr<const void> owner);
 
   const std::byte *data() const { return data_.get(); }
   std::byte *mutable_data() { return data_.get(); }
@@ -53,10 +59,12 @@ public:
 
 private:
   struct AlignedFree {
+    bool owned = true; // false: borrowed memory, which `owner_` keeps
     void operator()(std::byte *p) const;
   };
   std::unique_ptr<std::byte[], AlignedFree> data_;
   size_t size_ = 0;
+  std::shared_ptr<const void> owner_;
 };
 
 // How to fill a parameter that carries no data: the runtime draws it on the

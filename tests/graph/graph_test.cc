@@ -3,6 +3,7 @@
 // this suite depends on nothing but graph/.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,22 @@ Graph diamond() {
   TensorId join = b.op1("Copy", {left, right}, {{"k", int64_t{1}}}, "join");
   b.output(join);
   return std::move(b).finish().value();
+}
+
+// A borrowed blob reads the caller's bytes in place and keeps their owner
+// alive exactly as long as the blob lives; a blob of its own frees its bytes.
+TEST(BlobTest, BorrowedBytesStayTheOwnersAndOutliveNoBlob) {
+  auto owner = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4});
+  std::weak_ptr<std::vector<float>> watch = owner;
+  auto *bytes = reinterpret_cast<std::byte *>(owner->data());
+  std::shared_ptr<Blob> blob = Blob::borrowed(bytes, 4 * sizeof(float), std::move(owner));
+  EXPECT_EQ(blob->data(), bytes);
+  EXPECT_EQ(blob->size(), 4 * sizeof(float));
+  EXPECT_EQ(reinterpret_cast<const float *>(blob->data())[2], 3.0f);
+  EXPECT_FALSE(watch.expired());
+  blob.reset();
+  EXPECT_TRUE(watch.expired());
+  EXPECT_EQ(Blob::zeroed(3)->size(), 3u);
 }
 
 TEST(GraphTest, BuilderInfersTypesAndNamesOutputs) {
