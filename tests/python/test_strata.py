@@ -1,0 +1,379 @@
+"""The Python module end to end: a zoo MLP loaded, compiled, inspected, run and
+trained, each checked against the strata CLI on the same files (byte-identical
+models and plans, the same inspect JSON, the same losses and bitwise the same
+weights after training); inputs read in place and outputs handed over without
+a copy; errors that name the file; PyTorch in and out (skipped, saying so,
+without torch).
+
+Run by `meson test --suite python`, which sets PYTHONPATH to build/python and
+STRATA_BINARY to the CLI.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import unittest.mock
+
+import numpy as np
+
+import strata
+
+STRATA = os.environ.get("STRATA_BINARY", "")
+
+try:
+    import torch
+except ImportError:  # the PyTorch cases skip
+    torch = None
+
+NO_TORCH = "no PyTorch for " + sys.executable + " (apt install python3-torch)"
+
+# The zoo MLP of these tests: x f32[8, 12] -> 16 -> logits f32[8, 4].
+MLP = {"batch": 8, "input": 12, "hidden": [16], "classes": 4}
+
+
+def aligned(shape, dtype=np.float32):
+    """An uninitialized C-contiguous array whose data starts 64-byte aligned."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + 64, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw[offset:offset + size].view(dtype).reshape(shape)
+
+
+def cli(*args):
+    """Runs the strata CLI; returns its stdout, failing the test on an error."""
+    done = subprocess.run([STRATA, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"strata {' '.join(args)} failed: {done.stderr}")
+    return done.stdout
+
+
+def cli_losses(output):
+    """The losses `strata run` printed, by step."""
+    return [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+\s+loss (\S+)", output, re.M)]
+
+
+def batches(count, seed=1):
+    """`count` batches of the MLP's training plan: x f32[8, 12], labels i64[8]."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((count, MLP["batch"], MLP["input"])).astype(np.float32)
+    labels = rng.integers(0, MLP["classes"], (count, MLP["batch"])).astype(np.int64)
+    return x, labels
+
+
+class StrataTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="strata-python-test-")
+        cls.mlp = cls.path("mlp.strata")
+        strata.zoo.mlp(**MLP).save(cls.mlp)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.dir, name)
+
+    def need_cli(self):
+        if not STRATA or not os.access(STRATA, os.X_OK):
+            self.skipTest("no strata CLI (STRATA_BINARY) to compare with")
+
+    def pipeline_plan(self, name):
+        """The MLP's training step on a 2-stage pipeline of 2 micro-batches."""
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1",
+                                             mesh="1x1x2", microbatches=2)
+        plan.save(self.path(name))
+        return plan
+
+    # -- models and plans, as the CLI makes and reads them ------------------
+
+    def test_zoo_model_is_the_clis(self):
+        self.need_cli()
+        cli("zoo", "mlp", "--batch", "8", "--input", "12", "--hidden", "16", "--classes", "4",
+            "-o", self.path("cli_mlp.strata"))
+        with open(self.mlp, "rb") as ours, open(self.path("cli_mlp.strata"), "rb") as theirs:
+            self.assertEqual(ours.read(), theirs.read())
+
+    def test_load_and_inspect_a_model(self):
+        model = strata.load(self.mlp)
+        self.assertIsInstance(model, strata.Model)
+        self.assertEqual(model.source, self.mlp)
+        self.assertEqual([(i["name"], i["dtype"], i["shape"]) for i in model.inputs],
+                         [("x", "f32", (8, 12))])
+        self.assertEqual(model.parameters, 12 * 16 + 16 + 16 * 4 + 4)
+        report = model.inspect()
+        self.assertEqual(report["parameters"], model.parameters)
+        if STRATA:
+            self.assertEqual(report, json.loads(cli("inspect", self.mlp, "--format", "json")))
+
+    def test_compiled_plan_is_the_clis(self):
+        self.need_cli()
+        plan = self.pipeline_plan("py.splan")
+        cli("compile", self.mlp, "--train", "--optimizer", "sgd:lr=0.1", "--mesh", "1x1x2",
+            "--microbatches", "2", "-o", self.path("cli.splan"))
+        with open(self.path("py.splan"), "rb") as ours, open(self.path("cli.splan"), "rb") as cl:
+            self.assertEqual(ours.read(), cl.read())
+        self.assertEqual(plan.to_json(),
+                         json.loads(cli("inspect", self.path("cli.splan"), "--format", "json")))
+        loaded = strata.load(self.path("cli.splan"))
+        self.assertIsInstance(loaded, strata.Plan)
+        self.assertEqual(loaded.fingerprint, plan.fingerprint)
+
+    def test_inspect_gives_stages_memory_times_and_transfers(self):
+        plan = self.pipeline_plan("inspect.splan")
+        report = plan.inspect()
+        self.assertEqual(report["mode"], "train")
+        self.assertEqual(report["fingerprint"], plan.fingerprint)
+        self.assertEqual(report["optimizer"], plan.optimizer)
+        self.assertEqual(report["pipeline"]["stages"], 2)
+        self.assertEqual(report["pipeline"]["microbatches"], 2)
+        self.assertGreater(report["pipeline"]["predicted_step_s"], 0)
+        self.assertEqual([(b["name"], b["shape"]) for b in report["batch"]],
+                         [("x", [8, 12]), ("labels", [8])])
+        self.assertEqual(len(report["stages"]), 2)
+        for stage in report["stages"]:
+            self.assertGreater(stage["nodes"], 0)
+            self.assertGreater(stage["arena_bytes"], 0)
+            self.assertGreater(stage["predicted_busy_s"], 0)
+        transfers = report["transfers"]
+        self.assertTrue(transfers)
+        for transfer in transfers:
+            self.assertIn(transfer["from"], (0, 1))
+            self.assertIn(transfer["to"], (0, 1))
+            self.assertGreater(transfer["bytes"], 0)
+            self.assertTrue(transfer["why"])
+        if STRATA:
+            text = cli("inspect", self.path("inspect.splan"), "--comm")
+            count = int(re.search(r"^transfers\s+(\d+)", text, re.M).group(1))
+            self.assertEqual(count, len(transfers))
+
+    # -- running: NumPy in and out -------------------------------------------
+
+    def test_run_reads_aligned_inputs_in_place_and_hands_outputs_over(self):
+        plan = strata.load(self.mlp).compile()
+        self.assertEqual(plan.mode, "infer")
+        x = aligned((8, 12))
+        x[...] = np.random.default_rng(0).standard_normal((8, 12))
+        copied = strata._strata._input_bytes_copied()
+        out = plan.run({"x": x})
+        self.assertEqual(strata._strata._input_bytes_copied(), copied, "an aligned input was copied")
+        self.assertEqual(list(out), [o["name"] for o in plan.outputs])
+        logits = out[plan.outputs[0]["name"]]
+        self.assertEqual((logits.shape, logits.dtype), ((8, 4), np.float32))
+        self.assertFalse(logits.flags.owndata)  # a view of strata's buffer
+        self.assertIsNotNone(logits.base)
+        # Column-major and float64: converted, so copied once.
+        again = plan.run([np.asfortranarray(x.astype(np.float64))])[plan.outputs[0]["name"]]
+        self.assertEqual(strata._strata._input_bytes_copied(), copied + x.nbytes)
+        np.testing.assert_array_equal(again, logits)
+        if STRATA:
+            np.save(self.path("x.npy"), x)
+            cli("run", self.mlp, "--input", "x=" + self.path("x.npy"), "--output",
+                self.path("y.npy"))
+            np.testing.assert_allclose(np.load(self.path("y.npy")), logits, rtol=1e-6, atol=1e-6)
+
+    def test_model_runs_random_inputs_by_seed(self):
+        model = strata.load(self.mlp)
+        name = model.outputs[0]["name"]
+        a = model.run(seed=3)[name]
+        np.testing.assert_array_equal(a, model.run(seed=3)[name])
+        self.assertFalse(np.array_equal(a, model.run(seed=4)[name]))
+
+    # -- training --------------------------------------------------------------
+
+    def test_training_matches_strata_run_on_the_same_plan_and_data(self):
+        self.need_cli()
+        plan = self.pipeline_plan("train.splan")
+        x, labels = batches(3)
+        data = self.path("data")
+        os.makedirs(data, exist_ok=True)
+        np.save(os.path.join(data, "x.npy"), x)
+        np.save(os.path.join(data, "labels.npy"), labels)
+        printed = cli("run", self.path("train.splan"), "--steps", "3", "--data", data,
+                      "--checkpoint", self.path("ck_cli"))
+        with plan.trainer(checkpoint=self.path("ck_py")) as trainer:
+            losses = [trainer.step((x[k], labels[k])) for k in range(3)]
+            self.assertEqual(trainer.step_count, 3)
+        self.assertEqual(len(cli_losses(printed)), 3)
+        for ours, theirs in zip(losses, cli_losses(printed)):
+            self.assertAlmostEqual(ours, theirs, delta=6e-5)  # the CLI prints 4 decimals
+        ours = strata.read_checkpoint(self.path("ck_py"))
+        theirs = strata.read_checkpoint(self.path("ck_cli"))
+        self.assertEqual((ours["step"], ours["fingerprint"]), (3, plan.fingerprint))
+        self.assertEqual(ours["fingerprint"], theirs["fingerprint"])
+        self.assertEqual(sorted(ours["tensors"]), sorted(theirs["tensors"]))
+        for name, value in ours["tensors"].items():
+            np.testing.assert_array_equal(value, theirs["tensors"][name], err_msg=name)
+
+    def test_own_batches_are_the_clis_synthetic_ones(self):
+        self.need_cli()
+        plan = self.pipeline_plan("synthetic.splan")
+        printed = cli("run", self.path("synthetic.splan"), "--steps", "4")
+        with plan.trainer() as trainer:
+            self.assertEqual(trainer.num_batches, 8)
+            losses = trainer.fit(steps=4)
+        for ours, theirs in zip(losses, cli_losses(printed)):
+            self.assertAlmostEqual(ours, theirs, delta=6e-5)
+
+    def test_weights_state_and_aligned_batches_in_place(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="adam:lr=0.01")
+        x, labels = batches(1)
+        xa, la = aligned((8, 12)), aligned((8,), np.int64)
+        xa[...], la[...] = x[0], labels[0]
+        with plan.trainer() as trainer:
+            before = trainer.weights()
+            copied = strata._strata._input_bytes_copied()
+            trainer.step({"x": xa, "labels": la})
+            self.assertEqual(strata._strata._input_bytes_copied(), copied)
+            after = trainer.weights()
+            state = trainer.state()
+        self.assertEqual(sorted(before), ["fc0.bias", "fc0.weight", "head.bias", "head.weight"])
+        self.assertTrue(any(not np.array_equal(before[k], after[k]) for k in before))
+        self.assertTrue(set(after) < set(state))  # plus the optimizer's moments and step
+        self.assertIn("optimizer.step", state)
+
+    def test_resume_continues_bitwise(self):
+        plan = self.pipeline_plan("resume.splan")
+        x, labels = batches(4, seed=2)
+        with plan.trainer() as straight:
+            expected = [straight.step((x[k], labels[k])) for k in range(4)]
+        ck = self.path("ck_resume")
+        with plan.trainer(checkpoint=ck) as first:
+            first.fit(zip(x[:2], labels[:2]))
+        self.assertEqual(strata.read_checkpoint(ck)["step"], 2)
+        with plan.trainer(checkpoint=ck, resume=ck) as second:
+            self.assertEqual(second.step_count, 2)
+            rest = second.fit(zip(x[2:], labels[2:]))
+        self.assertEqual(rest, expected[2:])
+
+    def test_ctrl_c_in_a_loop_saves_and_stops(self):
+        plan = self.pipeline_plan("interrupt.splan")
+        x, labels = batches(3, seed=3)
+        ck = self.path("ck_interrupt")
+
+        def interrupted():
+            yield x[0], labels[0]
+            yield x[1], labels[1]
+            raise KeyboardInterrupt
+
+        trainer = plan.trainer(checkpoint=ck)
+        with self.assertRaises(KeyboardInterrupt):
+            trainer.fit(interrupted())
+        self.assertEqual(strata.read_checkpoint(ck)["step"], 2)
+        trainer.close()
+        self.assertTrue(trainer.closed)
+
+    def test_steps_release_the_gil(self):
+        # Python keeps running while another thread's step computes: samples
+        # of the main thread's clock fall well inside the step. Were the GIL
+        # held, none could (the margins cover the switches around the call).
+        model = strata.zoo.mlp(batch=256, input=2048, hidden=[2048, 2048], classes=10)
+        trainer = model.compile(train=True).trainer()
+        trainer.step()  # weights and arenas in place
+        span = []
+
+        def train():
+            start = time.perf_counter()
+            trainer.step()
+            span.extend([start, time.perf_counter()])
+
+        worker = threading.Thread(target=train)
+        samples, ticks = [], 0
+        worker.start()
+        while worker.is_alive():
+            ticks += 1
+            if ticks % 256 == 0:
+                samples.append(time.perf_counter())
+        worker.join()
+        trainer.close()
+        start, end = span
+        if end - start < 0.1:
+            self.skipTest(f"a step took {end - start:.3f} s, too short to tell")
+        inside = [t for t in samples if start + 0.02 < t < end - 0.02]
+        self.assertGreater(len(inside), 10, "Python did not run while strata trained")
+
+    # -- errors ----------------------------------------------------------------
+
+    def test_errors_carry_strata_messages_naming_the_file(self):
+        missing = self.path("missing.strata")
+        with self.assertRaises(strata.Error) as caught:
+            strata.load(missing)
+        self.assertIn(missing, str(caught.exception))
+        self.assertTrue(caught.exception.code)
+        bad = self.path("bad.strata")
+        with open(bad, "wb") as f:
+            f.write(b"not a model at all")
+        with self.assertRaises(strata.Error) as caught:
+            strata.load(bad)
+        self.assertIn(bad, str(caught.exception))
+        with self.assertRaises(strata.InvalidArgumentError) as caught:
+            strata.load(self.mlp).run({"x": np.zeros((8, 13), np.float32)})
+        self.assertIsInstance(caught.exception, ValueError)
+        self.assertIn("input 'x'", str(caught.exception))
+        with self.assertRaises(strata.Error) as caught:
+            strata.load(self.mlp).compile(train=True, mesh="1x1x2", microbatches=3)
+        self.assertIn(self.mlp, str(caught.exception))
+        with self.assertRaises(TypeError):
+            strata.load(self.mlp).compile(train=True, microbatch=2)
+
+    def test_training_plan_refuses_run_and_inference_plan_a_trainer(self):
+        model = strata.load(self.mlp)
+        with self.assertRaisesRegex(strata.Error, "trainer"):
+            model.compile(train=True).run()
+        with self.assertRaisesRegex(strata.Error, "train=True"):
+            model.compile().trainer()
+
+    # -- PyTorch ---------------------------------------------------------------
+
+    def test_from_torch_without_torch_says_what_is_missing(self):
+        with unittest.mock.patch.dict(sys.modules, {"torch": None}):
+            with self.assertRaisesRegex(ImportError, "PyTorch"):
+                strata.from_torch(object(), None)
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_from_torch_trains_like_torch_and_loads_back(self):
+        if not strata.onnx_import_built:
+            self.skipTest("this strata was built without ONNX import")
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                  torch.nn.Linear(16, 4))
+        reference = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                        torch.nn.Linear(16, 4))
+        reference.load_state_dict(net.state_dict())
+        x, labels = batches(3, seed=4)
+        model = strata.from_torch(net, torch.from_numpy(x[0]))
+        plan = model.compile(train=True, optimizer="sgd:lr=0.1", mesh="1x1x2", microbatches=2)
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(torch.from_numpy(x.reshape(-1, 12)),
+                                           torch.from_numpy(labels.reshape(-1))),
+            batch_size=8, shuffle=False)
+        with plan.trainer() as trainer:
+            losses = trainer.fit(loader)
+            trained = trainer.state_dict(net)
+        optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        expected = []
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(reference(xb), yb)
+            loss.backward()
+            optimizer.step()
+            expected.append(loss.item())
+        np.testing.assert_allclose(losses, expected, rtol=1e-4, atol=1e-6)
+        net.load_state_dict(trained, strict=True)
+        for (name, ours), theirs in zip(net.state_dict().items(), reference.state_dict().values()):
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=name)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
