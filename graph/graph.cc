@@ -106,7 +106,7 @@ Status check_name(std::string_view what, std::string_view name) {
   return Status::ok();
 }
 
-void Blob::AlignedFree::operator()(std::byte *p) const {
+void detail::BlobFree::operator()(std::byte *p) const {
   if (owned) std::free(p);
 }
 

@@ -38,6 +38,15 @@ enum class TensorKind : uint8_t {
 };
 std::string_view tensor_kind_name(TensorKind kind);
 
+namespace detail {
+// Frees a blob's bytes unless they are borrowed. Outside Blob so that it is
+// complete (and default-constructible) where Blob's members need it.
+struct BlobFree {
+  bool owned = true; // false: borrowed memory, which the blob's owner keeps
+  void operator()(std::byte *p) const;
+};
+} // namespace detail
+
 // A read-only block of bytes, 64-byte aligned, shared between graph copies.
 class Blob {
 public:
@@ -58,10 +67,7 @@ public:
   }
 
 private:
-  struct AlignedFree {
-    bool owned = true; // false: borrowed memory, which `owner_` keeps
-    void operator()(std::byte *p) const;
-  };
+  using AlignedFree = detail::BlobFree;
   std::unique_ptr<std::byte[], AlignedFree> data_;
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
