@@ -28,7 +28,7 @@ using serialization::Plan;
 
 struct InspectArgs {
   std::string path;
-  std::string format = "text"; // text, json or dot; plans also trace
+  std::string format = "text"; // text, json, report or dot; plans also trace
   int64_t max_nodes = 25;      // rows of the per-node table in text form
   bool all_nodes = false;
   bool comm = false; // pipeline plans: list every transfer and why it is there
@@ -195,6 +195,11 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
     out << text;
     return Status::ok();
   }
+  if (args.format == "report") {
+    ASSIGN_OR_RETURN(nlohmann::ordered_json report, plan_report(plan, args.path));
+    out << report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+    return Status::ok();
+  }
   if (args.format == "trace" || args.format == "dot") {
     if (!plan.pipeline)
       return invalid_argument("--format ", args.format,
@@ -213,7 +218,7 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
   }
   if (args.format != "text")
     return invalid_argument("--format ", args.format,
-                            " is for models; a plan prints as text, json, dot or trace");
+                            " is for models; a plan prints as text, json, report, dot or trace");
   if (args.comm && !plan.pipeline)
     return invalid_argument("--comm lists a pipeline plan's transfers; this plan has one device");
   out << "plan         " << args.path << "\n";
@@ -240,10 +245,10 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
 }
 
 Status inspect_command(const InspectArgs &args, std::ostream &out) {
-  if (args.format != "text" && args.format != "json" && args.format != "dot" &&
-      args.format != "trace")
+  if (args.format != "text" && args.format != "json" && args.format != "report" &&
+      args.format != "dot" && args.format != "trace")
     return invalid_argument("unknown --format '", args.format,
-                            "' (use text, json, dot, or trace for a pipeline plan)");
+                            "' (use text, json, report, dot, or trace for a pipeline plan)");
   if (args.comm && args.format != "text")
     return invalid_argument("--comm adds to the text report; drop --format ", args.format);
   if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
@@ -261,7 +266,7 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
   auto stats = compute_model_stats(graph);
   if (!stats.is_ok()) return stats.status().with_context(args.path);
   std::optional<passes::MemoryPlan> plan = plan_activations(graph);
-  if (args.format == "json") {
+  if (args.format == "json" || args.format == "report") {
     // Names are UTF-8 (the loader checks them); the path is whatever the
     // command line held, so bytes that are not UTF-8 print as U+FFFD.
     out << model_json(args.path, graph, *stats, plan)
@@ -284,9 +289,12 @@ void add_inspect(CLI::App &app, Action &action) {
   sub->add_option("FILE", args.path, "model (.strata, .json) or plan (.splan, .splan.json)")
       ->required();
   sub->add_option("--format", args.format,
-                  "text (for people), json (for scripts) or dot (Graphviz); for a pipeline "
-                  "plan also trace (the predicted schedule as a Chrome / Perfetto trace)")
-      ->check(CLI::IsMember({"text", "json", "dot", "trace"}))
+                  "text (for people), json (for scripts: a model's report, a plan's own JSON "
+                  "form), report (the text report's facts as JSON; for a plan its stages, "
+                  "memory, predicted times and every transfer, as Python's Plan.inspect() "
+                  "gives them) or dot (Graphviz); for a pipeline plan also trace (the "
+                  "predicted schedule as a Chrome / Perfetto trace)")
+      ->check(CLI::IsMember({"text", "json", "report", "dot", "trace"}))
       ->capture_default_str();
   CLI::Option *all = sub->add_flag("--all", args.all_nodes, "list every node in the text form");
   sub->add_flag("--comm", args.comm,
@@ -305,6 +313,7 @@ void add_inspect(CLI::App &app, Action &action) {
               "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
               "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
               "  strata inspect train.splan --format json # the plan's JSON form\n"
+              "  strata inspect pp.splan --format report | jq .transfers  # facts as JSON\n"
               "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule");
   sub->callback([&action] {
     action = []() -> Status {

@@ -1137,6 +1137,14 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   ASSERT_EQ(comm.code, 0) << comm.err;
   EXPECT_NE(comm.out.find("activation from"), std::string::npos) << comm.out;
   EXPECT_NE(comm.out.find("new value of 'wte'"), std::string::npos) << comm.out;
+  // The same facts as JSON: one entry per transfer the text lists.
+  Outcome report = strata({"inspect", "pp.splan", "--format", "report"});
+  ASSERT_EQ(report.code, 0) << report.err;
+  const auto facts = nlohmann::json::parse(report.out);
+  EXPECT_EQ(facts["pipeline"]["stages"], 4);
+  EXPECT_EQ(facts["stages"].size(), 4u);
+  const std::string listed = comm.out.substr(comm.out.find("transfers    ") + 13);
+  EXPECT_EQ(facts["transfers"].size(), std::stoul(listed)) << comm.out;
   Outcome dot = strata({"inspect", "pp.splan", "--format", "dot"});
   ASSERT_EQ(dot.code, 0) << dot.err;
   EXPECT_NE(dot.out.find("stage2 -> stage3"), std::string::npos) << dot.out;
