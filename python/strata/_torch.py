@@ -56,7 +56,13 @@ def from_torch(module, example_inputs, *, input_names=None, output_names=None, o
         output_names = ["output"]
 
     def export(onnx_path):
-        with torch.no_grad():
+        # Not under torch.no_grad(): with gradients off, PyTorch's transformer
+        # layers take a fused path (aten::_transformer_encoder_layer_fwd) that
+        # has no ONNX form. The export records no gradients either way.
+        # The tracer's warnings (Python values it records as constants) say
+        # what strata's static shapes mean anyway.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
             torch.onnx.export(module, inputs, onnx_path, input_names=list(input_names),
                               output_names=list(output_names), opset_version=opset,
                               do_constant_folding=False, export_params=True)
