@@ -70,13 +70,16 @@ def _save_if_behind(trainer):
         trainer.save()
 
 
-def _fit(self, batches=None, *, steps=None, log_every=0, log=print):
+def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
     """Trains one step per batch and returns the losses.
 
     batches: an iterable of batches as step() takes them (a PyTorch
     DataLoader yielding (x, labels), dicts by input name, ...); None trains
     on the trainer's own batches (its data folder, or synthetic ones), which
     then needs steps. steps: at most this many steps in this call.
+    skip: batches to pass over first, untrained: to finish an epoch that a
+    resumed run began, skip=trainer.step_count over the loader built as
+    before (same seed).
     log_every: call log("step N  loss L") every that many steps (0: never).
 
     With a checkpoint folder, the steps are saved there at the end, and when
@@ -87,7 +90,11 @@ def _fit(self, batches=None, *, steps=None, log_every=0, log=print):
         raise ValueError("fit() needs batches, or steps= to train on the trainer's own batches")
     if steps is not None and steps < 0:
         raise ValueError(f"fit(): steps must be at least 0, got {steps}")
-    source = _itertools.repeat(None) if batches is None else batches
+    if skip < 0:
+        raise ValueError(f"fit(): skip must be at least 0, got {skip}")
+    if skip and batches is None:
+        raise ValueError("fit(): skip needs batches (the trainer's own batches follow its step)")
+    source = _itertools.repeat(None) if batches is None else _itertools.islice(batches, skip, None)
     losses = []
     try:
         for batch in source:
