@@ -2,11 +2,13 @@
 trained, each checked against the strata CLI on the same files (byte-identical
 models and plans, the same inspect JSON, the same losses and bitwise the same
 weights after training); inputs read in place and outputs handed over without
-a copy; errors that name the file; PyTorch in and out (skipped, saying so,
-without torch).
+a copy; errors that name the file; PyTorch in and out: a transformer's and a
+ResNet's outputs, training beside PyTorch's, a shuffled DataLoader resumed
+from a checkpoint (skipped, saying so, without torch).
 
-Run by `meson test --suite python`, which sets PYTHONPATH to build/python and
-STRATA_BINARY to the CLI.
+Run under pytest by `meson test --suite python`, which sets PYTHONPATH to
+build/python and STRATA_BINARY to the CLI; `python3 test_strata.py` (unittest)
+works too.
 """
 
 import json
@@ -156,6 +158,10 @@ class StrataTest(unittest.TestCase):
             text = cli("inspect", self.path("inspect.splan"), "--comm")
             count = int(re.search(r"^transfers\s+(\d+)", text, re.M).group(1))
             self.assertEqual(count, len(transfers))
+            # The same facts, field for field, as the CLI's report of the file.
+            self.assertEqual(strata.load(self.path("inspect.splan")).inspect(),
+                             json.loads(cli("inspect", self.path("inspect.splan"), "--format",
+                                            "report")))
 
     # -- running: NumPy in and out -------------------------------------------
 
@@ -180,7 +186,7 @@ class StrataTest(unittest.TestCase):
             np.save(self.path("x.npy"), x)
             cli("run", self.mlp, "--input", "x=" + self.path("x.npy"), "--output",
                 self.path("y.npy"))
-            np.testing.assert_allclose(np.load(self.path("y.npy")), logits, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(np.load(self.path("y.npy")), logits)
 
     def test_model_runs_random_inputs_by_seed(self):
         model = strata.load(self.mlp)
@@ -373,6 +379,77 @@ class StrataTest(unittest.TestCase):
         for (name, ours), theirs in zip(net.state_dict().items(), reference.state_dict().values()):
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5,
                                        err_msg=name)
+
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_dataloader_run_resumes_from_a_checkpoint_exactly(self):
+        plan = self.pipeline_plan("loader_resume.splan")
+        x, labels = batches(4, seed=5)
+        data = torch.utils.data.TensorDataset(torch.from_numpy(x.reshape(-1, 12)),
+                                              torch.from_numpy(labels.reshape(-1)))
+
+        def loader():  # shuffled, the same order each time it is built
+            return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, drop_last=True,
+                                               generator=torch.Generator().manual_seed(9))
+
+        with plan.trainer() as straight:
+            expected = straight.fit(loader())
+            final = straight.weights()
+        ck = self.path("ck_loader")
+        with plan.trainer(checkpoint=ck) as first:
+            self.assertEqual(first.fit(loader(), steps=3), expected[:3])
+        with plan.trainer(checkpoint=ck, resume=ck) as second:
+            rest = second.fit(loader(), skip=second.step_count)
+            self.assertEqual(rest, expected[3:])
+            for name, value in second.weights().items():
+                np.testing.assert_array_equal(value, final[name], err_msg=name)
+        with self.assertRaisesRegex(ValueError, "skip"):
+            plan.trainer().fit(loader(), skip=-1)
+
+    def assert_outputs_match_torch(self, module, example):
+        model = strata.from_torch(module, example)
+        ours = model.run({"x": example.numpy()})[model.outputs[0]["name"]]
+        with torch.no_grad():
+            theirs = module(example).numpy()
+        self.assertEqual(ours.shape, theirs.shape)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_from_torch_transformer_gives_torchs_outputs(self):
+        if not strata.onnx_import_built:
+            self.skipTest("this strata was built without ONNX import")
+        torch.manual_seed(1)
+
+        class Tiny(torch.nn.Module):
+            def __init__(self, vocab=50, d=32, seq=16):
+                super().__init__()
+                self.emb = torch.nn.Embedding(vocab, d)
+                self.pos = torch.nn.Parameter(0.1 * torch.randn(1, seq, d))
+                layer = torch.nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True)
+                self.enc = torch.nn.TransformerEncoder(layer, 2)
+                self.head = torch.nn.Linear(d, vocab)
+
+            def forward(self, tokens):
+                return self.head(self.enc(self.emb(tokens) + self.pos))
+
+        self.assert_outputs_match_torch(Tiny().eval(), torch.randint(0, 50, (2, 16)))
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_from_torch_resnet_gives_torchs_outputs(self):
+        if not strata.onnx_import_built:
+            self.skipTest("this strata was built without ONNX import")
+        try:
+            import torchvision
+        except ImportError:
+            self.skipTest("no torchvision for " + sys.executable + " (apt install python3-torchvision)")
+        torch.manual_seed(2)
+        net = torchvision.models.resnet18(num_classes=10)
+        with torch.no_grad():  # running statistics that are not the identity
+            for layer in net.modules():
+                if isinstance(layer, torch.nn.BatchNorm2d):
+                    layer.running_mean.uniform_(-0.2, 0.2)
+                    layer.running_var.uniform_(0.5, 1.5)
+        self.assert_outputs_match_torch(net.eval(), torch.randn(2, 3, 32, 32))
 
 
 if __name__ == "__main__":
