@@ -9,7 +9,8 @@
 #   STRATA=path/to/strata fuzz/make_corpus.sh
 #
 # Each corpus stays under about 200 KB. The seeds are checked in; run this
-# again when a file format changes.
+# again when a file format changes. Inputs that found a bug are checked in as
+# fuzz/corpus/<target>/regression-<what>, and this keeps them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 strata=${STRATA:-build/tools/strata}
@@ -21,9 +22,11 @@ corpus=fuzz/corpus
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 targets=(checkpoint cluster model_binary model_json npy onnx plan_binary plan_json safetensors)
+# Inputs that once found a bug (regression-*) are kept; everything else is
+# written anew.
 for t in "${targets[@]}"; do
-  rm -rf "${corpus:?}/$t"
   mkdir -p "$corpus/$t"
+  find "${corpus:?}/$t" -type f ! -name 'regression-*' -delete
 done
 quiet() { "$strata" "$@" >/dev/null; }
 
