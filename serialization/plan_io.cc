@@ -1,4 +1,5 @@
 #include "serialization/plan_io.h"
+#include "serialization/model_io.h"
 
 #include <cmath>
 #include <cstring>
@@ -26,10 +27,10 @@ using namespace json_text;
 
 // The newest plan revision this build writes and reads. Revision 2 (pipeline
 // plans) is written only by plans with a pipeline; others stay revision 1.
-constexpr uint32_t kPlanVersion = 4;
+constexpr uint32_t kPlanVersion = 5;
 constexpr uint32_t kPipelinePlanVersion = 2;
-constexpr uint32_t kBucketPlanVersion = 3;      // plans with gradient buckets
 constexpr uint32_t kInterleavedPlanVersion = 4; // plans with model chunks per device
+constexpr uint32_t kDigestPlanVersion = 5;      // every plan written now: graph_digest
 constexpr uint64_t kMaxPlanBytes = FLATBUFFERS_MAX_BUFFER_SIZE - 1;
 constexpr uint64_t kMaxJsonBytes = uint64_t{1} << 30;
 
@@ -84,13 +85,12 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
   for (const PlanDevice &device : plan.devices)
     devices.push_back(fb::CreateDevice(builder, device.index, builder.CreateString(device.kind)));
   auto device_vector = builder.CreateVector(devices);
-  // A plan without a pipeline writes exactly the revision 1 fields (so its bytes
-  // are what they always were); a pipeline plan always writes its programs'
-  // instructions, slots and holds, and order and offsets only when not empty.
+  // A plan without a pipeline writes the revision 1 fields and the digest; a
+  // pipeline plan always writes its programs' instructions, slots and holds,
+  // and order and offsets only when not empty.
   // Whatever else the Plan holds is written too, for the loader to refuse.
   const bool pipelined = plan.pipeline.has_value();
   std::vector<flatbuffers::Offset<fb::Program>> programs;
-  bool any_buckets = false;
   for (const PlanProgram &program : plan.programs) {
     flatbuffers::Offset<flatbuffers::Vector<uint32_t>> order;
     flatbuffers::Offset<flatbuffers::Vector<int64_t>> offsets;
@@ -124,7 +124,6 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
         entries.push_back(
             fb::CreateBucket(builder, builder.CreateVector(bucket.tensors), bucket.reduce_scatter));
       buckets = builder.CreateVector(entries);
-      any_buckets = true;
     }
     programs.push_back(fb::CreateProgram(
         builder, program.device, order, program.arena_bytes, offsets, instructions, slots, holds,
@@ -165,13 +164,13 @@ Result<std::vector<uint8_t>> build_plan(const Plan &plan) {
         pp.predicted_step_s, pp.predicted_bubble, pp.data_parallel, groups, pp.zero,
         pp.tensor_parallel, pp.tp_groups_begin, shards, pp.bucket_bytes, pp.chunks);
   }
-  const uint32_t version = pipelined && plan.pipeline->chunks > 1 ? kInterleavedPlanVersion
-                           : any_buckets                          ? kBucketPlanVersion
-                           : pipelined                            ? kPipelinePlanVersion
-                                                                  : 1;
-  auto root = fb::CreatePlan(builder, version, static_cast<fb::PlanMode>(plan.mode), model, loss,
-                             loss_kind, optimizer, model_fingerprint, fingerprint, device_vector,
-                             program_vector, producer, pipeline);
+  // Every plan is written as revision 5 (the digest), which covers the
+  // fields of every earlier revision.
+  ASSIGN_OR_RETURN(std::string digest, graph_digest(plan.graph));
+  auto digest_string = builder.CreateString(digest);
+  auto root = fb::CreatePlan(builder, kDigestPlanVersion, static_cast<fb::PlanMode>(plan.mode),
+                             model, loss, loss_kind, optimizer, model_fingerprint, fingerprint,
+                             device_vector, program_vector, producer, pipeline, digest_string);
   fb::FinishPlanBuffer(builder, root);
   if (builder.GetSize() > kMaxPlanBytes)
     return out_of_range("the plan needs ", builder.GetSize(), " bytes, more than one FlatBuffer");
@@ -331,6 +330,8 @@ std::string plan_json_text(const fb::Plan &plan) {
     }
     obj.close();
   }
+  if (plan.graph_digest() != nullptr)
+    append_json_string(root.key("graph_digest"), plan.graph_digest());
   // The model last: it is the long part.
   if (plan.model() != nullptr) {
     std::string model = model_json_text(*plan.model());
@@ -944,6 +945,27 @@ Status sequential_program_from_fb(const fb::Program &q, const Graph &g, const st
   return Status::ok();
 }
 
+// Revision 5 and later: the embedded model, as loaded, hashes to the digest
+// the writer recorded. Earlier revisions have none and must not claim one.
+Status check_graph_digest(const fb::Plan &p, const Graph &graph) {
+  if (p.plan_version() < kDigestPlanVersion) {
+    if (p.graph_digest() != nullptr)
+      return invalid_argument("field graph_digest: the file has plan version ", p.plan_version(),
+                              " but model digests need version ", kDigestPlanVersion);
+    return Status::ok();
+  }
+  if (!is_hex_digest(p.graph_digest()))
+    return invalid_argument("field graph_digest is ",
+                            p.graph_digest() ? "not 64 lowercase hex digits" : "missing");
+  ASSIGN_OR_RETURN(std::string digest, graph_digest(graph));
+  if (digest != p.graph_digest()->string_view())
+    return invalid_argument("field model: the embedded model's SHA-256 is ", digest,
+                            ", not the graph_digest ", p.graph_digest()->string_view(),
+                            " it was written with: the model was edited or corrupted since; "
+                            "compile the plan again");
+  return Status::ok();
+}
+
 Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
   if (p.plan_version() == 0) return invalid_argument("field plan_version is missing");
   if (p.plan_version() > kPlanVersion)
@@ -974,6 +996,8 @@ Result<Plan> plan_from_fb(const fb::Plan &p, std::string_view model_dir) {
     return invalid_argument("field model_fingerprint is not 64 lowercase hex digits");
   if (!is_hex_digest(p.fingerprint()))
     return invalid_argument("field fingerprint is not 64 lowercase hex digits");
+
+  RETURN_IF_ERROR(check_graph_digest(p, g));
 
   std::set<uint32_t> device_indices;
   RETURN_IF_ERROR(devices_from_fb(p, plan, device_indices));
@@ -1109,6 +1133,11 @@ std::string_view instr_kind_name(InstrKind kind) {
 
 std::string_view plan_mode_name(Plan::Mode mode) {
   return mode == Plan::Mode::kTrain ? "train" : "infer";
+}
+
+Result<std::string> graph_digest(const Graph &graph) {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, model_to_flatbuffer(graph));
+  return sha256_hex(bytes);
 }
 
 std::string plan_fingerprint(llvm::ArrayRef<uint8_t> model_bytes, std::string_view options_text) {

@@ -180,6 +180,10 @@ std::string_view plan_mode_name(Plan::Mode mode);
 // e.g. "mode=train\nloss=mse\noptimizer=sgd:lr=0.1\noutput=logits\n").
 std::string plan_fingerprint(llvm::ArrayRef<uint8_t> model_bytes, std::string_view options_text);
 
+// Hex SHA-256 of a graph's canonical binary model bytes: the graph_digest a
+// plan records of its embedded model, checked when the plan loads.
+Result<std::string> graph_digest(const Graph &graph);
+
 // Whether `path` names a plan by its extension: ".splan" or ".splan.json".
 bool is_plan_path(std::string_view path);
 // Whether the file at `path` is a plan: by extension, else by content (binary

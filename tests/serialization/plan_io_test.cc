@@ -356,7 +356,7 @@ TEST(PipelinePlanTest, BinaryAndJsonRoundTripsAreByteIdentical) {
 
   auto json = plan_to_json(plan);
   ASSERT_TRUE(json.is_ok()) << json.status().message();
-  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 2,")) << json->substr(0, 40);
+  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 5,")) << json->substr(0, 40);
   for (const char *text :
        {"\"pipeline\": {", "\"schedule\": \"1f1b\"", "\"kind\": \"Send\"", "\"kind\": \"Recv\"",
         "\"kind\": \"Accumulate\"", "\"kind\": \"Scale\"", "\"kind\": \"Update\"",
@@ -406,11 +406,11 @@ TEST(PipelinePlanTest, BinaryAndJsonRoundTripsAreByteIdentical) {
   EXPECT_EQ(*plan_to_flatbuffer(*single_from_json), *single_bytes);
 }
 
-TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
+TEST(PipelinePlanTest, PlansWithoutAPipelineWriteNoPipelineFields) {
   Plan plan = make_plan(tiny_training_graph());
   auto json = plan_to_json(plan);
   ASSERT_TRUE(json.is_ok());
-  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 1,")) << json->substr(0, 40);
+  EXPECT_TRUE(json->starts_with("{\n  \"plan_version\": 5,")) << json->substr(0, 40);
   for (const char *field : {"pipeline", "instructions", "slots", "holds", "predicted"})
     EXPECT_EQ(json->find(field), std::string::npos) << field;
   auto bytes = plan_to_flatbuffer(plan);
@@ -419,17 +419,17 @@ TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
   EXPECT_FALSE(loaded->pipeline.has_value());
   EXPECT_EQ(loaded->programs, plan.programs);
-  // Revision 1 programs and the plan table carry no revision 2 field, so the
-  // bytes are what a revision 1 writer produced: the binary round trip and a
-  // reader that stops at field `producer` see the same plan.
   EXPECT_EQ(*plan_to_flatbuffer(*loaded), *bytes);
+  // A file of revision 1 (no digest) still loads.
+  auto revision_one = load_plan_from_json(testing::as_plan_revision(*json, 1), "old.splan.json", ".");
+  ASSERT_TRUE(revision_one.is_ok()) << revision_one.status().message();
+  EXPECT_EQ(revision_one->programs, plan.programs);
 
   // A pipeline in a file that claims revision 1 is refused, and so is a
   // revision newer than this build's.
   auto pipeline_json = plan_to_json(make_pipeline_plan(tiny_training_graph()));
   ASSERT_TRUE(pipeline_json.is_ok());
-  std::string old = *pipeline_json;
-  old.replace(old.find("\"plan_version\": 2"), 17, "\"plan_version\": 1");
+  std::string old = testing::as_plan_revision(*pipeline_json, 1);
   auto refused = load_plan_from_json(old, "old.splan.json", ".");
   ASSERT_FALSE(refused.is_ok());
   EXPECT_NE(refused.status().message().find("old.splan.json"), std::string::npos);
@@ -437,11 +437,43 @@ TEST(PipelinePlanTest, PlansWithoutAPipelineStayRevisionOne) {
             std::string::npos)
       << refused.status().message();
   std::string newer = *pipeline_json;
-  newer.replace(newer.find("\"plan_version\": 2"), 17, "\"plan_version\": 5");
+  newer.replace(newer.find("\"plan_version\": 5"), 17, "\"plan_version\": 6");
   auto too_new = load_plan_from_json(newer, "new.splan.json", ".");
   ASSERT_FALSE(too_new.is_ok());
-  EXPECT_NE(too_new.status().message().find("plan version 5"), std::string::npos)
+  EXPECT_NE(too_new.status().message().find("plan version 6"), std::string::npos)
       << too_new.status().message();
+}
+
+// Issue 29: a plan whose embedded model was edited loaded and trained other
+// weights. The digest of the model, recomputed at load, refuses it.
+TEST(PipelinePlanTest, AnEditedEmbeddedModelIsRefused) {
+  auto json = plan_to_json(make_pipeline_plan(tiny_training_graph()));
+  ASSERT_TRUE(json.is_ok());
+  ASSERT_TRUE(load_plan_from_json(*json, "p.splan.json", ".").is_ok());
+  auto refused = [&](const std::string &text, const std::string &expected) {
+    auto loaded = load_plan_from_json(text, "p.splan.json", ".");
+    ASSERT_FALSE(loaded.is_ok()) << expected;
+    EXPECT_NE(loaded.status().message().find("p.splan.json"), std::string::npos);
+    EXPECT_NE(loaded.status().message().find(expected), std::string::npos)
+        << loaded.status().message();
+  };
+  // A weight's initializer: mean 0 -> 1, a model that loads on its own.
+  std::string edited = *json;
+  const std::string normal = "\"kind\": \"Normal\", \"a\": 0.0";
+  ASSERT_NE(edited.find(normal), std::string::npos);
+  edited.replace(edited.find(normal), normal.size(), "\"kind\": \"Normal\", \"a\": 1.0");
+  refused(edited, "field model: the embedded model's SHA-256 is ");
+  // The digest itself damaged, missing, or in a file of an older revision.
+  const size_t digest = json->find("\"graph_digest\": \"") + 17;
+  std::string flipped = *json;
+  flipped[digest] = flipped[digest] == '0' ? '1' : '0';
+  refused(flipped, "it was written with: the model was edited or corrupted");
+  std::string missing = testing::as_plan_revision(*json, 1);
+  missing.replace(missing.find("\"plan_version\": 1"), 17, "\"plan_version\": 5");
+  refused(missing, "field graph_digest is missing");
+  std::string older = *json;
+  older.replace(older.find("\"plan_version\": 5"), 17, "\"plan_version\": 4");
+  refused(older, "field graph_digest: the file has plan version 4");
 }
 
 TEST(PipelinePlanTest, MeaningErrorsNameTheField) {
@@ -731,7 +763,7 @@ TEST(PipelinePlanTest, GradientBucketsRoundTripAndAreChecked) {
   EXPECT_EQ(loaded->programs, plan.programs);
   auto json = plan_to_json(plan);
   ASSERT_TRUE(json.is_ok());
-  EXPECT_NE(json->find("\"plan_version\": 3"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"plan_version\": 5"), std::string::npos) << *json;
   EXPECT_NE(json->find("\"bucket_bytes\": 1024"), std::string::npos) << *json;
   EXPECT_NE(json->find("\"buckets\": ["), std::string::npos) << *json;
   EXPECT_NE(json->find(str_cat("{\"tensors\": [", grad, "], \"reduce_scatter\": false}")),
@@ -741,10 +773,10 @@ TEST(PipelinePlanTest, GradientBucketsRoundTripAndAreChecked) {
   auto from_json = load_plan_from_json(*json, "buckets.splan.json", ".");
   ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
   EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
-  // Without buckets the same plan stays revision 2.
+  // Without buckets the same plan writes none.
   auto plain = plan_to_json(make_data_parallel_plan());
   ASSERT_TRUE(plain.is_ok());
-  EXPECT_NE(plain->find("\"plan_version\": 2"), std::string::npos);
+  EXPECT_EQ(plain->find("\"buckets\""), std::string::npos);
 
   const size_t start = plan.programs[1].instructions.size() - 2, wait = start + 1;
   const TensorId weight = plan.programs[1].holds[0];

@@ -36,6 +36,21 @@ private:
   std::filesystem::path path_;
 };
 
+// A plan's JSON text as an older revision would have written it: version
+// `version` and no graph_digest (revision 5's field).
+inline std::string as_plan_revision(std::string json, int version) {
+  const std::string current = "\"plan_version\": 5,";
+  const size_t at = json.find(current);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no " << current << " in the plan";
+    return json;
+  }
+  json.replace(at, current.size(), "\"plan_version\": " + std::to_string(version) + ",");
+  const size_t digest = json.find("\n  \"graph_digest\": ");
+  if (digest != std::string::npos) json.erase(digest, json.find('\n', digest + 1) - digest);
+  return json;
+}
+
 // The interpreter with NumPy; the `python3` on PATH may lack it.
 inline constexpr const char *kSystemPython = "/usr/bin/python3";
 

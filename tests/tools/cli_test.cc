@@ -730,7 +730,7 @@ TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
 
   Outcome to_json = strata({"convert", "a.splan", "-o", "a.splan.json"});
   ASSERT_EQ(to_json.code, 0) << to_json.err;
-  EXPECT_TRUE(read_file(path("a.splan.json")).starts_with("{\n  \"plan_version\": 1"));
+  EXPECT_TRUE(read_file(path("a.splan.json")).starts_with("{\n  \"plan_version\": 5"));
   ASSERT_EQ(strata({"convert", "a.splan.json", "-o", "c.splan"}).code, 0);
   EXPECT_EQ(read_file(path("a.splan")), read_file(path("c.splan")));
 
