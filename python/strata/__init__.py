@@ -76,7 +76,9 @@ def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
     batches: an iterable of batches as step() takes them (a PyTorch
     DataLoader yielding (x, labels), dicts by input name, ...); None trains
     on the trainer's own batches (its data folder, or synthetic ones), which
-    then needs steps. steps: at most this many steps in this call.
+    then needs steps. steps: at most this many steps in this call; no batch
+    past those is taken from the iterable, so calls on one iterator go on
+    where the last one stopped.
     skip: batches to pass over first, untrained: to finish an epoch that a
     resumed run began, skip=trainer.step_count over the loader built as
     before (same seed).
@@ -95,11 +97,11 @@ def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
     if skip and batches is None:
         raise ValueError("fit(): skip needs batches (the trainer's own batches follow its step)")
     source = _itertools.repeat(None) if batches is None else _itertools.islice(batches, skip, None)
+    if steps is not None:
+        source = _itertools.islice(source, steps)
     losses = []
     try:
         for batch in source:
-            if steps is not None and len(losses) >= steps:
-                break
             loss = self.step(batch)
             losses.append(loss)
             if log_every and len(losses) % log_every == 0:

@@ -262,6 +262,18 @@ class StrataTest(unittest.TestCase):
             rest = second.fit(zip(x[2:], labels[2:]))
         self.assertEqual(rest, expected[2:])
 
+    def test_fit_with_steps_leaves_the_next_batch_in_the_iterator(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(4, seed=6)
+        with plan.trainer() as single:
+            expected = [single.step((x[k], labels[k])) for k in range(4)]
+        with plan.trainer() as trainer:
+            it = iter(zip(x, labels))
+            self.assertEqual(trainer.fit(it, steps=0), [])
+            losses = trainer.fit(it, steps=2) + trainer.fit(it, steps=2)
+            self.assertEqual(trainer.step_count, 4)
+        self.assertEqual(losses, expected)
+
     def test_ctrl_c_in_a_loop_saves_and_stops(self):
         plan = self.pipeline_plan("interrupt.splan")
         x, labels = batches(3, seed=3)
