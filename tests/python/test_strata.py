@@ -274,6 +274,16 @@ class StrataTest(unittest.TestCase):
             self.assertEqual(trainer.step_count, 4)
         self.assertEqual(losses, expected)
 
+    def test_fit_refuses_a_skip_that_leaves_nothing_to_train(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(2, seed=7)
+        with plan.trainer() as trainer:
+            for skip in (2, 3):
+                with self.assertRaisesRegex(ValueError, "ran out after 2 batches"):
+                    trainer.fit(zip(x, labels), skip=skip)
+            self.assertEqual(trainer.step_count, 0)
+            self.assertEqual(len(trainer.fit(zip(x, labels), skip=1)), 1)
+
     def test_ctrl_c_in_a_loop_saves_and_stops(self):
         plan = self.pipeline_plan("interrupt.splan")
         x, labels = batches(3, seed=3)
@@ -411,7 +421,7 @@ class StrataTest(unittest.TestCase):
         with plan.trainer(checkpoint=ck) as first:
             self.assertEqual(first.fit(loader(), steps=3), expected[:3])
         with plan.trainer(checkpoint=ck, resume=ck) as second:
-            rest = second.fit(loader(), skip=second.step_count)
+            rest = second.fit(loader(), skip=second.step_count % len(loader()))
             self.assertEqual(rest, expected[3:])
             for name, value in second.weights().items():
                 np.testing.assert_array_equal(value, final[name], err_msg=name)
