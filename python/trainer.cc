@@ -160,6 +160,14 @@ template <typename T, typename Get> T read_property(TrainerHandle &t, Get get) {
   return value;
 }
 
+// A field of the handle that calls change under its lock (close, saves),
+// read under that lock; unlike read_property, also once the trainer is closed.
+template <typename Get> auto read_field(TrainerHandle &t, Get get) {
+  py::gil_scoped_release release;
+  std::lock_guard<std::mutex> running(t.running);
+  return get(static_cast<const TrainerHandle &>(t));
+}
+
 py::dict read_checkpoint(py::handle path) {
   const std::string dir = path_text(path);
   Result<serialization::Checkpoint> checkpoint = [&]() -> Result<serialization::Checkpoint> {
@@ -280,9 +288,14 @@ void register_trainer(py::module_ &m) {
           "The inputs one step takes: [{'name', 'dtype', 'shape'}].")
       .def_property_readonly("checkpoint", [](const TrainerHandle &t) { return t.checkpoint; })
       .def_property_readonly(
-          "saved_step", [](const TrainerHandle &t) { return t.saved_step; },
+          "saved_step",
+          [](TrainerHandle &t) {
+            return read_field(t, [](const TrainerHandle &h) { return h.saved_step; });
+          },
           "The step of the last save into the checkpoint folder (-1: none).")
-      .def_property_readonly("closed", [](const TrainerHandle &t) { return !t.trainer; });
+      .def_property_readonly("closed", [](TrainerHandle &t) {
+        return read_field(t, [](const TrainerHandle &h) { return !h.trainer; });
+      });
 
   m.def("read_checkpoint", &read_checkpoint, py::arg("path"),
         "Reads a checkpoint folder: {'step', 'fingerprint', 'ranks', 'tensors': {name: "
