@@ -315,7 +315,9 @@ void register_model(py::module_ &m) {
       .def("run", &run, py::arg("inputs") = py::none(), py::kw_only(), py::arg("seed") = 0,
            py::arg("backend") = "cpu",
            "Runs the model forward once. inputs: a dict {name: array}, a list in input order, "
-           "or one array; None draws random inputs from seed. Returns {output name: array}.")
+           "or one array; None draws random inputs from seed. Returns {output name: array}. "
+           "Arrays of the input's dtype, C-contiguous and 64-byte aligned are read in place: "
+           "no other thread may change them until run() returns.")
       .def("compile", &compile,
            "Compiles the model into a Plan, as `strata compile` does with the options of the "
            "same names: train, loss, optimizer, loss_input, mesh ('DPxTPxPP' or a tuple), "

@@ -177,7 +177,9 @@ void register_plan(py::module_ &m) {
            "`strata compile` with the same options.")
       .def("run", &run, py::arg("inputs") = py::none(), py::kw_only(), py::arg("seed") = 0,
            py::arg("backend") = "cpu",
-           "Runs an inference plan once. inputs as for Model.run. Returns {output name: array}.")
+           "Runs an inference plan once. inputs as for Model.run. Returns {output name: array}. "
+           "Arrays of the input's dtype, C-contiguous and 64-byte aligned are read in place: "
+           "no other thread may change them until run() returns.")
       .def("trainer", &make_trainer,
            "A Trainer of this training plan. Keywords: checkpoint (a folder to save into), "
            "resume (a checkpoint folder to start from), checkpoint_every (steps), data (a "

@@ -232,7 +232,8 @@ void register_trainer(py::module_ &m) {
            "or tuple in input order (x, labels), or one array; NumPy arrays or PyTorch "
            "tensors, of the shapes in `batch`. None: the trainer's own next batch (its data "
            "folder, or synthetic batches). Arrays of the input's dtype, C-contiguous and "
-           "64-byte aligned are read in place.")
+           "64-byte aligned are read in place: no other thread may change them until step() "
+           "returns.")
       .def(
           "weights", [](TrainerHandle &t) { return values(t, true); },
           "{name: array} of the parameters, copies taken now.")
