@@ -12,6 +12,9 @@ namespace {
 
 using serialization::Plan;
 
+// Plan.trainer's keywords, as errors about the runner's GPU options name them.
+constexpr runtime::RunnerOptionNames kRunnerKeywords{"gpu=", "gpus=", "backend='cuda'"};
+
 // Runs `body` on the open trainer with the GIL released and the trainer's
 // lock held: one call at a time, however many Python threads share it.
 template <typename Body> Status with_trainer(TrainerHandle &t, Body &&body) {
@@ -201,12 +204,13 @@ std::unique_ptr<TrainerHandle> make_trainer(const PlanHandle &handle, const py::
   t->checkpoint_every = s.checkpoint_every;
   const Status status = [&]() -> Status {
     py::gil_scoped_release release;
-    RETURN_IF_ERROR(runtime::check_runner_options(plan, s.runner));
-    ASSIGN_OR_RETURN(s.runner.timeout, runtime::timeout_from_seconds(s.timeout_s));
-    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0));
+    RETURN_IF_ERROR(runtime::check_runner_options(plan, s.runner, kRunnerKeywords));
+    ASSIGN_OR_RETURN(s.runner.timeout, runtime::timeout_from_seconds(s.timeout_s, "timeout="));
+    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0,
+                                                             "checkpoint=", "resume="));
     ASSIGN_OR_RETURN(runtime::Dataset data, tools::training_data(plan, s.data, s.seed));
     ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
-                     runtime::make_runner(plan, s.runner));
+                     runtime::make_runner(plan, s.runner, kRunnerKeywords));
     t->batch_types = runner->batch_types();
     for (TensorId id : runner->graph().inputs())
       t->input_names.push_back(runner->graph().tensor(id).name);

@@ -354,6 +354,21 @@ class StrataTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             strata.load(self.mlp).compile(train=True, microbatch=2)
 
+    def test_trainer_errors_name_keywords_not_flags(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        ck = self.path("ck_taken")
+        with plan.trainer(checkpoint=ck) as first:
+            first.step()
+        with self.assertRaises(strata.Error) as caught:
+            plan.trainer(checkpoint=ck)
+        message = str(caught.exception)
+        self.assertIn("resume=", message)
+        self.assertIn(ck, message)
+        self.assertNotIn("--resume", message)
+        self.assertNotIn("--checkpoint", message)
+        with self.assertRaisesRegex(strata.InvalidArgumentError, "^timeout="):
+            plan.trainer(timeout=0)
+
     def test_training_plan_refuses_run_and_inference_plan_a_trainer(self):
         model = strata.load(self.mlp)
         with self.assertRaisesRegex(strata.Error, "trainer"):
