@@ -88,10 +88,12 @@ public:
   py::object get(const char *name);
   // Refuses every keyword not read.
   void finish() const;
+  // The TypeError of keyword `name` given `value` (or holding it) where it
+  // takes `expected`: "<what>: <name> must be <expected>, not <type>".
+  py::type_error wrong_type(const char *name, py::handle value, const char *expected) const;
 
 private:
   std::optional<py::object> find(const char *name);
-  py::type_error wrong_type(const char *name, py::handle value, const char *expected) const;
   const py::kwargs &kwargs_;
   std::string what_;
   std::set<std::string> known_;

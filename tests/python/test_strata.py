@@ -369,6 +369,18 @@ class StrataTest(unittest.TestCase):
         with self.assertRaisesRegex(strata.InvalidArgumentError, "^timeout="):
             plan.trainer(timeout=0)
 
+    def test_keywords_of_the_wrong_type_are_type_errors_naming_them(self):
+        for hidden in (["a"], [16, 2.5], "16", 16):
+            with self.assertRaisesRegex(TypeError, "hidden must be a list of integers"):
+                strata.zoo.mlp(hidden=hidden)
+        with self.assertRaisesRegex(TypeError, "mesh must be"):
+            strata.load(self.mlp).compile(mesh=(1, "1", 2))
+        # Refused before the file is read: a str would be its characters.
+        with self.assertRaisesRegex(TypeError, "constants takes a list of names"):
+            strata.import_onnx(self.path("missing.onnx"), constants="w")
+        with self.assertRaisesRegex(TypeError, "input_shapes"):
+            strata.import_onnx(self.path("missing.onnx"), input_shapes={"x": [1, "a"]})
+
     def test_training_plan_refuses_run_and_inference_plan_a_trainer(self):
         model = strata.load(self.mlp)
         with self.assertRaisesRegex(strata.Error, "trainer"):
