@@ -248,6 +248,23 @@ class StrataTest(unittest.TestCase):
         self.assertTrue(set(after) < set(state))  # plus the optimizer's moments and step
         self.assertIn("optimizer.step", state)
 
+    def test_integer_inputs_convert_only_the_values_that_fit(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(1, seed=8)
+        with plan.trainer() as trainer:
+            with self.assertRaisesRegex(strata.InvalidArgumentError, "input 'labels'.*float64"):
+                trainer.step((x[0], labels[0].astype(np.float64)))
+            # -100 is the loss's ignore_index: a wrapped value that would pass.
+            wrapping = np.full(labels[0].shape, 2**64 - 100, np.uint64)
+            with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                        "input 'labels'.*uint64.*18446744073709551516"):
+                trainer.step((x[0], wrapping))
+            self.assertEqual(trainer.step_count, 0)
+            narrow = trainer.step((x[0], labels[0].astype(np.int32)))
+            small = trainer.step((x[0], labels[0].astype(np.uint64)))
+        with plan.trainer() as reference:
+            self.assertEqual([reference.step((x[0], labels[0])) for _ in range(2)], [narrow, small])
+
     def test_resume_continues_bitwise(self):
         plan = self.pipeline_plan("resume.splan")
         x, labels = batches(4, seed=2)
@@ -454,6 +471,14 @@ class StrataTest(unittest.TestCase):
                 np.testing.assert_array_equal(value, final[name], err_msg=name)
         with self.assertRaisesRegex(ValueError, "skip"):
             plan.trainer().fit(loader(), skip=-1)
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_bfloat16_tensors_are_converted(self):
+        model = strata.load(self.mlp)
+        name = model.outputs[0]["name"]
+        x = torch.randn(8, 12).to(torch.bfloat16)
+        ours = model.run({"x": x})[name]
+        np.testing.assert_array_equal(ours, model.run({"x": x.float().numpy()})[name])
 
     def assert_outputs_match_torch(self, module, example):
         model = strata.from_torch(module, example)
