@@ -92,9 +92,12 @@ double step(TrainerHandle &t, py::handle batch) {
   double loss = 0;
   const Status status = with_trainer(t, [&](runtime::Trainer &trainer) -> Status {
     ASSIGN_OR_RETURN(loss, given ? trainer.train_step(tensors) : trainer.train_step());
-    if (t.checkpoint_every > 0 && trainer.step() % t.checkpoint_every == 0)
-      return save_into(t, t.checkpoint);
-    return Status::ok();
+    if (t.checkpoint_every == 0 || trainer.step() % t.checkpoint_every != 0) return Status::ok();
+    // The step stands (step_count counts it) though its loss is not returned.
+    const Status saved = save_into(t, t.checkpoint);
+    if (saved.is_ok()) return saved;
+    return saved.with_context(str_cat("step ", trainer.step(), " trained (loss ", loss,
+                                      ") but its checkpoint save failed"));
   });
   tensors.clear(); // arrays read in place are let go under the GIL
   check(status);

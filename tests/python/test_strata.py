@@ -301,6 +301,19 @@ class StrataTest(unittest.TestCase):
             self.assertEqual(trainer.step_count, 0)
             self.assertEqual(len(trainer.fit(zip(x, labels), skip=1)), 1)
 
+    def test_a_failed_checkpoint_save_says_the_step_trained(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        ck = self.path("ck_lost")
+        trainer = plan.trainer(checkpoint=ck, checkpoint_every=1)
+        shutil.rmtree(ck)
+        with open(ck, "w") as f:  # the folder is now a file: the save fails
+            f.write("not a folder")
+        failed = r"^step 1 trained \(loss [^)]+\) but its checkpoint save failed: "
+        with self.assertRaisesRegex(strata.Error, failed):
+            trainer.step()
+        self.assertEqual(trainer.step_count, 1)
+        trainer.close(save=False)
+
     def test_ctrl_c_in_a_loop_saves_and_stops(self):
         plan = self.pipeline_plan("interrupt.splan")
         x, labels = batches(3, seed=3)
