@@ -17,6 +17,11 @@ Result<runtime::Dataset> training_data(const serialization::Plan &plan, const st
   return runtime::synthetic_dataset(plan.graph, seed, 8, microbatches);
 }
 
+bool holds_checkpoint(const std::string &dir) {
+  std::error_code error;
+  return fs::exists(fs::path(dir) / serialization::kCheckpointManifestFile, error);
+}
+
 Result<std::optional<serialization::CheckpointLock>>
 claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank,
                         std::string_view checkpoint_option, std::string_view resume_option) {
@@ -30,8 +35,7 @@ claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume
   }
   std::error_code error;
   const bool resumes_it = !resume.empty() && fs::equivalent(resume, checkpoint, error);
-  if (!resumes_it &&
-      fs::exists(fs::path(checkpoint) / serialization::kCheckpointManifestFile, error))
+  if (!resumes_it && holds_checkpoint(checkpoint))
     return failed_precondition(checkpoint_option, " ", checkpoint,
                                " already holds a checkpoint, which this run would "
                                "replace; continue it with ",

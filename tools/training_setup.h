@@ -21,6 +21,10 @@ namespace strata::tools {
 Result<runtime::Dataset> training_data(const serialization::Plan &plan, const std::string &data_dir,
                                        uint64_t seed);
 
+// Whether the folder `dir` holds a checkpoint (a manifest: its first save
+// finished), which a save into it would replace.
+bool holds_checkpoint(const std::string &dir);
+
 // Claims the folder `checkpoint` (unless empty) for one training run: a
 // folder this process may write into, holding no checkpoint of another run
 // (one that `resume` names is this run's own), locked against other runs by
