@@ -177,6 +177,7 @@ struct TrainerHandle {
   std::unique_ptr<runtime::Trainer> trainer; // null once closed
   std::optional<serialization::CheckpointLock> lock;
   std::string source;                   // the plan's file, named in errors
+  std::string fingerprint;              // the plan's, which its checkpoints carry
   std::string checkpoint;               // folder saved into; empty: none
   int64_t checkpoint_every = 0;         // also save every this many steps
   int64_t saved_step = -1;              // the step of the last save into `checkpoint`

@@ -30,12 +30,29 @@ bool same_folder(const std::string &a, const std::string &b) {
   return a == b || std::filesystem::equivalent(a, b, error);
 }
 
+// Refuses to save into `dir`, a folder other than the trainer's own, over a
+// checkpoint that another plan wrote (or one whose manifest cannot be read);
+// this plan's checkpoint there may be replaced.
+Status check_replaceable(const TrainerHandle &t, const std::string &dir) {
+  if (!tools::holds_checkpoint(dir)) return Status::ok();
+  Result<std::string> fingerprint = serialization::read_checkpoint_fingerprint(dir);
+  if (!fingerprint.is_ok())
+    return fingerprint.status().with_context(
+        str_cat("save(): ", dir, " holds a checkpoint, which this save would replace"));
+  if (*fingerprint == t.fingerprint) return Status::ok();
+  return failed_precondition("save(): ", dir, " holds a checkpoint of another plan (fingerprint ",
+                             fingerprint->substr(0, 16), "..., this plan's ",
+                             t.fingerprint.substr(0, 16),
+                             "...), which this save would replace; save to another folder");
+}
+
 // Saves a checkpoint into `dir`: the trainer's own folder, which it holds, or
 // another, held for this save.
 Status save_into(TrainerHandle &t, const std::string &dir) {
   if (!same_folder(dir, t.checkpoint)) {
     ASSIGN_OR_RETURN(serialization::CheckpointLock lock,
                      serialization::CheckpointLock::acquire(dir));
+    RETURN_IF_ERROR(check_replaceable(t, dir));
     return t.trainer->save_checkpoint(dir);
   }
   RETURN_IF_ERROR(t.trainer->save_checkpoint(dir));
@@ -203,6 +220,7 @@ std::unique_ptr<TrainerHandle> make_trainer(const PlanHandle &handle, const py::
   const Plan &plan = handle.plan;
   auto t = std::make_unique<TrainerHandle>();
   t->source = handle.source;
+  t->fingerprint = plan.fingerprint;
   t->checkpoint = s.checkpoint;
   t->checkpoint_every = s.checkpoint_every;
   const Status status = [&]() -> Status {
@@ -249,7 +267,8 @@ void register_trainer(py::module_ &m) {
           "{name: array} of every parameter and state tensor (optimizer moments, "
           "'optimizer.step'): what a checkpoint holds.")
       .def("save", &save, py::arg("path") = py::none(),
-           "Saves a checkpoint into path (default: the trainer's checkpoint folder).")
+           "Saves a checkpoint into path (default: the trainer's checkpoint folder). A "
+           "folder holding a checkpoint of another plan is refused.")
       .def("restore", &restore, py::arg("path"),
            "Restores the weights, state and step count from a checkpoint of this plan.")
       .def("close", &close_trainer, py::kw_only(), py::arg("save") = true,

@@ -314,6 +314,26 @@ class StrataTest(unittest.TestCase):
         self.assertEqual(trainer.step_count, 1)
         trainer.close(save=False)
 
+    def test_save_refuses_a_folder_of_another_plans_checkpoint(self):
+        model = strata.load(self.mlp)
+        sgd = model.compile(train=True, optimizer="sgd:lr=0.1")
+        adam = model.compile(train=True, optimizer="adam:lr=0.01")
+        folder = self.path("ck_save_into")
+        with sgd.trainer() as first:
+            first.step()
+            first.save(folder)
+            first.step()
+            first.save(folder)  # this plan's checkpoint: replaced
+        self.assertEqual(strata.read_checkpoint(folder)["step"], 2)
+        with sgd.trainer() as again:
+            again.save(folder)
+        self.assertEqual(strata.read_checkpoint(folder)["step"], 0)
+        with adam.trainer() as other:
+            other.step()
+            with self.assertRaisesRegex(strata.Error, re.escape(folder) + ".*another plan"):
+                other.save(folder)
+        self.assertEqual(strata.read_checkpoint(folder)["fingerprint"], sgd.fingerprint)
+
     def test_ctrl_c_in_a_loop_saves_and_stops(self):
         plan = self.pipeline_plan("interrupt.splan")
         x, labels = batches(3, seed=3)
