@@ -286,9 +286,7 @@ py::object inspect(const Model &model) {
 
 py::dict run(Model &model, py::handle inputs, uint64_t seed, const std::string &backend) {
   runtime::RunnerOptions options;
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
-  options.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
+  options.backend = backend_of(backend);
   options.model_dir = model.source.empty() ? std::string(".") : tools::folder_of(model.source);
   options.source = model_source(model);
   return run_forward(model.forward, model.graph, options, inputs, seed);

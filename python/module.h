@@ -102,6 +102,9 @@ private:
 // A path argument: a str or an os.PathLike, as text.
 std::string path_text(py::handle path);
 
+// A backend= argument, 'cpu' or 'cuda'; any other is an InvalidArgumentError.
+runtime::Backend backend_of(const std::string &name);
+
 // ---------------------------------------------------------------------------
 // arrays.cc
 

@@ -58,10 +58,8 @@ py::dict run(PlanHandle &handle, py::handle inputs, uint64_t seed, const std::st
     throw StatusError(failed_precondition(
         handle.source, " is a training plan: train it with plan.trainer(), whose step(batch) "
                        "runs it; run() runs inference plans (compile without train=True)"));
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
   runtime::RunnerOptions options;
-  options.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
+  options.backend = backend_of(backend);
   options.model_dir = handle.folder;
   options.source = handle.source;
   return run_forward(handle.forward, handle.plan.graph, options, inputs, seed);

@@ -91,11 +91,9 @@ TrainerSettings trainer_settings(const PlanHandle &handle, const py::kwargs &kwa
     throw StatusError(invalid_argument("checkpoint_every must be at least 0"));
   if (s.checkpoint_every > 0 && s.checkpoint.empty())
     throw StatusError(invalid_argument("checkpoint_every needs checkpoint=FOLDER"));
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
+  s.runner.backend = backend_of(backend);
   if (gpu < 0 || gpu > std::numeric_limits<int>::max())
     throw StatusError(invalid_argument("gpu is a CUDA device ordinal, got ", gpu));
-  s.runner.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
   s.runner.gpu = static_cast<int>(gpu);
   s.runner.model_dir = handle.folder;
   s.runner.source = handle.source;
