@@ -45,6 +45,28 @@ bool convertible(char kind, DType want) {
   return kind == 'f' || kind == 'i' || kind == 'u';
 }
 
+// Refuses an integer array holding a value that the integer dtype of `type`
+// cannot hold, which NumPy's conversion would wrap (uint64 to int64, int64
+// to int32) into another value, even a valid one: narrowing is only taken
+// for values that fit. `dtype` names the array's dtype.
+void check_integer_range(const py::array &array, const std::string &name, const TensorType &type,
+                         const std::string &dtype) {
+  // Signed integers no wider, unsigned ones narrower: every value fits.
+  const char kind = array.dtype().kind();
+  const size_t from = static_cast<size_t>(array.dtype().itemsize()), to = dtype_size(type.dtype);
+  if (array.size() == 0 || (kind == 'i' && from <= to) || (kind == 'u' && from < to)) return;
+  // As Python ints, which compare exactly whatever the two dtypes.
+  py::object limits = py::module_::import("numpy").attr("iinfo")(numpy_dtype(type.dtype));
+  const py::int_ low(array.attr("min")()), high(array.attr("max")());
+  const py::int_ lowest(limits.attr("min")), highest(limits.attr("max"));
+  if (low >= lowest && high <= highest) return;
+  const py::int_ &outside = low < lowest ? low : high;
+  throw StatusError(invalid_argument("input '", name, "' is ", type.to_string(), ": the ", dtype,
+                                     " array holds ", std::string(py::str(outside)), ", which ",
+                                     dtype_name(type.dtype),
+                                     " cannot hold (converting would wrap it)"));
+}
+
 std::string shape_text(const py::array &array) {
   std::string text = "(";
   for (py::ssize_t d = 0; d < array.ndim(); ++d)
@@ -53,14 +75,18 @@ std::string shape_text(const py::array &array) {
 }
 
 // `value` as a NumPy array: itself, a PyTorch tensor's values (detached, on
-// the CPU: a view of the tensor's memory where it is there already), or
-// whatever numpy.asarray makes of it.
+// the CPU: a view of the tensor's memory where it is there already; a
+// bfloat16 tensor's as float32, NumPy having no bfloat16), or whatever
+// numpy.asarray makes of it.
 py::array as_numpy(py::handle value, const std::string &name) {
   py::object source = py::reinterpret_borrow<py::object>(value);
   if (!py::isinstance<py::array>(value) && py::hasattr(value, "detach") &&
       py::hasattr(value, "numpy")) {
     source = value.attr("detach")();
     if (py::hasattr(source, "cpu")) source = source.attr("cpu")();
+    if (py::hasattr(source, "dtype") && py::hasattr(source, "float") &&
+        std::string(py::str(source.attr("dtype"))) == "torch.bfloat16")
+      source = source.attr("float")();
     source = source.attr("numpy")();
   }
   py::array array = py::array::ensure(source);
@@ -119,6 +145,7 @@ HostTensor to_host_tensor(py::handle value, const std::string &name, const Tenso
   if (!convertible(array.dtype().kind(), type.dtype))
     throw StatusError(
         invalid_argument("input '", name, "' is ", type.to_string(), ", got an array of ", dtype));
+  if (is_integer(type.dtype)) check_integer_range(array, name, type, dtype);
   const bool aligned = reinterpret_cast<uintptr_t>(array.data()) % 64 == 0;
   const bool c_contiguous = (array.flags() & py::array::c_style) != 0;
   if (same_layout(array.dtype(), type.dtype) && c_contiguous && aligned)

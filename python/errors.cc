@@ -92,6 +92,12 @@ std::string path_text(py::handle path) {
   return text.cast<std::string>();
 }
 
+runtime::Backend backend_of(const std::string &name) {
+  if (name == "cpu") return runtime::Backend::kCpu;
+  if (name == "cuda") return runtime::Backend::kCuda;
+  throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", name, "'"));
+}
+
 std::optional<py::object> Keywords::find(const char *name) {
   known_.insert(name);
   if (!kwargs_.contains(name)) return std::nullopt;

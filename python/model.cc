@@ -43,6 +43,17 @@ py::object load_any(py::handle path_arg) {
   return py::cast(load_model(path_arg));
 }
 
+// `item` (of a list or tuple a keyword takes) as an integer; nullopt for
+// bools, floats and whatever else is not an integer within int64.
+std::optional<int64_t> as_integer(py::handle item) {
+  if (PyBool_Check(item.ptr()) || PyFloat_Check(item.ptr())) return std::nullopt;
+  try {
+    return item.cast<int64_t>();
+  } catch (const py::cast_error &) {
+    return std::nullopt;
+  }
+}
+
 // An input shape for import_onnx: "1x3x224x224" or a sequence of dims.
 std::vector<int64_t> dims_of(py::handle value, const std::string &name) {
   if (py::isinstance<py::str>(value)) {
@@ -51,12 +62,17 @@ std::vector<int64_t> dims_of(py::handle value, const std::string &name) {
       throw StatusError(shape.status().with_context(str_cat("input_shapes['", name, "']")));
     return std::vector<int64_t>(shape->begin(), shape->end());
   }
+  auto wrong_type = [&](py::handle given) {
+    return py::type_error(str_cat("import_onnx: input_shapes['", name,
+                                  "'] must be 'd0xd1x...' or a sequence of integers, not ",
+                                  Py_TYPE(given.ptr())->tp_name));
+  };
+  if (!py::isinstance<py::iterable>(value)) throw wrong_type(value);
   std::vector<int64_t> dims;
   for (py::handle dim : value) {
-    if (PyBool_Check(dim.ptr()) || PyFloat_Check(dim.ptr()))
-      throw py::type_error(str_cat("import_onnx: input_shapes['", name,
-                                   "'] holds dims (integers), not ", Py_TYPE(dim.ptr())->tp_name));
-    const int64_t d = dim.cast<int64_t>();
+    const std::optional<int64_t> given = as_integer(dim);
+    if (!given) throw wrong_type(dim);
+    const int64_t d = *given;
     if (d < 0)
       throw StatusError(invalid_argument("input_shapes['", name, "']: dims are counts, got ", d));
     dims.push_back(d);
@@ -75,9 +91,14 @@ std::unique_ptr<Model> import_onnx(py::handle path_arg, py::handle shapes, py::h
       options.input_shapes[name] = dims_of(item.second, name);
     }
   }
-  if (!constants.is_none())
+  if (!constants.is_none()) {
+    // A str is iterable too, but as its characters.
+    if (py::isinstance<py::str>(constants) || !py::isinstance<py::iterable>(constants))
+      throw py::type_error(str_cat("import_onnx: constants takes a list of names, not ",
+                                   Py_TYPE(constants.ptr())->tp_name));
     for (py::handle name : constants)
       options.constants.insert(std::string(py::str(name)));
+  }
   std::vector<std::string> warnings, external_files;
   Result<Graph> graph = [&]() -> Result<Graph> {
     py::gil_scoped_release release;
@@ -103,9 +124,13 @@ int64_t zoo_size(Keywords &keywords, const char *name, int64_t value, int64_t lo
 std::vector<int64_t> zoo_sizes(Keywords &keywords, const char *name, std::vector<int64_t> sizes) {
   py::object given = keywords.get(name);
   if (given.is_none()) return sizes;
+  if (py::isinstance<py::str>(given) || !py::isinstance<py::iterable>(given))
+    throw keywords.wrong_type(name, given, "a list of integers");
   sizes.clear();
   for (py::handle size : given) {
-    const int64_t value = size.cast<int64_t>();
+    const std::optional<int64_t> integer = as_integer(size);
+    if (!integer) throw keywords.wrong_type(name, size, "a list of integers");
+    const int64_t value = *integer;
     if (value < 1 || value > std::numeric_limits<int32_t>::max())
       throw StatusError(invalid_argument(name, " holds sizes from 1 to ",
                                          std::numeric_limits<int32_t>::max(), ", got ", value));
@@ -156,14 +181,17 @@ std::unique_ptr<Model> zoo_gpt(const py::kwargs &kwargs) {
 }
 
 // mesh=: "DPxTPxPP" or (DP, TP, PP).
-std::string mesh_text(py::handle mesh) {
+std::string mesh_text(const Keywords &keywords, py::handle mesh) {
+  constexpr const char *kExpected = "'DPxTPxPP' or a tuple of integers (DP, TP, PP)";
   if (py::isinstance<py::str>(mesh)) return mesh.cast<std::string>();
   if (!py::isinstance<py::tuple>(mesh) && !py::isinstance<py::list>(mesh))
-    throw py::type_error(str_cat("Model.compile(): mesh is 'DPxTPxPP' or (DP, TP, PP), not ",
-                                 Py_TYPE(mesh.ptr())->tp_name));
+    throw keywords.wrong_type("mesh", mesh, kExpected);
   std::string text;
-  for (py::handle size : mesh)
-    text += str_cat(text.empty() ? "" : "x", size.cast<int64_t>());
+  for (py::handle size : mesh) {
+    const std::optional<int64_t> integer = as_integer(size);
+    if (!integer) throw keywords.wrong_type("mesh", size, kExpected);
+    text += str_cat(text.empty() ? "" : "x", *integer);
+  }
   return text;
 }
 
@@ -207,7 +235,7 @@ tools::CompileOptions compile_options(const py::kwargs &kwargs) {
   keywords.read("loss", o.loss);
   keywords.read("optimizer", o.optimizer);
   keywords.read("loss_input", o.output_tensor);
-  if (py::object mesh = keywords.get("mesh"); !mesh.is_none()) o.mesh = mesh_text(mesh);
+  if (py::object mesh = keywords.get("mesh"); !mesh.is_none()) o.mesh = mesh_text(keywords, mesh);
   keywords.read("microbatches", o.microbatches);
   keywords.read("schedule", o.schedule);
   keywords.read("chunks", o.chunks);
@@ -258,9 +286,7 @@ py::object inspect(const Model &model) {
 
 py::dict run(Model &model, py::handle inputs, uint64_t seed, const std::string &backend) {
   runtime::RunnerOptions options;
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
-  options.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
+  options.backend = backend_of(backend);
   options.model_dir = model.source.empty() ? std::string(".") : tools::folder_of(model.source);
   options.source = model_source(model);
   return run_forward(model.forward, model.graph, options, inputs, seed);
@@ -315,7 +341,9 @@ void register_model(py::module_ &m) {
       .def("run", &run, py::arg("inputs") = py::none(), py::kw_only(), py::arg("seed") = 0,
            py::arg("backend") = "cpu",
            "Runs the model forward once. inputs: a dict {name: array}, a list in input order, "
-           "or one array; None draws random inputs from seed. Returns {output name: array}.")
+           "or one array; None draws random inputs from seed. Returns {output name: array}. "
+           "Arrays of the input's dtype, C-contiguous and 64-byte aligned are read in place: "
+           "no other thread may change them until run() returns.")
       .def("compile", &compile,
            "Compiles the model into a Plan, as `strata compile` does with the options of the "
            "same names: train, loss, optimizer, loss_input, mesh ('DPxTPxPP' or a tuple), "

@@ -88,10 +88,12 @@ public:
   py::object get(const char *name);
   // Refuses every keyword not read.
   void finish() const;
+  // The TypeError of keyword `name` given `value` (or holding it) where it
+  // takes `expected`: "<what>: <name> must be <expected>, not <type>".
+  py::type_error wrong_type(const char *name, py::handle value, const char *expected) const;
 
 private:
   std::optional<py::object> find(const char *name);
-  py::type_error wrong_type(const char *name, py::handle value, const char *expected) const;
   const py::kwargs &kwargs_;
   std::string what_;
   std::set<std::string> known_;
@@ -99,6 +101,9 @@ private:
 
 // A path argument: a str or an os.PathLike, as text.
 std::string path_text(py::handle path);
+
+// A backend= argument, 'cpu' or 'cuda'; any other is an InvalidArgumentError.
+runtime::Backend backend_of(const std::string &name);
 
 // ---------------------------------------------------------------------------
 // arrays.cc
@@ -175,6 +180,7 @@ struct TrainerHandle {
   std::unique_ptr<runtime::Trainer> trainer; // null once closed
   std::optional<serialization::CheckpointLock> lock;
   std::string source;                   // the plan's file, named in errors
+  std::string fingerprint;              // the plan's, which its checkpoints carry
   std::string checkpoint;               // folder saved into; empty: none
   int64_t checkpoint_every = 0;         // also save every this many steps
   int64_t saved_step = -1;              // the step of the last save into `checkpoint`

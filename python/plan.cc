@@ -58,10 +58,8 @@ py::dict run(PlanHandle &handle, py::handle inputs, uint64_t seed, const std::st
     throw StatusError(failed_precondition(
         handle.source, " is a training plan: train it with plan.trainer(), whose step(batch) "
                        "runs it; run() runs inference plans (compile without train=True)"));
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
   runtime::RunnerOptions options;
-  options.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
+  options.backend = backend_of(backend);
   options.model_dir = handle.folder;
   options.source = handle.source;
   return run_forward(handle.forward, handle.plan.graph, options, inputs, seed);
@@ -177,7 +175,9 @@ void register_plan(py::module_ &m) {
            "`strata compile` with the same options.")
       .def("run", &run, py::arg("inputs") = py::none(), py::kw_only(), py::arg("seed") = 0,
            py::arg("backend") = "cpu",
-           "Runs an inference plan once. inputs as for Model.run. Returns {output name: array}.")
+           "Runs an inference plan once. inputs as for Model.run. Returns {output name: array}. "
+           "Arrays of the input's dtype, C-contiguous and 64-byte aligned are read in place: "
+           "no other thread may change them until run() returns.")
       .def("trainer", &make_trainer,
            "A Trainer of this training plan. Keywords: checkpoint (a folder to save into), "
            "resume (a checkpoint folder to start from), checkpoint_every (steps), data (a "

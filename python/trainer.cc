@@ -12,6 +12,9 @@ namespace {
 
 using serialization::Plan;
 
+// Plan.trainer's keywords, as errors about the runner's GPU options name them.
+constexpr runtime::RunnerOptionNames kRunnerKeywords{"gpu=", "gpus=", "backend='cuda'"};
+
 // Runs `body` on the open trainer with the GIL released and the trainer's
 // lock held: one call at a time, however many Python threads share it.
 template <typename Body> Status with_trainer(TrainerHandle &t, Body &&body) {
@@ -27,12 +30,29 @@ bool same_folder(const std::string &a, const std::string &b) {
   return a == b || std::filesystem::equivalent(a, b, error);
 }
 
+// Refuses to save into `dir`, a folder other than the trainer's own, over a
+// checkpoint that another plan wrote (or one whose manifest cannot be read);
+// this plan's checkpoint there may be replaced.
+Status check_replaceable(const TrainerHandle &t, const std::string &dir) {
+  if (!tools::holds_checkpoint(dir)) return Status::ok();
+  Result<std::string> fingerprint = serialization::read_checkpoint_fingerprint(dir);
+  if (!fingerprint.is_ok())
+    return fingerprint.status().with_context(
+        str_cat("save(): ", dir, " holds a checkpoint, which this save would replace"));
+  if (*fingerprint == t.fingerprint) return Status::ok();
+  return failed_precondition("save(): ", dir, " holds a checkpoint of another plan (fingerprint ",
+                             fingerprint->substr(0, 16), "..., this plan's ",
+                             t.fingerprint.substr(0, 16),
+                             "...), which this save would replace; save to another folder");
+}
+
 // Saves a checkpoint into `dir`: the trainer's own folder, which it holds, or
 // another, held for this save.
 Status save_into(TrainerHandle &t, const std::string &dir) {
   if (!same_folder(dir, t.checkpoint)) {
     ASSIGN_OR_RETURN(serialization::CheckpointLock lock,
                      serialization::CheckpointLock::acquire(dir));
+    RETURN_IF_ERROR(check_replaceable(t, dir));
     return t.trainer->save_checkpoint(dir);
   }
   RETURN_IF_ERROR(t.trainer->save_checkpoint(dir));
@@ -71,11 +91,9 @@ TrainerSettings trainer_settings(const PlanHandle &handle, const py::kwargs &kwa
     throw StatusError(invalid_argument("checkpoint_every must be at least 0"));
   if (s.checkpoint_every > 0 && s.checkpoint.empty())
     throw StatusError(invalid_argument("checkpoint_every needs checkpoint=FOLDER"));
-  if (backend != "cpu" && backend != "cuda")
-    throw StatusError(invalid_argument("backend is 'cpu' or 'cuda', got '", backend, "'"));
+  s.runner.backend = backend_of(backend);
   if (gpu < 0 || gpu > std::numeric_limits<int>::max())
     throw StatusError(invalid_argument("gpu is a CUDA device ordinal, got ", gpu));
-  s.runner.backend = backend == "cuda" ? runtime::Backend::kCuda : runtime::Backend::kCpu;
   s.runner.gpu = static_cast<int>(gpu);
   s.runner.model_dir = handle.folder;
   s.runner.source = handle.source;
@@ -89,9 +107,12 @@ double step(TrainerHandle &t, py::handle batch) {
   double loss = 0;
   const Status status = with_trainer(t, [&](runtime::Trainer &trainer) -> Status {
     ASSIGN_OR_RETURN(loss, given ? trainer.train_step(tensors) : trainer.train_step());
-    if (t.checkpoint_every > 0 && trainer.step() % t.checkpoint_every == 0)
-      return save_into(t, t.checkpoint);
-    return Status::ok();
+    if (t.checkpoint_every == 0 || trainer.step() % t.checkpoint_every != 0) return Status::ok();
+    // The step stands (step_count counts it) though its loss is not returned.
+    const Status saved = save_into(t, t.checkpoint);
+    if (saved.is_ok()) return saved;
+    return saved.with_context(str_cat("step ", trainer.step(), " trained (loss ", loss,
+                                      ") but its checkpoint save failed"));
   });
   tensors.clear(); // arrays read in place are let go under the GIL
   check(status);
@@ -160,6 +181,14 @@ template <typename T, typename Get> T read_property(TrainerHandle &t, Get get) {
   return value;
 }
 
+// A field of the handle that calls change under its lock (close, saves),
+// read under that lock; unlike read_property, also once the trainer is closed.
+template <typename Get> auto read_field(TrainerHandle &t, Get get) {
+  py::gil_scoped_release release;
+  std::lock_guard<std::mutex> running(t.running);
+  return get(static_cast<const TrainerHandle &>(t));
+}
+
 py::dict read_checkpoint(py::handle path) {
   const std::string dir = path_text(path);
   Result<serialization::Checkpoint> checkpoint = [&]() -> Result<serialization::Checkpoint> {
@@ -189,16 +218,18 @@ std::unique_ptr<TrainerHandle> make_trainer(const PlanHandle &handle, const py::
   const Plan &plan = handle.plan;
   auto t = std::make_unique<TrainerHandle>();
   t->source = handle.source;
+  t->fingerprint = plan.fingerprint;
   t->checkpoint = s.checkpoint;
   t->checkpoint_every = s.checkpoint_every;
   const Status status = [&]() -> Status {
     py::gil_scoped_release release;
-    RETURN_IF_ERROR(runtime::check_runner_options(plan, s.runner));
-    ASSIGN_OR_RETURN(s.runner.timeout, runtime::timeout_from_seconds(s.timeout_s));
-    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0));
+    RETURN_IF_ERROR(runtime::check_runner_options(plan, s.runner, kRunnerKeywords));
+    ASSIGN_OR_RETURN(s.runner.timeout, runtime::timeout_from_seconds(s.timeout_s, "timeout="));
+    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0,
+                                                             "checkpoint=", "resume="));
     ASSIGN_OR_RETURN(runtime::Dataset data, tools::training_data(plan, s.data, s.seed));
     ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
-                     runtime::make_runner(plan, s.runner));
+                     runtime::make_runner(plan, s.runner, kRunnerKeywords));
     t->batch_types = runner->batch_types();
     for (TensorId id : runner->graph().inputs())
       t->input_names.push_back(runner->graph().tensor(id).name);
@@ -224,7 +255,8 @@ void register_trainer(py::module_ &m) {
            "or tuple in input order (x, labels), or one array; NumPy arrays or PyTorch "
            "tensors, of the shapes in `batch`. None: the trainer's own next batch (its data "
            "folder, or synthetic batches). Arrays of the input's dtype, C-contiguous and "
-           "64-byte aligned are read in place.")
+           "64-byte aligned are read in place: no other thread may change them until step() "
+           "returns.")
       .def(
           "weights", [](TrainerHandle &t) { return values(t, true); },
           "{name: array} of the parameters, copies taken now.")
@@ -233,7 +265,8 @@ void register_trainer(py::module_ &m) {
           "{name: array} of every parameter and state tensor (optimizer moments, "
           "'optimizer.step'): what a checkpoint holds.")
       .def("save", &save, py::arg("path") = py::none(),
-           "Saves a checkpoint into path (default: the trainer's checkpoint folder).")
+           "Saves a checkpoint into path (default: the trainer's checkpoint folder). A "
+           "folder holding a checkpoint of another plan is refused.")
       .def("restore", &restore, py::arg("path"),
            "Restores the weights, state and step count from a checkpoint of this plan.")
       .def("close", &close_trainer, py::kw_only(), py::arg("save") = true,
@@ -280,9 +313,14 @@ void register_trainer(py::module_ &m) {
           "The inputs one step takes: [{'name', 'dtype', 'shape'}].")
       .def_property_readonly("checkpoint", [](const TrainerHandle &t) { return t.checkpoint; })
       .def_property_readonly(
-          "saved_step", [](const TrainerHandle &t) { return t.saved_step; },
+          "saved_step",
+          [](TrainerHandle &t) {
+            return read_field(t, [](const TrainerHandle &h) { return h.saved_step; });
+          },
           "The step of the last save into the checkpoint folder (-1: none).")
-      .def_property_readonly("closed", [](const TrainerHandle &t) { return !t.trainer; });
+      .def_property_readonly("closed", [](TrainerHandle &t) {
+        return read_field(t, [](const TrainerHandle &h) { return !h.trainer; });
+      });
 
   m.def("read_checkpoint", &read_checkpoint, py::arg("path"),
         "Reads a checkpoint folder: {'step', 'fingerprint', 'ranks', 'tensors': {name: "

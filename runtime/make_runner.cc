@@ -78,17 +78,19 @@ Result<std::unique_ptr<StepRunner>> make_cpu_pipeline(const Plan &plan,
 
 } // namespace
 
-Status check_runner_options(const Plan &plan, const RunnerOptions &options) {
+Status check_runner_options(const Plan &plan, const RunnerOptions &options,
+                            const RunnerOptionNames &names) {
   const bool cuda = options.backend == Backend::kCuda;
   if (cuda && options.world && (!options.gpus.empty() || options.gpu != 0))
     return invalid_argument("under an MPI launcher each process runs its devices on the GPU of "
-                            "its local rank on its node; drop --gpu/--gpus");
+                            "its local rank on its node; drop ",
+                            names.gpu, "/", names.gpus);
   // On the CPU the GPU fields are not read (`strata run` refuses them first).
   if (cuda && !options.gpus.empty() && !plan.pipeline)
-    return invalid_argument("--gpus places a pipeline plan's devices on GPUs (--backend cuda); "
-                            "this plan has one device (use --gpu for one GPU)");
+    return invalid_argument(names.gpus, " places a pipeline plan's devices on GPUs (", names.cuda,
+                            "); this plan has one device (use ", names.gpu, " for one GPU)");
   if (cuda && !options.gpus.empty() && options.gpu != 0)
-    return invalid_argument("give --gpus or --gpu, not both");
+    return invalid_argument("give ", names.gpus, " or ", names.gpu, ", not both");
   if (cuda && options.trace)
     return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
                             "profile the GPU with Nsight Systems (nsys profile strata run ...)");
@@ -112,15 +114,15 @@ Status check_runner_options(const Plan &plan, const RunnerOptions &options) {
   return Status::ok();
 }
 
-Result<std::chrono::milliseconds> timeout_from_seconds(double seconds) {
+Result<std::chrono::milliseconds> timeout_from_seconds(double seconds, std::string_view what) {
   if (!(seconds > 0) || seconds > 86400)
-    return invalid_argument("--timeout must be more than 0 and at most 86400 seconds, got ",
-                            seconds);
+    return invalid_argument(what, " must be more than 0 and at most 86400 seconds, got ", seconds);
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
 
-Result<std::unique_ptr<StepRunner>> make_runner(const Plan &plan, const RunnerOptions &options) {
-  RETURN_IF_ERROR(check_runner_options(plan, options));
+Result<std::unique_ptr<StepRunner>> make_runner(const Plan &plan, const RunnerOptions &options,
+                                                const RunnerOptionNames &names) {
+  RETURN_IF_ERROR(check_runner_options(plan, options, names));
   // A copy of the graph is cheap: it shares the weights' bytes.
   if (!plan.pipeline) return make_runner(plan.graph, options);
   if (options.backend == Backend::kCuda) return make_cuda_pipeline(plan, options);

@@ -8,10 +8,11 @@
 // CudaExecutor. A caller that needs what only one kind of runner knows (a CPU
 // pipeline's trace, a GPU's name) asks for it with dynamic_cast.
 //
-// Errors about the options name the `strata run` flag at fault, because that
-// is where a person meets them; errors of making the runner itself (a plan a
-// GPU cannot run, a file the weights are not in) are prefixed with
-// RunnerOptions::source, the file the plan came from.
+// Errors about the options name the setting at fault as the caller's user
+// gave it (`strata run`'s flag, or a Python keyword; see RunnerOptionNames);
+// errors of making the runner itself (a plan a GPU cannot run, a file the
+// weights are not in) are prefixed with RunnerOptions::source, the file the
+// plan came from.
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "graph/graph.h"
 #include "runtime/comm/local_communicator.h"
@@ -69,20 +71,33 @@ struct RunnerOptions {
   bool node_times = false;
 };
 
-// Whether `options` suit `plan`, before anything is made: a GPU pinned under
-// an MPI launcher, --gpus on a one-device plan or with --gpu, a trace or the
-// device clock where they cannot be had, node times of a pipeline. The first
-// misfit, in that order; the message names the flags.
-Status check_runner_options(const serialization::Plan &plan, const RunnerOptions &options);
+// How errors about the GPU options name them: `strata run`'s flags ("--gpu",
+// "--gpus", "--backend cuda") or Python's keywords ("gpu=", "gpus=",
+// "backend='cuda'"). The trace, clock and node-time options only the command
+// line sets, so errors about them name its flags.
+struct RunnerOptionNames {
+  std::string_view gpu;
+  std::string_view gpus;
+  std::string_view cuda; // the CUDA backend
+};
 
-// --timeout in seconds as the milliseconds RunnerOptions::timeout and
-// MpiWorldOptions::timeout take (rounded up). More than 0 and at most a day.
-Result<std::chrono::milliseconds> timeout_from_seconds(double seconds);
+// Whether `options` suit `plan`, before anything is made: a GPU pinned under
+// an MPI launcher, gpus on a one-device plan or with gpu, a trace or the
+// device clock where they cannot be had, node times of a pipeline. The first
+// misfit, in that order; the message names the options by `names`.
+Status check_runner_options(const serialization::Plan &plan, const RunnerOptions &options,
+                            const RunnerOptionNames &names);
+
+// A timeout in seconds as the milliseconds RunnerOptions::timeout and
+// MpiWorldOptions::timeout take (rounded up). More than 0 and at most a day;
+// errors name it as `what` ("--timeout", "timeout=").
+Result<std::chrono::milliseconds> timeout_from_seconds(double seconds, std::string_view what);
 
 // The runner of a training or inference plan: check_runner_options first,
 // then the pipeline runners for a pipeline plan, else make_runner(graph).
 Result<std::unique_ptr<StepRunner>> make_runner(const serialization::Plan &plan,
-                                                const RunnerOptions &options);
+                                                const RunnerOptions &options,
+                                                const RunnerOptionNames &names);
 // A one-device runner of `graph` (a model, or a one-device plan's graph):
 // a CudaExecutor or a CpuExecutor. The pipeline fields are not read.
 Result<std::unique_ptr<StepRunner>> make_runner(Graph graph, const RunnerOptions &options);

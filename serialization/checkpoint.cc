@@ -358,36 +358,71 @@ Status write_checkpoint(const std::string &dir, const std::map<std::string, Host
   return commit_checkpoint(dir, fingerprint, step, 1, {file});
 }
 
-Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint) {
-  std::string manifest_path = (fs::path(dir) / kCheckpointManifestFile).string();
+namespace {
+
+// The manifest of the checkpoint in `dir`, read and parsed, with the fields
+// that say whose checkpoint it is checked: format_version, fingerprint, step.
+struct Manifest {
+  std::string path;
+  nlohmann::json json;
+  std::string fingerprint;
+  int64_t step = 0;
+};
+
+Result<Manifest> read_manifest(const std::string &dir) {
+  Manifest manifest;
+  manifest.path = (fs::path(dir) / kCheckpointManifestFile).string();
+  const std::string &path = manifest.path;
   std::error_code error;
-  if (!fs::exists(manifest_path, error))
-    return not_found(manifest_path, ": no such file; '", dir,
+  if (!fs::exists(path, error))
+    return not_found(path, ": no such file; '", dir,
                      "' is not a checkpoint folder (or its first save did not finish)");
-  ASSIGN_OR_RETURN(auto manifest_bytes, read_file(manifest_path, kMaxManifestBytes));
-  nlohmann::json manifest = nlohmann::json::parse(manifest_bytes.begin(), manifest_bytes.end(),
-                                                  nullptr, /*allow_exceptions=*/false);
-  if (manifest.is_discarded() || !manifest.is_object())
-    return data_loss(manifest_path, ": not a JSON object (corrupt?)");
+  ASSIGN_OR_RETURN(auto bytes, read_file(path, kMaxManifestBytes));
+  manifest.json =
+      nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json &parsed = manifest.json;
+  if (parsed.is_discarded() || !parsed.is_object())
+    return data_loss(path, ": not a JSON object (corrupt?)");
+  auto field = [&](const char *name) -> const nlohmann::json * {
+    auto it = parsed.find(name);
+    return it == parsed.end() ? nullptr : &*it;
+  };
+  const nlohmann::json *version = field("format_version");
+  if (version == nullptr || !version->is_number_integer())
+    return invalid_argument(path, ": field format_version is missing or not an integer");
+  if (version->get<int64_t>() > kCheckpointFormatVersion || version->get<int64_t>() < 1)
+    return failed_precondition(path, ": field format_version is ", version->get<int64_t>(),
+                               " but this build reads versions 1 to ", kCheckpointFormatVersion);
+  const nlohmann::json *fingerprint = field("fingerprint");
+  if (fingerprint == nullptr || !fingerprint->is_string())
+    return invalid_argument(path, ": field fingerprint is missing or not a string");
+  const nlohmann::json *step = field("step");
+  if (step == nullptr || !step->is_number_integer() || step->get<int64_t>() < 0)
+    return invalid_argument(path, ": field step is missing or not a count");
+  manifest.fingerprint = fingerprint->get<std::string>();
+  manifest.step = step->get<int64_t>();
+  return manifest;
+}
+
+} // namespace
+
+Result<std::string> read_checkpoint_fingerprint(const std::string &dir) {
+  ASSIGN_OR_RETURN(Manifest manifest, read_manifest(dir));
+  return std::move(manifest.fingerprint);
+}
+
+Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint) {
+  ASSIGN_OR_RETURN(const Manifest head, read_manifest(dir));
+  const std::string &manifest_path = head.path;
+  const nlohmann::json &manifest = head.json;
+  std::error_code error;
   auto field = [&](const char *name) -> const nlohmann::json * {
     auto it = manifest.find(name);
     return it == manifest.end() ? nullptr : &*it;
   };
-  const nlohmann::json *version = field("format_version");
-  if (version == nullptr || !version->is_number_integer())
-    return invalid_argument(manifest_path, ": field format_version is missing or not an integer");
-  if (version->get<int64_t>() > kCheckpointFormatVersion || version->get<int64_t>() < 1)
-    return failed_precondition(manifest_path, ": field format_version is ", version->get<int64_t>(),
-                               " but this build reads versions 1 to ", kCheckpointFormatVersion);
-  const nlohmann::json *fingerprint = field("fingerprint");
-  if (fingerprint == nullptr || !fingerprint->is_string())
-    return invalid_argument(manifest_path, ": field fingerprint is missing or not a string");
-  const nlohmann::json *step = field("step");
-  if (step == nullptr || !step->is_number_integer() || step->get<int64_t>() < 0)
-    return invalid_argument(manifest_path, ": field step is missing or not a count");
   Checkpoint checkpoint;
-  checkpoint.step = step->get<int64_t>();
-  checkpoint.fingerprint = fingerprint->get<std::string>();
+  checkpoint.step = head.step;
+  checkpoint.fingerprint = head.fingerprint;
   if (!expected_fingerprint.empty() && checkpoint.fingerprint != expected_fingerprint)
     return failed_precondition(
         manifest_path, ": the checkpoint was written by a plan with fingerprint ",

@@ -121,4 +121,9 @@ private:
 // name the file and field or tensor.
 Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expected_fingerprint);
 
+// The fingerprint of the plan that wrote the checkpoint in `dir`, from its
+// manifest alone (no data file is read); the manifest's errors are
+// read_checkpoint's.
+Result<std::string> read_checkpoint_fingerprint(const std::string &dir);
+
 } // namespace strata::serialization

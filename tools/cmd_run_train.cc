@@ -39,6 +39,9 @@ namespace {
 namespace fs = std::filesystem;
 using serialization::Plan;
 
+// The flags that errors about the runner's GPU options name.
+constexpr runtime::RunnerOptionNames kRunnerFlags{"--gpu", "--gpus", "--backend cuda"};
+
 // STRATA_FAULT, for the failure tests: "<kind>:<device>:<step>:<instruction>"
 // with kind error|stall|kill|exit|stop (the device does it on reaching that
 // instruction of that step; "stall:...:<ms>" sleeps that long, not an hour: a
@@ -268,8 +271,9 @@ Status check_loop_options(const RunArgs &args) {
 // inside the saves it leads, so its lock keeps every other run out without
 // making the ranks of this one refuse each other.
 Result<std::optional<serialization::CheckpointLock>> check_writable(const RunArgs &args, int rank) {
-  ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> lock,
-                   claim_checkpoint_folder(args.checkpoint, args.resume, rank));
+  ASSIGN_OR_RETURN(
+      std::optional<serialization::CheckpointLock> lock,
+      claim_checkpoint_folder(args.checkpoint, args.resume, rank, "--checkpoint", "--resume"));
   if (!args.trace.empty())
     RETURN_IF_ERROR(serialization::check_file_writable(per_rank_path(args.trace, rank), "--trace"));
   return lock;
@@ -499,15 +503,16 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   runtime::RunnerOptions runner_options = run_runner_options(args);
   runner_options.world = world;
   runner_options.fault = fault.fault;
-  RETURN_IF_ERROR(runtime::check_runner_options(plan, runner_options));
-  ASSIGN_OR_RETURN(runner_options.timeout, runtime::timeout_from_seconds(args.timeout_s));
+  RETURN_IF_ERROR(runtime::check_runner_options(plan, runner_options, kRunnerFlags));
+  ASSIGN_OR_RETURN(runner_options.timeout,
+                   runtime::timeout_from_seconds(args.timeout_s, "--timeout"));
   const int rank = world ? world->rank() : 0;
   // Held until the run ends.
   ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> checkpoint_lock,
                    check_writable(args, rank));
   ASSIGN_OR_RETURN(runtime::Dataset data, training_data(plan, args.data, args.seed));
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
-                   runtime::make_runner(plan, runner_options));
+                   runtime::make_runner(plan, runner_options, kRunnerFlags));
   runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it
   auto created =
       runtime::Trainer::create(std::move(runner), plan.loss, std::move(data),
@@ -619,7 +624,7 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
     // failure and end the process, as a failed MPI rank does, rather than
     // wait for it past --timeout and the user's SIGTERM.
     ASSIGN_OR_RETURN(const std::chrono::milliseconds grace,
-                     runtime::timeout_from_seconds(args.timeout_s));
+                     runtime::timeout_from_seconds(args.timeout_s, "--timeout"));
     runtime::host_transport::set_stuck_device_policy(
         {grace, [](const Status &failure) {
            std::cout.flush();
@@ -634,7 +639,7 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
                                " is a one-device plan; compile it for several devices (--mesh "
                                "DPx1xPP) or run it without mpirun");
   ASSIGN_OR_RETURN(const std::chrono::milliseconds timeout,
-                   runtime::timeout_from_seconds(args.timeout_s));
+                   runtime::timeout_from_seconds(args.timeout_s, "--timeout"));
   if (env_fault.nostart_rank == launch->rank) std::this_thread::sleep_for(std::chrono::hours(1));
   runtime::MpiWorldOptions options;
   options.devices_per_rank = args.devices_per_rank;

@@ -17,24 +17,29 @@ Result<runtime::Dataset> training_data(const serialization::Plan &plan, const st
   return runtime::synthetic_dataset(plan.graph, seed, 8, microbatches);
 }
 
+bool holds_checkpoint(const std::string &dir) {
+  std::error_code error;
+  return fs::exists(fs::path(dir) / serialization::kCheckpointManifestFile, error);
+}
+
 Result<std::optional<serialization::CheckpointLock>>
-claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank) {
+claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank,
+                        std::string_view checkpoint_option, std::string_view resume_option) {
   std::optional<serialization::CheckpointLock> lock;
   if (checkpoint.empty()) return lock;
-  RETURN_IF_ERROR(serialization::check_folder_writable(checkpoint, "--checkpoint"));
+  RETURN_IF_ERROR(serialization::check_folder_writable(checkpoint, checkpoint_option));
   if (rank == 0) {
     auto locked = serialization::CheckpointLock::acquire(checkpoint);
-    if (!locked.is_ok()) return locked.status().with_context("--checkpoint");
+    if (!locked.is_ok()) return locked.status().with_context(checkpoint_option);
     lock.emplace(std::move(locked).value());
   }
   std::error_code error;
   const bool resumes_it = !resume.empty() && fs::equivalent(resume, checkpoint, error);
-  if (!resumes_it &&
-      fs::exists(fs::path(checkpoint) / serialization::kCheckpointManifestFile, error))
-    return failed_precondition("--checkpoint ", checkpoint,
+  if (!resumes_it && holds_checkpoint(checkpoint))
+    return failed_precondition(checkpoint_option, " ", checkpoint,
                                " already holds a checkpoint, which this run would "
-                               "replace; continue it with --resume ",
-                               checkpoint, ", or save to another folder");
+                               "replace; continue it with ",
+                               resume_option, " ", checkpoint, ", or save to another folder");
   return lock;
 }
 

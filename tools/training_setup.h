@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "runtime/trainer.h"
 #include "serialization/checkpoint.h"
@@ -20,12 +21,20 @@ namespace strata::tools {
 Result<runtime::Dataset> training_data(const serialization::Plan &plan, const std::string &data_dir,
                                        uint64_t seed);
 
+// Whether the folder `dir` holds a checkpoint (a manifest: its first save
+// finished), which a save into it would replace.
+bool holds_checkpoint(const std::string &dir);
+
 // Claims the folder `checkpoint` (unless empty) for one training run: a
 // folder this process may write into, holding no checkpoint of another run
 // (one that `resume` names is this run's own), locked against other runs by
 // rank 0 (or the only process), which commits every checkpoint. The lock is
-// held until the returned value goes. Errors name --checkpoint.
+// held until the returned value goes. Errors name the two settings as the
+// caller's user gave them: `checkpoint_option` and `resume_option` are
+// "--checkpoint" and "--resume" for `strata run`, "checkpoint=" and
+// "resume=" for Python.
 Result<std::optional<serialization::CheckpointLock>>
-claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank);
+claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume, int rank,
+                        std::string_view checkpoint_option, std::string_view resume_option);
 
 } // namespace strata::tools

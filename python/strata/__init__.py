@@ -76,10 +76,13 @@ def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
     batches: an iterable of batches as step() takes them (a PyTorch
     DataLoader yielding (x, labels), dicts by input name, ...); None trains
     on the trainer's own batches (its data folder, or synthetic ones), which
-    then needs steps. steps: at most this many steps in this call.
-    skip: batches to pass over first, untrained: to finish an epoch that a
-    resumed run began, skip=trainer.step_count over the loader built as
-    before (same seed).
+    then needs steps. steps: at most this many steps in this call; no batch
+    past those is taken from the iterable, so calls on one iterator go on
+    where the last one stopped.
+    skip: batches to pass over first, untrained: to finish the epoch that a
+    resumed run was in, skip=trainer.step_count % len(loader) over the
+    loader built as before (same seed). An iterable that runs out before
+    anything is left to train is a ValueError.
     log_every: call log("step N  loss L") every that many steps (0: never).
 
     With a checkpoint folder, the steps are saved there at the end, and when
@@ -94,12 +97,16 @@ def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
         raise ValueError(f"fit(): skip must be at least 0, got {skip}")
     if skip and batches is None:
         raise ValueError("fit(): skip needs batches (the trainer's own batches follow its step)")
-    source = _itertools.repeat(None) if batches is None else _itertools.islice(batches, skip, None)
+    if batches is None:
+        source = _itertools.repeat(None)
+    else:
+        source = iter(batches)
+        passed = sum(1 for _ in _itertools.islice(source, skip))
+    if steps is not None:
+        source = _itertools.islice(source, steps)
     losses = []
     try:
         for batch in source:
-            if steps is not None and len(losses) >= steps:
-                break
             loss = self.step(batch)
             losses.append(loss)
             if log_every and len(losses) % log_every == 0:
@@ -107,6 +114,11 @@ def _fit(self, batches=None, *, steps=None, skip=0, log_every=0, log=print):
     except KeyboardInterrupt:
         _save_if_behind(self)
         raise
+    if skip and not losses and steps != 0:
+        raise ValueError(
+            f"fit(): skip={skip}, but the iterable ran out after {passed} "
+            f"batch{'' if passed == 1 else 'es'}: nothing was left to train (to finish "
+            f"an epoch after resume=, skip=trainer.step_count % len(loader))")
     _save_if_behind(self)
     return losses
 

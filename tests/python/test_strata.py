@@ -248,6 +248,23 @@ class StrataTest(unittest.TestCase):
         self.assertTrue(set(after) < set(state))  # plus the optimizer's moments and step
         self.assertIn("optimizer.step", state)
 
+    def test_integer_inputs_convert_only_the_values_that_fit(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(1, seed=8)
+        with plan.trainer() as trainer:
+            with self.assertRaisesRegex(strata.InvalidArgumentError, "input 'labels'.*float64"):
+                trainer.step((x[0], labels[0].astype(np.float64)))
+            # -100 is the loss's ignore_index: a wrapped value that would pass.
+            wrapping = np.full(labels[0].shape, 2**64 - 100, np.uint64)
+            with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                        "input 'labels'.*uint64.*18446744073709551516"):
+                trainer.step((x[0], wrapping))
+            self.assertEqual(trainer.step_count, 0)
+            narrow = trainer.step((x[0], labels[0].astype(np.int32)))
+            small = trainer.step((x[0], labels[0].astype(np.uint64)))
+        with plan.trainer() as reference:
+            self.assertEqual([reference.step((x[0], labels[0])) for _ in range(2)], [narrow, small])
+
     def test_resume_continues_bitwise(self):
         plan = self.pipeline_plan("resume.splan")
         x, labels = batches(4, seed=2)
@@ -261,6 +278,61 @@ class StrataTest(unittest.TestCase):
             self.assertEqual(second.step_count, 2)
             rest = second.fit(zip(x[2:], labels[2:]))
         self.assertEqual(rest, expected[2:])
+
+    def test_fit_with_steps_leaves_the_next_batch_in_the_iterator(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(4, seed=6)
+        with plan.trainer() as single:
+            expected = [single.step((x[k], labels[k])) for k in range(4)]
+        with plan.trainer() as trainer:
+            it = iter(zip(x, labels))
+            self.assertEqual(trainer.fit(it, steps=0), [])
+            losses = trainer.fit(it, steps=2) + trainer.fit(it, steps=2)
+            self.assertEqual(trainer.step_count, 4)
+        self.assertEqual(losses, expected)
+
+    def test_fit_refuses_a_skip_that_leaves_nothing_to_train(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        x, labels = batches(2, seed=7)
+        with plan.trainer() as trainer:
+            for skip in (2, 3):
+                with self.assertRaisesRegex(ValueError, "ran out after 2 batches"):
+                    trainer.fit(zip(x, labels), skip=skip)
+            self.assertEqual(trainer.step_count, 0)
+            self.assertEqual(len(trainer.fit(zip(x, labels), skip=1)), 1)
+
+    def test_a_failed_checkpoint_save_says_the_step_trained(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        ck = self.path("ck_lost")
+        trainer = plan.trainer(checkpoint=ck, checkpoint_every=1)
+        shutil.rmtree(ck)
+        with open(ck, "w") as f:  # the folder is now a file: the save fails
+            f.write("not a folder")
+        failed = r"^step 1 trained \(loss [^)]+\) but its checkpoint save failed: "
+        with self.assertRaisesRegex(strata.Error, failed):
+            trainer.step()
+        self.assertEqual(trainer.step_count, 1)
+        trainer.close(save=False)
+
+    def test_save_refuses_a_folder_of_another_plans_checkpoint(self):
+        model = strata.load(self.mlp)
+        sgd = model.compile(train=True, optimizer="sgd:lr=0.1")
+        adam = model.compile(train=True, optimizer="adam:lr=0.01")
+        folder = self.path("ck_save_into")
+        with sgd.trainer() as first:
+            first.step()
+            first.save(folder)
+            first.step()
+            first.save(folder)  # this plan's checkpoint: replaced
+        self.assertEqual(strata.read_checkpoint(folder)["step"], 2)
+        with sgd.trainer() as again:
+            again.save(folder)
+        self.assertEqual(strata.read_checkpoint(folder)["step"], 0)
+        with adam.trainer() as other:
+            other.step()
+            with self.assertRaisesRegex(strata.Error, re.escape(folder) + ".*another plan"):
+                other.save(folder)
+        self.assertEqual(strata.read_checkpoint(folder)["fingerprint"], sgd.fingerprint)
 
     def test_ctrl_c_in_a_loop_saves_and_stops(self):
         plan = self.pipeline_plan("interrupt.splan")
@@ -332,6 +404,33 @@ class StrataTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             strata.load(self.mlp).compile(train=True, microbatch=2)
 
+    def test_trainer_errors_name_keywords_not_flags(self):
+        plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
+        ck = self.path("ck_taken")
+        with plan.trainer(checkpoint=ck) as first:
+            first.step()
+        with self.assertRaises(strata.Error) as caught:
+            plan.trainer(checkpoint=ck)
+        message = str(caught.exception)
+        self.assertIn("resume=", message)
+        self.assertIn(ck, message)
+        self.assertNotIn("--resume", message)
+        self.assertNotIn("--checkpoint", message)
+        with self.assertRaisesRegex(strata.InvalidArgumentError, "^timeout="):
+            plan.trainer(timeout=0)
+
+    def test_keywords_of_the_wrong_type_are_type_errors_naming_them(self):
+        for hidden in (["a"], [16, 2.5], "16", 16):
+            with self.assertRaisesRegex(TypeError, "hidden must be a list of integers"):
+                strata.zoo.mlp(hidden=hidden)
+        with self.assertRaisesRegex(TypeError, "mesh must be"):
+            strata.load(self.mlp).compile(mesh=(1, "1", 2))
+        # Refused before the file is read: a str would be its characters.
+        with self.assertRaisesRegex(TypeError, "constants takes a list of names"):
+            strata.import_onnx(self.path("missing.onnx"), constants="w")
+        with self.assertRaisesRegex(TypeError, "input_shapes"):
+            strata.import_onnx(self.path("missing.onnx"), input_shapes={"x": [1, "a"]})
+
     def test_training_plan_refuses_run_and_inference_plan_a_trainer(self):
         model = strata.load(self.mlp)
         with self.assertRaisesRegex(strata.Error, "trainer"):
@@ -399,12 +498,20 @@ class StrataTest(unittest.TestCase):
         with plan.trainer(checkpoint=ck) as first:
             self.assertEqual(first.fit(loader(), steps=3), expected[:3])
         with plan.trainer(checkpoint=ck, resume=ck) as second:
-            rest = second.fit(loader(), skip=second.step_count)
+            rest = second.fit(loader(), skip=second.step_count % len(loader()))
             self.assertEqual(rest, expected[3:])
             for name, value in second.weights().items():
                 np.testing.assert_array_equal(value, final[name], err_msg=name)
         with self.assertRaisesRegex(ValueError, "skip"):
             plan.trainer().fit(loader(), skip=-1)
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_bfloat16_tensors_are_converted(self):
+        model = strata.load(self.mlp)
+        name = model.outputs[0]["name"]
+        x = torch.randn(8, 12).to(torch.bfloat16)
+        ours = model.run({"x": x})[name]
+        np.testing.assert_array_equal(ours, model.run({"x": x.float().numpy()})[name])
 
     def assert_outputs_match_torch(self, module, example):
         model = strata.from_torch(module, example)
