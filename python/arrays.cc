@@ -62,7 +62,7 @@ void check_integer_range(const py::array &array, const std::string &name, const 
   if (low >= lowest && high <= highest) return;
   const py::int_ &outside = low < lowest ? low : high;
   throw StatusError(invalid_argument("input '", name, "' is ", type.to_string(), ": the ", dtype,
-                                     " array holds ", std::string(py::str(outside)), ", which ",
+                                     " array holds ", std::string(py::repr(outside)), ", which ",
                                      dtype_name(type.dtype),
                                      " cannot hold (converting would wrap it)"));
 }
