@@ -175,7 +175,8 @@ void add_calibrate(CLI::App &app, Action &action) {
   static CalibrateArgs args;
   CLI::App *sub = app.add_subcommand(
       "calibrate", "Measure this machine's CPU and write a cluster spec (JSON) for it");
-  sub->add_option("-o,--output", args.out, "spec file to write (default: print it)");
+  sub->add_option("-o,--output", args.out, "spec file to write (default: print it)")
+      ->check(not_empty_path("a spec file"));
   sub->add_option("--devices", args.devices, "devices (cores) in the spec (default: all cores)")
       ->check(CLI::Range(1, 4096));
   sub->add_option("--name", args.name, "the spec's name");

@@ -306,6 +306,7 @@ void add_inspect(CLI::App &app, Action &action) {
       ->capture_default_str();
   sub->add_option("-o,--output", out_path,
                   "write to this file instead of stdout (- or /dev/stdout: stdout)")
+      ->check(not_empty_path("a file, or - for stdout"))
       ->type_name("FILE");
   sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
               "Examples:\n  strata inspect gpt.strata\n"

@@ -445,8 +445,10 @@ void add_model_options(CLI::App *sub, RunArgs &args) {
       ->type_name("[NAME=]FILE");
   CLI::Option *output =
       sub->add_option("-o,--output", args.output, "write the model's single output here (.npy)")
+          ->check(not_empty_path("a .npy file"))
           ->type_name("FILE");
   sub->add_option("--output-dir", args.output_dir, "write every output here as <name>.npy")
+      ->check(not_empty_path("a folder"))
       ->excludes(output)
       ->type_name("DIR");
   // Each timed run keeps its time: a bound on the runs is one on that memory.
@@ -470,6 +472,7 @@ void add_training_options(CLI::App *sub, RunArgs &args) {
   sub->add_option("--data", args.data,
                   "training plan: folder with <input>.npy for every graph input, batches "
                   "stacked on a new first dim (default: 8 fixed synthetic batches)")
+      ->check(not_empty_path("a folder of .npy batches"))
       ->type_name("DIR");
   sub->add_option("--checkpoint", args.checkpoint,
                   "training plan: save the weights + manifest.json here at the end, and when "
@@ -541,6 +544,7 @@ void add_device_options(CLI::App *sub, RunArgs &args) {
       ->capture_default_str();
   sub->add_option("--trace", args.trace,
                   "pipeline plan: write what every device did (Chrome / Perfetto trace JSON)")
+      ->check(not_empty_path("a trace file"))
       ->type_name("FILE");
   sub->add_option("--clock", args.clock,
                   "pipeline plan on the CPU: how --trace is timed: wall, or device: each device "

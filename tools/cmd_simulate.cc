@@ -63,6 +63,7 @@ void add_simulate(CLI::App &app, Action &action) {
                   "cluster spec JSON (default: the one the plan was compiled for)")
       ->type_name("FILE");
   sub->add_option("--trace", args.trace, "write the predicted schedule as a Chrome trace")
+      ->check(not_empty_path("a trace file"))
       ->type_name("FILE");
   sub->footer("Every device's program is replayed against the others: computation takes its\n"
               "roofline time on the cluster's device, a transfer the link's latency plus\n"

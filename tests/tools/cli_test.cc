@@ -981,13 +981,25 @@ TEST_F(CliTest, StalledDeviceThreadEndsTheRun) {
   EXPECT_NE(o.err.find("timed out after 1 s"), std::string::npos) << o.err;
 }
 
-TEST_F(CliTest, EmptyCheckpointOrResumeIsRefused) {
+TEST_F(CliTest, EmptyPathsAreRefused) {
   ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
-  for (const char *flag : {"--checkpoint", "--resume"}) {
+  for (const char *flag : {"--checkpoint", "--resume", "--data", "--trace"}) {
     SCOPED_TRACE(flag);
     Outcome o = strata({"run", "t.splan", "--steps", "1", flag, ""});
     expect_one_line_error(o, std::string(flag) + ": the path is empty");
     EXPECT_EQ(o.out.find("step 1/"), std::string::npos) << o.out;
+  }
+  // Flags that an empty value used to turn off without a word.
+  ASSERT_EQ(strata({"zoo", "mlp", "-o", "m.strata"}).code, 0);
+  const std::vector<std::vector<std::string>> commands = {
+      {"run", "m.strata", "--output", ""},       {"run", "m.strata", "--output-dir", ""},
+      {"inspect", "m.strata", "--output", ""},   {"simulate", "t.splan", "--trace", ""},
+      {"calibrate", "--output", ""},
+  };
+  for (const auto &command : commands) {
+    SCOPED_TRACE(command[0] + " " + command[2]);
+    Outcome o = strata(command);
+    expect_one_line_error(o, command[2] + ": the path is empty");
   }
 }
 
