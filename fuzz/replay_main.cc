@@ -68,10 +68,11 @@ void on_fatal_signal(int signal) {
 
 void install_crash_handlers(const std::string &target) {
   const char *dir = std::getenv("STRATA_FUZZ_CRASH_DIR");
-  const std::string path = std::string(dir != nullptr && *dir != '\0' ? dir : ".") + "/crash-" +
-                           target;
+  const std::string path =
+      std::string(dir != nullptr && *dir != '\0' ? dir : ".") + "/crash-" + target;
   std::snprintf(g_crash_path, sizeof g_crash_path, "%s", path.c_str());
-  for (int signal : {SIGILL, SIGABRT, SIGSEGV, SIGBUS, SIGFPE}) ::signal(signal, on_fatal_signal);
+  for (int signal : {SIGILL, SIGABRT, SIGSEGV, SIGBUS, SIGFPE})
+    ::signal(signal, on_fatal_signal);
   if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(save_current_input);
 }
 
@@ -115,7 +116,8 @@ void mutate(Bytes &input, const Bytes &other, std::mt19937_64 &rng) {
   }
   case 5: { // insert random bytes
     Bytes bytes(1 + below(8));
-    for (uint8_t &b : bytes) b = static_cast<uint8_t>(rng());
+    for (uint8_t &b : bytes)
+      b = static_cast<uint8_t>(rng());
     input.insert(input.begin() + static_cast<ptrdiff_t>(below(input.size() + 1)), bytes.begin(),
                  bytes.end());
     break;
@@ -150,8 +152,10 @@ int main(int argc, char **argv) {
     if ((arg == "--seconds" || arg == "--seed") && i + 1 < argc) {
       char *end = nullptr;
       const char *value = argv[++i];
-      if (arg == "--seconds") seconds = std::strtod(value, &end);
-      else seed = std::strtoull(value, &end, 10);
+      if (arg == "--seconds")
+        seconds = std::strtod(value, &end);
+      else
+        seed = std::strtoull(value, &end, 10);
       if (end == value || *end != '\0' || seconds < 0) return usage(argv[0]);
     } else if (arg.starts_with("--")) {
       return usage(argv[0]);
@@ -176,12 +180,14 @@ int main(int argc, char **argv) {
     }
   }
   std::sort(files.begin(), files.end());
-  for (const auto &file : files) corpus.push_back(read_all(file));
+  for (const auto &file : files)
+    corpus.push_back(read_all(file));
   if (corpus.empty()) {
     std::fprintf(stderr, "%s: no inputs in the folders given\n", target.c_str());
     return 1;
   }
-  for (const Bytes &input : corpus) run_one(input);
+  for (const Bytes &input : corpus)
+    run_one(input);
 
   std::mt19937_64 rng(seed);
   const auto start = std::chrono::steady_clock::now();

@@ -114,7 +114,8 @@ Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t
     std::string path = (fs::path(dir) / (input.name + ".npy")).string();
     std::error_code error;
     if (!fs::exists(path, error))
-      return not_found(path, ": missing; --data needs <input>.npy for every graph input (input '",
+      return not_found(path,
+                       ": missing; a data folder needs <input>.npy for every graph input (input '",
                        input.name, "' is ", input.type.to_string(), ")");
     auto stacked = serialization::read_npy(path);
     if (!stacked.is_ok()) {
@@ -148,7 +149,7 @@ Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t
     }
   }
   if (num_batches < 0)
-    return invalid_argument("the plan's graph has no inputs to feed from --data");
+    return invalid_argument("the plan's graph has no inputs to feed from a data folder");
   data.description = str_cat(dir, " (", num_batches, " batches)");
   return data;
 }

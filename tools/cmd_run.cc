@@ -14,8 +14,8 @@
 #include <map>
 #include <optional>
 
-#include "runtime/cuda/cuda_executor.h"
 #include "runtime/cpu/executor.h"
+#include "runtime/cuda/cuda_executor.h"
 #include "serialization/file_io.h"
 #include "serialization/npy.h"
 #include "tools/cli.h"

@@ -2,8 +2,8 @@
 // cluster, by replaying every device's program against the others.
 #include <iostream>
 
-#include "partitioner/cost/cluster.h"
 #include "partitioner/compile_pipeline.h"
+#include "partitioner/cost/cluster.h"
 #include "plan/trace.h"
 #include "serialization/file_io.h"
 #include "serialization/plan_io.h"

@@ -421,7 +421,8 @@ TEST(PipelinePlanTest, PlansWithoutAPipelineWriteNoPipelineFields) {
   EXPECT_EQ(loaded->programs, plan.programs);
   EXPECT_EQ(*plan_to_flatbuffer(*loaded), *bytes);
   // A file of revision 1 (no digest) still loads.
-  auto revision_one = load_plan_from_json(testing::as_plan_revision(*json, 1), "old.splan.json", ".");
+  auto revision_one =
+      load_plan_from_json(testing::as_plan_revision(*json, 1), "old.splan.json", ".");
   ASSERT_TRUE(revision_one.is_ok()) << revision_one.status().message();
   EXPECT_EQ(revision_one->programs, plan.programs);
 

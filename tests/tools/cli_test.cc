@@ -992,8 +992,8 @@ TEST_F(CliTest, EmptyPathsAreRefused) {
   // Flags that an empty value used to turn off without a word.
   ASSERT_EQ(strata({"zoo", "mlp", "-o", "m.strata"}).code, 0);
   const std::vector<std::vector<std::string>> commands = {
-      {"run", "m.strata", "--output", ""},       {"run", "m.strata", "--output-dir", ""},
-      {"inspect", "m.strata", "--output", ""},   {"simulate", "t.splan", "--trace", ""},
+      {"run", "m.strata", "--output", ""},     {"run", "m.strata", "--output-dir", ""},
+      {"inspect", "m.strata", "--output", ""}, {"simulate", "t.splan", "--trace", ""},
       {"calibrate", "--output", ""},
   };
   for (const auto &command : commands) {
