@@ -225,11 +225,13 @@ std::unique_ptr<TrainerHandle> make_trainer(const PlanHandle &handle, const py::
     py::gil_scoped_release release;
     RETURN_IF_ERROR(runtime::check_runner_options(plan, s.runner, kRunnerKeywords));
     ASSIGN_OR_RETURN(s.runner.timeout, runtime::timeout_from_seconds(s.timeout_s, "timeout="));
-    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0,
-                                                             "checkpoint=", "resume="));
+    // The data and the runner first, as `strata run` does: a trainer refused
+    // for them leaves no checkpoint folder behind.
     ASSIGN_OR_RETURN(runtime::Dataset data, tools::training_data(plan, s.data, s.seed));
     ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                      runtime::make_runner(plan, s.runner, kRunnerKeywords));
+    ASSIGN_OR_RETURN(t->lock, tools::claim_checkpoint_folder(s.checkpoint, s.resume, 0,
+                                                             "checkpoint=", "resume="));
     t->batch_types = runner->batch_types();
     for (TensorId id : runner->graph().inputs())
       t->input_names.push_back(runner->graph().tensor(id).name);

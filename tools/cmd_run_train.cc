@@ -507,12 +507,13 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   ASSIGN_OR_RETURN(runner_options.timeout,
                    runtime::timeout_from_seconds(args.timeout_s, "--timeout"));
   const int rank = world ? world->rank() : 0;
-  // Held until the run ends.
-  ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> checkpoint_lock,
-                   check_writable(args, rank));
+  // The data and the runner first: a run refused for them leaves no
+  // checkpoint folder behind. The lock is held until the run ends.
   ASSIGN_OR_RETURN(runtime::Dataset data, training_data(plan, args.data, args.seed));
   ASSIGN_OR_RETURN(std::unique_ptr<runtime::StepRunner> runner,
                    runtime::make_runner(plan, runner_options, kRunnerFlags));
+  ASSIGN_OR_RETURN(std::optional<serialization::CheckpointLock> checkpoint_lock,
+                   check_writable(args, rank));
   runtime::StepRunner *timed = runner.get(); // --op-times, once the trainer owns it
   auto created =
       runtime::Trainer::create(std::move(runner), plan.loss, std::move(data),

@@ -981,6 +981,15 @@ TEST_F(CliTest, StalledDeviceThreadEndsTheRun) {
   EXPECT_NE(o.err.find("timed out after 1 s"), std::string::npos) << o.err;
 }
 
+// A run refused for its data or its runner leaves no checkpoint folder.
+TEST_F(CliTest, ARefusedRunCreatesNoCheckpointFolder) {
+  ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
+  fs::create_directories(path("empty_data"));
+  Outcome o = strata({"run", "t.splan", "--data", "empty_data", "--checkpoint", "new_ckpt"});
+  expect_one_line_error(o, "a data folder needs <input>.npy");
+  EXPECT_FALSE(fs::exists(path("new_ckpt")));
+}
+
 TEST_F(CliTest, EmptyPathsAreRefused) {
   ASSERT_NO_FATAL_FAILURE(make_mlp("t.splan"));
   for (const char *flag : {"--checkpoint", "--resume", "--data", "--trace"}) {
