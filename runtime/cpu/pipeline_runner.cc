@@ -132,6 +132,7 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
   }
   runner->spans_.resize(static_cast<size_t>(num_devices));
   runner->device_ends_.assign(static_cast<size_t>(num_devices), 0.0);
+  runner->busy_.assign(static_cast<size_t>(num_devices), -1.0);
   if (!runner->all_local_) {
     runner->output_copies_.resize(static_cast<size_t>(num_devices));
     for (int d = 0; d < num_devices; ++d) {
@@ -151,6 +152,19 @@ std::vector<int64_t> PipelineRunner::arena_bytes() const {
   for (const auto &program : plan_->programs())
     bytes.push_back(program.arena_bytes);
   return bytes;
+}
+
+std::vector<PipelineRunner::Allocation> PipelineRunner::allocations() const {
+  std::vector<Allocation> result(devices_.size());
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    const Device *device = devices_[d].get();
+    if (device == nullptr) continue;
+    result[d].arena = device->arena ? static_cast<int64_t>(device->arena->size()) : 0;
+    result[d].held = 0;
+    for (const auto &held : device->weights)
+      result[d].held += static_cast<int64_t>(held.second.size_bytes());
+  }
+  return result;
 }
 
 // The device's instructions in order, each issued through the core, with the
@@ -227,7 +241,9 @@ Status PipelineRunner::run_device(int rank, Communicator &comm, Communicator *si
   // backstop for waiting on the stream.
   CommTransport transport(*plan_, main, stream ? &*stream : nullptr, clock ? &*clock : nullptr,
                           2 * world_->timeout(), device.bucket_staging);
+  const double cpu_start = thread_cpu_seconds();
   Status result = run_program(device, transport, clock ? &*clock : nullptr, step);
+  busy_[static_cast<size_t>(rank)] = thread_cpu_seconds() - cpu_start;
   if (result.is_ok() && !all_local_) {
     // The outputs (the loss) reach every process.
     auto &copies = output_copies_[static_cast<size_t>(rank)];
@@ -272,6 +288,7 @@ Status PipelineRunner::run(llvm::ArrayRef<HostTensor> inputs, std::vector<HostTe
   if (!status.is_ok()) {
     failed_ = true;
     device_step_ = 0;
+    std::fill(busy_.begin(), busy_.end(), -1.0);
     return status.with_context(str_cat("pipeline step ", step));
   }
   ++steps_run_;

@@ -94,6 +94,20 @@ public:
   bool is_local(int device) const { return world_->is_local(device); }
   // Peak activation bytes of each device (its arena).
   std::vector<int64_t> arena_bytes() const;
+  // What each device of this process allocated: its activation arena and its
+  // parts of the parameters, state and constants it holds (collective staging
+  // not counted). -1 for a device another process runs.
+  struct Allocation {
+    int64_t arena = -1, held = -1;
+  };
+  std::vector<Allocation> allocations() const;
+  // The CPU time each device thread of this process spent in its program in
+  // the last step (two reads of its thread's CPU clock a step): the kernels,
+  // copies and reductions it ran itself. Blocked waits cost none; its
+  // communication stream's reductions and a GEMM's worker threads (more than
+  // one GEMM thread per device) are not counted. -1 for a device another
+  // process runs, and after a failed step.
+  const std::vector<double> &busy_seconds() const { return busy_; }
   // What the devices did in every step run so far (with options.trace), as a
   // Chrome / Perfetto trace.
   std::string trace_json() const;
@@ -125,6 +139,7 @@ private:
   // exchanges the devices' (and their streams') clocked communicators share.
   double device_time_ = 0;
   double device_step_ = 0;
+  std::vector<double> busy_; // busy_seconds(), by plan device
   std::unique_ptr<ClockExchange> exchange_, side_exchange_;
   std::vector<double> device_ends_;
   std::vector<std::vector<plan::TraceSpan>> spans_;

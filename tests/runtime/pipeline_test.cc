@@ -891,11 +891,18 @@ TEST_F(PipelineTest, OneFOneBNeedsLessMemoryThanGPipe) {
     for (size_t d = 0; d < 4; ++d)
       EXPECT_LE(one_f_one_b->programs[d].arena_bytes, gpipe->programs[d].arena_bytes)
           << "M=" << M << " device " << d;
-    // The runner allocates exactly the planned arenas.
+    // The runner allocates exactly the planned arenas, and holds what the
+    // plan says each device needs besides.
     auto runner = PipelineRunner::create(*one_f_one_b);
     ASSERT_TRUE(runner.is_ok());
-    for (size_t d = 0; d < 4; ++d)
+    const auto allocations = (*runner)->allocations();
+    ASSERT_EQ(allocations.size(), 4u);
+    for (size_t d = 0; d < 4; ++d) {
       EXPECT_EQ((*runner)->arena_bytes()[d], one_f_one_b->programs[d].arena_bytes);
+      EXPECT_EQ(allocations[d].arena, one_f_one_b->programs[d].arena_bytes) << "device " << d;
+      EXPECT_EQ(allocations[d].arena + allocations[d].held, plan::device_memory(*one_f_one_b, d))
+          << "device " << d;
+    }
   }
 }
 
@@ -1017,6 +1024,9 @@ TEST_F(PipelineTest, FailingDeviceEndsTheStepWithANamedError) {
   EXPECT_NE(status.message().find("injected fault"), std::string::npos) << status.message();
   // The others stop at once, not after the timeout.
   EXPECT_LT(elapsed, std::chrono::milliseconds(4000));
+  // No busy time is told of a failed step.
+  for (double busy : runner->busy_seconds())
+    EXPECT_EQ(busy, -1.0);
   // The runner refuses to go on from a half-done step.
   EXPECT_FALSE(runner->run(data.batches[0], &outputs).is_ok());
 }
@@ -1053,6 +1063,10 @@ TEST_F(PipelineTest, TraceShowsEveryDevice) {
   EXPECT_NE(trace.find("\"name\": \"optimizer\""), std::string::npos);
   for (const auto &spans : runner->spans())
     EXPECT_FALSE(spans.empty());
+  // Every device thread's CPU time in the step.
+  ASSERT_EQ(runner->busy_seconds().size(), 2u);
+  for (double busy : runner->busy_seconds())
+    EXPECT_GT(busy, 0);
 
   // Data parallelism: each device's communication stream has a track of its
   // own with its buckets' reductions.
