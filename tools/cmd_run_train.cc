@@ -1,8 +1,10 @@
 // The training mode of `strata run`: a training plan trained for --steps
 // steps on one device, a pipeline of CPU threads, one GPU or several, or
 // across the processes of an MPI job, with checkpoints, a stop on Ctrl-C, a
-// trace of a CPU pipeline's devices, and the steady step time at the end.
+// trace of a CPU pipeline's devices, and at the end the steady step time and
+// the plan's predictions beside what the run measured.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +20,11 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/comm/host_transport.h"
 #include "runtime/comm/mpi_world.h"
+#include "runtime/cpu/executor.h"
 #include "runtime/cpu/pipeline_runner.h"
 #include "runtime/cuda/cuda_executor.h"
 #include "runtime/cuda/cuda_pipeline.h"
@@ -367,11 +372,27 @@ struct LoopStats {
   // third step on (the first loads the kernels, on a GPU the second is
   // captured): the steady state.
   std::vector<double> step_seconds, issue_seconds, device_seconds;
+  // A CPU pipeline's: per plan device, its thread's CPU time in each steady
+  // step (PipelineRunner::busy_seconds); empty for another process's device.
+  std::vector<std::vector<float>> busy_seconds;
 
   double seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 };
+
+// Adds a step's busy time of this process's devices to `stats`.
+void record_busy(const std::vector<double> &busy, LoopStats &stats) {
+  stats.busy_seconds.resize(busy.size());
+  for (size_t d = 0; d < busy.size(); ++d)
+    if (busy[d] >= 0) stats.busy_seconds[d].push_back(static_cast<float>(busy[d]));
+}
+
+// The median of `values` (not empty).
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
 
 // Steps until --steps are done or a signal asks to stop: the loss every
 // --log-every steps (rewritten in place on a terminal), and checkpoints.
@@ -389,6 +410,7 @@ Status run_steps(const RunArgs &args, runtime::Trainer &trainer, const PipelineR
         stats.issue_seconds.push_back(trainer.runner().issue_seconds());
       if (records.pipeline != nullptr && args.clock == "device")
         stats.device_seconds.push_back(records.pipeline->device_step_seconds());
+      if (records.pipeline != nullptr) record_busy(records.pipeline->busy_seconds(), stats);
     }
     if (!stepped.is_ok()) {
       // The trace of a failed run is the most useful one: write what was recorded.
@@ -472,10 +494,6 @@ Status print_summary(const RunArgs &args, int64_t last_step, const LoopStats &st
   if (ran > 0 && elapsed > 0)
     out << "compute    " << human_flops(flops) << " per step, "
         << human_flops(flops * static_cast<double>(ran) / elapsed) << "/s\n";
-  auto median = [](std::vector<double> values) {
-    std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-    return values[values.size() / 2];
-  };
   const size_t n = stats.step_seconds.size();
   const std::string last_steps = str_cat("median of the last ", n, " step", n == 1 ? "" : "s");
   if (n > 0)
@@ -493,6 +511,197 @@ Status print_summary(const RunArgs &args, int64_t last_step, const LoopStats &st
         << " us per step to issue it (" << last_steps << ": the batch copied in, "
         << (args.cuda_graph ? "the captured step replayed" : "every kernel launched") << ")\n";
   return Status::ok();
+}
+
+// What the run measured of one plan device, set beside the plan's
+// predictions for it; -1 where it was not measured (a GPU's device; a CPU
+// device's busy time before its third step).
+struct DeviceMeasure {
+  double busy = -1;   // median CPU seconds of its thread per steady step
+  int64_t arena = -1; // the activation arena allocated for it
+  int64_t held = -1;  // the parameters, state and constants it holds
+};
+
+// What the run measured: per plan device, and the peak resident set of this
+// process or, on rank 0 of an MPI job with CPU devices, of every rank.
+struct RunMeasures {
+  std::vector<DeviceMeasure> devices; // by plan device
+  std::vector<int64_t> rss;           // bytes, by rank; -1 where unknown
+};
+
+// This process's peak resident set size in bytes, or -1.
+int64_t peak_rss_bytes() {
+  struct rusage usage = {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024; // Linux counts KiB
+}
+
+// What this process measured: a CPU pipeline's arenas and held bytes (as
+// allocated) and busy times (the median over the steady steps) of its
+// devices, or a one-device CPU run's arena and weights. A GPU's runners tell
+// only their whole allocation (the `gpu` line).
+RunMeasures local_measures(const Plan &plan, const runtime::StepRunner &runner,
+                           const LoopStats &stats) {
+  RunMeasures measures;
+  measures.devices.resize(plan.programs.size());
+  measures.rss.push_back(peak_rss_bytes());
+  if (const auto *pipeline = dynamic_cast<const runtime::PipelineRunner *>(&runner)) {
+    const std::vector<runtime::PipelineRunner::Allocation> allocations = pipeline->allocations();
+    for (size_t d = 0; d < measures.devices.size() && d < allocations.size(); ++d) {
+      DeviceMeasure &device = measures.devices[d];
+      device.arena = allocations[d].arena;
+      device.held = allocations[d].held;
+      if (d >= stats.busy_seconds.size() || stats.busy_seconds[d].empty()) continue;
+      const std::vector<float> &busy = stats.busy_seconds[d];
+      device.busy = median(std::vector<double>(busy.begin(), busy.end()));
+    }
+  } else if (const auto *cpu = dynamic_cast<const runtime::CpuExecutor *>(&runner);
+             cpu != nullptr && !measures.devices.empty()) {
+    measures.devices[0].arena = cpu->memory_plan().arena_bytes;
+    measures.devices[0].held = cpu->weight_bytes();
+  }
+  return measures;
+}
+
+// Under MPI: every rank's measures of its devices and its peak RSS, put
+// together on rank 0 (the others keep their own). A collective: every rank
+// of a CPU pipeline calls it once, after its last step.
+Status gather_measures(runtime::ProcessGroup &processes, RunMeasures &measures) {
+  using Json = nlohmann::json;
+  Json devices = Json::array();
+  for (size_t d = 0; d < measures.devices.size(); ++d) {
+    const DeviceMeasure &device = measures.devices[d];
+    if (device.arena >= 0)
+      devices.push_back(
+          {{"device", d}, {"busy", device.busy}, {"arena", device.arena}, {"held", device.held}});
+  }
+  const Json mine = {{"rss", measures.rss.front()}, {"devices", devices}};
+  std::vector<std::string> all;
+  RETURN_IF_ERROR(processes.gather(mine.dump(), &all, "the measures of the devices"));
+  if (processes.rank() != 0) return Status::ok();
+  auto integer = [](const Json &object, const char *key) {
+    return object.is_object() && object.contains(key) && object.at(key).is_number_integer();
+  };
+  measures.rss.assign(all.size(), -1);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const Json entry = Json::parse(all[r], nullptr, false);
+    const std::string malformed = str_cat("rank ", r, " sent malformed measures of its devices");
+    if (!integer(entry, "rss") || !entry.contains("devices") || !entry.at("devices").is_array())
+      return internal_error(malformed);
+    measures.rss[r] = entry.at("rss").get<int64_t>();
+    for (const Json &row : entry.at("devices")) {
+      if (!integer(row, "device") || !integer(row, "arena") || !integer(row, "held") ||
+          !row.contains("busy") || !row.at("busy").is_number())
+        return internal_error(malformed);
+      const int64_t d = row.at("device").get<int64_t>();
+      if (d < 0 || static_cast<size_t>(d) >= measures.devices.size())
+        return internal_error(malformed);
+      measures.devices[static_cast<size_t>(d)] = {row.at("busy").get<double>(),
+                                                  row.at("arena").get<int64_t>(),
+                                                  row.at("held").get<int64_t>()};
+    }
+  }
+  return Status::ok();
+}
+
+// Everything the closing comparison sets beside the plan, this process's
+// and under MPI (a CPU pipeline's), on rank 0, every rank's.
+Result<RunMeasures> measure_run(const Plan &plan, const runtime::StepRunner &runner,
+                                const LoopStats &stats, runtime::MpiWorld *world) {
+  RunMeasures measures = local_measures(plan, runner, stats);
+  if (world != nullptr && dynamic_cast<const runtime::PipelineRunner *>(&runner) != nullptr)
+    RETURN_IF_ERROR(gather_measures(*world, measures));
+  return measures;
+}
+
+// "x1.15": how many times the prediction the measure is.
+std::string format_ratio(double measured, double predicted) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "x%.2f", measured / predicted);
+  return buf;
+}
+
+std::string bytes_or_dash(int64_t bytes) {
+  return bytes < 0 ? std::string("-") : human_bytes(static_cast<double>(bytes));
+}
+
+// "peak RSS 45.2 MiB (this process)", or per rank under MPI.
+std::string rss_text(const std::vector<int64_t> &rss) {
+  if (rss.size() == 1) return str_cat("peak RSS ", bytes_or_dash(rss[0]), " (this process)");
+  if (rss.size() <= 8) {
+    std::string text = "peak RSS";
+    for (size_t r = 0; r < rss.size(); ++r)
+      text += str_cat(r == 0 ? " " : ", ", bytes_or_dash(rss[r]), " (rank ", r, ")");
+    return text;
+  }
+  const size_t largest =
+      static_cast<size_t>(std::max_element(rss.begin(), rss.end()) - rss.begin());
+  return str_cat("peak RSS up to ", bytes_or_dash(rss[largest]), " (rank ", largest, " of ",
+                 rss.size(), ")");
+}
+
+// A pipeline plan's `predicted` line: its step time and bubble against the
+// steady step by the wall clock, and by the device clock where it was kept.
+void print_predicted_step(const serialization::PlanPipeline &p, const LoopStats &stats,
+                          std::ostream &out) {
+  if (p.predicted_step_s <= 0)
+    out << "predicted  no step time: the plan records none";
+  else
+    out << "predicted  step " << format_ms(p.predicted_step_s) << " (bubble "
+        << format_percent(p.predicted_bubble) << ")";
+  if (stats.step_seconds.empty()) {
+    out << "; nothing measured to set beside it (the steady step is the median from the third "
+           "step on: run 3 or more steps)\n";
+    return;
+  }
+  auto against = [&](double measured) {
+    return p.predicted_step_s <= 0 ? format_ms(measured)
+                                   : str_cat(format_ms(measured), " (",
+                                             format_ratio(measured, p.predicted_step_s), ")");
+  };
+  out << (p.predicted_step_s <= 0 ? "; measured " : " against measured ")
+      << against(median(stats.step_seconds));
+  if (!stats.device_seconds.empty())
+    out << " by the wall clock, " << against(median(stats.device_seconds))
+        << " by the device clock";
+  out << "\n";
+}
+
+// The plan's predictions beside what the run measured. A pipeline plan: the
+// `predicted` line, then per device its predicted busy time and planned
+// arena beside the measured ones and what it holds ("-": not measured).
+// Then the `memory` line: a one-device plan's planned arena beside the
+// allocated one, and the peak RSS.
+void print_predictions(const Plan &plan, const LoopStats &stats, const RunMeasures &measures,
+                       std::ostream &out) {
+  bool measured = false; // any device's memory
+  for (const DeviceMeasure &device : measures.devices)
+    measured = measured || device.arena >= 0;
+  if (plan.pipeline) {
+    print_predicted_step(*plan.pipeline, stats, out);
+    out << "device  predicted busy  measured busy  planned arena  allocated arena  weights+state\n";
+    for (size_t d = 0; d < plan.programs.size(); ++d) {
+      const DeviceMeasure device =
+          d < measures.devices.size() ? measures.devices[d] : DeviceMeasure{};
+      out << pad(std::to_string(d), 6) << pad(format_ms(plan.programs[d].predicted_busy_s), 16)
+          << pad(device.busy < 0 ? std::string("-") : format_ms(device.busy), 15)
+          << pad(bytes_or_dash(plan.programs[d].arena_bytes), 15)
+          << pad(bytes_or_dash(device.arena), 17) << pad(bytes_or_dash(device.held), 15) << "\n";
+    }
+    out << "memory     " << rss_text(measures.rss)
+        << (measured ? "" : "; a GPU's devices are measured as one allocation (the `gpu` line)")
+        << "\n";
+    return;
+  }
+  const DeviceMeasure device = measures.devices.empty() ? DeviceMeasure{} : measures.devices[0];
+  out << "memory     activation arena "
+      << bytes_or_dash(plan.programs.empty() ? -1 : plan.programs[0].arena_bytes) << " planned";
+  if (measured)
+    out << ", " << bytes_or_dash(device.arena) << " allocated; weights and state "
+        << bytes_or_dash(device.held);
+  else
+    out << " (the GPU's allocation: the `gpu` line)";
+  out << "; " << rss_text(measures.rss) << "\n";
 }
 
 // Trains `plan` in this process: every device, or under an MPI launcher
@@ -549,7 +758,11 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   // the last step's check still ends the process by it.
   if (const int signal_number = stop_requested.load(); signal_number != 0)
     return stopped_run(args, trainer.step(), records, signal_number, out);
+  // Under MPI a collective: before anything that one rank alone may fail.
+  ASSIGN_OR_RETURN(const RunMeasures measures,
+                   measure_run(plan, trainer.runner(), stats, world.get()));
   RETURN_IF_ERROR(print_summary(args, trainer.step(), stats, records, step_flops(plan), out));
+  print_predictions(plan, stats, measures, out);
   if (args.op_times)
     RETURN_IF_ERROR(print_op_times(*timed, runtime::random_inputs(timed->graph(), args.seed), out));
   return Status::ok();
