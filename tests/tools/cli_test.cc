@@ -710,6 +710,78 @@ TEST_F(CliTest, CompileAndTrainMlpLossFalls) {
   EXPECT_EQ(printed_losses(sparse.out).size(), 3u) << sparse.out;
 }
 
+// The end of a training run sets the plan's predictions beside the run: a
+// pipeline plan's step and each device's busy time and arena, a one-device
+// plan's arena, and the peak RSS. On the CPU the arenas are the planned ones.
+TEST_F(CliTest, RunSetsThePlansPredictionsBesideWhatItMeasured) {
+  make_mlp("t.splan");
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2", "--microbatches", "2",
+                    "-o", "pp.splan"})
+                .code,
+            0);
+  auto positive = [](const std::string &number) { return std::atof(number.c_str()) > 0; };
+  const std::regex rss("\nmemory     peak RSS [0-9.]+ [KMG]iB \\(this process\\)\n");
+
+  Outcome pp = strata({"run", "pp.splan", "--steps", "5"});
+  ASSERT_EQ(pp.code, 0) << pp.err;
+  std::smatch step;
+  ASSERT_TRUE(std::regex_search(pp.out, step,
+                                std::regex("\npredicted  step ([0-9.]+) ms \\(bubble ([0-9.]+)%\\) "
+                                           "against measured ([0-9.]+) ms \\(x([0-9.]+)\\)\n")))
+      << pp.out;
+  EXPECT_TRUE(positive(step[1]) && positive(step[3]) && positive(step[4])) << pp.out;
+  // The measured step is the `steady` line's.
+  EXPECT_NE(pp.out.find(str_cat("\nsteady     ", step[3].str(), " ms per step")), std::string::npos)
+      << pp.out;
+  std::vector<testing::DeviceRow> rows = testing::device_rows(pp.out);
+  ASSERT_EQ(rows.size(), 2u) << pp.out;
+  for (int d = 0; d < 2; ++d) {
+    const testing::DeviceRow &row = rows[static_cast<size_t>(d)];
+    EXPECT_EQ(row.device, d) << pp.out;
+    EXPECT_GT(row.predicted_busy_ms, 0) << pp.out;
+    EXPECT_GT(row.measured_busy_ms, 0) << pp.out;
+    EXPECT_TRUE(positive(row.planned_arena) && positive(row.held)) << pp.out;
+    EXPECT_EQ(row.allocated_arena, row.planned_arena) << pp.out;
+  }
+  EXPECT_TRUE(std::regex_search(pp.out, rss)) << pp.out;
+
+  // Timed by the device clock too.
+  Outcome clocked = strata({"run", "pp.splan", "--steps", "4", "--clock", "device"});
+  ASSERT_EQ(clocked.code, 0) << clocked.err;
+  EXPECT_TRUE(std::regex_search(clocked.out,
+                                std::regex("\npredicted  step [0-9.]+ ms \\(bubble [0-9.]+%\\) "
+                                           "against measured [0-9.]+ ms \\(x[0-9.]+\\) by the "
+                                           "wall clock, [0-9.]+ ms \\(x[0-9.]+\\) by the device "
+                                           "clock\n")))
+      << clocked.out;
+  // Two steps are no steady state: the memory is measured, the time is not.
+  Outcome short_run = strata({"run", "pp.splan", "--steps", "2"});
+  ASSERT_EQ(short_run.code, 0) << short_run.err;
+  EXPECT_NE(short_run.out.find("; nothing measured to set beside it"), std::string::npos)
+      << short_run.out;
+  rows = testing::device_rows(short_run.out);
+  ASSERT_EQ(rows.size(), 2u) << short_run.out;
+  for (const testing::DeviceRow &row : rows) {
+    EXPECT_EQ(row.measured_busy_ms, -1.0) << short_run.out;
+    EXPECT_EQ(row.allocated_arena, row.planned_arena) << short_run.out;
+  }
+
+  // One device: no predicted time, the arena planned and allocated.
+  Outcome one = strata({"run", "t.splan", "--steps", "3"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(one.out.find("\npredicted "), std::string::npos) << one.out;
+  EXPECT_TRUE(testing::device_rows(one.out).empty()) << one.out;
+  std::smatch memory;
+  ASSERT_TRUE(std::regex_search(
+      one.out, memory,
+      std::regex("\nmemory     activation arena ([0-9.]+ [KMG]?i?B) planned, ([0-9.]+ [KMG]?i?B) "
+                 "allocated; weights and state ([0-9.]+ [KMG]?i?B); peak RSS [0-9.]+ [KMG]iB "
+                 "\\(this process\\)\n")))
+      << one.out;
+  EXPECT_TRUE(positive(memory[1]) && positive(memory[3])) << one.out;
+  EXPECT_EQ(memory[1].str(), memory[2].str()) << one.out;
+}
+
 TEST_F(CliTest, CompileIsReproducibleAndPlansConvertAndInspect) {
   ASSERT_EQ(
       strata({"zoo", "mlp", "--batch", "4", "--input", "8", "--hidden", "8", "-o", "m.json"}).code,

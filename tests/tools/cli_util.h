@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace strata::testing {
 
@@ -65,6 +66,52 @@ inline Outcome run_in(const std::filesystem::path &dir, const std::string &comma
   o.out = read_file(dir / "stdout.txt");
   o.err = read_file(dir / "stderr.txt");
   return o;
+}
+
+// A row of the device table `strata run` ends a pipeline plan's training
+// with. A cell of "-" (not measured) reads as -1 or "-".
+struct DeviceRow {
+  int device = -1;
+  double predicted_busy_ms = -1, measured_busy_ms = -1;
+  std::string planned_arena, allocated_arena, held; // as printed: "1.20 MiB"
+};
+
+// The rows of that table in `out`, in order; empty where it has none.
+inline std::vector<DeviceRow> device_rows(const std::string &out) {
+  std::vector<DeviceRow> rows;
+  const std::string header =
+      "\ndevice  predicted busy  measured busy  planned arena  allocated arena  weights+state\n";
+  const size_t at = out.find(header);
+  if (at == std::string::npos) return rows;
+  std::istringstream lines(out.substr(at + header.size()));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    DeviceRow row;
+    if (!(fields >> row.device)) break; // the `memory` line ends the table
+    // "5.100 ms" or "-"; "1.20 MiB" or "-".
+    auto read_time = [&fields](double &ms) {
+      std::string value, unit;
+      if (!(fields >> value) || value == "-") return;
+      if (fields >> unit && unit == "ms") ms = std::strtod(value.c_str(), nullptr);
+    };
+    auto read_bytes = [&fields](std::string &text) {
+      std::string value, unit;
+      if (!(fields >> value) || value == "-") {
+        text = value;
+        return;
+      }
+      fields >> unit;
+      text = value + " " + unit;
+    };
+    read_time(row.predicted_busy_ms);
+    read_time(row.measured_busy_ms);
+    read_bytes(row.planned_arena);
+    read_bytes(row.allocated_arena);
+    read_bytes(row.held);
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 } // namespace strata::testing

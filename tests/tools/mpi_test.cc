@@ -151,6 +151,16 @@ protected:
     ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
     EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
     EXPECT_EQ(losses(mpi.out).size(), 3u) << mpi.out;
+    // Rank 0 prints every rank's devices as measured there, and each rank's
+    // peak RSS.
+    const std::vector<testing::DeviceRow> rows = testing::device_rows(mpi.out);
+    EXPECT_EQ(rows.size(), testing::device_rows(threads.out).size()) << mpi.out;
+    EXPECT_GE(rows.size(), static_cast<size_t>(ranks)) << mpi.out;
+    for (const testing::DeviceRow &row : rows) {
+      EXPECT_GT(row.measured_busy_ms, 0) << mpi.out;
+      EXPECT_EQ(row.allocated_arena, row.planned_arena) << mpi.out;
+    }
+    EXPECT_NE(mpi.out.find(str_cat("(rank ", ranks - 1, ")\n")), std::string::npos) << mpi.out;
     expect_same_checkpoints("ck_threads", "ck_mpi");
     auto manifest = serialization::read_checkpoint((dir_ / "ck_mpi").string(), "");
     ASSERT_TRUE(manifest.is_ok());
