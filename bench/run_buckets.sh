@@ -43,6 +43,6 @@ for bucket in 1 0; do
 done
 for round in 1 2 3; do
   for bucket in 1 0; do
-    echo "measured dp=2 --bucket-mb $bucket: $("$strata" run "s$bucket.splan" --steps 40 | tail -1)"
+    echo "measured dp=2 --bucket-mb $bucket: $("$strata" run "s$bucket.splan" --steps 40 | grep '^steady')"
   done
 done
