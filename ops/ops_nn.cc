@@ -1768,12 +1768,6 @@ Status softmax_cross_entropy_grad_kernel(const KernelContext &context) {
 // classes, with nothing to communicate. The piece is an input of the loss node
 // so that the gradient reaches it there; none flows through the statistics.
 
-Result<int64_t> read_parts(const Node &node, const OpDef &def) {
-  const int64_t parts = AttrReader(node, def).get_int("parts");
-  if (parts < 1) return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
-  return parts;
-}
-
 Result<TypeList> infer_vocab_parallel_stats(const Node &node, const OpDef &def,
                                             llvm::ArrayRef<TensorType> inputs) {
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
@@ -2191,7 +2185,8 @@ std::optional<int64_t> label_range(const Node &node, const OpDef &,
   assert(input > 0 && "labels follow their logits");
   const TensorType &logits = inputs[input - 1];
   if (logits.rank() == 0) return std::nullopt;
-  return logits.shape.back() * std::max<int64_t>(1, node.int_attr("parts").value_or(1));
+  return capped_product(logits.shape.back(),
+                        std::max<int64_t>(1, node.int_attr("parts").value_or(1)));
 }
 
 std::vector<OpDef> make_table() {

@@ -32,15 +32,9 @@ namespace {
 
 using TypeList = llvm::SmallVector<TensorType, 2>;
 
-Result<int64_t> parts_of(const Node &node, const OpDef &def) {
-  const int64_t parts = AttrReader(node, def).get_int("parts");
-  if (parts < 1) return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
-  return parts;
-}
-
 Result<TypeList> infer_reduce(const Node &node, const OpDef &def,
                               llvm::ArrayRef<TensorType> inputs) {
-  RETURN_IF_ERROR(parts_of(node, def).status());
+  RETURN_IF_ERROR(read_parts(node, def).status());
   RETURN_IF_ERROR(expect_floating(def, inputs, 0));
   return TypeList{inputs[0]};
 }
@@ -48,7 +42,7 @@ Result<TypeList> infer_reduce(const Node &node, const OpDef &def,
 // Resizes `axis` of the input: times parts (gather) or divided by parts (split).
 Result<TypeList> infer_resize(const Node &node, const OpDef &def, llvm::ArrayRef<TensorType> inputs,
                               bool gather) {
-  ASSIGN_OR_RETURN(const int64_t parts, parts_of(node, def));
+  ASSIGN_OR_RETURN(const int64_t parts, read_parts(node, def));
   const AttrReader attrs(node, def);
   TensorType out = inputs[0];
   ASSIGN_OR_RETURN(const int64_t axis, normalize_axis(attrs.get_int("axis"), out.rank(), "axis"));
@@ -58,6 +52,10 @@ Result<TypeList> infer_resize(const Node &node, const OpDef &def, llvm::ArrayRef
     return invalid_argument(def.name, ": outer ", outer, " does not divide dim ", axis, " (", dim,
                             ") of ", inputs[0].to_string());
   if (gather) {
+    if (capped_product(dim, parts) > kMaxTensorElements)
+      return invalid_argument(def.name, ": dim ", axis, " of ", inputs[0].to_string(),
+                              " gathered from ", parts, " parts is more than ", kMaxTensorElements,
+                              " elements");
     dim *= parts;
   } else {
     if ((dim / outer) % parts != 0)
@@ -139,7 +137,7 @@ Result<TypeList> infer_reduce_scatter(const Node &node, const OpDef &def,
 // `from_axis` grows by parts, `axis` shrinks by parts.
 Result<TypeList> infer_all_to_all(const Node &node, const OpDef &def,
                                   llvm::ArrayRef<TensorType> inputs) {
-  ASSIGN_OR_RETURN(const int64_t parts, parts_of(node, def));
+  ASSIGN_OR_RETURN(const int64_t parts, read_parts(node, def));
   const AttrReader attrs(node, def);
   TensorType out = inputs[0];
   ASSIGN_OR_RETURN(const int64_t from,
@@ -156,6 +154,9 @@ Result<TypeList> infer_all_to_all(const Node &node, const OpDef &def,
     return invalid_argument(def.name, ": dim ", to, " of ", inputs[0].to_string(),
                             " does not split into ", parts, " parts (outer ", outer,
                             "), or from_outer ", from_outer, " does not divide dim ", from);
+  if (capped_product(grow, parts) > kMaxTensorElements)
+    return invalid_argument(def.name, ": dim ", from, " of ", inputs[0].to_string(), " times ",
+                            parts, " parts is more than ", kMaxTensorElements, " elements");
   grow *= parts;
   shrink /= parts;
   return TypeList{out};

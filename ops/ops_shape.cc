@@ -562,8 +562,7 @@ Result<TypeList> infer_gather(const Node &node, const OpDef &def,
   if (!is_integer(indices.dtype))
     return invalid_argument(def.name, ": input 1 (indices) must be i32 or i64, got ",
                             indices.to_string());
-  if (const int64_t parts = AttrReader(node, def).get_int("parts"); parts < 1)
-    return invalid_argument(def.name, ": parts must be at least 1, got ", parts);
+  RETURN_IF_ERROR(read_parts(node, def).status());
   Result<int64_t> axis = normalize_axis(AttrReader(node, def).get_int("axis"), data.rank(), "axis");
   if (!axis.is_ok())
     return std::move(axis).take_status().with_context(
@@ -1032,8 +1031,8 @@ std::optional<int64_t> indexed_dim(llvm::ArrayRef<int64_t> table, const Node &no
   int64_t axis = node.int_attr("axis").value_or(0);
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank) return std::nullopt;
-  return table[static_cast<size_t>(axis)] *
-         std::max<int64_t>(1, node.int_attr("parts").value_or(1));
+  return capped_product(table[static_cast<size_t>(axis)],
+                        std::max<int64_t>(1, node.int_attr("parts").value_or(1)));
 }
 
 std::optional<int64_t> gather_index_range(const Node &node, const OpDef &,

@@ -169,6 +169,13 @@ Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr
   return axis < 0 ? axis + rank : axis;
 }
 
+Result<int64_t> read_parts(const Node &node, const OpDef &def) {
+  const int64_t parts = AttrReader(node, def).get_int("parts");
+  if (parts < 1 || parts > kMaxParts)
+    return invalid_argument(def.name, ": parts must be 1 to ", kMaxParts, ", got ", parts);
+  return parts;
+}
+
 Status expect_group(const KernelContext &context, int64_t parts) {
   if (parts < 1)
     return invalid_argument(context.def.name, " '", context.node.name,

@@ -319,6 +319,18 @@ TensorId reduce_to_shape(GradContext &context, TensorId grad, llvm::ArrayRef<int
 
 // Normalizes a possibly negative axis against `rank`; an error names the attribute.
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, std::string_view attr_name);
+// The most members a tensor is split over (the largest tensor-parallel group).
+inline constexpr int64_t kMaxParts = 4096;
+// The `parts` attribute of a node: 1 to kMaxParts; an error names the op.
+Result<int64_t> read_parts(const Node &node, const OpDef &def);
+// a * b for sizes known non-negative, or kMaxTensorElements + 1 where the
+// product passes kMaxTensorElements (no overflow either way).
+inline int64_t capped_product(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product) || product > kMaxTensorElements)
+    return kMaxTensorElements + 1;
+  return product;
+}
 // An error unless every input has the same dtype as input 0.
 Status expect_same_dtype(const OpDef &def, llvm::ArrayRef<TensorType> inputs);
 // An error unless input `index` is floating point.

@@ -374,6 +374,28 @@ TEST(RegistryTest, IndexRangesAreTheIndexedDim) {
   EXPECT_EQ(range("SoftmaxCrossEntropyGrad", {}, {loss, logits, labels}, 2), 10);
 }
 
+// Found by fuzzing plan_binary: a piece whose dim times parts overflowed
+// int64 in type inference (UBSan). The sum is refused by size.
+TEST(RegistryTest, AllGatherRefusesAWholeTooLargeToHold) {
+  const OpRegistry &registry = OpRegistry::global();
+  const TensorType piece{DType::kF32, {int64_t{1} << 61, 1}};
+  Node node = make_node("TpAllGather", {int_attr("parts", 8), int_attr("axis", 0),
+                                        int_attr("outer", 1), string_attr("why", "test")});
+  auto types = registry.infer_types(node, {piece});
+  ASSERT_FALSE(types.is_ok());
+  expect_error(types.status(), {"TpAllGather", "gathered from 8 parts"});
+  const TensorType fits{DType::kF32, {6, 1}};
+  auto whole = registry.infer_types(node, {fits});
+  ASSERT_TRUE(whole.is_ok()) << whole.status().message();
+  EXPECT_EQ((*whole)[0].shape, (Shape{48, 1}));
+  // Parts beyond any group are refused by every op that reads them.
+  Node many = make_node("TpAllGather", {int_attr("parts", kMaxParts + 1), int_attr("axis", 0),
+                                        int_attr("outer", 1), string_attr("why", "test")});
+  auto refused = registry.infer_types(many, {fits});
+  ASSERT_FALSE(refused.is_ok());
+  expect_error(refused.status(), {"parts must be 1 to 4096"});
+}
+
 TEST(RegistryTest, CollectiveOfAnOpName) {
   EXPECT_EQ(collective_of("TpReduceScatter"), Collective::kReduceScatter);
   EXPECT_EQ(collective_of("TpCopy"), Collective::kCopy);
