@@ -32,6 +32,7 @@ void add_inspect(CLI::App &app, Action &action);   // tools/cmd_inspect.cc
 void add_compile(CLI::App &app, Action &action);   // tools/cmd_compile.cc
 void add_run(CLI::App &app, Action &action);       // tools/cmd_run.cc
 void add_simulate(CLI::App &app, Action &action);  // tools/cmd_simulate.cc
+void add_verify(CLI::App &app, Action &action);    // tools/cmd_verify.cc
 void add_ops(CLI::App &app, Action &action);       // tools/cmd_ops.cc
 void add_calibrate(CLI::App &app, Action &action); // tools/cmd_calibrate.cc
 

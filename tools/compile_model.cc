@@ -85,26 +85,6 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileOption
   return options;
 }
 
-// The pipeline's part of the options text the fingerprint covers.
-std::string pipeline_options_text(const Plan &plan) {
-  const serialization::PlanPipeline &p = *plan.pipeline;
-  std::string text =
-      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
-              p.tensor_parallel > 1 ? str_cat("\ntensor_parallel=", p.tensor_parallel) : "",
-              "\nzero=", p.zero, "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule,
-              p.chunks > 1 ? str_cat("\nchunks=", p.chunks) : "", "\nboundaries=");
-  for (size_t i = 0; i < p.boundaries.size(); ++i)
-    text += str_cat(i ? "," : "", p.boundaries[i]);
-  if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
-  if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
-  for (const Node &node : plan.graph.nodes())
-    if (ops::collective_of(node.op) == ops::Collective::kReduceScatter) {
-      text += "\nsplit_activations=1";
-      break;
-    }
-  return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
-}
-
 // The options that only a parallel training plan reads, and the bucket size
 // where there are no replicas to sum over: refused rather than ignored.
 Status check_parallel_options(const CompileOptions &args, bool pipelined) {
@@ -201,6 +181,25 @@ Status plan_one_device(Plan &plan, const std::string &source) {
 }
 
 } // namespace
+
+std::string pipeline_options_text(const Plan &plan) {
+  const serialization::PlanPipeline &p = *plan.pipeline;
+  std::string text =
+      str_cat("stages=", p.stages, "\ndata_parallel=", p.data_parallel,
+              p.tensor_parallel > 1 ? str_cat("\ntensor_parallel=", p.tensor_parallel) : "",
+              "\nzero=", p.zero, "\nmicrobatches=", p.microbatches, "\nschedule=", p.schedule,
+              p.chunks > 1 ? str_cat("\nchunks=", p.chunks) : "", "\nboundaries=");
+  for (size_t i = 0; i < p.boundaries.size(); ++i)
+    text += str_cat(i ? "," : "", p.boundaries[i]);
+  if (recomputed_nodes(plan.graph) > 0) text += "\nrecompute=1";
+  if (p.bucket_bytes > 0) text += str_cat("\nbucket_bytes=", p.bucket_bytes);
+  for (const Node &node : plan.graph.nodes())
+    if (ops::collective_of(node.op) == ops::Collective::kReduceScatter) {
+      text += "\nsplit_activations=1";
+      break;
+    }
+  return text + "\ncluster=" + serialization::sha256_hex(std::string_view(p.cluster_json)) + "\n";
+}
 
 Result<CompiledModel> compile_model(const Graph &forward, const CompileOptions &args,
                                     const std::string &source) {

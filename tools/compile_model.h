@@ -61,4 +61,11 @@ struct CompiledModel {
 Result<CompiledModel> compile_model(const Graph &forward, const CompileOptions &options,
                                     const std::string &source);
 
+// The parallel options' part of the options text a pipeline plan's
+// fingerprint covers (after "mode=train\n" and the training options' text):
+// the mesh, micro-batches, schedule, stage boundaries, recomputation,
+// buckets and cluster, as read off the plan. `strata verify --model` checks a
+// model against a plan's fingerprint with it.
+std::string pipeline_options_text(const serialization::Plan &plan);
+
 } // namespace strata::tools

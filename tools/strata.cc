@@ -39,7 +39,8 @@ int main(int argc, char **argv) {
              "  strata compile gpt.strata --train --optimizer adamw:lr=1e-3 -o t.splan\n"
              "  strata run t.splan --steps 30                          # train it\n"
              "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 -o pp.splan\n"
-             "  strata run pp.splan --steps 5 --trace t.json           # 4-stage pipeline\n\n"
+             "  strata run pp.splan --steps 5 --trace t.json           # 4-stage pipeline\n"
+             "  strata verify pp.splan                                 # trains as one device?\n\n"
              "Run `strata <command> --help` for a command's options.");
 
   Action action;
@@ -50,6 +51,7 @@ int main(int argc, char **argv) {
   add_compile(app, action);
   add_run(app, action);
   add_simulate(app, action);
+  add_verify(app, action);
   add_ops(app, action);
   add_calibrate(app, action);
 

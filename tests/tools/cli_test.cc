@@ -328,6 +328,7 @@ TEST_F(CliTest, HelpForEverySubcommand) {
       {"run", "--help"},
       {"compile", "--help"},
       {"simulate", "--help"},
+      {"verify", "--help"},
       {"ops", "--help"},
   };
   for (const auto &args : commands) {
@@ -1473,6 +1474,134 @@ TEST_F(CliTest, AutoSearchExplainsAndTrains) {
   expect_one_line_error(
       strata({"compile", "m.strata", "--train", "--auto", "--mesh", "1x1x2", "-o", "x.splan"}),
       "excludes");
+}
+
+// strata verify: every kind of plan the CLI compiles trains like its
+// one-device reference (the same step, the same micro-batches, on one
+// device), bitwise where strata promises it, whether that reference is
+// lowered from the plan's own graph or compiled again from the model. A
+// tensor-parallel plan, whose graph is one member's share, needs the model.
+TEST_F(CliTest, VerifyPassesOnEveryPlanKind) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "8",
+                    "--vocab", "64", "--batch", "8", "-o", "g.strata"})
+                .code,
+            0);
+  struct Case {
+    const char *plan;
+    std::vector<std::string> flags;
+    bool bitwise;
+  };
+  const std::vector<Case> cases = {
+      {"one.splan", {}, true},
+      {"pp.splan", {"--mesh", "1x1x2", "--microbatches", "2"}, true},
+      {"gpipe.splan", {"--mesh", "1x1x2", "--microbatches", "2", "--schedule", "gpipe"}, true},
+      {"inter.splan",
+       {"--mesh", "1x1x2", "--microbatches", "2", "--schedule", "interleaved"},
+       true},
+      {"re.splan", {"--mesh", "1x1x2", "--microbatches", "2", "--recompute"}, true},
+      {"dp.splan", {"--mesh", "2x1x1"}, false}, // gradient buckets, the default
+      {"flat.splan", {"--mesh", "2x1x1", "--bucket-mb", "0"}, false},
+      {"zero.splan", {"--mesh", "2x1x1", "--zero", "1"}, false},
+  };
+  for (const Case &c : cases) {
+    std::vector<std::string> compile = {"compile", "g.strata", "--train", "--optimizer",
+                                        "sgd:lr=0.1,momentum=0.9"};
+    compile.insert(compile.end(), c.flags.begin(), c.flags.end());
+    compile.push_back("-o");
+    compile.push_back(c.plan);
+    Outcome compiled = strata(compile);
+    ASSERT_EQ(compiled.code, 0) << c.plan << ": " << compiled.err;
+    for (const bool with_model : {false, true}) {
+      std::vector<std::string> verify = {"verify", c.plan, "--steps", "3"};
+      if (with_model) {
+        verify.push_back("--model");
+        verify.push_back("g.strata");
+      }
+      Outcome o = strata(verify);
+      const std::string what =
+          str_cat(c.plan, with_model ? " --model g.strata" : "", ":\n", o.out, o.err);
+      EXPECT_EQ(o.code, 0) << what;
+      EXPECT_NE(o.out.find("step 3/3  loss "), std::string::npos) << what;
+      EXPECT_NE(o.out.find("pass       3 steps, every loss and tensor "), std::string::npos)
+          << what;
+      EXPECT_EQ(o.out.find("pass       3 steps, every loss and tensor bitwise equal") !=
+                    std::string::npos,
+                c.bitwise)
+          << what;
+    }
+  }
+
+  Outcome tp = strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9",
+                       "--mesh", "1x2x1", "-o", "tp.splan"});
+  ASSERT_EQ(tp.code, 0) << tp.err;
+  expect_one_line_error(strata({"verify", "tp.splan"}),
+                        "give the model it was compiled from with --model");
+  Outcome verified = strata({"verify", "tp.splan", "--model", "g.strata", "--steps", "3"});
+  EXPECT_EQ(verified.code, 0) << verified.out << verified.err;
+  EXPECT_NE(verified.out.find("2-device tensor-parallel groups"), std::string::npos)
+      << verified.out;
+  EXPECT_NE(verified.out.find("pass       3 steps, every loss and tensor within 1e-05 (relative)"),
+            std::string::npos)
+      << verified.out;
+  // Another model is not the plan's.
+  ASSERT_EQ(strata({"zoo", "mlp", "--batch", "8", "-o", "m.strata"}).code, 0);
+  expect_one_line_error(strata({"verify", "tp.splan", "--model", "m.strata"}),
+                        "m.strata is not the model tp.splan was compiled from");
+}
+
+// A plan whose embedded graph was edited after compile (weight decay slipped
+// into one parameter's update) loads and trains; against the model it was
+// compiled from it fails, naming the first step that went wrong and the
+// tensor farthest off there.
+TEST_F(CliTest, VerifyNamesTheStepAndTensorOfAWrongPlan) {
+  ASSERT_EQ(strata({"zoo", "gpt", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "8",
+                    "--vocab", "64", "--batch", "8", "-o", "g.strata"})
+                .code,
+            0);
+  Outcome compile = strata({"compile", "g.strata", "--train", "--optimizer", "sgd:lr=0.1", "--mesh",
+                            "1x1x2", "--microbatches", "2", "-o", "pp.splan"});
+  ASSERT_EQ(compile.code, 0) << compile.err;
+  auto plan = serialization::load_plan(path("pp.splan").string());
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  std::string edited; // a parameter drawn from normal(0, std): not zero at the first step
+  for (NodeId id = 0; id < plan->graph.num_nodes() && edited.empty(); ++id) {
+    if (plan->graph.node(id).op != "SgdUpdate") continue;
+    const Tensor &param = plan->graph.tensor(plan->graph.node(id).inputs[0]);
+    if (param.initializer.kind != Initializer::Kind::kNormal) continue;
+    edited = param.name;
+    plan->graph.mutable_node(id).set_attr("weight_decay", 0.5);
+  }
+  ASSERT_FALSE(edited.empty());
+  ASSERT_TRUE(serialization::save_plan(*plan, path("bad.splan").string()).is_ok());
+  ASSERT_TRUE(serialization::load_plan(path("bad.splan").string()).is_ok());
+
+  Outcome good = strata({"verify", "pp.splan", "--model", "g.strata", "--steps", "3"});
+  EXPECT_EQ(good.code, 0) << good.out << good.err;
+  Outcome bad = strata({"verify", "bad.splan", "--model", "g.strata", "--steps", "3"});
+  EXPECT_EQ(bad.code, 1) << bad.out << bad.err;
+  expect_one_line_error(bad, str_cat("bad.splan: step 1: tensor '", edited,
+                                     "' differs from the one-device reference's by "));
+  EXPECT_NE(bad.err.find("over the tolerance 0 (bitwise)"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.out.find("step 3/3  loss "), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("<- over the tolerance"), std::string::npos) << bad.out;
+  // A tolerance that admits the edit passes it.
+  Outcome loose =
+      strata({"verify", "bad.splan", "--model", "g.strata", "--steps", "1", "--tolerance", "0.5"});
+  EXPECT_EQ(loose.code, 0) << loose.out << loose.err;
+  EXPECT_NE(loose.out.find("tolerance  0.5 (relative): given by --tolerance"), std::string::npos)
+      << loose.out;
+
+  // What verify refuses, naming the option or the file.
+  Outcome negative = strata({"verify", "pp.splan", "--tolerance", "-1"});
+  expect_one_line_error(negative, "--tolerance: Value -1 not in range");
+  EXPECT_EQ(negative.code, 2);
+  expect_one_line_error(strata({"verify", "pp.splan", "--steps", "0"}),
+                        "--steps: Value 0 not in range 1 to");
+  expect_one_line_error(strata({"verify", "pp.splan", "--model", "bad.splan"}),
+                        "--model bad.splan is a plan");
+  ASSERT_EQ(strata({"compile", "g.strata", "-o", "infer.splan"}).code, 0);
+  expect_one_line_error(strata({"verify", "infer.splan"}), "infer.splan is an inference plan");
+  expect_one_line_error(strata({"verify", "nope.splan"}), "nope.splan");
 }
 
 TEST_F(CliTest, PipelineOptionErrors) {
