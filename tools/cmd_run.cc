@@ -82,26 +82,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Element `i` of a tensor as a double, whatever its dtype.
-double element(const HostTensor &t, int64_t i) {
-  switch (t.type.dtype) {
-  case DType::kF32: return t.as<float>()[i];
-  case DType::kF16: return f16_to_float(t.as<uint16_t>()[i]);
-  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[i]);
-  case DType::kI32: return t.as<int32_t>()[i];
-  case DType::kI64: return static_cast<double>(t.as<int64_t>()[i]);
-  case DType::kBool: return t.as<uint8_t>()[i] != 0;
-  }
-  return 0;
-}
-
 // "sum=... mean|x|=... first=[a, b, c, d]": enough to compare two runs by eye.
 std::string summarize(const HostTensor &t) {
   int64_t n = t.type.num_elements();
   double sum = 0, abs_sum = 0;
   int64_t non_finite = 0;
   for (int64_t i = 0; i < n; ++i) {
-    double v = element(t, i);
+    double v = t.element(i);
     if (!std::isfinite(v)) {
       ++non_finite;
       continue;
@@ -115,7 +102,7 @@ std::string summarize(const HostTensor &t) {
   if (non_finite > 0) text += str_cat(" non-finite=", non_finite);
   text += " first=[";
   for (int64_t i = 0; i < std::min<int64_t>(n, 4); ++i) {
-    std::snprintf(buf, sizeof buf, "%s%.6g", i > 0 ? ", " : "", element(t, i));
+    std::snprintf(buf, sizeof buf, "%s%.6g", i > 0 ? ", " : "", t.element(i));
     text += buf;
   }
   return text + (n > 4 ? ", ...]" : "]");

@@ -67,19 +67,6 @@ bool within(const Difference &d, double tolerance) {
   return tolerance == 0 ? d.identical : d.relative <= tolerance;
 }
 
-// Element `i` of a tensor as a double, whatever its dtype.
-double element(const HostTensor &t, int64_t i) {
-  switch (t.type.dtype) {
-  case DType::kF32: return t.as<float>()[i];
-  case DType::kF16: return f16_to_float(t.as<uint16_t>()[i]);
-  case DType::kBF16: return bf16_to_float(t.as<uint16_t>()[i]);
-  case DType::kI32: return t.as<int32_t>()[i];
-  case DType::kI64: return static_cast<double>(t.as<int64_t>()[i]);
-  case DType::kBool: return t.as<uint8_t>()[i] != 0;
-  }
-  return 0;
-}
-
 // Two tensors of one type.
 Difference tensor_difference(const HostTensor &got, const HostTensor &want) {
   if (got.size_bytes() == want.size_bytes() &&
@@ -87,7 +74,7 @@ Difference tensor_difference(const HostTensor &got, const HostTensor &want) {
     return {};
   double largest = 0, scale = 0;
   for (int64_t i = 0; i < want.type.num_elements(); ++i) {
-    const double a = element(got, i), b = element(want, i);
+    const double a = got.element(i), b = want.element(i);
     if (std::isfinite(b)) scale = std::max(scale, std::fabs(b));
     if (a == b) continue;
     const double d = std::fabs(a - b);
