@@ -4,6 +4,7 @@
 #include <iterator>
 #include <limits>
 
+#include "plan/checkpoint_layout.h"
 #include "python/module.h"
 #include "tools/training_setup.h"
 
@@ -238,6 +239,7 @@ std::unique_ptr<TrainerHandle> make_trainer(const PlanHandle &handle, const py::
     runtime::TrainerOptions options;
     options.model_dir = handle.folder;
     options.fingerprint = plan.fingerprint;
+    options.layout = plan::checkpoint_layout(plan, plan::layout_description(plan, 1));
     auto created = runtime::Trainer::create(std::move(runner), plan.loss, std::move(data), options);
     if (!created.is_ok()) return created.status().with_context(handle.source);
     t->trainer = std::move(created).value();

@@ -57,12 +57,6 @@ public:
   // `graph` and `value` has its type (or `type`, when given).
   static Status check_assignable(const Graph &graph, TensorId id, const HostTensor &value,
                                  const TensorType *type = nullptr);
-  // Tensor `id` put together from its tensor-parallel pieces ("<name>@tp<m>of<T>"
-  // in checkpoint_pieces(), in member order).
-  virtual Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const {
-    return invalid_argument("this run holds no tensor in tensor-parallel pieces");
-  }
-
   // The processes of a multi-process run; null when this process runs it all.
   virtual ProcessGroup *processes() const { return nullptr; }
   // Over several processes: the parameter and state tensors this process

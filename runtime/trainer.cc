@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/checkpoint_layout.h"
 #include "runtime/comm/device_world.h"
 #include "serialization/checkpoint.h"
 #include "serialization/npy.h"
@@ -182,6 +183,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(std::unique_ptr<StepRunner> run
   trainer->executor_ = std::move(runner);
   trainer->data_ = std::move(data);
   trainer->options_ = options;
+  if (trainer->options_.layout.empty()) {
+    // No plan's record: every parameter and state tensor whole, of the types
+    // the runner holds.
+    serialization::CheckpointLayout &layout = trainer->options_.layout;
+    for (TensorId id : trainer->persistent_) {
+      const Tensor &tensor = graph.tensor(id);
+      layout.tensors[tensor.name] = {tensor.kind == TensorKind::kParameter,
+                                     trainer->executor_->value_type(id), std::nullopt};
+    }
+  }
   return trainer;
 }
 
@@ -228,7 +239,8 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
                      serialization::write_checkpoint_file(
                          dir, serialization::checkpoint_file_name(step_, 0, 1), tensors));
     if (options_.checkpoint_file_written) options_.checkpoint_file_written(step_);
-    return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file});
+    return serialization::commit_checkpoint(dir, options_.fingerprint, step_, 1, {file},
+                                            plan::without_cuts(options_.layout));
   }
   // Every rank writes its file; rank 0 commits the manifest only once all of
   // them are durable, then tells everyone how it went.
@@ -260,8 +272,8 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
                          e["sha256"].get<std::string>()});
     }
     if (verdict.empty()) {
-      Status committed =
-          serialization::commit_checkpoint(dir, options_.fingerprint, step_, ranks, files);
+      Status committed = serialization::commit_checkpoint(dir, options_.fingerprint, step_, ranks,
+                                                          files, options_.layout);
       if (!committed.is_ok()) verdict = str_cat("rank 0: ", committed.message());
     }
   }
@@ -275,121 +287,28 @@ Status Trainer::save_checkpoint(const std::string &dir) const {
 }
 
 Status Trainer::restore_checkpoint(const std::string &dir) {
-  ASSIGN_OR_RETURN(serialization::Checkpoint checkpoint,
-                   serialization::read_checkpoint(dir, options_.fingerprint));
+  ASSIGN_OR_RETURN(serialization::Checkpoint checkpoint, serialization::read_checkpoint(dir, ""));
+  const std::string manifest = (fs::path(dir) / serialization::kCheckpointManifestFile).string();
+  RETURN_IF_ERROR(
+      plan::check_resumable(checkpoint, options_.fingerprint, options_.layout, manifest));
+  // Pieces are joined by the checkpoint's own record of its layout; one
+  // without a record was written by this very plan (check_resumable).
+  const bool recorded = !checkpoint.layout.empty();
+  RETURN_IF_ERROR(
+      plan::join_checkpoint(checkpoint, recorded ? checkpoint.layout : options_.layout, dir));
+  RETURN_IF_ERROR(
+      plan::check_checkpoint_tensors(checkpoint, plan::without_cuts(options_.layout), dir));
   const Graph &graph = executor_->graph();
-  auto file_of = [&](const std::string &name) {
-    auto it = checkpoint.file_of.find(name);
-    return (fs::path(dir) /
-            (it == checkpoint.file_of.end() ? serialization::kCheckpointManifestFile : it->second))
-        .string();
-  };
-  // Put tensors stored in pieces ("<name>@shard<i>of<n>") back together.
-  std::map<std::string, std::map<int64_t, std::string>> pieces;
-  std::map<std::string, int64_t> piece_count;
-  for (const auto &[name, value] : checkpoint.tensors) {
-    const size_t at = name.rfind("@shard");
-    if (at == std::string::npos) continue;
-    long long i = -1, n = -1;
-    char tail = 0;
-    if (std::sscanf(name.c_str() + at, "@shard%lldof%lld%c", &i, &n, &tail) != 2 || i < 0 ||
-        n < 1 || i >= n)
-      return invalid_argument(file_of(name), ": tensor '", name,
-                              "' looks like a piece but is not <name>@shard<i>of<n>");
-    const std::string base = name.substr(0, at);
-    auto [count, fresh] = piece_count.emplace(base, n);
-    if (!fresh && count->second != n)
-      return invalid_argument(file_of(name), ": tensor '", base, "' is stored in pieces of ",
-                              count->second, " and of ", n);
-    pieces[base][i] = name;
-  }
-  std::string file = (fs::path(dir) / serialization::kCheckpointManifestFile).string();
-  for (const auto &[base, parts] : pieces) {
-    const int64_t n = piece_count.at(base);
-    // A tensor-parallel piece's shards join into the piece (the plan's type).
-    auto id = graph.find_tensor(base.substr(0, base.find("@tp")));
-    if (!id || !is_persistent(graph.tensor(*id)))
-      return invalid_argument(file_of(parts.begin()->second), ": tensor '", base,
-                              "' is not a parameter or state tensor of the plan");
-    const TensorType &type = graph.tensor(*id).type;
-    if (static_cast<int64_t>(parts.size()) != n)
-      return not_found(file, ": tensor '", base, "' has ", parts.size(), " of its ", n,
-                       " pieces (a rank's file is missing?)");
-    HostTensor whole = HostTensor::zeros(type);
-    size_t offset = 0;
-    for (const auto &[i, name] : parts) {
-      const HostTensor &piece = checkpoint.tensors.at(name);
-      if (piece.type.dtype != type.dtype || offset + piece.size_bytes() > whole.size_bytes())
-        return invalid_argument(file_of(name), ": piece '", name, "' (", piece.type.to_string(),
-                                ") does not fit '", base, "' (", type.to_string(), ")");
-      if (piece.size_bytes()) std::memcpy(whole.data() + offset, piece.data(), piece.size_bytes());
-      offset += piece.size_bytes();
-    }
-    if (offset != whole.size_bytes())
-      return invalid_argument(file, ": the pieces of '", base, "' hold ", offset, " bytes; '", base,
-                              "' (", type.to_string(), ") has ", whole.size_bytes());
-    for (const auto &[i, name] : parts)
-      checkpoint.tensors.erase(name);
-    checkpoint.tensors.emplace(base, std::move(whole));
-    checkpoint.file_of[base] = checkpoint.file_of[parts.begin()->second];
-  }
-  // Tensor-parallel pieces ("<name>@tp<m>of<T>"): joined by the runner, which
-  // knows how the plan cuts them.
-  std::map<std::string, std::map<int64_t, std::string>> tp_pieces;
-  for (const auto &[name, value] : checkpoint.tensors) {
-    const size_t at = name.rfind("@tp");
-    if (at == std::string::npos) continue;
-    long long m = -1, t = -1;
-    char tail = 0;
-    if (std::sscanf(name.c_str() + at, "@tp%lldof%lld%c", &m, &t, &tail) != 2 || m < 0 || t < 1 ||
-        m >= t)
-      return invalid_argument(file_of(name), ": tensor '", name,
-                              "' looks like a piece but is not <name>@tp<m>of<T>");
-    tp_pieces[name.substr(0, at)][m] = name;
-  }
-  for (const auto &[base, parts] : tp_pieces) {
-    auto id = graph.find_tensor(base);
-    if (!id || !is_persistent(graph.tensor(*id)))
-      return invalid_argument(file_of(parts.begin()->second), ": tensor '", base,
-                              "' is not a parameter or state tensor of the plan");
-    std::vector<HostTensor> ordered;
-    int64_t expected = 0;
-    for (const auto &[m, name] : parts) {
-      if (m != expected++)
-        return not_found(file, ": tensor '", base, "' lacks tensor-parallel piece ", expected - 1,
-                         " (a rank's file is missing?)");
-      ordered.push_back(checkpoint.tensors.at(name));
-    }
-    auto joined = executor_->join_pieces(*id, ordered);
-    if (!joined.is_ok()) return joined.status().with_context(file_of(parts.begin()->second));
-    checkpoint.file_of[base] = checkpoint.file_of[parts.begin()->second];
-    for (const auto &[m, name] : parts)
-      checkpoint.tensors.erase(name);
-    checkpoint.tensors.emplace(base, std::move(joined).value());
-  }
-  for (const auto &[name, value] : checkpoint.tensors) {
-    auto id = graph.find_tensor(name);
-    if (!id || !is_persistent(graph.tensor(*id)))
-      return invalid_argument(file_of(name), ": tensor '", name,
-                              "' is not a parameter or state tensor of the plan");
-  }
   for (TensorId id : persistent_) {
-    const Tensor &t = graph.tensor(id);
-    auto found = checkpoint.tensors.find(t.name);
-    if (found == checkpoint.tensors.end())
-      return not_found(file, ": tensor '", t.name, "' (", tensor_kind_name(t.kind), " ",
-                       t.type.to_string(), ") is in none of the checkpoint's files");
-    const TensorType want = executor_->value_type(id);
-    if (!(found->second.type == want))
-      return invalid_argument(file_of(t.name), ": tensor '", t.name, "' is ",
-                              found->second.type.to_string(), " but the plan has ",
-                              want.to_string());
-  }
-  for (TensorId id : persistent_) {
-    Status assigned = executor_->assign(id, checkpoint.tensors.at(graph.tensor(id).name));
-    if (!assigned.is_ok()) return assigned.with_context(file_of(graph.tensor(id).name));
+    const std::string &name = graph.tensor(id).name;
+    Status assigned = executor_->assign(id, checkpoint.tensors.at(name));
+    if (!assigned.is_ok())
+      return assigned.with_context((fs::path(dir) / checkpoint.file_of[name]).string());
   }
   step_ = checkpoint.step;
+  resharded_from_.clear();
+  if (!options_.fingerprint.empty() && checkpoint.fingerprint != options_.fingerprint)
+    resharded_from_ = checkpoint.layout.description;
   return Status::ok();
 }
 

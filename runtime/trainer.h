@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/cpu/executor.h"
+#include "serialization/checkpoint.h"
 
 namespace strata::runtime {
 
@@ -39,6 +40,11 @@ Result<Dataset> load_dataset(const Graph &graph, const std::string &dir, int64_t
 struct TrainerOptions {
   std::string model_dir = "."; // folder external data paths are relative to
   std::string fingerprint;     // of the plan; recorded in and checked against checkpoints
+  // What checkpoints record of the model, optimizer and layout
+  // (plan::checkpoint_layout of the plan); resuming a checkpoint of another
+  // plan needs its model and optimizer. Empty: every parameter and state
+  // tensor whole, at the runner's types, of no known model.
+  serialization::CheckpointLayout layout;
   // Testing: called once this process's file of a checkpoint is durable and
   // before the commit (a crash injected here must leave the last checkpoint).
   std::function<void(int64_t step)> checkpoint_file_written;
@@ -72,10 +78,15 @@ public:
   std::map<std::string, HostTensor> state() const;
   // Writes a checkpoint of the current state and step into folder `dir`.
   Status save_checkpoint(const std::string &dir) const;
-  // Restores state and step from the checkpoint in `dir`. Its fingerprint must
-  // match; it must hold exactly the plan's parameters and state tensors with
-  // their types. Errors name the file and tensor.
+  // Restores state and step from the checkpoint in `dir`: one written by this
+  // plan, or by any plan of the same model and optimizer that recorded its
+  // layout (plan/checkpoint_layout.h). Joined, it must hold exactly the
+  // plan's parameters and state tensors with their whole types. Errors name
+  // the file and tensor, or what differs from the plan that wrote it.
   Status restore_checkpoint(const std::string &dir);
+  // After a restore from a checkpoint of another plan, that plan's layout
+  // ("mesh 1x1x2 (DPxTPxPP), ..."); empty otherwise.
+  const std::string &resharded_from() const { return resharded_from_; }
 
   const StepRunner &runner() const { return *executor_; }
 
@@ -88,6 +99,7 @@ private:
   size_t loss_output_ = 0;
   int64_t step_ = 0;
   std::vector<TensorId> persistent_; // parameters and state tensors, in tensor order
+  std::string resharded_from_;
 };
 
 } // namespace strata::runtime

@@ -25,7 +25,8 @@ namespace strata::serialization {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr uint64_t kMaxManifestBytes = 1 << 20;
+// A manifest lists every tensor (format 3): room for some 100,000.
+constexpr uint64_t kMaxManifestBytes = 16 << 20;
 constexpr uint64_t kMaxWeightsBytes = uint64_t{1} << 40;
 
 std::string short_digest(std::string_view digest) {
@@ -137,6 +138,113 @@ std::string absent_file(const std::string &dir, const CheckpointFile &file) {
   if (got != 1)
     return str_cat("cannot be read: ", got < 0 ? errno_text(errno) : std::string("it ends early"));
   return "";
+}
+
+// The layout record (format 3) as manifest fields: model, optimizer, layout
+// and, per tensor, its role, whole type and cut.
+void add_layout(nlohmann::ordered_json &manifest, const CheckpointLayout &layout) {
+  manifest["model"] = layout.model;
+  manifest["optimizer"] = layout.optimizer;
+  manifest["layout"] = layout.description;
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
+  for (const auto &[name, tensor] : layout.tensors) {
+    nlohmann::ordered_json entry;
+    entry["role"] = tensor.parameter ? "parameter" : "state";
+    entry["dtype"] = std::string(dtype_name(tensor.type.dtype));
+    entry["shape"] = std::vector<int64_t>(tensor.type.shape.begin(), tensor.type.shape.end());
+    if (tensor.cut)
+      entry["cut"] = {
+          {"dim", tensor.cut->dim}, {"outer", tensor.cut->outer}, {"parts", tensor.cut->parts}};
+    tensors[name] = std::move(entry);
+  }
+  manifest["tensors"] = std::move(tensors);
+}
+
+// An integer field of `object` within [low, high], or an error naming `where`.
+Result<int64_t> bounded_field(const nlohmann::json &object, const char *name, int64_t low,
+                              int64_t high, const std::string &where) {
+  auto it = object.find(name);
+  if (it == object.end() || !it->is_number_integer() || it->get<int64_t>() < low ||
+      it->get<int64_t>() > high)
+    return invalid_argument(where, ".", name, " is missing or not an integer from ", low, " to ",
+                            high);
+  return it->get<int64_t>();
+}
+
+// One tensor's record; `where` names it in errors.
+Result<CheckpointTensor> parse_layout_tensor(const nlohmann::json &entry,
+                                             const std::string &where) {
+  if (!entry.is_object()) return invalid_argument(where, " is not an object");
+  CheckpointTensor tensor;
+  auto role = entry.find("role");
+  if (role == entry.end() || !role->is_string() || (*role != "parameter" && *role != "state"))
+    return invalid_argument(where, ".role is missing or not \"parameter\" or \"state\"");
+  tensor.parameter = *role == "parameter";
+  auto dtype = entry.find("dtype");
+  std::optional<DType> parsed;
+  if (dtype != entry.end() && dtype->is_string()) parsed = parse_dtype(dtype->get<std::string>());
+  if (!parsed) return invalid_argument(where, ".dtype is missing or not a dtype name");
+  tensor.type.dtype = *parsed;
+  auto shape = entry.find("shape");
+  constexpr size_t kMaxRank = 16;
+  if (shape == entry.end() || !shape->is_array() || shape->size() > kMaxRank)
+    return invalid_argument(where, ".shape is missing, not a list or of more than ", kMaxRank,
+                            " dims");
+  uint64_t bytes = dtype_size(tensor.type.dtype);
+  for (const nlohmann::json &dim : *shape) {
+    if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
+      return invalid_argument(where, ".shape holds something other than a size");
+    const auto n = static_cast<uint64_t>(dim.get<int64_t>());
+    if (n != 0 && bytes > kMaxWeightsBytes / n)
+      return out_of_range(where, ".shape is larger than a checkpoint can hold");
+    bytes *= n;
+    tensor.type.shape.push_back(dim.get<int64_t>());
+  }
+  auto cut = entry.find("cut");
+  if (cut == entry.end()) return tensor;
+  const std::string at = where + ".cut";
+  if (!cut->is_object()) return invalid_argument(at, " is not an object");
+  TensorCut c;
+  const int64_t rank = tensor.type.rank();
+  ASSIGN_OR_RETURN(int64_t dim, bounded_field(*cut, "dim", 0, std::max<int64_t>(rank - 1, 0), at));
+  ASSIGN_OR_RETURN(c.outer,
+                   bounded_field(*cut, "outer", 1, std::numeric_limits<int32_t>::max(), at));
+  ASSIGN_OR_RETURN(int64_t parts, bounded_field(*cut, "parts", 1, 4096, at));
+  c.dim = static_cast<int32_t>(dim);
+  c.parts = static_cast<int32_t>(parts);
+  if (rank == 0 || tensor.type.shape[static_cast<size_t>(dim)] % (c.outer * c.parts) != 0)
+    return invalid_argument(at, ": ", tensor.type.to_string(), " does not cut into ", c.parts,
+                            " pieces along dim ", dim, " (outer ", c.outer, ")");
+  tensor.cut = c;
+  return tensor;
+}
+
+// The layout record of a manifest; empty when it has none (format 2, or a
+// writer that gave none). `path` names the manifest in errors.
+Result<CheckpointLayout> parse_layout(const nlohmann::json &manifest, const std::string &path) {
+  CheckpointLayout layout;
+  auto tensors = manifest.find("tensors");
+  if (tensors == manifest.end()) return layout;
+  for (const char *name : {"model", "optimizer", "layout"}) {
+    auto it = manifest.find(name);
+    if (it == manifest.end() || !it->is_string())
+      return invalid_argument(path, ": field ", name,
+                              " is missing or not a string (it goes with field tensors)");
+  }
+  layout.model = manifest["model"].get<std::string>();
+  layout.optimizer = manifest["optimizer"].get<std::string>();
+  layout.description = manifest["layout"].get<std::string>();
+  if (!tensors->is_object() || tensors->empty())
+    return invalid_argument(path, ": field tensors is not an object of tensor records");
+  for (const auto &[name, entry] : tensors->items()) {
+    if (name.empty() || name.find('@') != std::string::npos)
+      return invalid_argument(path, ": field tensors has a record named '", name,
+                              "'; a tensor name is not empty and holds no '@'");
+    ASSIGN_OR_RETURN(CheckpointTensor tensor,
+                     parse_layout_tensor(entry, str_cat(path, ": field tensors['", name, "']")));
+    layout.tensors.emplace(name, std::move(tensor));
+  }
+  return layout;
 }
 
 // Refuses a commit of `files` that would leave a manifest read_checkpoint
@@ -327,7 +435,8 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
 }
 
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
-                         int ranks, const std::vector<CheckpointFile> &files) {
+                         int ranks, const std::vector<CheckpointFile> &files,
+                         const CheckpointLayout &layout) {
   RETURN_IF_ERROR(check_commit(dir, step, ranks, files));
   nlohmann::ordered_json manifest;
   manifest["format"] = "strata-checkpoint";
@@ -339,6 +448,7 @@ Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, i
   for (const CheckpointFile &file : files)
     manifest["files"].push_back(
         {{"name", file.name}, {"size", file.size}, {"sha256", file.sha256}});
+  if (!layout.empty()) add_layout(manifest, layout);
   manifest["producer"] = producer_string();
   std::string text = manifest.dump(2) + "\n";
   const std::string manifest_path = (fs::path(dir) / kCheckpointManifestFile).string();
@@ -352,10 +462,11 @@ Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, i
 }
 
 Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
-                        std::string_view fingerprint, int64_t step) {
+                        std::string_view fingerprint, int64_t step,
+                        const CheckpointLayout &layout) {
   ASSIGN_OR_RETURN(CheckpointFile file,
                    write_checkpoint_file(dir, checkpoint_file_name(step, 0, 1), tensors));
-  return commit_checkpoint(dir, fingerprint, step, 1, {file});
+  return commit_checkpoint(dir, fingerprint, step, 1, {file}, layout);
 }
 
 namespace {
@@ -435,6 +546,7 @@ Result<Checkpoint> read_checkpoint(const std::string &dir, std::string_view expe
                            ranks->get<int64_t>() > std::numeric_limits<int>::max()))
     return invalid_argument(manifest_path, ": field ranks is not a positive count");
   checkpoint.ranks = ranks ? static_cast<int>(ranks->get<int64_t>()) : 1;
+  ASSIGN_OR_RETURN(checkpoint.layout, parse_layout(manifest, manifest_path));
   const nlohmann::json *files = field("files");
   if (files == nullptr || !files->is_array() || files->empty())
     return invalid_argument(manifest_path, ": field files is missing, empty or not a list");

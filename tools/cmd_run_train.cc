@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/checkpoint_layout.h"
 #include "runtime/comm/host_transport.h"
 #include "runtime/comm/mpi_world.h"
 #include "runtime/cpu/executor.h"
@@ -284,12 +285,13 @@ Result<std::optional<serialization::CheckpointLock>> check_writable(const RunArg
   return lock;
 }
 
-// The plan's fingerprint, which checkpoints carry, and STRATA_FAULT's
-// ckptkill or ckptlose where it names this rank (of `ranks`).
+// The plan's fingerprint and layout record, which checkpoints carry, and
+// STRATA_FAULT's ckptkill or ckptlose where it names this rank (of `ranks`).
 runtime::TrainerOptions trainer_options(const RunArgs &args, const Plan &plan,
                                         const EnvFault &fault, int rank, int ranks) {
   runtime::TrainerOptions options;
   options.fingerprint = plan.fingerprint;
+  options.layout = plan::checkpoint_layout(plan, plan::layout_description(plan, ranks));
   if (fault.ckpt_kill_rank == rank) {
     const int64_t at = fault.ckpt_kill_step;
     options.checkpoint_file_written = [at](int64_t step) {
@@ -734,7 +736,10 @@ Status train_on(const RunArgs &args, const Plan &plan, std::ostream &out, bool i
   out << "data       " << trainer.data().description << "\n";
   if (!args.resume.empty()) {
     RETURN_IF_ERROR(trainer.restore_checkpoint(args.resume));
-    out << "resumed    " << args.resume << " at step " << trainer.step() << "\n";
+    out << "resumed    " << args.resume << " at step " << trainer.step();
+    if (!trainer.resharded_from().empty())
+      out << " (resharded from " << trainer.resharded_from() << ")";
+    out << "\n";
   }
   if (trainer.step() >= args.steps) {
     out << "done       already at step " << trainer.step() << " of " << args.steps

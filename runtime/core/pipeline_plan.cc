@@ -267,7 +267,7 @@ std::map<std::string, HostTensor> PipelinePlan::checkpoint_pieces(const Local &l
     const int first = first_holder(id);
     if (first < 0) continue;
     // Tensor parallelism: every member of the first holder's group writes its
-    // piece, "<name>@tp<m>of<T>" (join_pieces puts them together).
+    // piece, "<name>@tp<m>of<T>" (plan::join_checkpoint puts them together).
     const bool in_pieces = tp_shard(id) != nullptr;
     const int base = in_pieces ? first - first % tensor_parallel() : first;
     for (int m = 0; m < (in_pieces ? tensor_parallel() : 1); ++m) {
@@ -290,15 +290,6 @@ std::map<std::string, HostTensor> PipelinePlan::checkpoint_pieces(const Local &l
     }
   }
   return pieces;
-}
-
-Result<HostTensor> PipelinePlan::join_pieces(TensorId id,
-                                             const std::vector<HostTensor> &pieces) const {
-  const serialization::PlanShard *shard = tp_shard(id);
-  if (shard == nullptr)
-    return invalid_argument("'", graph_.tensor(id).name,
-                            "' is not held in tensor-parallel pieces by this plan");
-  return plan::join_pieces(graph_.tensor(id), *shard, tensor_parallel(), pieces);
 }
 
 } // namespace strata::runtime::core

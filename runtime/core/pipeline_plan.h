@@ -146,8 +146,6 @@ public:
   // shards (see above); only the parts `read` can read here.
   std::map<std::string, HostTensor> checkpoint_pieces(const Local &local,
                                                       const ReadPart &read) const;
-  // A tensor put together from its tensor-parallel pieces, in member order.
-  Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const;
 
 private:
   PipelinePlan() = default;

@@ -354,11 +354,6 @@ Status PipelineRunner::assign(TensorId id, const HostTensor &value) {
   return Status::ok();
 }
 
-Result<HostTensor> PipelineRunner::join_pieces(TensorId id,
-                                               const std::vector<HostTensor> &pieces) const {
-  return plan_->join_pieces(id, pieces);
-}
-
 Result<std::map<std::string, HostTensor>> PipelineRunner::checkpoint_pieces() const {
   return plan_->checkpoint_pieces([this](int d) { return world_->is_local(d); },
                                   [this](int d, TensorId t) { return read(d, t); });

@@ -83,7 +83,6 @@ public:
   // Over several processes: what this one writes (whole tensors it is the
   // first holder of; its shards of ZeRO-sharded ones).
   Result<std::map<std::string, HostTensor>> checkpoint_pieces() const override;
-  Result<HostTensor> join_pieces(TensorId id, const std::vector<HostTensor> &pieces) const override;
   ProcessGroup *processes() const override { return world_->processes(); }
 
   int num_devices() const { return plan_->num_devices(); }

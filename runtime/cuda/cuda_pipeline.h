@@ -147,10 +147,6 @@ public:
   TensorType value_type(TensorId id) const override { return plan_->value_type(id); }
   // To every plan device holding the tensor (each member its piece).
   Status assign(TensorId id, const HostTensor &value) override;
-  Result<HostTensor> join_pieces(TensorId id,
-                                 const std::vector<HostTensor> &pieces) const override {
-    return plan_->join_pieces(id, pieces);
-  }
   // Across processes: the process group, and what this process's devices
   // write to a checkpoint (StepRunner::checkpoint_pieces).
   ProcessGroup *processes() const override { return processes_; }

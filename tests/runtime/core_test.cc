@@ -12,6 +12,7 @@
 
 #include "partitioner/compile_pipeline.h"
 #include "passes/optimizer.h"
+#include "plan/checkpoint_layout.h"
 #include "runtime/core/device_program.h"
 #include "runtime/core/pipeline_plan.h"
 #include "tools/zoo.h"
@@ -119,27 +120,34 @@ TEST(PipelinePlan, PartsMakeTheWholeValueAgain) {
     if (name.find('@') != std::string::npos) suffixes.insert(name.substr(name.find('@')));
   EXPECT_TRUE(suffixes.contains("@tp0of2") || suffixes.contains("@tp0of2@shard0of2"));
   EXPECT_TRUE(suffixes.contains("@shard1of2") || suffixes.contains("@tp1of2@shard1of2"));
+  // Joined by the compiled plan's layout record alone (what a resume on
+  // any other plan does): every tensor whole, bitwise.
+  serialization::Checkpoint checkpoint;
+  checkpoint.tensors = written;
+  for (const auto &[name, value] : written)
+    checkpoint.file_of[name] = "model-step1-rank0-of2.safetensors";
+  const serialization::CheckpointLayout layout = plan::checkpoint_layout(compiled, "2x2x1");
+  Status joined = plan::join_checkpoint(checkpoint, layout, "ck");
+  ASSERT_TRUE(joined.is_ok()) << joined.message();
+  Status complete = plan::check_checkpoint_tensors(checkpoint, plan::without_cuts(layout), "ck");
+  ASSERT_TRUE(complete.is_ok()) << complete.message();
   for (const auto &[id, want] : values) {
-    const std::string &name = g.tensor(id).name;
-    if (plan.tp_shard(id) == nullptr) continue;
-    std::vector<HostTensor> members;
-    for (int m = 0; m < 2; ++m) {
-      const std::string piece = str_cat(name, "@tp", m, "of2");
-      if (written.contains(piece)) {
-        members.push_back(written.at(piece));
-        continue;
-      }
-      // In ZeRO-1 shards of the piece: put the piece together first.
-      HostTensor joined = HostTensor::zeros(g.tensor(id).type);
-      for (int i = 0; i < 2; ++i) {
-        const HostTensor &shard = written.at(str_cat(piece, "@shard", i, "of2"));
-        std::memcpy(joined.data() + i * shard.size_bytes(), shard.data(), shard.size_bytes());
-      }
-      members.push_back(std::move(joined));
-    }
-    auto whole = plan.join_pieces(id, members);
-    ASSERT_TRUE(whole.is_ok()) << whole.status().message();
-    EXPECT_EQ(std::memcmp(whole->data(), want.data(), want.size_bytes()), 0) << name;
+    const HostTensor &whole = checkpoint.tensors.at(g.tensor(id).name);
+    ASSERT_EQ(whole.type, want.type) << g.tensor(id).name;
+    EXPECT_EQ(std::memcmp(whole.data(), want.data(), want.size_bytes()), 0) << g.tensor(id).name;
+  }
+  // Without one tensor-parallel piece the join names the tensor and the
+  // missing piece.
+  for (const auto &[name, value] : written) {
+    if (name.find("@tp1of2") == std::string::npos) continue;
+    serialization::Checkpoint partial;
+    partial.tensors = written;
+    partial.tensors.erase(name);
+    Status refused = plan::join_checkpoint(partial, layout, "ck");
+    EXPECT_FALSE(refused.is_ok());
+    EXPECT_NE(refused.message().find(name.substr(0, name.find('@'))), std::string::npos)
+        << refused.message();
+    break;
   }
 }
 

@@ -10,6 +10,7 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "passes/make_training.h"
+#include "plan/checkpoint_layout.h"
 #include "runtime/cpu/executor.h"
 #include "runtime/trainer.h"
 #include "serialization/checkpoint.h"
@@ -242,6 +243,54 @@ private:
 
 // Weights that could not be read are not checkpointed: the previous
 // checkpoint stays the one the manifest names.
+// A checkpoint that records its model and optimizer resumes a plan of
+// another fingerprint with the same ones, and says which layout wrote it;
+// another model or optimizer is refused, naming what differs.
+TEST_F(TrainerTest, ACheckpointResumesAnotherPlanOfTheSameModelAndOptimizer) {
+  auto with = [&](std::string fingerprint, std::string model, std::string optimizer) {
+    TrainerOptions options;
+    options.fingerprint = std::move(fingerprint);
+    Graph graph = training_graph();
+    options.layout = plan::checkpoint_layout(graph, std::move(model), std::move(optimizer),
+                                             "layout of " + options.fingerprint);
+    return *Trainer::create(graph, "loss", synthetic_dataset(graph, 0), options);
+  };
+  auto writer = with("plan-a", "model-1", "sgd:lr=0.1");
+  ASSERT_TRUE(writer->train_step().is_ok());
+  ASSERT_TRUE(writer->train_step().is_ok());
+  ASSERT_TRUE(writer->save_checkpoint(path("ck")).is_ok());
+  auto read = serialization::read_checkpoint(path("ck"), "");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->layout.model, "model-1");
+  EXPECT_EQ(read->layout.description, "layout of plan-a");
+
+  auto same = with("plan-b", "model-1", "sgd:lr=0.1");
+  Status resumed = same->restore_checkpoint(path("ck"));
+  ASSERT_TRUE(resumed.is_ok()) << resumed.message();
+  EXPECT_EQ(same->step(), 2);
+  EXPECT_EQ(same->resharded_from(), "layout of plan-a");
+  const std::map<std::string, HostTensor> resumed_state = same->state();
+  for (const auto &[name, value] : writer->state()) {
+    const HostTensor &got = resumed_state.at(name);
+    ASSERT_EQ(got.size_bytes(), value.size_bytes()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), value.data(), value.size_bytes()), 0) << name;
+  }
+  // The plan that wrote it is not a reshard.
+  auto itself = with("plan-a", "model-1", "sgd:lr=0.1");
+  ASSERT_TRUE(itself->restore_checkpoint(path("ck")).is_ok());
+  EXPECT_EQ(itself->resharded_from(), "");
+
+  Status other_model = with("plan-c", "model-2", "sgd:lr=0.1")->restore_checkpoint(path("ck"));
+  EXPECT_NE(other_model.message().find("another model"), std::string::npos)
+      << other_model.message();
+  Status other_optimizer =
+      with("plan-d", "model-1", "adam:lr=0.001")->restore_checkpoint(path("ck"));
+  EXPECT_NE(other_optimizer.message().find("'sgd:lr=0.1'"), std::string::npos)
+      << other_optimizer.message();
+  EXPECT_NE(other_optimizer.message().find("'adam:lr=0.001'"), std::string::npos)
+      << other_optimizer.message();
+}
+
 TEST_F(TrainerTest, AnUnreadableRunnerCommitsNoCheckpoint) {
   Graph graph = training_graph();
   Dataset data = synthetic_dataset(graph, 5);

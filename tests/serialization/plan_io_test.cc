@@ -834,6 +834,60 @@ void write_manifest(const std::string &dir, int64_t step, int ranks,
   ASSERT_TRUE(write_file_atomically(dir + "/" + kCheckpointManifestFile, text).is_ok());
 }
 
+// Format 3: the manifest records the model, optimizer, layout and every
+// tensor's whole type and cut; a record that does not hold together is
+// refused naming the field.
+TEST(CheckpointTest, TheLayoutRecordRoundTripsAndIsChecked) {
+  TempDir dir;
+  CheckpointLayout layout;
+  layout.model = std::string(64, 'a');
+  layout.optimizer = "adam:lr=0.001";
+  layout.description = "mesh 1x2x1 (DPxTPxPP), 1 micro-batch, 1f1b, 2 ranks";
+  layout.tensors["w"] = {true, {DType::kF32, {4, 6}}, TensorCut{1, 1, 2}};
+  layout.tensors["w.m"] = {false, {DType::kF32, {4, 6}}, TensorCut{1, 1, 2}};
+  layout.tensors["optimizer.step"] = {false, {DType::kI64, {}}, std::nullopt};
+  std::map<std::string, HostTensor> tensors;
+  tensors.emplace("w@tp0of2", HostTensor::zeros({DType::kF32, {4, 3}}));
+  std::string ck = dir.file("ck");
+  ASSERT_TRUE(write_checkpoint(ck, tensors, "abc", 3, layout).is_ok());
+  auto read = read_checkpoint(ck, "abc");
+  ASSERT_TRUE(read.is_ok()) << read.status().message();
+  EXPECT_EQ(read->layout, layout);
+
+  const std::string manifest = ck + "/manifest.json";
+  std::string text;
+  {
+    std::ifstream in(manifest);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  struct Case {
+    std::string from, to, expect;
+  };
+  for (const Case &c : std::vector<Case>{
+           {"\"parts\": 2", "\"parts\": 0", "tensors['w'].cut.parts"},
+           {"\"parts\": 2", "\"parts\": 5", "does not cut into 5"},
+           {"\"dtype\": \"i64\"", "\"dtype\": \"i65\"", "tensors['optimizer.step'].dtype"},
+           {"\"role\": \"parameter\"", "\"role\": \"weight\"", "tensors['w'].role"},
+           {"\"model\": ", "\"modle\": ", "field model"},
+       }) {
+    std::string edited = text;
+    const size_t at = edited.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    edited.replace(at, c.from.size(), c.to);
+    std::ofstream(manifest, std::ios::trunc) << edited;
+    auto refused = read_checkpoint(ck, "abc");
+    ASSERT_FALSE(refused.is_ok()) << c.to;
+    EXPECT_NE(refused.status().message().find(c.expect), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("manifest.json"), std::string::npos);
+  }
+  // Without a record (format 2 and writers that give none) it reads empty.
+  ASSERT_TRUE(write_checkpoint(dir.file("plain"), tensors, "abc", 1).is_ok());
+  auto plain = read_checkpoint(dir.file("plain"), "abc");
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  EXPECT_TRUE(plain->layout.empty());
+}
+
 TEST(CheckpointTest, RoundTripAndRefusals) {
   TempDir dir;
   std::map<std::string, HostTensor> tensors;
