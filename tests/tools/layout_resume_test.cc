@@ -473,11 +473,14 @@ protected:
     ASSERT_EQ(second.code, 0) << second.out << second.err;
     const Resumed line = resumed_line(second.out, "ck_a", 2);
     ASSERT_TRUE(line.found) << second.out;
-    if (resharded) EXPECT_TRUE(line.resharded) << "after 'at step 2': '" << line.rest << "'";
-    if (line.resharded)
+    if (resharded) {
+      EXPECT_TRUE(line.resharded) << "after 'at step 2': '" << line.rest << "'";
+    }
+    if (line.resharded) {
       for (const std::string &text : described)
         EXPECT_NE(line.from.find(text), std::string::npos)
             << "resharded from '" << line.from << "' does not mention '" << text << "'";
+    }
     expect_last_losses(second);
     expect_same_weights("ck_b", "straight4", 4);
   }
