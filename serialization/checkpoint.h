@@ -8,6 +8,11 @@
 //                      "<name>@shard<i>of<n>", one per holder;
 //   manifest.json      format version, the plan fingerprint, the step count,
 //                      the number of ranks and, per file, its size and SHA-256;
+//                      from version 3 also the layout record (CheckpointLayout,
+//                      below): the model and optimizer it trains, the layout
+//                      it was written in, and every tensor's whole type and how
+//                      it was cut, so any plan of the same model and
+//                      optimizer can put the pieces back together;
 //   .strata.lock       what CheckpointLock (below) locks, where a run took it.
 // Every file is written through a temporary file, fsync and rename. The data
 // files of a step have names of their own, and the manifest is replaced only
@@ -17,7 +22,7 @@
 // its own files: those the replaced manifest listed, and data files under
 // its own names (above) that the new one does not list (a save cut short).
 // Any other file in the folder is left alone. Version 1 folders (one
-// model.safetensors) still read.
+// model.safetensors) and version 2 manifests (no layout record) still read.
 #pragma once
 
 #include <cstdint>
@@ -33,14 +38,46 @@
 
 namespace strata::serialization {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char *kCheckpointManifestFile = "manifest.json";
 inline constexpr const char *kCheckpointLockFile = ".strata.lock";
+
+// How a tensor-parallel plan cut a tensor into the pieces a checkpoint holds
+// as "<name>@tp<m>of<parts>": the whole tensor viewed along `dim` as
+// [outer, parts, m] (plan::copy_piece; PlanShard's dim and outer).
+struct TensorCut {
+  int32_t dim = 0;
+  int64_t outer = 1;
+  int32_t parts = 1;
+  friend bool operator==(const TensorCut &, const TensorCut &) = default;
+};
+
+// One parameter or state tensor of a checkpoint as the model has it.
+struct CheckpointTensor {
+  bool parameter = false; // a model parameter (else optimizer or other state)
+  TensorType type;        // whole
+  std::optional<TensorCut> cut; // stored in tensor-parallel pieces
+  friend bool operator==(const CheckpointTensor &, const CheckpointTensor &) = default;
+};
+
+// What a checkpoint is of, independent of the layout that wrote it (format
+// version 3): resuming on another plan needs the same model and optimizer,
+// and reads every tensor's pieces back by this record. Empty (no tensors)
+// for checkpoints written before it existed.
+struct CheckpointLayout {
+  std::string model;       // hex SHA-256 of the source model (Plan::model_fingerprint)
+  std::string optimizer;   // canonical optimizer string (Plan::optimizer)
+  std::string description; // for people: "mesh 1x1x2, 4 micro-batches (1f1b), 2 ranks"
+  std::map<std::string, CheckpointTensor> tensors; // by name
+  bool empty() const { return tensors.empty(); }
+  friend bool operator==(const CheckpointLayout &, const CheckpointLayout &) = default;
+};
 
 struct Checkpoint {
   int64_t step = 0;                           // training steps completed
   std::string fingerprint;                    // of the plan that wrote it
   int ranks = 1;                              // processes that wrote it
+  CheckpointLayout layout;                    // empty before format version 3
   std::map<std::string, HostTensor> tensors;  // from every file, pieces as stored
   std::map<std::string, std::string> file_of; // tensor name -> the file it came from
 };
@@ -83,12 +120,15 @@ Result<CheckpointFile> write_checkpoint_file(const std::string &dir, const std::
 // writes its own file and rank 0 commits, so ranks that do not share a
 // filesystem (or were given different folders) each wrote into a folder of
 // their own; the error names each such file and the rank that wrote it.
+// `layout` is recorded in the manifest unless it is empty.
 Status commit_checkpoint(const std::string &dir, std::string_view fingerprint, int64_t step,
-                         int ranks, const std::vector<CheckpointFile> &files);
+                         int ranks, const std::vector<CheckpointFile> &files,
+                         const CheckpointLayout &layout = {});
 
 // One process's checkpoint: one data file, then the commit.
 Status write_checkpoint(const std::string &dir, const std::map<std::string, HostTensor> &tensors,
-                        std::string_view fingerprint, int64_t step);
+                        std::string_view fingerprint, int64_t step,
+                        const CheckpointLayout &layout = {});
 
 // Holds a checkpoint folder for one training run, so that no other run saves
 // into it meanwhile: an exclusive flock(2) on `dir`/.strata.lock, released
@@ -115,7 +155,8 @@ private:
 };
 
 // Reads and verifies the checkpoint in `dir`: manifest format, fingerprint
-// (must equal `expected_fingerprint` unless that is empty), that the files
+// (must equal `expected_fingerprint` unless that is empty), the layout
+// record's fields, that the files
 // it lists under checkpoint_file_name's names are of its step and rank count
 // (every rank once), each file's size and checksum, then the tensors. Errors
 // name the file and field or tensor.
