@@ -42,6 +42,7 @@ int main(int argc, char **argv) {
              "  strata run pp.splan --steps 5 --trace t.json           # 4-stage pipeline\n"
              "  strata verify pp.splan                                 # trains as one device?\n"
              "  strata run pp.splan --steps 5 --checkpoint ck          # save as it trains\n"
+             "  strata reshard ck --plan dp.splan -o ck_dp             # for another mesh\n"
              "  strata export ck -o model.safetensors                  # weights for PyTorch\n\n"
              "Run `strata <command> --help` for a command's options.");
 
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
   add_ops(app, action);
   add_calibrate(app, action);
   add_export(app, action);
+  add_reshard(app, action);
 
   if (auto unknown = unknown_command(app, argc, argv)) {
     std::cerr << "strata: error: " << *unknown << "\n";
