@@ -35,6 +35,8 @@ void add_simulate(CLI::App &app, Action &action);  // tools/cmd_simulate.cc
 void add_verify(CLI::App &app, Action &action);    // tools/cmd_verify.cc
 void add_ops(CLI::App &app, Action &action);       // tools/cmd_ops.cc
 void add_calibrate(CLI::App &app, Action &action); // tools/cmd_calibrate.cc
+void add_export(CLI::App &app, Action &action);    // tools/cmd_export.cc
+void add_reshard(CLI::App &app, Action &action);   // tools/cmd_reshard.cc
 
 // The signal (SIGINT or SIGTERM) that stopped a training run, else 0: main
 // then ends the process by that signal (exit status 128 + it in a shell).

@@ -40,7 +40,10 @@ int main(int argc, char **argv) {
              "  strata run t.splan --steps 30                          # train it\n"
              "  strata compile gpt.strata --train --mesh 1x1x4 --microbatches 8 -o pp.splan\n"
              "  strata run pp.splan --steps 5 --trace t.json           # 4-stage pipeline\n"
-             "  strata verify pp.splan                                 # trains as one device?\n\n"
+             "  strata verify pp.splan                                 # trains as one device?\n"
+             "  strata run pp.splan --steps 5 --checkpoint ck          # save as it trains\n"
+             "  strata reshard ck --plan dp.splan -o ck_dp             # for another mesh\n"
+             "  strata export ck -o model.safetensors                  # weights for PyTorch\n\n"
              "Run `strata <command> --help` for a command's options.");
 
   Action action;
@@ -54,6 +57,8 @@ int main(int argc, char **argv) {
   add_verify(app, action);
   add_ops(app, action);
   add_calibrate(app, action);
+  add_export(app, action);
+  add_reshard(app, action);
 
   if (auto unknown = unknown_command(app, argc, argv)) {
     std::cerr << "strata: error: " << *unknown << "\n";

@@ -4,7 +4,8 @@ models and plans, the same inspect JSON, the same losses and bitwise the same
 weights after training); inputs read in place and outputs handed over without
 a copy; errors that name the file; PyTorch in and out: a transformer's and a
 ResNet's outputs, training beside PyTorch's, a shuffled DataLoader resumed
-from a checkpoint (skipped, saying so, without torch).
+from a checkpoint, a checkpoint exported as .safetensors loaded into a fresh
+module (skipped, saying so, without torch).
 
 Run under pytest by `meson test --suite python`, which sets PYTHONPATH to
 build/python and STRATA_BINARY to the CLI; `python3 test_strata.py` (unittest)
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,26 @@ def cli(*args):
 def cli_losses(output):
     """The losses `strata run` printed, by step."""
     return [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+\s+loss (\S+)", output, re.M)]
+
+
+def read_safetensors(path):
+    """A .safetensors file as (metadata, {name: array}): the 8-byte little-endian
+    header length, the JSON header, the data; no safetensors package needed."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    dtypes = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64,
+              "BOOL": np.bool_}
+    start = 8 + length
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        array = np.frombuffer(data[start + begin:start + end], dtype=dtypes[entry["dtype"]])
+        tensors[name] = array.reshape(entry["shape"])
+    return header.get("__metadata__", {}), tensors
 
 
 def batches(count, seed=1):
@@ -479,6 +501,70 @@ class StrataTest(unittest.TestCase):
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5,
                                        err_msg=name)
 
+
+    @unittest.skipIf(torch is None, NO_TORCH)
+    def test_exported_checkpoint_loads_into_torch_and_gives_strata_outputs(self):
+        self.need_cli()
+        if not strata.onnx_import_built:
+            self.skipTest("this strata was built without ONNX import")
+
+        def mlp():
+            return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                       torch.nn.Linear(16, 4))
+
+        torch.manual_seed(3)
+        net = mlp()
+        x, labels = batches(3, seed=10)
+        model = strata.from_torch(net, torch.from_numpy(x[0]))
+        plan = model.compile(train=True, optimizer="sgd:lr=0.1", mesh="1x1x2", microbatches=2)
+        ck = self.path("ck_export")
+        with plan.trainer(checkpoint=ck) as trainer:
+            trainer.fit(zip(x[:2], labels[:2]))
+            trained = trainer.weights()
+        out = self.path("exported.safetensors")
+        printed = cli("export", ck, "-o", out)
+        self.assertIn("4 parameters", printed)
+        metadata, tensors = read_safetensors(out)
+        self.assertEqual(metadata, {"format": "pt"})
+        self.assertEqual(sorted(tensors), sorted(net.state_dict()))
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(value, trained[name], err_msg=name)
+
+        fresh = mlp()  # other initial weights, replaced by the exported ones
+        fresh.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()},
+                              strict=True)
+        fresh.eval()
+        with torch.no_grad():
+            theirs = fresh(torch.from_numpy(x[2])).numpy()
+            their_loss = torch.nn.functional.cross_entropy(
+                torch.from_numpy(theirs), torch.from_numpy(labels[2])).item()
+        # strata's forward with the trained weights: the module holding them,
+        # converted; and the loss strata's trainer computes from the checkpoint.
+        converted = strata.from_torch(fresh, torch.from_numpy(x[2]))
+        ours = converted.run({"x": x[2]})[converted.outputs[0]["name"]]
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+        with plan.trainer(resume=ck) as resumed:
+            self.assertEqual(resumed.step_count, 2)
+            self.assertAlmostEqual(resumed.step((x[2], labels[2])), their_loss, delta=1e-5)
+
+        # Sharded: the index's files hold the same tensors, each once.
+        sharded = self.path("sharded.safetensors")
+        cli("export", ck, "-o", sharded, "--max-shard-size", "300")
+        with open(sharded + ".index.json") as f:
+            index = json.load(f)
+        self.assertEqual(index["metadata"]["total_size"],
+                         sum(v.nbytes for v in tensors.values()))
+        self.assertEqual(sorted(index["weight_map"]), sorted(tensors))
+        joined = {}
+        for file in sorted(set(index["weight_map"].values())):
+            self.assertRegex(file, r"^sharded-0000\d-of-0000\d\.safetensors$")
+            for name, value in read_safetensors(os.path.join(self.dir, file))[1].items():
+                self.assertNotIn(name, joined)
+                self.assertEqual(index["weight_map"][name], file)
+                joined[name] = value
+        self.assertEqual(sorted(joined), sorted(tensors))
+        for name, value in joined.items():
+            np.testing.assert_array_equal(value, tensors[name], err_msg=name)
 
     @unittest.skipIf(torch is None, NO_TORCH)
     def test_dataloader_run_resumes_from_a_checkpoint_exactly(self):
