@@ -133,9 +133,10 @@ void expect_one_line_error(const Outcome &o, std::string_view must_mention = "")
   ASSERT_FALSE(o.err.empty());
   EXPECT_EQ(o.err.back(), '\n') << o.err;
   EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err;
-  if (!must_mention.empty())
+  if (!must_mention.empty()) {
     EXPECT_NE(o.err.find(must_mention), std::string::npos)
         << "error does not mention '" << must_mention << "': " << o.err;
+  }
 }
 
 std::vector<double> printed_losses(const std::string &out) {
