@@ -876,13 +876,14 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
   auto manifest = nlohmann::json::parse(read_file(path("part/manifest.json")));
   EXPECT_EQ(manifest["step"], 6);
 
-  // Another plan's checkpoint, and a damaged one, are refused.
+  // A checkpoint of another optimizer (the error names it), and a damaged
+  // one, are refused.
   ASSERT_EQ(
       strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.01", "-o", "other.splan"})
           .code,
       0);
   expect_one_line_error(strata({"run", "other.splan", "--steps", "8", "--resume", "part"}),
-                        "fingerprint");
+                        "trained with optimizer 'adam:lr=0.01");
   std::string weights = read_file(path("part/model-step6.safetensors"));
   write_file(path("part/model-step6.safetensors"), weights.substr(0, weights.size() / 2));
   expect_one_line_error(strata({"run", "t.splan", "--steps", "8", "--resume", "part"}),
