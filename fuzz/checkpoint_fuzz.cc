@@ -5,7 +5,10 @@
 // SHA-256, so that mutated data still passes the checksum and reaches the
 // safetensors reader. Any folder is refused with an error that names the
 // manifest or the data file, or gives a checkpoint whose every tensor holds
-// exactly its type's bytes and names the file it came from.
+// exactly its type's bytes and names the file it came from. A checkpoint with
+// a layout record is then joined by it (plan/checkpoint_layout.h), as a
+// resume on another plan joins it: refused with a named error, or every
+// tensor whole, of its record's type.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include <string_view>
 
 #include "fuzz/fuzz_util.h"
+#include "plan/checkpoint_layout.h"
 #include "serialization/checkpoint.h"
 #include "serialization/sha256.h"
 
@@ -61,5 +65,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz::check(static_cast<int64_t>(tensor.size_bytes()) == tensor.type.size_bytes(),
                 "a checkpoint tensor does not hold its type's bytes", name);
   }
+  if (checkpoint->layout.empty()) return 0;
+  const serialization::CheckpointLayout layout = checkpoint->layout;
+  Status joined = plan::join_checkpoint(*checkpoint, layout, dir);
+  if (!joined.is_ok()) {
+    fuzz::check_refusal(joined, dir);
+    return 0;
+  }
+  for (const auto &[name, tensor] : checkpoint->tensors) {
+    fuzz::check(checkpoint->file_of.count(name) == 1, "a joined tensor has no file", name);
+    fuzz::check(static_cast<int64_t>(tensor.size_bytes()) == tensor.type.size_bytes(),
+                "a joined tensor does not hold its type's bytes", name);
+  }
+  Status complete = plan::check_checkpoint_tensors(*checkpoint, plan::without_cuts(layout), dir);
+  if (!complete.is_ok()) {
+    fuzz::check_refusal(complete, dir);
+    return 0;
+  }
+  for (const auto &[name, record] : layout.tensors)
+    fuzz::check(checkpoint->tensors.at(name).type == record.type,
+                "a checked tensor is not of its record's type", name);
   return 0;
 }

@@ -135,6 +135,31 @@ write("safetensors", "dtypes.safetensors", safetensors({
     "i64": ("I64", [], struct.pack("<q", -2**63)),
     "bool": ("BOOL", [3], bytes([0, 1, 1])),
 }))
+# A checkpoint in pieces with its layout record (manifest format 3): a
+# tensor-parallel piece, another piece in ZeRO shards, a sharded state
+# tensor, a scalar; what the target joins.
+pieces = safetensors({
+    "w@tp0of2": ("F32", [4, 3], struct.pack("<12f", *range(12))),
+    "w@tp1of2@shard0of2": ("F32", [6], struct.pack("<6f", *range(12, 18))),
+    "w@tp1of2@shard1of2": ("F32", [6], struct.pack("<6f", *range(18, 24))),
+    "w.m@shard0of2": ("F32", [12], struct.pack("<12f", *range(12))),
+    "w.m@shard1of2": ("F32", [12], struct.pack("<12f", *range(12, 24))),
+    "optimizer.step": ("I64", [], struct.pack("<q", 1)),
+})
+record = {"role": "parameter", "dtype": "f32", "shape": [4, 6],
+          "cut": {"dim": 1, "outer": 1, "parts": 2}}
+layout_manifest = json.dumps({
+    "format": "strata-checkpoint", "format_version": 3, "fingerprint": "f" * 64,
+    "step": 1, "ranks": 1,
+    "files": [{"name": "model-step1.safetensors", "size": "@SIZE@", "sha256": "@SHA256@"}],
+    "model": "a" * 64, "optimizer": "sgd:lr=0.1,momentum=0.9",
+    "layout": "mesh 2x2x1 (DPxTPxPP), 1 micro-batch, 1f1b, ZeRO-1, 4 ranks",
+    "tensors": {"w": record,
+                "w.m": {"role": "state", "dtype": "f32", "shape": [4, 6]},
+                "optimizer.step": {"role": "state", "dtype": "i64", "shape": []}},
+}, indent=2).replace('"@SIZE@"', "@SIZE@")
+write("checkpoint", "layout_pieces_placeholders.bin", layout_manifest.encode() + b"\0" + pieces)
+
 write("safetensors", "empty_tensor.safetensors",
       safetensors({"none": ("F32", [0, 4], b""), "one": ("F32", [1], struct.pack("<f", 1))},
                   metadata=False))
