@@ -2,6 +2,7 @@
 // what a plan holds, its pipeline's stages and transfers, and its predicted
 // schedule.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "serialization/file_io.h"
 #include "serialization/plan_io.h"
 #include "tools/cli.h"
+#include "tools/inspect_checkpoint.h"
 #include "tools/inspect_json.h"
 #include "tools/model_stats.h"
 #include "tools/plan_text.h"
@@ -244,6 +246,24 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
   return Status::ok();
 }
 
+// A checkpoint folder: text or json (the report); the other forms are a
+// model's or a plan's.
+Status inspect_checkpoint(const InspectArgs &args, std::ostream &out) {
+  if (args.format != "text" && args.format != "json")
+    return invalid_argument("--format ", args.format, " is for models and plans; '", args.path,
+                            "' is a checkpoint folder (use text or json)");
+  if (args.comm)
+    return invalid_argument("--comm lists a pipeline plan's transfers; '", args.path,
+                            "' is a checkpoint folder");
+  ASSIGN_OR_RETURN(nlohmann::ordered_json report, checkpoint_report(args.path));
+  if (args.format == "json") {
+    out << report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+    return Status::ok();
+  }
+  print_checkpoint_text(report, args.all_nodes ? -1 : args.max_nodes, out);
+  return Status::ok();
+}
+
 Status inspect_command(const InspectArgs &args, std::ostream &out) {
   if (args.format != "text" && args.format != "json" && args.format != "report" &&
       args.format != "dot" && args.format != "trace")
@@ -251,6 +271,8 @@ Status inspect_command(const InspectArgs &args, std::ostream &out) {
                             "' (use text, json, report, dot, or trace for a pipeline plan)");
   if (args.comm && args.format != "text")
     return invalid_argument("--comm adds to the text report; drop --format ", args.format);
+  if (std::error_code error; std::filesystem::is_directory(args.path, error))
+    return inspect_checkpoint(args, out);
   if (serialization::file_is_plan(args.path)) return inspect_plan(args, out);
   if (args.comm)
     return invalid_argument("--comm lists a pipeline plan's transfers; '", args.path,
@@ -284,9 +306,10 @@ void add_inspect(CLI::App &app, Action &action) {
   static InspectArgs args;
   static std::string out_path;
   CLI::App *sub = app.add_subcommand(
-      "inspect", "Show a model: inputs, outputs, parameters, FLOPs per forward, per-op and "
-                 "per-node costs");
-  sub->add_option("FILE", args.path, "model (.strata, .json) or plan (.splan, .splan.json)")
+      "inspect", "Show a model (inputs, outputs, parameters, FLOPs per forward, per-op and "
+                 "per-node costs), a plan, or a checkpoint folder");
+  sub->add_option("FILE", args.path,
+                  "model (.strata, .json), plan (.splan, .splan.json) or checkpoint folder")
       ->required();
   sub->add_option("--format", args.format,
                   "text (for people), json (for scripts: a model's report, a plan's own JSON "
@@ -308,14 +331,16 @@ void add_inspect(CLI::App &app, Action &action) {
                   "write to this file instead of stdout (- or /dev/stdout: stdout)")
       ->check(not_empty_path("a file, or - for stdout"))
       ->type_name("FILE");
-  sub->footer("FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
-              "Examples:\n  strata inspect gpt.strata\n"
-              "  strata inspect gpt.strata --format json | jq .flops\n"
-              "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
-              "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
-              "  strata inspect train.splan --format json # the plan's JSON form\n"
-              "  strata inspect pp.splan --format report | jq .transfers  # facts as JSON\n"
-              "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule");
+  sub->footer(
+      "FLOPs come from the op registry's cost model (a multiply-add counts 2).\n\n"
+      "Examples:\n  strata inspect gpt.strata\n"
+      "  strata inspect gpt.strata --format json | jq .flops\n"
+      "  strata inspect gpt.strata --format dot -o gpt.dot && dot -Tsvg gpt.dot > gpt.svg\n"
+      "  strata inspect train.splan               # mode, fingerprint, options, memory\n"
+      "  strata inspect train.splan --format json # the plan's JSON form\n"
+      "  strata inspect pp.splan --format report | jq .transfers  # facts as JSON\n"
+      "  strata inspect pp.splan --format trace -o predicted.json  # pipeline schedule\n"
+      "  strata inspect ckpt/                     # step, layout, model, optimizer, tensors");
   sub->callback([&action] {
     action = []() -> Status {
       // "-" and /dev/stdout are stdout, where earlier output keeps its place.

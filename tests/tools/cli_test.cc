@@ -875,6 +875,21 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
     EXPECT_EQ(a[3 + i], b[i]);
   auto manifest = nlohmann::json::parse(read_file(path("part/manifest.json")));
   EXPECT_EQ(manifest["step"], 6);
+  // inspect reads the folder: its step, layout and tensors, checksums checked.
+  Outcome shown = strata({"inspect", "part"});
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("checkpoint part at step 6"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("layout     one device"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("adam:lr=0.01"), std::string::npos) << shown.out;
+  Outcome report = strata({"inspect", "part", "--format", "json"});
+  ASSERT_EQ(report.code, 0) << report.err;
+  auto facts = nlohmann::json::parse(report.out);
+  EXPECT_EQ(facts["step"], 6);
+  EXPECT_EQ(facts["parameters"]["tensors"].get<size_t>() + facts["state"]["tensors"].get<size_t>(),
+            facts["tensors"].size());
+  for (const auto &t : facts["tensors"])
+    EXPECT_EQ(t["stored"], "whole") << t.dump();
+  expect_one_line_error(strata({"inspect", "part", "--format", "dot"}), "checkpoint folder");
 
   // A checkpoint of another optimizer (the error names it), and a damaged
   // one, are refused.

@@ -631,6 +631,13 @@ TEST_F(LayoutResumeMpiTest, TensorParallelRanksToOneDevice) {
     cut += name.find("@tp") != std::string::npos;
   EXPECT_GT(cut, 0) << "no tensor-parallel pieces in ck_a";
   expect_same_weights("ck_a", "straight2", 2);
+  // inspect says how each tensor is stored.
+  Outcome shown = strata({"inspect", "ck_a", "--all"});
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("2 tensor-parallel pieces"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("mesh 1x2x1 (DPxTPxPP), 1 micro-batch, 1f1b, 2 ranks"),
+            std::string::npos)
+      << shown.out;
 
   Outcome second = run(one, 0, {"--steps", "4", "--resume", "ck_a", "--checkpoint", "ck_b"});
   ASSERT_EQ(second.code, 0) << second.out << second.err;
