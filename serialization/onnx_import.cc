@@ -26,9 +26,11 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr uint64_t kMaxModelBytes = uint64_t{2} << 30; // protobuf's own limit
-// The largest constant the import computes itself (ConstantOfShape, Range, a
-// folded op): checked before it is allocated.
-constexpr int64_t kMaxFoldedBytes = int64_t{1} << 30;
+// The most bytes of constants the import computes itself (ConstantOfShape,
+// Range, Pad's fill, a folded op), in all: checked before each is allocated,
+// so a small hostile file cannot make the import hold gigabytes (each such
+// constant is also copied into the graph and the model file).
+constexpr int64_t kMaxFoldedBytes = int64_t{256} << 20;
 constexpr int kMinOpset = 11, kMaxOpset = 17;
 
 std::string shape_text(llvm::ArrayRef<int64_t> dims) {
@@ -249,16 +251,19 @@ private:
 
   // ---- tensors --------------------------------------------------------------
 
-  // A constant the import computes, of at most kMaxFoldedBytes.
-  static Result<HostTensor> folded_tensor(DType dtype, Shape shape) {
+  // A constant the import computes; all of them together hold at most
+  // kMaxFoldedBytes.
+  Result<HostTensor> folded_tensor(DType dtype, Shape shape) {
     const TensorType type{dtype, std::move(shape)};
     auto count = checked_num_elements(type.shape);
     if (!count.is_ok()) return std::move(count).take_status();
     const int64_t bytes = *count * static_cast<int64_t>(dtype_size(dtype));
-    if (bytes > kMaxFoldedBytes)
-      return invalid_argument("it would compute a constant ", type.to_string(), " of ", bytes,
-                              " bytes at import; strata folds constants of at most ",
-                              kMaxFoldedBytes >> 20, " MiB");
+    if (bytes > kMaxFoldedBytes - folded_bytes_)
+      return invalid_argument(
+          "it would compute a constant ", type.to_string(), " of ", bytes, " bytes at import",
+          folded_bytes_ > 0 ? str_cat(" after ", folded_bytes_, " bytes of others") : "",
+          "; strata folds constants of at most ", kMaxFoldedBytes >> 20, " MiB in all");
+    folded_bytes_ += bytes;
     return HostTensor::zeros(type);
   }
 
@@ -1356,6 +1361,7 @@ private:
   GraphBuilder builder_;
   int opset_ = 0;
   std::map<std::string, HostTensor> known_;
+  int64_t folded_bytes_ = 0; // of the constants folded_tensor made
   std::set<std::string> initializers_;
   std::map<std::string, TensorId> ids_;
 };
