@@ -6,24 +6,31 @@
 // per rank). For each size from 1 KiB to --max-mib MiB:
 //   send/recv  device 0 sends n bytes to device 1 and gets them back; the time
 //              is half the round trip; bound alpha + n / beta.
-//   all-reduce the ring all-reduce the plans use (runtime/comm/collectives.h) of n
-//              bytes of f32 over all P devices; bound 2 (P - 1) (alpha +
-//              n / (P beta)) (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
+//   all-reduce each algorithm the plans may use (runtime/comm/collectives.h:
+//              ring, tree, recursive doubling, Rabenseifner) on n bytes of f32
+//              over all P devices; bound: that algorithm's alpha-beta cost
+//              with the reduction left out (partitioner/cost/cost_model.h;
+//              Thakur, Rabenseifner and Gropp, IJHPCA 2005), e.g. the ring's
+//              2 (P - 1) (alpha + n / (P beta)).
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with
-// MPI alone); without them they are the limits for threads sharing memory:
+// MPI alone, which also times MPI_Allreduce: bench/run_comm.sh prints it
+// beside these); without them they are the limits for threads sharing memory:
 // alpha half the round trip of two threads spinning on one atomic, beta this
-// process's memcpy bandwidth. Prints a markdown table with the
-// ratio measured / bound per size (1.0 is the bound).
+// process's memcpy bandwidth. Prints markdown tables with the ratio
+// measured / bound per size (1.0 is the bound).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "partitioner/cost/cost_model.h"
 #include "runtime/comm/collectives.h"
 #include "runtime/comm/local_communicator.h"
 #include "runtime/comm/mpi_world.h"
@@ -79,10 +86,18 @@ std::string human(size_t bytes) {
   return std::to_string(bytes >> 10) + " KiB";
 }
 
+constexpr size_t kAlgos = std::size(kAllCollectiveAlgos);
+
 struct Row {
   size_t bytes = 0;
-  double sendrecv = 0, allreduce = 0;
+  double sendrecv = 0;
+  std::array<double, kAlgos> allreduce{}; // per kAllCollectiveAlgos entry
 };
+
+double median(std::vector<double> &times) {
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
 
 // Runs on every device; device 0 fills `rows`.
 Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
@@ -95,7 +110,8 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     // Enough repetitions for ~0.2 s of traffic, at least 3.
     const int reps = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 3, 200));
-    std::vector<double> pp, ar;
+    std::vector<double> pp;
+    std::array<std::vector<double>, kAlgos> ar;
     for (int r = 0; r < reps + 1; ++r) {
       RETURN_IF_ERROR(comm.barrier());
       auto start = Clock::now();
@@ -108,25 +124,62 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
       }
       const double t = seconds_since(start) / 2;
       ++tag;
-      RETURN_IF_ERROR(comm.barrier());
-      start = Clock::now();
+      if (r > 0) pp.push_back(t); // the first one warms up
       std::span<float> span(data.data(), bytes / sizeof(float));
-      RETURN_IF_ERROR(algo_all_reduce(comm, span, all, CollectiveAlgo::kRing, tag, "bench"));
-      tag += 2;
-      const double u = seconds_since(start);
-      if (r > 0) { // the first one warms up
-        pp.push_back(t);
-        ar.push_back(u);
+      for (size_t a = 0; a < kAlgos; ++a) {
+        RETURN_IF_ERROR(comm.barrier());
+        start = Clock::now();
+        RETURN_IF_ERROR(algo_all_reduce(comm, span, all, kAllCollectiveAlgos[a], tag, "bench"));
+        tag += 2; // each algorithm uses tag and tag + 1
+        if (r > 0) ar[a].push_back(seconds_since(start));
+        // Keep the values finite: the sum grows by p every time.
+        std::fill(span.begin(), span.end(), 1.0f);
       }
-      // Keep the values finite: the sum grows by p every time.
-      std::fill(span.begin(), span.end(), 1.0f);
     }
     // The slowest device decides an all-reduce; take device 0's median.
-    std::nth_element(pp.begin(), pp.begin() + pp.size() / 2, pp.end());
-    std::nth_element(ar.begin(), ar.begin() + ar.size() / 2, ar.end());
-    if (me == 0) rows->push_back({bytes, pp[pp.size() / 2], ar[ar.size() / 2]});
+    Row row{bytes, median(pp), {}};
+    for (size_t a = 0; a < kAlgos; ++a)
+      row.allreduce[a] = median(ar[a]);
+    if (me == 0) rows->push_back(row);
   }
   return Status::ok();
+}
+
+// The two tables: send/recv, then each all-reduce algorithm, against their
+// alpha-beta bounds.
+void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double beta) {
+  std::printf("| size | send/recv | bound | ratio |\n");
+  std::printf("|---:|---:|---:|---:|\n");
+  for (const Row &row : rows) {
+    const double bound = alpha + static_cast<double>(row.bytes) / beta;
+    std::printf("| %s | %.1f us | %.1f us | %.2f |\n", human(row.bytes).c_str(),
+                row.sendrecv * 1e6, bound * 1e6, row.sendrecv / bound);
+  }
+  std::printf("\nall-reduce: measured, alpha-beta bound, ratio\n\n| size |");
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    std::printf(" %s | bound | ratio |", std::string(collective_algo_name(algo)).c_str());
+  std::printf(" fastest |\n|---:|");
+  for (size_t a = 0; a < kAlgos; ++a)
+    std::printf("---:|---:|---:|");
+  std::printf("---|\n");
+  const partitioner::LinkSpec link{alpha, beta};
+  const double no_reduction = std::numeric_limits<double>::infinity();
+  for (const Row &row : rows) {
+    std::printf("| %s |", human(row.bytes).c_str());
+    size_t fastest = 0;
+    for (size_t a = 0; a < kAlgos; ++a) {
+      const auto algorithm = partitioner::collective_algorithm_named(
+          collective_algo_name(kAllCollectiveAlgos[a]));
+      const double bound =
+          algorithm ? partitioner::all_reduce_time(static_cast<double>(row.bytes), ranks, link,
+                                                   *algorithm, no_reduction)
+                    : 0;
+      std::printf(" %.1f us | %.1f us | %.2f |", row.allreduce[a] * 1e6, bound * 1e6,
+                  bound > 0 ? row.allreduce[a] / bound : 0);
+      if (row.allreduce[a] < row.allreduce[fastest]) fastest = a;
+    }
+    std::printf(" %s |\n", std::string(collective_algo_name(kAllCollectiveAlgos[fastest])).c_str());
+  }
 }
 
 } // namespace
@@ -191,17 +244,7 @@ int main(int argc, char **argv) {
     std::printf("%s communicator, %d devices; bound: alpha %.2e s, beta %.2f GB/s (%s)\n\n",
                 mpi ? "MPI" : "local", ranks, alpha, beta / 1e9,
                 mpi ? "MPI ping-pong, mpi_alpha_beta" : "spinning threads, memcpy");
-    std::printf("| size | send/recv | bound | ratio | all-reduce (ring) | bound | ratio |\n");
-    std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (const Row &row : rows) {
-      const double n = static_cast<double>(row.bytes);
-      const double pp_bound = alpha + n / beta;
-      const double ar_bound = 2.0 * (ranks - 1) * (alpha + n / (ranks * beta));
-      std::printf("| %s | %.1f us | %.1f us | %.2f | %.1f us | %.1f us | %.2f |\n",
-                  human(row.bytes).c_str(), row.sendrecv * 1e6, pp_bound * 1e6,
-                  row.sendrecv / pp_bound, row.allreduce * 1e6, ar_bound * 1e6,
-                  row.allreduce / ar_bound);
-    }
+    print_tables(rows, ranks, alpha, beta);
   }
   if (world) world->finish(false);
   return 0;

@@ -3,9 +3,12 @@
 # under bench/results/.
 #  1. The MPI link alone (mpi_alpha_beta): alpha and beta of a ping-pong, with
 #     Open MPI set up as strata sets it (no single-copy transfers).
-#  2. comm_bench: send/recv and ring all-reduce, 1 KiB to 256 MiB, on 2 and 4
-#     devices, for the local communicator (threads; bound: spinning threads and
-#     memcpy) and the MPI communicator (ranks; bound: alpha + n / beta from 1).
+#  2. comm_bench: send/recv and the all-reduce of each algorithm the plans may
+#     use (ring, tree, recursive doubling, Rabenseifner), 1 KiB to 256 MiB, on 2
+#     and 4 devices, for the local communicator (threads; bound: spinning
+#     threads and memcpy) and the MPI communicator (ranks; bound: alpha + n /
+#     beta from 1, each algorithm's alpha-beta cost), beside MPI_Allreduce on
+#     as many ranks (mpi_alpha_beta --allreduce, MPI alone).
 #  3. A data-parallel training step: the same 2-replica plan as threads of one
 #     process and as 2 MPI ranks, against the one-device plan.
 #
@@ -28,6 +31,9 @@ for p in 2 4; do
   "$build/bench/comm_bench" --ranks "$p"
   echo
   "${mpirun[@]}" -np "$p" "$build/bench/comm_bench" --alpha "$alpha" --beta "$beta"
+  echo
+  OMPI_MCA_btl_vader_single_copy_mechanism=none "${mpirun[@]}" -np "$p" \
+    "$build/bench/mpi_alpha_beta" --allreduce 256
 done
 
 echo

@@ -1,6 +1,8 @@
 #include "partitioner/compile_pipeline.h"
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -211,30 +213,51 @@ int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgr
   return begin;
 }
 
+namespace {
+
+// What a group's collective costs with the group's algorithm as the runtime
+// runs it (runtime/comm/collectives.h): the all-gather is the ring whatever
+// the algorithm, a tree reduce-scatter is a whole tree all-reduce, and
+// recursive doubling and halving in a group whose size p is not a power of two
+// fold it onto q = 2^floor(lg p) members: the whole vector in (sent and
+// added), the algorithm over q, then the whole result out (all-reduce) or
+// each member's chunk (reduce-scatter). (The cost model's formulas round lg p
+// up instead, which underprices the fold's bandwidth.)
+double group_collective_time(Collective kind, double bytes, int p, const LinkSpec &link,
+                             CollectiveAlgorithm algorithm, double reduce_Bps) {
+  if (kind == Collective::kAllGather) algorithm = CollectiveAlgorithm::kRing;
+  if (kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree)
+    kind = Collective::kAllReduce;
+  const bool halves = algorithm == CollectiveAlgorithm::kRecursiveDoubling ||
+                      algorithm == CollectiveAlgorithm::kRabenseifner;
+  if (!halves || p <= 1 || bytes <= 0 || std::has_single_bit(static_cast<unsigned>(p)))
+    return collective_time(kind, bytes, p, link, algorithm, reduce_Bps);
+  const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+  const double in = transfer_time(bytes, link) + bytes / reduce_Bps;
+  const double out = kind == Collective::kAllReduce ? transfer_time(bytes, link)
+                                                    : transfer_time(bytes / p, link);
+  return in + collective_time(kind, bytes, q, link, algorithm, reduce_Bps) + out;
+}
+
+} // namespace
+
 void price_with_algorithms(SimulationCosts &costs, const ClusterSpec &cluster,
                            const std::vector<std::vector<int32_t>> &groups,
                            const std::vector<std::string> &algorithms) {
   std::map<std::vector<int32_t>, CollectiveAlgorithm> algorithm_of;
-  for (size_t g = 0; g < groups.size() && g < algorithms.size(); ++g) {
-    if (algorithms[g] == "ring") algorithm_of[groups[g]] = CollectiveAlgorithm::kRing;
-    if (algorithms[g] == "tree") algorithm_of[groups[g]] = CollectiveAlgorithm::kTree;
-  }
+  for (size_t g = 0; g < groups.size() && g < algorithms.size(); ++g)
+    if (auto algorithm = collective_algorithm_named(algorithms[g]))
+      algorithm_of[groups[g]] = *algorithm;
   if (algorithm_of.empty()) return; // the communicator's own: priced at its best
   auto priced = [cluster, algorithm_of](Collective kind) {
     return [cluster, algorithm_of, kind](const std::vector<int32_t> &devices, double bytes) {
       std::vector<int> members(devices.begin(), devices.end());
       auto it = algorithm_of.find(devices);
       const CollectiveAlgorithm algorithm =
-          it == algorithm_of.end() || kind == Collective::kAllGather ? CollectiveAlgorithm::kRing
-                                                                     : it->second;
-      // A tree reduce-scatter is a whole tree all-reduce (runtime/comm/collectives.h).
-      const Collective priced_kind =
-          kind == Collective::kReduceScatter && algorithm == CollectiveAlgorithm::kTree
-              ? Collective::kAllReduce
-              : kind;
-      return collective_time(priced_kind, bytes, static_cast<int>(members.size()),
-                             link_for_group(cluster, members), algorithm,
-                             reduce_bytes_per_second(cluster.device, DType::kF32));
+          it == algorithm_of.end() ? CollectiveAlgorithm::kRing : it->second;
+      return group_collective_time(kind, bytes, static_cast<int>(members.size()),
+                                   link_for_group(cluster, members), algorithm,
+                                   reduce_bytes_per_second(cluster.device, DType::kF32));
     };
   };
   costs.all_reduce = priced(Collective::kAllReduce);
@@ -415,48 +438,127 @@ PipelineOptions lowering_options(const PipelineCompileOptions &options, int chun
   return lowering;
 }
 
-// Each data-parallel group reduces with the algorithm (ring or binomial tree)
-// the cost model prices lowest for everything it reduces in a step; "" for the
+// One collective a data-parallel group runs in a step: its kind and bytes.
+struct GroupCollective {
+  Collective kind = Collective::kAllReduce;
+  double bytes = 0;
+};
+
+// What group `g` reduces in a step, as its first member's `program` says:
+// all-reduces and reduce-scatters, one tensor or one bucket each. (Its
+// all-gathers are the ring whatever the algorithm.)
+std::vector<GroupCollective> group_collectives(const Graph &graph,
+                                               const serialization::PlanProgram &program,
+                                               size_t g) {
+  std::vector<GroupCollective> out;
+  for (const auto &instr : program.instructions) {
+    const std::vector<TensorId> reduced = reduced_tensors(program, instr);
+    if (reduced.empty() || instr.peer != static_cast<int32_t>(g)) continue;
+    double bytes = 0;
+    for (TensorId t : reduced)
+      bytes += static_cast<double>(graph.tensor(t).type.size_bytes());
+    const bool scatter = instr.kind == serialization::InstrKind::kReduceScatter ||
+                         (instr.kind == serialization::InstrKind::kStartBucket &&
+                          program.buckets[instr.index].reduce_scatter);
+    out.push_back({scatter ? Collective::kReduceScatter : Collective::kAllReduce, bytes});
+  }
+  return out;
+}
+
+// Algorithms that add every element in the same order give the same bits:
+// recursive doubling and Rabenseifner (and their recursive-halving
+// reduce-scatter) add along the same tree; the ring and the tree each have
+// their own order (runtime/comm/collectives.h).
+int same_bits_class(CollectiveAlgorithm algorithm) {
+  switch (algorithm) {
+  case CollectiveAlgorithm::kRing: return 0;
+  case CollectiveAlgorithm::kTree: return 1;
+  case CollectiveAlgorithm::kRecursiveDoubling:
+  case CollectiveAlgorithm::kRabenseifner: return 2;
+  }
+  return 0;
+}
+constexpr int kSameBitsClasses = 3;
+
+// The class every data-parallel group of the plan draws from: the one whose
+// cheapest member prices lowest, summed over every collective of every group
+// (ties go to the ring, then the tree). Each collective is priced as an
+// all-reduce of its bytes, so a ZeRO-1 plan (reduce-scatters) and the plain
+// one pick the same class, and as a sum over collectives, so every pipeline
+// depth (the same collectives over other groups) picks the same class: the
+// sums then associate the same way in all of them, and give the same bits.
+int choose_same_bits_class(const std::vector<std::vector<GroupCollective>> &reduced,
+                           const std::vector<std::vector<int32_t>> &groups,
+                           const ClusterSpec &cluster, double gamma) {
+  int chosen = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < kSameBitsClasses; ++c) {
+    double total = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<int> members(groups[g].begin(), groups[g].end());
+      const LinkSpec &link = link_for_group(cluster, members);
+      const int p = static_cast<int>(members.size());
+      for (const GroupCollective &collective : reduced[g]) {
+        double cheapest = std::numeric_limits<double>::infinity();
+        for (CollectiveAlgorithm algorithm : kAllCollectiveAlgorithms)
+          if (same_bits_class(algorithm) == c)
+            cheapest = std::min(cheapest, group_collective_time(Collective::kAllReduce,
+                                                                collective.bytes, p, link,
+                                                                algorithm, gamma));
+        total += cheapest;
+      }
+    }
+    if (total < best) {
+      best = total;
+      chosen = c;
+    }
+  }
+  return chosen;
+}
+
+// Each data-parallel group reduces with the algorithm the cost model prices
+// lowest for what it runs in a step (its group size, its link, the bytes of
+// each of its all-reduces and reduce-scatters), among the algorithms of the
+// plan's same-bits class (choose_same_bits_class): recursive doubling for a
+// group of small tensors, Rabenseifner for one of large ones. "" for the
 // tensor-parallel groups from `tp_groups_begin` on (the communicator's own),
 // and no list at all when every entry would be "".
 std::vector<std::string> choose_algorithms(const Graph &graph,
                                            const std::vector<serialization::PlanProgram> &programs,
                                            const std::vector<std::vector<int32_t>> &groups,
                                            const ClusterSpec &cluster, int32_t tp_groups_begin) {
+  const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
+  // Tensor-parallel groups use the communicator's own collectives.
+  const size_t data_parallel_groups =
+      tp_groups_begin >= 0 ? std::min(groups.size(), static_cast<size_t>(tp_groups_begin))
+                           : groups.size();
+  const std::vector<std::vector<int32_t>> dp_groups(groups.begin(),
+                                                    groups.begin() + data_parallel_groups);
+  std::vector<std::vector<GroupCollective>> reduced(dp_groups.size());
+  for (size_t g = 0; g < dp_groups.size(); ++g)
+    reduced[g] = group_collectives(graph, programs[static_cast<size_t>(dp_groups[g].front())], g);
+  const int same_bits = choose_same_bits_class(reduced, dp_groups, cluster, gamma);
   std::vector<std::string> algorithms;
-  // One algorithm for every group, priced over everything the plan reduces in a
-  // step: the sums then associate the same way whatever the pipeline depth (with
-  // three or more replicas the ring and the tree add in different orders), so
-  // every depth gives the same bits.
-  double ring = 0, tree = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<int> members(groups[g].begin(), groups[g].end());
-    const LinkSpec &group_link = link_for_group(cluster, members);
-    const double gamma = reduce_bytes_per_second(cluster.device, DType::kF32);
-    const auto &program = programs[static_cast<size_t>(groups[g].front())];
-    for (const auto &instr : program.instructions) {
-      const std::vector<TensorId> reduced = reduced_tensors(program, instr);
-      if (reduced.empty() || instr.peer != static_cast<int32_t>(g)) continue;
-      double bytes = 0;
-      for (TensorId t : reduced)
-        bytes += static_cast<double>(graph.tensor(t).type.size_bytes());
-      const int p = static_cast<int>(members.size());
-      ring += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kRing, gamma);
-      tree += all_reduce_time(bytes, p, group_link, CollectiveAlgorithm::kTree, gamma);
+  for (size_t g = 0; g < dp_groups.size(); ++g) {
+    const std::vector<int> members(dp_groups[g].begin(), dp_groups[g].end());
+    const LinkSpec &link = link_for_group(cluster, members);
+    const int p = static_cast<int>(members.size());
+    CollectiveAlgorithm chosen = CollectiveAlgorithm::kRing;
+    double best = std::numeric_limits<double>::infinity();
+    for (CollectiveAlgorithm algorithm : kAllCollectiveAlgorithms) {
+      if (same_bits_class(algorithm) != same_bits) continue;
+      double time = 0;
+      for (const GroupCollective &collective : reduced[g])
+        time += group_collective_time(collective.kind, collective.bytes, p, link, algorithm, gamma);
+      if (time < best) {
+        best = time;
+        chosen = algorithm;
+      }
     }
+    algorithms.emplace_back(collective_algorithm_name(chosen));
   }
-  const bool use_tree = tree < ring;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    // Tensor-parallel groups use the communicator's own collectives.
-    if (tp_groups_begin >= 0 && static_cast<int32_t>(g) >= tp_groups_begin) {
-      algorithms.push_back("");
-      continue;
-    }
-    algorithms.push_back(use_tree ? "tree" : "ring");
-  }
-  if (std::all_of(algorithms.begin(), algorithms.end(),
-                  [](const std::string &a) { return a.empty(); }))
-    algorithms.clear();
+  if (algorithms.empty()) return algorithms;
+  algorithms.resize(groups.size()); // "" for the tensor-parallel groups
   return algorithms;
 }
 

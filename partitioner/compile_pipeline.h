@@ -23,12 +23,16 @@
 //                      checks it on load
 //
 // Devices are numbered (stage x DP + replica) x TP + member: tensor
-// parallelism innermost, on the fastest links. Every data-parallel group
-// reduces with one algorithm for the whole plan, the ring or the binomial
-// tree (runtime/comm/collectives.h), whichever the cost model prices lower
-// for everything reduced in a step: with three or more replicas the two add
-// in different orders, so one choice keeps every pipeline depth bitwise
-// equal. Gradient clipping is split where a stage, a tensor-parallel group or
+// parallelism innermost, on the fastest links. Each data-parallel group
+// reduces with the algorithm (runtime/comm/collectives.h) the cost model
+// prices lowest for its size and the bytes it reduces in a step, among the
+// algorithms that add in the same order as the rest of the plan's groups:
+// the ring, the binomial tree, or recursive doubling and Rabenseifner (which
+// add along the same tree, so one group may take recursive doubling for its
+// small tensors and another Rabenseifner for its large ones). That order is
+// chosen once for the plan, pricing everything reduced in a step as
+// all-reduces, so every pipeline depth, and ZeRO-1 or not, is bitwise equal.
+// Gradient clipping is split where a stage, a tensor-parallel group or
 // a ZeRO-1 replica holds only part of the gradients: each part's SumOfSquares
 // runs where its gradient is (on a replica's shard: ComputeShard) and the
 // partial sums meet before NormScale. ZeRO-1 with clipping under tensor
@@ -106,7 +110,10 @@ int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgr
                                std::vector<std::vector<int32_t>> &groups);
 
 // Prices the collectives of `groups` with the algorithm the plan recorded for
-// each ("ring" or "tree"; others keep the cost model's best).
+// each ("ring", "tree", "recursive-doubling" or "rabenseifner", as the runtime
+// runs it: all-gathers are the ring, a tree reduce-scatter a whole all-reduce);
+// a group with none is priced as the ring, and a plan with none anywhere keeps
+// the cost model's best.
 void price_with_algorithms(plan::SimulationCosts &costs, const ClusterSpec &cluster,
                            const std::vector<std::vector<int32_t>> &groups,
                            const std::vector<std::string> &algorithms);

@@ -15,8 +15,10 @@ namespace strata::plan {
 // The send/recv tag of buffer (tensor, micro-batch): unique within a step.
 uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
 // The tag of the point-to-point messages a collective instruction runs over
-// (a ring or tree algorithm): the top bit set, so it never meets a transfer
-// tag; each tensor is reduced or gathered at most once per step per group.
+// (an algorithm of runtime/comm/collectives.h uses this tag and the next; four
+// are free below the next kind's): the top bit set, so it never meets a
+// transfer tag; each tensor is reduced or gathered at most once per step per
+// group.
 uint64_t collective_tag(const serialization::PlanInstruction &instr);
 
 // Instructions that run over a group of devices (peer = the group's index).

@@ -412,9 +412,11 @@ Status groups_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
       }
       pipe.groups.push_back(std::move(devices));
       std::string algorithm = text_of(q.groups()->Get(i)->algorithm());
-      if (!algorithm.empty() && algorithm != "ring" && algorithm != "tree")
+      if (!algorithm.empty() && algorithm != "ring" && algorithm != "tree" &&
+          algorithm != "recursive-doubling" && algorithm != "rabenseifner")
         return invalid_argument("field pipeline.groups[", i, "].algorithm is '", algorithm,
-                                "'; expected ring, tree or nothing");
+                                "'; expected ring, tree, recursive-doubling, rabenseifner or "
+                                "nothing");
       pipe.group_algorithms.push_back(std::move(algorithm));
     }
     // No algorithm anywhere reads back as no list, as it was written.

@@ -140,7 +140,9 @@ struct PlanPipeline {
   // of the stage on micro-batches replica * M .. replica * M + M - 1 of the batch.
   int32_t data_parallel = 1;
   std::vector<std::vector<int32_t>> groups; // device sets of the all-reduces
-  // Per group: "ring", "tree" or "" (the communicator's own); empty vector: all "".
+  // Per group: "ring", "tree", "recursive-doubling", "rabenseifner" (the
+  // algorithms of runtime/comm/collectives.h) or "" (the communicator's own);
+  // empty vector: all "".
   std::vector<std::string> group_algorithms;
   int32_t zero = 0; // 1: optimizer state sharded over each stage's replicas (ZeRO-1)
   // Tensor parallelism (--mesh DPxTPxPP): device (stage * data_parallel + replica)

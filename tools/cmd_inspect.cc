@@ -239,8 +239,10 @@ Status inspect_plan(const InspectArgs &args, std::ostream &out) {
       std::string tensor = plan.graph.tensor(row.tensor).name;
       if (tensor.size() > 30) tensor = tensor.substr(0, 27) + "...";
       tensor.resize(30, ' ');
+      const std::string algorithm = group_algorithm(*plan.pipeline, row.group, row.gather);
       out << "  " << pad(route, 10) << "   " << tensor << pad(human_bytes(row.bytes), 10) << " x "
-          << row.count << pad(format_ms(row.seconds), 13) << "  " << row.why << "\n";
+          << row.count << pad(format_ms(row.seconds), 13) << "  " << row.why
+          << (algorithm.empty() ? "" : str_cat("; ", algorithm)) << "\n";
     }
   }
   return Status::ok();

@@ -110,15 +110,18 @@ Json transfers_json(const Plan &plan, const partitioner::ClusterSpec &cluster) {
   Json list = Json::array();
   const auto rows = partitioner::explain_transfers(plan.graph, plan.programs, plan.pipeline->groups,
                                                    partitioner::plan_costs(plan, cluster));
-  for (const auto &row : rows)
+  for (const auto &row : rows) {
+    const std::string algorithm = group_algorithm(*plan.pipeline, row.group, row.gather);
     list.push_back({{"from", row.from},
                     {"to", row.to >= 0 ? Json(row.to) : Json(nullptr)},
                     {"group", row.group >= 0 ? Json(row.group) : Json(nullptr)},
+                    {"algorithm", algorithm.empty() ? Json(nullptr) : Json(algorithm)},
                     {"tensor", plan.graph.tensor(row.tensor).name},
                     {"bytes", number(row.bytes)},
                     {"count", row.count},
                     {"seconds", row.seconds},
                     {"why", row.why}});
+  }
   return list;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <set>
 
 #include "ops/registry.h"
@@ -24,6 +25,34 @@ std::string tensor_list(const Graph &graph, llvm::ArrayRef<TensorId> ids) {
   return text.empty() ? "(none)" : text;
 }
 
+// How the data-parallel groups reduce: " (ring)" when every group that names
+// an algorithm names the same one, else each algorithm with its groups,
+// " (recursive-doubling: groups 0, 2; rabenseifner: group 1)"; "" for none.
+std::string algorithms_note(const serialization::PlanPipeline &p) {
+  std::vector<std::pair<std::string, std::vector<size_t>>> by_name;
+  for (size_t g = 0; g < p.group_algorithms.size(); ++g) {
+    const std::string &name = p.group_algorithms[g];
+    if (name.empty()) continue;
+    auto it = std::find_if(by_name.begin(), by_name.end(),
+                           [&](const auto &entry) { return entry.first == name; });
+    if (it == by_name.end()) {
+      by_name.emplace_back(name, std::vector<size_t>{});
+      it = std::prev(by_name.end());
+    }
+    it->second.push_back(g);
+  }
+  if (by_name.empty()) return "";
+  if (by_name.size() == 1) return str_cat(" (", by_name.front().first, ")");
+  std::string text;
+  for (const auto &[name, indices] : by_name) {
+    text +=
+        str_cat(text.empty() ? " (" : "; ", name, indices.size() == 1 ? ": group " : ": groups ");
+    for (size_t k = 0; k < indices.size(); ++k)
+      text += str_cat(k ? ", " : "", indices[k]);
+  }
+  return text + ")";
+}
+
 void print_pipeline_summary(const Plan &plan, std::ostream &out) {
   const serialization::PlanPipeline &p = *plan.pipeline;
   std::string cluster_name = "?";
@@ -40,9 +69,7 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << "); gradients "
         << (p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
                         : "all-reduced per stage")
-        << (p.group_algorithms.empty() ? std::string()
-                                       : str_cat(" (", p.group_algorithms.front(), ")"))
-        << "\n";
+        << algorithms_note(p) << "\n";
   if (p.bucket_bytes > 0) {
     size_t buckets = 0, tensors = 0;
     for (const auto &program : plan.programs) {
@@ -99,6 +126,12 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
 }
 
 } // namespace
+
+std::string group_algorithm(const serialization::PlanPipeline &p, int64_t group, bool gather) {
+  if (group < 0 || static_cast<size_t>(group) >= p.group_algorithms.size()) return "";
+  const std::string &name = p.group_algorithms[static_cast<size_t>(group)];
+  return gather && !name.empty() ? "ring" : name;
+}
 
 PlanNumbers plan_numbers(const Graph &graph) {
   PlanNumbers n;

@@ -56,6 +56,12 @@ std::string bubble_formula(const serialization::PlanPipeline &p);
 // The predicted timeline as trace spans (one step).
 std::vector<std::vector<plan::TraceSpan>> simulation_spans(const plan::Simulation &sim);
 
+// The algorithm a transfer row of group `group` runs with
+// (partitioner::explain_transfers; runtime/comm/collectives.h): the group's
+// recorded one, the ring for a ZeRO-1 all-gather (`gather`) of a group that
+// records one, "" for the communicator's own.
+std::string group_algorithm(const serialization::PlanPipeline &p, int64_t group, bool gather);
+
 // The summary lines of `strata compile` and `strata inspect`: mode,
 // fingerprints, inputs, parameters, FLOPs, and a pipeline's stages or a
 // one-device plan's memory.

@@ -82,6 +82,12 @@ std::string_view collective_algorithm_name(CollectiveAlgorithm algorithm) {
   return "?";
 }
 
+std::optional<CollectiveAlgorithm> collective_algorithm_named(std::string_view name) {
+  for (CollectiveAlgorithm algorithm : kAllCollectiveAlgorithms)
+    if (collective_algorithm_name(algorithm) == name) return algorithm;
+  return std::nullopt;
+}
+
 std::string_view collective_name(Collective collective) {
   switch (collective) {
   case Collective::kAllReduce: return "all-reduce";

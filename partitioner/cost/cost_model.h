@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "graph/graph.h"
@@ -66,6 +67,8 @@ inline constexpr CollectiveAlgorithm kAllCollectiveAlgorithms[] = {
     CollectiveAlgorithm::kRabenseifner};
 // "ring", "tree", "recursive-doubling", "rabenseifner".
 std::string_view collective_algorithm_name(CollectiveAlgorithm algorithm);
+// The algorithm of that name, or none.
+std::optional<CollectiveAlgorithm> collective_algorithm_named(std::string_view name);
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 std::string_view collective_name(Collective collective);

@@ -875,15 +875,17 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs.all_reduce
                            : instr.kind == InstrKind::kReduceScatter ? costs.reduce_scatter
                                                                      : costs.all_gather;
-        if (instr.kind == InstrKind::kAllReduce)
+        if (instr.kind == InstrKind::kAllReduce) {
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             ") before the mean");
-        else if (instr.kind == InstrKind::kReduceScatter)
+        } else if (instr.kind == InstrKind::kReduceScatter) {
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             "), each keeping the shard it updates (ZeRO-1)");
-        else
+        } else {
           row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
                             members, ") (ZeRO-1)");
+          row.gather = true;
+        }
         if (cost && static_cast<size_t>(instr.peer) < groups.size())
           row.seconds = cost(groups[static_cast<size_t>(instr.peer)], row.bytes);
       } else {

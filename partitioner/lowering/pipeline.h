@@ -140,6 +140,7 @@ struct TransferReason {
   int count = 0; // messages per step (one per micro-batch, or one)
   double bytes = 0;   // each
   double seconds = 0; // predicted time of one, from `costs`
+  bool gather = false; // a ZeRO-1 all-gather: the ring, whatever the group's algorithm
 };
 std::vector<TransferReason>
 explain_transfers(const Graph &graph, const std::vector<serialization::PlanProgram> &programs,

@@ -1,6 +1,7 @@
 #include "runtime/comm/collectives.h"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 namespace strata::runtime {
@@ -107,10 +108,210 @@ Status tree_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   return Status::ok();
 }
 
+// A scratch buffer of at least n floats, kept per thread across calls (a fresh
+// one would cost a page fault per page every step).
+float *scratch(size_t n) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
+// mine[e] = lower + upper for e < n, where `mine` is the lower member's operand
+// when `mine_is_lower`: both partners of an exchange then compute the very same
+// sums, bit for bit, whatever the addition's rounding.
+void add_in_order(float *mine, const float *theirs, size_t n, bool mine_is_lower) {
+  if (mine_is_lower)
+    for (size_t e = 0; e < n; ++e)
+      mine[e] = mine[e] + theirs[e];
+  else
+    for (size_t e = 0; e < n; ++e)
+      mine[e] = theirs[e] + mine[e];
+}
+
+// The fold of a group of p members onto q = 2^floor(lg p) survivors for
+// recursive doubling and halving (see the header): with r = p - q, member
+// 2k + 1 (k < r) sits out; survivor j is member 2j for j < r, member j + r
+// after. A power of two folds nothing.
+struct Fold {
+  size_t p, q, r;
+  explicit Fold(size_t members)
+      : p(members), q(std::bit_floor(members)), r(members - std::bit_floor(members)) {}
+  bool sits_out(size_t i) const { return i < 2 * r && i % 2 == 1; }
+  size_t survivor(size_t i) const { return i < 2 * r ? i / 2 : i - r; }
+  size_t member(size_t j) const { return j < r ? 2 * j : j + r; }
+};
+
+// The fold's first step: member 2k + 1 sends its vector to member 2k, which
+// adds it to its own (its own operand first).
+Status fold_in(Communicator &comm, std::span<float> data, const Group &group, const Fold &fold,
+               size_t i, uint64_t tag, std::string_view what) {
+  if (i >= 2 * fold.r) return Status::ok();
+  const size_t n = data.size();
+  if (i % 2 == 1) return comm.send(data.data(), n * sizeof(float), group[i - 1], tag, what);
+  float *incoming = scratch(n);
+  RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), group[i + 1], tag, what));
+  add_in_order(data.data(), incoming, n, true);
+  return Status::ok();
+}
+
+// The fold's last step: member 2k sends the result to member 2k + 1.
+Status fold_out(Communicator &comm, std::span<float> data, const Group &group, const Fold &fold,
+                size_t i, uint64_t tag, std::string_view what) {
+  if (i >= 2 * fold.r) return Status::ok();
+  const size_t bytes = data.size() * sizeof(float);
+  if (i % 2 == 1) return comm.recv(data.data(), bytes, group[i - 1], tag, what);
+  return comm.send(data.data(), bytes, group[i + 1], tag, what);
+}
+
+// Recursive doubling: after the fold, survivor j exchanges its whole vector
+// with survivor j ^ d for d = q/2, q/4, ..., 1 and adds the two (the lower
+// survivor's first), so every survivor holds the sum; the fold hands it on.
+// The largest distance goes first, as in recursive halving, so the two add
+// every element along the same tree and give the same bits.
+Status recursive_doubling_all_reduce(Communicator &comm, std::span<float> data, const Group &group,
+                                     size_t i, uint64_t tag, std::string_view what) {
+  const Fold fold(group.size());
+  const size_t n = data.size();
+  RETURN_IF_ERROR(fold_in(comm, data, group, fold, i, tag, what));
+  if (!fold.sits_out(i)) {
+    const size_t j = fold.survivor(i);
+    float *incoming = scratch(n);
+    for (size_t d = fold.q / 2; d > 0; d /= 2) {
+      const int peer = group[fold.member(j ^ d)];
+      RETURN_IF_ERROR(comm.send(data.data(), n * sizeof(float), peer, tag, what));
+      RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), peer, tag, what));
+      add_in_order(data.data(), incoming, n, (j & d) == 0);
+    }
+  }
+  return fold_out(comm, data, group, fold, i, tag + 1, what);
+}
+
+// Chunks [begin, end) of the p.
+struct ChunkRange {
+  size_t begin, end;
+};
+
+// The chunks survivor j holds after the halving steps at distances q/2 down
+// to `last` (none when last == q: all p chunks). Each step splits the range at
+// its middle; j keeps the lower part when bit d of j is 0, the upper when 1.
+// Survivor j of a power of two p = q ends (last = 1) with chunk j alone.
+ChunkRange held_chunks(const Fold &fold, size_t j, size_t last) {
+  ChunkRange range{0, fold.p};
+  for (size_t d = fold.q / 2; d >= last && d > 0; d /= 2) {
+    const size_t middle = range.begin + (range.end - range.begin) / 2;
+    ((j & d) ? range.begin : range.end) = middle;
+  }
+  return range;
+}
+
+// The survivor whose halving ends with chunk c.
+size_t holder_of(const Fold &fold, size_t c) {
+  ChunkRange range{0, fold.p};
+  size_t j = 0;
+  for (size_t d = fold.q / 2; d > 0; d /= 2) {
+    const size_t middle = range.begin + (range.end - range.begin) / 2;
+    if (c >= middle) {
+      j |= d;
+      range.begin = middle;
+    } else {
+      range.end = middle;
+    }
+  }
+  return j;
+}
+
+// Recursive halving over the survivors: at distance d = q/2, ..., 1 survivor
+// j sends survivor j ^ d the half of its chunks that j ^ d keeps and adds in
+// j ^ d's copy of the half it keeps (the lower survivor's operand first).
+// Afterwards survivor j holds the sum of held_chunks(fold, j, 1). The halves
+// are chunk ranges, so an element's path depends only on its chunk.
+Status halve(Communicator &comm, std::span<float> data, const Group &group, const Fold &fold,
+             size_t j, const Chunks &at, uint64_t tag, std::string_view what) {
+  for (size_t d = fold.q / 2; d > 0; d /= 2) {
+    const ChunkRange keep = held_chunks(fold, j, d), give = held_chunks(fold, j ^ d, d);
+    const size_t keep_n = at(keep.end) - at(keep.begin), give_n = at(give.end) - at(give.begin);
+    const int peer = group[fold.member(j ^ d)];
+    float *incoming = scratch(keep_n);
+    RETURN_IF_ERROR(
+        comm.send(data.data() + at(give.begin), give_n * sizeof(float), peer, tag, what));
+    RETURN_IF_ERROR(comm.recv(incoming, keep_n * sizeof(float), peer, tag, what));
+    add_in_order(data.data() + at(keep.begin), incoming, keep_n, (j & d) == 0);
+  }
+  return Status::ok();
+}
+
+// Recursive doubling all-gather, the halving undone: at distance d = 1, 2,
+// ..., q/2 survivor j sends its chunks to j ^ d and receives those of j ^ d;
+// together they are what both held before the halving step at d.
+Status double_up(Communicator &comm, std::span<float> data, const Group &group, const Fold &fold,
+                 size_t j, const Chunks &at, uint64_t tag, std::string_view what) {
+  for (size_t d = 1; d < fold.q; d *= 2) {
+    const ChunkRange mine = held_chunks(fold, j, d), theirs = held_chunks(fold, j ^ d, d);
+    const int peer = group[fold.member(j ^ d)];
+    RETURN_IF_ERROR(comm.send(data.data() + at(mine.begin),
+                              (at(mine.end) - at(mine.begin)) * sizeof(float), peer, tag, what));
+    RETURN_IF_ERROR(comm.recv(data.data() + at(theirs.begin),
+                              (at(theirs.end) - at(theirs.begin)) * sizeof(float), peer, tag,
+                              what));
+  }
+  return Status::ok();
+}
+
+// Rabenseifner: the fold, recursive halving, recursive doubling, the fold back.
+Status rabenseifner_all_reduce(Communicator &comm, std::span<float> data, const Group &group,
+                               size_t i, uint64_t tag, std::string_view what,
+                               std::span<const size_t> given) {
+  const Fold fold(group.size());
+  const Chunks at{data.size(), group.size(), given};
+  RETURN_IF_ERROR(fold_in(comm, data, group, fold, i, tag, what));
+  if (!fold.sits_out(i)) {
+    const size_t j = fold.survivor(i);
+    RETURN_IF_ERROR(halve(comm, data, group, fold, j, at, tag, what));
+    RETURN_IF_ERROR(double_up(comm, data, group, fold, j, at, tag + 1, what));
+  }
+  return fold_out(comm, data, group, fold, i, tag + 1, what);
+}
+
+// The recursive-halving reduce-scatter: the fold, recursive halving, then
+// every survivor sends each chunk it holds to the member it belongs to (none
+// moves when p is a power of two: survivor i holds chunk i).
+Status halving_reduce_scatter(Communicator &comm, std::span<float> data, const Group &group,
+                              size_t i, uint64_t tag, std::string_view what,
+                              std::span<const size_t> given) {
+  const Fold fold(group.size());
+  const Chunks at{data.size(), group.size(), given};
+  RETURN_IF_ERROR(fold_in(comm, data, group, fold, i, tag, what));
+  if (!fold.sits_out(i)) {
+    const size_t j = fold.survivor(i);
+    RETURN_IF_ERROR(halve(comm, data, group, fold, j, at, tag, what));
+    const ChunkRange held = held_chunks(fold, j, 1);
+    for (size_t c = held.begin; c < held.end; ++c)
+      if (c != i)
+        RETURN_IF_ERROR(comm.send(data.data() + at(c), (at(c + 1) - at(c)) * sizeof(float),
+                                  group[c], tag + 1, what));
+  }
+  const size_t from = fold.member(holder_of(fold, i));
+  if (from == i) return Status::ok();
+  return comm.recv(data.data() + at(i), (at(i + 1) - at(i)) * sizeof(float), group[from], tag + 1,
+                   what);
+}
+
 } // namespace
 
 std::string_view collective_algo_name(CollectiveAlgo algo) {
-  return algo == CollectiveAlgo::kRing ? "ring" : "tree";
+  switch (algo) {
+  case CollectiveAlgo::kRing: return "ring";
+  case CollectiveAlgo::kTree: return "tree";
+  case CollectiveAlgo::kRecursiveDoubling: return "recursive-doubling";
+  case CollectiveAlgo::kRabenseifner: return "rabenseifner";
+  }
+  return "?";
+}
+
+std::optional<CollectiveAlgo> collective_algo_named(std::string_view name) {
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    if (collective_algo_name(algo) == name) return algo;
+  return std::nullopt;
 }
 
 Status algo_all_reduce(Communicator &comm, std::span<float> data, const Group &group,
@@ -119,7 +320,14 @@ Status algo_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   ASSIGN_OR_RETURN(size_t i, position_in(comm, group));
   RETURN_IF_ERROR(check_chunks(chunks, data.size(), group.size()));
   if (group.size() < 2) return Status::ok();
-  if (algo == CollectiveAlgo::kTree) return tree_all_reduce(comm, data, group, i, tag, what);
+  switch (algo) {
+  case CollectiveAlgo::kTree: return tree_all_reduce(comm, data, group, i, tag, what);
+  case CollectiveAlgo::kRecursiveDoubling:
+    return recursive_doubling_all_reduce(comm, data, group, i, tag, what);
+  case CollectiveAlgo::kRabenseifner:
+    return rabenseifner_all_reduce(comm, data, group, i, tag, what, chunks);
+  case CollectiveAlgo::kRing: break;
+  }
   RETURN_IF_ERROR(ring_reduce_scatter(comm, data, group, i, tag, what, chunks));
   return ring_all_gather(comm, data, group, i, tag + 1, what, chunks);
 }
@@ -130,7 +338,13 @@ Status algo_reduce_scatter(Communicator &comm, std::span<float> data, const Grou
   ASSIGN_OR_RETURN(size_t i, position_in(comm, group));
   RETURN_IF_ERROR(check_chunks(chunks, data.size(), group.size()));
   if (group.size() < 2) return Status::ok();
-  if (algo == CollectiveAlgo::kTree) return tree_all_reduce(comm, data, group, i, tag, what);
+  switch (algo) {
+  case CollectiveAlgo::kTree: return tree_all_reduce(comm, data, group, i, tag, what);
+  case CollectiveAlgo::kRecursiveDoubling:
+  case CollectiveAlgo::kRabenseifner:
+    return halving_reduce_scatter(comm, data, group, i, tag, what, chunks);
+  case CollectiveAlgo::kRing: break;
+  }
   return ring_reduce_scatter(comm, data, group, i, tag, what, chunks);
 }
 

@@ -1,22 +1,49 @@
 // Collective algorithms built from point-to-point messages, so a plan can choose
-// how a group reduces: the ring (bandwidth-optimal: 2(p-1)/p of the data per
-// device) or the binomial tree (latency-optimal: 2 lg p steps), the two
-// all-reduce algorithms of Thakur, Rabenseifner and Gropp (IJHPCA 2005) the cost
-// model prices. They run over any Communicator (threads here; MPI processes
-// later) with its send/recv, so every wait is bounded by its timeout.
+// how a group reduces. The four all-reduce algorithms of Thakur, Rabenseifner
+// and Gropp (IJHPCA 2005) that the cost model prices:
+//   ring               bandwidth-optimal: 2(p-1)/p of the data per device, 2(p-1)
+//                      steps;
+//   tree               binomial reduce then broadcast: 2 lg p steps of all of it;
+//   recursive-doubling lg p exchanges of the whole vector with the member at
+//                      distance p/2, p/4, ..., 1: latency-optimal;
+//   rabenseifner       recursive-halving reduce-scatter then recursive-doubling
+//                      all-gather: 2 lg p steps and the ring's bandwidth.
+// They run over any Communicator (threads, MPI processes) with its send/recv,
+// so every wait is bounded by its timeout.
+//
+// Groups whose size is not a power of two: recursive doubling and halving use
+// the standard fold. With q = 2^floor(lg p) and r = p - q, member 2k + 1
+// (k < r) first sends its vector to member 2k, which adds it; the q survivors
+// (members 0, 2, ..., 2r - 2, 2r, 2r + 1, ..., p - 1) run the algorithm; then
+// member 2k sends the result back to 2k + 1.
 //
 // Results are deterministic and the same bits on every member: each element is
-// reduced once, along a fixed path, and then copied. The order differs between
-// algorithms (and from the communicator's own all_reduce, which sums in device
-// order), so the plan fixes one algorithm per group.
+// reduced once, along a fixed path, and then copied. Both partners of an
+// exchange add in the same operand order (the lower member's value first).
+// The order differs between algorithms (and from the communicator's own
+// all_reduce, which sums in device order), so the plan fixes the algorithm of
+// each group; recursive doubling and Rabenseifner are the exception: both add
+// every element along the same tree (the distance p/2 first), so they give the
+// same bits and a plan may pick either per group by size.
 //
-// Shards: the ring's reduce-scatter leaves member i of a group of p (position
-// in the group) with elements [i n/p, (i+1) n/p), the ZeRO-1 convention, and its
-// all-reduce is that reduce-scatter followed by the ring all-gather, so a
-// ZeRO-1 step and a plain data-parallel step compute the same bits.
+// Shards: every reduce-scatter leaves member i of a group of p (position in
+// the group) with its chunk [i n/p, (i+1) n/p), the ZeRO-1 convention, with
+// the bits of the same algorithm's all-reduce, so a ZeRO-1 step and a plain
+// data-parallel step compute the same bits:
+//   ring               the ring reduce-scatter (the ring all-reduce is that
+//                      followed by the ring all-gather);
+//   tree               the whole tree all-reduce (a tree scatters no faster);
+//   recursive-doubling recursive halving: at distance d = p/2, ..., 1 a member
+//   and rabenseifner   keeps the lower half of its chunks when bit d of its
+//                      position is 0, the upper when it is 1, and adds in its
+//                      partner's copy of it, so member i ends with chunk i.
+//                      Where p is not a power of two, the fold first; the q
+//                      survivors halve the p chunks among themselves, then send
+//                      each chunk to its member.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -24,18 +51,27 @@
 
 namespace strata::runtime {
 
-enum class CollectiveAlgo : uint8_t { kRing, kTree };
-std::string_view collective_algo_name(CollectiveAlgo algo); // "ring", "tree"
+enum class CollectiveAlgo : uint8_t { kRing, kTree, kRecursiveDoubling, kRabenseifner };
+inline constexpr CollectiveAlgo kAllCollectiveAlgos[] = {
+    CollectiveAlgo::kRing, CollectiveAlgo::kTree, CollectiveAlgo::kRecursiveDoubling,
+    CollectiveAlgo::kRabenseifner};
+// "ring", "tree", "recursive-doubling", "rabenseifner": the cost model's names
+// (partitioner/cost/cost_model.h) and the plan's (PlanPipeline::group_algorithms).
+std::string_view collective_algo_name(CollectiveAlgo algo);
+// The algorithm of that name, or none.
+std::optional<CollectiveAlgo> collective_algo_named(std::string_view name);
 
 // `tag` is the base of the tags the messages use (each algorithm uses tag and
 // tag + 1); it must not collide with other traffic between the members while
 // the collective runs. `group` is strictly increasing and holds comm.rank().
 //
-// `chunks`, when not empty, are the p + 1 offsets of the ring's chunks in
-// `data` (0 first, data.size() last) instead of an even split. A gradient
-// bucket packs its tensors chunk by chunk (chunk c of every tensor, then chunk
-// c + 1) and passes those offsets, so every element is summed along the path
-// it takes when its tensor is reduced alone: bucketing keeps the bits.
+// `chunks`, when not empty, are the p + 1 offsets of the chunks in `data` (0
+// first, data.size() last) instead of an even split. A gradient bucket packs
+// its tensors chunk by chunk (chunk c of every tensor, then chunk c + 1) and
+// passes those offsets, so every element is summed along the path it takes
+// when its tensor is reduced alone: bucketing keeps the bits. (The ring and
+// recursive halving split at chunk boundaries, so an element's path depends
+// only on its chunk; the tree and recursive doubling send whole vectors.)
 Status algo_all_reduce(Communicator &comm, std::span<float> data, const Group &group,
                        CollectiveAlgo algo, uint64_t tag, std::string_view what,
                        std::span<const size_t> chunks = {});
@@ -48,7 +84,8 @@ Status algo_reduce_scatter(Communicator &comm, std::span<float> data, const Grou
 // Where chunk k (0 <= k <= p) of n elements split p ways begins: k n / p.
 inline size_t chunk_begin(size_t n, size_t p, size_t k) { return k * n / p; }
 // `data` holds the whole tensor with this member's shard filled in; afterwards
-// all of it. (The ring is used whatever `algo` is: a tree gathers no faster.)
+// all of it. (The ring is used whatever the group's algorithm: it only copies,
+// so the bits are the same either way.)
 Status algo_all_gather(Communicator &comm, std::span<float> data, const Group &group, uint64_t tag,
                        std::string_view what);
 

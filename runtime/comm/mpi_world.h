@@ -19,8 +19,8 @@
 // devices of the same rank never touch MPI. Collectives are built from these
 // point-to-point messages (gather to the group's first member, sum in device
 // order, send back), so their results are bitwise those of the threaded run;
-// the plan's ring and tree algorithms (runtime/comm/collectives.h) run over
-// them the same way.
+// the plan's algorithms (ring, tree, recursive doubling, Rabenseifner:
+// runtime/comm/collectives.h) run over them the same way.
 //
 // Start and end. MPI_Init and MPI_Finalize wait for every rank, so each runs
 // under a watchdog bounded by the timeout: a rank that never starts makes the

@@ -102,10 +102,7 @@ size_t PipelinePlan::position(int index, int device) const {
 std::optional<CollectiveAlgo> PipelinePlan::algorithm(int index) const {
   const auto &algorithms = pipeline_.group_algorithms;
   if (index < 0 || static_cast<size_t>(index) >= algorithms.size()) return std::nullopt;
-  const std::string &name = algorithms[static_cast<size_t>(index)];
-  if (name == "ring") return CollectiveAlgo::kRing;
-  if (name == "tree") return CollectiveAlgo::kTree;
-  return std::nullopt;
+  return collective_algo_named(algorithms[static_cast<size_t>(index)]);
 }
 
 std::vector<TensorType> PipelinePlan::batch_types() const {

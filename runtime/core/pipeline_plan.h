@@ -78,8 +78,8 @@ public:
   int tp_group(int device) const { return pipeline_.tp_groups_begin + device / tensor_parallel(); }
   // The position of `device` in group `index`.
   size_t position(int index, int device) const;
-  // The algorithm the plan chose for a group's collectives: ring, tree, or
-  // none (the transport's own).
+  // The algorithm the plan chose for a group's collectives: ring, tree,
+  // recursive doubling, Rabenseifner, or none (the transport's own).
   std::optional<CollectiveAlgo> algorithm(int index) const;
 
   // The graph input `id` is (its index in graph().inputs()), or -1.

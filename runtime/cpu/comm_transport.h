@@ -1,7 +1,7 @@
 // The execution core's transport over a Communicator (local threads, MPI
 // ranks): one per plan device, used by that device's thread, which blocks in
 // each call until its part is done. Collectives run the plan's algorithm for
-// the group (ring or tree over point-to-point messages) or the
+// the group (runtime/comm/collectives.h, over point-to-point messages) or the
 // communicator's own. Gradient buckets are packed chunk by chunk into one
 // message and reduced on the device's communication stream (CommStream: a
 // second thread over a second communicator) while the device computes.

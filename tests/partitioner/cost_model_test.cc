@@ -66,6 +66,13 @@ TEST(AllReduce, OneRankOrNoBytesIsFree) {
   }
 }
 
+TEST(AllReduce, AlgorithmNamesRoundTrip) {
+  for (CollectiveAlgorithm algorithm : kAllCollectiveAlgorithms)
+    EXPECT_TRUE(collective_algorithm_named(collective_algorithm_name(algorithm)) == algorithm)
+        << collective_algorithm_name(algorithm);
+  EXPECT_FALSE(collective_algorithm_named("butterfly").has_value());
+}
+
 TEST(AllReduce, RingWinsLargeMessagesLosesTinyOnes) {
   for (int p : {4, 8, 16, 64}) {
     SCOPED_TRACE(p);

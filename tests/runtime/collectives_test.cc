@@ -1,11 +1,15 @@
-// Ring and tree collectives over point-to-point messages: every member gets the
-// same bits, the sum is right, shards land where ZeRO-1 expects them, and a
-// member that never joins ends the collective with a timeout, not a hang.
+// Ring, tree, recursive-doubling and Rabenseifner collectives over
+// point-to-point messages: every member gets the same bits, the sum is right,
+// shards land where ZeRO-1 expects them (with a bucket's chunk offsets too),
+// and a member that never joins ends the collective with a timeout, not a hang.
+// Group sizes that are powers of two and ones that are not (the fold).
 #include "runtime/comm/collectives.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,6 +20,8 @@
 namespace strata::runtime {
 namespace {
 
+constexpr int kGroupSizes[] = {2, 3, 4, 5, 8};
+
 // Member r's input: a fixed pseudo-random pattern, different per member.
 std::vector<float> input(int rank, size_t n) {
   std::vector<float> v(n);
@@ -24,45 +30,256 @@ std::vector<float> input(int rank, size_t n) {
   return v;
 }
 
+// Small integers as floats: every sum is exact, whatever the order.
+std::vector<float> integers(int rank, size_t n) {
+  std::vector<float> v(n);
+  for (size_t e = 0; e < n; ++e)
+    v[e] = static_cast<float>((static_cast<size_t>(rank) * 7 + e * 13) % 19) - 9.0f;
+  return v;
+}
+
+// Random floats of mixed magnitudes: sums in another order round differently.
+std::vector<float> random_floats(int rank, size_t n) {
+  std::mt19937 generator(static_cast<uint32_t>(rank * 1000003 + static_cast<int>(n)));
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-8, 8);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = std::ldexp(mantissa(generator), exponent(generator));
+  return v;
+}
+
+Group whole_group(int p) {
+  Group group;
+  for (int r = 0; r < p; ++r)
+    group.push_back(r);
+  return group;
+}
+
+// One all-reduce (or, with `scatter`, reduce-scatter) of `algo` over p
+// threads, member r starting from inputs[r]; what each member's data holds
+// afterwards.
+std::vector<std::vector<float>> reduce_on_threads(int p, CollectiveAlgo algo, bool scatter,
+                                                  const std::vector<std::vector<float>> &inputs,
+                                                  const std::vector<size_t> &chunks,
+                                                  const std::string &what) {
+  std::vector<std::vector<float>> out(static_cast<size_t>(p));
+  Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
+    std::vector<float> data = inputs[static_cast<size_t>(rank)];
+    const Group group = whole_group(p);
+    RETURN_IF_ERROR(scatter ? algo_reduce_scatter(comm, data, group, algo, 40, what, chunks)
+                            : algo_all_reduce(comm, data, group, algo, 40, what, chunks));
+    out[static_cast<size_t>(rank)] = std::move(data);
+    return Status::ok();
+  });
+  EXPECT_TRUE(status.is_ok()) << what << ": " << status.message();
+  return status.is_ok() ? out : inputs; // the callers' checks then fail, not crash
+}
+
+std::vector<std::vector<float>> inputs_of(int p, size_t n,
+                                          std::vector<float> (*make)(int rank, size_t n)) {
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < p; ++r)
+    inputs.push_back(make(r, n));
+  return inputs;
+}
+
+// The exact sum over the members of element e (integer inputs).
+float exact_sum(const std::vector<std::vector<float>> &inputs, size_t e) {
+  double sum = 0;
+  for (const auto &v : inputs)
+    sum += v[e];
+  return static_cast<float>(sum);
+}
+
+bool same_bits(const float *a, const float *b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+std::string label(CollectiveAlgo algo, int p, size_t n) {
+  return str_cat(collective_algo_name(algo), " p=", p, " n=", n);
+}
+
+TEST(CollectivesTest, NamesRoundTrip) {
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    EXPECT_TRUE(collective_algo_named(collective_algo_name(algo)) == algo)
+        << collective_algo_name(algo);
+  EXPECT_EQ(collective_algo_name(CollectiveAlgo::kRecursiveDoubling), "recursive-doubling");
+  EXPECT_EQ(collective_algo_name(CollectiveAlgo::kRabenseifner), "rabenseifner");
+  EXPECT_FALSE(collective_algo_named("butterfly").has_value());
+  EXPECT_FALSE(collective_algo_named("").has_value());
+}
+
 TEST(CollectivesTest, AllReduceGivesEveryMemberTheSameSum) {
-  for (CollectiveAlgo algo : {CollectiveAlgo::kRing, CollectiveAlgo::kTree})
-    for (int p : {2, 3, 4, 5})
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    for (int p : kGroupSizes)
       for (size_t n : {size_t{1}, size_t{3}, size_t{64}, size_t{1001}}) {
-        std::vector<std::vector<float>> out(static_cast<size_t>(p));
-        Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
-          std::vector<float> data = input(rank, n);
-          Group group;
-          for (int r = 0; r < p; ++r)
-            group.push_back(r);
-          RETURN_IF_ERROR(algo_all_reduce(comm, data, group, algo, 100, "test"));
-          out[static_cast<size_t>(rank)] = data;
-          return Status::ok();
-        });
-        const std::string what = str_cat(collective_algo_name(algo), " p=", p, " n=", n);
-        ASSERT_TRUE(status.is_ok()) << what << ": " << status.message();
+        const std::string what = label(algo, p, n);
+        const auto inputs = inputs_of(p, n, input);
+        const auto out = reduce_on_threads(p, algo, false, inputs, {}, what);
         for (int r = 1; r < p; ++r)
-          ASSERT_EQ(
-              std::memcmp(out[static_cast<size_t>(r)].data(), out[0].data(), n * sizeof(float)), 0)
+          ASSERT_TRUE(same_bits(out[static_cast<size_t>(r)].data(), out[0].data(), n))
               << what << ": member " << r << " differs from member 0";
         for (size_t e = 0; e < n; ++e) {
           double want = 0;
           for (int r = 0; r < p; ++r)
-            want += input(r, n)[e];
+            want += inputs[static_cast<size_t>(r)][e];
           EXPECT_NEAR(out[0][e], want, 1e-4 * (1 + std::abs(want))) << what << " element " << e;
         }
       }
 }
 
-TEST(CollectivesTest, RingReduceScatterAndAllGatherUseTheZeroShards) {
-  for (int p : {2, 3, 4})
-    for (CollectiveAlgo algo : {CollectiveAlgo::kRing, CollectiveAlgo::kTree}) {
+// Integers in floats: the sum is exact, so every algorithm and every member
+// must give exactly it, also with fewer elements than members and sizes the
+// group does not divide.
+TEST(CollectivesTest, AllReduceIsTheExactSum) {
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    for (int p : kGroupSizes)
+      for (size_t n : {size_t{1}, size_t{3}, size_t{7}, size_t{64}, size_t{1001}}) {
+        const std::string what = label(algo, p, n);
+        const auto inputs = inputs_of(p, n, integers);
+        const auto out = reduce_on_threads(p, algo, false, inputs, {}, what);
+        for (int r = 0; r < p; ++r) {
+          ASSERT_EQ(out[static_cast<size_t>(r)].size(), n) << what;
+          ASSERT_TRUE(same_bits(out[static_cast<size_t>(r)].data(), out[0].data(), n))
+              << what << ": member " << r << " differs from member 0";
+        }
+        for (size_t e = 0; e < n; ++e) {
+          EXPECT_EQ(out[0][e], exact_sum(inputs, e)) << what << " element " << e;
+        }
+      }
+}
+
+// Member i of p ends a reduce-scatter with its chunk [i n/p, (i+1) n/p)
+// summed (the ZeRO-1 convention), whatever the algorithm and the group size.
+TEST(CollectivesTest, ReduceScatterLeavesEachMemberItsChunkSummed) {
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    for (int p : kGroupSizes) {
+      const size_t up = static_cast<size_t>(p);
+      for (size_t n : {size_t{1}, size_t{3}, size_t{7}, 12 * up, 12 * up + 5, size_t{1001}}) {
+        const std::string what = label(algo, p, n);
+        const auto inputs = inputs_of(p, n, integers);
+        const auto out = reduce_on_threads(p, algo, true, inputs, {}, what);
+        for (size_t r = 0; r < up; ++r)
+          for (size_t e = chunk_begin(n, up, r); e < chunk_begin(n, up, r + 1); ++e) {
+            EXPECT_EQ(out[r][e], exact_sum(inputs, e)) << what << ": member " << r << " element "
+                                                       << e;
+          }
+      }
+    }
+}
+
+// Chunk offsets other than the even split (some chunks empty): the
+// reduce-scatter leaves member i chunk i summed, the all-reduce everything.
+TEST(CollectivesTest, ChunkOffsetsPlaceTheShards) {
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    for (int p : kGroupSizes) {
+      const size_t up = static_cast<size_t>(p);
+      std::vector<size_t> chunks = {0};
+      for (size_t c = 0; c < up; ++c)
+        chunks.push_back(chunks.back() + (c * 5 + 3) % 4); // 3, 0, 1, 2, 3, ...
+      const size_t n = chunks.back();
+      const std::string what = label(algo, p, n) + " with chunk offsets";
+      const auto inputs = inputs_of(p, n, integers);
+      const auto scattered = reduce_on_threads(p, algo, true, inputs, chunks, what);
+      for (size_t r = 0; r < up; ++r)
+        for (size_t e = chunks[r]; e < chunks[r + 1]; ++e) {
+          EXPECT_EQ(scattered[r][e], exact_sum(inputs, e))
+              << what << ": member " << r << " element " << e;
+        }
+      const auto reduced = reduce_on_threads(p, algo, false, inputs, chunks, what);
+      for (size_t r = 0; r < up; ++r)
+        for (size_t e = 0; e < n; ++e) {
+          EXPECT_EQ(reduced[r][e], exact_sum(inputs, e))
+              << what << ": member " << r << " element " << e;
+        }
+    }
+}
+
+// A gradient bucket packs its tensors chunk by chunk and passes the chunk
+// offsets: every element then gets the bits it gets when its tensor is
+// reduced alone, for every algorithm (random floats, so the order shows).
+TEST(CollectivesTest, BucketsKeepTheBitsOfEachTensorReducedAlone) {
+  const std::vector<std::pair<size_t, size_t>> sizes = {{7, 13}, {1, 2}, {100, 37}};
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    for (int p : kGroupSizes)
+      for (const auto &[na, nb] : sizes)
+        for (bool scatter : {false, true}) {
+          const size_t up = static_cast<size_t>(p);
+          const std::string what = str_cat(label(algo, p, na), "+", nb, scatter ? " scatter" : "");
+          const auto a = inputs_of(p, na, random_floats);
+          std::vector<std::vector<float>> b;
+          for (int r = 0; r < p; ++r)
+            b.push_back(random_floats(r + 100, nb));
+          // Chunk c of a, then chunk c of b, for c = 0, 1, ...
+          std::vector<size_t> chunks = {0};
+          std::vector<std::vector<float>> packed(up);
+          for (size_t c = 0; c < up; ++c) {
+            for (size_t r = 0; r < up; ++r) {
+              packed[r].insert(packed[r].end(), a[r].begin() + chunk_begin(na, up, c),
+                               a[r].begin() + chunk_begin(na, up, c + 1));
+              packed[r].insert(packed[r].end(), b[r].begin() + chunk_begin(nb, up, c),
+                               b[r].begin() + chunk_begin(nb, up, c + 1));
+            }
+            chunks.push_back(packed[0].size());
+          }
+          const auto alone_a = reduce_on_threads(p, algo, scatter, a, {}, what + " a");
+          const auto alone_b = reduce_on_threads(p, algo, scatter, b, {}, what + " b");
+          const auto bucket = reduce_on_threads(p, algo, scatter, packed, chunks, what);
+          for (size_t r = 0; r < up; ++r)
+            for (size_t c = 0; c < up; ++c) {
+              if (scatter && c != r) continue; // a reduce-scatter's other chunks are scratch
+              const size_t a_begin = chunk_begin(na, up, c);
+              const size_t a_n = chunk_begin(na, up, c + 1) - a_begin;
+              const size_t b_begin = chunk_begin(nb, up, c);
+              const size_t b_n = chunk_begin(nb, up, c + 1) - b_begin;
+              EXPECT_TRUE(
+                  same_bits(bucket[r].data() + chunks[c], alone_a[r].data() + a_begin, a_n))
+                  << what << ": member " << r << " chunk " << c << " of a";
+              EXPECT_TRUE(
+                  same_bits(bucket[r].data() + chunks[c] + a_n, alone_b[r].data() + b_begin, b_n))
+                  << what << ": member " << r << " chunk " << c << " of b";
+            }
+        }
+}
+
+// Recursive doubling gives every member the same bits, and the same bits as
+// Rabenseifner and as the recursive-halving reduce-scatter: all three add
+// every element along the same tree (the plan may mix them in one group
+// class, runtime/comm/collectives.h).
+TEST(CollectivesTest, RecursiveDoublingGivesEveryMemberTheSameBitsAsRabenseifner) {
+  for (int p = 2; p <= 8; ++p)
+    for (size_t n : {size_t{1}, size_t{17}, size_t{1000}}) {
+      const size_t up = static_cast<size_t>(p);
+      const std::string what = str_cat("p=", p, " n=", n);
+      const auto inputs = inputs_of(p, n, random_floats);
+      const auto doubling =
+          reduce_on_threads(p, CollectiveAlgo::kRecursiveDoubling, false, inputs, {}, what);
+      const auto rabenseifner =
+          reduce_on_threads(p, CollectiveAlgo::kRabenseifner, false, inputs, {}, what);
+      const auto halving =
+          reduce_on_threads(p, CollectiveAlgo::kRecursiveDoubling, true, inputs, {}, what);
+      for (size_t r = 0; r < up; ++r) {
+        ASSERT_EQ(doubling[r].size(), n) << what;
+        EXPECT_TRUE(same_bits(doubling[r].data(), doubling[0].data(), n))
+            << what << ": recursive doubling, member " << r << " differs from member 0";
+        EXPECT_TRUE(same_bits(rabenseifner[r].data(), doubling[0].data(), n))
+            << what << ": Rabenseifner, member " << r << " differs from recursive doubling";
+        const size_t begin = chunk_begin(n, up, r), end = chunk_begin(n, up, r + 1);
+        EXPECT_TRUE(same_bits(halving[r].data() + begin, doubling[0].data() + begin, end - begin))
+            << what << ": recursive halving, member " << r << " differs from recursive doubling";
+      }
+    }
+}
+
+TEST(CollectivesTest, ReduceScatterAndAllGatherUseTheZeroShards) {
+  for (int p : kGroupSizes)
+    for (CollectiveAlgo algo : kAllCollectiveAlgos) {
       const size_t n = 12 * static_cast<size_t>(p);
       std::vector<std::vector<float>> reduced(static_cast<size_t>(p)),
           gathered(static_cast<size_t>(p)), all_reduced(static_cast<size_t>(p));
       Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
-        Group group;
-        for (int r = 0; r < p; ++r)
-          group.push_back(r);
+        const Group group = whole_group(p);
         std::vector<float> data = input(rank, n);
         RETURN_IF_ERROR(algo_reduce_scatter(comm, data, group, algo, 10, "rs"));
         reduced[static_cast<size_t>(rank)] = data;
@@ -93,22 +310,25 @@ TEST(CollectivesTest, RingReduceScatterAndAllGatherUseTheZeroShards) {
 }
 
 TEST(CollectivesTest, AMemberThatNeverJoinsTimesOut) {
-  const auto start = std::chrono::steady_clock::now();
-  Status status = run_on_threads(
-      3,
-      [&](int rank, Communicator &comm) -> Status {
-        if (rank == 2) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(500));
-          return Status::ok();
-        }
-        std::vector<float> data = input(rank, 30);
-        return algo_all_reduce(comm, data, {0, 1, 2}, CollectiveAlgo::kRing, 5, "grad 'w'");
-      },
-      std::chrono::milliseconds(200));
-  ASSERT_FALSE(status.is_ok());
-  EXPECT_NE(status.message().find("timed out"), std::string::npos) << status.message();
-  EXPECT_NE(status.message().find("grad 'w'"), std::string::npos) << status.message();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  for (CollectiveAlgo algo : kAllCollectiveAlgos) {
+    const auto start = std::chrono::steady_clock::now();
+    Status status = run_on_threads(
+        3,
+        [&](int rank, Communicator &comm) -> Status {
+          if (rank == 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            return Status::ok();
+          }
+          std::vector<float> data = input(rank, 30);
+          return algo_all_reduce(comm, data, {0, 1, 2}, algo, 5, "grad 'w'");
+        },
+        std::chrono::milliseconds(200));
+    ASSERT_FALSE(status.is_ok()) << collective_algo_name(algo);
+    EXPECT_NE(status.message().find("timed out"), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find("grad 'w'"), std::string::npos) << status.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3))
+        << collective_algo_name(algo);
+  }
 }
 
 } // namespace

@@ -625,8 +625,9 @@ TEST_F(PipelineTest, ZeroOneCheckpointsHoldTheWholeState) {
   EXPECT_EQ(state.at("wte.adam_m").type, plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
 }
 
-// Three replicas: ring and tree add in different orders, so the plan uses one
-// algorithm for all its groups; every pipeline depth then gives the same bits.
+// Three replicas: the ring, the tree and recursive doubling (with the fold)
+// add in different orders, so the plan's groups all add in one of them;
+// every pipeline depth, and ZeRO-1, then gives the same bits.
 TEST_F(PipelineTest, ThreeReplicasGiveTheSameBitsAtEveryDepth) {
   zoo::MlpOptions o;
   o.batch = 12;
@@ -704,8 +705,11 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
   EXPECT_EQ(plan->pipeline->groups[1], (std::vector<int32_t>{2, 3}));
   // Each group reduces with the algorithm the cost model prices lowest.
   ASSERT_EQ(plan->pipeline->group_algorithms.size(), 2u);
-  for (const std::string &algorithm : plan->pipeline->group_algorithms)
-    EXPECT_TRUE(algorithm == "ring" || algorithm == "tree") << algorithm;
+  for (const std::string &algorithm : plan->pipeline->group_algorithms) {
+    EXPECT_TRUE(algorithm == "ring" || algorithm == "tree" || algorithm == "recursive-doubling" ||
+                algorithm == "rabenseifner")
+        << algorithm;
+  }
   auto is_all_reduce = [](const auto &i) { return i.kind == serialization::InstrKind::kAllReduce; };
   // Replica 1 of stage 0 (device 1) skips its first all-reduce: its second one
   // meets device 0's first, a different tensor.
@@ -732,6 +736,73 @@ TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {
       << status.message();
 }
 
+// Four replicas (a power of two: recursive doubling and halving fold
+// nothing): each algorithm forced on every group trains to the ring's weights
+// within 1e-6 (the sums associate differently); recursive doubling and
+// Rabenseifner add along the same tree, so they agree bitwise, with ZeRO-1
+// (recursive-halving reduce-scatters) and with buckets too. The compiler's own
+// choice gives the same bits at every pipeline depth.
+TEST_F(PipelineTest, FourReplicasTrainAlikeWithEveryAlgorithm) {
+  zoo::MlpOptions o;
+  o.batch = 16;
+  o.input = 12;
+  o.hidden = {16, 16};
+  o.classes = 8; // every size divisible by 4: ZeRO-1 shards all of them
+  const Graph forward = *zoo::make_mlp(o);
+  const auto options = training();
+  auto forced = [&](const char *algorithm, int zero, int64_t bucket_bytes) {
+    auto plan =
+        compile(forward, options, 1, 2, Schedule::k1F1B, 4, zero, 1, false, bucket_bytes);
+    EXPECT_TRUE(plan.is_ok()) << plan.status().message();
+    if (!plan.is_ok()) return TrainRun{};
+    EXPECT_EQ(plan->pipeline->group_algorithms.size(), 1u);
+    for (auto &name : plan->pipeline->group_algorithms)
+      name = algorithm;
+    return run_plan(*plan);
+  };
+  const TrainRun ring = forced("ring", 0, 0);
+  ASSERT_EQ(ring.losses.size(), static_cast<size_t>(kSteps));
+  expect_close(ring, reference(forward, options), 1e-5, "dp=4 ring vs the full-batch trainer");
+  for (int zero : {0, 1})
+    for (int64_t bucket_bytes : {int64_t{0}, int64_t{512}}) {
+      const std::string what = str_cat("dp=4 zero=", zero, " bucket_bytes=", bucket_bytes);
+      const TrainRun tree = forced("tree", zero, bucket_bytes);
+      const TrainRun doubling = forced("recursive-doubling", zero, bucket_bytes);
+      const TrainRun rabenseifner = forced("rabenseifner", zero, bucket_bytes);
+      expect_close(tree, ring, 1e-6, what + ": tree vs ring");
+      expect_close(doubling, ring, 1e-6, what + ": recursive-doubling vs ring");
+      expect_close(rabenseifner, ring, 1e-6, what + ": rabenseifner vs ring");
+      expect_bitwise(rabenseifner, doubling, what + ": rabenseifner vs recursive-doubling");
+    }
+  expect_bitwise(pipelined(forward, options, 2, 2, Schedule::k1F1B, 4),
+                 pipelined(forward, options, 1, 2, Schedule::k1F1B, 4),
+                 "dp=4 pp=2 vs pp=1, the compiler's choice");
+}
+
+// The compiler picks each data-parallel group's algorithm by the cost model:
+// with four replicas, recursive doubling (lg p steps) where latency dominates
+// and Rabenseifner (the ring's bandwidth in 2 lg p steps) where bytes do.
+TEST_F(PipelineTest, TheCompilerPicksEachGroupsAlgorithmByTheCostModel) {
+  const std::vector<std::pair<double, std::string>> cases = {{1e-3, "recursive-doubling"},
+                                                             {1e-9, "rabenseifner"}};
+  for (const auto &[latency, want] : cases) {
+    partitioner::PipelineCompileOptions pipeline;
+    pipeline.stages = 2;
+    pipeline.data_parallel = 4;
+    pipeline.microbatches = 2;
+    pipeline.bucket_bytes = 0;
+    partitioner::ClusterSpec cluster = partitioner::default_cpu_cluster(8);
+    cluster.intra_node.latency_s = latency;
+    pipeline.cluster = cluster;
+    auto plan = partitioner::compile_pipeline(mlp(), training(), pipeline);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+    ASSERT_EQ(plan->pipeline->group_algorithms.size(), 2u);
+    for (const std::string &algorithm : plan->pipeline->group_algorithms) {
+      EXPECT_EQ(algorithm, want) << "latency " << latency << " s";
+    }
+  }
+}
+
 // Gradient buckets: reduced on a communication stream while backward goes on,
 // with the same bits as reducing each gradient alone, for every algorithm.
 TEST_F(PipelineTest, GradientBucketsOverlapBackwardAndKeepTheBits) {
@@ -752,7 +823,7 @@ TEST_F(PipelineTest, GradientBucketsOverlapBackwardAndKeepTheBits) {
   for (const auto &[dp, pp, zero] :
        std::vector<std::tuple<int, int, int>>{{2, 1, 0}, {2, 2, 0}, {3, 1, 0}, {3, 2, 1}}) {
     const Graph &forward = zero == 1 ? even : odd;
-    for (const char *algorithm : {"", "ring", "tree"}) {
+    for (const char *algorithm : {"", "ring", "tree", "recursive-doubling", "rabenseifner"}) {
       const std::string what = str_cat("dp=", dp, " pp=", pp, " zero=", zero, " '", algorithm, "'");
       auto bucketed = compile(forward, options, pp, 2, Schedule::k1F1B, dp, zero, 1, false, kSmall);
       auto plain = compile(forward, options, pp, 2, Schedule::k1F1B, dp, zero, 1, false, 0);

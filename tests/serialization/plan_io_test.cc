@@ -694,6 +694,21 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
   auto ring_json = plan_to_json(ring);
   ASSERT_TRUE(ring_json.is_ok());
   EXPECT_NE(ring_json->find("\"algorithm\": \"ring\""), std::string::npos) << *ring_json;
+  // Every algorithm the runtime runs (runtime/comm/collectives.h) round trips.
+  for (const char *name : {"ring", "tree", "recursive-doubling", "rabenseifner"}) {
+    Plan named = plan;
+    named.pipeline->group_algorithms = {name};
+    auto named_bytes = plan_to_flatbuffer(named);
+    ASSERT_TRUE(named_bytes.is_ok()) << name << ": " << named_bytes.status().message();
+    auto named_loaded = load_plan_from_buffer(*named_bytes, "named.splan", ".");
+    ASSERT_TRUE(named_loaded.is_ok()) << name << ": " << named_loaded.status().message();
+    EXPECT_EQ(named_loaded->pipeline->group_algorithms, std::vector<std::string>{name});
+    auto named_json = plan_to_json(named);
+    ASSERT_TRUE(named_json.is_ok()) << name;
+    auto named_from_json = load_plan_from_json(*named_json, "named.splan.json", ".");
+    ASSERT_TRUE(named_from_json.is_ok()) << name << ": " << named_from_json.status().message();
+    EXPECT_EQ(named_from_json->pipeline->group_algorithms, std::vector<std::string>{name});
+  }
   auto from_json = load_plan_from_json(*json, "dp.splan.json", ".");
   ASSERT_TRUE(from_json.is_ok()) << from_json.status().message();
   EXPECT_EQ(*plan_to_flatbuffer(*from_json), *bytes);
@@ -718,7 +733,8 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
        "reduce-scatter needs pipeline.zero = 1"},
       {[](Plan &p) { p.pipeline->zero = 2; }, "field pipeline.zero = 2"},
       {[](Plan &p) { p.pipeline->group_algorithms = {"butterfly"}; },
-       "field pipeline.groups[0].algorithm is 'butterfly'"},
+       "field pipeline.groups[0].algorithm is 'butterfly'; expected ring, tree, "
+       "recursive-doubling, rabenseifner or nothing"},
       {[](Plan &p) {
          p.programs[0].sharded_holds = {p.programs[0].holds[0]};
          p.programs[0].shard_group = 0;

@@ -1345,6 +1345,15 @@ TEST_F(CliTest, DataParallelPipeline) {
   EXPECT_NE(compile.out.find("data par.    2 replicas of every stage"), std::string::npos)
       << compile.out;
   EXPECT_NE(compile.out.find("all-reduce"), std::string::npos) << compile.out;
+  // The algorithm the compiler picked for each group, in the summary and on
+  // every gradient's row of `inspect --comm`.
+  const std::string algorithms = "(ring|tree|recursive-doubling|rabenseifner)";
+  EXPECT_TRUE(std::regex_search(compile.out, std::regex("all-reduced per stage \\(" + algorithms)))
+      << compile.out;
+  Outcome comm = strata({"inspect", "dp.splan", "--comm"});
+  ASSERT_EQ(comm.code, 0) << comm.err;
+  EXPECT_TRUE(std::regex_search(comm.out, std::regex("summed over the replicas.*; " + algorithms)))
+      << comm.out;
   Outcome run = strata({"run", "dp.splan", "--steps", "4"});
   ASSERT_EQ(run.code, 0) << run.err;
   // ZeRO-1 trains to the same losses as plain data parallelism.
