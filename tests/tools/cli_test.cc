@@ -1350,10 +1350,11 @@ TEST_F(CliTest, DataParallelPipeline) {
   const std::string algorithms = "(ring|tree|recursive-doubling|rabenseifner)";
   EXPECT_TRUE(std::regex_search(compile.out, std::regex("all-reduced per stage \\(" + algorithms)))
       << compile.out;
-  Outcome comm = strata({"inspect", "dp.splan", "--comm"});
-  ASSERT_EQ(comm.code, 0) << comm.err;
-  EXPECT_TRUE(std::regex_search(comm.out, std::regex("summed over the replicas.*; " + algorithms)))
-      << comm.out;
+  Outcome dp_comm = strata({"inspect", "dp.splan", "--comm"});
+  ASSERT_EQ(dp_comm.code, 0) << dp_comm.err;
+  EXPECT_TRUE(
+      std::regex_search(dp_comm.out, std::regex("summed over the replicas.*; " + algorithms)))
+      << dp_comm.out;
   Outcome run = strata({"run", "dp.splan", "--steps", "4"});
   ASSERT_EQ(run.code, 0) << run.err;
   // ZeRO-1 trains to the same losses as plain data parallelism.
