@@ -91,8 +91,9 @@ Status single_member_kernel(const KernelContext &context) {
     return failed_precondition(context.def.name, " '", context.node.name,
                                "' needs its tensor-parallel group (only a pipeline plan's devices "
                                "run it)");
-  std::memcpy(context.outputs[0].data, context.inputs[0].data,
-              static_cast<size_t>(context.inputs[0].type->size_bytes()));
+  // An empty tensor may have no buffer at all: memcpy takes no null pointer.
+  if (const auto bytes = static_cast<size_t>(context.inputs[0].type->size_bytes()); bytes > 0)
+    std::memcpy(context.outputs[0].data, context.inputs[0].data, bytes);
   return Status::ok();
 }
 

@@ -172,8 +172,9 @@ size_t element_size(const ConstTensorView &view) { return dtype_size(view.dtype(
 
 // Output = input bytes, unchanged (Reshape, Flatten, Squeeze, Unsqueeze).
 Status copy_kernel(const KernelContext &context) {
-  std::memcpy(context.outputs[0].data, context.inputs[0].data,
-              static_cast<size_t>(context.inputs[0].type->size_bytes()));
+  // An empty tensor may have no buffer at all: memcpy takes no null pointer.
+  if (const auto bytes = static_cast<size_t>(context.inputs[0].type->size_bytes()); bytes > 0)
+    std::memcpy(context.outputs[0].data, context.inputs[0].data, bytes);
   return Status::ok();
 }
 
