@@ -85,13 +85,17 @@ private:
   PlanProgram program_;
 };
 
-// Buffer lifetimes of one program and their placement.
+// Buffer lifetimes of one program and their placement. A ZeRO-2 gradient's
+// step buffer holds only the device's shard: 1/replicas of its bytes.
 Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumulated,
-                           int microbatches, int64_t alignment, PlanProgram &program) {
+                           int microbatches, int replicas, int64_t alignment,
+                           PlanProgram &program) {
   using Key = std::pair<TensorId, int32_t>;
-  // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself.
+  const std::vector<bool> shards = serialization::shard_accumulated(program, graph.num_tensors());
+  // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself (but
+  // for a ZeRO-2 shard, a buffer of its own).
   auto key = [&](TensorId t, int32_t mb) -> Key {
-    if (microbatches == 1 && mb < 0 && accumulated[t]) return {t, 0};
+    if (microbatches == 1 && mb < 0 && accumulated[t] && !shards[t]) return {t, 0};
     return {t, mb};
   };
   std::map<Key, std::pair<int64_t, int64_t>> life; // first, last
@@ -127,6 +131,7 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
       break;
     case InstrKind::kRecv: define(key(instr.index, instr.microbatch), i); break;
     case InstrKind::kAccumulate:
+    case InstrKind::kReduceScatterAccumulate:
       RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
       define(key(instr.index, -1), i);
       break;
@@ -164,13 +169,15 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
   std::vector<passes::BufferLifetime> buffers;
   for (const auto &[k, span] : life) {
     keys.push_back(k);
-    buffers.push_back({graph.tensor(k.first).type.size_bytes(), span.first, span.second});
+    buffers.push_back({serialization::slot_bytes(graph, k.first, k.second, shards, replicas),
+                       span.first, span.second});
   }
   program.arena_bytes = passes::place_buffers(buffers, alignment);
   program.slots.clear();
   for (size_t b = 0; b < keys.size(); ++b) {
     program.slots.push_back({keys[b].first, keys[b].second, buffers[b].offset});
-    if (microbatches == 1 && keys[b].second == 0 && accumulated[keys[b].first])
+    if (microbatches == 1 && keys[b].second == 0 && accumulated[keys[b].first] &&
+        !shards[keys[b].first])
       program.slots.push_back({keys[b].first, -1, buffers[b].offset});
   }
   std::sort(program.slots.begin(), program.slots.end(), [](const PlanSlot &a, const PlanSlot &b) {
@@ -637,7 +644,8 @@ Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
   for (TensorId t : program.holds)
     if (sharded_state_[t]) program.sharded_holds.push_back(t);
   if (!program.sharded_holds.empty()) program.shard_group = s;
-  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.alignment, program));
+  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.data_parallel,
+                                      options_.alignment, program));
   return program;
 }
 
@@ -872,15 +880,21 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         if (static_cast<size_t>(instr.peer) < groups.size())
           for (int32_t m : groups[static_cast<size_t>(instr.peer)])
             members += str_cat(members.empty() ? "" : ", ", m);
-        const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs.all_reduce
-                           : instr.kind == InstrKind::kReduceScatter ? costs.reduce_scatter
-                                                                     : costs.all_gather;
+        const bool scatters = instr.kind == InstrKind::kReduceScatter ||
+                              instr.kind == InstrKind::kReduceScatterAccumulate;
+        const auto &cost = instr.kind == InstrKind::kAllReduce ? costs.all_reduce
+                           : scatters                          ? costs.reduce_scatter
+                                                               : costs.all_gather;
         if (instr.kind == InstrKind::kAllReduce)
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             ") before the mean");
         else if (instr.kind == InstrKind::kReduceScatter)
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             "), each keeping the shard it updates (ZeRO-1)");
+        else if (instr.kind == InstrKind::kReduceScatterAccumulate)
+          row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
+                            ") every micro-batch, each adding the shard it updates into a "
+                            "shard-sized sum (ZeRO-2)");
         else
           row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
                             members, ") (ZeRO-1)");
