@@ -172,7 +172,9 @@ double parameter_state_factor(const passes::OptimizerSpec &spec, int zero, int d
   using Kind = passes::OptimizerSpec::Kind;
   const double state =
       spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW ? 2.0 : (spec.momentum > 0 ? 1.0 : 0.0);
-  return 2.0 + (zero == 1 ? state / dp : state);
+  const double shards = zero >= 1 && dp > 1 ? dp : 1;
+  // The weights, then the gradients (ZeRO-2: a shard) and the state (ZeRO-1 and 2: a shard).
+  return 1.0 + (zero == 2 ? 1.0 / shards : 1.0) + state / shards;
 }
 
 int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
@@ -291,11 +293,13 @@ Status check_compile_options(const PipelineCompileOptions &options) {
   if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
   if (DP < 1)
     return invalid_argument("--mesh: data parallelism needs at least 1 replica, got ", DP);
-  if (options.zero != 0 && options.zero != 1)
-    return invalid_argument("--zero ", options.zero, ": only ZeRO stage 1 (or 0) is built");
-  if (options.zero == 1 && DP < 2)
-    return invalid_argument("--zero 1 shards the optimizer state over data-parallel replicas; "
-                            "the mesh has one (use --mesh DPxTPxPP with DP >= 2)");
+  if (options.zero < 0 || options.zero > 2)
+    return invalid_argument("--zero ", options.zero, ": only ZeRO stages 1 and 2 (or 0) are built");
+  if (options.zero >= 1 && DP < 2)
+    return invalid_argument("--zero ", options.zero, " shards the ",
+                            options.zero == 2 ? "gradients and " : "",
+                            "optimizer state over data-parallel replicas; the mesh has one (use "
+                            "--mesh DPxTPxPP with DP >= 2)");
   if (TP < 1)
     return invalid_argument("--mesh: tensor parallelism needs at least 1 device, got ", TP);
   const bool interleaved = options.schedule == Schedule::kInterleaved;
@@ -400,7 +404,7 @@ Result<StageAssignment> find_stages(const Graph &graph, const passes::TrainingOp
   partition.link_bandwidth = link.bandwidth_Bps > 0 ? link.bandwidth_Bps : 1e12;
   partition.link_latency = link.latency_s;
   partition.training = true;
-  partition.parameter_state_factor = parameter_state_factor(training.optimizer);
+  partition.parameter_state_factor = parameter_state_factor(training.optimizer, options.zero, DP);
   partition.memory_capacity = options.check_memory && cluster.device.memory_bytes > 0
                                   ? static_cast<double>(cluster.device.memory_bytes)
                                   : kUnlimited;
@@ -562,21 +566,26 @@ std::vector<std::string> choose_algorithms(const Graph &graph,
   return algorithms;
 }
 
-// ZeRO-1 that shards nothing is a plain data-parallel plan; say why.
+// ZeRO that shards nothing is a plain data-parallel plan; say why. ZeRO-1
+// shards optimizer state; ZeRO-2 gradients too (with plain SGD, only those).
 Status check_zero_shards(const PipelineCompileOptions &options,
                          const std::vector<serialization::PlanProgram> &programs) {
-  if (options.zero != 1) return Status::ok();
+  if (options.zero < 1) return Status::ok();
   bool sharded = false;
-  for (const auto &program : programs)
+  for (const auto &program : programs) {
     sharded = sharded || !program.sharded_holds.empty();
+    for (const auto &instr : program.instructions)
+      sharded = sharded || instr.kind == serialization::InstrKind::kReduceScatterAccumulate;
+  }
   if (!sharded)
     return invalid_argument(
-        "--zero 1: no optimizer update can run on shards (each needs a gradient only it "
+        "--zero ", options.zero,
+        ": no optimizer update can run on shards (each needs a gradient only it "
         "reads, and a size the ",
         options.data_parallel, " replicas divide",
-        options.tensor_parallel > 1
-            ? "; with clip=... and tensor parallelism ZeRO-1 does not shard yet"
-            : "",
+        options.tensor_parallel > 1 ? str_cat("; with clip=... and tensor parallelism ZeRO-",
+                                              options.zero, " does not shard yet")
+                                    : "",
         ")");
   return Status::ok();
 }
@@ -666,9 +675,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   if (interleaved && options.recompute)
     RETURN_IF_ERROR(
         keep_stage_inputs(built.before_recompute, stages, cluster, graph, placed, measured));
-  // ZeRO-1 with clipping under tensor parallelism is refused below (nothing
+  // ZeRO with clipping under tensor parallelism is refused below (nothing
   // shards): the pieces' squares are summed over the group first.
-  const bool zero_clip = options.zero == 1 && DP > 1 && TP == 1;
+  const bool zero_clip = options.zero >= 1 && DP > 1 && TP == 1;
   RETURN_IF_ERROR(split_clip_norm(graph, placed.node_stage, TP > 1 || zero_clip));
   if (TP > 1) RETURN_IF_ERROR(split_clip_norm_over_pieces(graph, placed.node_stage, TP, shards));
   if (zero_clip) RETURN_IF_ERROR(split_clip_norm_over_shards(graph, placed.node_stage, DP));

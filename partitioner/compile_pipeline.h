@@ -38,7 +38,14 @@
 // partial sums meet before NormScale. ZeRO-1 with clipping under tensor
 // parallelism is refused; ZeRO-1 shards the optimizer state a device holds,
 // while the new state a step computes still gets full-size arena buffers
-// until the update.
+// until the update. ZeRO-2 (--zero 2) also keeps each sharded gradient as a
+// shard: every micro-batch's is reduce-scattered right after its producer
+// and only the device's shard is summed over the micro-batches (a buffer
+// 1/DP of its size), and each update's new values are applied as soon as
+// they are final (lowering/pipeline.h). Its sums over the replicas then come
+// before those over micro-batches: weights equal ZeRO-1's to rounding (with
+// one micro-batch ZeRO-1's very sums, bitwise where the plans reduce with one
+// algorithm, as two replicas always do).
 #pragma once
 
 #include <functional>
@@ -59,7 +66,8 @@ struct PipelineCompileOptions {
   // Replicas of every stage (--mesh DPx1xPP): the batch is split over
   // data_parallel x microbatches, gradients are all-reduced per stage.
   int data_parallel = 1;
-  // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1).
+  // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1);
+  // --zero 2: the gradients too (ZeRO-2).
   int zero = 0;
   // --bucket-mb: with data parallelism, gradients are summed over the replicas
   // in buckets of about this many bytes, overlapping backward; 0: one blocking
@@ -93,7 +101,7 @@ struct PipelineCompileOptions {
 
 // Bytes a device holds per parameter byte: the weights, their gradients and
 // the optimizer's per-parameter state (that state / dp when ZeRO-1 shards it
-// over dp replicas).
+// over dp replicas; the gradients / dp too with ZeRO-2).
 double parameter_state_factor(const passes::OptimizerSpec &spec, int zero = 0, int dp = 1);
 
 // A training plan (mode, graph, loss, optimizer, devices, programs, pipeline).

@@ -13,7 +13,11 @@ uint64_t transfer_tag(TensorId tensor, int32_t microbatch) {
 }
 
 uint64_t collective_tag(const PlanInstruction &instr) {
-  return (uint64_t{1} << 63) | (static_cast<uint64_t>(instr.index) << 8) |
+  // Bits 0-1: the algorithm's own (tag, tag + 1); 2-7: the kind; 8-39: the
+  // index; 40-61: the micro-batch + 1 (0 for once-per-step collectives).
+  const uint64_t microbatch =
+      static_cast<uint32_t>(instr.microbatch + 1) & ((uint64_t{1} << 22) - 1);
+  return (uint64_t{1} << 63) | (microbatch << 40) | (static_cast<uint64_t>(instr.index) << 8) |
          (static_cast<uint64_t>(instr.kind) << 2);
 }
 
@@ -21,7 +25,8 @@ uint64_t collective_tag(const PlanInstruction &instr) {
 bool is_grouped(InstrKind kind) {
   return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
          kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
-         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
+         kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
+         kind == InstrKind::kReduceScatterAccumulate;
 }
 bool is_bucket(InstrKind kind) {
   return kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
@@ -72,12 +77,17 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
     return str_cat("start gradient bucket ", instr.index, " over group ", instr.peer);
   case InstrKind::kWaitBucket:
     return str_cat("wait for gradient bucket ", instr.index, " over group ", instr.peer);
+  case InstrKind::kReduceScatterAccumulate:
+    return str_cat("reduce-scatter ", tensor_name(instr.index), " ",
+                   microbatch_text(instr.microbatch), " over group ", instr.peer,
+                   " into its shard");
   }
   return "unknown instruction";
 }
 
 std::vector<TensorId> reduced_tensors(const PlanProgram &program, const PlanInstruction &instr) {
-  if (instr.kind == InstrKind::kAllReduce || instr.kind == InstrKind::kReduceScatter)
+  if (instr.kind == InstrKind::kAllReduce || instr.kind == InstrKind::kReduceScatter ||
+      instr.kind == InstrKind::kReduceScatterAccumulate)
     return {instr.index};
   if (instr.kind == InstrKind::kStartBucket && instr.index < program.buckets.size())
     return program.buckets[instr.index].tensors;

@@ -17,8 +17,10 @@ uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
 // The tag of the point-to-point messages a collective instruction runs over
 // (an algorithm of runtime/comm/collectives.h uses this tag and the next; four
 // are free below the next kind's): the top bit set, so it never meets a
-// transfer tag; each tensor is reduced or gathered at most once per step per
-// group.
+// transfer tag (and bit 62 clear: MPI's own collectives use both); each
+// tensor is reduced or gathered at most once per step per group and kind, or
+// once per micro-batch (ZeRO-2's ReduceScatterAccumulate: the micro-batch is
+// in the tag).
 uint64_t collective_tag(const serialization::PlanInstruction &instr);
 
 // Instructions that run over a group of devices (peer = the group's index).
@@ -26,7 +28,7 @@ bool is_grouped(serialization::InstrKind kind);
 // StartBucket and WaitBucket.
 bool is_bucket(serialization::InstrKind kind);
 // The grouped instructions every member must reach together (AllReduce,
-// ReduceScatter, AllGather).
+// ReduceScatter, AllGather, ReduceScatterAccumulate).
 bool is_collective(serialization::InstrKind kind);
 
 // "mb 3", or "step" for -1.
@@ -35,7 +37,8 @@ std::string microbatch_text(int32_t microbatch);
 std::string describe_instruction(const Graph &graph, const serialization::PlanInstruction &instr);
 
 // The accumulated tensors an instruction sums over its group: the tensor of an
-// AllReduce or ReduceScatter, a StartBucket's bucket; none for others.
+// AllReduce, ReduceScatter or ReduceScatterAccumulate (one micro-batch's), a
+// StartBucket's bucket; none for others.
 std::vector<TensorId> reduced_tensors(const serialization::PlanProgram &program,
                                       const serialization::PlanInstruction &instr);
 

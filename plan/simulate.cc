@@ -67,6 +67,7 @@ struct Meeting {
   double latest = 0;
   std::string tensor; // what the first arrival reduces, to catch mismatches
   InstrKind kind = InstrKind::kAllReduce;
+  int32_t microbatch = -1;
 };
 
 // Gradient buckets run on each device's communication stream: the k-th bucket
@@ -137,13 +138,21 @@ private:
   std::vector<std::map<int32_t, size_t>> buckets_started_;                // per device, per group
   std::vector<std::map<uint32_t, std::pair<int32_t, size_t>>> bucket_of_; // bucket -> meeting
   std::vector<double> stream_free_;
+  // Per device: the tensors it reduce-scatters into shards (ZeRO-2), and the
+  // members they are shared by.
+  std::vector<std::map<TensorId, double>> shards_;
 };
 
 Simulator::Simulator(const Graph &graph, const std::vector<PlanProgram> &programs,
                      const SimulationCosts &costs, const std::vector<std::vector<int32_t>> &groups)
     : graph_(graph), programs_(programs), costs_(costs), groups_(groups), P_(programs.size()),
       pc_(P_, 0), clock_(P_, 0.0), collectives_done_(P_), buckets_started_(P_), bucket_of_(P_),
-      stream_free_(P_, 0.0) {
+      stream_free_(P_, 0.0), shards_(P_) {
+  for (size_t d = 0; d < P_; ++d)
+    for (const PlanInstruction &instr : programs[d].instructions)
+      if (instr.kind == InstrKind::kReduceScatterAccumulate)
+        shards_[d][instr.index] =
+            static_cast<double>(groups[static_cast<size_t>(instr.peer)].size());
   sim_.devices.resize(P_);
   sim_.busy.assign(P_, 0.0);
   sim_.end.assign(P_, 0.0);
@@ -181,7 +190,13 @@ Result<bool> Simulator::execute(size_t d) {
     if (!receive(d, instr, start, end)) return false;
     break;
   case InstrKind::kAccumulate: end = start + costs_.local_copy(3 * bytes_of(instr.index)); break;
-  case InstrKind::kScale: end = start + costs_.local_copy(2 * bytes_of(instr.index)); break;
+  case InstrKind::kScale: {
+    // A ZeRO-2 step buffer holds the device's shard only.
+    auto shard = shards_[d].find(instr.index);
+    const double parts = shard == shards_[d].end() ? 1.0 : shard->second;
+    end = start + costs_.local_copy(2 * bytes_of(instr.index) / parts);
+    break;
+  }
   case InstrKind::kUpdate:
     if (instr.index < graph_.updates().size())
       end = start + costs_.local_copy(2 * bytes_of(graph_.updates()[instr.index].target));
@@ -192,7 +207,8 @@ Result<bool> Simulator::execute(size_t d) {
     break;
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter:
-  case InstrKind::kAllGather: {
+  case InstrKind::kAllGather:
+  case InstrKind::kReduceScatterAccumulate: {
     ASSIGN_OR_RETURN(const bool met, meet_collective(d, instr, start, end));
     if (!met) return false;
     break;
@@ -233,19 +249,27 @@ Result<bool> Simulator::meet_collective(size_t d, const PlanInstruction &instr, 
   if (meeting.arrived.empty()) {
     meeting.tensor = tensor;
     meeting.kind = instr.kind;
+    meeting.microbatch = instr.microbatch;
   }
-  if (meeting.tensor != tensor || meeting.kind != instr.kind)
+  if (meeting.tensor != tensor || meeting.kind != instr.kind ||
+      meeting.microbatch != instr.microbatch)
     return failed_precondition("mismatched collective: device ", d, " instruction ", pc_[d], " (",
                                describe_instruction(graph_, instr), ") meets ",
                                serialization::instr_kind_name(meeting.kind), " of '",
-                               meeting.tensor, "' from device ", *meeting.arrived.begin(),
-                               " as collective number ", k, " of group ", instr.peer);
+                               meeting.tensor, "' ", microbatch_text(meeting.microbatch),
+                               " from device ", *meeting.arrived.begin(), " as collective number ",
+                               k, " of group ", instr.peer);
   if (meeting.arrived.insert(d).second) meeting.latest = std::max(meeting.latest, start);
   if (meeting.arrived.size() < group.size()) return false;
-  const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs_.all_reduce
-                     : instr.kind == InstrKind::kReduceScatter ? costs_.reduce_scatter
-                                                               : costs_.all_gather;
+  const bool scatters =
+      instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kReduceScatterAccumulate;
+  const auto &cost = instr.kind == InstrKind::kAllReduce ? costs_.all_reduce
+                     : scatters                          ? costs_.reduce_scatter
+                                                         : costs_.all_gather;
   end = meeting.latest + (cost ? cost(group, bytes_of(instr.index)) : 0.0);
+  // ZeRO-2: then the device's shard is added into its step buffer.
+  if (instr.kind == InstrKind::kReduceScatterAccumulate && costs_.local_copy)
+    end += costs_.local_copy(3 * bytes_of(instr.index) / static_cast<double>(group.size()));
   ++collectives_done_[d][instr.peer];
   return true;
 }

@@ -154,27 +154,38 @@ Status PipelineCheck::check_fields() const {
   if (plan_.mode != Plan::Mode::kTrain)
     return invalid_argument("field mode is ", serialization::plan_mode_name(plan_.mode),
                             ", but a plan with a pipeline is a training plan");
-  if (pipe_.zero == 1 && DP_ < 2)
-    return invalid_argument("field pipeline.zero = 1 shards optimizer state over the "
-                            "data-parallel replicas, but pipeline.data_parallel = ",
-                            DP_);
-  bool sharded = false;
-  for (const PlanProgram &program : plan_.programs)
+  const int32_t zero = pipe_.zero;
+  if (zero >= 1 && DP_ < 2)
+    return invalid_argument("field pipeline.zero = ", zero, " shards optimizer state",
+                            zero == 2 ? " and gradients" : "",
+                            " over the data-parallel replicas, but pipeline.data_parallel = ", DP_);
+  bool sharded = false, scattered = false;
+  for (const PlanProgram &program : plan_.programs) {
     sharded = sharded || !program.sharded_holds.empty();
-  if (pipe_.zero == 1 && !sharded)
+    for (const PlanInstruction &instr : program.instructions)
+      scattered = scattered || instr.kind == InstrKind::kReduceScatterAccumulate;
+  }
+  if (zero == 1 && !sharded)
     return invalid_argument("field pipeline.zero = 1, but no device holds a ZeRO-1 shard "
                             "(every program's sharded_holds is empty)");
-  if (pipe_.zero != 1 && sharded)
+  if (zero < 1 && sharded)
     return invalid_argument("a program holds ZeRO-1 shards (sharded_holds), but field "
                             "pipeline.zero = ",
-                            pipe_.zero);
+                            zero);
+  if (zero == 2 && !scattered)
+    return invalid_argument("field pipeline.zero = 2, but no program reduce-scatters a gradient "
+                            "into its shard every micro-batch (ReduceScatterAccumulate)");
+  if (zero != 2 && scattered)
+    return invalid_argument("a program reduce-scatters gradients into shards every micro-batch "
+                            "(ReduceScatterAccumulate, ZeRO-2), but field pipeline.zero = ",
+                            zero);
   return Status::ok();
 }
 
 Status PipelineCheck::check_instruction(size_t d, size_t i) const {
   const PlanInstruction &instr = plan_.programs[d].instructions[i];
   const auto kind_value = static_cast<uint8_t>(instr.kind);
-  if (kind_value > static_cast<uint8_t>(InstrKind::kWaitBucket))
+  if (kind_value > static_cast<uint8_t>(InstrKind::kReduceScatterAccumulate))
     return invalid_argument(where(d), " instruction ", i, ": unknown kind ", int{kind_value});
   const std::string head =
       str_cat(where(d), " instruction ", i, " (", serialization::instr_kind_name(instr.kind), ")");
@@ -191,8 +202,10 @@ Status PipelineCheck::check_instruction(size_t d, size_t i) const {
   }
   const bool per_microbatch = instr.kind == InstrKind::kCompute || instr.kind == InstrKind::kSend ||
                               instr.kind == InstrKind::kRecv;
-  const int64_t lowest = instr.kind == InstrKind::kAccumulate ? 0 : -1;
-  if (per_microbatch || instr.kind == InstrKind::kAccumulate) {
+  const bool accumulates =
+      instr.kind == InstrKind::kAccumulate || instr.kind == InstrKind::kReduceScatterAccumulate;
+  const int64_t lowest = accumulates ? 0 : -1;
+  if (per_microbatch || accumulates) {
     if (instr.microbatch < lowest || instr.microbatch >= M_)
       return out_of_range(head, ": micro-batch ", instr.microbatch, " is not in ", lowest, "..",
                           M_ - 1);
@@ -224,12 +237,13 @@ Status PipelineCheck::check_program_ranges(size_t d) const {
       (program.shard_group < 0 || static_cast<size_t>(program.shard_group) >= pipe_.groups.size()))
     return out_of_range(where(d), ": shard group ", program.shard_group, ", but the pipeline has ",
                         pipe_.groups.size(), " groups");
+  const std::vector<bool> shards = serialization::shard_accumulated(program, num_tensors);
   for (size_t k = 0; k < program.slots.size(); ++k) {
     const PlanSlot &slot = program.slots[k];
     if (slot.tensor >= num_tensors)
       return out_of_range(where(d), ": slot ", k, " is for tensor ", slot.tensor,
                           ", but there are ", num_tensors);
-    const int64_t bytes = g_.tensor(slot.tensor).type.size_bytes();
+    const int64_t bytes = serialization::slot_bytes(g_, slot.tensor, slot.microbatch, shards, DP_);
     if (slot.microbatch < -1 || slot.microbatch >= M_)
       return out_of_range(where(d), ": slot ", k, " (", tensor_text(g_, slot.tensor, 0),
                           ") is for micro-batch ", slot.microbatch, ", not in -1..", M_ - 1);
@@ -431,13 +445,16 @@ private:
     int64_t reduced = -1;    // the all-reduce, reduce-scatter or bucket start
     bool reduce_done = false;
     bool scattered = false; // the device keeps only its shard
+    bool shard_sum = false; // ZeRO-2: reduce-scattered into its shard every micro-batch
     int64_t scaled = -1;
   };
 
   // With one micro-batch an accumulated tensor's step buffer (t, -1) is its
-  // micro-batch buffer (t, 0), as the lowering places them.
+  // micro-batch buffer (t, 0), as the lowering places them; but not a ZeRO-2
+  // shard's, which is a buffer of its own.
   Key key(TensorId t, int32_t mb) const {
-    if (check_.microbatches() == 1 && mb < 0 && check_.accumulated(t)) return {t, 0};
+    if (check_.microbatches() == 1 && mb < 0 && check_.accumulated(t) && !shard_sum_[t])
+      return {t, 0};
     return {t, mb};
   }
   Status read(TensorId t, int32_t mb, size_t i);
@@ -451,6 +468,7 @@ private:
   Status scale(const PlanInstruction &instr, size_t i);
   Status start_sum(TensorId t, size_t i, bool scatter);
   Status reduce(const PlanInstruction &instr, size_t i);
+  Status reduce_scatter_accumulate(const PlanInstruction &instr, size_t i);
   Status gather(const PlanInstruction &instr, size_t i);
   Status bucket(const PlanInstruction &instr, size_t i);
   Status update(const PlanInstruction &instr, size_t i);
@@ -466,8 +484,12 @@ private:
   const bool averaged_; // micro-batches x replicas > 1: sums are scaled to means
   std::map<Key, std::pair<int64_t, int64_t>> life_; // first write, last use
   std::vector<bool> own_sum_;                       // accumulated here, by tensor
-  std::vector<Sum> sums_;                           // by tensor
-  std::map<Key, size_t> accumulates_;               // (tensor, mb) -> instruction
+  std::vector<bool> shard_sum_;       // ZeRO-2: the step buffer holds only the shard, by tensor
+  std::vector<Sum> sums_;             // by tensor
+  std::map<Key, size_t> accumulates_; // (tensor, mb) -> instruction
+  // ZeRO-2: micro-batch buffers reduce-scattered (then scratch but for the
+  // shard that went into the step buffer) -> the instruction.
+  std::map<Key, size_t> scattered_;
   std::vector<bool> held_, sharded_;
   std::vector<bool> partial_;     // computed on shards, not yet gathered or summed
   std::vector<int64_t> replaced_; // by tensor: the update that replaced it
@@ -478,6 +500,7 @@ private:
 DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
     : check_(check), g_(check.graph()), d_(device), program_(check.program(device)),
       averaged_(check.microbatches() * check.replicas() > 1), own_sum_(g_.num_tensors(), false),
+      shard_sum_(serialization::shard_accumulated(program_, g_.num_tensors())),
       sums_(g_.num_tensors()), held_(g_.num_tensors(), false), sharded_(g_.num_tensors(), false),
       partial_(g_.num_tensors(), false), replaced_(g_.num_tensors(), -1),
       applied_(g_.updates().size(), -1), started_(program_.buckets.size(), -1) {
@@ -491,6 +514,11 @@ DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
 }
 
 Status DeviceCheck::read(TensorId t, int32_t mb, size_t i) {
+  if (auto s = scattered_.find(Key{t, mb}); mb >= 0 && s != scattered_.end())
+    return invalid_argument(check_.at(d_, i), ": reads ", tensor_text(g_, t, mb),
+                            " after instruction ", s->second,
+                            " reduce-scattered it; only the device's shard of the sum, in the "
+                            "step buffer, is left of it");
   auto it = life_.find(key(t, mb));
   if (it == life_.end()) {
     const int64_t made = check_.producer_stage(t);
@@ -602,6 +630,11 @@ Status DeviceCheck::accumulate(const PlanInstruction &instr, size_t i) {
     return invalid_argument(check_.at(d_, i), ": '", name,
                             "' is not summed over micro-batches on this device (a "
                             "per-micro-batch tensor read once per step, computed by its stage)");
+  if (shard_sum_[t])
+    return invalid_argument(check_.at(d_, i), ": accumulates '", name,
+                            "' whole, but the device keeps only its shard of that sum (it "
+                            "reduce-scatters '",
+                            name, "' into its shard: ReduceScatterAccumulate)");
   if (check_.microbatches() == 1)
     return invalid_argument(check_.at(d_, i),
                             ": with one micro-batch a step buffer is the micro-batch's own; "
@@ -692,6 +725,42 @@ Status DeviceCheck::reduce(const PlanInstruction &instr, size_t i) {
                           "; there is nothing to sum over the replicas");
 }
 
+// ZeRO-2: one micro-batch summed over the replicas, the device's shard of it
+// started (mb 0) or added into the step buffer, which holds only that shard;
+// the sum is complete with the last micro-batch's.
+Status DeviceCheck::reduce_scatter_accumulate(const PlanInstruction &instr, size_t i) {
+  RETURN_IF_ERROR(check_group(i));
+  const TensorId t = instr.index;
+  const int32_t mb = instr.microbatch;
+  const std::string &name = g_.tensor(t).name;
+  if (!own_sum_[t])
+    return invalid_argument(check_.at(d_, i), ": '", name,
+                            "' is not summed over micro-batches on this device (a "
+                            "per-micro-batch tensor read once per step, computed by its stage)");
+  auto [it, fresh] = accumulates_.try_emplace(Key{t, mb}, i);
+  if (!fresh)
+    return invalid_argument(check_.at(d_, i), ": reduce-scatters ", tensor_text(g_, t, mb),
+                            " into its shard a second time (first at instruction ", it->second,
+                            ")");
+  Sum &sum = sums_[t];
+  if ((sum.reduced >= 0 && !sum.shard_sum) || sum.scaled >= 0)
+    return invalid_argument(check_.at(d_, i), ": reduce-scatters ", tensor_text(g_, t, mb),
+                            " into its shard after instruction ",
+                            sum.scaled >= 0 ? sum.scaled : sum.reduced, " already ",
+                            sum.scaled >= 0 ? "scaled it" : "summed it over the replicas");
+  if (sum.accumulated == 0 && mb != 0)
+    return invalid_argument(check_.at(d_, i), ": reduce-scatters ", tensor_text(g_, t, mb),
+                            " into its shard before mb 0, which starts the sum");
+  RETURN_IF_ERROR(read(t, mb, i));
+  scattered_.emplace(Key{t, mb}, i);
+  write(t, -1, i);
+  if (sum.reduced < 0) sum.reduced = static_cast<int64_t>(i);
+  sum.shard_sum = sum.scattered = true;
+  ++sum.accumulated;
+  sum.reduce_done = sum.accumulated == check_.microbatches();
+  return Status::ok();
+}
+
 Status DeviceCheck::gather(const PlanInstruction &instr, size_t i) {
   RETURN_IF_ERROR(check_group(i));
   const TensorId t = instr.index;
@@ -763,6 +832,7 @@ Status DeviceCheck::instruction(size_t i) {
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter: return reduce(instr, i);
   case InstrKind::kAllGather: return gather(instr, i);
+  case InstrKind::kReduceScatterAccumulate: return reduce_scatter_accumulate(instr, i);
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket: return bucket(instr, i);
   case InstrKind::kUpdate: return update(instr, i);
@@ -812,7 +882,7 @@ Status DeviceCheck::check_memory() {
                               tensor_text(g_, slot.tensor, slot.microbatch));
   if (check_.microbatches() == 1)
     for (const auto &[k, offset] : offset_of) {
-      if (k.second >= 0 || !check_.accumulated(k.first)) continue;
+      if (k.second >= 0 || !check_.accumulated(k.first) || shard_sum_[k.first]) continue;
       auto own = offset_of.find(Key{k.first, 0});
       if (own != offset_of.end() && own->second != offset)
         return invalid_argument(
@@ -833,7 +903,8 @@ Status DeviceCheck::check_memory() {
   std::vector<Buffer> buffers;
   for (const auto &[k, span] : life_) {
     auto slot = offset_of.find(k);
-    const int64_t bytes = g_.tensor(k.first).type.size_bytes();
+    const int64_t bytes =
+        serialization::slot_bytes(g_, k.first, k.second, shard_sum_, check_.replicas());
     if (slot == offset_of.end() || bytes <= 0) continue; // no slot: resolve_program says so
     buffers.push_back({k, span.first, span.second, slot->second, slot->second + bytes});
   }

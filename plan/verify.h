@@ -26,19 +26,25 @@
 //    accumulated once per micro-batch, micro-batch 0 first (with M > 1),
 //    summed over the device's replicas exactly once after that (all-reduce,
 //    reduce-scatter or a gradient bucket, with DP > 1), then scaled exactly
-//    once (with M x DP > 1), before anything reads it once per step; a
-//    reduce-scattered tensor and a compute-shard's result are read only on
-//    shards until gathered or summed; collectives run over the device's
-//    replicas (the same stage and member);
+//    once (with M x DP > 1), before anything reads it once per step; or, with
+//    ZeRO-2, reduce-scattered into its shard once per micro-batch, micro-batch
+//    0 first (even with M = 1), and nothing else (then its step buffer holds
+//    only the shard and what was reduce-scattered is not read again), before
+//    it is scaled once; a reduce-scattered tensor and a compute-shard's result
+//    are read only on shards until gathered or summed; collectives run over
+//    the device's replicas (the same stage and member);
 //  - updates: every state update whose target the device holds is applied
 //    exactly once, none other;
 //  - memory: every slot lies inside the arena, and buffers live at the same
-//    time do not share bytes.
+//    time do not share bytes (a ZeRO-2 shard's step buffer has 1/DP of its
+//    tensor's bytes: serialization::slot_bytes).
 // Across devices: every Send(tensor, mb) to a peer has exactly one matching
 // Recv(tensor, mb) from the sender on the peer and vice versa, between
 // devices of one replica and member, from the stage that computes the tensor.
-// Plan fields: a pipeline plan trains; ZeRO-1 needs data parallelism and
-// shards something; a training plan's loss_kind is the loss its graph
+// Plan fields: a pipeline plan trains; ZeRO-1 and ZeRO-2 need data
+// parallelism, ZeRO-1 shards some state, ZeRO-2 reduce-scatters some gradient
+// into its shard every micro-batch (and only ZeRO-2 does); sharded state needs
+// ZeRO-1 or 2; a training plan's loss_kind is the loss its graph
 // computes (softmax_cross_entropy reads the graph input "labels", mse
 // "targets", as make_training builds them).
 //

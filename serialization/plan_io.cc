@@ -56,6 +56,9 @@ static_assert(static_cast<uint8_t>(InstrKind::kStartBucket) ==
               static_cast<uint8_t>(fb::InstrKind::StartBucket));
 static_assert(static_cast<uint8_t>(InstrKind::kWaitBucket) ==
               static_cast<uint8_t>(fb::InstrKind::WaitBucket));
+static_assert(static_cast<uint8_t>(InstrKind::kReduceScatterAccumulate) ==
+              static_cast<uint8_t>(fb::InstrKind::ReduceScatterAccumulate));
+static_assert(fb::InstrKind::MAX == fb::InstrKind::ReduceScatterAccumulate);
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -382,8 +385,8 @@ Status mesh_from_fb(const fb::Pipeline &q, size_t num_devices, size_t num_progra
                             num_devices, " devices and ", num_programs,
                             " programs; a pipeline has one device per stage, replica and member");
   pipe.zero = q.zero();
-  if (pipe.zero != 0 && pipe.zero != 1)
-    return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0 or 1");
+  if (pipe.zero < 0 || pipe.zero > 2)
+    return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0, 1 or 2");
   pipe.bucket_bytes = q.bucket_bytes();
   if (pipe.bucket_bytes < 0)
     return invalid_argument("field pipeline.bucket_bytes = ", pipe.bucket_bytes, " is negative");
@@ -575,8 +578,8 @@ Result<PlanPipeline> pipeline_from_fb(const fb::Pipeline &q, const Graph &g, siz
 // A program's gradient buckets (revision 3), after its instructions: every
 // bucket is started once, over one group, and waited for once after that, by
 // the end of the program; its tensors are accumulated buffers of this device,
-// each in at most one bucket, and reduce-scatter buckets need ZeRO-1 and sizes
-// the group divides.
+// each in at most one bucket, and reduce-scatter buckets need ZeRO (1 or 2)
+// and sizes the group divides.
 Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline &pipe,
                        const std::string &where, PlanProgram &program) {
   const size_t count = size_of(q.buckets());
@@ -609,8 +612,8 @@ Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline 
     if (entry.tensors() != nullptr) bucket.tensors = copy_numbers(*entry.tensors());
     bucket.reduce_scatter = entry.reduce_scatter();
     if (bucket.tensors.empty()) return invalid_argument(at, " has no tensors");
-    if (bucket.reduce_scatter && pipe.zero != 1)
-      return invalid_argument(at, ": reduce_scatter needs pipeline.zero = 1");
+    if (bucket.reduce_scatter && pipe.zero < 1)
+      return invalid_argument(at, ": reduce_scatter needs pipeline.zero = 1 or 2");
     const auto members = static_cast<int64_t>(pipe.groups[static_cast<size_t>(group[b])].size());
     for (size_t k = 0; k < bucket.tensors.size(); ++k) {
       const TensorId id = bucket.tensors[k];
@@ -684,7 +687,8 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
   }
   const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
                        kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
-                       kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
+                       kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
+                       kind == InstrKind::kReduceScatterAccumulate;
   if (grouped) {
     if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
       return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
@@ -695,13 +699,23 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
                               ", which does not include device ", self);
     const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
                            kind == InstrKind::kComputeShard;
-    if (zero_only && pipe.zero != 1)
-      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1");
+    if (zero_only && pipe.zero < 1)
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1 or 2");
+    if (kind == InstrKind::kReduceScatterAccumulate) {
+      if (pipe.zero != 2) return invalid_argument(at, ": ", name, " needs pipeline.zero = 2");
+      const Tensor &tensor = g.tensor(index);
+      if (tensor.type.num_elements() % static_cast<int64_t>(group.size()) != 0)
+        return invalid_argument(at, ": ", name, " of '", tensor.name, "', whose ",
+                                tensor.type.num_elements(), " elements ", group.size(),
+                                " devices do not divide");
+    }
   }
   // Compute, send and recv run on a micro-batch or once per step (-1);
-  // accumulate adds one micro-batch's buffer.
-  if (kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) {
-    int64_t lowest = kind == InstrKind::kAccumulate ? 0 : -1;
+  // accumulate and reduce-scatter-accumulate add one micro-batch's buffer.
+  const bool accumulates =
+      kind == InstrKind::kAccumulate || kind == InstrKind::kReduceScatterAccumulate;
+  if ((kind != InstrKind::kScale && kind != InstrKind::kUpdate && !grouped) || accumulates) {
+    int64_t lowest = accumulates ? 0 : -1;
     if (microbatch < lowest || microbatch >= microbatches)
       return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest, "..",
                           microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
@@ -711,10 +725,13 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
 }
 
 // A pipeline program's slots: buffers of the model's tensors, aligned and
-// inside the arena.
+// inside the arena (a ZeRO-2 shard's step buffer: its shard's bytes). After
+// the instructions, which say which step buffers are shards.
 Status slots_from_fb(const fb::Program &q, const Graph &g, const std::string &where,
-                     int64_t microbatches, PlanProgram &program) {
+                     const PlanPipeline &pipe, PlanProgram &program) {
   const size_t num_tensors = g.num_tensors();
+  const int64_t microbatches = pipe.microbatches;
+  const std::vector<bool> shards = shard_accumulated(program, num_tensors);
   for (const fb::Slot &slot : copy_structs(q.slots())) {
     std::string at = str_cat(where, ".slots[", program.slots.size(), "]");
     if (slot.tensor() >= num_tensors)
@@ -728,11 +745,11 @@ Status slots_from_fb(const fb::Program &q, const Graph &g, const std::string &wh
     if (slot.offset() % kPlanAlignment != 0)
       return invalid_argument(at, ".offset = ", slot.offset(), " is not a multiple of ",
                               kPlanAlignment, " bytes, as every buffer of a memory plan is");
-    if (slot.offset() > program.arena_bytes ||
-        tensor.type.size_bytes() > program.arena_bytes - slot.offset())
-      return out_of_range(at, ".offset = ", slot.offset(), ": tensor '", tensor.name, "' (",
-                          tensor.type.size_bytes(), " bytes) does not fit the ",
-                          program.arena_bytes, "-byte arena");
+    const int64_t bytes =
+        slot_bytes(g, slot.tensor(), slot.microbatch(), shards, pipe.data_parallel);
+    if (slot.offset() > program.arena_bytes || bytes > program.arena_bytes - slot.offset())
+      return out_of_range(at, ".offset = ", slot.offset(), ": tensor '", tensor.name, "' (", bytes,
+                          " bytes) does not fit the ", program.arena_bytes, "-byte arena");
     program.slots.push_back(PlanSlot{slot.tensor(), slot.microbatch(), slot.offset()});
   }
   return Status::ok();
@@ -761,14 +778,16 @@ Status holds_from_fb(const fb::Program &q, const Graph &g, const std::string &wh
   return Status::ok();
 }
 
-// ZeRO-1: the held state kept as shards, and the group they are shards over.
+// ZeRO-1 and ZeRO-2: the held state kept as shards, and the group they are
+// shards over.
 Status shard_group_from_fb(const fb::Program &q, const PlanPipeline &pipe, const std::string &where,
                            PlanProgram &program) {
   const int64_t self = program.device;
   if (q.sharded_holds() != nullptr) program.sharded_holds = copy_numbers(*q.sharded_holds());
   program.shard_group = q.shard_group();
   if (!program.sharded_holds.empty()) {
-    if (pipe.zero != 1) return invalid_argument(where, ".sharded_holds needs pipeline.zero = 1");
+    if (pipe.zero < 1)
+      return invalid_argument(where, ".sharded_holds needs pipeline.zero = 1 or 2");
     if (program.shard_group < 0 || static_cast<size_t>(program.shard_group) >= pipe.groups.size())
       return out_of_range(where, ".shard_group = ", program.shard_group, ", but the pipeline has ",
                           pipe.groups.size(), " groups");
@@ -827,7 +846,7 @@ Status pipeline_program_from_fb(const fb::Program &q, const Graph &g, const Plan
   for (size_t k = 0; k < instructions.size(); ++k)
     RETURN_IF_ERROR(instruction_from_fb(instructions[k], q, g, pipe,
                                         str_cat(where, ".instructions[", k, "]"), program));
-  RETURN_IF_ERROR(slots_from_fb(q, g, where, microbatches, program));
+  RETURN_IF_ERROR(slots_from_fb(q, g, where, pipe, program));
   RETURN_IF_ERROR(check_arena_size(where, program.arena_bytes, g, microbatches));
   RETURN_IF_ERROR(holds_from_fb(q, g, where, program));
   program.predicted_busy_s = q.predicted_busy_s();
@@ -1095,6 +1114,7 @@ Status check_instruction_index(InstrKind kind, uint32_t index, size_t num_bucket
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather:
+  case InstrKind::kReduceScatterAccumulate:
     if (index >= num_tensors)
       return out_of_range(at, ": ", name, " of tensor ", index,
                           ", which is not a tensor index (the model has ", num_tensors,
@@ -1129,8 +1149,24 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kComputeShard: return "compute-shard";
   case InstrKind::kStartBucket: return "start-bucket";
   case InstrKind::kWaitBucket: return "wait-bucket";
+  case InstrKind::kReduceScatterAccumulate: return "reduce-scatter-accumulate";
   }
   return "unknown";
+}
+
+std::vector<bool> shard_accumulated(const PlanProgram &program, size_t num_tensors) {
+  std::vector<bool> shards(num_tensors, false);
+  for (const PlanInstruction &instr : program.instructions)
+    if (instr.kind == InstrKind::kReduceScatterAccumulate && instr.index < num_tensors)
+      shards[instr.index] = true;
+  return shards;
+}
+
+int64_t slot_bytes(const Graph &graph, TensorId tensor, int32_t microbatch,
+                   const std::vector<bool> &sharded, int64_t shards) {
+  const int64_t bytes = graph.tensor(tensor).type.size_bytes();
+  if (microbatch >= 0 || shards < 1 || tensor >= sharded.size() || !sharded[tensor]) return bytes;
+  return bytes / shards;
 }
 
 std::string_view plan_mode_name(Plan::Mode mode) {

@@ -51,6 +51,11 @@ enum class InstrKind : uint8_t {
   // stream while its computation goes on.
   kStartBucket = 10, // start reducing program bucket `index` over group `peer`
   kWaitBucket = 11,  // wait until bucket `index` (over group `peer`) is reduced
+  // ZeRO-2 (pipeline zero 2): sum buffer (index, microbatch) over group `peer`;
+  // the device's shard of the sum is copied (microbatch 0) or added (later
+  // micro-batches) into buffer (index, -1), which holds only that shard (n/D
+  // elements: see slot_bytes). The rest of (index, microbatch) is scratch.
+  kReduceScatterAccumulate = 12,
 };
 std::string_view instr_kind_name(InstrKind kind);
 // What instruction `kind` names by `index` must exist: a node, a tensor or a
@@ -100,14 +105,25 @@ struct PlanProgram {
   // (strictly increasing).
   std::vector<TensorId> holds{};
   double predicted_busy_s = 0; // compute and transfer time of one step
-  // ZeRO-1: held tensors (a subset of holds) kept only as this device's shard
-  // over pipeline group `shard_group`.
+  // ZeRO-1 and ZeRO-2: held tensors (a subset of holds) kept only as this
+  // device's shard over pipeline group `shard_group`.
   std::vector<TensorId> sharded_holds{};
   int32_t shard_group = -1;
   // Gradient buckets of the StartBucket / WaitBucket instructions (revision 3).
   std::vector<PlanBucket> buckets{};
   friend bool operator==(const PlanProgram &, const PlanProgram &) = default;
 };
+
+// ZeRO-2: by tensor (num_tensors of them), whether `program` keeps only its
+// shard of the tensor's step buffer (t, -1): the tensors its
+// ReduceScatterAccumulate instructions name (indices out of range are left
+// out).
+std::vector<bool> shard_accumulated(const PlanProgram &program, size_t num_tensors);
+// The bytes of buffer (tensor, microbatch) in a program's arena: the tensor's,
+// but 1/`shards` of them for the step buffer of a tensor `sharded` (the
+// program's shard_accumulated) names; `shards`: pipeline.data_parallel.
+int64_t slot_bytes(const Graph &graph, TensorId tensor, int32_t microbatch,
+                   const std::vector<bool> &sharded, int64_t shards);
 
 // Tensor parallelism: a parameter (or its optimizer state) that every member
 // of a tensor-parallel group holds one piece of. The plan's graph declares the
@@ -144,7 +160,9 @@ struct PlanPipeline {
   // algorithms of runtime/comm/collectives.h) or "" (the communicator's own);
   // empty vector: all "".
   std::vector<std::string> group_algorithms;
-  int32_t zero = 0; // 1: optimizer state sharded over each stage's replicas (ZeRO-1)
+  // 1: optimizer state sharded over each stage's replicas (ZeRO-1); 2: the
+  // gradients too, reduce-scattered every micro-batch (ZeRO-2)
+  int32_t zero = 0;
   // Tensor parallelism (--mesh DPxTPxPP): device (stage * data_parallel + replica)
   // * tensor_parallel + member. The members of a (stage, replica) run the same
   // program on their pieces; the graph's Tp* nodes run over their group

@@ -120,9 +120,8 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
       "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe, 1f1b, interleaved with 2 "
-      "chunks), ZeRO-1 and recomputation for --devices devices; keep the fastest predicted plan "
-      "that "
-      "fits in memory (above 64 "
+      "chunks), ZeRO-1, ZeRO-2 and recomputation for --devices devices; keep the fastest "
+      "predicted plan that fits in memory (above 64 "
       "devices candidates are estimated from the stage search, and only the winner compiled)");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use, at most 4096 as in a --mesh (default: every device of "
@@ -134,8 +133,10 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
       ->needs(auto_flag);
   sub->add_option("--zero", args.zero,
                   "1: shard the optimizer state over the data-parallel replicas (ZeRO-1: "
-                  "reduce-scatter gradients, update a shard, all-gather parameters)")
-      ->check(CLI::Range(0, 1))
+                  "reduce-scatter gradients, update a shard, all-gather parameters); 2: the "
+                  "gradients too (ZeRO-2: every micro-batch's gradients reduce-scattered as they "
+                  "are computed, each replica keeping only the shard it updates)")
+      ->check(CLI::Range(0, 2))
       ->needs(train);
   sub->add_flag("--split-activations", args.split_activations,
                 "tensor parallelism: let partial sums become split activations (reduce-scatter, "
@@ -201,8 +202,11 @@ constexpr char kCompileFooter[] =
     "recursive doubling or Rabenseifner, whichever the cost model prefers for each\n"
     "group; `strata inspect --comm` shows it), in buckets that overlap the rest of\n"
     "backward (--bucket-mb). --zero 1 also shards the optimizer state over the\n"
-    "replicas (ZeRO-1).\n"
-    "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n\n"
+    "replicas (ZeRO-1); --zero 2 the gradients too: each micro-batch's are\n"
+    "reduce-scattered as backward computes them and each replica keeps only the\n"
+    "shard it updates (ZeRO-2: less memory, a reduce-scatter per micro-batch).\n"
+    "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n"
+    "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 2 -o z2.splan\n\n"
     "Tensor parallelism: --mesh DPxTPxPP with TP > 1 splits every stage's work over\n"
     "TP devices. Nothing is annotated: the compiler picks each tensor's split by the\n"
     "cost model (on a GPT: Megatron-LM's column/row split, attention by heads, one\n"

@@ -191,7 +191,7 @@ std::string layout(const Plan &plan) {
   if (p.data_parallel > 1) text += str_cat(" x ", p.data_parallel, " replicas");
   if (p.tensor_parallel > 1)
     text += str_cat(" x ", p.tensor_parallel, "-device tensor-parallel groups");
-  if (p.zero == 1) text += ", ZeRO-1";
+  if (p.zero > 0) text += str_cat(", ZeRO-", p.zero);
   if (p.bucket_bytes > 0) text += ", gradient buckets";
   return text;
 }

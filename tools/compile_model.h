@@ -40,7 +40,7 @@ struct CompileOptions {
   std::string cluster;                       // cluster spec JSON the costs are predicted for
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline
-  int64_t zero = 0;                          // 1: shard the optimizer state over the replicas
+  int64_t zero = 0;                          // 1: shard the optimizer state; 2: gradients too
   double bucket_mb = 25;                     // gradient bucket size in MiB; 0: no overlap
   bool recompute = false;                    // recompute activations in backward
   bool split_activations = false;            // TP: reduce-scatter partial sums into split ones

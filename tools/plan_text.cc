@@ -67,8 +67,10 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.tensor_parallel > 1 ? "(stage x " : "stage x ") << p.data_parallel << " + replica"
         << (p.tensor_parallel > 1 ? str_cat(") x ", p.tensor_parallel, " + member") : "")
         << "); gradients "
-        << (p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
-                        : "all-reduced per stage")
+        << (p.zero == 2   ? "reduce-scattered every micro-batch and kept as shards (ZeRO-2), "
+                            "optimizer state sharded too"
+            : p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
+                          : "all-reduced per stage")
         << algorithms_note(p) << "\n";
   if (p.bucket_bytes > 0) {
     size_t buckets = 0, tensors = 0;

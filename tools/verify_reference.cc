@@ -169,7 +169,9 @@ Tolerance default_tolerance(const Plan &plan) {
     if (p.tensor_parallel > 1)
       reorders = "tensor-parallel groups add partial products in another order than one device";
     else if (p.data_parallel > 1)
-      reorders = "the replicas add their gradients in another order than one device";
+      reorders =
+          str_cat("the replicas add their gradients in another order than one device",
+                  p.zero == 2 ? " (ZeRO-2: each micro-batch's, before the micro-batches)" : "");
     else if (clip && p.stages > 1)
       reorders = "clipping adds each stage's squared gradients apart, which can change the last "
                  "bit of the norm";

@@ -15,7 +15,7 @@
 //  - from the plan's own training graph (reference_from_plan), which a plan
 //    without tensor parallelism embeds whole (at micro-batch size, every
 //    parameter whole): the graph is lowered again for one device. This checks
-//    what the plan adds to its graph (stages, schedule, replicas, ZeRO-1,
+//    what the plan adds to its graph (stages, schedule, replicas, ZeRO-1 and 2,
 //    buckets) and how the runtime runs it, but not the graph itself: an edit
 //    to the embedded graph is in the reference too;
 //  - from the model the plan was compiled from (reference_from_model): the

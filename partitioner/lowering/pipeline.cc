@@ -85,13 +85,17 @@ private:
   PlanProgram program_;
 };
 
-// Buffer lifetimes of one program and their placement.
+// Buffer lifetimes of one program and their placement. A ZeRO-2 gradient's
+// step buffer holds only the device's shard: 1/replicas of its bytes.
 Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumulated,
-                           int microbatches, int64_t alignment, PlanProgram &program) {
+                           int microbatches, int replicas, int64_t alignment,
+                           PlanProgram &program) {
   using Key = std::pair<TensorId, int32_t>;
-  // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself.
+  const std::vector<bool> shards = serialization::shard_accumulated(program, graph.num_tensors());
+  // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself (but
+  // for a ZeRO-2 shard, a buffer of its own).
   auto key = [&](TensorId t, int32_t mb) -> Key {
-    if (microbatches == 1 && mb < 0 && accumulated[t]) return {t, 0};
+    if (microbatches == 1 && mb < 0 && accumulated[t] && !shards[t]) return {t, 0};
     return {t, mb};
   };
   std::map<Key, std::pair<int64_t, int64_t>> life; // first, last
@@ -127,6 +131,7 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
       break;
     case InstrKind::kRecv: define(key(instr.index, instr.microbatch), i); break;
     case InstrKind::kAccumulate:
+    case InstrKind::kReduceScatterAccumulate:
       RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
       define(key(instr.index, -1), i);
       break;
@@ -164,13 +169,15 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
   std::vector<passes::BufferLifetime> buffers;
   for (const auto &[k, span] : life) {
     keys.push_back(k);
-    buffers.push_back({graph.tensor(k.first).type.size_bytes(), span.first, span.second});
+    buffers.push_back({serialization::slot_bytes(graph, k.first, k.second, shards, replicas),
+                       span.first, span.second});
   }
   program.arena_bytes = passes::place_buffers(buffers, alignment);
   program.slots.clear();
   for (size_t b = 0; b < keys.size(); ++b) {
     program.slots.push_back({keys[b].first, keys[b].second, buffers[b].offset});
-    if (microbatches == 1 && keys[b].second == 0 && accumulated[keys[b].first])
+    if (microbatches == 1 && keys[b].second == 0 && accumulated[keys[b].first] &&
+        !shards[keys[b].first])
       program.slots.push_back({keys[b].first, -1, buffers[b].offset});
   }
   std::sort(program.slots.begin(), program.slots.end(), [](const PlanSlot &a, const PlanSlot &b) {
@@ -228,14 +235,15 @@ std::vector<NodeId> just_in_time(const Graph &graph, const std::vector<NodeId> &
 // blocks that touches its tensors (the last micro-batch's producer or its
 // accumulation): the reduction then runs while the device computes the rest
 // of that micro-batch's backward. ZeRO-1's sharded gradients get buckets of
-// their own (reduce-scatter). Group `stage` is the stage's replicas.
+// their own (reduce-scatter); ZeRO-2's (`shard_summed`), reduce-scattered
+// every micro-batch, none. Group `stage` is the stage's replicas.
 void add_buckets(const Graph &graph, const StepPhases &phases, const std::vector<NodeId> &producer,
                  const std::vector<int> &node_stage, int stage, int microbatches,
                  int64_t bucket_bytes, const std::vector<bool> &sharded_grad,
-                 PlanProgram &program) {
+                 const std::vector<bool> &shard_summed, PlanProgram &program) {
   std::vector<bool> reduced(graph.num_tensors(), false);
   for (TensorId t : phases.accumulated)
-    reduced[t] = node_stage[producer[t]] == stage;
+    reduced[t] = node_stage[producer[t]] == stage && !shard_summed[t];
   // The last instruction touching each reduced tensor's final buffers.
   std::map<TensorId, size_t> last;
   auto &instrs = program.instructions;
@@ -317,8 +325,8 @@ Status check_lowering(const Graph &graph, const std::vector<int> &virtual_stage,
   return Status::ok();
 }
 
-// ZeRO-1: the optimizer updates that can run on shards, their gradients and
-// the optimizer state they alone read. With clipping an update reads
+// ZeRO-1 (and ZeRO-2): the optimizer updates that can run on shards, their
+// gradients and the optimizer state they alone read. With clipping an update reads
 // Mul(gradient, scale), which runs on the shard too, and the gradient's
 // own SumOfSquares (split_clip_norm_over_shards) sums the shard's squares,
 // then the pairs are summed over the replicas. Each runs as ComputeShard;
@@ -359,7 +367,9 @@ public:
   Status check_updates() const;
   // Gives every parameter or state tensor nothing reads to a stage.
   void hold_unread_state();
-  // Finds the updates that run on shards (ZeRO-1 with data parallelism).
+  // Finds the updates that run on shards (ZeRO-1 and 2 with data
+  // parallelism), with ZeRO-2 the gradients reduce-scattered every
+  // micro-batch and the updates applied as soon as their values are final.
   void plan_shards();
   // Stage s's program, with its memory plan.
   Result<PlanProgram> lower_stage(int s) const;
@@ -369,9 +379,11 @@ private:
   std::optional<ShardedUpdate>
   sharded_update(NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers) const;
   StageNodes stage_nodes(int s) const;
+  void plan_early_updates(NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers);
   void run_block(ProgramBuilder &b, const std::vector<NodeId> &nodes, int32_t mb) const;
-  void run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step) const;
-  void apply_updates(ProgramBuilder &b, int s) const;
+  void run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step,
+                std::vector<bool> &applied) const;
+  void apply_updates(ProgramBuilder &b, int s, const std::vector<bool> &applied) const;
 
   const Graph &graph_;
   const std::vector<int> &virtual_stage_;
@@ -388,6 +400,11 @@ private:
   std::vector<std::set<TensorId>> holds_;          // per stage: parameters, state, constants
   std::vector<Shard> shard_role_;                  // by node
   std::vector<bool> sharded_grad_, sharded_state_; // by tensor
+  // ZeRO-2: the sharded gradients reduce-scattered into the device's shard
+  // every micro-batch (by tensor), and per sharded update node the state
+  // updates applied right after it (its new values final).
+  std::vector<bool> shard_summed_;
+  std::vector<std::vector<uint32_t>> early_updates_;
 };
 
 PipelineLowering::PipelineLowering(const Graph &graph, const std::vector<int> &virtual_stage,
@@ -399,7 +416,8 @@ PipelineLowering::PipelineLowering(const Graph &graph, const std::vector<int> &v
       producer_(graph.num_tensors(), kNoNode), accumulated_(graph.num_tensors(), false),
       mb_readers_(graph.num_tensors()), step_readers_(graph.num_tensors()),
       holds_(static_cast<size_t>(options.stages)), shard_role_(graph.num_nodes(), Shard::kNone),
-      sharded_grad_(graph.num_tensors(), false), sharded_state_(graph.num_tensors(), false) {
+      sharded_grad_(graph.num_tensors(), false), sharded_state_(graph.num_tensors(), false),
+      shard_summed_(graph.num_tensors(), false), early_updates_(graph.num_nodes()) {
   for (NodeId id = 0; id < graph.num_nodes(); ++id)
     node_stage_[id] = virtual_stage[id] % options.stages;
   for (NodeId id = 0; id < graph.num_nodes(); ++id)
@@ -455,8 +473,11 @@ void PipelineLowering::hold_unread_state() {
 }
 
 void PipelineLowering::plan_shards() {
-  if (options_.zero != 1 || options_.data_parallel <= 1) return;
+  if (options_.zero < 1 || options_.data_parallel <= 1) return;
   const auto consumers = graph_.consumers();
+  std::vector<bool> output(graph_.num_tensors(), false);
+  for (TensorId t : graph_.outputs())
+    output[t] = true;
   for (NodeId id = 0; id < graph_.num_nodes(); ++id) {
     const std::optional<ShardedUpdate> update = sharded_update(id, consumers);
     if (!update) continue;
@@ -468,6 +489,32 @@ void PipelineLowering::plan_shards() {
       shard_role_[update->clip] = Shard::kClip;
       shard_role_[update->squares] = Shard::kSquares;
     }
+    if (options_.zero != 2) continue;
+    // A graph output is read whole after the step: it stays ZeRO-1's.
+    shard_summed_[update->grad] = !output[update->grad];
+    plan_early_updates(id, consumers);
+  }
+}
+
+// ZeRO-2: the state updates of sharded update `id` applied right after it
+// (after its new parameter is gathered), so that its full-size new values
+// do not stay in the arena until the step ends: those whose target only
+// this stage holds (no copy elsewhere waits for the value) and nothing but
+// `id` reads once per step (earlier micro-batch work has read it already).
+void PipelineLowering::plan_early_updates(
+    NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers) {
+  const int s = node_stage_[id];
+  const auto &outputs = graph_.node(id).outputs;
+  const auto &updates = graph_.updates();
+  for (uint32_t u = 0; u < updates.size(); ++u) {
+    if (std::find(outputs.begin(), outputs.end(), updates[u].value) == outputs.end()) continue;
+    const TensorId target = updates[u].target;
+    bool early = holds_[static_cast<size_t>(s)].contains(target);
+    for (int h = 0; h < options_.stages; ++h)
+      early = early && (h == s || !holds_[static_cast<size_t>(h)].contains(target));
+    for (NodeId reader : consumers[target])
+      early = early && (reader == id || phases_.node_phase[reader] != Phase::kStep);
+    if (early) early_updates_[id].push_back(u);
   }
 }
 
@@ -551,14 +598,21 @@ void PipelineLowering::run_block(ProgramBuilder &b, const std::vector<NodeId> &n
     for (TensorId out : graph_.node(id).outputs) {
       for (int peer : mb_readers_[out])
         b.send(out, mb, peer);
-      if (accumulated_[out] && options_.microbatches > 1) b.add(InstrKind::kAccumulate, out, mb);
+      // ZeRO-2: summed over the stage's replicas (group = stage) at once,
+      // the device's shard of it added into its step buffer.
+      if (shard_summed_[out])
+        b.add(InstrKind::kReduceScatterAccumulate, out, mb, node_stage_[id]);
+      else if (accumulated_[out] && options_.microbatches > 1)
+        b.add(InstrKind::kAccumulate, out, mb);
     }
   }
 }
 
 // Once per step: the sums over the replicas, the means, what other stages
-// read of them, the step nodes.
-void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step) const {
+// read of them, the step nodes (with ZeRO-2 the updates that can go at once:
+// marked in `applied`, by update).
+void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step,
+                                std::vector<bool> &applied) const {
   const int DP = options_.data_parallel;
   auto finish = [&](TensorId t) {
     if (options_.microbatches * DP > 1) b.add(InstrKind::kScale, t);
@@ -575,7 +629,8 @@ void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<Node
   }
   for (TensorId t : phases_.accumulated) {
     if (node_stage_[producer_[t]] != s || bucketed[t]) continue;
-    if (DP > 1)
+    // A ZeRO-2 gradient is summed already, every micro-batch.
+    if (DP > 1 && !shard_summed_[t])
       b.add(sharded_grad_[t] ? InstrKind::kReduceScatter : InstrKind::kAllReduce, t, -1, s);
     finish(t);
   }
@@ -592,11 +647,17 @@ void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<Node
     for (TensorId out : graph_.node(id).outputs)
       for (int peer : step_readers_[out])
         b.send(out, -1, peer);
+    for (uint32_t u : early_updates_[id]) {
+      b.add(InstrKind::kUpdate, u);
+      applied[u] = true;
+    }
   }
 }
 
-// State updates: new values to every other holder, then apply.
-void PipelineLowering::apply_updates(ProgramBuilder &b, int s) const {
+// State updates: new values to every other holder, then apply (but those
+// run_step `applied` already).
+void PipelineLowering::apply_updates(ProgramBuilder &b, int s,
+                                     const std::vector<bool> &applied) const {
   const auto &updates = graph_.updates();
   for (uint32_t u = 0; u < updates.size(); ++u) {
     if (node_stage_[producer_[updates[u].value]] != s) continue;
@@ -605,7 +666,7 @@ void PipelineLowering::apply_updates(ProgramBuilder &b, int s) const {
         b.send(updates[u].value, -1, h);
   }
   for (uint32_t u = 0; u < updates.size(); ++u) {
-    if (!holds_[static_cast<size_t>(s)].contains(updates[u].target)) continue;
+    if (!holds_[static_cast<size_t>(s)].contains(updates[u].target) || applied[u]) continue;
     const int from = node_stage_[producer_[updates[u].value]];
     if (from != s) b.recv(updates[u].value, -1, from);
     b.add(InstrKind::kUpdate, u);
@@ -624,11 +685,12 @@ Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
   // Gradient buckets, started as soon as their tensors are final.
   if (options_.data_parallel > 1 && options_.bucket_bytes > 0)
     add_buckets(graph_, phases_, producer_, node_stage_, s, M, options_.bucket_bytes, sharded_grad_,
-                b.program());
+                shard_summed_, b.program());
   // 2. Once per step.
-  run_step(b, s, nodes.step);
+  std::vector<bool> applied(graph_.updates().size(), false);
+  run_step(b, s, nodes.step, applied);
   // 3. State updates.
-  apply_updates(b, s);
+  apply_updates(b, s, applied);
 
   PlanProgram program = std::move(b.program());
   const auto &held = holds_[static_cast<size_t>(s)];
@@ -637,7 +699,8 @@ Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
   for (TensorId t : program.holds)
     if (sharded_state_[t]) program.sharded_holds.push_back(t);
   if (!program.sharded_holds.empty()) program.shard_group = s;
-  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.alignment, program));
+  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.data_parallel,
+                                      options_.alignment, program));
   return program;
 }
 
@@ -872,15 +935,21 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         if (static_cast<size_t>(instr.peer) < groups.size())
           for (int32_t m : groups[static_cast<size_t>(instr.peer)])
             members += str_cat(members.empty() ? "" : ", ", m);
-        const auto &cost = instr.kind == InstrKind::kAllReduce       ? costs.all_reduce
-                           : instr.kind == InstrKind::kReduceScatter ? costs.reduce_scatter
-                                                                     : costs.all_gather;
+        const bool scatters = instr.kind == InstrKind::kReduceScatter ||
+                              instr.kind == InstrKind::kReduceScatterAccumulate;
+        const auto &cost = instr.kind == InstrKind::kAllReduce ? costs.all_reduce
+                           : scatters                          ? costs.reduce_scatter
+                                                               : costs.all_gather;
         if (instr.kind == InstrKind::kAllReduce) {
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             ") before the mean");
         } else if (instr.kind == InstrKind::kReduceScatter) {
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             "), each keeping the shard it updates (ZeRO-1)");
+        } else if (instr.kind == InstrKind::kReduceScatterAccumulate) {
+          row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
+                            ") every micro-batch, each adding the shard it updates into a "
+                            "shard-sized sum (ZeRO-2)");
         } else {
           row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
                             members, ") (ZeRO-1)");

@@ -20,7 +20,9 @@
 //     differ from one stage's sum in the last bit of the scale. Inside a
 //     block, nodes run in one topological order; a tensor from another stage
 //     is received right before its first reader in that micro-batch and sent
-//     right after its producer; accumulation follows the producer;
+//     right after its producer; accumulation follows the producer (with
+//     ZeRO-2, a sharded gradient's reduce-scatter over the stage's replicas
+//     into the device's shard, ReduceScatterAccumulate);
 //  2. the per-step part: scale the accumulated tensors, send those another stage
 //     reads, run the step nodes (receiving and sending across stages likewise).
 //     With data parallelism the accumulated tensors are first summed over the
@@ -30,17 +32,22 @@
 //     reduction of late layers' gradients overlaps the backward of early ones
 //     (only the last micro-batch's backward overlaps: the earlier ones only
 //     accumulate, as in PyTorch DDP with no_sync and in Megatron-LM; ZeRO-1's
-//     sharded gradients get reduce-scatter buckets of their own); or, without
-//     buckets, by one blocking collective per tensor here;
+//     sharded gradients get reduce-scatter buckets of their own, ZeRO-2's are
+//     summed already); or, without buckets, by one blocking collective per
+//     tensor here;
 //  3. state updates: the stage computing a new value sends it to every other
 //     stage holding a copy of the target (a tied embedding, the step counter),
-//     and each holder applies it.
+//     and each holder applies it. With ZeRO-2 a sharded update's values that
+//     no other stage holds are applied in step 2, right after the update (and
+//     the gather of its parameter), so the step keeps one update's full-size
+//     new values at a time.
 // Sends never block (the communicator copies), so a program pair deadlocks only
 // when receives wait on each other in a cycle or on a send that never comes;
 // check_deadlock finds both.
 //
 // Memory (per device): each (tensor, micro-batch) buffer lives from the
-// instruction that writes it to the last one that reads it; buffers are placed
+// instruction that writes it to the last one that reads it (a ZeRO-2
+// gradient's step buffer is its shard, 1/DP of it); buffers are placed
 // with passes::place_buffers, so the arena size is the device's peak activation
 // memory for that schedule, known at compile time (1F1B's is below GPipe's:
 // stage s keeps at most P - s micro-batches in flight).
@@ -77,6 +84,10 @@ struct PipelineOptions {
   // gradient and optimizer state; the gradient is reduce-scattered instead of
   // all-reduced, the new parameter all-gathered, and the state is held as
   // shards. Tensors whose size DP does not divide stay replicated.
+  // ZeRO-2 (2): the same, but every micro-batch's gradient is reduce-scattered
+  // right after its producer and only the device's shard accumulated
+  // (ReduceScatterAccumulate: no gradient buckets for those), and the
+  // update's new values are applied as soon as they are final.
   int zero = 0;
   // With data_parallel > 1: the gradients (and other accumulated tensors) are
   // reduced in buckets of about this many bytes, each started on the device's

@@ -72,9 +72,10 @@ double comm_bytes(const serialization::Plan &plan) {
 struct Estimate {
   double step_s = 0, bubble = 0, comm_bytes = 0;
   // What ZeRO-1 changes in the step: the parameters' all-gathers (one per
-  // parameter, after the update) less the updates' (DP - 1) / DP it saves.
-  double zero_delta_s = 0;
-  int64_t memory[2] = {0, 0}; // ZeRO off, on
+  // parameter, after the update) less the updates' (DP - 1) / DP it saves;
+  // ZeRO-2 that and M blocking reduce-scatters of a stage's gradients.
+  double zero_delta_s[3] = {0, 0, 0};
+  int64_t memory[3] = {0, 0, 0}; // ZeRO 0, 1, 2
 };
 
 // What the estimates take from one training graph per tensor-parallel degree
@@ -233,7 +234,7 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     update = std::max(update, stage_update[k]);
     e.comm_bytes += 2.0 * stage.activation_bytes * M * dp * tp; // rough: activations both ways
     e.comm_bytes += dp > 1 ? stage.parameter_bytes * dp * tp : 0;
-    for (int zero : {0, 1}) {
+    for (int zero : {0, 1, 2}) {
       const double bytes =
           stage.parameter_bytes * parameter_state_factor(training.optimizer, zero, dp) +
           stage.in_flight * stage.activation_bytes * activation_scale;
@@ -241,15 +242,18 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     }
   }
   if (dp > 1) {
-    std::vector<double> gather(num_stages, 0);
+    std::vector<double> gather(num_stages, 0), scatter(num_stages, 0);
     for (TensorId id = 0; id < micro.num_tensors(); ++id) {
       const int s = stages.tensor_stage[id];
       if (s < 0 || micro.tensor(id).kind != TensorKind::kParameter) continue;
+      const auto bytes = static_cast<double>(micro.tensor(id).type.size_bytes());
       gather[static_cast<size_t>(s)] +=
-          all_gather_time(static_cast<double>(micro.tensor(id).type.size_bytes()), dp, dp_link,
-                          CollectiveAlgorithm::kRing);
+          all_gather_time(bytes, dp, dp_link, CollectiveAlgorithm::kRing);
+      scatter[static_cast<size_t>(s)] +=
+          reduce_scatter_time(bytes, dp, dp_link, CollectiveAlgorithm::kRing, gamma);
     }
-    e.zero_delta_s = *std::max_element(gather.begin(), gather.end()) - update * (dp - 1) / dp;
+    e.zero_delta_s[1] = *std::max_element(gather.begin(), gather.end()) - update * (dp - 1) / dp;
+    e.zero_delta_s[2] = e.zero_delta_s[1] + M * *std::max_element(scatter.begin(), scatter.end());
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;
@@ -330,7 +334,7 @@ void CandidateSearch::run(int N, int64_t batch) {
       const int pp = N / (dp * tp);
       for (int M : microbatch_counts(batch / dp, options_.max_microbatches)) {
         std::vector<int> zeros = {0};
-        if (dp > 1) zeros.push_back(1);
+        if (dp > 1) zeros.insert(zeros.end(), {1, 2});
         if (estimating)
           add_estimated(dp, tp, pp, M, std::move(zeros));
         else
@@ -340,8 +344,8 @@ void CandidateSearch::run(int N, int64_t batch) {
 }
 
 void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<int> zeros) {
-  // With tensor parallelism ZeRO-1 does not shard updates that read
-  // clipped gradients.
+  // With tensor parallelism ZeRO does not shard updates that read clipped
+  // gradients.
   if (training_.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
   // Recomputation only ever costs time: tried when a plan without it
   // does not fit.
@@ -355,7 +359,7 @@ void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<i
       if (!e.is_ok()) {
         c.error = e.status().message();
       } else {
-        c.step_s = e->step_s + (zero == 1 ? e->zero_delta_s : 0.0);
+        c.step_s = e->step_s + e->zero_delta_s[zero];
         c.bubble = e->bubble;
         c.memory = e->memory[zero];
         c.comm_bytes = e->comm_bytes;
@@ -474,7 +478,7 @@ std::string explain_choice(const AutoResult &result, int64_t capacity) {
 std::string AutoCandidate::label() const {
   return str_cat("dp=", data_parallel, " tp=", tensor_parallel, " pp=", stages, " M=", microbatches,
                  " ", schedule_name(schedule), chunks > 1 ? str_cat(" x", chunks) : "",
-                 zero ? " zero1" : "", recompute ? " recompute" : "");
+                 zero ? str_cat(" zero", zero) : "", recompute ? " recompute" : "");
 }
 
 Result<AutoResult> auto_plan(const Graph &forward, const passes::TrainingOptions &training,

@@ -14,7 +14,7 @@
 //                                   interleaved with two chunks per device
 //                                   when PP > 1, TP = 1 and PP divides M
 //                                   (not with recomputation)
-//   ZeRO-1                          off and on when DP > 1
+//   ZeRO                            off, ZeRO-1 and ZeRO-2 when DP > 1
 //   recomputation                   when the candidate without it does not fit
 //                                   (passes/recompute.h: it only costs time)
 // Each candidate is compiled for real (compile_pipeline: stage search, lowering,
@@ -34,8 +34,13 @@
 //            the replicas' link; ZeRO-1's reduce-scatter + all-gather moves the
 //            same bytes)
 //          + the slowest stage's optimizer update (memory bound)
+//          + under ZeRO-2, M blocking reduce-scatters of the slowest stage's
+//            gradients (one per micro-batch, each right after backward makes
+//            it; the estimate keeps the step's reduction too, an upper bound:
+//            ZeRO-1's buckets overlap backward where these block it)
 //   memory = parameters x (weights, gradients, optimizer state; the state / DP
-//            under ZeRO-1) + the activations of min(P - s, M) micro-batches.
+//            under ZeRO-1, the gradients / DP too under ZeRO-2) + the
+//            activations of min(P - s, M) micro-batches.
 // Only 1F1B candidates are estimated there (GPipe would take the same time
 // with more memory). Only the winner is then compiled for real (unless
 // compile_winner is off).
@@ -78,7 +83,7 @@ struct AutoCandidate {
   int stages = 1;
   int microbatches = 1;
   Schedule schedule = Schedule::k1F1B;
-  int zero = 0;           // 1: ZeRO-1 optimizer-state sharding
+  int zero = 0;           // 1: ZeRO-1 optimizer-state sharding; 2: ZeRO-2 (gradients too)
   bool recompute = false; // activation recomputation (tried when the plan without does not fit)
   int chunks = 1;         // the interleaved schedule's model chunks per device
   double step_s = 0;      // predicted

@@ -140,7 +140,8 @@ Status Resolver::instruction(size_t i) {
   case InstrKind::kScale:
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter:
-  case InstrKind::kAllGather: return transfer(instr, op);
+  case InstrKind::kAllGather:
+  case InstrKind::kReduceScatterAccumulate: return transfer(instr, op);
   case InstrKind::kUpdate: return update(instr, op);
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket:
@@ -163,7 +164,8 @@ Status Resolver::compute(const PlanInstruction &instr, Op &op) {
   op.member = plan_.member(device_);
   op.parts = plan_.tensor_parallel();
   // A shard computes its part of the node's operands (plan::ShardedCompute:
-  // chunk r of each, scalars whole).
+  // chunk r of each, scalars whole): the whole of what the device keeps as
+  // its shard (ZeRO-1's held state, ZeRO-2's gradient sums).
   const bool shard = instr.kind == InstrKind::kComputeShard;
   plan::ShardedCompute sharding;
   if (shard) {
@@ -175,7 +177,8 @@ Status Resolver::compute(const PlanInstruction &instr, Op &op) {
   auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
     const TensorType &type = g_.tensor(t).type;
     if (!shard) return {base, &type};
-    auto seen = sharding.view(type, held_shards.tensors.contains(t));
+    auto seen = sharding.view(type, held_shards.tensors.contains(t) ||
+                                        plan_.shard_accumulated(device_, t));
     if (seen.whole) return {base, &type};
     out_.views.push_back(std::move(seen.type));
     return {base == nullptr ? nullptr : base + seen.offset, &out_.views.back()};
@@ -256,19 +259,33 @@ Status Resolver::transfer(const PlanInstruction &instr, Op &op) {
     op.tag = plan::transfer_tag(instr.index, instr.microbatch);
     return Status::ok();
   }
+  const bool scatter_sum = instr.kind == InstrKind::kReduceScatterAccumulate;
   if (instr.kind == InstrKind::kAccumulate || instr.kind == InstrKind::kScale ||
-      instr.kind == InstrKind::kAllReduce)
+      instr.kind == InstrKind::kAllReduce || scatter_sum)
     RETURN_IF_ERROR(f32(instr.index, "accumulating ", " over micro-batches"));
   else
     RETURN_IF_ERROR(f32(instr.index));
-  ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+  if (scatter_sum) {
+    // ZeRO-2: the micro-batch's buffer, reduced in place; the device's shard
+    // of it goes into the step buffer, which holds only that shard.
+    ASSIGN_OR_RETURN(op.data, slot(instr.index, instr.microbatch));
+    ASSIGN_OR_RETURN(op.sum, slot(instr.index, -1));
+    op.first = instr.microbatch == 0;
+  } else {
+    ASSIGN_OR_RETURN(op.data, slot(instr.index, -1));
+  }
   if (instr.kind == InstrKind::kAccumulate) {
     ASSIGN_OR_RETURN(std::byte * source, slot(instr.index, instr.microbatch));
     op.source = source;
     op.first = instr.microbatch == 0;
     return Status::ok();
   }
-  if (instr.kind == InstrKind::kScale) return Status::ok();
+  if (instr.kind == InstrKind::kScale) {
+    // A ZeRO-2 step buffer is the device's shard: 1/D of the tensor.
+    if (plan_.shard_accumulated(device_, instr.index))
+      op.bytes /= static_cast<size_t>(plan_.data_parallel());
+    return Status::ok();
+  }
   ASSIGN_OR_RETURN(op.group, group(instr));
   op.position = plan_.position(op.group, device_);
   op.tag = plan::collective_tag(instr);

@@ -4,7 +4,7 @@
 // The backend says where the device's memory is (DeviceMemory: its
 // activation arena, where it keeps each tensor it holds, the staging of its
 // tensor-parallel collectives); resolve_program then turns each plan
-// instruction into an Op: the node and its operand views (a ZeRO-1 shard's
+// instruction into an Op: the node and its operand views (a ZeRO shard's
 // view of its chunk; a graph input read from its micro-batch's rows of the
 // step's batch), the buffer a transfer or update moves, the group and
 // position of a collective, the tag of a message, a gradient bucket's
@@ -46,13 +46,16 @@ struct Op {
   // member's piece read it): member of parts.
   int member = 0, parts = 1;
   // Transfers, accumulate, scale, update, collectives: `data` is written (or
-  // sent from), `source` read; `bytes` of them.
+  // sent from), `source` read; `bytes` of them. ReduceScatterAccumulate:
+  // `data` is the micro-batch's whole buffer (`bytes`), reduce-scattered in
+  // place, and `sum` the step buffer its shard goes into (bytes / group size).
   std::byte *data = nullptr;
   const std::byte *source = nullptr;
+  std::byte *sum = nullptr;
   size_t bytes = 0;
   int peer = -1;       // send, recv: the other device
   uint64_t tag = 0;    // send, recv: plan::transfer_tag; collectives: their messages' tag
-  bool first = false;  // accumulate: micro-batch 0 copies instead of adding
+  bool first = false;  // accumulate (and ZeRO-2's): micro-batch 0 copies instead of adding
   int group = -1;      // collectives, buckets, tensor-parallel nodes: the plan group
   size_t position = 0; // this device's position in `group`
   uint32_t bucket = 0; // StartBucket, WaitBucket
@@ -90,7 +93,7 @@ struct DeviceProgram {
   std::vector<std::byte *> outputs;
   // Where its tensor-parallel collectives stage pieces (DeviceMemory::staging).
   std::byte *staging = nullptr;
-  // The flat types ZeRO-1 shard views point at (stable addresses).
+  // The flat types ZeRO shard views point at (stable addresses).
   std::deque<TensorType> views;
 };
 

@@ -37,6 +37,7 @@ Status Issuer::issue(llvm::ArrayRef<Part> parts, bool reduce) {
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather: status = group_collective(parts); break;
+  case InstrKind::kReduceScatterAccumulate: status = reduce_scatter_accumulate(parts); break;
   case InstrKind::kStartBucket:
     status = transport_.start_bucket(lead.device, first.bucket,
                                      program(lead.device).buckets[first.bucket], lead.instruction);
@@ -74,6 +75,33 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
   case InstrKind::kReduceScatter: return transport_.reduce_scatter(members, count, call);
   default: return transport_.all_gather(members, chunk * sizeof(float), call);
   }
+}
+
+// ZeRO-2: a micro-batch's buffer reduce-scattered in place (as ReduceScatter:
+// the shard of the device at position r is its r-th chunk), then each
+// member's shard copied (micro-batch 0) or added into its step buffer, which
+// holds only that shard.
+Status Issuer::reduce_scatter_accumulate(llvm::ArrayRef<Part> parts) {
+  const Op &first = op(parts[0]);
+  const size_t count = first.bytes / sizeof(float);
+  const size_t p = plan_.group(first.group).size(), chunk = count / p;
+  std::vector<Member> members;
+  for (const Part &part : parts) {
+    Op &o = op(part);
+    auto *full = reinterpret_cast<float *>(o.data);
+    members.push_back({part.device, part.instruction, full, full + chunk * o.position});
+  }
+  const Collective call{first.group, plan_.algorithm(first.group), first.tag, first.what};
+  RETURN_IF_ERROR(transport_.reduce_scatter(members, count, call));
+  for (const Part &part : parts) {
+    const Op &o = op(part);
+    const float *mine = reinterpret_cast<const float *>(o.data) + chunk * o.position;
+    auto *sum = reinterpret_cast<float *>(o.sum);
+    DeviceBackend &device = backend(part.device);
+    RETURN_IF_ERROR(o.first ? device.copy(sum, mine, chunk * sizeof(float))
+                            : device.accumulate(sum, mine, chunk));
+  }
+  return Status::ok();
 }
 
 Status Issuer::tensor_parallel(llvm::ArrayRef<Part> parts) {

@@ -71,8 +71,10 @@ Status PipelinePlan::index() {
   }
   shards_.resize(programs_.size());
   held_.assign(programs_.size(), std::vector<bool>(g.num_tensors(), false));
+  shard_sums_.clear();
   for (size_t d = 0; d < programs_.size(); ++d) {
     const serialization::PlanProgram &program = programs_[d];
+    shard_sums_.push_back(serialization::shard_accumulated(program, g.num_tensors()));
     for (TensorId id : program.holds) {
       if (id >= g.num_tensors())
         return invalid_argument("device ", d, " holds tensor ", id, "; the graph has ",

@@ -11,7 +11,8 @@
 //  - what a device holds of each parameter and state tensor (`Held`): all of
 //    it, its tensor-parallel member's piece (PlanShard: the plan's graph
 //    declares the piece), and with ZeRO-1 only its shard of that (elements
-//    [r n / D, (r + 1) n / D) of the group's D devices, flat);
+//    [r n / D, (r + 1) n / D) of the group's D devices, flat); with ZeRO-2
+//    also which gradients' step buffers are such shards;
 //  - how those parts make the whole tensor again (value(), checkpoints) and
 //    how a whole value is cut into them (assign(), resume);
 //  - the names checkpoint pieces get over several processes:
@@ -104,6 +105,13 @@ public:
     std::set<TensorId> tensors;
   };
   const Shards &shards(int device) const { return shards_[static_cast<size_t>(device)]; }
+  // ZeRO-2: whether `device` keeps only its shard of tensor `id`'s step
+  // buffer (id, -1): it reduce-scatters `id` into it every micro-batch. The
+  // shard is elements [r n / D, (r + 1) n / D) for its position r among the
+  // stage's D = data_parallel() replicas (serialization::slot_bytes).
+  bool shard_accumulated(int device, TensorId id) const {
+    return shard_sums_[static_cast<size_t>(device)][id];
+  }
 
   // Tensors every tensor-parallel member holds a piece of (null: whole).
   const serialization::PlanShard *tp_shard(TensorId id) const;
@@ -162,7 +170,8 @@ private:
   std::vector<int64_t> input_index_;
   std::vector<int> output_device_;
   std::vector<Shards> shards_;
-  std::vector<std::vector<bool>> held_; // per device, per tensor: in its holds
+  std::vector<std::vector<bool>> held_;       // per device, per tensor: in its holds
+  std::vector<std::vector<bool>> shard_sums_; // per device, per tensor: ZeRO-2's
   std::map<TensorId, serialization::PlanShard> tp_shards_;
 };
 

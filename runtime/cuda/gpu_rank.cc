@@ -331,6 +331,7 @@ Status GpuRank::resolve(size_t d, const std::vector<std::vector<NodeId>> &chains
     case InstrKind::kAllReduce:
     case InstrKind::kReduceScatter:
     case InstrKind::kAllGather:
+    case InstrKind::kReduceScatterAccumulate:
     case InstrKind::kStartBucket: {
       ASSIGN_OR_RETURN(x.arrived, make_event());
       break;

@@ -62,6 +62,18 @@ TEST(AutoPlanTest, TriesEveryMeshAndPicksTheFastestThatFits) {
       EXPECT_NE(c.label().find("interleaved x2"), std::string::npos) << c.label();
     }
   EXPECT_GT(interleaved, 0u);
+  // ZeRO-1 and ZeRO-2 where there are replicas, and only there.
+  std::set<int> zeros;
+  for (const AutoCandidate &c : result->candidates) {
+    zeros.insert(c.zero);
+    if (c.data_parallel == 1) {
+      EXPECT_EQ(c.zero, 0) << c.label();
+    }
+    if (c.zero > 0) {
+      EXPECT_NE(c.label().find(str_cat(" zero", c.zero)), std::string::npos) << c.label();
+    }
+  }
+  EXPECT_EQ(zeros, (std::set<int>{0, 1, 2}));
   const AutoCandidate &best = result->candidates[result->winner];
   for (const AutoCandidate &c : result->candidates)
     if (c.fits) {

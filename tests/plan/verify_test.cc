@@ -1,5 +1,5 @@
 // plan::verify_plan: every plan the compiler writes verifies, for every
-// schedule, mesh, ZeRO-1, gradient buckets and recomputation; and every edit
+// schedule, mesh, ZeRO-1 and 2, gradient buckets and recomputation; and every edit
 // or corruption that the file loader lets through (it checks fields one by
 // one) is refused, naming the device, the instruction, and the node, tensor,
 // update or field at fault.
@@ -126,9 +126,9 @@ std::vector<Shape> shapes() {
   auto buckets = [](int64_t bytes) {
     return [bytes](PipelineCompileOptions &o) { o.bucket_bytes = bytes; };
   };
-  auto zero = [](int64_t bytes) {
-    return [bytes](PipelineCompileOptions &o) {
-      o.zero = 1;
+  auto zero = [](int64_t bytes, int stage = 1) {
+    return [bytes, stage](PipelineCompileOptions &o) {
+      o.zero = stage;
       o.bucket_bytes = bytes;
     };
   };
@@ -159,6 +159,14 @@ std::vector<Shape> shapes() {
       zero(kDefault));
   add("mlp zero clip dp=2 pp=2 no buckets", mlp(), training("sgd:lr=0.1,momentum=0.9,clip=0.05"),
       mesh(2, 1, 2, 2), zero(0));
+  add("mlp zero2 dp=3 pp=2 small buckets", even_mlp(), training("adamw:lr=0.01"), mesh(3, 1, 2, 2),
+      zero(512, 2));
+  add("mlp zero2 dp=2 M=1", mlp(), training(), mesh(2, 1, 1, 1), zero(kDefault, 2));
+  add("mlp zero2 dp=2 pp=2 gpipe M=3 no buckets", even_mlp(), training(), mesh(2, 1, 2, 3, gpipe),
+      zero(0, 2));
+  add("mlp zero2 plain sgd", mlp(), training("sgd:lr=0.1"), mesh(2, 1, 1, 2), zero(kDefault, 2));
+  add("mlp zero2 clip dp=2 pp=2", mlp(), training("adamw:lr=0.01,clip=0.05"), mesh(2, 1, 2, 2),
+      zero(kDefault, 2));
   add("batch norm", batch_norm(), training("sgd:lr=0.1", "mse"), mesh(1, 1, 1, 1));
   add("gpt pp=4 M=4 adamw clip", gpt(), training("adamw:lr=0.01,wd=0.1,clip=1"), mesh(1, 1, 4, 4));
   add("gpt interleaved", gpt(), training(), mesh(1, 1, 2, 4, interleaved), chunks(2));
@@ -167,6 +175,11 @@ std::vector<Shape> shapes() {
       [](PipelineCompileOptions &o) {
         o.chunks = 2;
         o.zero = 1;
+      });
+  add("gpt interleaved zero2", gpt(), training("adamw:lr=0.01"), mesh(2, 1, 2, 2, interleaved),
+      [](PipelineCompileOptions &o) {
+        o.chunks = 2;
+        o.zero = 2;
       });
   add("gpt interleaved recompute", gpt(), training(), mesh(1, 1, 2, 4, interleaved),
       chunks(2, true));
@@ -183,6 +196,11 @@ std::vector<Shape> shapes() {
   add("gpt tp=2 recompute", gpt(), training("adamw:lr=0.01"), mesh(1, 2, 2, 4), recompute);
   add("gpt dp=2 tp=2 pp=2 zero", gpt(), training("adamw:lr=0.001"), mesh(2, 2, 2, 2),
       zero(kDefault));
+  add("gpt dp=2 tp=2 pp=2 zero2 recompute", gpt(), training("adamw:lr=0.001"), mesh(2, 2, 2, 2),
+      [](PipelineCompileOptions &o) {
+        o.recompute = true;
+        o.zero = 2;
+      });
   add("gpt tp=2 split activations", gpt(), training(), mesh(1, 2, 2, 2),
       [](PipelineCompileOptions &o) { o.split_activations = true; });
   add("gpt tp=2 clip", gpt(), training("sgd:lr=0.1,momentum=0.9,clip=0.05"), mesh(1, 2, 2, 2));
@@ -217,7 +235,7 @@ TEST(VerifyPlanTest, EveryCompiledPlanVerifies) {
         kinds.insert(instr.kind);
   }
   // The shapes reach every kind of instruction.
-  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kWaitBucket) + 1);
+  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kReduceScatterAccumulate) + 1);
 }
 
 // A training plan without a pipeline is checked for its loss kind too.
@@ -565,6 +583,108 @@ TEST_F(VerifyCorruptionTest, ShardedUpdateRunWhole) {
   instrs[i].peer = -1;
   expect_refused(bad, {str_cat(at(bad, 0, i), ": reads '", bad.graph.tensor(gradient).name,
                                "', of which the device keeps only its reduce-scattered shard")});
+}
+
+// ZeRO-2: a plan whose devices reduce-scatter each sharded gradient into their
+// shard every micro-batch (the MLP, 2 replicas, 2 micro-batches).
+Plan zero_two_plan() {
+  PipelineCompileOptions options = mesh(2, 1, 1, 2);
+  options.zero = 2;
+  auto compiled = partitioner::compile_pipeline(even_mlp(), training(), options);
+  EXPECT_TRUE(compiled.is_ok()) << compiled.status().message();
+  Plan plan = std::move(compiled).value();
+  plan.model_fingerprint = plan.fingerprint = std::string(64, 'a');
+  return plan;
+}
+
+// Its JSON form names the instruction and the stage and reads back the same
+// (step buffers that are shards fit the arena as shards).
+TEST(VerifyPlanTest, ZeroTwoPlansRoundTripThroughJson) {
+  const Plan plan = zero_two_plan();
+  auto json = serialization::plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok()) << json.status().message();
+  EXPECT_NE(json->find("\"kind\": \"ReduceScatterAccumulate\""), std::string::npos);
+  EXPECT_NE(json->find("\"zero\": 2"), std::string::npos);
+  auto loaded = serialization::load_plan_from_json(*json, "z2.splan.json", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->programs, plan.programs);
+  EXPECT_EQ(*loaded->pipeline, *plan.pipeline);
+  EXPECT_TRUE(verify_plan(*loaded).is_ok()) << verify_plan(*loaded).message();
+}
+
+// A reduce-scatter of mb 1 removed: the sum the device scales holds one of its
+// two micro-batches.
+TEST_F(VerifyCorruptionTest, RemovedReduceScatterAccumulate) {
+  Plan bad = zero_two_plan();
+  ASSERT_TRUE(verify_plan(bad).is_ok()) << verify_plan(bad).message();
+  const size_t i = find(bad, 0, kind_is(InstrKind::kReduceScatterAccumulate, 1));
+  ASSERT_LT(i, bad.programs[0].instructions.size());
+  const TensorId t = bad.programs[0].instructions[i].index;
+  erase(bad, 0, i);
+  const size_t scale = find(bad, 0, [&](const PlanInstruction &instr) {
+    return instr.kind == InstrKind::kScale && instr.index == t;
+  });
+  ASSERT_LT(scale, bad.programs[0].instructions.size());
+  expect_refused(bad, {str_cat(at(bad, 0, scale), ": scales '", bad.graph.tensor(t).name,
+                               "' after 1 of its 2 micro-batches were accumulated")});
+}
+
+TEST_F(VerifyCorruptionTest, DuplicatedReduceScatterAccumulate) {
+  Plan bad = zero_two_plan();
+  const size_t i = find(bad, 1, kind_is(InstrKind::kReduceScatterAccumulate, 0));
+  ASSERT_LT(i, bad.programs[1].instructions.size());
+  const TensorId t = bad.programs[1].instructions[i].index;
+  duplicate(bad, 1, i);
+  expect_refused(bad,
+                 {str_cat(at(bad, 1, i + 1), ": reduce-scatters '", bad.graph.tensor(t).name,
+                          "' mb 0 into its shard a second time (first at instruction ", i, ")")});
+}
+
+// The shard sum turned into a whole one: an accumulate of a tensor whose step
+// buffer the device keeps only as its shard.
+TEST_F(VerifyCorruptionTest, ReduceScatterAccumulateRunWhole) {
+  Plan bad = zero_two_plan();
+  auto &instrs = bad.programs[0].instructions;
+  const size_t first = find(bad, 0, kind_is(InstrKind::kReduceScatterAccumulate, 0));
+  ASSERT_LT(first, instrs.size());
+  const TensorId t = instrs[first].index;
+  const size_t second = find(
+      bad, 0,
+      [&](const PlanInstruction &instr) {
+        return instr.kind == InstrKind::kReduceScatterAccumulate && instr.index == t &&
+               instr.microbatch == 1;
+      },
+      first);
+  ASSERT_LT(second, instrs.size());
+  instrs[second] = {InstrKind::kAccumulate, 1, t, -1};
+  expect_refused(bad, {str_cat(at(bad, 0, second), ": accumulates '", bad.graph.tensor(t).name,
+                               "' whole, but the device keeps only its shard of that sum")});
+}
+
+// The zero field against the programs: ZeRO-2 without its instruction, and
+// the instruction in a ZeRO-1 plan (which the loader refuses already).
+TEST_F(VerifyCorruptionTest, ZeroTwoFieldAndInstructionsAgree) {
+  auto compiled = partitioner::compile_pipeline(even_mlp(), training(), [] {
+    PipelineCompileOptions options = mesh(2, 1, 1, 2);
+    options.zero = 1;
+    return options;
+  }());
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().message();
+  Plan bad = std::move(compiled).value();
+  bad.model_fingerprint = bad.fingerprint = std::string(64, 'a');
+  bad.pipeline->zero = 2;
+  expect_refused(bad, {"field pipeline.zero = 2, but no program reduce-scatters a gradient into "
+                       "its shard every micro-batch (ReduceScatterAccumulate)"});
+  Plan other = zero_two_plan();
+  other.pipeline->zero = 1;
+  expect_refused(other,
+                 {"a program reduce-scatters gradients into shards every micro-batch "
+                  "(ReduceScatterAccumulate, ZeRO-2), but field pipeline.zero = 1"},
+                 /*loads=*/false);
+  Plan single = good_;
+  single.pipeline->zero = 2;
+  expect_refused(single, {"field pipeline.zero = 2 shards optimizer state and gradients over the "
+                          "data-parallel replicas, but pipeline.data_parallel = 1"});
 }
 
 } // namespace

@@ -366,7 +366,7 @@ TEST_F(PipelineTest, ZeroOneMatchesDataParallelBitwiseWithLessState) {
 }
 
 // Tensor parallelism (--mesh DPxTPxPP): every mesh with dp, tp, pp in {1, 2}
-// and ZeRO-1 on and off trains the MLP, the convnet and the GPT to within 1e-5
+// and ZeRO off, 1 and 2 trains the MLP, the convnet and the GPT to within 1e-5
 // of one device (the row-split matmuls sum their partial products over the
 // group, a different order than one device). The pieces are joined back into
 // the full tensors for the comparison.
@@ -377,8 +377,8 @@ TEST_F(PipelineTest, EveryMeshMatchesOneDevice) {
     for (int dp : {1, 2})
       for (int tp : {1, 2})
         for (int pp : {1, 2})
-          for (int zero : {0, 1}) {
-            if (zero == 1 && dp == 1) continue;
+          for (int zero : {0, 1, 2}) {
+            if (zero > 0 && dp == 1) continue;
             const std::string what =
                 str_cat(forward.name(), " mesh ", dp, "x", tp, "x", pp, " zero ", zero);
             expect_close(pipelined(forward, options, pp, 2, Schedule::k1F1B, dp, zero, tp), want,
@@ -606,7 +606,7 @@ TEST_F(PipelineTest, RecomputeIsBitwiseAndNeedsLessMemory) {
 // strata simulate on the plan's own cluster reproduces compile's prediction:
 // both price each group's collectives with the algorithm the plan records.
 TEST_F(PipelineTest, SimulateReproducesTheCompiledPrediction) {
-  for (int zero : {0, 1}) {
+  for (int zero : {0, 1, 2}) {
     auto plan = compile(gpt(), training(), 2, 2, Schedule::k1F1B, 2, zero, 2);
     ASSERT_TRUE(plan.is_ok()) << plan.status().message();
     auto cluster = partitioner::parse_cluster(plan->pipeline->cluster_json, "plan");
@@ -660,20 +660,20 @@ TEST_F(PipelineTest, ZeroOneThatShardsNothingIsRefused) {
       << plan.status().message();
 }
 
-// ZeRO-1 with clipping: the clipped gradient and its update run on the shard,
-// each shard's sum of squares is summed over the replicas for the norm; the
-// result is one device's within 1e-5 (AdamW's weights within 1e-4: Adam
+// ZeRO-1 (and 2) with clipping: the clipped gradient and its update run on the
+// shard, each shard's sum of squares is summed over the replicas for the norm;
+// the result is one device's within 1e-5 (AdamW's weights within 1e-4: Adam
 // divides by the root of tiny second moments, which amplifies the last bits
 // of a sum taken in another order, as it does for plain data parallelism),
 // at every depth, and the state is held as shards.
-TEST_F(PipelineTest, ZeroOneWithClippingMatchesOneDevice) {
+TEST_F(PipelineTest, ZeroWithClippingMatchesOneDevice) {
   for (const char *optimizer : {"adamw:lr=0.01,clip=0.05", "sgd:lr=0.1,momentum=0.9,clip=0.05"}) {
     const bool adam = std::string_view(optimizer).starts_with("adam");
     const auto options = training(optimizer);
     for (const Graph &forward : {mlp(), gpt()}) {
       const TrainRun want = reference(forward, options);
-      for (int stages : {1, 2}) {
-        auto plan = compile(forward, options, stages, 2, Schedule::k1F1B, 2, 1);
+      for (const auto &[stages, zero] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {2, 2}}) {
+        auto plan = compile(forward, options, stages, 2, Schedule::k1F1B, 2, zero);
         ASSERT_TRUE(plan.is_ok()) << plan.status().message();
         size_t sharded = 0, shard_sums = 0;
         for (const auto &program : plan->programs) {
@@ -685,7 +685,7 @@ TEST_F(PipelineTest, ZeroOneWithClippingMatchesOneDevice) {
         EXPECT_GT(sharded, 0u) << optimizer;
         EXPECT_GT(shard_sums, 0u) << optimizer;
         const TrainRun got = run_plan(*plan);
-        const std::string what = str_cat(optimizer, " pp=", stages, " dp=2 zero1");
+        const std::string what = str_cat(optimizer, " pp=", stages, " dp=2 zero", zero);
         expect_close(got, want, adam ? 1e-4 : 1e-5, what);
         ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
         for (size_t k = 0; k < want.losses.size(); ++k)
@@ -693,6 +693,167 @@ TEST_F(PipelineTest, ZeroOneWithClippingMatchesOneDevice) {
       }
     }
   }
+}
+
+// A ZeRO-2 plan's shape: on every device each sharded gradient is
+// reduce-scattered into its shard once per micro-batch and summed no other
+// way (no accumulation of it, no collective or bucket of it at the step).
+void expect_zero_two_plan(const serialization::Plan &plan, const std::string &what) {
+  using serialization::InstrKind;
+  ASSERT_EQ(plan.pipeline->zero, 2) << what;
+  size_t scattered = 0;
+  for (const auto &program : plan.programs) {
+    std::map<TensorId, int> per_tensor;
+    for (const auto &instr : program.instructions)
+      if (instr.kind == InstrKind::kReduceScatterAccumulate) ++per_tensor[instr.index];
+    scattered += per_tensor.size();
+    for (const auto &[t, count] : per_tensor) {
+      EXPECT_EQ(count, plan.pipeline->microbatches) << what << ": " << plan.graph.tensor(t).name;
+      for (const auto &instr : program.instructions) {
+        const bool other_sum = instr.index == t && (instr.kind == InstrKind::kAccumulate ||
+                                                    instr.kind == InstrKind::kAllReduce ||
+                                                    instr.kind == InstrKind::kReduceScatter);
+        EXPECT_FALSE(other_sum) << what << ": " << plan::describe_instruction(plan.graph, instr);
+      }
+      for (const auto &bucket : program.buckets) {
+        EXPECT_FALSE(bucket.reduce_scatter) << what;
+        EXPECT_EQ(std::count(bucket.tensors.begin(), bucket.tensors.end(), t), 0) << what;
+      }
+    }
+  }
+  EXPECT_GT(scattered, 0u) << what;
+}
+
+// ZeRO-2: each micro-batch's sharded gradients are reduce-scattered as soon as
+// backward computes them and every replica sums only its shard, so the sums
+// over the replicas come before those over the micro-batches: the losses and
+// weights are plain data parallelism's within 1e-6 (with one micro-batch and
+// two replicas the sums are ZeRO-1's, so its bits), for 2 and 4 replicas,
+// with and without a stage split, with SGD-momentum and AdamW. Adam turns
+// rounding noise in gradients that are zero in exact arithmetic (the GPT's
+// key bias: softmax ignores a shift) into +-lr steps, so the GPT trains with
+// AdamW on one micro-batch, where the sums are the same.
+TEST_F(PipelineTest, ZeroTwoMatchesDataParallel) {
+  struct Case {
+    bool gpt;
+    const char *optimizer;
+    int dp, stages, microbatches;
+  };
+  const char *adamw = "adamw:lr=0.01,wd=0.1", *sgd = "sgd:lr=0.1,momentum=0.9";
+  std::vector<Case> cases;
+  for (const char *optimizer : {adamw, sgd}) {
+    for (int stages : {1, 2})
+      for (int microbatches : {1, 2})
+        cases.push_back({false, optimizer, 2, stages, microbatches});
+    cases.push_back({false, optimizer, 4, 1, 4});
+    cases.push_back({false, optimizer, 4, 2, 2});
+  }
+  for (int stages : {1, 2}) {
+    cases.push_back({true, sgd, 2, stages, 2});
+    cases.push_back({true, adamw, 2, stages, 1});
+  }
+  cases.push_back({true, sgd, 4, 1, 2});
+  for (const Case &c : cases) {
+    const Graph forward = c.gpt ? gpt() : mlp();
+    const auto options = training(c.optimizer);
+    const std::string what = str_cat(forward.name(), " ", c.optimizer, " dp=", c.dp,
+                                     " pp=", c.stages, " M=", c.microbatches);
+    auto plan = compile(forward, options, c.stages, c.microbatches, Schedule::k1F1B, c.dp, 2);
+    ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().message();
+    expect_zero_two_plan(*plan, what);
+    const TrainRun zero = run_plan(*plan);
+    const TrainRun plain =
+        pipelined(forward, options, c.stages, c.microbatches, Schedule::k1F1B, c.dp, 0);
+    expect_close(zero, plain, 1e-6, what + " zero2 vs zero0");
+    if (c.microbatches == 1 && c.dp == 2) {
+      const TrainRun one =
+          pipelined(forward, options, c.stages, c.microbatches, Schedule::k1F1B, c.dp, 1);
+      expect_bitwise(zero, one, what + " zero2 vs zero1");
+    }
+  }
+}
+
+// ZeRO-2's memory plan: a sharded gradient's whole buffer lives only from its
+// producer to its reduce-scatter in each micro-batch, its sum is a shard of
+// 1/DP of it, and each update is applied as soon as its values are final, so
+// every device needs less than under ZeRO-1, which needs no more than plain
+// data parallelism (the activation arena plus what the device holds).
+TEST_F(PipelineTest, ZeroTwoNeedsLessMemoryThanZeroOne) {
+  for (const Graph &forward : {mlp(), gpt()})
+    for (const char *optimizer : {"adamw:lr=0.01", "sgd:lr=0.1,momentum=0.9"})
+      for (int stages : {1, 2})
+        for (int microbatches : {1, 2}) {
+          const auto options = training(optimizer);
+          const std::string what =
+              str_cat(forward.name(), " ", optimizer, " pp=", stages, " M=", microbatches, " dp=2");
+          std::vector<serialization::Plan> plans;
+          for (int zero : {0, 1, 2}) {
+            auto plan = compile(forward, options, stages, microbatches, Schedule::k1F1B, 2, zero);
+            ASSERT_TRUE(plan.is_ok())
+                << what << " zero " << zero << ": " << plan.status().message();
+            plans.push_back(std::move(plan).value());
+          }
+          expect_zero_two_plan(plans[2], what);
+          for (size_t d = 0; d < plans[0].programs.size(); ++d) {
+            const int64_t none = plan::device_memory(plans[0], d),
+                          one = plan::device_memory(plans[1], d),
+                          two = plan::device_memory(plans[2], d);
+            EXPECT_LE(one, none) << what << " device " << d;
+            EXPECT_LT(two, one) << what << " device " << d;
+            EXPECT_LT(plans[2].programs[d].arena_bytes, plans[1].programs[d].arena_bytes)
+                << what << " device " << d;
+          }
+        }
+  // The runner allocates what the plan says.
+  auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B, 2, 2);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  auto runner = PipelineRunner::create(*plan);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().message();
+  const auto allocations = (*runner)->allocations();
+  for (size_t d = 0; d < plan->programs.size(); ++d) {
+    EXPECT_EQ(allocations[d].arena, plan->programs[d].arena_bytes) << "device " << d;
+    EXPECT_EQ(allocations[d].arena + allocations[d].held, plan::device_memory(*plan, d))
+        << "device " << d;
+  }
+}
+
+// ZeRO-2 without optimizer state (plain SGD): only the gradients are sharded.
+// With the interleaved schedule: every chunk's gradients, every micro-batch.
+TEST_F(PipelineTest, ZeroTwoShardsGradientsWithoutStateAndInterleaved) {
+  const auto plain_sgd = training("sgd:lr=0.1");
+  auto plan = compile(mlp(), plain_sgd, 1, 2, Schedule::k1F1B, 2, 2);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  for (const auto &program : plan->programs)
+    EXPECT_TRUE(program.sharded_holds.empty());
+  expect_zero_two_plan(*plan, "plain sgd");
+  expect_close(run_plan(*plan), pipelined(mlp(), plain_sgd, 1, 2, Schedule::k1F1B, 2, 0), 1e-6,
+               "plain sgd zero2 vs zero0");
+  // ZeRO-1 has nothing to shard there.
+  EXPECT_FALSE(compile(mlp(), plain_sgd, 1, 2, Schedule::k1F1B, 2, 1).is_ok());
+
+  partitioner::PipelineCompileOptions interleaved;
+  interleaved.stages = 2;
+  interleaved.microbatches = 2;
+  interleaved.data_parallel = 2;
+  interleaved.schedule = Schedule::kInterleaved;
+  interleaved.chunks = 2;
+  const auto options = training();
+  interleaved.zero = 2;
+  auto sharded = partitioner::compile_pipeline(gpt(), options, interleaved);
+  ASSERT_TRUE(sharded.is_ok()) << sharded.status().message();
+  expect_zero_two_plan(*sharded, "gpt interleaved");
+  interleaved.zero = 0;
+  auto plain = partitioner::compile_pipeline(gpt(), options, interleaved);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  expect_close(run_plan(*sharded), run_plan(*plain), 1e-6, "gpt interleaved zero2 vs zero0");
+}
+
+TEST_F(PipelineTest, ZeroTwoCheckpointsResumeBitwise) {
+  auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B, 2, 2);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().message();
+  const auto state = expect_resume_is_bitwise(*plan, "ZeRO-2");
+  // The checkpoint holds full moments (put together from the shards).
+  EXPECT_EQ(state.at("wte.adam_m").type, plan->graph.tensor(*plan->graph.find_tensor("wte")).type);
 }
 
 TEST_F(PipelineTest, DataParallelPlansAreCheckedForMissingCollectives) {

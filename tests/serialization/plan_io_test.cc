@@ -731,7 +731,12 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
       // ZeRO-1 fields.
       {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kReduceScatter; },
        "reduce-scatter needs pipeline.zero = 1"},
-      {[](Plan &p) { p.pipeline->zero = 2; }, "field pipeline.zero = 2"},
+      {[](Plan &p) { p.pipeline->zero = 3; }, "field pipeline.zero = 3; expected 0, 1 or 2"},
+      // ZeRO-2's instruction needs ZeRO-2.
+      {[=](Plan &p) {
+         p.programs[1].instructions[last].kind = InstrKind::kReduceScatterAccumulate;
+       },
+       "reduce-scatter-accumulate needs pipeline.zero = 2"},
       {[](Plan &p) { p.pipeline->group_algorithms = {"butterfly"}; },
        "field pipeline.groups[0].algorithm is 'butterfly'; expected ring, tree, "
        "recursive-doubling, rabenseifner or nothing"},
@@ -834,6 +839,7 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kAllReduce), "all-reduce");
   EXPECT_EQ(instr_kind_name(InstrKind::kStartBucket), "start-bucket");
   EXPECT_EQ(instr_kind_name(InstrKind::kWaitBucket), "wait-bucket");
+  EXPECT_EQ(instr_kind_name(InstrKind::kReduceScatterAccumulate), "reduce-scatter-accumulate");
 }
 
 // Writes `dir`/manifest.json by hand, listing `files` under `step` and

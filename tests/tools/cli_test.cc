@@ -1367,6 +1367,27 @@ TEST_F(CliTest, DataParallelPipeline) {
   EXPECT_EQ(printed_losses(zero_run.out), printed_losses(run.out)) << zero_run.out << run.out;
   expect_one_line_error(strata({"compile", "m.strata", "--train", "--zero", "1", "-o", "x.splan"}),
                         "--zero 1 shards the optimizer state over data-parallel replicas");
+  // ZeRO-2 keeps the gradients as shards too: the same losses to rounding (it
+  // sums over the replicas before the micro-batches), each reduce-scatter
+  // explained.
+  Outcome zero2 =
+      strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9", "--mesh",
+              "2x1x2", "--microbatches", "2", "--zero", "2", "-o", "z2.splan"});
+  ASSERT_EQ(zero2.code, 0) << zero2.err;
+  EXPECT_NE(zero2.out.find("gradients reduce-scattered every micro-batch and kept as shards "
+                           "(ZeRO-2)"),
+            std::string::npos)
+      << zero2.out;
+  Outcome zero2_run = strata({"run", "z2.splan", "--steps", "4"});
+  ASSERT_EQ(zero2_run.code, 0) << zero2_run.err;
+  expect_same_losses(zero2_run, run, 4);
+  Outcome zero2_comm = strata({"inspect", "z2.splan", "--comm"});
+  ASSERT_EQ(zero2_comm.code, 0) << zero2_comm.err;
+  EXPECT_NE(zero2_comm.out.find("shard-sized sum (ZeRO-2)"), std::string::npos) << zero2_comm.out;
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--zero", "2", "-o", "x.splan"}),
+                        "--zero 2 shards the gradients and optimizer state over data-parallel "
+                        "replicas");
+  EXPECT_NE(strata({"compile", "--help"}).out.find("ZeRO-2"), std::string::npos);
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9",
                     "-o", "one.splan"})
                 .code,

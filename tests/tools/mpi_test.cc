@@ -229,6 +229,22 @@ TEST_F(MpiTest, MlpZeroShardsMatchThreads) {
   EXPECT_GT(pieces, 0);
 }
 
+// ZeRO-2: every micro-batch's gradients reduce-scattered between the ranks
+// into each one's shard; the same bits as threads, the state in shards.
+TEST_F(MpiTest, MlpZeroTwoShardsMatchThreads) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile(
+      "mlp.strata", "zero2.splan",
+      {"--mesh", "2x1x2", "--microbatches", "2", "--zero", "2", "--optimizer", "adamw:lr=1e-3"});
+  expect_equivalent("zero2.splan", 4);
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck_mpi").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok());
+  int pieces = 0;
+  for (const auto &[name, file] : checkpoint->file_of)
+    if (name.find("@shard") != std::string::npos) ++pieces;
+  EXPECT_GT(pieces, 0);
+}
+
 TEST_F(MpiTest, GptPipelinesMatchThreads) {
   zoo({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab",
        "128", "--batch", "8", "-o", "gpt.strata"});
