@@ -776,8 +776,10 @@ TEST_F(PipelineTest, ZeroTwoMatchesDataParallel) {
 // ZeRO-2's memory plan: a sharded gradient's whole buffer lives only from its
 // producer to its reduce-scatter in each micro-batch, its sum is a shard of
 // 1/DP of it, and each update is applied as soon as its values are final, so
-// every device needs less than under ZeRO-1, which needs no more than plain
-// data parallelism (the activation arena plus what the device holds).
+// with micro-batches every device needs less than under ZeRO-1, which needs
+// no more than plain data parallelism (the activation arena plus what the
+// device holds). With one micro-batch the plan as a whole needs less, and a
+// device at most one shard more (its last gradient whole beside its shard).
 TEST_F(PipelineTest, ZeroTwoNeedsLessMemoryThanZeroOne) {
   for (const Graph &forward : {mlp(), gpt()})
     for (const char *optimizer : {"adamw:lr=0.01", "sgd:lr=0.1,momentum=0.9"})
@@ -794,15 +796,29 @@ TEST_F(PipelineTest, ZeroTwoNeedsLessMemoryThanZeroOne) {
             plans.push_back(std::move(plan).value());
           }
           expect_zero_two_plan(plans[2], what);
+          int64_t total_one = 0, total_two = 0;
           for (size_t d = 0; d < plans[0].programs.size(); ++d) {
             const int64_t none = plan::device_memory(plans[0], d),
                           one = plan::device_memory(plans[1], d),
                           two = plan::device_memory(plans[2], d);
+            total_one += one;
+            total_two += two;
             EXPECT_LE(one, none) << what << " device " << d;
-            EXPECT_LT(two, one) << what << " device " << d;
-            EXPECT_LT(plans[2].programs[d].arena_bytes, plans[1].programs[d].arena_bytes)
-                << what << " device " << d;
+            if (microbatches > 1) {
+              EXPECT_LT(two, one) << what << " device " << d;
+              EXPECT_LT(plans[2].programs[d].arena_bytes, plans[1].programs[d].arena_bytes)
+                  << what << " device " << d;
+              continue;
+            }
+            // One micro-batch: a stage whose peak is its last gradient holds it
+            // whole and its shard at once, so it may need up to that shard more.
+            int64_t shard = 0;
+            for (const auto &instr : plans[2].programs[d].instructions)
+              if (instr.kind == serialization::InstrKind::kReduceScatterAccumulate)
+                shard = std::max(shard, plans[2].graph.tensor(instr.index).type.size_bytes() / 2);
+            EXPECT_LE(two, one + shard) << what << " device " << d;
           }
+          EXPECT_LT(total_two, total_one) << what;
         }
   // The runner allocates what the plan says.
   auto plan = compile(gpt(), training("adamw:lr=0.01"), 2, 2, Schedule::k1F1B, 2, 2);
