@@ -194,13 +194,21 @@ py::dict read_checkpoint(py::handle path) {
   const std::string dir = path_text(path);
   Result<serialization::Checkpoint> checkpoint = [&]() -> Result<serialization::Checkpoint> {
     py::gil_scoped_release release;
-    return serialization::read_checkpoint(dir, "");
+    ASSIGN_OR_RETURN(serialization::Checkpoint read, serialization::read_checkpoint(dir, ""));
+    // Pieces of several ranks joined by the layout record: every tensor whole.
+    if (!read.layout.empty()) RETURN_IF_ERROR(plan::join_checkpoint(read, read.layout, dir));
+    return read;
   }();
   const serialization::Checkpoint loaded = value_or_throw(std::move(checkpoint));
   py::dict result;
   result["step"] = loaded.step;
   result["fingerprint"] = loaded.fingerprint;
   result["ranks"] = loaded.ranks;
+  if (!loaded.layout.empty()) {
+    result["layout"] = loaded.layout.description;
+    result["model"] = loaded.layout.model;
+    result["optimizer"] = loaded.layout.optimizer;
+  }
   result["tensors"] = to_array_dict(loaded.tensors);
   return result;
 }
@@ -327,8 +335,10 @@ void register_trainer(py::module_ &m) {
       });
 
   m.def("read_checkpoint", &read_checkpoint, py::arg("path"),
-        "Reads a checkpoint folder: {'step', 'fingerprint', 'ranks', 'tensors': {name: "
-        "array}}, tensors as stored (ZeRO-1 and tensor-parallel pieces apart).");
+        "Reads a checkpoint folder: {'step', 'fingerprint', 'ranks', 'layout', 'model', "
+        "'optimizer', 'tensors': {name: array}}, every tensor whole (the pieces of ZeRO and "
+        "tensor-parallel ranks joined by the checkpoint's layout record). A checkpoint of an "
+        "older strata has no record: no 'layout', 'model' or 'optimizer', tensors as stored.");
 }
 
 } // namespace strata::python

@@ -239,6 +239,9 @@ class StrataTest(unittest.TestCase):
         theirs = strata.read_checkpoint(self.path("ck_cli"))
         self.assertEqual((ours["step"], ours["fingerprint"]), (3, plan.fingerprint))
         self.assertEqual(ours["fingerprint"], theirs["fingerprint"])
+        for key in ("layout", "model", "optimizer"):
+            self.assertEqual(ours[key], theirs[key])
+        self.assertEqual(ours["optimizer"], plan.optimizer)
         self.assertEqual(sorted(ours["tensors"]), sorted(theirs["tensors"]))
         for name, value in ours["tensors"].items():
             np.testing.assert_array_equal(value, theirs["tensors"][name], err_msg=name)
