@@ -173,8 +173,9 @@ double parameter_state_factor(const passes::OptimizerSpec &spec, int zero, int d
   const double state =
       spec.kind == Kind::kAdam || spec.kind == Kind::kAdamW ? 2.0 : (spec.momentum > 0 ? 1.0 : 0.0);
   const double shards = zero >= 1 && dp > 1 ? dp : 1;
-  // The weights, then the gradients (ZeRO-2: a shard) and the state (ZeRO-1 and 2: a shard).
-  return 1.0 + (zero == 2 ? 1.0 / shards : 1.0) + state / shards;
+  // The weights (ZeRO-3: a shard), then the gradients (ZeRO-2 and 3: a
+  // shard) and the state (ZeRO-1, 2 and 3: a shard).
+  return (zero == 3 ? 1.0 / shards : 1.0) + (zero >= 2 ? 1.0 / shards : 1.0) + state / shards;
 }
 
 int32_t expand_tensor_parallel(int members, std::vector<serialization::PlanProgram> &programs,
@@ -293,11 +294,14 @@ Status check_compile_options(const PipelineCompileOptions &options) {
   if (M < 1) return invalid_argument("--microbatches must be at least 1, got ", M);
   if (DP < 1)
     return invalid_argument("--mesh: data parallelism needs at least 1 replica, got ", DP);
-  if (options.zero < 0 || options.zero > 2)
-    return invalid_argument("--zero ", options.zero, ": only ZeRO stages 1 and 2 (or 0) are built");
+  if (options.zero < 0 || options.zero > 3)
+    return invalid_argument("--zero ", options.zero,
+                            ": only ZeRO stages 1, 2 and 3 (or 0) are built");
   if (options.zero >= 1 && DP < 2)
     return invalid_argument("--zero ", options.zero, " shards the ",
-                            options.zero == 2 ? "gradients and " : "",
+                            options.zero == 3   ? "parameters, gradients and "
+                            : options.zero == 2 ? "gradients and "
+                                                : "",
                             "optimizer state over data-parallel replicas; the mesh has one (use "
                             "--mesh DPxTPxPP with DP >= 2)");
   if (TP < 1)
@@ -571,12 +575,18 @@ std::vector<std::string> choose_algorithms(const Graph &graph,
 Status check_zero_shards(const PipelineCompileOptions &options,
                          const std::vector<serialization::PlanProgram> &programs) {
   if (options.zero < 1) return Status::ok();
-  bool sharded = false;
+  bool sharded = false, gathered = false;
   for (const auto &program : programs) {
     sharded = sharded || !program.sharded_holds.empty();
-    for (const auto &instr : program.instructions)
+    for (const auto &instr : program.instructions) {
       sharded = sharded || instr.kind == serialization::InstrKind::kReduceScatterAccumulate;
+      gathered = gathered || instr.kind == serialization::InstrKind::kGatherParam;
+    }
   }
+  if (sharded && options.zero == 3 && !gathered)
+    return invalid_argument("--zero 3: no parameter can be held as shards (each needs a sharded "
+                            "update, one stage holding it, and no once-per-step reader but "
+                            "that update); --zero 2 shards the rest alike");
   if (!sharded)
     return invalid_argument(
         "--zero ", options.zero,

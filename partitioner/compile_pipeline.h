@@ -67,7 +67,8 @@ struct PipelineCompileOptions {
   // data_parallel x microbatches, gradients are all-reduced per stage.
   int data_parallel = 1;
   // --zero 1: shard the optimizer state over each stage's replicas (ZeRO-1);
-  // --zero 2: the gradients too (ZeRO-2).
+  // --zero 2: the gradients too (ZeRO-2); --zero 3: the parameters too,
+  // gathered before each forward and backward block that reads them (ZeRO-3).
   int zero = 0;
   // --bucket-mb: with data parallelism, gradients are summed over the replicas
   // in buckets of about this many bytes, overlapping backward; 0: one blocking

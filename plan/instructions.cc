@@ -26,7 +26,7 @@ bool is_grouped(InstrKind kind) {
   return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
          kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
          kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
-         kind == InstrKind::kReduceScatterAccumulate;
+         kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam;
 }
 bool is_bucket(InstrKind kind) {
   return kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
@@ -81,6 +81,9 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
     return str_cat("reduce-scatter ", tensor_name(instr.index), " ",
                    microbatch_text(instr.microbatch), " over group ", instr.peer,
                    " into its shard");
+  case InstrKind::kGatherParam:
+    return str_cat("gather parameter ", tensor_name(instr.index), " for block ", instr.microbatch,
+                   " over group ", instr.peer);
   }
   return "unknown instruction";
 }

@@ -20,7 +20,8 @@ uint64_t transfer_tag(TensorId tensor, int32_t microbatch);
 // transfer tag (and bit 62 clear: MPI's own collectives use both); each
 // tensor is reduced or gathered at most once per step per group and kind, or
 // once per micro-batch (ZeRO-2's ReduceScatterAccumulate: the micro-batch is
-// in the tag).
+// in the tag), or once per block (ZeRO-3's GatherParam: its block, forward
+// or backward, is in the tag, so the two gathers of one micro-batch differ).
 uint64_t collective_tag(const serialization::PlanInstruction &instr);
 
 // Instructions that run over a group of devices (peer = the group's index).
@@ -28,8 +29,15 @@ bool is_grouped(serialization::InstrKind kind);
 // StartBucket and WaitBucket.
 bool is_bucket(serialization::InstrKind kind);
 // The grouped instructions every member must reach together (AllReduce,
-// ReduceScatter, AllGather, ReduceScatterAccumulate).
+// ReduceScatter, AllGather, ReduceScatterAccumulate, GatherParam).
 bool is_collective(serialization::InstrKind kind);
+
+// ZeRO-3: the block whose buffer (parameter, block) a per-micro-batch node
+// reads a gathered parameter from: the micro-batch for a forward node, M +
+// the micro-batch for a backward one (GatherParam's micro-batch field).
+inline int32_t gather_block(bool backward, int32_t microbatch, int32_t microbatches) {
+  return backward ? microbatches + microbatch : microbatch;
+}
 
 // "mb 3", or "step" for -1.
 std::string microbatch_text(int32_t microbatch);

@@ -208,7 +208,8 @@ Result<bool> Simulator::execute(size_t d) {
   case InstrKind::kAllReduce:
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather:
-  case InstrKind::kReduceScatterAccumulate: {
+  case InstrKind::kReduceScatterAccumulate:
+  case InstrKind::kGatherParam: {
     ASSIGN_OR_RETURN(const bool met, meet_collective(d, instr, start, end));
     if (!met) return false;
     break;

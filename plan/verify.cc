@@ -157,13 +157,15 @@ Status PipelineCheck::check_fields() const {
   const int32_t zero = pipe_.zero;
   if (zero >= 1 && DP_ < 2)
     return invalid_argument("field pipeline.zero = ", zero, " shards optimizer state",
-                            zero == 2 ? " and gradients" : "",
+                            zero == 2 ? " and gradients" : zero == 3 ? ", gradients and parameters" : "",
                             " over the data-parallel replicas, but pipeline.data_parallel = ", DP_);
-  bool sharded = false, scattered = false;
+  bool sharded = false, scattered = false, gathered = false;
   for (const PlanProgram &program : plan_.programs) {
     sharded = sharded || !program.sharded_holds.empty();
-    for (const PlanInstruction &instr : program.instructions)
+    for (const PlanInstruction &instr : program.instructions) {
       scattered = scattered || instr.kind == InstrKind::kReduceScatterAccumulate;
+      gathered = gathered || instr.kind == InstrKind::kGatherParam;
+    }
   }
   if (zero == 1 && !sharded)
     return invalid_argument("field pipeline.zero = 1, but no device holds a ZeRO-1 shard "
@@ -175,9 +177,16 @@ Status PipelineCheck::check_fields() const {
   if (zero == 2 && !scattered)
     return invalid_argument("field pipeline.zero = 2, but no program reduce-scatters a gradient "
                             "into its shard every micro-batch (ReduceScatterAccumulate)");
-  if (zero != 2 && scattered)
+  if (zero < 2 && scattered)
     return invalid_argument("a program reduce-scatters gradients into shards every micro-batch "
                             "(ReduceScatterAccumulate, ZeRO-2), but field pipeline.zero = ",
+                            zero);
+  if (zero == 3 && !gathered)
+    return invalid_argument("field pipeline.zero = 3, but no program gathers a parameter it "
+                            "holds as a shard (GatherParam)");
+  if (zero != 3 && gathered)
+    return invalid_argument("a program gathers parameters from shards (GatherParam, ZeRO-3), "
+                            "but field pipeline.zero = ",
                             zero);
   return Status::ok();
 }
@@ -185,7 +194,7 @@ Status PipelineCheck::check_fields() const {
 Status PipelineCheck::check_instruction(size_t d, size_t i) const {
   const PlanInstruction &instr = plan_.programs[d].instructions[i];
   const auto kind_value = static_cast<uint8_t>(instr.kind);
-  if (kind_value > static_cast<uint8_t>(InstrKind::kReduceScatterAccumulate))
+  if (kind_value > static_cast<uint8_t>(InstrKind::kGatherParam))
     return invalid_argument(where(d), " instruction ", i, ": unknown kind ", int{kind_value});
   const std::string head =
       str_cat(where(d), " instruction ", i, " (", serialization::instr_kind_name(instr.kind), ")");
@@ -209,6 +218,10 @@ Status PipelineCheck::check_instruction(size_t d, size_t i) const {
     if (instr.microbatch < lowest || instr.microbatch >= M_)
       return out_of_range(head, ": micro-batch ", instr.microbatch, " is not in ", lowest, "..",
                           M_ - 1);
+  } else if (instr.kind == InstrKind::kGatherParam) {
+    if (instr.microbatch < 0 || instr.microbatch >= 2 * M_)
+      return out_of_range(head, ": block ", instr.microbatch, " is not in 0..", 2 * M_ - 1,
+                          " (a micro-batch's forward, or M + the micro-batch for its backward)");
   } else if (instr.microbatch != -1) {
     return invalid_argument(at(d, i), ": runs once per step, so its micro-batch is -1, not ",
                             instr.microbatch);
@@ -238,15 +251,18 @@ Status PipelineCheck::check_program_ranges(size_t d) const {
     return out_of_range(where(d), ": shard group ", program.shard_group, ", but the pipeline has ",
                         pipe_.groups.size(), " groups");
   const std::vector<bool> shards = serialization::shard_accumulated(program, num_tensors);
+  const std::vector<bool> gathered = serialization::gathered_params(program, num_tensors);
   for (size_t k = 0; k < program.slots.size(); ++k) {
     const PlanSlot &slot = program.slots[k];
     if (slot.tensor >= num_tensors)
       return out_of_range(where(d), ": slot ", k, " is for tensor ", slot.tensor,
                           ", but there are ", num_tensors);
     const int64_t bytes = serialization::slot_bytes(g_, slot.tensor, slot.microbatch, shards, DP_);
-    if (slot.microbatch < -1 || slot.microbatch >= M_)
+    // A ZeRO-3 parameter's buffers are per block: 2M of them.
+    const int64_t top = gathered[slot.tensor] ? 2 * M_ : M_;
+    if (slot.microbatch < -1 || slot.microbatch >= top)
       return out_of_range(where(d), ": slot ", k, " (", tensor_text(g_, slot.tensor, 0),
-                          ") is for micro-batch ", slot.microbatch, ", not in -1..", M_ - 1);
+                          ") is for micro-batch ", slot.microbatch, ", not in -1..", top - 1);
     if (slot.offset < 0 || slot.offset > program.arena_bytes ||
         bytes > program.arena_bytes - slot.offset)
       return out_of_range(where(d), ": slot ", k, " (",
@@ -470,6 +486,7 @@ private:
   Status reduce(const PlanInstruction &instr, size_t i);
   Status reduce_scatter_accumulate(const PlanInstruction &instr, size_t i);
   Status gather(const PlanInstruction &instr, size_t i);
+  Status gather_param(const PlanInstruction &instr, size_t i);
   Status bucket(const PlanInstruction &instr, size_t i);
   Status update(const PlanInstruction &instr, size_t i);
   Status instruction(size_t i);
@@ -491,6 +508,7 @@ private:
   // shard that went into the step buffer) -> the instruction.
   std::map<Key, size_t> scattered_;
   std::vector<bool> held_, sharded_;
+  std::vector<bool> gathered_; // ZeRO-3: parameters the device gathers per block, by tensor
   std::vector<bool> partial_;     // computed on shards, not yet gathered or summed
   std::vector<int64_t> replaced_; // by tensor: the update that replaced it
   std::vector<int64_t> applied_;  // by state update
@@ -502,7 +520,7 @@ DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
       averaged_(check.microbatches() * check.replicas() > 1), own_sum_(g_.num_tensors(), false),
       shard_sum_(serialization::shard_accumulated(program_, g_.num_tensors())),
       sums_(g_.num_tensors()), held_(g_.num_tensors(), false), sharded_(g_.num_tensors(), false),
-      partial_(g_.num_tensors(), false), replaced_(g_.num_tensors(), -1),
+      gathered_(serialization::gathered_params(program_, g_.num_tensors())), partial_(g_.num_tensors(), false), replaced_(g_.num_tensors(), -1),
       applied_(g_.updates().size(), -1), started_(program_.buckets.size(), -1) {
   const int64_t stage = check.stage(static_cast<int64_t>(device));
   for (TensorId t : check.phases().accumulated)
@@ -609,6 +627,19 @@ Status DeviceCheck::compute(const PlanInstruction &instr, size_t i) {
             " replaced it (",
             describe_instruction(g_, program_.instructions[static_cast<size_t>(replaced_[in])]),
             ")");
+      if (sharded_[in] && !shard && gathered_[in] && mb >= 0) {
+        // ZeRO-3: the whole parameter, from its block's gather.
+        const int32_t block =
+            gather_block(check_.phases().node_phase[instr.index] == Phase::kBackward, mb,
+                         static_cast<int32_t>(check_.microbatches()));
+        if (!life_.contains(Key{in, block}))
+          return invalid_argument(check_.at(d_, i), ": reads '", tensor.name,
+                                  "', which the device holds only as its ZeRO-3 shard, before "
+                                  "a gather of it for block ",
+                                  block, " (GatherParam) comes first");
+        RETURN_IF_ERROR(read(in, block, i));
+        break;
+      }
       if (sharded_[in] && !shard)
         return invalid_argument(check_.at(d_, i), ": reads '", tensor.name,
                                 "', which the device holds only as its ZeRO-1 shard "
@@ -772,6 +803,29 @@ Status DeviceCheck::gather(const PlanInstruction &instr, size_t i) {
   return Status::ok();
 }
 
+// ZeRO-3: a parameter the device holds as its shard, gathered whole into its
+// block's buffer once.
+Status DeviceCheck::gather_param(const PlanInstruction &instr, size_t i) {
+  RETURN_IF_ERROR(check_group(i));
+  const TensorId t = instr.index;
+  const Tensor &tensor = g_.tensor(t);
+  if (tensor.kind != TensorKind::kParameter || !held_[t] || !sharded_[t])
+    return invalid_argument(check_.at(d_, i), ": gathers '", tensor.name,
+                            "', which is not a parameter the device holds as its shard "
+                            "(sharded_holds)");
+  if (static_cast<int32_t>(instr.peer) != program_.shard_group)
+    return invalid_argument(check_.at(d_, i), ": gathers over group ", instr.peer,
+                            ", but the device's shards are of group ", program_.shard_group);
+  if (replaced_[t] >= 0)
+    return invalid_argument(check_.at(d_, i), ": gathers '", tensor.name, "' after instruction ",
+                            replaced_[t], " replaced it");
+  if (life_.contains(Key{t, instr.microbatch}))
+    return invalid_argument(check_.at(d_, i), ": gathers '", tensor.name, "' for block ",
+                            instr.microbatch, " a second time");
+  write(t, instr.microbatch, i);
+  return Status::ok();
+}
+
 Status DeviceCheck::bucket(const PlanInstruction &instr, size_t i) {
   RETURN_IF_ERROR(check_group(i));
   const PlanBucket &planned = program_.buckets[instr.index];
@@ -833,6 +887,7 @@ Status DeviceCheck::instruction(size_t i) {
   case InstrKind::kReduceScatter: return reduce(instr, i);
   case InstrKind::kAllGather: return gather(instr, i);
   case InstrKind::kReduceScatterAccumulate: return reduce_scatter_accumulate(instr, i);
+  case InstrKind::kGatherParam: return gather_param(instr, i);
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket: return bucket(instr, i);
   case InstrKind::kUpdate: return update(instr, i);

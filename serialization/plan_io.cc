@@ -58,7 +58,9 @@ static_assert(static_cast<uint8_t>(InstrKind::kWaitBucket) ==
               static_cast<uint8_t>(fb::InstrKind::WaitBucket));
 static_assert(static_cast<uint8_t>(InstrKind::kReduceScatterAccumulate) ==
               static_cast<uint8_t>(fb::InstrKind::ReduceScatterAccumulate));
-static_assert(fb::InstrKind::MAX == fb::InstrKind::ReduceScatterAccumulate);
+static_assert(static_cast<uint8_t>(InstrKind::kGatherParam) ==
+              static_cast<uint8_t>(fb::InstrKind::GatherParam));
+static_assert(fb::InstrKind::MAX == fb::InstrKind::GatherParam);
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -385,8 +387,8 @@ Status mesh_from_fb(const fb::Pipeline &q, size_t num_devices, size_t num_progra
                             num_devices, " devices and ", num_programs,
                             " programs; a pipeline has one device per stage, replica and member");
   pipe.zero = q.zero();
-  if (pipe.zero < 0 || pipe.zero > 2)
-    return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0, 1 or 2");
+  if (pipe.zero < 0 || pipe.zero > 3)
+    return invalid_argument("field pipeline.zero = ", pipe.zero, "; expected 0, 1, 2 or 3");
   pipe.bucket_bytes = q.bucket_bytes();
   if (pipe.bucket_bytes < 0)
     return invalid_argument("field pipeline.bucket_bytes = ", pipe.bucket_bytes, " is negative");
@@ -613,7 +615,7 @@ Status buckets_from_fb(const fb::Program &q, const Graph &g, const PlanPipeline 
     bucket.reduce_scatter = entry.reduce_scatter();
     if (bucket.tensors.empty()) return invalid_argument(at, " has no tensors");
     if (bucket.reduce_scatter && pipe.zero < 1)
-      return invalid_argument(at, ": reduce_scatter needs pipeline.zero = 1 or 2");
+      return invalid_argument(at, ": reduce_scatter needs pipeline.zero = 1, 2 or 3");
     const auto members = static_cast<int64_t>(pipe.groups[static_cast<size_t>(group[b])].size());
     for (size_t k = 0; k < bucket.tensors.size(); ++k) {
       const TensorId id = bucket.tensors[k];
@@ -688,7 +690,8 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
   const bool grouped = kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
                        kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
                        kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
-                       kind == InstrKind::kReduceScatterAccumulate;
+                       kind == InstrKind::kReduceScatterAccumulate ||
+                       kind == InstrKind::kGatherParam;
   if (grouped) {
     if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
       return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
@@ -700,9 +703,12 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
     const bool zero_only = kind == InstrKind::kReduceScatter || kind == InstrKind::kAllGather ||
                            kind == InstrKind::kComputeShard;
     if (zero_only && pipe.zero < 1)
-      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1 or 2");
-    if (kind == InstrKind::kReduceScatterAccumulate) {
-      if (pipe.zero != 2) return invalid_argument(at, ": ", name, " needs pipeline.zero = 2");
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 1, 2 or 3");
+    if (kind == InstrKind::kGatherParam && pipe.zero != 3)
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 3");
+    if (kind == InstrKind::kReduceScatterAccumulate && pipe.zero < 2)
+      return invalid_argument(at, ": ", name, " needs pipeline.zero = 2 or 3");
+    if (kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam) {
       const Tensor &tensor = g.tensor(index);
       if (tensor.type.num_elements() % static_cast<int64_t>(group.size()) != 0)
         return invalid_argument(at, ": ", name, " of '", tensor.name, "', whose ",
@@ -720,6 +726,12 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
       return out_of_range(at, ": ", name, " on micro-batch ", microbatch, ", not in ", lowest, "..",
                           microbatches - 1, lowest < 0 ? " (-1 is once per step)" : "");
   }
+  // ZeRO-3: a gather fills the buffer of a forward (0..M-1) or backward
+  // (M..2M-1) block.
+  if (kind == InstrKind::kGatherParam && (microbatch < 0 || microbatch >= 2 * microbatches))
+    return out_of_range(at, ": ", name, " for block ", microbatch, ", not in 0..",
+                        2 * microbatches - 1,
+                        " (a micro-batch's forward, or M + the micro-batch for its backward)");
   program.instructions.push_back(PlanInstruction{kind, in.microbatch(), index, in.peer()});
   return Status::ok();
 }
@@ -732,14 +744,16 @@ Status slots_from_fb(const fb::Program &q, const Graph &g, const std::string &wh
   const size_t num_tensors = g.num_tensors();
   const int64_t microbatches = pipe.microbatches;
   const std::vector<bool> shards = shard_accumulated(program, num_tensors);
+  const std::vector<bool> gathered = gathered_params(program, num_tensors);
   for (const fb::Slot &slot : copy_structs(q.slots())) {
     std::string at = str_cat(where, ".slots[", program.slots.size(), "]");
     if (slot.tensor() >= num_tensors)
       return out_of_range(at, ".tensor = ", slot.tensor(), " is not a tensor index (the model has ",
                           num_tensors, " tensors)");
-    if (slot.microbatch() < -1 || slot.microbatch() >= microbatches)
-      return out_of_range(at, ".microbatch = ", slot.microbatch(), " is not in -1..",
-                          microbatches - 1);
+    // A ZeRO-3 parameter's buffers are per block: 2M of them.
+    const int64_t top = gathered[slot.tensor()] ? 2 * microbatches : microbatches;
+    if (slot.microbatch() < -1 || slot.microbatch() >= top)
+      return out_of_range(at, ".microbatch = ", slot.microbatch(), " is not in -1..", top - 1);
     const Tensor &tensor = g.tensor(slot.tensor());
     if (slot.offset() < 0) return invalid_argument(at, ".offset = ", slot.offset(), " is negative");
     if (slot.offset() % kPlanAlignment != 0)
@@ -787,7 +801,7 @@ Status shard_group_from_fb(const fb::Program &q, const PlanPipeline &pipe, const
   program.shard_group = q.shard_group();
   if (!program.sharded_holds.empty()) {
     if (pipe.zero < 1)
-      return invalid_argument(where, ".sharded_holds needs pipeline.zero = 1 or 2");
+      return invalid_argument(where, ".sharded_holds needs pipeline.zero = 1, 2 or 3");
     if (program.shard_group < 0 || static_cast<size_t>(program.shard_group) >= pipe.groups.size())
       return out_of_range(where, ".shard_group = ", program.shard_group, ", but the pipeline has ",
                           pipe.groups.size(), " groups");
@@ -1115,6 +1129,7 @@ Status check_instruction_index(InstrKind kind, uint32_t index, size_t num_bucket
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather:
   case InstrKind::kReduceScatterAccumulate:
+  case InstrKind::kGatherParam:
     if (index >= num_tensors)
       return out_of_range(at, ": ", name, " of tensor ", index,
                           ", which is not a tensor index (the model has ", num_tensors,
@@ -1150,6 +1165,7 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kStartBucket: return "start-bucket";
   case InstrKind::kWaitBucket: return "wait-bucket";
   case InstrKind::kReduceScatterAccumulate: return "reduce-scatter-accumulate";
+  case InstrKind::kGatherParam: return "gather-param";
   }
   return "unknown";
 }
@@ -1160,6 +1176,14 @@ std::vector<bool> shard_accumulated(const PlanProgram &program, size_t num_tenso
     if (instr.kind == InstrKind::kReduceScatterAccumulate && instr.index < num_tensors)
       shards[instr.index] = true;
   return shards;
+}
+
+std::vector<bool> gathered_params(const PlanProgram &program, size_t num_tensors) {
+  std::vector<bool> gathered(num_tensors, false);
+  for (const PlanInstruction &instr : program.instructions)
+    if (instr.kind == InstrKind::kGatherParam && instr.index < num_tensors)
+      gathered[instr.index] = true;
+  return gathered;
 }
 
 int64_t slot_bytes(const Graph &graph, TensorId tensor, int32_t microbatch,

@@ -56,6 +56,15 @@ enum class InstrKind : uint8_t {
   // micro-batches) into buffer (index, -1), which holds only that shard (n/D
   // elements: see slot_bytes). The rest of (index, microbatch) is scratch.
   kReduceScatterAccumulate = 12,
+  // ZeRO-3 (pipeline zero 3): fill buffer (index, microbatch) with the whole
+  // parameter `index`, which the device holds only as its shard over group
+  // `peer` (sharded_holds): the shard is copied in at elements [r n/D,
+  // (r+1) n/D) and the rest all-gathered over the group. `microbatch` is the
+  // block b: b < M the forward of micro-batch b, M <= b < 2M the backward of
+  // micro-batch b - M (plan::gather_block); nodes of that phase and
+  // micro-batch read the parameter from buffer (index, b), which the memory
+  // plan frees after their last read.
+  kGatherParam = 13,
 };
 std::string_view instr_kind_name(InstrKind kind);
 // What instruction `kind` names by `index` must exist: a node, a tensor or a
@@ -122,6 +131,10 @@ std::vector<bool> shard_accumulated(const PlanProgram &program, size_t num_tenso
 // The bytes of buffer (tensor, microbatch) in a program's arena: the tensor's,
 // but 1/`shards` of them for the step buffer of a tensor `sharded` (the
 // program's shard_accumulated) names; `shards`: pipeline.data_parallel.
+// ZeRO-3: by tensor, whether `program` gathers the parameter (its
+// GatherParam instructions name it); its buffers are then per block
+// (micro-batch 0..2M-1).
+std::vector<bool> gathered_params(const PlanProgram &program, size_t num_tensors);
 int64_t slot_bytes(const Graph &graph, TensorId tensor, int32_t microbatch,
                    const std::vector<bool> &sharded, int64_t shards);
 
@@ -161,7 +174,8 @@ struct PlanPipeline {
   // empty vector: all "".
   std::vector<std::string> group_algorithms;
   // 1: optimizer state sharded over each stage's replicas (ZeRO-1); 2: the
-  // gradients too, reduce-scattered every micro-batch (ZeRO-2)
+  // gradients too, reduce-scattered every micro-batch (ZeRO-2); 3: the
+  // parameters too, gathered before each block that reads them (ZeRO-3)
   int32_t zero = 0;
   // Tensor parallelism (--mesh DPxTPxPP): device (stage * data_parallel + replica)
   // * tensor_parallel + member. The members of a (stage, replica) run the same

@@ -135,8 +135,11 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
                   "1: shard the optimizer state over the data-parallel replicas (ZeRO-1: "
                   "reduce-scatter gradients, update a shard, all-gather parameters); 2: the "
                   "gradients too (ZeRO-2: every micro-batch's gradients reduce-scattered as they "
-                  "are computed, each replica keeping only the shard it updates)")
-      ->check(CLI::Range(0, 2))
+                  "are computed, each replica keeping only the shard it updates); 3: the "
+                  "parameters too (ZeRO-3 / FSDP: each replica holds only its shard of a "
+                  "parameter, gathered whole before the forward and again before the backward "
+                  "that read it, freed after)")
+      ->check(CLI::Range(0, 3))
       ->needs(train);
   sub->add_flag("--split-activations", args.split_activations,
                 "tensor parallelism: let partial sums become split activations (reduce-scatter, "
@@ -204,9 +207,14 @@ constexpr char kCompileFooter[] =
     "backward (--bucket-mb). --zero 1 also shards the optimizer state over the\n"
     "replicas (ZeRO-1); --zero 2 the gradients too: each micro-batch's are\n"
     "reduce-scattered as backward computes them and each replica keeps only the\n"
-    "shard it updates (ZeRO-2: less memory, a reduce-scatter per micro-batch).\n"
+    "shard it updates (ZeRO-2: less memory, a reduce-scatter per micro-batch);\n"
+    "--zero 3 the parameters too: each replica holds 1/DP of every parameter and\n"
+    "gathers it whole before the forward and the backward of each micro-batch\n"
+    "(ZeRO-3 / FSDP: least memory, two all-gathers per parameter and micro-batch;\n"
+    "CPU threads and MPI ranks so far, not CUDA).\n"
     "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n"
-    "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 2 -o z2.splan\n\n"
+    "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 2 -o z2.splan\n"
+    "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 3 -o z3.splan\n\n"
     "Tensor parallelism: --mesh DPxTPxPP with TP > 1 splits every stage's work over\n"
     "TP devices. Nothing is annotated: the compiler picks each tensor's split by the\n"
     "cost model (on a GPT: Megatron-LM's column/row split, attention by heads, one\n"

@@ -67,7 +67,10 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.tensor_parallel > 1 ? "(stage x " : "stage x ") << p.data_parallel << " + replica"
         << (p.tensor_parallel > 1 ? str_cat(") x ", p.tensor_parallel, " + member") : "")
         << "); gradients "
-        << (p.zero == 2   ? "reduce-scattered every micro-batch and kept as shards (ZeRO-2), "
+        << (p.zero == 3 ? "reduce-scattered every micro-batch; parameters, gradients and "
+                          "optimizer state sharded (ZeRO-3); each layer's parameters gathered "
+                          "before use"
+            : p.zero == 2 ? "reduce-scattered every micro-batch and kept as shards (ZeRO-2), "
                             "optimizer state sharded too"
             : p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"
                           : "all-reduced per stage")

@@ -171,7 +171,9 @@ Tolerance default_tolerance(const Plan &plan) {
     else if (p.data_parallel > 1)
       reorders =
           str_cat("the replicas add their gradients in another order than one device",
-                  p.zero == 2 ? " (ZeRO-2: each micro-batch's, before the micro-batches)" : "");
+                  p.zero >= 2 ? str_cat(" (ZeRO-", p.zero,
+                                        ": each micro-batch's, before the micro-batches)")
+                              : std::string());
     else if (clip && p.stages > 1)
       reorders = "clipping adds each stage's squared gradients apart, which can change the last "
                  "bit of the norm";

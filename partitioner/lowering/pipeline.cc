@@ -73,6 +73,12 @@ public:
   void add(InstrKind kind, uint32_t index, int32_t mb = -1, int peer = -1) {
     program_.instructions.push_back({kind, mb, index, peer});
   }
+  // ZeRO-3: gathers parameter `tensor` into its block's buffer over group
+  // `group`, unless the block has it already.
+  void gather(TensorId tensor, int32_t block, int group) {
+    if (gathered_.insert({tensor, block}).second)
+      program_.instructions.push_back({InstrKind::kGatherParam, block, tensor, group});
+  }
   PlanProgram &program() { return program_; }
 
 private:
@@ -82,16 +88,20 @@ private:
   const int stage_;
   std::set<std::pair<TensorId, int32_t>> have_;       // buffers received so far
   std::set<std::tuple<TensorId, int32_t, int>> sent_; // (buffer, peer) sent so far
+  std::set<std::pair<TensorId, int32_t>> gathered_;   // ZeRO-3: (parameter, block)
   PlanProgram program_;
 };
 
 // Buffer lifetimes of one program and their placement. A ZeRO-2 gradient's
-// step buffer holds only the device's shard: 1/replicas of its bytes.
+// step buffer holds only the device's shard: 1/replicas of its bytes. A
+// ZeRO-3 parameter's block buffer lives from its gather to the block's last
+// reader (`node_phase` says which block a node reads).
 Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumulated,
-                           int microbatches, int replicas, int64_t alignment,
-                           PlanProgram &program) {
+                           const std::vector<Phase> &node_phase, int microbatches, int replicas,
+                           int64_t alignment, PlanProgram &program) {
   using Key = std::pair<TensorId, int32_t>;
   const std::vector<bool> shards = serialization::shard_accumulated(program, graph.num_tensors());
+  const std::vector<bool> gathered = serialization::gathered_params(program, graph.num_tensors());
   // With one micro-batch the accumulated buffer (t, -1) is (t, 0) itself (but
   // for a ZeRO-2 shard, a buffer of its own).
   auto key = [&](TensorId t, int32_t mb) -> Key {
@@ -120,12 +130,19 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
     switch (instr.kind) {
     case InstrKind::kCompute: {
       const Node &node = graph.node(instr.index);
-      for (TensorId in : node.inputs)
+      for (TensorId in : node.inputs) {
         if (is_intermediate(graph, in)) RETURN_IF_ERROR(touch(key(in, instr.microbatch), i, instr));
+        if (gathered[in] && instr.microbatch >= 0) {
+          const bool backward = node_phase[instr.index] == Phase::kBackward;
+          const int32_t block = plan::gather_block(backward, instr.microbatch, microbatches);
+          RETURN_IF_ERROR(touch(key(in, block), i, instr));
+        }
+      }
       for (TensorId out : node.outputs)
         define(key(out, instr.microbatch), i);
       break;
     }
+    case InstrKind::kGatherParam: define(key(instr.index, instr.microbatch), i); break;
     case InstrKind::kSend:
       RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
       break;
@@ -405,6 +422,8 @@ private:
   // updates applied right after it (its new values final).
   std::vector<bool> shard_summed_;
   std::vector<std::vector<uint32_t>> early_updates_;
+  // ZeRO-3: the parameters held as shards and gathered per block (by tensor).
+  std::vector<bool> sharded_param_;
 };
 
 PipelineLowering::PipelineLowering(const Graph &graph, const std::vector<int> &virtual_stage,
@@ -417,7 +436,8 @@ PipelineLowering::PipelineLowering(const Graph &graph, const std::vector<int> &v
       mb_readers_(graph.num_tensors()), step_readers_(graph.num_tensors()),
       holds_(static_cast<size_t>(options.stages)), shard_role_(graph.num_nodes(), Shard::kNone),
       sharded_grad_(graph.num_tensors(), false), sharded_state_(graph.num_tensors(), false),
-      shard_summed_(graph.num_tensors(), false), early_updates_(graph.num_nodes()) {
+      shard_summed_(graph.num_tensors(), false), early_updates_(graph.num_nodes()),
+      sharded_param_(graph.num_tensors(), false) {
   for (NodeId id = 0; id < graph.num_nodes(); ++id)
     node_stage_[id] = virtual_stage[id] % options.stages;
   for (NodeId id = 0; id < graph.num_nodes(); ++id)
@@ -489,10 +509,24 @@ void PipelineLowering::plan_shards() {
       shard_role_[update->clip] = Shard::kClip;
       shard_role_[update->squares] = Shard::kSquares;
     }
-    if (options_.zero != 2) continue;
+    if (options_.zero < 2) continue;
     // A graph output is read whole after the step: it stays ZeRO-1's.
     shard_summed_[update->grad] = !output[update->grad];
     plan_early_updates(id, consumers);
+    if (options_.zero < 3) continue;
+    // ZeRO-3: the parameter too, where only its stage holds it and nothing
+    // but per-micro-batch work and this update reads it (the update reads
+    // its shard; no all-gather of the new value follows).
+    const TensorId param = graph_.node(id).inputs[0];
+    const int s = node_stage_[id];
+    bool whole = graph_.tensor(param).kind != TensorKind::kParameter || output[param];
+    for (int h = 0; h < options_.stages; ++h)
+      whole = whole || (h != s && holds_[static_cast<size_t>(h)].contains(param));
+    for (NodeId reader : consumers[param])
+      whole = whole || (reader != id && phases_.node_phase[reader] == Phase::kStep);
+    if (whole) continue;
+    sharded_param_[param] = true;
+    sharded_state_[param] = true;
   }
 }
 
@@ -594,6 +628,12 @@ StageNodes PipelineLowering::stage_nodes(int s) const {
 void PipelineLowering::run_block(ProgramBuilder &b, const std::vector<NodeId> &nodes,
                                  int32_t mb) const {
   for (NodeId id : nodes) {
+    // ZeRO-3: the block's first reader of a sharded parameter gathers it
+    // first (no prefetch: the gather runs right before that node).
+    const bool backward = phases_.node_phase[id] == Phase::kBackward;
+    for (TensorId in : graph_.node(id).inputs)
+      if (sharded_param_[in])
+        b.gather(in, plan::gather_block(backward, mb, options_.microbatches), node_stage_[id]);
     b.compute(id, mb);
     for (TensorId out : graph_.node(id).outputs) {
       for (int peer : mb_readers_[out])
@@ -641,7 +681,8 @@ void PipelineLowering::run_step(ProgramBuilder &b, int s, const std::vector<Node
       b.compute_shard(id, s);
       if (shard_role_[id] == Shard::kSquares)
         b.add(InstrKind::kAllReduce, graph_.node(id).outputs[0], -1, s);
-      if (shard_role_[id] == Shard::kUpdate)
+      // ZeRO-3: the shard is the parameter; nothing gathers the new value.
+      if (shard_role_[id] == Shard::kUpdate && !sharded_param_[graph_.node(id).inputs[0]])
         b.add(InstrKind::kAllGather, graph_.node(id).outputs[0], -1, s);
     }
     for (TensorId out : graph_.node(id).outputs)
@@ -699,8 +740,8 @@ Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
   for (TensorId t : program.holds)
     if (sharded_state_[t]) program.sharded_holds.push_back(t);
   if (!program.sharded_holds.empty()) program.shard_group = s;
-  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, M, options_.data_parallel,
-                                      options_.alignment, program));
+  RETURN_IF_ERROR(plan_program_memory(graph_, accumulated_, phases_.node_phase, M,
+                                      options_.data_parallel, options_.alignment, program));
   return program;
 }
 
@@ -950,6 +991,9 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
           row.why = str_cat("from ", made, ", summed over the replicas (devices ", members,
                             ") every micro-batch, each adding the shard it updates into a "
                             "shard-sized sum (ZeRO-2)");
+        } else if (instr.kind == InstrKind::kGatherParam) {
+          row.why = str_cat("parameter held in shards, gathered whole on every replica (devices ",
+                            members, ") before the nodes of a block that read it (ZeRO-3)");
         } else {
           row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
                             members, ") (ZeRO-1)");

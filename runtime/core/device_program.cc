@@ -34,6 +34,7 @@ private:
   Status tensor_parallel(const PlanInstruction &instr, Op &op);
   Status transfer(const PlanInstruction &instr, Op &op);
   Status update(const PlanInstruction &instr, Op &op);
+  Status gather_param(const PlanInstruction &instr, Op &op);
   Result<int> group(const PlanInstruction &instr) const;
   Result<std::byte *> slot(TensorId t, int32_t microbatch) const;
   Result<std::byte *> weight(TensorId t) const;
@@ -143,6 +144,7 @@ Status Resolver::instruction(size_t i) {
   case InstrKind::kAllGather:
   case InstrKind::kReduceScatterAccumulate: return transfer(instr, op);
   case InstrKind::kUpdate: return update(instr, op);
+  case InstrKind::kGatherParam: return gather_param(instr, op);
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket:
     if (instr.index >= out_.buckets.size() || out_.buckets[instr.index].chunks.empty())
@@ -198,6 +200,10 @@ Status Resolver::compute(const PlanInstruction &instr, Op &op) {
     std::byte *data = nullptr;
     if (tensor.kind == TensorKind::kIntermediate) {
       ASSIGN_OR_RETURN(data, slot(t, instr.microbatch));
+    } else if (!shard && instr.microbatch >= 0 && plan_.gathers(device_, t)) {
+      // ZeRO-3: the whole parameter its block gathered.
+      ASSIGN_OR_RETURN(data, slot(t, plan::gather_block(plan_.backward(instr.index),
+                                                        instr.microbatch, plan_.microbatches())));
     } else {
       ASSIGN_OR_RETURN(data, weight(t));
     }
@@ -309,6 +315,30 @@ Status Resolver::update(const PlanInstruction &instr, Op &op) {
     op.bytes /= static_cast<size_t>(shards.count);
     op.source = source + op.bytes * static_cast<size_t>(shards.rank);
   }
+  return Status::ok();
+}
+
+// ZeRO-3: the block's buffer of the parameter, filled from the device's held
+// shard (at its position's chunk) and the group's all-gather.
+Status Resolver::gather_param(const PlanInstruction &instr, Op &op) {
+  if (instr.index >= g_.num_tensors()) return invalid("no tensor ", instr.index);
+  const TensorId t = instr.index;
+  const PipelinePlan::Shards &shards = plan_.shards(device_);
+  if (!shards.tensors.contains(t))
+    return invalid("gathers '", g_.tensor(t).name,
+                   "', which the device does not hold as its shard (sharded_holds)");
+  ASSIGN_OR_RETURN(op.group, group(instr));
+  if (op.group != shards.group)
+    return invalid("gathers over group ", op.group, ", but the device's shards are of group ",
+                   shards.group);
+  op.position = plan_.position(op.group, device_);
+  op.bytes = static_cast<size_t>(g_.tensor(t).type.size_bytes());
+  const auto members = plan_.group(op.group).size();
+  if (op.bytes % members != 0)
+    return invalid(g_.tensor(t).type.to_string(), " does not split over ", members, " devices");
+  ASSIGN_OR_RETURN(op.data, slot(t, instr.microbatch));
+  op.source = memory_.held(t);
+  op.tag = plan::collective_tag(instr);
   return Status::ok();
 }
 

@@ -49,6 +49,8 @@ struct Op {
   // sent from), `source` read; `bytes` of them. ReduceScatterAccumulate:
   // `data` is the micro-batch's whole buffer (`bytes`), reduce-scattered in
   // place, and `sum` the step buffer its shard goes into (bytes / group size).
+  // GatherParam: `data` is the block's whole buffer (`bytes`), `source` the
+  // device's held shard (bytes / group size).
   std::byte *data = nullptr;
   const std::byte *source = nullptr;
   std::byte *sum = nullptr;

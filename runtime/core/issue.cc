@@ -38,6 +38,7 @@ Status Issuer::issue(llvm::ArrayRef<Part> parts, bool reduce) {
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather: status = group_collective(parts); break;
   case InstrKind::kReduceScatterAccumulate: status = reduce_scatter_accumulate(parts); break;
+  case InstrKind::kGatherParam: status = gather_param(parts); break;
   case InstrKind::kStartBucket:
     status = transport_.start_bucket(lead.device, first.bucket,
                                      program(lead.device).buckets[first.bucket], lead.instruction);
@@ -102,6 +103,22 @@ Status Issuer::reduce_scatter_accumulate(llvm::ArrayRef<Part> parts) {
                             : device.accumulate(sum, mine, chunk));
   }
   return Status::ok();
+}
+
+// ZeRO-3: each member's held shard copied into its chunk of the block's
+// buffer (position r: bytes [r b/p, (r+1) b/p)), then all-gathered in place.
+Status Issuer::gather_param(llvm::ArrayRef<Part> parts) {
+  const Op &first = op(parts[0]);
+  const size_t p = plan_.group(first.group).size(), chunk = first.bytes / p;
+  std::vector<Member> members;
+  for (const Part &part : parts) {
+    Op &o = op(part);
+    std::byte *mine = o.data + chunk * o.position;
+    if (chunk > 0) RETURN_IF_ERROR(backend(part.device).copy(mine, o.source, chunk));
+    members.push_back({part.device, part.instruction, mine, o.data});
+  }
+  const Collective call{first.group, plan_.algorithm(first.group), first.tag, first.what};
+  return transport_.all_gather(members, chunk, call);
 }
 
 Status Issuer::tensor_parallel(llvm::ArrayRef<Part> parts) {

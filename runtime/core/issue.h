@@ -143,6 +143,7 @@ private:
   Status all_to_all(llvm::ArrayRef<Part> parts);
   Status group_collective(llvm::ArrayRef<Part> parts);
   Status reduce_scatter_accumulate(llvm::ArrayRef<Part> parts);
+  Status gather_param(llvm::ArrayRef<Part> parts);
   Op &op(const Part &part) {
     return programs_[static_cast<size_t>(part.device)]->ops[part.instruction];
   }

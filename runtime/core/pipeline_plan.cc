@@ -6,6 +6,7 @@
 #include "graph/verifier.h"
 #include "ops/registry.h"
 #include "plan/instructions.h"
+#include "plan/phases.h"
 #include "plan/pieces.h"
 #include "plan/simulate.h"
 #include "plan/verify.h"
@@ -72,9 +73,15 @@ Status PipelinePlan::index() {
   shards_.resize(programs_.size());
   held_.assign(programs_.size(), std::vector<bool>(g.num_tensors(), false));
   shard_sums_.clear();
+  gathered_.clear();
+  backward_.clear();
+  bool gathers = false;
   for (size_t d = 0; d < programs_.size(); ++d) {
     const serialization::PlanProgram &program = programs_[d];
     shard_sums_.push_back(serialization::shard_accumulated(program, g.num_tensors()));
+    gathered_.push_back(serialization::gathered_params(program, g.num_tensors()));
+    for (bool b : gathered_.back())
+      gathers = gathers || b;
     for (TensorId id : program.holds) {
       if (id >= g.num_tensors())
         return invalid_argument("device ", d, " holds tensor ", id, "; the graph has ",
@@ -92,6 +99,14 @@ Status PipelinePlan::index() {
     if (shards.rank == shards.count)
       return invalid_argument("device ", d, " is not in its shard group ", program.shard_group);
     shards.tensors.insert(program.sharded_holds.begin(), program.sharded_holds.end());
+  }
+  if (gathers) {
+    // ZeRO-3: which block's gathered buffer each node reads.
+    ASSIGN_OR_RETURN(const plan::StepPhases phases,
+                     plan::analyze_phases(g, static_cast<int>(slices())));
+    backward_.assign(g.num_nodes(), false);
+    for (NodeId n = 0; n < g.num_nodes(); ++n)
+      backward_[n] = phases.node_phase[n] == plan::Phase::kBackward;
   }
   return Status::ok();
 }

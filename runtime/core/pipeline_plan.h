@@ -12,7 +12,9 @@
 //    it, its tensor-parallel member's piece (PlanShard: the plan's graph
 //    declares the piece), and with ZeRO-1 only its shard of that (elements
 //    [r n / D, (r + 1) n / D) of the group's D devices, flat); with ZeRO-2
-//    also which gradients' step buffers are such shards;
+//    also which gradients' step buffers are such shards; with ZeRO-3 the
+//    parameters too, which GatherParam fills whole into per-block buffers
+//    (the forward or backward of a micro-batch) before their readers;
 //  - how those parts make the whole tensor again (value(), checkpoints) and
 //    how a whole value is cut into them (assign(), resume);
 //  - the names checkpoint pieces get over several processes:
@@ -112,6 +114,15 @@ public:
   bool shard_accumulated(int device, TensorId id) const {
     return shard_sums_[static_cast<size_t>(device)][id];
   }
+  // ZeRO-3: whether `device` gathers parameter `id` (GatherParam) into a
+  // buffer per block before the nodes that read it (it holds only its shard:
+  // shards()); per-micro-batch nodes then read buffer (id, block), block =
+  // plan::gather_block(backward(node), micro-batch, M).
+  bool gathers(int device, TensorId id) const {
+    return gathered_[static_cast<size_t>(device)][id];
+  }
+  // Whether node `id` is backward work (known where some device gathers).
+  bool backward(NodeId id) const { return id < backward_.size() && backward_[id]; }
 
   // Tensors every tensor-parallel member holds a piece of (null: whole).
   const serialization::PlanShard *tp_shard(TensorId id) const;
@@ -172,6 +183,8 @@ private:
   std::vector<Shards> shards_;
   std::vector<std::vector<bool>> held_;       // per device, per tensor: in its holds
   std::vector<std::vector<bool>> shard_sums_; // per device, per tensor: ZeRO-2's
+  std::vector<std::vector<bool>> gathered_;   // per device, per tensor: ZeRO-3's
+  std::vector<bool> backward_;                // by node, where some device gathers
   std::map<TensorId, serialization::PlanShard> tp_shards_;
 };
 

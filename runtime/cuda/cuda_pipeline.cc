@@ -117,6 +117,10 @@ Status size_instructions(const serialization::Plan &plan, size_t d, bool bf16,
         return invalid_argument(instruction_context(g, d, i, instr), ": no tensor ", instr.index);
       device.send[i] = -2; // placed after the fixed regions
       break;
+    case InstrKind::kGatherParam:
+      return unimplemented(instruction_context(g, d, i, instr),
+                           ": ZeRO-3 (--zero 3) does not run on CUDA yet; run the plan on CPU "
+                           "threads or MPI ranks, or compile it with --zero 2");
     case InstrKind::kStartBucket:
     case InstrKind::kWaitBucket:
       if (instr.index >= program.buckets.size())

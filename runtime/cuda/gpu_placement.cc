@@ -94,7 +94,7 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
   auto collective = [](InstrKind kind) {
     return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
            kind == InstrKind::kAllGather || kind == InstrKind::kStartBucket ||
-           kind == InstrKind::kReduceScatterAccumulate;
+           kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam;
   };
   // Buckets whose reduction has been launched, per (device, its bucket index).
   std::set<std::pair<int, uint32_t>> reduced;
@@ -146,7 +146,8 @@ gpu_launch_order(const Graph &graph, const std::vector<serialization::PlanProgra
           if (std::find(group.begin(), group.end(), static_cast<int32_t>(d)) == group.end())
             return invalid_argument(describe(d, i), ": the device is not in group ", group_id);
           const bool per_microbatch = instr.kind == InstrKind::kCompute ||
-                                      instr.kind == InstrKind::kReduceScatterAccumulate;
+                                      instr.kind == InstrKind::kReduceScatterAccumulate ||
+                                      instr.kind == InstrKind::kGatherParam;
           const std::tuple<InstrKind, int32_t, uint32_t, int32_t> key{
               instr.kind, group_id, instr.index, per_microbatch ? instr.microbatch : -1};
           auto &members = arrived[key];
@@ -252,7 +253,7 @@ int gpu_launch_group(const Graph &graph, const std::vector<serialization::PlanPr
       programs.at(static_cast<size_t>(lead.device)).instructions.at(lead.instruction);
   if (launch.reduce || instr.kind == InstrKind::kAllReduce ||
       instr.kind == InstrKind::kReduceScatter || instr.kind == InstrKind::kAllGather ||
-      instr.kind == InstrKind::kReduceScatterAccumulate)
+      instr.kind == InstrKind::kReduceScatterAccumulate || instr.kind == InstrKind::kGatherParam)
     return instr.peer;
   if (instr.kind == InstrKind::kCompute && tensor_parallel > 1 && instr.index < graph.num_nodes() &&
       ops::communicates_forward(ops::collective_of(graph.node(instr.index).op)))

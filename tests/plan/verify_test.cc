@@ -201,6 +201,10 @@ std::vector<Shape> shapes() {
         o.recompute = true;
         o.zero = 2;
       });
+  add("mlp dp=2 zero3", mlp(), training("adamw:lr=0.01"), mesh(2, 1, 1, 2),
+      [](PipelineCompileOptions &o) { o.zero = 3; });
+  add("gpt dp=2 pp=2 zero3", gpt(), training("sgd:lr=0.1,momentum=0.9"), mesh(2, 1, 2, 2),
+      [](PipelineCompileOptions &o) { o.zero = 3; });
   add("gpt tp=2 split activations", gpt(), training(), mesh(1, 2, 2, 2),
       [](PipelineCompileOptions &o) { o.split_activations = true; });
   add("gpt tp=2 clip", gpt(), training("sgd:lr=0.1,momentum=0.9,clip=0.05"), mesh(1, 2, 2, 2));
@@ -235,7 +239,7 @@ TEST(VerifyPlanTest, EveryCompiledPlanVerifies) {
         kinds.insert(instr.kind);
   }
   // The shapes reach every kind of instruction.
-  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kReduceScatterAccumulate) + 1);
+  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kGatherParam) + 1);
 }
 
 // A training plan without a pipeline is checked for its loss kind too.
@@ -627,6 +631,83 @@ TEST_F(VerifyCorruptionTest, RemovedReduceScatterAccumulate) {
   ASSERT_LT(scale, bad.programs[0].instructions.size());
   expect_refused(bad, {str_cat(at(bad, 0, scale), ": scales '", bad.graph.tensor(t).name,
                                "' after 1 of its 2 micro-batches were accumulated")});
+}
+
+// ZeRO-3: the MLP, 2 replicas, 2 micro-batches; parameters held as shards
+// and gathered before each block that reads them.
+Plan zero_three_plan() {
+  PipelineCompileOptions options = mesh(2, 1, 1, 2);
+  options.zero = 3;
+  auto compiled = partitioner::compile_pipeline(even_mlp(), training(), options);
+  EXPECT_TRUE(compiled.is_ok()) << compiled.status().message();
+  Plan plan = std::move(compiled).value();
+  plan.model_fingerprint = plan.fingerprint = std::string(64, 'a');
+  return plan;
+}
+
+// The first compute of device d after instruction `from` that reads `t`.
+size_t first_reader(const Plan &plan, size_t d, TensorId t, size_t from) {
+  const auto &instrs = plan.programs[d].instructions;
+  for (size_t i = from; i < instrs.size(); ++i) {
+    if (instrs[i].kind != InstrKind::kCompute) continue;
+    const auto &inputs = plan.graph.node(instrs[i].index).inputs;
+    if (std::find(inputs.begin(), inputs.end(), t) != inputs.end()) return i;
+  }
+  return instrs.size();
+}
+
+TEST(VerifyPlanTest, ZeroThreePlansRoundTripThroughJson) {
+  const Plan plan = zero_three_plan();
+  EXPECT_TRUE(verify_plan(plan).is_ok()) << verify_plan(plan).message();
+  auto json = serialization::plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok()) << json.status().message();
+  EXPECT_NE(json->find("\"kind\": \"GatherParam\""), std::string::npos);
+  EXPECT_NE(json->find("\"zero\": 3"), std::string::npos);
+  auto loaded = serialization::load_plan_from_json(*json, "z3.splan.json", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->programs, plan.programs);
+  EXPECT_TRUE(verify_plan(*loaded).is_ok()) << verify_plan(*loaded).message();
+}
+
+// A parameter's gather for mb 0's forward removed: its reader reads a
+// parameter the device holds only as a shard.
+TEST_F(VerifyCorruptionTest, RemovedGatherParam) {
+  Plan bad = zero_three_plan();
+  ASSERT_TRUE(verify_plan(bad).is_ok()) << verify_plan(bad).message();
+  const size_t i = find(bad, 0, kind_is(InstrKind::kGatherParam, 0));
+  ASSERT_LT(i, bad.programs[0].instructions.size());
+  const TensorId t = bad.programs[0].instructions[i].index;
+  erase(bad, 0, i);
+  const size_t reader = first_reader(bad, 0, t, i);
+  ASSERT_LT(reader, bad.programs[0].instructions.size());
+  expect_refused(bad, {str_cat(at(bad, 0, reader), ": reads '", bad.graph.tensor(t).name, "'"),
+                       "shard"});
+}
+
+// The gather moved after its first reader: that reader comes before it.
+TEST_F(VerifyCorruptionTest, GatherParamAfterItsReader) {
+  Plan bad = zero_three_plan();
+  const size_t i = find(bad, 1, kind_is(InstrKind::kGatherParam, 0));
+  ASSERT_LT(i, bad.programs[1].instructions.size());
+  const TensorId t = bad.programs[1].instructions[i].index;
+  const size_t reader = first_reader(bad, 1, t, i);
+  ASSERT_LT(reader, bad.programs[1].instructions.size());
+  auto &instrs = bad.programs[1].instructions;
+  const PlanInstruction gather = instrs[i];
+  instrs.erase(instrs.begin() + static_cast<std::ptrdiff_t>(i));
+  instrs.insert(instrs.begin() + static_cast<std::ptrdiff_t>(reader), gather);
+  expect_refused(bad, {str_cat(at(bad, 1, reader - 1), ": reads '", bad.graph.tensor(t).name,
+                               "', which the device holds only as its ZeRO-3 shard, before a "
+                               "gather of it for block 0 (GatherParam) comes first")});
+}
+
+// A zero field that says 2 for a plan that gathers parameters.
+TEST_F(VerifyCorruptionTest, GatherParamNeedsZeroThree) {
+  Plan bad = zero_three_plan();
+  bad.pipeline->zero = 2;
+  expect_refused(bad, {"gathers parameters from shards (GatherParam, ZeRO-3), but field "
+                       "pipeline.zero = 2"},
+                 false);
 }
 
 TEST_F(VerifyCorruptionTest, DuplicatedReduceScatterAccumulate) {

@@ -731,7 +731,10 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
       // ZeRO-1 fields.
       {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kReduceScatter; },
        "reduce-scatter needs pipeline.zero = 1"},
-      {[](Plan &p) { p.pipeline->zero = 3; }, "field pipeline.zero = 3; expected 0, 1 or 2"},
+      {[](Plan &p) { p.pipeline->zero = 4; }, "field pipeline.zero = 4; expected 0, 1, 2 or 3"},
+      // ZeRO-3's instruction needs ZeRO-3.
+      {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kGatherParam; },
+       "gather-param needs pipeline.zero = 3"},
       // ZeRO-2's instruction needs ZeRO-2.
       {[=](Plan &p) {
          p.programs[1].instructions[last].kind = InstrKind::kReduceScatterAccumulate;
@@ -840,6 +843,7 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kStartBucket), "start-bucket");
   EXPECT_EQ(instr_kind_name(InstrKind::kWaitBucket), "wait-bucket");
   EXPECT_EQ(instr_kind_name(InstrKind::kReduceScatterAccumulate), "reduce-scatter-accumulate");
+  EXPECT_EQ(instr_kind_name(InstrKind::kGatherParam), "gather-param");
 }
 
 // Writes `dir`/manifest.json by hand, listing `files` under `step` and

@@ -245,6 +245,23 @@ TEST_F(MpiTest, MlpZeroTwoShardsMatchThreads) {
   EXPECT_GT(pieces, 0);
 }
 
+// ZeRO-3: the parameters held as each rank's shard and all-gathered between
+// the ranks before every forward and backward block; the same bits as
+// threads, the parameters checkpointed in shards.
+TEST_F(MpiTest, MlpZeroThreeShardsMatchThreads) {
+  zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  compile(
+      "mlp.strata", "zero3.splan",
+      {"--mesh", "2x1x2", "--microbatches", "2", "--zero", "3", "--optimizer", "adamw:lr=1e-3"});
+  expect_equivalent("zero3.splan", 4);
+  auto checkpoint = serialization::read_checkpoint((dir_ / "ck_mpi").string(), "");
+  ASSERT_TRUE(checkpoint.is_ok());
+  int pieces = 0;
+  for (const auto &[name, file] : checkpoint->file_of)
+    if (name.find("@shard") != std::string::npos) ++pieces;
+  EXPECT_GT(pieces, 0);
+}
+
 TEST_F(MpiTest, GptPipelinesMatchThreads) {
   zoo({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab",
        "128", "--batch", "8", "-o", "gpt.strata"});
