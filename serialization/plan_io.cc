@@ -816,16 +816,19 @@ Status shard_group_from_fb(const fb::Program &q, const PlanPipeline &pipe, const
   return Status::ok();
 }
 
-// Each sharded hold is a held state tensor whose size the group divides.
+// Each sharded hold is a held state tensor (under ZeRO-3 also a parameter)
+// whose size the group divides.
 Status check_sharded_holds(const Graph &g, const PlanPipeline &pipe, const std::string &where,
                            const PlanProgram &program) {
   for (size_t k = 0; k < program.sharded_holds.size(); ++k) {
     const TensorId id = program.sharded_holds[k];
     if (!std::binary_search(program.holds.begin(), program.holds.end(), id))
       return invalid_argument(where, ".sharded_holds[", k, "] = ", id, " is not in holds");
-    if (g.tensor(id).kind != TensorKind::kState)
-      return invalid_argument(where, ".sharded_holds[", k, "]: '", g.tensor(id).name,
-                              "' is not a state tensor");
+    // ZeRO-3 holds parameters as shards too; ZeRO-1 and 2 only state.
+    const TensorKind kind = g.tensor(id).kind;
+    if (kind != TensorKind::kState && !(pipe.zero == 3 && kind == TensorKind::kParameter))
+      return invalid_argument(where, ".sharded_holds[", k, "]: '", g.tensor(id).name, "' is not a ",
+                              pipe.zero == 3 ? "parameter or state tensor" : "state tensor");
     const int64_t members =
         static_cast<int64_t>(pipe.groups[static_cast<size_t>(program.shard_group)].size());
     if (g.tensor(id).type.num_elements() % members != 0)
