@@ -211,8 +211,9 @@ void check_compile_options(const tools::CompileOptions &o, const py::kwargs &kwa
         invalid_argument("microbatches must be between 1 and 1048576, got ", o.microbatches));
   if (given("chunks") && (o.chunks < 2 || o.chunks > 1024))
     throw StatusError(invalid_argument("chunks must be between 2 and 1024, got ", o.chunks));
-  if (o.zero < 0 || o.zero > 2)
-    throw StatusError(invalid_argument("zero is 0, 1 (ZeRO-1) or 2 (ZeRO-2), got ", o.zero));
+  if (o.zero < 0 || o.zero > 3)
+    throw StatusError(
+        invalid_argument("zero is 0, 1 (ZeRO-1), 2 (ZeRO-2) or 3 (ZeRO-3), got ", o.zero));
   if (given("devices") && !o.auto_plan)
     throw StatusError(invalid_argument("devices= is the device count auto=True searches for; "
                                        "add auto=True, or give mesh="));

@@ -73,9 +73,11 @@ struct Estimate {
   double step_s = 0, bubble = 0, comm_bytes = 0;
   // What ZeRO-1 changes in the step: the parameters' all-gathers (one per
   // parameter, after the update) less the updates' (DP - 1) / DP it saves;
-  // ZeRO-2 that and M blocking reduce-scatters of a stage's gradients.
-  double zero_delta_s[3] = {0, 0, 0};
-  int64_t memory[3] = {0, 0, 0}; // ZeRO 0, 1, 2
+  // ZeRO-2 that and M blocking reduce-scatters of a stage's gradients;
+  // ZeRO-3 that and two gathers of the parameters per micro-batch (forward
+  // and backward) in place of the one after the update.
+  double zero_delta_s[4] = {0, 0, 0, 0};
+  int64_t memory[4] = {0, 0, 0, 0}; // ZeRO 0, 1, 2, 3
 };
 
 // What the estimates take from one training graph per tensor-parallel degree
@@ -234,7 +236,7 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     update = std::max(update, stage_update[k]);
     e.comm_bytes += 2.0 * stage.activation_bytes * M * dp * tp; // rough: activations both ways
     e.comm_bytes += dp > 1 ? stage.parameter_bytes * dp * tp : 0;
-    for (int zero : {0, 1, 2}) {
+    for (int zero : {0, 1, 2, 3}) {
       const double bytes =
           stage.parameter_bytes * parameter_state_factor(training.optimizer, zero, dp) +
           stage.in_flight * stage.activation_bytes * activation_scale;
@@ -254,6 +256,8 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     }
     e.zero_delta_s[1] = *std::max_element(gather.begin(), gather.end()) - update * (dp - 1) / dp;
     e.zero_delta_s[2] = e.zero_delta_s[1] + M * *std::max_element(scatter.begin(), scatter.end());
+    e.zero_delta_s[3] =
+        e.zero_delta_s[2] + (2 * M - 1) * *std::max_element(gather.begin(), gather.end());
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;
@@ -334,7 +338,7 @@ void CandidateSearch::run(int N, int64_t batch) {
       const int pp = N / (dp * tp);
       for (int M : microbatch_counts(batch / dp, options_.max_microbatches)) {
         std::vector<int> zeros = {0};
-        if (dp > 1) zeros.insert(zeros.end(), {1, 2});
+        if (dp > 1) zeros.insert(zeros.end(), {1, 2, 3});
         if (estimating)
           add_estimated(dp, tp, pp, M, std::move(zeros));
         else
