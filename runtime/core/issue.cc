@@ -51,8 +51,9 @@ Status Issuer::issue(llvm::ArrayRef<Part> parts, bool reduce) {
   return status;
 }
 
-// AllReduce, ReduceScatter and AllGather of a step buffer, in place: the
-// shard of the device at position r of the group is its r-th chunk.
+// AllReduce, ReduceScatter (also ZeRO-2's, of a micro-batch's buffer) and
+// AllGather of a buffer, in place: the shard of the device at position r of
+// the group is its r-th chunk.
 Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
   const size_t count = first.bytes / sizeof(float);
@@ -65,6 +66,7 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
     switch (o.kind) {
     case InstrKind::kAllReduce: members.push_back({part.device, part.instruction, full, full}); break;
     case InstrKind::kReduceScatter:
+    case InstrKind::kReduceScatterAccumulate:
       members.push_back({part.device, part.instruction, full, mine});
       break;
     default: members.push_back({part.device, part.instruction, mine, full}); break;
@@ -73,7 +75,8 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
   const Collective call{first.group, plan_.algorithm(first.group), first.tag, first.what};
   switch (first.kind) {
   case InstrKind::kAllReduce: return transport_.all_reduce(members, count, call);
-  case InstrKind::kReduceScatter: return transport_.reduce_scatter(members, count, call);
+  case InstrKind::kReduceScatter:
+  case InstrKind::kReduceScatterAccumulate: return transport_.reduce_scatter(members, count, call);
   default: return transport_.all_gather(members, chunk * sizeof(float), call);
   }
 }
@@ -83,17 +86,9 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
 // member's shard copied (micro-batch 0) or added into its step buffer, which
 // holds only that shard.
 Status Issuer::reduce_scatter_accumulate(llvm::ArrayRef<Part> parts) {
+  RETURN_IF_ERROR(group_collective(parts));
   const Op &first = op(parts[0]);
-  const size_t count = first.bytes / sizeof(float);
-  const size_t p = plan_.group(first.group).size(), chunk = count / p;
-  std::vector<Member> members;
-  for (const Part &part : parts) {
-    Op &o = op(part);
-    auto *full = reinterpret_cast<float *>(o.data);
-    members.push_back({part.device, part.instruction, full, full + chunk * o.position});
-  }
-  const Collective call{first.group, plan_.algorithm(first.group), first.tag, first.what};
-  RETURN_IF_ERROR(transport_.reduce_scatter(members, count, call));
+  const size_t chunk = first.bytes / sizeof(float) / plan_.group(first.group).size();
   for (const Part &part : parts) {
     const Op &o = op(part);
     const float *mine = reinterpret_cast<const float *>(o.data) + chunk * o.position;
