@@ -47,7 +47,7 @@ py::object to_json(const PlanHandle &handle) {
   return parse_json(value_or_throw(std::move(text)));
 }
 
-void save(const PlanHandle &handle, py::handle path_arg) {
+void save_plan(const PlanHandle &handle, py::handle path_arg) {
   const std::string path = path_text(path_arg);
   py::gil_scoped_release release;
   check(serialization::save_plan(handle.plan, path));
@@ -170,7 +170,7 @@ void register_plan(py::module_ &m) {
            "(`strata inspect PLAN --comm`); with auto=True the search's candidates.")
       .def("to_json", &to_json,
            "The plan file's JSON form, what `strata inspect PLAN --format json` prints.")
-      .def("save", &save, py::arg("path"),
+      .def("save", &save_plan, py::arg("path"),
            "Writes the plan: .splan (binary) or .splan.json (text); byte-identical to "
            "`strata compile` with the same options.")
       .def("run", &run, py::arg("inputs") = py::none(), py::kw_only(), py::arg("seed") = 0,

@@ -138,7 +138,7 @@ py::dict values(TrainerHandle &t, bool parameters_only) {
   return to_array_dict(tensors);
 }
 
-void save(TrainerHandle &t, py::handle path) {
+void save_checkpoint(TrainerHandle &t, py::handle path) {
   const std::string dir = path.is_none() ? t.checkpoint : path_text(path);
   if (dir.empty())
     throw StatusError(
@@ -276,7 +276,7 @@ void register_trainer(py::module_ &m) {
           "state", [](TrainerHandle &t) { return values(t, false); },
           "{name: array} of every parameter and state tensor (optimizer moments, "
           "'optimizer.step'): what a checkpoint holds.")
-      .def("save", &save, py::arg("path") = py::none(),
+      .def("save", &save_checkpoint, py::arg("path") = py::none(),
            "Saves a checkpoint into path (default: the trainer's checkpoint folder). A "
            "folder holding a checkpoint of another plan is refused.")
       .def("restore", &restore, py::arg("path"),

@@ -419,10 +419,8 @@ Status run_command(const RunArgs &args, std::ostream &out) {
   return run_forward(args, std::move(graph), out);
 }
 
-// Bounds far beyond any real run, inside int64 so that a number CLI11 would
-// saturate to the largest int64 is refused instead.
+// A bound far beyond any real run, inside int64 (as kMaxSteps).
 constexpr int64_t kMaxRuns = int64_t{1} << 20;
-constexpr int64_t kMaxSteps = int64_t{1} << 40;
 
 // What a model run reads: its inputs, outputs, runs and seed.
 void add_model_options(CLI::App *sub, RunArgs &args) {

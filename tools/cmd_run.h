@@ -13,6 +13,14 @@
 
 namespace strata::tools {
 
+// The flags that errors about the runner's GPU options name (`strata verify`
+// runs on the CPU and sets none of them).
+constexpr runtime::RunnerOptionNames kRunnerFlags{"--gpu", "--gpus", "--backend cuda"};
+
+// A bound on --steps far beyond any real run, inside int64 so that a number
+// CLI11 would saturate to the largest int64 is refused instead.
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
 struct RunArgs {
   std::string model;
   std::vector<std::string> inputs; // "name=path.npy" or "path.npy" (graph-input order)

@@ -45,9 +45,6 @@ namespace {
 namespace fs = std::filesystem;
 using serialization::Plan;
 
-// The flags that errors about the runner's GPU options name.
-constexpr runtime::RunnerOptionNames kRunnerFlags{"--gpu", "--gpus", "--backend cuda"};
-
 // STRATA_FAULT, for the failure tests: "<kind>:<device>:<step>:<instruction>"
 // with kind error|stall|kill|exit|stop (the device does it on reaching that
 // instruction of that step; "stall:...:<ms>" sleeps that long, not an hour: a

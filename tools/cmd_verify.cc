@@ -27,6 +27,7 @@
 #include "runtime/make_runner.h"
 #include "runtime/trainer.h"
 #include "tools/cli.h"
+#include "tools/cmd_run.h"
 #include "tools/plan_text.h"
 #include "tools/training_setup.h"
 #include "tools/verify_reference.h"
@@ -36,11 +37,6 @@ namespace {
 
 using serialization::Plan;
 
-// The flags that errors about the runner's GPU options would name; verify
-// runs on the CPU and sets none of them.
-constexpr runtime::RunnerOptionNames kRunnerFlags{"--gpu", "--gpus", "--backend cuda"};
-// A bound far beyond any real comparison, inside int64 (as `strata run`'s).
-constexpr int64_t kMaxSteps = int64_t{1} << 40;
 // --tolerance's value when it is not given (the option refuses negatives).
 constexpr double kToleranceNotGiven = -1;
 // The smallest reference magnitude a difference is divided by.
@@ -196,7 +192,7 @@ std::string layout(const Plan &plan) {
   return text;
 }
 
-std::string format_loss(double loss) {
+std::string format_loss_exact(double loss) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.8g", loss);
   return buf;
@@ -231,8 +227,8 @@ struct StepResult {
 
 std::string step_line(int64_t steps, const StepResult &r) {
   std::string line =
-      str_cat("step ", r.step, "/", steps, "  loss ", format_loss(r.loss), "  reference ",
-              format_loss(r.reference_loss), "  difference ", format_difference(r.loss_difference),
+      str_cat("step ", r.step, "/", steps, "  loss ", format_loss_exact(r.loss), "  reference ",
+              format_loss_exact(r.reference_loss), "  difference ", format_difference(r.loss_difference),
               "  weights ", format_difference(r.state.farthest));
   if (!r.state.farthest.identical) line += str_cat(" in '", r.state.tensor, "'");
   return line;
@@ -249,8 +245,8 @@ std::string failure_message(const std::string &path, const StepResult &first,
     what = str_cat("tensor '", first.state.tensor, "' differs from the one-device reference's by ",
                    format_difference(first.state.farthest));
   if (!within(first.loss_difference, tolerance))
-    what += str_cat(what.empty() ? "" : " and ", "the loss ", format_loss(first.loss),
-                    " differs from the reference's ", format_loss(first.reference_loss), " by ",
+    what += str_cat(what.empty() ? "" : " and ", "the loss ", format_loss_exact(first.loss),
+                    " differs from the reference's ", format_loss_exact(first.reference_loss), " by ",
                     format_difference(first.loss_difference));
   std::string text = str_cat(path, ": step ", first.step, ": ", what, ", over the tolerance ",
                              format_tolerance(tolerance));
