@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 namespace strata::runtime {
@@ -22,6 +24,25 @@ Status check_chunks(std::span<const size_t> chunks, size_t n, size_t p) {
     return invalid_argument("the ring's chunk offsets are not ", p + 1,
                             " increasing offsets from 0 to ", n);
   return Status::ok();
+}
+
+// Sends out[0, out_n) to `to` while receiving in[0, in_n) from `from`. The
+// send reads `out` in place where the communicator can (MPI: isend); both are
+// done when this returns.
+Status exchange(Communicator &comm, const float *out, size_t out_n, int to, float *in, size_t in_n,
+                int from, uint64_t tag, std::string_view what) {
+  std::unique_ptr<Request> send = comm.isend(out, out_n * sizeof(float), to, tag, what);
+  const Status received = comm.recv(in, in_n * sizeof(float), from, tag, what);
+  const Status sent = send->wait();
+  RETURN_IF_ERROR(received);
+  return sent;
+}
+
+// A send that reads `data` in place where the communicator can, done when
+// this returns (the receiver has it or it is copied).
+Status send_now(Communicator &comm, const void *data, size_t bytes, int peer, uint64_t tag,
+                std::string_view what) {
+  return comm.isend(data, bytes, peer, tag, what)->wait();
 }
 
 Result<size_t> position_in(const Communicator &comm, const Group &group) {
@@ -50,10 +71,8 @@ Status ring_reduce_scatter(Communicator &comm, std::span<float> data, const Grou
     const size_t out = (i + 2 * p - s - 1) % p, in = (i + 2 * p - s - 2) % p;
     const size_t out_begin = chunk_begin(out), out_end = chunk_begin(out + 1);
     const size_t in_begin = chunk_begin(in), in_end = chunk_begin(in + 1);
-    RETURN_IF_ERROR(
-        comm.send(data.data() + out_begin, (out_end - out_begin) * sizeof(float), next, tag, what));
-    RETURN_IF_ERROR(
-        comm.recv(incoming.data(), (in_end - in_begin) * sizeof(float), prev, tag, what));
+    RETURN_IF_ERROR(exchange(comm, data.data() + out_begin, out_end - out_begin, next,
+                             incoming.data(), in_end - in_begin, prev, tag, what));
     for (size_t e = in_begin; e < in_end; ++e)
       data[e] += incoming[e - in_begin];
   }
@@ -71,10 +90,8 @@ Status ring_all_gather(Communicator &comm, std::span<float> data, const Group &g
     const size_t out = (i + p - s) % p, in = (i + 2 * p - s - 1) % p;
     const size_t out_begin = chunk_begin(out), out_end = chunk_begin(out + 1);
     const size_t in_begin = chunk_begin(in), in_end = chunk_begin(in + 1);
-    RETURN_IF_ERROR(
-        comm.send(data.data() + out_begin, (out_end - out_begin) * sizeof(float), next, tag, what));
-    RETURN_IF_ERROR(
-        comm.recv(data.data() + in_begin, (in_end - in_begin) * sizeof(float), prev, tag, what));
+    RETURN_IF_ERROR(exchange(comm, data.data() + out_begin, out_end - out_begin, next,
+                             data.data() + in_begin, in_end - in_begin, prev, tag, what));
   }
   return Status::ok();
 }
@@ -90,7 +107,7 @@ Status tree_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   size_t mask = 1;
   for (; mask < p; mask <<= 1) {
     if (i & mask) {
-      RETURN_IF_ERROR(comm.send(data.data(), bytes, group[i - mask], tag, what));
+      RETURN_IF_ERROR(send_now(comm, data.data(), bytes, group[i - mask], tag, what));
       break;
     }
     if (i + mask < p) {
@@ -104,7 +121,7 @@ Status tree_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   if (i != 0) RETURN_IF_ERROR(comm.recv(data.data(), bytes, group[i - mask], tag + 1, what));
   for (mask >>= 1; mask > 0; mask >>= 1)
     if (i + mask < p && (i & mask) == 0 && (i % (mask << 1)) == 0)
-      RETURN_IF_ERROR(comm.send(data.data(), bytes, group[i + mask], tag + 1, what));
+      RETURN_IF_ERROR(send_now(comm, data.data(), bytes, group[i + mask], tag + 1, what));
   return Status::ok();
 }
 
@@ -147,7 +164,7 @@ Status fold_in(Communicator &comm, std::span<float> data, const Group &group, co
                size_t i, uint64_t tag, std::string_view what) {
   if (i >= 2 * fold.r) return Status::ok();
   const size_t n = data.size();
-  if (i % 2 == 1) return comm.send(data.data(), n * sizeof(float), group[i - 1], tag, what);
+  if (i % 2 == 1) return send_now(comm, data.data(), n * sizeof(float), group[i - 1], tag, what);
   float *incoming = scratch(n);
   RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), group[i + 1], tag, what));
   add_in_order(data.data(), incoming, n, true);
@@ -160,7 +177,7 @@ Status fold_out(Communicator &comm, std::span<float> data, const Group &group, c
   if (i >= 2 * fold.r) return Status::ok();
   const size_t bytes = data.size() * sizeof(float);
   if (i % 2 == 1) return comm.recv(data.data(), bytes, group[i - 1], tag, what);
-  return comm.send(data.data(), bytes, group[i + 1], tag, what);
+  return send_now(comm, data.data(), bytes, group[i + 1], tag, what);
 }
 
 // Recursive doubling: after the fold, survivor j exchanges its whole vector
@@ -178,8 +195,7 @@ Status recursive_doubling_all_reduce(Communicator &comm, std::span<float> data, 
     float *incoming = scratch(n);
     for (size_t d = fold.q / 2; d > 0; d /= 2) {
       const int peer = group[fold.member(j ^ d)];
-      RETURN_IF_ERROR(comm.send(data.data(), n * sizeof(float), peer, tag, what));
-      RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), peer, tag, what));
+      RETURN_IF_ERROR(exchange(comm, data.data(), n, peer, incoming, n, peer, tag, what));
       add_in_order(data.data(), incoming, n, (j & d) == 0);
     }
   }
@@ -232,9 +248,8 @@ Status halve(Communicator &comm, std::span<float> data, const Group &group, cons
     const size_t keep_n = at(keep.end) - at(keep.begin), give_n = at(give.end) - at(give.begin);
     const int peer = group[fold.member(j ^ d)];
     float *incoming = scratch(keep_n);
-    RETURN_IF_ERROR(
-        comm.send(data.data() + at(give.begin), give_n * sizeof(float), peer, tag, what));
-    RETURN_IF_ERROR(comm.recv(incoming, keep_n * sizeof(float), peer, tag, what));
+    RETURN_IF_ERROR(exchange(comm, data.data() + at(give.begin), give_n, peer, incoming, keep_n,
+                             peer, tag, what));
     add_in_order(data.data() + at(keep.begin), incoming, keep_n, (j & d) == 0);
   }
   return Status::ok();
@@ -248,11 +263,9 @@ Status double_up(Communicator &comm, std::span<float> data, const Group &group, 
   for (size_t d = 1; d < fold.q; d *= 2) {
     const ChunkRange mine = held_chunks(fold, j, d), theirs = held_chunks(fold, j ^ d, d);
     const int peer = group[fold.member(j ^ d)];
-    RETURN_IF_ERROR(comm.send(data.data() + at(mine.begin),
-                              (at(mine.end) - at(mine.begin)) * sizeof(float), peer, tag, what));
-    RETURN_IF_ERROR(comm.recv(data.data() + at(theirs.begin),
-                              (at(theirs.end) - at(theirs.begin)) * sizeof(float), peer, tag,
-                              what));
+    RETURN_IF_ERROR(exchange(comm, data.data() + at(mine.begin), at(mine.end) - at(mine.begin),
+                             peer, data.data() + at(theirs.begin),
+                             at(theirs.end) - at(theirs.begin), peer, tag, what));
   }
   return Status::ok();
 }
@@ -281,22 +294,212 @@ Status halving_reduce_scatter(Communicator &comm, std::span<float> data, const G
   const Fold fold(group.size());
   const Chunks at{data.size(), group.size(), given};
   RETURN_IF_ERROR(fold_in(comm, data, group, fold, i, tag, what));
+  // Every chunk's send is started before this member's own receive, so no
+  // two survivors wait on each other.
+  std::vector<std::unique_ptr<Request>> sends;
   if (!fold.sits_out(i)) {
     const size_t j = fold.survivor(i);
     RETURN_IF_ERROR(halve(comm, data, group, fold, j, at, tag, what));
     const ChunkRange held = held_chunks(fold, j, 1);
     for (size_t c = held.begin; c < held.end; ++c)
       if (c != i)
-        RETURN_IF_ERROR(comm.send(data.data() + at(c), (at(c + 1) - at(c)) * sizeof(float),
-                                  group[c], tag + 1, what));
+        sends.push_back(comm.isend(data.data() + at(c), (at(c + 1) - at(c)) * sizeof(float),
+                                   group[c], tag + 1, what));
   }
   const size_t from = fold.member(holder_of(fold, i));
-  if (from == i) return Status::ok();
-  return comm.recv(data.data() + at(i), (at(i + 1) - at(i)) * sizeof(float), group[from], tag + 1,
-                   what);
+  Status status = Status::ok();
+  if (from != i)
+    status = comm.recv(data.data() + at(i), (at(i + 1) - at(i)) * sizeof(float), group[from],
+                       tag + 1, what);
+  for (const std::unique_ptr<Request> &send : sends) {
+    const Status sent = send->wait();
+    if (status.is_ok()) status = sent;
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory: the same sums, read straight from the members' buffers.
+
+// How an algorithm adds up one chunk of p members' values: row `into` +=
+// row `from` for each add in turn (rows are the members by group position),
+// the sum ending in row `result`. Addition commutes bit for bit, so only the
+// grouping matters, and it is the grouping the algorithm's messages give.
+struct SumOrder {
+  std::vector<std::pair<uint32_t, uint32_t>> adds;
+  uint32_t result = 0;
+};
+
+SumOrder sum_order(std::optional<CollectiveAlgo> algo, size_t p, size_t chunk) {
+  SumOrder order;
+  auto add = [&](size_t into, size_t from) {
+    order.adds.emplace_back(static_cast<uint32_t>(into), static_cast<uint32_t>(from));
+  };
+  if (!algo) { // the communicator's own: ((x0 + x1) + x2) + ...
+    for (size_t k = 1; k < p; ++k)
+      add(0, k);
+    return order;
+  }
+  switch (*algo) {
+  case CollectiveAlgo::kRing: { // chunk c travels c + 1, c + 2, ..., c
+    const size_t first = (chunk + 1) % p;
+    for (size_t k = 2; k <= p; ++k)
+      add(first, (chunk + k) % p);
+    order.result = static_cast<uint32_t>(first);
+    return order;
+  }
+  case CollectiveAlgo::kTree: // binomial: the partner at distance 1, 2, 4, ...
+    for (size_t mask = 1; mask < p; mask <<= 1)
+      for (size_t i = 0; i + mask < p; i += 2 * mask)
+        add(i, i + mask);
+    return order;
+  case CollectiveAlgo::kRecursiveDoubling:
+  case CollectiveAlgo::kRabenseifner: { // the fold, then distance q/2, ..., 1
+    const Fold fold(p);
+    for (size_t k = 0; k < fold.r; ++k)
+      add(2 * k, 2 * k + 1);
+    for (size_t d = fold.q / 2; d > 0; d /= 2)
+      for (size_t j = 0; j < d; ++j)
+        add(fold.member(j), fold.member(j + d));
+    return order;
+  }
+  }
+  return order;
+}
+
+// out[e] = the sum over the rows of rows[k][e] in `order`, for e < n. `out`
+// may be one of the rows (this member's own chunk).
+void sum_rows(const std::vector<const float *> &rows, float *out, size_t n, const SumOrder &order) {
+  if (rows.size() == 1) {
+    if (out != rows[0]) std::copy(rows[0], rows[0] + n, out);
+    return;
+  }
+  if (rows.size() == 2) { // one addition, whichever way round
+    const float *a = rows[0], *b = rows[1];
+    for (size_t e = 0; e < n; ++e)
+      out[e] = a[e] + b[e];
+    return;
+  }
+  // A block of every row at a time, small enough to stay in the cache.
+  constexpr size_t kBlock = 1024;
+  thread_local std::vector<float> block;
+  block.resize(rows.size() * kBlock);
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t m = std::min(kBlock, n - begin);
+    for (size_t k = 0; k < rows.size(); ++k)
+      std::copy(rows[k] + begin, rows[k] + begin + m, block.data() + k * kBlock);
+    for (auto [into, from] : order.adds) {
+      float *to = block.data() + into * kBlock;
+      const float *add = block.data() + from * kBlock;
+      for (size_t e = 0; e < m; ++e)
+        to[e] = to[e] + add[e];
+    }
+    const float *sum = block.data() + order.result * kBlock;
+    std::copy(sum, sum + m, out + begin);
+  }
+}
+
+// What a member shows the others: where its parts (and its chunks' sums) are.
+struct Exposed {
+  const std::span<float> *parts;
+  float *const *out;
+  size_t count;
+};
+
+// The group as its members' ranks, and this member's position in it.
+Result<std::pair<Group, size_t>> members_of(const Communicator &comm, const Group &group) {
+  Group members = group;
+  if (members.empty())
+    for (int r = 0; r < comm.size(); ++r)
+      members.push_back(r);
+  ASSIGN_OR_RETURN(size_t i, position_in(comm, members));
+  return std::make_pair(std::move(members), i);
+}
+
+// Swaps `mine` for every member's over the group.
+Result<std::vector<Exposed>> expose(Communicator &comm, const Exposed &mine, const Group &group,
+                                    std::string_view what) {
+  std::vector<Exposed> all(group.size());
+  RETURN_IF_ERROR(comm.all_gather(&mine, sizeof mine, all.data(), group, what));
+  for (size_t m = 0; m < all.size(); ++m) {
+    bool same = all[m].count == mine.count;
+    for (size_t k = 0; same && k < mine.count; ++k)
+      same = all[m].parts[k].size() == mine.parts[k].size();
+    if (!same)
+      return invalid_argument("device ", comm.rank(), " and device ", group[m],
+                              " reduce parts of different sizes");
+  }
+  return all;
+}
+
+// Member i's sums of chunk i of every part, into each member's `out`.
+void sum_own_chunks(const std::vector<Exposed> &all, size_t i, std::optional<CollectiveAlgo> algo) {
+  const size_t p = all.size();
+  const SumOrder order = sum_order(algo, p, i);
+  std::vector<const float *> rows(p);
+  for (size_t k = 0; k < all[i].count; ++k) {
+    const size_t n = all[i].parts[k].size();
+    const size_t begin = chunk_begin(n, p, i), end = chunk_begin(n, p, i + 1);
+    for (size_t m = 0; m < p; ++m)
+      rows[m] = all[m].parts[k].data() + begin;
+    sum_rows(rows, all[i].out[k], end - begin, order);
+  }
 }
 
 } // namespace
+
+Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float>> parts,
+                             std::span<float *const> out, const Group &group,
+                             std::optional<CollectiveAlgo> algo, std::string_view what) {
+  ASSIGN_OR_RETURN(auto members, members_of(comm, group));
+  const auto &[ranks, i] = members;
+  if (out.size() != parts.size())
+    return invalid_argument("a reduce-scatter of ", parts.size(), " parts with ", out.size(),
+                            " outputs");
+  ASSIGN_OR_RETURN(std::vector<Exposed> all,
+                   expose(comm, {parts.data(), out.data(), parts.size()}, ranks, what));
+  sum_own_chunks(all, i, algo);
+  // Nobody leaves while another may still read its parts.
+  return comm.barrier(ranks, what);
+}
+
+Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> parts,
+                         const Group &group, std::optional<CollectiveAlgo> algo,
+                         std::string_view what) {
+  ASSIGN_OR_RETURN(auto members, members_of(comm, group));
+  const auto &[ranks, i] = members;
+  const size_t p = ranks.size();
+  std::vector<float *> out;
+  for (const std::span<float> &part : parts)
+    out.push_back(part.data() + chunk_begin(part.size(), p, i));
+  ASSIGN_OR_RETURN(std::vector<Exposed> all,
+                   expose(comm, {parts.data(), out.data(), parts.size()}, ranks, what));
+  sum_own_chunks(all, i, algo);
+  RETURN_IF_ERROR(comm.barrier(ranks, what)); // every chunk is summed
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const size_t n = parts[k].size();
+    for (size_t c = 0; c < p; ++c) {
+      if (c == i) continue;
+      const size_t begin = chunk_begin(n, p, c), end = chunk_begin(n, p, c + 1);
+      const float *from = all[c].parts[k].data();
+      std::copy(from + begin, from + end, parts[k].data() + begin);
+    }
+  }
+  return comm.barrier(ranks, what); // nobody reads another's chunks any more
+}
+
+Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,
+                         const Group &group, std::string_view what) {
+  ASSIGN_OR_RETURN(auto members, members_of(comm, group));
+  const auto &ranks = members.first;
+  std::vector<const void *> inputs(ranks.size());
+  RETURN_IF_ERROR(comm.all_gather(&input, sizeof input, inputs.data(), ranks, what));
+  for (size_t m = 0; m < ranks.size(); ++m) {
+    std::byte *to = static_cast<std::byte *>(output) + m * bytes;
+    if (bytes > 0 && to != inputs[m]) std::memcpy(to, inputs[m], bytes); // else in place
+  }
+  return comm.barrier(ranks, what);
+}
 
 std::string_view collective_algo_name(CollectiveAlgo algo) {
   switch (algo) {

@@ -89,4 +89,31 @@ inline size_t chunk_begin(size_t n, size_t p, size_t k) { return k * n / p; }
 Status algo_all_gather(Communicator &comm, std::span<float> data, const Group &group, uint64_t tag,
                        std::string_view what);
 
+// The shared-memory collectives, for a group whose members share an address
+// space (comm.shares_memory(group)): the members swap the addresses of their
+// buffers with one all_gather, then each sums its own chunk straight from
+// every member's memory, adding in the order `algo`'s messages would (none:
+// increasing rank order, the communicator's own), so the result has the bits
+// of algo_all_reduce / algo_reduce_scatter (or of the communicator's) with no
+// message and no copy but the result's. Every part is chunked on its own,
+// chunk c of a part of n elements being [c n / p, (c + 1) n / p): the bits of
+// a bucket packed chunk by chunk. Each returns when no member reads another's
+// memory any more.
+//
+// All-reduce of every part, in place: member i sums chunk i of each part,
+// the group meets, then each copies every other chunk from its owner.
+Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> parts,
+                         const Group &group, std::optional<CollectiveAlgo> algo,
+                         std::string_view what);
+// Reduce-scatter: `out[k]` (chunk i's size) receives the sum of chunk i of
+// `parts[k]` for member i; it may be that chunk of the part itself (in place).
+// The parts are not changed otherwise.
+Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float>> parts,
+                             std::span<float *const> out, const Group &group,
+                             std::optional<CollectiveAlgo> algo, std::string_view what);
+// `output` (group size x bytes) receives every member's `input` in group
+// order, copied from the members' memory.
+Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,
+                         const Group &group, std::string_view what);
+
 } // namespace strata::runtime

@@ -128,6 +128,16 @@ public:
     return barrier_impl(group, what);
   }
 
+  // True when every member of `group` (empty: every rank) runs in this
+  // process, so that inside one of the group's collectives each member may
+  // read and write the others' memory: the shared-memory collectives of
+  // runtime/comm/collectives.h then move no message. Devices as threads of one
+  // process do; MPI ranks do not.
+  virtual bool shares_memory(const Group &group) const {
+    (void)group;
+    return false;
+  }
+
   // Ends the world: every pending and later call on every rank fails promptly
   // with "device N aborted: <reason>". Callable from any thread.
   virtual void abort(Status reason) = 0;

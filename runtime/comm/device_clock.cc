@@ -124,6 +124,7 @@ public:
   std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
   void set_label(std::string label) override { inner_.set_label(std::move(label)); }
   void abort(Status reason) override { inner_.abort(std::move(reason)); }
+  bool shares_memory(const Group &group) const override { return inner_.shares_memory(group); }
 
 protected:
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,

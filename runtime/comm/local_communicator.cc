@@ -345,6 +345,7 @@ public:
   std::chrono::milliseconds timeout() const override { return state_->timeout(); }
   void set_label(std::string label) override { state_->set_label(rank_, std::move(label)); }
   void abort(Status reason) override { state_->abort(rank_, reason); }
+  bool shares_memory(const Group &) const override { return true; }
 
 protected:
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,

@@ -103,6 +103,8 @@ Status CommTransport::all_reduce(llvm::ArrayRef<core::Member> members, size_t co
   if (count > 0 && me.in != me.out) std::memcpy(out, me.in, count * sizeof(float));
   const std::span<float> data(out, count);
   const Group &group = plan_.group(call.group);
+  if (comm_.shares_memory(group))
+    return shared_all_reduce(comm_, std::span(&data, 1), group, call.algo, call.what);
   return call.algo ? algo_all_reduce(comm_, data, group, *call.algo, call.tag, call.what)
                    : comm_.all_reduce(data, group, call.what);
 }
@@ -111,6 +113,12 @@ Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_
                                      const core::Collective &call, const plan::PieceLayout *) {
   const core::Member &me = members[0];
   const Group &group = plan_.group(call.group);
+  if (comm_.shares_memory(group)) { // read in place, `out` written
+    const std::span<float> whole(const_cast<float *>(static_cast<const float *>(me.in)), count);
+    float *const out = static_cast<float *>(me.out);
+    return shared_reduce_scatter(comm_, std::span(&whole, 1), std::span(&out, 1), group,
+                                 call.algo, call.what);
+  }
   // The algorithms work in place: `in` is the whole tensor and `out` this
   // member's chunk of it (the rest is scratch).
   if (call.algo)
@@ -126,6 +134,8 @@ Status CommTransport::all_gather(llvm::ArrayRef<core::Member> members, size_t by
                                  const core::Collective &call, const plan::PieceLayout *) {
   const core::Member &me = members[0];
   const Group &group = plan_.group(call.group);
+  if (comm_.shares_memory(group))
+    return shared_all_gather(comm_, me.in, bytes, me.out, group, call.what);
   if (call.algo) // in place: the whole tensor with this member's shard filled in
     return algo_all_gather(
         comm_, std::span<float>(static_cast<float *>(me.out), bytes * group.size() / sizeof(float)),
@@ -154,6 +164,15 @@ Status CommTransport::all_to_all(llvm::ArrayRef<core::Member> members, size_t bl
 Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   const Group &group = plan_.group(bucket.group);
   const size_t p = group.size();
+  // Threads: no packing, the members read each other's gradients.
+  if (comm.shares_memory(group)) {
+    const std::optional<CollectiveAlgo> algo = plan_.algorithm(bucket.group);
+    if (!bucket.reduce_scatter) return shared_all_reduce(comm, bucket.parts, group, algo, bucket.what);
+    std::vector<float *> out;
+    for (const std::span<float> &part : bucket.parts)
+      out.push_back(part.data() + chunk_begin(part.size(), p, bucket.position));
+    return shared_reduce_scatter(comm, bucket.parts, out, group, algo, bucket.what);
+  }
   float *packed = staging_.data();
   // Chunk c of every part and where it sits in the packed bucket.
   auto each_piece = [&](size_t c, auto &&fn) {

@@ -2,9 +2,11 @@
 // ranks): one per plan device, used by that device's thread, which blocks in
 // each call until its part is done. Collectives run the plan's algorithm for
 // the group (runtime/comm/collectives.h, over point-to-point messages) or the
-// communicator's own. Gradient buckets are packed chunk by chunk into one
-// message and reduced on the device's communication stream (CommStream: a
-// second thread over a second communicator) while the device computes.
+// communicator's own; where the group's members share the address space
+// (threads), the shared-memory form of the same sums (no messages, no
+// packing). Gradient buckets are packed chunk by chunk into one message and
+// reduced on the device's communication stream (CommStream: a second thread
+// over a second communicator) while the device computes.
 #pragma once
 
 #include <chrono>

@@ -2,13 +2,16 @@
 // point-to-point messages: every member gets the same bits, the sum is right,
 // shards land where ZeRO-1 expects them (with a bucket's chunk offsets too),
 // and a member that never joins ends the collective with a timeout, not a hang.
-// Group sizes that are powers of two and ones that are not (the fold).
+// Group sizes that are powers of two and ones that are not (the fold). The
+// shared-memory collectives give the same bits as the messages.
 #include "runtime/comm/collectives.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -329,6 +332,162 @@ TEST(CollectivesTest, AMemberThatNeverJoinsTimesOut) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3))
         << collective_algo_name(algo);
   }
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory: the same bits as the messages, read from the members' memory.
+
+// Part sizes of a bucket: fewer elements than members, sizes the group does
+// not divide, and a few blocks' worth.
+const std::vector<size_t> kPartSizes = {1, 3, 64, 1001, 5000};
+
+// Member r's parts (random floats: another order would round differently).
+std::vector<std::vector<float>> parts_of(int rank) {
+  std::vector<std::vector<float>> parts;
+  for (size_t k = 0; k < kPartSizes.size(); ++k)
+    parts.push_back(random_floats(rank * 16 + static_cast<int>(k), kPartSizes[k]));
+  return parts;
+}
+
+std::vector<std::span<float>> spans(std::vector<std::vector<float>> &parts) {
+  std::vector<std::span<float>> out;
+  for (auto &part : parts)
+    out.emplace_back(part);
+  return out;
+}
+
+// Each part of each member all-reduced (or, with `scatter`, reduce-scattered)
+// alone, with `algo`'s messages or, for none, the communicator's own.
+std::vector<std::vector<std::vector<float>>> reduced_alone(int p, std::optional<CollectiveAlgo> algo,
+                                                           bool scatter) {
+  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(p));
+  Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
+    auto parts = parts_of(rank);
+    const Group group = whole_group(p);
+    for (auto &part : parts) {
+      if (algo) {
+        RETURN_IF_ERROR(scatter ? algo_reduce_scatter(comm, part, group, *algo, 40, "alone")
+                                : algo_all_reduce(comm, part, group, *algo, 40, "alone"));
+      } else {
+        RETURN_IF_ERROR(comm.all_reduce(std::span<float>(part), group, "alone"));
+      }
+    }
+    out[static_cast<size_t>(rank)] = std::move(parts);
+    return Status::ok();
+  });
+  EXPECT_TRUE(status.is_ok()) << status.message();
+  return out;
+}
+
+std::string algo_label(std::optional<CollectiveAlgo> algo, int p) {
+  return str_cat(algo ? collective_algo_name(*algo) : "the communicator's own", " p=", p);
+}
+
+std::vector<std::optional<CollectiveAlgo>> every_order() {
+  std::vector<std::optional<CollectiveAlgo>> orders = {std::nullopt};
+  for (CollectiveAlgo algo : kAllCollectiveAlgos)
+    orders.push_back(algo);
+  return orders;
+}
+
+TEST(SharedCollectivesTest, AllReduceHasTheBitsOfTheMessages) {
+  for (std::optional<CollectiveAlgo> algo : every_order())
+    for (int p : kGroupSizes) {
+      const std::string what = algo_label(algo, p);
+      const auto want = reduced_alone(p, algo, false);
+      std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(p));
+      Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
+        EXPECT_TRUE(comm.shares_memory(whole_group(p)));
+        auto parts = parts_of(rank);
+        const auto views = spans(parts);
+        RETURN_IF_ERROR(shared_all_reduce(comm, views, whole_group(p), algo, what));
+        got[static_cast<size_t>(rank)] = std::move(parts);
+        return Status::ok();
+      });
+      ASSERT_TRUE(status.is_ok()) << what << ": " << status.message();
+      for (int r = 0; r < p; ++r)
+        for (size_t k = 0; k < kPartSizes.size(); ++k) {
+          const auto &g = got[static_cast<size_t>(r)][k], &w = want[static_cast<size_t>(r)][k];
+          ASSERT_TRUE(same_bits(g.data(), w.data(), g.size()))
+              << what << ": member " << r << ", part of " << g.size();
+        }
+    }
+}
+
+TEST(SharedCollectivesTest, ReduceScatterHasTheBitsOfTheMessagesAndKeepsTheRest) {
+  for (std::optional<CollectiveAlgo> algo : every_order())
+    for (int p : kGroupSizes) {
+      const std::string what = algo_label(algo, p);
+      // The messages' shards (the communicator's own all-reduce for none: its
+      // reduce-scatter sums in the same order).
+      const auto want = reduced_alone(p, algo, algo.has_value());
+      Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
+        auto parts = parts_of(rank);
+        const auto before = parts;
+        const auto views = spans(parts);
+        // Half the parts in place, half into buffers of their own.
+        std::vector<std::vector<float>> separate(parts.size());
+        std::vector<float *> out;
+        for (size_t k = 0; k < parts.size(); ++k) {
+          const size_t begin = chunk_begin(parts[k].size(), static_cast<size_t>(p),
+                                           static_cast<size_t>(rank));
+          const size_t end = chunk_begin(parts[k].size(), static_cast<size_t>(p),
+                                         static_cast<size_t>(rank) + 1);
+          separate[k].assign(end - begin, -1.0f);
+          out.push_back(k % 2 ? separate[k].data() : parts[k].data() + begin);
+        }
+        RETURN_IF_ERROR(shared_reduce_scatter(comm, views, out, whole_group(p), algo, what));
+        for (size_t k = 0; k < parts.size(); ++k) {
+          const size_t n = parts[k].size();
+          const size_t begin = chunk_begin(n, static_cast<size_t>(p), static_cast<size_t>(rank));
+          const size_t end = chunk_begin(n, static_cast<size_t>(p), static_cast<size_t>(rank) + 1);
+          const float *mine = want[static_cast<size_t>(rank)][k].data() + begin;
+          EXPECT_TRUE(same_bits(out[k], mine, end - begin))
+              << what << ": member " << rank << "'s shard of part " << k;
+          for (size_t e = 0; e < n; ++e) { // the rest of the part is unchanged
+            if (k % 2 || e < begin || e >= end) {
+              EXPECT_TRUE(same_bits(&parts[k][e], &before[k][e], 1))
+                  << what << ": member " << rank << " part " << k << " element " << e;
+            }
+          }
+        }
+        return Status::ok();
+      });
+      ASSERT_TRUE(status.is_ok()) << what << ": " << status.message();
+    }
+}
+
+TEST(SharedCollectivesTest, AllGatherPutsEveryMemberInPlace) {
+  for (int p : kGroupSizes) {
+    const size_t bytes = 12;
+    Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
+      std::vector<std::byte> out(bytes * static_cast<size_t>(p), std::byte{0});
+      std::vector<std::byte> mine(bytes);
+      for (size_t b = 0; b < bytes; ++b)
+        mine[b] = static_cast<std::byte>(rank * 31 + static_cast<int>(b));
+      // In place: this member's input is its slot of the output.
+      std::byte *slot = out.data() + static_cast<size_t>(rank) * bytes;
+      std::copy(mine.begin(), mine.end(), slot);
+      RETURN_IF_ERROR(shared_all_gather(comm, slot, bytes, out.data(), whole_group(p), "w"));
+      for (int m = 0; m < p; ++m)
+        for (size_t b = 0; b < bytes; ++b)
+          EXPECT_EQ(out[static_cast<size_t>(m) * bytes + b],
+                    static_cast<std::byte>(m * 31 + static_cast<int>(b)))
+              << "p=" << p << " member " << rank << " slot " << m;
+      return Status::ok();
+    });
+    ASSERT_TRUE(status.is_ok()) << status.message();
+  }
+}
+
+TEST(SharedCollectivesTest, PartsOfDifferentSizesAreAnError) {
+  Status status = run_on_threads(2, [&](int rank, Communicator &comm) {
+    std::vector<float> part(rank == 0 ? 10 : 12, 1.0f);
+    const std::span<float> view(part);
+    return shared_all_reduce(comm, std::span(&view, 1), {0, 1}, std::nullopt, "bucket 3");
+  });
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("different sizes"), std::string::npos) << status.message();
 }
 
 } // namespace
