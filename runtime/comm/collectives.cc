@@ -1,6 +1,7 @@
 #include "runtime/comm/collectives.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <utility>
@@ -486,6 +487,35 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
     }
   }
   return comm.barrier(ranks, what); // nobody reads another's chunks any more
+}
+
+Status segment_reduce(Communicator &comm, std::span<float *const> packed, const Group &group,
+                      std::optional<CollectiveAlgo> algo, std::span<const size_t> chunks, bool all,
+                      std::string_view what) {
+  ASSIGN_OR_RETURN(size_t i, position_in(comm, group));
+  const size_t p = group.size();
+  if (packed.size() != p || chunks.size() != p + 1)
+    return invalid_argument("a shared reduction over ", p, " members with ", packed.size(),
+                            " buffers and ", chunks.size(), " chunk offsets");
+  // The meetings are MPI messages between processes; the fences make the
+  // order of the segments' reads and writes around them explicit.
+  auto meet = [&] {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    Status status = comm.barrier(group, what);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return status;
+  };
+  RETURN_IF_ERROR(meet()); // every member has packed
+  std::vector<const float *> rows(p);
+  for (size_t m = 0; m < p; ++m)
+    rows[m] = packed[m] + chunks[i];
+  sum_rows(rows, packed[i] + chunks[i], chunks[i + 1] - chunks[i], sum_order(algo, p, i));
+  if (all) {
+    RETURN_IF_ERROR(meet()); // every chunk is summed
+    for (size_t c = 0; c < p; ++c)
+      if (c != i) std::copy(packed[c] + chunks[c], packed[c] + chunks[c + 1], packed[i] + chunks[c]);
+  }
+  return meet(); // nobody reads another's any more
 }
 
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,

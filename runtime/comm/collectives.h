@@ -111,6 +111,15 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
 Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float>> parts,
                              std::span<float *const> out, const Group &group,
                              std::optional<CollectiveAlgo> algo, std::string_view what);
+// The same sums over packed buckets that every member can read in its own
+// mapping (MPI ranks on one host: Communicator::shared_segment): `packed[m]`
+// is member m's, chunk c being [chunks[c], chunks[c + 1]). Member i sums
+// chunk i into its own; with `all`, it then copies every other chunk from
+// its owner. The group meets before (every member has packed), between and
+// after (nobody reads another's any more).
+Status segment_reduce(Communicator &comm, std::span<float *const> packed, const Group &group,
+                      std::optional<CollectiveAlgo> algo, std::span<const size_t> chunks, bool all,
+                      std::string_view what);
 // `output` (group size x bytes) receives every member's `input` in group
 // order, copied from the members' memory.
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,

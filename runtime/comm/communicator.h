@@ -138,6 +138,16 @@ public:
     return false;
   }
 
+  // Where device `device`'s shared segment (shared_segment_bytes() bytes) is
+  // mapped in this process, or null: MPI ranks on one host share one per
+  // device (MpiWorldOptions::shared_bytes), for the gradient buckets. Between
+  // two of a group's collectives a member may read the others' segments.
+  virtual std::byte *shared_segment(int device) const {
+    (void)device;
+    return nullptr;
+  }
+  virtual size_t shared_segment_bytes() const { return 0; }
+
   // Ends the world: every pending and later call on every rank fails promptly
   // with "device N aborted: <reason>". Callable from any thread.
   virtual void abort(Status reason) = 0;

@@ -125,6 +125,8 @@ public:
   void set_label(std::string label) override { inner_.set_label(std::move(label)); }
   void abort(Status reason) override { inner_.abort(std::move(reason)); }
   bool shares_memory(const Group &group) const override { return inner_.shares_memory(group); }
+  std::byte *shared_segment(int device) const override { return inner_.shared_segment(device); }
+  size_t shared_segment_bytes() const override { return inner_.shared_segment_bytes(); }
 
 protected:
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,

@@ -230,6 +230,10 @@ public:
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", /*overwrite=*/0);
     int provided = 0;
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (rc == MPI_SUCCESS && provided >= MPI_THREAD_SERIALIZED) {
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      share_memory(); // collective: within the start-up's bound
+    }
     {
       std::lock_guard lock(init_mutex);
       init_done = true;
@@ -240,7 +244,6 @@ public:
     if (provided < MPI_THREAD_SERIALIZED)
       return failed_precondition("the MPI library offers thread level ", provided,
                                  "; strata needs MPI_THREAD_SERIALIZED");
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
     MPI_Comm_dup(MPI_COMM_WORLD, &control_);
@@ -275,6 +278,63 @@ public:
     alive_.assign(static_cast<size_t>(ranks_), false);
     progress_ = std::thread([this] { progress_loop(); });
     return Status::ok();
+  }
+
+  // The devices of the ranks on this host share options_.shared_bytes each
+  // in one MPI shared-memory window. Anything that fails leaves it off: the
+  // buckets then travel as messages.
+  void share_memory() {
+    const int k = options_.devices_per_rank;
+    int ranks = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    if (options_.shared_bytes == 0 || ranks < 2 || k < 1) return;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_) !=
+        MPI_SUCCESS)
+      return;
+    MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+    void *base = nullptr;
+    const auto bytes = static_cast<MPI_Aint>(options_.shared_bytes * static_cast<size_t>(k));
+    if (MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, node_, &base, &window_) != MPI_SUCCESS) {
+      window_ = MPI_WIN_NULL;
+      return;
+    }
+    int node_size = 0;
+    MPI_Comm_size(node_, &node_size);
+    MPI_Group world_group, node_group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Comm_group(node_, &node_group);
+    std::vector<int> node_ranks(static_cast<size_t>(node_size)), world_ranks(node_ranks.size());
+    for (int r = 0; r < node_size; ++r)
+      node_ranks[static_cast<size_t>(r)] = r;
+    MPI_Group_translate_ranks(node_group, node_size, node_ranks.data(), world_group,
+                              world_ranks.data());
+    MPI_Group_free(&world_group);
+    MPI_Group_free(&node_group);
+    segments_.assign(static_cast<size_t>(ranks), nullptr);
+    for (int r = 0; r < node_size; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void *segment = nullptr;
+      if (MPI_Win_shared_query(window_, r, &size, &unit, &segment) == MPI_SUCCESS &&
+          size >= bytes)
+        segments_[static_cast<size_t>(world_ranks[static_cast<size_t>(r)])] =
+            static_cast<std::byte *>(segment);
+    }
+  }
+
+  // Device `device`'s part of its rank's shared segment, or null.
+  std::byte *segment(int device) const {
+    if (segments_.empty() || device < 0) return nullptr;
+    std::byte *base = segments_[static_cast<size_t>(rank_of(device))];
+    if (base == nullptr) return nullptr;
+    return base + static_cast<size_t>(device % options_.devices_per_rank) * options_.shared_bytes;
+  }
+
+  // Frees the window (collective: every rank, before MPI_Finalize).
+  void free_shared_memory() {
+    if (window_ != MPI_WIN_NULL) MPI_Win_free(&window_);
+    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+    segments_.clear();
   }
 
   // From now on the signal thread asks this world who is lost.
@@ -918,6 +978,11 @@ public:
   std::string space_;
   std::vector<Peer> peers_;
   MPI_Comm control_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL;
+  // The shared-memory window of this host's ranks, and each world rank's
+  // segment in it as mapped here (null: another host); see share_memory().
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::vector<std::byte *> segments_;
   std::thread progress_;
 
   std::condition_variable cv_; // mutex_ guards what follows
@@ -997,6 +1062,8 @@ public:
   void abort(Status reason) override {
     world_->fail_device(device_, Status(reason.code(), str_cat("aborted: ", reason.message())));
   }
+  std::byte *shared_segment(int device) const override { return world_->segment(device); }
+  size_t shared_segment_bytes() const override { return world_->options_.shared_bytes; }
   // Devices of this rank (--devices-per-rank) are threads of one process.
   bool shares_memory(const Group &group) const override {
     if (group.empty()) {
@@ -1331,6 +1398,7 @@ void MpiWorld::finish(bool failed) {
                                format_duration(limit), "; a rank was lost after the run\n"));
         std::_Exit(1);
       }).detach();
+      impl_->free_shared_memory();
       MPI_Finalize();
       return;
     }

@@ -88,6 +88,11 @@ struct MpiWorldOptions {
   int devices_per_rank = 1;
   std::chrono::milliseconds timeout = kDefaultCommunicatorTimeout;
   std::chrono::milliseconds heartbeat{100};
+  // Bytes each device shares with the devices of the other ranks on its host
+  // (an MPI-3 shared-memory window, made at start-up): its gradient buckets
+  // are packed there, and the members of a group on one host sum straight
+  // from each other's (Communicator::shared_segment). 0: none.
+  size_t shared_bytes = 0;
 };
 
 class MpiWorld : public DeviceWorld, public ProcessGroup {

@@ -58,6 +58,19 @@ Status check_memory(const serialization::Plan &plan, const DeviceWorld &world) {
 
 } // namespace
 
+size_t largest_bucket_bytes(const serialization::Plan &plan) {
+  size_t largest = 0;
+  for (const serialization::PlanProgram &program : plan.programs)
+    for (const serialization::PlanBucket &bucket : program.buckets) {
+      size_t bytes = 0;
+      for (TensorId t : bucket.tensors)
+        if (t < plan.graph.num_tensors())
+          bytes += static_cast<size_t>(plan.graph.tensor(t).type.size_bytes());
+      largest = std::max(largest, bytes);
+    }
+  return largest;
+}
+
 Result<std::unique_ptr<PipelineRunner>>
 PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOptions &options) {
   std::unique_ptr<PipelineRunner> runner(new PipelineRunner());

@@ -149,4 +149,9 @@ private:
   std::vector<std::vector<HostTensor>> output_copies_;
 };
 
+// The bytes of the largest gradient bucket of any device of `plan`, packed:
+// what MPI ranks on one host share per device to sum buckets in place
+// (MpiWorldOptions::shared_bytes); 0 for a plan without buckets.
+size_t largest_bucket_bytes(const serialization::Plan &plan);
+
 } // namespace strata::runtime

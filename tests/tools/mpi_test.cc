@@ -262,6 +262,20 @@ TEST_F(MpiTest, MlpZeroThreeShardsMatchThreads) {
   EXPECT_GT(pieces, 0);
 }
 
+// Buckets of 4 MiB and more are summed in the ranks' shared memory (an MPI
+// window on this host) instead of sent: the same bits as threads, for an
+// all-reduce over 2 ranks and a ZeRO-1 reduce-scatter over 4.
+TEST_F(MpiTest, LargeBucketsInSharedMemoryMatchThreads) {
+  zoo({"zoo", "mlp", "--hidden", "1024,1024", "-o", "wide.strata"}); // 7.4 MB of gradients
+  compile("wide.strata", "dp2.splan", {"--mesh", "2x1x1"});
+  expect_equivalent("dp2.splan", 2);
+  fs::remove_all(dir_ / "ck_mpi");
+  fs::remove_all(dir_ / "ck_threads");
+  compile("wide.strata", "zero1.splan",
+          {"--mesh", "4x1x1", "--zero", "1", "--optimizer", "adamw:lr=1e-3"});
+  expect_equivalent("zero1.splan", 4);
+}
+
 TEST_F(MpiTest, GptPipelinesMatchThreads) {
   zoo({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab",
        "128", "--batch", "8", "-o", "gpt.strata"});
