@@ -605,6 +605,7 @@ public:
 
   void progress_loop() {
     auto last_beat = Clock::now() - options_.heartbeat;
+    auto last_progress = Clock::now();
     int idle = 0;
     while (true) {
       bool busy = false;
@@ -688,18 +689,22 @@ public:
       if (stop && sending_.empty() && receiving_.empty()) break;
       // While a transfer is in flight MPI needs this thread to keep polling
       // (large messages move in fragments, each needing a poll on both sides):
-      // it spins, yielding. A device waiting for a message's header needs a
-      // poll too, but the sender may be computing for a long while, and a
-      // spinning thread takes half the core of the device computing beside
-      // it: after a few idle rounds it naps, up to kWaitNap, and when
-      // nothing at all is expected, up to kIdleNap.
-      // (Napping while a transfer is in flight, even 5 us at a time, was
-      // measured to slow a 45 MB all-reduce by a third.)
-      if (busy || !sending_.empty() || !receiving_.empty()) {
+      // it spins, yielding. (Napping then, even 5 us at a time, was measured
+      // to slow a 45 MB all-reduce by a third.) A receive is posted only when
+      // its sender's header is here, so it is under way; a send may wait for
+      // a receiver still computing (a pipeline sends ahead), so it keeps the
+      // thread spinning only kSendSpin past the last progress. A device
+      // waiting for a header needs a poll too, but its peer may be computing
+      // for a long while, and a spinning thread takes half the core of the
+      // device computing beside it: after a few idle rounds the thread naps,
+      // up to kWaitNap, and when nothing at all is expected, up to kIdleNap.
+      if (busy) last_progress = now;
+      const bool sending = !sending_.empty() && now - last_progress < kSendSpin;
+      if (busy || sending || !receiving_.empty()) {
         idle = 0;
       } else {
         idle = std::min(idle + 1, kIdleNap);
-        const int cap = waited_on ? kWaitNap : kIdleNap;
+        const int cap = waited_on || !sending_.empty() ? kWaitNap : kIdleNap;
         if (idle > kSpins)
           std::this_thread::sleep_for(std::chrono::microseconds(std::min(idle, cap)));
         else
@@ -1002,6 +1007,7 @@ public:
   std::atomic<size_t> in_flight_{0}; // messages the progress thread still sends
   // The progress thread's naps in microseconds (see progress_loop).
   static constexpr int kSpins = 20, kWaitNap = 50, kIdleNap = 200;
+  static constexpr std::chrono::microseconds kSendSpin{1000};
   // Progress thread only.
   std::list<std::unique_ptr<OutMessage>> sending_, control_sends_;
   std::list<InRecv> receiving_;
