@@ -1174,27 +1174,48 @@ protected:
   }
 
 private:
-  // Sums the checked group's `data` in place on every member: the first member
-  // receives the others' values in increasing device order, adds each to its
-  // own in turn and sends the sum back, so every member has the local world's
-  // bits.
+  // Sums the checked group's `data` in place on every member, each element in
+  // increasing device order, ((x0 + x1) + x2) + ..., so every member has the
+  // local world's bits. Member i sums chunk i (elements [i n / p, (i + 1) n /
+  // p)): every member sends it its chunk i, read in place; then every member
+  // sends its sum to the others. Two rounds whose messages are all under way
+  // at once, instead of a round trip through the first member.
   Status sum_over_members(void *data, size_t count, ReduceType type, const std::string &operation) {
     const std::vector<int> &members = calls_.members();
     const uint64_t tag = next_tag();
-    const int root = members.front();
-    const size_t bytes = count * element_size(type);
-    if (device_ != root) {
-      RETURN_IF_ERROR(send_impl(data, bytes, root, tag, operation));
-      return recv_impl(data, bytes, root, tag, operation);
+    const size_t p = members.size(), i = calls_.position(), width = element_size(type);
+    auto *base = static_cast<std::byte *>(data);
+    auto at = [&](size_t c) { return c * count / p * width; }; // chunk c's first byte
+    const size_t mine = at(i + 1) - at(i);
+    // Sends read `data` in place: each is waited for before its bytes change.
+    auto wait_all = [](std::vector<std::unique_ptr<Request>> &sends, Status status) {
+      for (auto &send : sends) {
+        const Status sent = send->wait();
+        if (status.is_ok()) status = sent;
+      }
+      sends.clear();
+      return status;
+    };
+    std::vector<std::unique_ptr<Request>> sends;
+    for (size_t m = 0; m < p; ++m)
+      if (m != i)
+        sends.push_back(isend_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation));
+    std::vector<std::byte> theirs(mine * p);
+    Status status = Status::ok();
+    for (size_t m = 0; m < p && status.is_ok(); ++m)
+      if (m != i) status = recv_impl(theirs.data() + m * mine, mine, members[m], tag, operation);
+    RETURN_IF_ERROR(wait_all(sends, status));
+    if (mine > 0) {
+      std::memcpy(theirs.data() + i * mine, base + at(i), mine);
+      for (size_t m = 1; m < p; ++m)
+        add_elements(type, theirs.data(), theirs.data() + m * mine, mine / width);
+      std::memcpy(base + at(i), theirs.data(), mine);
     }
-    std::vector<std::byte> other(bytes);
-    for (size_t m = 1; m < members.size(); ++m) {
-      RETURN_IF_ERROR(recv_impl(other.data(), bytes, members[m], tag, operation));
-      add_elements(type, data, other.data(), count);
-    }
-    for (size_t m = 1; m < members.size(); ++m)
-      RETURN_IF_ERROR(send_impl(data, bytes, members[m], tag, operation));
-    return Status::ok();
+    for (size_t m = 0; m < p; ++m)
+      if (m != i) sends.push_back(isend_impl(base + at(i), mine, members[m], tag, operation));
+    for (size_t m = 0; m < p && status.is_ok(); ++m)
+      if (m != i) status = recv_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation);
+    return wait_all(sends, status);
   }
 
   // The tag of the checked group's next collective.

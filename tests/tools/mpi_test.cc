@@ -276,6 +276,27 @@ TEST_F(MpiTest, LargeBucketsInSharedMemoryMatchThreads) {
   expect_equivalent("zero1.splan", 4);
 }
 
+// Four members' tensor-parallel sums are each element added in rank order,
+// ((x0 + x1) + x2) + x3, on ranks as on threads: the same bits.
+TEST_F(MpiTest, FourWayTensorParallelSumsMatchThreads) {
+  // Hidden 128: every layer's weights in pieces, 8 all-reduces per step.
+  zoo({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "16",
+       "--vocab", "64", "--batch", "4", "-o", "gpt.strata"});
+  compile("gpt.strata", "tp4.splan", {"--mesh", "1x4x1"});
+  Outcome threads = strata({"run", "tp4.splan", "--steps", "3", "--checkpoint", "ck_threads"});
+  ASSERT_EQ(threads.code, 0) << threads.err;
+  Outcome mpi = mpirun(4, {"run", "tp4.splan", "--steps", "3", "--checkpoint", "ck_mpi"});
+  ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
+  EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
+  // The weights, pieces joined: the same bytes.
+  for (const char *ck : {"ck_threads", "ck_mpi"}) {
+    Outcome exported = strata({"export", ck, "-o", str_cat(ck, ".safetensors")});
+    ASSERT_EQ(exported.code, 0) << exported.err;
+  }
+  EXPECT_EQ(testing::read_file(dir_ / "ck_threads.safetensors"),
+            testing::read_file(dir_ / "ck_mpi.safetensors"));
+}
+
 TEST_F(MpiTest, GptPipelinesMatchThreads) {
   zoo({"zoo", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab",
        "128", "--batch", "8", "-o", "gpt.strata"});
