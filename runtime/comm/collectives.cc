@@ -27,9 +27,10 @@ Status check_chunks(std::span<const size_t> chunks, size_t n, size_t p) {
   return Status::ok();
 }
 
-// Sends out[0, out_n) to `to` while receiving in[0, in_n) from `from`. The
-// send reads `out` in place where the communicator can (MPI: isend); both are
-// done when this returns.
+// Sends out[0, out_n) to `to` while receiving in[0, in_n) from `from`: the
+// send is started first (isend), so two members exchanging with each other
+// never wait on each other whatever a send's protocol; both are done when
+// this returns.
 Status exchange(Communicator &comm, const float *out, size_t out_n, int to, float *in, size_t in_n,
                 int from, uint64_t tag, std::string_view what) {
   std::unique_ptr<Request> send = comm.isend(out, out_n * sizeof(float), to, tag, what);
@@ -39,8 +40,8 @@ Status exchange(Communicator &comm, const float *out, size_t out_n, int to, floa
   return sent;
 }
 
-// A send that reads `data` in place where the communicator can, done when
-// this returns (the receiver has it or it is copied).
+// A send done when this returns (isend, then its wait: a communicator whose
+// isend reads the buffer in place is done with it then).
 Status send_now(Communicator &comm, const void *data, size_t bytes, int peer, uint64_t tag,
                 std::string_view what) {
   return comm.isend(data, bytes, peer, tag, what)->wait();
@@ -400,11 +401,13 @@ void sum_rows(const std::vector<const float *> &rows, float *out, size_t n, cons
   }
 }
 
-// What a member shows the others: where its parts (and its chunks' sums) are.
+// Where one of a member's parts is, as the others read it. The addresses
+// themselves travel (not a pointer to the member's list), so a member that
+// leaves early after a failure leaves nothing behind that another reads but
+// the parts, which outlive the world's run.
 struct Exposed {
-  const std::span<float> *parts;
-  float *const *out;
-  size_t count;
+  float *data;
+  size_t size;
 };
 
 // The group as its members' ranks, and this member's position in it.
@@ -417,33 +420,34 @@ Result<std::pair<Group, size_t>> members_of(const Communicator &comm, const Grou
   return std::make_pair(std::move(members), i);
 }
 
-// Swaps `mine` for every member's over the group.
-Result<std::vector<Exposed>> expose(Communicator &comm, const Exposed &mine, const Group &group,
-                                    std::string_view what) {
-  std::vector<Exposed> all(group.size());
-  RETURN_IF_ERROR(comm.all_gather(&mine, sizeof mine, all.data(), group, what));
-  for (size_t m = 0; m < all.size(); ++m) {
-    bool same = all[m].count == mine.count;
-    for (size_t k = 0; same && k < mine.count; ++k)
-      same = all[m].parts[k].size() == mine.parts[k].size();
-    if (!same)
-      return invalid_argument("device ", comm.rank(), " and device ", group[m],
-                              " reduce parts of different sizes");
-  }
+// Every member's parts, member m's part k at [m * parts.size() + k]. A member
+// with another number of parts fails the all-gather (its size differs).
+Result<std::vector<Exposed>> expose(Communicator &comm, std::span<const std::span<float>> parts,
+                                    const Group &group, std::string_view what) {
+  const size_t n = parts.size();
+  std::vector<Exposed> mine, all(group.size() * n);
+  for (const std::span<float> &part : parts)
+    mine.push_back({part.data(), part.size()});
+  RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(Exposed), all.data(), group, what));
+  for (size_t m = 0; m < group.size(); ++m)
+    for (size_t k = 0; k < n; ++k)
+      if (all[m * n + k].size != parts[k].size())
+        return invalid_argument("device ", comm.rank(), " and device ", group[m],
+                                " reduce parts of different sizes");
   return all;
 }
 
-// Member i's sums of chunk i of every part, into each member's `out`.
-void sum_own_chunks(const std::vector<Exposed> &all, size_t i, std::optional<CollectiveAlgo> algo) {
-  const size_t p = all.size();
+// Member i's sums of chunk i of every part, into `out` (one per part).
+void sum_own_chunks(const std::vector<Exposed> &all, size_t p, size_t i,
+                    std::span<float *const> out, std::optional<CollectiveAlgo> algo) {
   const SumOrder order = sum_order(algo, p, i);
   std::vector<const float *> rows(p);
-  for (size_t k = 0; k < all[i].count; ++k) {
-    const size_t n = all[i].parts[k].size();
+  for (size_t k = 0; k < out.size(); ++k) {
+    const size_t n = all[i * out.size() + k].size;
     const size_t begin = chunk_begin(n, p, i), end = chunk_begin(n, p, i + 1);
     for (size_t m = 0; m < p; ++m)
-      rows[m] = all[m].parts[k].data() + begin;
-    sum_rows(rows, all[i].out[k], end - begin, order);
+      rows[m] = all[m * out.size() + k].data + begin;
+    sum_rows(rows, out[k], end - begin, order);
   }
 }
 
@@ -457,9 +461,8 @@ Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float
   if (out.size() != parts.size())
     return invalid_argument("a reduce-scatter of ", parts.size(), " parts with ", out.size(),
                             " outputs");
-  ASSIGN_OR_RETURN(std::vector<Exposed> all,
-                   expose(comm, {parts.data(), out.data(), parts.size()}, ranks, what));
-  sum_own_chunks(all, i, algo);
+  ASSIGN_OR_RETURN(std::vector<Exposed> all, expose(comm, parts, ranks, what));
+  sum_own_chunks(all, ranks.size(), i, out, algo);
   // Nobody leaves while another may still read its parts.
   return comm.barrier(ranks, what);
 }
@@ -473,16 +476,15 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
   std::vector<float *> out;
   for (const std::span<float> &part : parts)
     out.push_back(part.data() + chunk_begin(part.size(), p, i));
-  ASSIGN_OR_RETURN(std::vector<Exposed> all,
-                   expose(comm, {parts.data(), out.data(), parts.size()}, ranks, what));
-  sum_own_chunks(all, i, algo);
+  ASSIGN_OR_RETURN(std::vector<Exposed> all, expose(comm, parts, ranks, what));
+  sum_own_chunks(all, p, i, out, algo);
   RETURN_IF_ERROR(comm.barrier(ranks, what)); // every chunk is summed
   for (size_t k = 0; k < parts.size(); ++k) {
     const size_t n = parts[k].size();
     for (size_t c = 0; c < p; ++c) {
       if (c == i) continue;
       const size_t begin = chunk_begin(n, p, c), end = chunk_begin(n, p, c + 1);
-      const float *from = all[c].parts[k].data();
+      const float *from = all[c * parts.size() + k].data;
       std::copy(from + begin, from + end, parts[k].data() + begin);
     }
   }

@@ -166,17 +166,10 @@ public:
     int src_rank = 0;
     std::vector<std::byte> local;
   };
-  // A send from the caller's own buffer (isend): done once MPI has read it.
-  struct Sending {
-    bool done = false;
-  };
   struct OutMessage {
     Header header;
     int dst_rank = 0;
-    std::vector<std::byte> payload; // a copy (send), or empty
-    const std::byte *data = nullptr; // the payload, or the caller's buffer (isend)
-    size_t size = 0;
-    std::shared_ptr<Sending> sending; // isend: the caller waits for this
+    std::vector<std::byte> payload;
     std::vector<MPI_Request> requests;
   };
   // A payload on its way. It lands in `staging`, owned here, and is copied to
@@ -427,10 +420,10 @@ public:
     int &count;
   };
 
-  // A send copies the data and returns; with `sending`, MPI reads the
-  // caller's buffer, which must stay as it is until `sending->done`.
+  // A send copies the data and returns: after a failure the caller's buffer
+  // may be gone while MPI still sends.
   Status send(int src, int dst, const void *data, size_t bytes, uint64_t tag,
-              std::string_view what, std::shared_ptr<Sending> sending = nullptr) {
+              std::string_view what) {
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("send to", dst, tag, what);
     if (failed_) return cascaded_locked(src, operation);
@@ -441,7 +434,6 @@ public:
     Header header{tag, src, dst, bytes, 0, 0};
     if (local(dst)) {
       deliver_locked(header, rank_, data);
-      if (sending) sending->done = true;
       return Status::ok();
     }
     const int dst_rank = rank_of(dst);
@@ -450,45 +442,10 @@ public:
     auto message = std::make_unique<OutMessage>();
     message->header = header;
     message->dst_rank = dst_rank;
-    message->size = bytes;
-    if (sending) {
-      message->data = static_cast<const std::byte *>(data);
-      message->sending = std::move(sending);
-    } else {
-      message->payload = buffers_.take(bytes);
-      if (bytes) std::memcpy(message->payload.data(), data, bytes);
-      message->data = message->payload.data();
-    }
+    message->payload = buffers_.take(bytes);
+    if (bytes) std::memcpy(message->payload.data(), data, bytes);
     outbox_.push_back(std::move(message));
     return Status::ok();
-  }
-
-  // Until MPI has read an isend's buffer, bounded by the timeout. After a
-  // failure the caller gets the error at once, while MPI may still read the
-  // buffer: the world is discarded then, with the buffer it was given.
-  Status wait_sent(int src, int dst, uint64_t tag, std::string_view what,
-                   const std::shared_ptr<Sending> &sending) {
-    std::unique_lock lock(mutex_);
-    const auto deadline = Clock::now() + options_.timeout;
-    const Waiting waiting(waiters_);
-    while (!sending->done && !failed_) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !sending->done &&
-          !failed_) {
-        std::string problem = str_cat("timed out after ", format_duration(options_.timeout),
-                                      " (the receiver never took the message)");
-        const int peer_rank = rank_of(dst);
-        if (peer_rank != rank_) problem += str_cat("; ", whereabouts_locked(peer_rank));
-        return fail_locked(src, StatusCode::kDeadlineExceeded,
-                           operation_text("send to", dst, tag, what), problem);
-      }
-    }
-    if (sending->done) return Status::ok();
-    return cascaded_locked(src, operation_text("send to", dst, tag, what));
-  }
-
-  bool sent(const std::shared_ptr<Sending> &sending) {
-    std::lock_guard lock(mutex_);
-    return sending->done || failed_;
   }
 
   // A header (and, from this rank, its payload) reached destination `dst`.
@@ -718,10 +675,9 @@ public:
     MPI_Isend(&message.header, sizeof(Header), MPI_BYTE, message.dst_rank, kTagHeader, control_,
               &request);
     message.requests.push_back(request);
-    for (size_t off = 0; off < message.size; off += kMaxChunk) {
-      const size_t n = std::min(kMaxChunk, message.size - off);
-      // MPI_Isend's buffer is const since MPI 3.
-      MPI_Isend(message.data + off, static_cast<int>(n), MPI_BYTE, message.dst_rank,
+    for (size_t off = 0; off < message.payload.size(); off += kMaxChunk) {
+      const size_t n = std::min(kMaxChunk, message.payload.size() - off);
+      MPI_Isend(message.payload.data() + off, static_cast<int>(n), MPI_BYTE, message.dst_rank,
                 static_cast<int>(message.header.seq), data_, &request);
       message.requests.push_back(request);
     }
@@ -737,11 +693,6 @@ public:
     bool any = false;
     for (auto it = list.begin(); it != list.end();) {
       if (all_done((*it)->requests)) {
-        if ((*it)->sending) {
-          std::lock_guard lock(mutex_);
-          (*it)->sending->done = true;
-          cv_.notify_all();
-        }
         buffers_.give(std::move((*it)->payload));
         it = list.erase(it);
         any = true;
@@ -1031,24 +982,6 @@ private:
   std::shared_ptr<MpiWorld::Impl::Posted> posted_;
 };
 
-// A send from the caller's buffer in flight.
-class MpiSendRequest : public Request {
-public:
-  MpiSendRequest(MpiWorld::Impl *world, int device, int peer, uint64_t tag, std::string_view what,
-                 std::shared_ptr<MpiWorld::Impl::Sending> sending)
-      : world_(world), device_(device), peer_(peer), tag_(tag), what_(what),
-        sending_(std::move(sending)) {}
-  bool ready() override { return world_->sent(sending_); }
-  Status wait() override { return world_->wait_sent(device_, peer_, tag_, what_, sending_); }
-
-private:
-  MpiWorld::Impl *world_;
-  int device_, peer_;
-  uint64_t tag_;
-  std::string what_;
-  std::shared_ptr<MpiWorld::Impl::Sending> sending_;
-};
-
 // One device's communicator. Collectives are point-to-point messages with
 // tags in their own space (the two top bits set, then the channel bit, then a
 // per-group sequence). Channel 1 is the device's communication stream (its
@@ -1094,14 +1027,11 @@ protected:
     if (!posted) return error;
     return world_->wait(posted);
   }
-  // No copy: MPI reads `data` until the request is waited on.
+  // A copy, as send: the caller's buffer may go away after a failure while
+  // MPI would still read it.
   std::unique_ptr<Request> isend_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
                                       std::string_view what) override {
-    Status error = world_->check_peer(device_, "send to", peer, tag, what);
-    auto sending = std::make_shared<MpiWorld::Impl::Sending>();
-    if (error.is_ok()) error = world_->send(device_, peer, data, bytes, tag, what, sending);
-    if (!error.is_ok()) return std::make_unique<CompletedRequest>(std::move(error));
-    return std::make_unique<MpiSendRequest>(world_, device_, peer, tag, what, std::move(sending));
+    return std::make_unique<CompletedRequest>(send_impl(data, bytes, peer, tag, what));
   }
   std::unique_ptr<Request> irecv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
                                       std::string_view what) override {
@@ -1177,8 +1107,8 @@ private:
   // Sums the checked group's `data` in place on every member, each element in
   // increasing device order, ((x0 + x1) + x2) + ..., so every member has the
   // local world's bits. Member i sums chunk i (elements [i n / p, (i + 1) n /
-  // p)): every member sends it its chunk i, read in place; then every member
-  // sends its sum to the others. Two rounds whose messages are all under way
+  // p)): every member sends it its chunk i; then every member sends its sum
+  // to the others. Two rounds whose messages are all under way
   // at once, instead of a round trip through the first member.
   Status sum_over_members(void *data, size_t count, ReduceType type, const std::string &operation) {
     const std::vector<int> &members = calls_.members();
