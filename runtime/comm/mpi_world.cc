@@ -274,23 +274,38 @@ public:
   }
 
   // The devices of the ranks on this host share options_.shared_bytes each
-  // in one MPI shared-memory window. Anything that fails leaves it off: the
-  // buckets then travel as messages.
+  // in one MPI shared-memory window. Every rank of a job of two or more makes
+  // the same collective calls whatever its own size (its plan is compared
+  // with the others' only later), and the window is used only if every rank
+  // made it with room: otherwise the buckets travel as messages.
   void share_memory() {
     const int k = options_.devices_per_rank;
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    if (options_.shared_bytes == 0 || ranks < 2 || k < 1) return;
-    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_) !=
-        MPI_SUCCESS)
-      return;
-    MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
-    void *base = nullptr;
-    const auto bytes = static_cast<MPI_Aint>(options_.shared_bytes * static_cast<size_t>(k));
-    if (MPI_Win_allocate_shared(bytes, 1, MPI_INFO_NULL, node_, &base, &window_) != MPI_SUCCESS) {
+    if (ranks < 2) return;
+    const size_t per_rank = k < 1 ? 0 : options_.shared_bytes * static_cast<size_t>(k);
+    int made = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
+                                   &node_) == MPI_SUCCESS;
+    if (made) {
+      MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+      void *base = nullptr;
+      made = MPI_Win_allocate_shared(static_cast<MPI_Aint>(per_rank), 1, MPI_INFO_NULL, node_,
+                                     &base, &window_) == MPI_SUCCESS;
+      if (!made) window_ = MPI_WIN_NULL;
+      if (made) MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN);
+    }
+    // Made on every rank, and with room on every rank: each rank's plan may
+    // differ until they are compared.
+    int mine[2] = {made, made && per_rank > 0}, all[2] = {0, 0};
+    if (MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+      all[0] = all[1] = 0;
+    if (!all[0]) {
+      // Freeing is collective and a rank that could not make the window
+      // would not come: MPI_Finalize frees it.
       window_ = MPI_WIN_NULL;
       return;
     }
+    if (!all[1]) return; // freed at the end by every rank; no segments
     int node_size = 0;
     MPI_Comm_size(node_, &node_size);
     MPI_Group world_group, node_group;
@@ -309,7 +324,7 @@ public:
       int unit = 0;
       void *segment = nullptr;
       if (MPI_Win_shared_query(window_, r, &size, &unit, &segment) == MPI_SUCCESS &&
-          size >= bytes)
+          static_cast<size_t>(size) >= per_rank)
         segments_[static_cast<size_t>(world_ranks[static_cast<size_t>(r)])] =
             static_cast<std::byte *>(segment);
     }

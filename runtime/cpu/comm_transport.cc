@@ -174,10 +174,7 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
     return shared_reduce_scatter(comm, bucket.parts, out, group, algo, bucket.what);
   }
   // MPI ranks on one host: a large bucket is packed into this device's
-  // shared segment and summed from the members' segments. (Its three
-  // meetings cost more than the messages' copies below a few MiB: a 2 MiB
-  // bucket of 2 ranks took 1.2 ms longer per step.)
-  constexpr size_t kSegmentFrom = size_t{4} << 20;
+  // shared segment and summed from the members' segments.
   std::vector<float *> segments;
   const size_t bytes = bucket.packed() * sizeof(float);
   if (bytes >= kSegmentFrom && bytes <= comm.shared_segment_bytes())

@@ -68,7 +68,7 @@ size_t largest_bucket_bytes(const serialization::Plan &plan) {
           bytes += static_cast<size_t>(plan.graph.tensor(t).type.size_bytes());
       largest = std::max(largest, bytes);
     }
-  return largest;
+  return largest >= kSegmentFrom ? largest : 0;
 }
 
 Result<std::unique_ptr<PipelineRunner>>

@@ -151,7 +151,7 @@ private:
 
 // The bytes of the largest gradient bucket of any device of `plan`, packed:
 // what MPI ranks on one host share per device to sum buckets in place
-// (MpiWorldOptions::shared_bytes); 0 for a plan without buckets.
+// (MpiWorldOptions::shared_bytes); 0 where no bucket reaches kSegmentFrom.
 size_t largest_bucket_bytes(const serialization::Plan &plan);
 
 } // namespace strata::runtime

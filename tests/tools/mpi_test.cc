@@ -367,8 +367,11 @@ TEST_F(MpiTest, ResumesAcrossWorldSizes) {
 
 TEST_F(MpiTest, MismatchedPlanEndsEveryRank) {
   zoo({"zoo", "mlp", "-o", "mlp.strata"});
+  zoo({"zoo", "mlp", "--hidden", "1024,1024", "-o", "wide.strata"});
   compile("mlp.strata", "a.splan", {"--mesh", "1x1x2", "--microbatches", "2"});
-  compile("mlp.strata", "b.splan", {"--mesh", "1x1x2", "--microbatches", "4"});
+  // A bucket of 7.4 MB: this rank asks for a shared window at start-up, the
+  // other for none, before the plans are compared.
+  compile("wide.strata", "b.splan", {"--mesh", "2x1x1"});
   Outcome o = shell(str_cat("timeout -k 5 60 ", quote(mpirun_path()), " --oversubscribe -np 1 ",
                             strata_command({"run", "a.splan", "--timeout", "5"}), " : -np 1 ",
                             strata_command({"run", "b.splan", "--timeout", "5"})));
