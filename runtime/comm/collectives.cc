@@ -1,7 +1,6 @@
 #include "runtime/comm/collectives.h"
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cstring>
 #include <utility>
@@ -499,14 +498,11 @@ Status segment_reduce(Communicator &comm, std::span<float *const> packed, const 
   if (packed.size() != p || chunks.size() != p + 1)
     return invalid_argument("a shared reduction over ", p, " members with ", packed.size(),
                             " buffers and ", chunks.size(), " chunk offsets");
-  // The meetings are MPI messages between processes; the fences make the
-  // order of the segments' reads and writes around them explicit.
-  auto meet = [&] {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    Status status = comm.barrier(group, what);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return status;
-  };
+  // The meetings are messages between processes, each sent and received
+  // under a lock on either side and through the MPI library's own fenced
+  // queues: what a member wrote to its segment before a meeting, the others
+  // see after it.
+  auto meet = [&] { return comm.barrier(group, what); };
   RETURN_IF_ERROR(meet()); // every member has packed
   std::vector<const float *> rows(p);
   for (size_t m = 0; m < p; ++m)
