@@ -26,26 +26,6 @@ Status check_chunks(std::span<const size_t> chunks, size_t n, size_t p) {
   return Status::ok();
 }
 
-// Sends out[0, out_n) to `to` while receiving in[0, in_n) from `from`: the
-// send is started first (isend), so two members exchanging with each other
-// never wait on each other whatever a send's protocol; both are done when
-// this returns.
-Status exchange(Communicator &comm, const float *out, size_t out_n, int to, float *in, size_t in_n,
-                int from, uint64_t tag, std::string_view what) {
-  std::unique_ptr<Request> send = comm.isend(out, out_n * sizeof(float), to, tag, what);
-  const Status received = comm.recv(in, in_n * sizeof(float), from, tag, what);
-  const Status sent = send->wait();
-  RETURN_IF_ERROR(received);
-  return sent;
-}
-
-// A send done when this returns (isend, then its wait: a communicator whose
-// isend reads the buffer in place is done with it then).
-Status send_now(Communicator &comm, const void *data, size_t bytes, int peer, uint64_t tag,
-                std::string_view what) {
-  return comm.isend(data, bytes, peer, tag, what)->wait();
-}
-
 Result<size_t> position_in(const Communicator &comm, const Group &group) {
   auto it = std::find(group.begin(), group.end(), comm.rank());
   if (it == group.end())
@@ -72,8 +52,10 @@ Status ring_reduce_scatter(Communicator &comm, std::span<float> data, const Grou
     const size_t out = (i + 2 * p - s - 1) % p, in = (i + 2 * p - s - 2) % p;
     const size_t out_begin = chunk_begin(out), out_end = chunk_begin(out + 1);
     const size_t in_begin = chunk_begin(in), in_end = chunk_begin(in + 1);
-    RETURN_IF_ERROR(exchange(comm, data.data() + out_begin, out_end - out_begin, next,
-                             incoming.data(), in_end - in_begin, prev, tag, what));
+    RETURN_IF_ERROR(
+        comm.send(data.data() + out_begin, (out_end - out_begin) * sizeof(float), next, tag, what));
+    RETURN_IF_ERROR(
+        comm.recv(incoming.data(), (in_end - in_begin) * sizeof(float), prev, tag, what));
     for (size_t e = in_begin; e < in_end; ++e)
       data[e] += incoming[e - in_begin];
   }
@@ -91,8 +73,10 @@ Status ring_all_gather(Communicator &comm, std::span<float> data, const Group &g
     const size_t out = (i + p - s) % p, in = (i + 2 * p - s - 1) % p;
     const size_t out_begin = chunk_begin(out), out_end = chunk_begin(out + 1);
     const size_t in_begin = chunk_begin(in), in_end = chunk_begin(in + 1);
-    RETURN_IF_ERROR(exchange(comm, data.data() + out_begin, out_end - out_begin, next,
-                             data.data() + in_begin, in_end - in_begin, prev, tag, what));
+    RETURN_IF_ERROR(
+        comm.send(data.data() + out_begin, (out_end - out_begin) * sizeof(float), next, tag, what));
+    RETURN_IF_ERROR(
+        comm.recv(data.data() + in_begin, (in_end - in_begin) * sizeof(float), prev, tag, what));
   }
   return Status::ok();
 }
@@ -108,7 +92,7 @@ Status tree_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   size_t mask = 1;
   for (; mask < p; mask <<= 1) {
     if (i & mask) {
-      RETURN_IF_ERROR(send_now(comm, data.data(), bytes, group[i - mask], tag, what));
+      RETURN_IF_ERROR(comm.send(data.data(), bytes, group[i - mask], tag, what));
       break;
     }
     if (i + mask < p) {
@@ -122,7 +106,7 @@ Status tree_all_reduce(Communicator &comm, std::span<float> data, const Group &g
   if (i != 0) RETURN_IF_ERROR(comm.recv(data.data(), bytes, group[i - mask], tag + 1, what));
   for (mask >>= 1; mask > 0; mask >>= 1)
     if (i + mask < p && (i & mask) == 0 && (i % (mask << 1)) == 0)
-      RETURN_IF_ERROR(send_now(comm, data.data(), bytes, group[i + mask], tag + 1, what));
+      RETURN_IF_ERROR(comm.send(data.data(), bytes, group[i + mask], tag + 1, what));
   return Status::ok();
 }
 
@@ -165,7 +149,7 @@ Status fold_in(Communicator &comm, std::span<float> data, const Group &group, co
                size_t i, uint64_t tag, std::string_view what) {
   if (i >= 2 * fold.r) return Status::ok();
   const size_t n = data.size();
-  if (i % 2 == 1) return send_now(comm, data.data(), n * sizeof(float), group[i - 1], tag, what);
+  if (i % 2 == 1) return comm.send(data.data(), n * sizeof(float), group[i - 1], tag, what);
   float *incoming = scratch(n);
   RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), group[i + 1], tag, what));
   add_in_order(data.data(), incoming, n, true);
@@ -178,7 +162,7 @@ Status fold_out(Communicator &comm, std::span<float> data, const Group &group, c
   if (i >= 2 * fold.r) return Status::ok();
   const size_t bytes = data.size() * sizeof(float);
   if (i % 2 == 1) return comm.recv(data.data(), bytes, group[i - 1], tag, what);
-  return send_now(comm, data.data(), bytes, group[i + 1], tag, what);
+  return comm.send(data.data(), bytes, group[i + 1], tag, what);
 }
 
 // Recursive doubling: after the fold, survivor j exchanges its whole vector
@@ -196,7 +180,8 @@ Status recursive_doubling_all_reduce(Communicator &comm, std::span<float> data, 
     float *incoming = scratch(n);
     for (size_t d = fold.q / 2; d > 0; d /= 2) {
       const int peer = group[fold.member(j ^ d)];
-      RETURN_IF_ERROR(exchange(comm, data.data(), n, peer, incoming, n, peer, tag, what));
+      RETURN_IF_ERROR(comm.send(data.data(), n * sizeof(float), peer, tag, what));
+      RETURN_IF_ERROR(comm.recv(incoming, n * sizeof(float), peer, tag, what));
       add_in_order(data.data(), incoming, n, (j & d) == 0);
     }
   }
@@ -249,8 +234,9 @@ Status halve(Communicator &comm, std::span<float> data, const Group &group, cons
     const size_t keep_n = at(keep.end) - at(keep.begin), give_n = at(give.end) - at(give.begin);
     const int peer = group[fold.member(j ^ d)];
     float *incoming = scratch(keep_n);
-    RETURN_IF_ERROR(exchange(comm, data.data() + at(give.begin), give_n, peer, incoming, keep_n,
-                             peer, tag, what));
+    RETURN_IF_ERROR(
+        comm.send(data.data() + at(give.begin), give_n * sizeof(float), peer, tag, what));
+    RETURN_IF_ERROR(comm.recv(incoming, keep_n * sizeof(float), peer, tag, what));
     add_in_order(data.data() + at(keep.begin), incoming, keep_n, (j & d) == 0);
   }
   return Status::ok();
@@ -264,9 +250,11 @@ Status double_up(Communicator &comm, std::span<float> data, const Group &group, 
   for (size_t d = 1; d < fold.q; d *= 2) {
     const ChunkRange mine = held_chunks(fold, j, d), theirs = held_chunks(fold, j ^ d, d);
     const int peer = group[fold.member(j ^ d)];
-    RETURN_IF_ERROR(exchange(comm, data.data() + at(mine.begin), at(mine.end) - at(mine.begin),
-                             peer, data.data() + at(theirs.begin),
-                             at(theirs.end) - at(theirs.begin), peer, tag, what));
+    RETURN_IF_ERROR(comm.send(data.data() + at(mine.begin),
+                              (at(mine.end) - at(mine.begin)) * sizeof(float), peer, tag, what));
+    RETURN_IF_ERROR(comm.recv(data.data() + at(theirs.begin),
+                              (at(theirs.end) - at(theirs.begin)) * sizeof(float), peer, tag,
+                              what));
   }
   return Status::ok();
 }
@@ -295,28 +283,19 @@ Status halving_reduce_scatter(Communicator &comm, std::span<float> data, const G
   const Fold fold(group.size());
   const Chunks at{data.size(), group.size(), given};
   RETURN_IF_ERROR(fold_in(comm, data, group, fold, i, tag, what));
-  // Every chunk's send is started before this member's own receive, so no
-  // two survivors wait on each other.
-  std::vector<std::unique_ptr<Request>> sends;
   if (!fold.sits_out(i)) {
     const size_t j = fold.survivor(i);
     RETURN_IF_ERROR(halve(comm, data, group, fold, j, at, tag, what));
     const ChunkRange held = held_chunks(fold, j, 1);
     for (size_t c = held.begin; c < held.end; ++c)
       if (c != i)
-        sends.push_back(comm.isend(data.data() + at(c), (at(c + 1) - at(c)) * sizeof(float),
-                                   group[c], tag + 1, what));
+        RETURN_IF_ERROR(comm.send(data.data() + at(c), (at(c + 1) - at(c)) * sizeof(float),
+                                  group[c], tag + 1, what));
   }
   const size_t from = fold.member(holder_of(fold, i));
-  Status status = Status::ok();
-  if (from != i)
-    status = comm.recv(data.data() + at(i), (at(i + 1) - at(i)) * sizeof(float), group[from],
-                       tag + 1, what);
-  for (const std::unique_ptr<Request> &send : sends) {
-    const Status sent = send->wait();
-    if (status.is_ok()) status = sent;
-  }
-  return status;
+  if (from == i) return Status::ok();
+  return comm.recv(data.data() + at(i), (at(i + 1) - at(i)) * sizeof(float), group[from], tag + 1,
+                   what);
 }
 
 // ---------------------------------------------------------------------------

@@ -428,13 +428,6 @@ public:
 
   // ---- point to point ------------------------------------------------------
 
-  // Counts a device thread blocked in a wait (under mutex_) while it lives.
-  struct Waiting {
-    explicit Waiting(int &count) : count(count) { ++count; }
-    ~Waiting() { --count; }
-    int &count;
-  };
-
   // A send copies the data and returns: after a failure the caller's buffer
   // may be gone while MPI still sends.
   Status send(int src, int dst, const void *data, size_t bytes, uint64_t tag,
@@ -537,7 +530,11 @@ public:
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("recv from", p->src, p->tag, p->what);
     const auto deadline = Clock::now() + options_.timeout;
-    const Waiting waiting(waiters_);
+    ++waiters_;
+    struct Leave {
+      int &count;
+      ~Leave() { --count; }
+    } leave{waiters_};
     while (!p->done && !failed_) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !p->done && !failed_) {
         p->abandoned = true;
@@ -1132,24 +1129,14 @@ private:
     auto *base = static_cast<std::byte *>(data);
     auto at = [&](size_t c) { return c * count / p * width; }; // chunk c's first byte
     const size_t mine = at(i + 1) - at(i);
-    // Sends read `data` in place: each is waited for before its bytes change.
-    auto wait_all = [](std::vector<std::unique_ptr<Request>> &sends, Status status) {
-      for (auto &send : sends) {
-        const Status sent = send->wait();
-        if (status.is_ok()) status = sent;
-      }
-      sends.clear();
-      return status;
-    };
-    std::vector<std::unique_ptr<Request>> sends;
+    // Sends copy, so each round's sends go before its receives.
     for (size_t m = 0; m < p; ++m)
       if (m != i)
-        sends.push_back(isend_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation));
+        RETURN_IF_ERROR(send_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation));
     std::vector<std::byte> theirs(mine * p);
-    Status status = Status::ok();
-    for (size_t m = 0; m < p && status.is_ok(); ++m)
-      if (m != i) status = recv_impl(theirs.data() + m * mine, mine, members[m], tag, operation);
-    RETURN_IF_ERROR(wait_all(sends, status));
+    for (size_t m = 0; m < p; ++m)
+      if (m != i)
+        RETURN_IF_ERROR(recv_impl(theirs.data() + m * mine, mine, members[m], tag, operation));
     if (mine > 0) {
       std::memcpy(theirs.data() + i * mine, base + at(i), mine);
       for (size_t m = 1; m < p; ++m)
@@ -1157,10 +1144,11 @@ private:
       std::memcpy(base + at(i), theirs.data(), mine);
     }
     for (size_t m = 0; m < p; ++m)
-      if (m != i) sends.push_back(isend_impl(base + at(i), mine, members[m], tag, operation));
-    for (size_t m = 0; m < p && status.is_ok(); ++m)
-      if (m != i) status = recv_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation);
-    return wait_all(sends, status);
+      if (m != i) RETURN_IF_ERROR(send_impl(base + at(i), mine, members[m], tag, operation));
+    for (size_t m = 0; m < p; ++m)
+      if (m != i)
+        RETURN_IF_ERROR(recv_impl(base + at(m), at(m + 1) - at(m), members[m], tag, operation));
+    return Status::ok();
   }
 
   // The tag of the checked group's next collective.
@@ -1322,7 +1310,8 @@ Status MpiWorld::agree(const std::string &fingerprint, const std::string &plan,
       verdict += str_cat(verdict.empty() ? "" : "; ", differs);
     }
     if (verdict.empty() && !impl_->layout_error_.empty()) verdict = impl_->layout_error_;
-    if (!verdict.empty()) verdict += "; every rank must run the same plan and options with the same strata";
+    if (!verdict.empty())
+      verdict += "; every rank must run the same plan and options with the same strata";
   }
   RETURN_IF_ERROR(broadcast(&verdict, "start-up agreement"));
   if (!verdict.empty()) return failed_precondition("start-up check failed: ", verdict);

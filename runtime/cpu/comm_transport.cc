@@ -116,8 +116,8 @@ Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_
   if (comm_.shares_memory(group)) { // read in place, `out` written
     const std::span<float> whole(const_cast<float *>(static_cast<const float *>(me.in)), count);
     float *const out = static_cast<float *>(me.out);
-    return shared_reduce_scatter(comm_, std::span(&whole, 1), std::span(&out, 1), group,
-                                 call.algo, call.what);
+    return shared_reduce_scatter(comm_, std::span(&whole, 1), std::span(&out, 1), group, call.algo,
+                                 call.what);
   }
   // The algorithms work in place: `in` is the whole tensor and `out` this
   // member's chunk of it (the rest is scratch).
@@ -164,10 +164,11 @@ Status CommTransport::all_to_all(llvm::ArrayRef<core::Member> members, size_t bl
 Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   const Group &group = plan_.group(bucket.group);
   const size_t p = group.size();
+  const std::optional<CollectiveAlgo> algo = plan_.algorithm(bucket.group);
   // Threads: no packing, the members read each other's gradients.
   if (comm.shares_memory(group)) {
-    const std::optional<CollectiveAlgo> algo = plan_.algorithm(bucket.group);
-    if (!bucket.reduce_scatter) return shared_all_reduce(comm, bucket.parts, group, algo, bucket.what);
+    if (!bucket.reduce_scatter)
+      return shared_all_reduce(comm, bucket.parts, group, algo, bucket.what);
     std::vector<float *> out;
     for (const std::span<float> &part : bucket.parts)
       out.push_back(part.data() + chunk_begin(part.size(), p, bucket.position));
@@ -199,7 +200,6 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   for (size_t c = 0; c < p; ++c)
     each_piece(c, [](const float *from, size_t n, float *to) { std::copy(from, from + n, to); });
   const std::span<float> all(packed, bucket.packed());
-  const std::optional<CollectiveAlgo> algo = plan_.algorithm(bucket.group);
   const size_t mine = bucket.position;
   Status status = Status::ok();
   if (!segments.empty())
