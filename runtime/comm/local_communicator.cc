@@ -2,6 +2,7 @@
 #include "runtime/comm/device_world.h"
 #include "runtime/comm/host_transport.h"
 
+#include <atomic>
 #include <cassert>
 #include <compare>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 namespace strata::runtime {
@@ -117,6 +119,7 @@ public:
   LocalWorldState(int size, std::chrono::milliseconds timeout)
       : WorldState(size), size_(size), timeout_(timeout),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
+        signals_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<std::size_t>(size))),
         claimed_(static_cast<std::size_t>(size)) {}
 
   int size() const { return size_; }
@@ -150,7 +153,7 @@ public:
     const uint64_t number = channel.sent++;
     if (channel.abandoned.erase(number) == 0) channel.arrived.emplace(number, std::move(message));
     if (channel.idle()) channels_.erase(key);
-    wakeups_[peer].notify_all();
+    wake_locked(peer);
     return Status::ok();
   }
 
@@ -202,7 +205,7 @@ public:
                              p2p_operation("recv from", peer, tag, what),
                              str_cat("timed out after ", format_duration(timeout_)));
         }
-        wakeups_[rank].wait_until(lock, deadline);
+        wait_locked(lock, rank, deadline);
       }
       if (message.data.size() != bytes) {
         return fail_locked(
@@ -262,7 +265,7 @@ public:
       slot->inputs.clear();
       slot->ready = true;
       for (int member : members)
-        wakeups_[member].notify_all();
+        wake_locked(member);
     }
     for (;;) {
       if (failed_) return cascaded_locked(rank, collective_operation(signature, members, what));
@@ -278,7 +281,7 @@ public:
                                    missing.empty() ? std::string(" waiting for the result")
                                                    : " waiting for " + format_devices(missing)));
       }
-      wakeups_[rank].wait_until(lock, deadline);
+      wait_locked(lock, rank, deadline);
     }
     if (++slot->departed == group_size) slots_.erase(key);
     return std::shared_ptr<const Slot>(std::move(slot));
@@ -287,13 +290,42 @@ public:
 private:
   void on_failure_locked(bool) override {
     for (int rank = 0; rank < size_; ++rank)
-      wakeups_[rank].notify_all();
+      wake_locked(rank);
+  }
+
+  // Tells `rank` that what it waits for may have changed.
+  void wake_locked(int rank) {
+    signals_[rank].fetch_add(1, std::memory_order_release);
+    wakeups_[rank].notify_all();
+  }
+
+  // Waits, with the lock held on entry and on return, until `rank` is woken
+  // or the deadline passes. A wake-up from sleep costs tens of microseconds,
+  // several times a shared-memory meeting, so the waiter first watches its
+  // signal without the lock for a short while (yielding, in case the threads
+  // outnumber the cores), then sleeps.
+  void wait_locked(std::unique_lock<std::mutex> &lock, int rank, Clock::time_point deadline) {
+    constexpr auto kSpin = std::chrono::microseconds(50);
+    const uint64_t seen = signals_[rank].load(std::memory_order_acquire);
+    lock.unlock();
+    const auto until = std::min(deadline, Clock::now() + kSpin);
+    for (int round = 0; signals_[rank].load(std::memory_order_acquire) == seen; ++round) {
+      if ((round & 63) == 63) {
+        if (Clock::now() >= until) break;
+        std::this_thread::yield();
+      }
+    }
+    lock.lock();
+    // Signals change under the lock, so none is missed between here and the sleep.
+    if (signals_[rank].load(std::memory_order_relaxed) == seen)
+      wakeups_[rank].wait_until(lock, deadline);
   }
 
   const int size_;
   const std::chrono::milliseconds timeout_;
   // Guarded by mutex_:
   std::unique_ptr<std::condition_variable[]> wakeups_; // one per rank: what it waits for changed
+  std::unique_ptr<std::atomic<uint64_t>[]> signals_;   // one per rank: wakes so far (read unlocked)
   std::vector<bool> claimed_;
   std::map<ChannelKey, Channel> channels_;
   std::map<SlotKey, std::shared_ptr<Slot>> slots_;
