@@ -860,7 +860,7 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
   runtime::MpiWorldOptions options;
   options.devices_per_rank = args.devices_per_rank;
   options.timeout = timeout;
-  options.shared_bytes = runtime::largest_bucket_bytes(plan);
+  options.shared_bytes = runtime::shared_segment_bytes(plan);
   ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
                    runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
   Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -469,28 +470,55 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
   return comm.barrier(ranks, what); // nobody reads another's chunks any more
 }
 
-Status segment_reduce(Communicator &comm, std::span<float *const> packed, const Group &group,
+Status segment_reduce(Communicator &comm, std::span<float *const> segments, const Group &group,
                       std::optional<CollectiveAlgo> algo, std::span<const size_t> chunks, bool all,
-                      std::string_view what) {
+                      const SegmentCopy &pack, const SegmentTake &take, std::string_view what,
+                      size_t block) {
   ASSIGN_OR_RETURN(size_t i, position_in(comm, group));
   const size_t p = group.size();
-  if (packed.size() != p || chunks.size() != p + 1)
-    return invalid_argument("a shared reduction over ", p, " members with ", packed.size(),
-                            " buffers and ", chunks.size(), " chunk offsets");
-  // The meetings are messages between processes, each sent and received
-  // under a lock on either side and through the MPI library's own fenced
-  // queues: what a member wrote to its segment before a meeting, the others
-  // see after it.
-  auto meet = [&] { return comm.barrier(group, what); };
-  RETURN_IF_ERROR(meet()); // every member has packed
+  if (segments.size() != p || chunks.size() != p + 1 || block < p)
+    return invalid_argument("a shared reduction over ", p, " members with ", segments.size(),
+                            " segments, ", chunks.size(), " chunk offsets and rounds of ", block,
+                            " elements");
+  if (comm.shared_segment_bytes() < 2 * block * sizeof(float))
+    return invalid_argument("a shared reduction in rounds of ", block, " elements needs ",
+                            2 * block * sizeof(float), " bytes of segment, not ",
+                            comm.shared_segment_bytes());
+  // Round k stages elements [k s, (k + 1) s) of every chunk, chunk c at c s
+  // in half k % 2 of each segment.
+  const size_t s = block / p;
+  size_t rounds = 0;
+  for (size_t c = 0; c < p; ++c)
+    rounds = std::max(rounds, (chunks[c + 1] - chunks[c] + s - 1) / s);
+  auto range = [&](size_t c, size_t k) {
+    const size_t begin = std::min(chunks[c] + k * s, chunks[c + 1]);
+    return std::pair(begin, std::min(begin + s, chunks[c + 1]));
+  };
+  auto staged = [&](size_t m, size_t k, size_t c) { return segments[m] + (k % 2) * block + c * s; };
+  auto meet = [&] { return comm.segment_barrier(group, what); };
+  const SumOrder order = sum_order(algo, p, i);
   std::vector<const float *> rows(p);
-  for (size_t m = 0; m < p; ++m)
-    rows[m] = packed[m] + chunks[i];
-  sum_rows(rows, packed[i] + chunks[i], chunks[i + 1] - chunks[i], sum_order(algo, p, i));
-  if (all) {
-    RETURN_IF_ERROR(meet()); // every chunk is summed
-    for (size_t c = 0; c < p; ++c)
-      if (c != i) std::copy(packed[c] + chunks[c], packed[c] + chunks[c + 1], packed[i] + chunks[c]);
+  for (size_t k = 0; k < rounds; ++k) {
+    for (size_t c = 0; c < p; ++c) {
+      const auto [begin, end] = range(c, k);
+      if (begin < end) pack(begin, end, staged(i, k, c));
+    }
+    // Every member has staged round k; none reads round k - 2's half any
+    // more (each met here after its round k - 1 began).
+    RETURN_IF_ERROR(meet());
+    const auto [begin, end] = range(i, k);
+    for (size_t m = 0; m < p; ++m)
+      rows[m] = staged(m, k, i);
+    sum_rows(rows, staged(i, k, i), end - begin, order);
+    if (!all) {
+      if (begin < end) take(begin, end, staged(i, k, i));
+      continue;
+    }
+    RETURN_IF_ERROR(meet()); // every chunk of round k is summed
+    for (size_t c = 0; c < p; ++c) {
+      const auto [from, to] = range(c, k);
+      if (from < to) take(from, to, staged(c, k, c));
+    }
   }
   return meet(); // nobody reads another's any more
 }

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -111,15 +112,29 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
 Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float>> parts,
                              std::span<float *const> out, const Group &group,
                              std::optional<CollectiveAlgo> algo, std::string_view what);
-// The same sums over packed buckets that every member can read in its own
-// mapping (MPI ranks on one host: Communicator::shared_segment): `packed[m]`
-// is member m's, chunk c being [chunks[c], chunks[c + 1]). Member i sums
-// chunk i into its own; with `all`, it then copies every other chunk from
-// its owner. The group meets before (every member has packed), between and
-// after (nobody reads another's any more).
-Status segment_reduce(Communicator &comm, std::span<float *const> packed, const Group &group,
+// The same sums for members in separate address spaces that can each read
+// the others' shared segments (MPI ranks on one host:
+// Communicator::shared_segment, `segments[m]` member m's), over a bucket of
+// elements that each member holds in its own memory, chunk c being
+// [chunks[c], chunks[c + 1]) of it, as packed for algo_all_reduce. It goes in
+// rounds of up to `block` elements (block / p of each chunk), so what is
+// staged stays in cache: every member copies the round's part of each chunk
+// into its segment (`pack(begin, end, to)`: elements [begin, end) of its
+// bucket), member i sums its chunk's part in its own segment from every
+// member's, and `take(begin, end, sum)` is called with the sums of [begin,
+// end): every chunk's, read where its owner summed it (all, an all-reduce),
+// or chunk i's alone (a reduce-scatter). Two rounds are staged at a time,
+// in the two halves of each segment (2 block floats). The members meet
+// (segment_barrier) once or twice a round and once at the end, after which
+// nobody reads another's segment any more.
+using SegmentCopy = std::function<void(size_t begin, size_t end, float *to)>;
+using SegmentTake = std::function<void(size_t begin, size_t end, const float *sum)>;
+inline constexpr size_t kSegmentBlock = size_t{64} << 10; // elements per round (256 KiB)
+inline constexpr size_t kSegmentBytes = 2 * kSegmentBlock * sizeof(float);
+Status segment_reduce(Communicator &comm, std::span<float *const> segments, const Group &group,
                       std::optional<CollectiveAlgo> algo, std::span<const size_t> chunks, bool all,
-                      std::string_view what);
+                      const SegmentCopy &pack, const SegmentTake &take, std::string_view what,
+                      size_t block = kSegmentBlock);
 // `output` (group size x bytes) receives every member's `input` in group
 // order, copied from the members' memory.
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,

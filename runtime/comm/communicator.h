@@ -147,6 +147,13 @@ public:
     return nullptr;
   }
   virtual size_t shared_segment_bytes() const { return 0; }
+  // A barrier of `group` for the segment collectives: where every member's
+  // segment is mapped here, the members meet through the segments (a few
+  // atomic counters, no message); elsewhere it is barrier(). What a member
+  // wrote to its segment before, the others see after.
+  virtual Status segment_barrier(const Group &group, std::string_view what) {
+    return barrier(group, what);
+  }
 
   // Ends the world: every pending and later call on every rank fails promptly
   // with "device N aborted: <reason>". Callable from any thread.

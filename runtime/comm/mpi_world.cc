@@ -5,6 +5,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -283,7 +284,8 @@ public:
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     if (ranks < 2) return;
-    const size_t per_rank = k < 1 ? 0 : options_.shared_bytes * static_cast<size_t>(k);
+    const size_t per_rank =
+        k < 1 || options_.shared_bytes == 0 ? 0 : slot_bytes() * static_cast<size_t>(k);
     int made = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
                                    &node_) == MPI_SUCCESS;
     if (made) {
@@ -328,6 +330,66 @@ public:
         segments_[static_cast<size_t>(world_ranks[static_cast<size_t>(r)])] =
             static_cast<std::byte *>(segment);
     }
+    // The meeting counters start at zero before anyone reads them.
+    if (segments_[static_cast<size_t>(rank_)] != nullptr)
+      std::memset(segments_[static_cast<size_t>(rank_)], 0, per_rank);
+    MPI_Barrier(node_);
+  }
+
+  // Each device's part of the window: its segment (shared_bytes, rounded up
+  // to a cache line), then its meeting counters: per channel and per device
+  // of the job, how many shared-memory meetings it has entered with that
+  // device (see meet_in_segments).
+  static constexpr size_t kLine = 64;
+  static size_t round_to_line(size_t n) { return (n + kLine - 1) / kLine * kLine; }
+  size_t slot_bytes() const {
+    return round_to_line(options_.shared_bytes) +
+           round_to_line(2 * static_cast<size_t>(devices_) * sizeof(uint64_t));
+  }
+  std::atomic_ref<uint64_t> meetings(int owner, int channel, int peer) const {
+    std::byte *counters = segment(owner) + round_to_line(options_.shared_bytes);
+    const size_t at =
+        static_cast<size_t>(channel) * static_cast<size_t>(devices_) + static_cast<size_t>(peer);
+    return std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t *>(counters)[at]);
+  }
+
+  // A barrier of `group` (every member has a segment: ranks on this host)
+  // through the window instead of messages: this device counts one more
+  // meeting with each member, then waits until each member has counted as
+  // many with it. Pairs meet in the same order on both sides (a channel's
+  // segment collectives are issued in plan order), so the counts agree. What
+  // a member wrote before the meeting, the others see after it (release
+  // and acquire on the counters). A waiter spins, then yields, then naps, so
+  // a long wait does not take a core from the computation; a failure of the
+  // world or the timeout ends it.
+  Status meet_in_segments(int device, int channel, const Group &group, std::string_view what) {
+    std::vector<std::pair<int, uint64_t>> expect;
+    for (int peer : group)
+      if (peer != device) {
+        std::atomic_ref<uint64_t> mine = meetings(device, channel, peer);
+        const uint64_t count = mine.load(std::memory_order_relaxed) + 1;
+        mine.store(count, std::memory_order_release);
+        expect.emplace_back(peer, count);
+      }
+    const auto start = Clock::now();
+    for (const auto &[peer, count] : expect) {
+      std::atomic_ref<uint64_t> theirs = meetings(peer, channel, device);
+      for (int round = 0; theirs.load(std::memory_order_acquire) < count; ++round) {
+        if (round < 4096) continue; // about 10 us of spinning
+        const auto waited = Clock::now() - start;
+        if (waited < std::chrono::microseconds(100)) {
+          std::this_thread::yield();
+          continue;
+        }
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(waited < std::chrono::milliseconds(5) ? 20 : 200));
+        std::lock_guard lock(mutex_);
+        const std::string operation = operation_text("shared-memory barrier with", peer, 0, what);
+        if (failed_) return cascaded_locked(device, operation);
+        if (waited >= options_.timeout) return timed_out_locked(device, peer, operation);
+      }
+    }
+    return Status::ok();
   }
 
   // Device `device`'s part of its rank's shared segment, or null.
@@ -335,7 +397,7 @@ public:
     if (segments_.empty() || device < 0) return nullptr;
     std::byte *base = segments_[static_cast<size_t>(rank_of(device))];
     if (base == nullptr) return nullptr;
-    return base + static_cast<size_t>(device % options_.devices_per_rank) * options_.shared_bytes;
+    return base + static_cast<size_t>(device % options_.devices_per_rank) * slot_bytes();
   }
 
   // Frees the window (collective: every rank, before MPI_Finalize).
@@ -453,6 +515,7 @@ public:
     message->payload = buffers_.take(bytes);
     if (bytes) std::memcpy(message->payload.data(), data, bytes);
     outbox_.push_back(std::move(message));
+    progress_cv_.notify_one();
     return Status::ok();
   }
 
@@ -530,7 +593,10 @@ public:
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("recv from", p->src, p->tag, p->what);
     const auto deadline = Clock::now() + options_.timeout;
-    ++waiters_;
+    if (waiters_++ == 0) {
+      wait_began_ = Clock::now();
+      progress_cv_.notify_one();
+    }
     struct Leave {
       int &count;
       ~Leave() { --count; }
@@ -538,26 +604,30 @@ public:
     while (!p->done && !failed_) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !p->done && !failed_) {
         p->abandoned = true;
-        // A rank that went silent is the cause: the error leads with it.
-        const std::string lost = lost_ranks_locked(
-            Clock::now(), std::max(std::chrono::milliseconds(1000), 10 * options_.heartbeat));
-        if (!lost.empty()) {
-          const std::string name = name_locked(p->dst);
-          const std::string text =
-              str_cat(lost, " (", name, " timed out after ", format_duration(options_.timeout),
-                      " in ", operation, ")");
-          set_failure_locked(Status(StatusCode::kDeadlineExceeded, text), text, true);
-          return Status(StatusCode::kDeadlineExceeded, text);
-        }
-        std::string problem = str_cat("timed out after ", format_duration(options_.timeout));
-        const int peer_rank = rank_of(p->src);
-        if (peer_rank != rank_) problem += str_cat("; ", whereabouts_locked(peer_rank));
-        return fail_locked(p->dst, StatusCode::kDeadlineExceeded, operation, problem);
+        return timed_out_locked(p->dst, p->src, operation);
       }
     }
     if (p->done) return p->error;
     p->abandoned = true;
     return cascaded_locked(p->dst, operation);
+  }
+
+  // Ends the world when `device`'s `operation` with `peer` timed out. A rank
+  // that went silent is the cause: the error leads with it; else it says
+  // where the peer's rank was last heard from.
+  Status timed_out_locked(int device, int peer, const std::string &operation) {
+    const std::string lost = lost_ranks_locked(
+        Clock::now(), std::max(std::chrono::milliseconds(1000), 10 * options_.heartbeat));
+    if (!lost.empty()) {
+      const std::string text = str_cat(lost, " (", name_locked(device), " timed out after ",
+                                       format_duration(options_.timeout), " in ", operation, ")");
+      set_failure_locked(Status(StatusCode::kDeadlineExceeded, text), text, true);
+      return Status(StatusCode::kDeadlineExceeded, text);
+    }
+    std::string problem = str_cat("timed out after ", format_duration(options_.timeout));
+    const int peer_rank = rank_of(peer);
+    if (peer_rank != rank_) problem += str_cat("; ", whereabouts_locked(peer_rank));
+    return fail_locked(device, StatusCode::kDeadlineExceeded, operation, problem);
   }
 
   void abandon(const std::shared_ptr<Posted> &p) {
@@ -573,6 +643,9 @@ public:
   // ---- progress thread -----------------------------------------------------
 
   void progress_loop() {
+    // Naps of tens of microseconds: the kernel's default slack (50 us) would
+    // double them.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     auto last_beat = Clock::now() - options_.heartbeat;
     auto last_progress = Clock::now();
     int idle = 0;
@@ -640,12 +713,13 @@ public:
       busy |= test_receives();
       busy |= poll_control();
       const auto now = Clock::now();
-      bool moved = false, new_step = false, waited_on = false;
+      bool moved = false, new_step = false, waited_on = false, fresh = false;
       {
         std::lock_guard lock(mutex_);
         moved = moved_;
         new_step = new_step_;
         waited_on = waiters_ > 0 || !outbox_.empty();
+        fresh = waiters_ > 0 && now - wait_began_ < kFreshWait;
       }
       // A beat every `heartbeat`, and sooner (a quarter of it) when a device
       // moved on, so the others know where this rank was if it dies.
@@ -667,6 +741,9 @@ public:
       // for a long while, and a spinning thread takes half the core of the
       // device computing beside it: after a few idle rounds the thread naps,
       // up to kWaitNap, and when nothing at all is expected, up to kIdleNap.
+      // Except in a wait's first kFreshWait: most waits (a meeting, a small
+      // collective) end within microseconds, and a nap would be most of
+      // their time. A device that sends or begins to wait cuts a nap short.
       if (busy) last_progress = now;
       const bool sending = !sending_.empty() && now - last_progress < kSendSpin;
       if (busy || sending || !receiving_.empty()) {
@@ -674,10 +751,15 @@ public:
       } else {
         idle = std::min(idle + 1, kIdleNap);
         const int cap = waited_on || !sending_.empty() ? kWaitNap : kIdleNap;
-        if (idle > kSpins)
-          std::this_thread::sleep_for(std::chrono::microseconds(std::min(idle, cap)));
-        else
+        if (idle > kSpins && !fresh) {
+          std::unique_lock lock(mutex_);
+          const bool began = waiters_ > 0 && Clock::now() - wait_began_ < kFreshWait;
+          if (outbox_.empty() && to_receive_.empty() && !stop_ && !ping_ &&
+              abort_to_send_.empty() && !began)
+            progress_cv_.wait_for(lock, std::chrono::microseconds(std::min(idle, cap)));
+        } else {
           std::this_thread::yield();
+        }
       }
     }
   }
@@ -919,6 +1001,7 @@ public:
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
+    progress_cv_.notify_one();
     if (progress_.joinable()) progress_.join();
   }
 
@@ -970,7 +1053,9 @@ public:
   std::atomic<size_t> in_flight_{0}; // messages the progress thread still sends
   // The progress thread's naps in microseconds (see progress_loop).
   static constexpr int kSpins = 20, kWaitNap = 50, kIdleNap = 200;
-  static constexpr std::chrono::microseconds kSendSpin{1000};
+  static constexpr std::chrono::microseconds kSendSpin{1000}, kFreshWait{300};
+  std::condition_variable progress_cv_; // wakes the progress thread from a nap
+  Clock::time_point wait_began_;        // when waiters_ last rose from 0
   // Progress thread only.
   std::list<std::unique_ptr<OutMessage>> sending_, control_sends_;
   std::list<InRecv> receiving_;
@@ -1015,6 +1100,11 @@ public:
   }
   std::byte *shared_segment(int device) const override { return world_->segment(device); }
   size_t shared_segment_bytes() const override { return world_->options_.shared_bytes; }
+  Status segment_barrier(const Group &group, std::string_view what) override {
+    for (int member : group)
+      if (world_->segment(member) == nullptr) return barrier(group, what);
+    return world_->meet_in_segments(device_, channel_, group, what);
+  }
   // Devices of this rank (--devices-per-rank) are threads of one process.
   bool shares_memory(const Group &group) const override {
     if (group.empty()) {

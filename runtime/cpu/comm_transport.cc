@@ -161,6 +161,30 @@ Status CommTransport::all_to_all(llvm::ArrayRef<core::Member> members, size_t bl
   return Status::ok();
 }
 
+namespace {
+
+// Calls fn(part, n, at) for each piece of `bucket`'s parts that falls in
+// elements [begin, end) of the bucket as packed (chunk c of every part, then
+// chunk c + 1; the range lies in one chunk): `part` is where the piece's
+// first element in the range is, `at` its offset from `begin`.
+template <typename Fn>
+void each_packed(const core::Bucket &bucket, size_t p, size_t begin, size_t end, Fn &&fn) {
+  const size_t c =
+      static_cast<size_t>(std::upper_bound(bucket.chunks.begin(), bucket.chunks.end(), begin) -
+                          bucket.chunks.begin() - 1);
+  size_t at = bucket.chunks[c];
+  for (const std::span<float> &part : bucket.parts) {
+    const size_t first = chunk_begin(part.size(), p, c),
+                 n = chunk_begin(part.size(), p, c + 1) - first;
+    const size_t lo = std::max(at, begin), hi = std::min(at + n, end);
+    if (lo < hi) fn(part.data() + first + (lo - at), hi - lo, lo - begin);
+    at += n;
+    if (at >= end) return;
+  }
+}
+
+} // namespace
+
 Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   const Group &group = plan_.group(bucket.group);
   const size_t p = group.size();
@@ -174,11 +198,10 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
       out.push_back(part.data() + chunk_begin(part.size(), p, bucket.position));
     return shared_reduce_scatter(comm, bucket.parts, out, group, algo, bucket.what);
   }
-  // MPI ranks on one host: a large bucket is packed into this device's
-  // shared segment and summed from the members' segments.
+  // MPI ranks on one host: the bucket is summed in rounds staged in the
+  // members' shared segments.
   std::vector<float *> segments;
-  const size_t bytes = bucket.packed() * sizeof(float);
-  if (bytes >= kSegmentFrom && bytes <= comm.shared_segment_bytes())
+  if (comm.shared_segment_bytes() >= kSegmentBytes)
     for (int member : group) {
       auto *segment = reinterpret_cast<float *>(comm.shared_segment(member));
       if (segment == nullptr) {
@@ -187,7 +210,20 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
       }
       segments.push_back(segment);
     }
-  float *packed = segments.empty() ? staging_.data() : segments[bucket.position];
+  if (!segments.empty()) {
+    auto pack = [&](size_t begin, size_t end, float *to) {
+      each_packed(bucket, p, begin, end,
+                  [&](float *part, size_t n, size_t at) { std::copy(part, part + n, to + at); });
+    };
+    auto take = [&](size_t begin, size_t end, const float *sum) {
+      each_packed(bucket, p, begin, end, [&](float *part, size_t n, size_t at) {
+        std::copy(sum + at, sum + at + n, part);
+      });
+    };
+    return segment_reduce(comm, segments, group, algo, bucket.chunks, !bucket.reduce_scatter, pack,
+                          take, bucket.what);
+  }
+  float *packed = staging_.data();
   // Chunk c of every part and where it sits in the packed bucket.
   auto each_piece = [&](size_t c, auto &&fn) {
     size_t at = bucket.chunks[c];
@@ -202,10 +238,7 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   const std::span<float> all(packed, bucket.packed());
   const size_t mine = bucket.position;
   Status status = Status::ok();
-  if (!segments.empty())
-    status = segment_reduce(comm, segments, group, algo, bucket.chunks, !bucket.reduce_scatter,
-                            bucket.what);
-  else if (!bucket.reduce_scatter)
+  if (!bucket.reduce_scatter)
     status = algo ? algo_all_reduce(comm, all, group, *algo, bucket.tag, bucket.what, bucket.chunks)
                   : comm.all_reduce(all, group, bucket.what);
   else if (algo)

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
-#include "runtime/core/issue.h"
 #include "runtime/comm/device_clock.h"
+#include "runtime/core/issue.h"
 
 namespace strata::runtime {
 
@@ -71,12 +71,6 @@ private:
   bool stopping_ = false, aborted_ = false;
   std::thread thread_;
 };
-
-// The smallest gradient bucket (packed bytes) that MPI ranks on one host sum
-// in their shared segments: below it, the segment path's three meetings cost
-// more than the messages' copies (a 2 MiB bucket of 2 ranks took 1.2 ms
-// longer per step).
-inline constexpr size_t kSegmentFrom = size_t{4} << 20;
 
 class CommTransport : public core::Transport {
 public:

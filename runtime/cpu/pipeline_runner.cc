@@ -58,17 +58,10 @@ Status check_memory(const serialization::Plan &plan, const DeviceWorld &world) {
 
 } // namespace
 
-size_t largest_bucket_bytes(const serialization::Plan &plan) {
-  size_t largest = 0;
+size_t shared_segment_bytes(const serialization::Plan &plan) {
   for (const serialization::PlanProgram &program : plan.programs)
-    for (const serialization::PlanBucket &bucket : program.buckets) {
-      size_t bytes = 0;
-      for (TensorId t : bucket.tensors)
-        if (t < plan.graph.num_tensors())
-          bytes += static_cast<size_t>(plan.graph.tensor(t).type.size_bytes());
-      largest = std::max(largest, bytes);
-    }
-  return largest >= kSegmentFrom ? largest : 0;
+    if (!program.buckets.empty()) return kSegmentBytes;
+  return 0;
 }
 
 Result<std::unique_ptr<PipelineRunner>>

@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "plan/trace.h"
-#include "runtime/core/issue.h"
 #include "runtime/comm/device_clock.h"
 #include "runtime/comm/device_world.h"
 #include "runtime/comm/local_communicator.h"
+#include "runtime/core/issue.h"
 #include "runtime/step_runner.h"
 #include "serialization/plan_io.h"
 
@@ -149,9 +149,9 @@ private:
   std::vector<std::vector<HostTensor>> output_copies_;
 };
 
-// The bytes of the largest gradient bucket of any device of `plan`, packed:
-// what MPI ranks on one host share per device to sum buckets in place
-// (MpiWorldOptions::shared_bytes); 0 where no bucket reaches kSegmentFrom.
-size_t largest_bucket_bytes(const serialization::Plan &plan);
+// What MPI ranks on one host share per device to sum gradient buckets in
+// their segments (MpiWorldOptions::shared_bytes): kSegmentBytes where `plan`
+// has buckets, else 0.
+size_t shared_segment_bytes(const serialization::Plan &plan);
 
 } // namespace strata::runtime

@@ -165,8 +165,8 @@ TEST(CollectivesTest, ReduceScatterLeavesEachMemberItsChunkSummed) {
         const auto out = reduce_on_threads(p, algo, true, inputs, {}, what);
         for (size_t r = 0; r < up; ++r)
           for (size_t e = chunk_begin(n, up, r); e < chunk_begin(n, up, r + 1); ++e) {
-            EXPECT_EQ(out[r][e], exact_sum(inputs, e)) << what << ": member " << r << " element "
-                                                       << e;
+            EXPECT_EQ(out[r][e], exact_sum(inputs, e))
+                << what << ": member " << r << " element " << e;
           }
       }
     }
@@ -236,8 +236,7 @@ TEST(CollectivesTest, BucketsKeepTheBitsOfEachTensorReducedAlone) {
               const size_t a_n = chunk_begin(na, up, c + 1) - a_begin;
               const size_t b_begin = chunk_begin(nb, up, c);
               const size_t b_n = chunk_begin(nb, up, c + 1) - b_begin;
-              EXPECT_TRUE(
-                  same_bits(bucket[r].data() + chunks[c], alone_a[r].data() + a_begin, a_n))
+              EXPECT_TRUE(same_bits(bucket[r].data() + chunks[c], alone_a[r].data() + a_begin, a_n))
                   << what << ": member " << r << " chunk " << c << " of a";
               EXPECT_TRUE(
                   same_bits(bucket[r].data() + chunks[c] + a_n, alone_b[r].data() + b_begin, b_n))
@@ -358,8 +357,8 @@ std::vector<std::span<float>> spans(std::vector<std::vector<float>> &parts) {
 
 // Each part of each member all-reduced (or, with `scatter`, reduce-scattered)
 // alone, with `algo`'s messages or, for none, the communicator's own.
-std::vector<std::vector<std::vector<float>>> reduced_alone(int p, std::optional<CollectiveAlgo> algo,
-                                                           bool scatter) {
+std::vector<std::vector<std::vector<float>>>
+reduced_alone(int p, std::optional<CollectiveAlgo> algo, bool scatter) {
   std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(p));
   Status status = run_on_threads(p, [&](int rank, Communicator &comm) {
     auto parts = parts_of(rank);
@@ -429,10 +428,10 @@ TEST(SharedCollectivesTest, ReduceScatterHasTheBitsOfTheMessagesAndKeepsTheRest)
         std::vector<std::vector<float>> separate(parts.size());
         std::vector<float *> out;
         for (size_t k = 0; k < parts.size(); ++k) {
-          const size_t begin = chunk_begin(parts[k].size(), static_cast<size_t>(p),
-                                           static_cast<size_t>(rank));
-          const size_t end = chunk_begin(parts[k].size(), static_cast<size_t>(p),
-                                         static_cast<size_t>(rank) + 1);
+          const size_t begin =
+              chunk_begin(parts[k].size(), static_cast<size_t>(p), static_cast<size_t>(rank));
+          const size_t end =
+              chunk_begin(parts[k].size(), static_cast<size_t>(p), static_cast<size_t>(rank) + 1);
           separate[k].assign(end - begin, -1.0f);
           out.push_back(k % 2 ? separate[k].data() : parts[k].data() + begin);
         }
@@ -488,6 +487,140 @@ TEST(SharedCollectivesTest, PartsOfDifferentSizesAreAnError) {
   });
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("different sizes"), std::string::npos) << status.message();
+}
+
+// A local communicator that claims segments of `segment_bytes` (the test
+// hands segment_reduce the buffers itself): the rounds of the segment path,
+// with threads standing in for the ranks of one host.
+class SegmentComm final : public Communicator {
+public:
+  SegmentComm(Communicator &inner, size_t segment_bytes)
+      : inner_(inner), segment_bytes_(segment_bytes) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
+  void set_label(std::string label) override { inner_.set_label(std::move(label)); }
+  void abort(Status reason) override { inner_.abort(std::move(reason)); }
+  size_t shared_segment_bytes() const override { return segment_bytes_; }
+
+protected:
+  Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
+                   std::string_view what) override {
+    return inner_.send(data, bytes, peer, tag, what);
+  }
+  Status recv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
+                   std::string_view what) override {
+    return inner_.recv(data, bytes, peer, tag, what);
+  }
+  std::unique_ptr<Request> isend_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
+                                      std::string_view what) override {
+    return inner_.isend(data, bytes, peer, tag, what);
+  }
+  std::unique_ptr<Request> irecv_impl(void *data, std::size_t bytes, int peer, uint64_t tag,
+                                      std::string_view what) override {
+    return inner_.irecv(data, bytes, peer, tag, what);
+  }
+  Status all_reduce_impl(void *data, std::size_t count, ReduceType type, const Group &group,
+                         std::string_view what) override {
+    if (type == ReduceType::kF64)
+      return inner_.all_reduce(std::span(static_cast<double *>(data), count), group, what);
+    return inner_.all_reduce(std::span(static_cast<float *>(data), count), group, what);
+  }
+  Status reduce_scatter_impl(const void *, std::size_t, void *, std::size_t, ReduceType,
+                             const Group &, std::string_view) override {
+    return unimplemented("not used by segment_reduce");
+  }
+  Status all_gather_impl(const void *input, std::size_t bytes, void *output, const Group &group,
+                         std::string_view what) override {
+    return inner_.all_gather(input, bytes, output, group, what);
+  }
+  Status broadcast_impl(void *data, std::size_t bytes, int root, const Group &group,
+                        std::string_view what) override {
+    return inner_.broadcast(data, bytes, root, group, what);
+  }
+  Status barrier_impl(const Group &group, std::string_view what) override {
+    return inner_.barrier(group, what);
+  }
+
+private:
+  Communicator &inner_;
+  size_t segment_bytes_;
+};
+
+// Rounds of 2p - 1 and of 64p elements (many rounds, chunk sizes the round
+// does not divide), every order, all-reduce and reduce-scatter: each tensor of
+// the bucket ends with the bits of its own messages' reduction.
+TEST(SegmentCollectivesTest, RoundsHaveTheBitsOfTheMessages) {
+  for (bool scatter : {false, true})
+    for (std::optional<CollectiveAlgo> algo : every_order())
+      for (int p : {2, 3, 4, 5})
+        for (size_t per_member : {size_t{2}, size_t{64}}) {
+          const size_t block = per_member * static_cast<size_t>(p) - (per_member == 2 ? 1 : 0);
+          const std::string what =
+              str_cat(algo_label(algo, p), scatter ? " reduce-scatter" : " all-reduce",
+                      ", rounds of ", block);
+          const auto want = reduced_alone(p, algo, scatter && algo.has_value());
+          const size_t P = static_cast<size_t>(p);
+          std::vector<std::vector<float>> segments(P, std::vector<float>(2 * block, -7.0f));
+          std::vector<float *> views;
+          for (auto &segment : segments)
+            views.push_back(segment.data());
+          Status status = run_on_threads(p, [&](int rank, Communicator &local) {
+            SegmentComm comm(local, 2 * block * sizeof(float));
+            const size_t me = static_cast<size_t>(rank);
+            auto parts = parts_of(rank);
+            // Packed chunk by chunk, as a gradient bucket.
+            std::vector<float> packed;
+            std::vector<size_t> chunks = {0};
+            for (size_t c = 0; c < P; ++c) {
+              for (const auto &part : parts)
+                packed.insert(packed.end(), part.begin() + chunk_begin(part.size(), P, c),
+                              part.begin() + chunk_begin(part.size(), P, c + 1));
+              chunks.push_back(packed.size());
+            }
+            std::vector<float> result(packed.size(), -1.0f);
+            auto pack = [&](size_t begin, size_t end, float *to) {
+              std::copy(packed.begin() + begin, packed.begin() + end, to);
+            };
+            auto take = [&](size_t begin, size_t end, const float *sum) {
+              std::copy(sum, sum + (end - begin), result.begin() + begin);
+            };
+            RETURN_IF_ERROR(segment_reduce(comm, views, whole_group(p), algo, chunks, !scatter,
+                                           pack, take, what, block));
+            for (size_t c = 0; c < P; ++c) {
+              if (scatter && c != me) { // untouched
+                for (size_t e = chunks[c]; e < chunks[c + 1]; ++e)
+                  EXPECT_EQ(result[e], -1.0f) << what << ": member " << rank << " element " << e;
+                continue;
+              }
+              size_t at = chunks[c];
+              for (size_t k = 0; k < parts.size(); ++k) {
+                const size_t n = parts[k].size(), begin = chunk_begin(n, P, c);
+                const size_t len = chunk_begin(n, P, c + 1) - begin;
+                EXPECT_TRUE(same_bits(&result[at], want[me][k].data() + begin, len))
+                    << what << ": member " << rank << ", chunk " << c << " of part " << k;
+                at += len;
+              }
+            }
+            return Status::ok();
+          });
+          ASSERT_TRUE(status.is_ok()) << what << ": " << status.message();
+        }
+}
+
+TEST(SegmentCollectivesTest, ASegmentTooSmallForTwoRoundsIsAnError) {
+  Status status = run_on_threads(2, [&](int, Communicator &local) {
+    SegmentComm comm(local, 100);
+    std::vector<float> a(64), b(64);
+    std::vector<float *> views = {a.data(), b.data()};
+    const std::vector<size_t> chunks = {0, 5, 10};
+    return segment_reduce(
+        comm, views, {0, 1}, std::nullopt, chunks, true, [](size_t, size_t, float *) {},
+        [](size_t, size_t, const float *) {}, "bucket 2", 32);
+  });
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("needs 256 bytes of segment, not 100"), std::string::npos)
+      << status.message();
 }
 
 } // namespace

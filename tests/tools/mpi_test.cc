@@ -561,6 +561,18 @@ TEST_F(MpiFailureTest, KilledRankIsNamedByARankWhoseMpiIsStuck) {
   EXPECT_EQ(m.str().find("rank 3 ("), std::string::npos) << m.str();
 }
 
+// The survivors wait for a stalled rank 1 in a meeting through shared memory
+// (a bucket of 7.4 MB is summed in the window), not in a message: they still
+// declare it lost.
+TEST_F(MpiFailureTest, StalledRankIsDeclaredLostFromASharedMemoryMeeting) {
+  zoo({"zoo", "mlp", "--hidden", "1024,1024", "-o", "wide.strata"});
+  compile("wide.strata", "wide.splan", {"--mesh", "4x1x1"});
+  Outcome o = mpirun(4, {"run", "wide.splan", "--steps", "5", "--timeout", str_cat(kTimeout)},
+                     kTimeout + 30, "STRATA_FAULT=stop:1:2:3");
+  expect_survivors_report(o, 1, "rank 1 is lost: nothing heard from it for ");
+  EXPECT_NE(o.err.find("shared-memory barrier"), std::string::npos) << o.err;
+}
+
 TEST_F(MpiFailureTest, RankThatExitsIsNamedByEverySurvivor) {
   Outcome o = run_with_fault("exit:1:2:3");
   expect_survivors_report(o, 1, "a rank was lost: rank 1");
