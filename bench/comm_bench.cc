@@ -12,6 +12,11 @@
 //              with the reduction left out (partitioner/cost/cost_model.h;
 //              Thakur, Rabenseifner and Gropp, IJHPCA 2005), e.g. the ring's
 //              2 (P - 1) (alpha + n / (P beta)).
+//   shared     the path the runtime takes when the members share memory
+//              (threads: shared_all_reduce; MPI ranks on one host: copy into
+//              this rank's MPI-3 shared segment, segment_reduce, copy out),
+//              in the ring's order of addition; bound: the lowest of the
+//              four algorithms' bounds.
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with
 // MPI alone, which also times MPI_Allreduce: bench/run_comm.sh prints it
 // beside these); without them they are the limits for threads sharing memory:
@@ -87,24 +92,79 @@ std::string human(size_t bytes) {
 }
 
 constexpr size_t kAlgos = std::size(kAllCollectiveAlgos);
+// Elements per round of the segment path (--block; the runtime's by default).
+size_t g_block = kSegmentBlock;
 
 struct Row {
   size_t bytes = 0;
   double sendrecv = 0;
   std::array<double, kAlgos> allreduce{}; // per kAllCollectiveAlgos entry
+  double shared = 0;                      // 0: not measured
 };
+
+// One all-reduce of `data` over `all` the way the runtime sums a bucket whose
+// members share memory (runtime/cpu/comm_transport.cc).
+Status shared_path(Communicator &comm, std::span<float> data, const Group &all) {
+  if (comm.shares_memory(all))
+    return shared_all_reduce(comm, std::span(&data, 1), all, CollectiveAlgo::kRing, "bench");
+  std::vector<float *> segments;
+  for (int member : all)
+    segments.push_back(reinterpret_cast<float *>(comm.shared_segment(member)));
+  const size_t p = all.size();
+  std::vector<size_t> chunks;
+  for (size_t c = 0; c <= p; ++c)
+    chunks.push_back(chunk_begin(data.size(), p, c));
+  auto pack = [&](size_t begin, size_t end, float *to) {
+    std::copy(data.begin() + begin, data.begin() + end, to);
+  };
+  auto take = [&](size_t begin, size_t end, const float *sum) {
+    std::copy(sum, sum + (end - begin), data.begin() + begin);
+  };
+  return segment_reduce(comm, segments, all, CollectiveAlgo::kRing, chunks, true, pack, take,
+                        "bench", g_block);
+}
+
+bool can_share(const Communicator &comm, const Group &all) {
+  if (comm.shares_memory(all)) return true;
+  for (int member : all)
+    if (comm.shared_segment(member) == nullptr) return false;
+  return true;
+}
 
 double median(std::vector<double> &times) {
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
 }
 
-// Runs on every device; device 0 fills `rows`.
-Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
+// The median time of a barrier of `all` and of a segment barrier (the
+// meetings of the shared path), each timed over 100 in a row.
+Status time_meetings(Communicator &comm, const Group &all, double *barrier, double *segment) {
+  std::vector<double> plain, shared;
+  for (int r = 0; r < 5; ++r) {
+    auto start = Clock::now();
+    for (int i = 0; i < 100; ++i)
+      RETURN_IF_ERROR(comm.barrier(all, "bench"));
+    plain.push_back(seconds_since(start) / 100);
+    start = Clock::now();
+    for (int i = 0; i < 100; ++i)
+      RETURN_IF_ERROR(comm.segment_barrier(all, "bench"));
+    shared.push_back(seconds_since(start) / 100);
+  }
+  *barrier = median(plain);
+  *segment = median(shared);
+  return Status::ok();
+}
+
+// Runs on every device; device 0 fills `rows` and `meetings`.
+Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows,
+               std::pair<double, double> *meetings) {
   const int p = comm.size(), me = comm.rank();
   Group all;
   for (int d = 0; d < p; ++d)
     all.push_back(d);
+  double barrier = 0, segment = 0;
+  RETURN_IF_ERROR(time_meetings(comm, all, &barrier, &segment));
+  if (me == 0) *meetings = {barrier, segment};
   std::vector<float> data(max_bytes / sizeof(float), 1.0f);
   uint64_t tag = 1;
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
@@ -112,6 +172,8 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
     const int reps = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 3, 200));
     std::vector<double> pp;
     std::array<std::vector<double>, kAlgos> ar;
+    std::vector<double> shared;
+    const bool share = can_share(comm, all);
     for (int r = 0; r < reps + 1; ++r) {
       RETURN_IF_ERROR(comm.barrier());
       auto start = Clock::now();
@@ -135,11 +197,18 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows) {
         // Keep the values finite: the sum grows by p every time.
         std::fill(span.begin(), span.end(), 1.0f);
       }
+      if (!share) continue;
+      RETURN_IF_ERROR(comm.barrier());
+      start = Clock::now();
+      RETURN_IF_ERROR(shared_path(comm, span, all));
+      if (r > 0) shared.push_back(seconds_since(start));
+      std::fill(span.begin(), span.end(), 1.0f);
     }
     // The slowest device decides an all-reduce; take device 0's median.
     Row row{bytes, median(pp), {}};
     for (size_t a = 0; a < kAlgos; ++a)
       row.allreduce[a] = median(ar[a]);
+    if (share) row.shared = median(shared);
     if (me == 0) rows->push_back(row);
   }
   return Status::ok();
@@ -152,14 +221,14 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
   std::printf("|---:|---:|---:|---:|\n");
   for (const Row &row : rows) {
     const double bound = alpha + static_cast<double>(row.bytes) / beta;
-    std::printf("| %s | %.1f us | %.1f us | %.2f |\n", human(row.bytes).c_str(),
-                row.sendrecv * 1e6, bound * 1e6, row.sendrecv / bound);
+    std::printf("| %s | %.1f us | %.1f us | %.2f |\n", human(row.bytes).c_str(), row.sendrecv * 1e6,
+                bound * 1e6, row.sendrecv / bound);
   }
   std::printf("\nall-reduce: measured, alpha-beta bound, ratio\n\n| size |");
   for (CollectiveAlgo algo : kAllCollectiveAlgos)
     std::printf(" %s | bound | ratio |", std::string(collective_algo_name(algo)).c_str());
-  std::printf(" fastest |\n|---:|");
-  for (size_t a = 0; a < kAlgos; ++a)
+  std::printf(" shared | bound | ratio | fastest |\n|---:|");
+  for (size_t a = 0; a < kAlgos + 1; ++a)
     std::printf("---:|---:|---:|");
   std::printf("---|\n");
   const partitioner::LinkSpec link{alpha, beta};
@@ -167,18 +236,28 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
   for (const Row &row : rows) {
     std::printf("| %s |", human(row.bytes).c_str());
     size_t fastest = 0;
+    double lowest = no_reduction;
     for (size_t a = 0; a < kAlgos; ++a) {
-      const auto algorithm = partitioner::collective_algorithm_named(
-          collective_algo_name(kAllCollectiveAlgos[a]));
-      const double bound =
-          algorithm ? partitioner::all_reduce_time(static_cast<double>(row.bytes), ranks, link,
-                                                   *algorithm, no_reduction)
-                    : 0;
+      const auto algorithm =
+          partitioner::collective_algorithm_named(collective_algo_name(kAllCollectiveAlgos[a]));
+      const double bound = algorithm
+                               ? partitioner::all_reduce_time(static_cast<double>(row.bytes), ranks,
+                                                              link, *algorithm, no_reduction)
+                               : 0;
       std::printf(" %.1f us | %.1f us | %.2f |", row.allreduce[a] * 1e6, bound * 1e6,
                   bound > 0 ? row.allreduce[a] / bound : 0);
+      lowest = std::min(lowest, bound);
       if (row.allreduce[a] < row.allreduce[fastest]) fastest = a;
     }
-    std::printf(" %s |\n", std::string(collective_algo_name(kAllCollectiveAlgos[fastest])).c_str());
+    std::string best(collective_algo_name(kAllCollectiveAlgos[fastest]));
+    if (row.shared > 0) {
+      std::printf(" %.1f us | %.1f us | %.2f |", row.shared * 1e6, lowest * 1e6,
+                  row.shared / lowest);
+      if (row.shared < row.allreduce[fastest]) best = "shared";
+    } else {
+      std::printf(" - | - | - |");
+    }
+    std::printf(" %s |\n", best.c_str());
   }
 }
 
@@ -196,6 +275,8 @@ int main(int argc, char **argv) {
       max_mib = static_cast<size_t>(std::atol(argv[i + 1]));
     else if (flag == "--alpha")
       alpha = std::atof(argv[i + 1]);
+    else if (flag == "--block")
+      g_block = static_cast<size_t>(std::atol(argv[i + 1]));
     else if (flag == "--beta")
       beta = std::atof(argv[i + 1]);
     else {
@@ -216,6 +297,7 @@ int main(int argc, char **argv) {
   }
   const size_t max_bytes = max_mib << 20;
   std::vector<Row> rows;
+  std::pair<double, double> meetings;
   Status status;
   bool speaker = true;
   std::shared_ptr<MpiWorld> world;
@@ -223,6 +305,7 @@ int main(int argc, char **argv) {
   if (mpi) {
     MpiWorldOptions options;
     options.timeout = timeout;
+    options.shared_bytes = 2 * g_block * sizeof(float); // the "shared" column's segments
     auto created = MpiWorld::create(ranks, options);
     if (!created.is_ok()) {
       std::fprintf(stderr, "comm_bench: %s\n", created.status().message().c_str());
@@ -230,10 +313,12 @@ int main(int argc, char **argv) {
     }
     world = *created;
     speaker = world->rank() == 0;
-    status = world->run([&](int, Communicator &comm) { return measure(comm, max_bytes, &rows); });
+    status = world->run(
+        [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &meetings); });
   } else {
     status = run_on_threads(
-        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows); }, timeout);
+        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &meetings); },
+        timeout);
   }
   if (!status.is_ok()) {
     std::fprintf(stderr, "comm_bench: %s\n", status.message().c_str());
@@ -244,6 +329,8 @@ int main(int argc, char **argv) {
     std::printf("%s communicator, %d devices; bound: alpha %.2e s, beta %.2f GB/s (%s)\n\n",
                 mpi ? "MPI" : "local", ranks, alpha, beta / 1e9,
                 mpi ? "MPI ping-pong, mpi_alpha_beta" : "spinning threads, memcpy");
+    std::printf("meetings of all %d: barrier %.1f us, segment barrier %.1f us\n\n", ranks,
+                meetings.first * 1e6, meetings.second * 1e6);
     print_tables(rows, ranks, alpha, beta);
   }
   if (world) world->finish(false);
