@@ -480,12 +480,12 @@ Status segment_reduce(Communicator &comm, std::span<float *const> segments, cons
     return invalid_argument("a shared reduction over ", p, " members with ", segments.size(),
                             " segments, ", chunks.size(), " chunk offsets and rounds of ", block,
                             " elements");
-  if (comm.shared_segment_bytes() < 2 * block * sizeof(float))
+  if (comm.shared_segment_bytes() < kSegmentRounds * block * sizeof(float))
     return invalid_argument("a shared reduction in rounds of ", block, " elements needs ",
-                            2 * block * sizeof(float), " bytes of segment, not ",
+                            kSegmentRounds * block * sizeof(float), " bytes of segment, not ",
                             comm.shared_segment_bytes());
   // Round k stages elements [k s, (k + 1) s) of every chunk, chunk c at c s
-  // in half k % 2 of each segment.
+  // in third k % 3 of each segment.
   const size_t s = block / p;
   size_t rounds = 0;
   for (size_t c = 0; c < p; ++c)
@@ -494,33 +494,39 @@ Status segment_reduce(Communicator &comm, std::span<float *const> segments, cons
     const size_t begin = std::min(chunks[c] + k * s, chunks[c + 1]);
     return std::pair(begin, std::min(begin + s, chunks[c + 1]));
   };
-  auto staged = [&](size_t m, size_t k, size_t c) { return segments[m] + (k % 2) * block + c * s; };
-  auto meet = [&] { return comm.segment_barrier(group, what); };
-  const SumOrder order = sum_order(algo, p, i);
-  std::vector<const float *> rows(p);
-  for (size_t k = 0; k < rounds; ++k) {
+  auto staged = [&](size_t m, size_t k, size_t c) {
+    return segments[m] + (k % kSegmentRounds) * block + c * s;
+  };
+  auto stage = [&](size_t k) {
     for (size_t c = 0; c < p; ++c) {
       const auto [begin, end] = range(c, k);
       if (begin < end) pack(begin, end, staged(i, k, c));
     }
-    // Every member has staged round k; none reads round k - 2's half any
-    // more (each met here after its round k - 1 began).
-    RETURN_IF_ERROR(meet());
+  };
+  auto meet = [&] { return comm.segment_barrier(group, what); };
+  const SumOrder order = sum_order(algo, p, i);
+  std::vector<const float *> rows(p);
+  // One meeting a round: after it, round k is summed (its sums may be
+  // taken) and round k + 1 staged (it may be summed). A member stages round
+  // k + 1 in the third that held round k - 2, which every member finished
+  // taking before the meeting of round k - 1.
+  stage(0);
+  RETURN_IF_ERROR(meet());
+  for (size_t k = 0; k < rounds; ++k) {
     const auto [begin, end] = range(i, k);
     for (size_t m = 0; m < p; ++m)
       rows[m] = staged(m, k, i);
     sum_rows(rows, staged(i, k, i), end - begin, order);
-    if (!all) {
-      if (begin < end) take(begin, end, staged(i, k, i));
-      continue;
-    }
-    RETURN_IF_ERROR(meet()); // every chunk of round k is summed
-    for (size_t c = 0; c < p; ++c) {
-      const auto [from, to] = range(c, k);
-      if (from < to) take(from, to, staged(c, k, c));
-    }
+    if (k + 1 < rounds) stage(k + 1);
+    if (!all && begin < end) take(begin, end, staged(i, k, i));
+    RETURN_IF_ERROR(meet());
+    if (all)
+      for (size_t c = 0; c < p; ++c) {
+        const auto [from, to] = range(c, k);
+        if (from < to) take(from, to, staged(c, k, c));
+      }
   }
-  return meet(); // nobody reads another's any more
+  return all ? meet() : Status::ok(); // nobody reads another's any more
 }
 
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,

@@ -123,14 +123,15 @@ Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float
 // bucket), member i sums its chunk's part in its own segment from every
 // member's, and `take(begin, end, sum)` is called with the sums of [begin,
 // end): every chunk's, read where its owner summed it (all, an all-reduce),
-// or chunk i's alone (a reduce-scatter). Two rounds are staged at a time,
-// in the two halves of each segment (2 block floats). The members meet
-// (segment_barrier) once or twice a round and once at the end, after which
-// nobody reads another's segment any more.
+// or chunk i's alone (a reduce-scatter). Three rounds are staged at a time,
+// in the thirds of each segment (kSegmentRounds x block floats), so the
+// members meet (segment_barrier) once a round, and once more at the end of
+// an all-reduce; then nobody reads another's segment any more.
 using SegmentCopy = std::function<void(size_t begin, size_t end, float *to)>;
 using SegmentTake = std::function<void(size_t begin, size_t end, const float *sum)>;
 inline constexpr size_t kSegmentBlock = size_t{64} << 10; // elements per round (256 KiB)
-inline constexpr size_t kSegmentBytes = 2 * kSegmentBlock * sizeof(float);
+inline constexpr size_t kSegmentRounds = 3;               // rounds staged at a time
+inline constexpr size_t kSegmentBytes = kSegmentRounds * kSegmentBlock * sizeof(float);
 Status segment_reduce(Communicator &comm, std::span<float *const> segments, const Group &group,
                       std::optional<CollectiveAlgo> algo, std::span<const size_t> chunks, bool all,
                       const SegmentCopy &pack, const SegmentTake &take, std::string_view what,

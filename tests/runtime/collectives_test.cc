@@ -561,12 +561,13 @@ TEST(SegmentCollectivesTest, RoundsHaveTheBitsOfTheMessages) {
                       ", rounds of ", block);
           const auto want = reduced_alone(p, algo, scatter && algo.has_value());
           const size_t P = static_cast<size_t>(p);
-          std::vector<std::vector<float>> segments(P, std::vector<float>(2 * block, -7.0f));
+          std::vector<std::vector<float>> segments(
+              P, std::vector<float>(kSegmentRounds * block, -7.0f));
           std::vector<float *> views;
           for (auto &segment : segments)
             views.push_back(segment.data());
           Status status = run_on_threads(p, [&](int rank, Communicator &local) {
-            SegmentComm comm(local, 2 * block * sizeof(float));
+            SegmentComm comm(local, kSegmentRounds * block * sizeof(float));
             const size_t me = static_cast<size_t>(rank);
             auto parts = parts_of(rank);
             // Packed chunk by chunk, as a gradient bucket.
@@ -608,7 +609,7 @@ TEST(SegmentCollectivesTest, RoundsHaveTheBitsOfTheMessages) {
         }
 }
 
-TEST(SegmentCollectivesTest, ASegmentTooSmallForTwoRoundsIsAnError) {
+TEST(SegmentCollectivesTest, ASegmentTooSmallForThreeRoundsIsAnError) {
   Status status = run_on_threads(2, [&](int, Communicator &local) {
     SegmentComm comm(local, 100);
     std::vector<float> a(64), b(64);
@@ -619,7 +620,7 @@ TEST(SegmentCollectivesTest, ASegmentTooSmallForTwoRoundsIsAnError) {
         [](size_t, size_t, const float *) {}, "bucket 2", 32);
   });
   ASSERT_FALSE(status.is_ok());
-  EXPECT_NE(status.message().find("needs 256 bytes of segment, not 100"), std::string::npos)
+  EXPECT_NE(status.message().find("needs 384 bytes of segment, not 100"), std::string::npos)
       << status.message();
 }
 
