@@ -16,7 +16,10 @@
 //              (threads: shared_all_reduce; MPI ranks on one host: copy into
 //              this rank's MPI-3 shared segment, segment_reduce, copy out),
 //              in the ring's order of addition; bound: the lowest of the
-//              four algorithms' bounds.
+//              four algorithms' bounds; memory bound: the ring's, with beta
+//              the memcpy bandwidth of one device while all P copy at once
+//              (members on one host share its memory, which the
+//              alpha-beta model's independent links do not).
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with
 // MPI alone, which also times MPI_Allreduce: bench/run_comm.sh prints it
 // beside these); without them they are the limits for threads sharing memory:
@@ -155,16 +158,38 @@ Status time_meetings(Communicator &comm, const Group &all, double *barrier, doub
   return Status::ok();
 }
 
-// Runs on every device; device 0 fills `rows` and `meetings`.
-Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows,
-               std::pair<double, double> *meetings) {
+// What every device measures before the sizes; device 0's is printed.
+struct Host {
+  double barrier = 0, segment = 0; // a meeting, each way
+  double shared_beta = 0;          // one memcpy's bandwidth while every device copies
+};
+
+// This device's memcpy bandwidth while all of `all` copy at once (64 MiB,
+// the best of 3): the memory a member of a shared-memory collective gets
+// when the others move data too.
+Result<double> concurrent_memcpy(Communicator &comm, const Group &all) {
+  const size_t n = size_t{64} << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    RETURN_IF_ERROR(comm.barrier(all, "bench"));
+    auto start = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, seconds_since(start));
+  }
+  return static_cast<double>(n) / best;
+}
+
+// Runs on every device; device 0 fills `rows` and `host`.
+Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows, Host *host) {
   const int p = comm.size(), me = comm.rank();
   Group all;
   for (int d = 0; d < p; ++d)
     all.push_back(d);
-  double barrier = 0, segment = 0;
-  RETURN_IF_ERROR(time_meetings(comm, all, &barrier, &segment));
-  if (me == 0) *meetings = {barrier, segment};
+  Host mine;
+  RETURN_IF_ERROR(time_meetings(comm, all, &mine.barrier, &mine.segment));
+  ASSIGN_OR_RETURN(mine.shared_beta, concurrent_memcpy(comm, all));
+  if (me == 0) *host = mine;
   std::vector<float> data(max_bytes / sizeof(float), 1.0f);
   uint64_t tag = 1;
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
@@ -216,7 +241,8 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows,
 
 // The two tables: send/recv, then each all-reduce algorithm, against their
 // alpha-beta bounds.
-void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double beta) {
+void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double beta,
+                  double shared_beta) {
   std::printf("| size | send/recv | bound | ratio |\n");
   std::printf("|---:|---:|---:|---:|\n");
   for (const Row &row : rows) {
@@ -227,9 +253,10 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
   std::printf("\nall-reduce: measured, alpha-beta bound, ratio\n\n| size |");
   for (CollectiveAlgo algo : kAllCollectiveAlgos)
     std::printf(" %s | bound | ratio |", std::string(collective_algo_name(algo)).c_str());
-  std::printf(" shared | bound | ratio | fastest |\n|---:|");
+  std::printf(" shared | bound | ratio | memory bound | ratio | fastest |\n|---:|");
   for (size_t a = 0; a < kAlgos + 1; ++a)
     std::printf("---:|---:|---:|");
+  std::printf("---:|---:|");
   std::printf("---|\n");
   const partitioner::LinkSpec link{alpha, beta};
   const double no_reduction = std::numeric_limits<double>::infinity();
@@ -251,11 +278,16 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
     }
     std::string best(collective_algo_name(kAllCollectiveAlgos[fastest]));
     if (row.shared > 0) {
-      std::printf(" %.1f us | %.1f us | %.2f |", row.shared * 1e6, lowest * 1e6,
-                  row.shared / lowest);
+      // The ring's bound again, each member's link as fast as its memcpy
+      // while every member copies.
+      const double memory = partitioner::all_reduce_time(
+          static_cast<double>(row.bytes), ranks, partitioner::LinkSpec{alpha, shared_beta},
+          partitioner::CollectiveAlgorithm::kRing, no_reduction);
+      std::printf(" %.1f us | %.1f us | %.2f | %.1f us | %.2f |", row.shared * 1e6, lowest * 1e6,
+                  row.shared / lowest, memory * 1e6, row.shared / memory);
       if (row.shared < row.allreduce[fastest]) best = "shared";
     } else {
-      std::printf(" - | - | - |");
+      std::printf(" - | - | - | - | - |");
     }
     std::printf(" %s |\n", best.c_str());
   }
@@ -297,7 +329,7 @@ int main(int argc, char **argv) {
   }
   const size_t max_bytes = max_mib << 20;
   std::vector<Row> rows;
-  std::pair<double, double> meetings;
+  Host host;
   Status status;
   bool speaker = true;
   std::shared_ptr<MpiWorld> world;
@@ -305,7 +337,8 @@ int main(int argc, char **argv) {
   if (mpi) {
     MpiWorldOptions options;
     options.timeout = timeout;
-    options.shared_bytes = 2 * g_block * sizeof(float); // the "shared" column's segments
+    options.shared_bytes =
+        kSegmentRounds * g_block * sizeof(float); // the "shared" column's segments
     auto created = MpiWorld::create(ranks, options);
     if (!created.is_ok()) {
       std::fprintf(stderr, "comm_bench: %s\n", created.status().message().c_str());
@@ -313,11 +346,11 @@ int main(int argc, char **argv) {
     }
     world = *created;
     speaker = world->rank() == 0;
-    status = world->run(
-        [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &meetings); });
+    status =
+        world->run([&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &host); });
   } else {
     status = run_on_threads(
-        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &meetings); },
+        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &host); },
         timeout);
   }
   if (!status.is_ok()) {
@@ -329,9 +362,10 @@ int main(int argc, char **argv) {
     std::printf("%s communicator, %d devices; bound: alpha %.2e s, beta %.2f GB/s (%s)\n\n",
                 mpi ? "MPI" : "local", ranks, alpha, beta / 1e9,
                 mpi ? "MPI ping-pong, mpi_alpha_beta" : "spinning threads, memcpy");
-    std::printf("meetings of all %d: barrier %.1f us, segment barrier %.1f us\n\n", ranks,
-                meetings.first * 1e6, meetings.second * 1e6);
-    print_tables(rows, ranks, alpha, beta);
+    std::printf("meetings of all %d: barrier %.1f us, segment barrier %.1f us; memcpy while all "
+                "%d copy: %.2f GB/s\n\n",
+                ranks, host.barrier * 1e6, host.segment * 1e6, ranks, host.shared_beta / 1e9);
+    print_tables(rows, ranks, alpha, beta, host.shared_beta);
   }
   if (world) world->finish(false);
   return 0;
