@@ -531,15 +531,68 @@ Status segment_reduce(Communicator &comm, std::span<float *const> segments, cons
 
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,
                          const Group &group, std::string_view what) {
+  const GatherPiece piece{input, bytes, output};
+  return shared_all_gather(comm, std::span(&piece, 1), group, what);
+}
+
+Status shared_all_gather(Communicator &comm, std::span<const GatherPiece> pieces,
+                         const Group &group, std::string_view what) {
   ASSIGN_OR_RETURN(auto members, members_of(comm, group));
   const auto &ranks = members.first;
-  std::vector<const void *> inputs(ranks.size());
-  RETURN_IF_ERROR(comm.all_gather(&input, sizeof input, inputs.data(), ranks, what));
-  for (size_t m = 0; m < ranks.size(); ++m) {
-    std::byte *to = static_cast<std::byte *>(output) + m * bytes;
-    if (bytes > 0 && to != inputs[m]) std::memcpy(to, inputs[m], bytes); // else in place
-  }
+  const size_t k = pieces.size();
+  std::vector<const void *> mine(k), inputs(ranks.size() * k);
+  for (size_t j = 0; j < k; ++j)
+    mine[j] = pieces[j].input;
+  RETURN_IF_ERROR(
+      comm.all_gather(mine.data(), k * sizeof(const void *), inputs.data(), ranks, what));
+  for (size_t j = 0; j < k; ++j)
+    for (size_t m = 0; m < ranks.size(); ++m) {
+      const size_t bytes = pieces[j].bytes;
+      std::byte *to = static_cast<std::byte *>(pieces[j].output) + m * bytes;
+      const void *from = inputs[m * k + j];
+      if (bytes > 0 && to != from) std::memcpy(to, from, bytes); // else in place
+    }
   return comm.barrier(ranks, what);
+}
+
+Status segment_all_gather(Communicator &comm, std::span<std::byte *const> segments,
+                          std::span<const GatherPiece> pieces, const Group &group,
+                          std::string_view what) {
+  ASSIGN_OR_RETURN(size_t i, position_in(comm, group));
+  const size_t p = group.size(), room = comm.shared_segment_bytes();
+  if (segments.size() != p || room == 0)
+    return invalid_argument("a shared all-gather over ", p, " members with ", segments.size(),
+                            " segments of ", room, " bytes");
+  size_t total = 0;
+  for (const GatherPiece &piece : pieces)
+    total += piece.bytes;
+  // Calls fn(piece, offset in its input, bytes, offset in the round) for the
+  // parts of the pieces that fall in bytes [begin, end) of their inputs
+  // one after another.
+  auto each = [&](size_t begin, size_t end, auto &&fn) {
+    size_t at = 0;
+    for (const GatherPiece &piece : pieces) {
+      const size_t lo = std::max(at, begin), hi = std::min(at + piece.bytes, end);
+      if (lo < hi) fn(piece, lo - at, hi - lo, lo - begin);
+      at += piece.bytes;
+    }
+  };
+  auto meet = [&] { return comm.segment_barrier(group, what); };
+  for (size_t begin = 0; begin < total; begin += room) {
+    const size_t end = std::min(total, begin + room);
+    each(begin, end, [&](const GatherPiece &piece, size_t from, size_t n, size_t to) {
+      std::memcpy(segments[i] + to, static_cast<const std::byte *>(piece.input) + from, n);
+    });
+    RETURN_IF_ERROR(meet()); // every member's part of the round is staged
+    for (size_t m = 0; m < p; ++m)
+      each(begin, end, [&](const GatherPiece &piece, size_t from, size_t n, size_t to) {
+        std::byte *out = static_cast<std::byte *>(piece.output) + m * piece.bytes;
+        if (m == i && out == piece.input) return; // in place
+        std::memcpy(out + from, segments[m] + to, n);
+      });
+    RETURN_IF_ERROR(meet()); // nobody reads the round any more
+  }
+  return Status::ok();
 }
 
 std::string_view collective_algo_name(CollectiveAlgo algo) {

@@ -140,5 +140,21 @@ Status segment_reduce(Communicator &comm, std::span<float *const> segments, cons
 // order, copied from the members' memory.
 Status shared_all_gather(Communicator &comm, const void *input, size_t bytes, void *output,
                          const Group &group, std::string_view what);
+// Several all-gathers over one group with one exchange of addresses and one
+// meeting after: piece j's `output` receives every member's piece j.
+struct GatherPiece {
+  const void *input = nullptr;
+  size_t bytes = 0;
+  void *output = nullptr;
+};
+Status shared_all_gather(Communicator &comm, std::span<const GatherPiece> pieces,
+                         const Group &group, std::string_view what);
+// The same for members in separate address spaces that read each other's
+// shared segments (`segments[m]` member m's, shared_segment_bytes() each):
+// the pieces' inputs, one after another, go through the segments in rounds
+// of a segment's bytes, with two meetings (segment_barrier) a round.
+Status segment_all_gather(Communicator &comm, std::span<std::byte *const> segments,
+                          std::span<const GatherPiece> pieces, const Group &group,
+                          std::string_view what);
 
 } // namespace strata::runtime

@@ -609,6 +609,48 @@ TEST(SegmentCollectivesTest, RoundsHaveTheBitsOfTheMessages) {
         }
 }
 
+// Pieces of odd sizes through segments smaller than all of them (rounds cut
+// pieces in two), in place and into buffers of their own: every member ends
+// with every member's pieces in group order.
+TEST(SegmentCollectivesTest, AllGatherMovesEveryPieceInRounds) {
+  const std::vector<size_t> sizes = {3, 40, 1, 17, 64};
+  for (int p : {2, 3, 4})
+    for (size_t room : {size_t{7}, size_t{50}, size_t{1000}}) {
+      const std::string what = str_cat("p=", p, " segments of ", room, " bytes");
+      const size_t P = static_cast<size_t>(p);
+      std::vector<std::vector<std::byte>> segments(P, std::vector<std::byte>(room));
+      std::vector<std::byte *> views;
+      for (auto &segment : segments)
+        views.push_back(segment.data());
+      auto byte_of = [](size_t member, size_t piece, size_t k) {
+        return static_cast<std::byte>((member * 31 + piece * 7 + k) & 0xff);
+      };
+      Status status = run_on_threads(p, [&](int rank, Communicator &local) {
+        SegmentComm comm(local, room);
+        const size_t me = static_cast<size_t>(rank);
+        std::vector<std::vector<std::byte>> whole(sizes.size()), own(sizes.size());
+        std::vector<GatherPiece> pieces;
+        for (size_t j = 0; j < sizes.size(); ++j) {
+          // Even pieces in place, odd ones from a buffer of their own.
+          whole[j].assign(sizes[j] * P, std::byte{0});
+          own[j].resize(sizes[j]);
+          for (size_t k = 0; k < sizes[j]; ++k)
+            (j % 2 ? own[j][k] : whole[j][me * sizes[j] + k]) = byte_of(me, j, k);
+          const void *input = j % 2 ? own[j].data() : whole[j].data() + me * sizes[j];
+          pieces.push_back({input, sizes[j], whole[j].data()});
+        }
+        RETURN_IF_ERROR(segment_all_gather(comm, views, pieces, whole_group(p), what));
+        for (size_t j = 0; j < sizes.size(); ++j)
+          for (size_t m = 0; m < P; ++m)
+            for (size_t k = 0; k < sizes[j]; ++k)
+              EXPECT_EQ(whole[j][m * sizes[j] + k], byte_of(m, j, k))
+                  << what << ": member " << rank << " piece " << j << " from " << m;
+        return Status::ok();
+      });
+      ASSERT_TRUE(status.is_ok()) << what << ": " << status.message();
+    }
+}
+
 TEST(SegmentCollectivesTest, ASegmentTooSmallForThreeRoundsIsAnError) {
   Status status = run_on_threads(2, [&](int, Communicator &local) {
     SegmentComm comm(local, 100);
