@@ -440,6 +440,7 @@ PipelineOptions lowering_options(const PipelineCompileOptions &options, int chun
   lowering.microbatches = options.microbatches;
   lowering.data_parallel = options.data_parallel;
   lowering.zero = options.zero;
+  lowering.prefetch = options.prefetch;
   lowering.bucket_bytes = options.bucket_bytes;
   lowering.schedule = options.schedule;
   lowering.chunks = chunks;
@@ -580,7 +581,7 @@ Status check_zero_shards(const PipelineCompileOptions &options,
     sharded = sharded || !program.sharded_holds.empty();
     for (const auto &instr : program.instructions) {
       sharded = sharded || instr.kind == serialization::InstrKind::kReduceScatterAccumulate;
-      gathered = gathered || instr.kind == serialization::InstrKind::kGatherParam;
+      gathered = gathered || serialization::fills_gathered(instr.kind);
     }
   }
   if (sharded && options.zero == 3 && !gathered)

@@ -70,6 +70,9 @@ struct PipelineCompileOptions {
   // --zero 2: the gradients too (ZeRO-2); --zero 3: the parameters too,
   // gathered before each forward and backward block that reads them (ZeRO-3).
   int zero = 0;
+  // ZeRO-3: gathers started on the communication stream ahead of their
+  // readers (PipelineOptions::prefetch).
+  bool prefetch = true;
   // --bucket-mb: with data parallelism, gradients are summed over the replicas
   // in buckets of about this many bytes, overlapping backward; 0: one blocking
   // collective per gradient at the step (PipelineOptions::bucket_bytes).

@@ -26,14 +26,18 @@ bool is_grouped(InstrKind kind) {
   return kind == InstrKind::kAllReduce || kind == InstrKind::kReduceScatter ||
          kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
          kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
-         kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam;
+         kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam ||
+         kind == InstrKind::kStartGather || kind == InstrKind::kWaitGather;
 }
 bool is_bucket(InstrKind kind) {
   return kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket;
 }
+bool on_stream(InstrKind kind) {
+  return is_bucket(kind) || kind == InstrKind::kStartGather || kind == InstrKind::kWaitGather;
+}
 // The grouped instructions every member must reach together.
 bool is_collective(InstrKind kind) {
-  return is_grouped(kind) && kind != InstrKind::kComputeShard && !is_bucket(kind);
+  return is_grouped(kind) && kind != InstrKind::kComputeShard && !on_stream(kind);
 }
 
 std::string microbatch_text(int32_t microbatch) {
@@ -83,6 +87,12 @@ std::string describe_instruction(const Graph &graph, const PlanInstruction &inst
                    " into its shard");
   case InstrKind::kGatherParam:
     return str_cat("gather parameter ", tensor_name(instr.index), " for block ", instr.microbatch,
+                   " over group ", instr.peer);
+  case InstrKind::kStartGather:
+    return str_cat("start gathering parameter ", tensor_name(instr.index), " for block ",
+                   instr.microbatch, " over group ", instr.peer);
+  case InstrKind::kWaitGather:
+    return str_cat("wait for parameter ", tensor_name(instr.index), " of block ", instr.microbatch,
                    " over group ", instr.peer);
   }
   return "unknown instruction";

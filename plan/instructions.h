@@ -28,6 +28,9 @@ uint64_t collective_tag(const serialization::PlanInstruction &instr);
 bool is_grouped(serialization::InstrKind kind);
 // StartBucket and WaitBucket.
 bool is_bucket(serialization::InstrKind kind);
+// The work of the device's communication stream and the waits for it:
+// StartBucket, WaitBucket, StartGather and WaitGather.
+bool on_stream(serialization::InstrKind kind);
 // The grouped instructions every member must reach together (AllReduce,
 // ReduceScatter, AllGather, ReduceScatterAccumulate, GatherParam).
 bool is_collective(serialization::InstrKind kind);

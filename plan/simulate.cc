@@ -78,7 +78,8 @@ struct BucketMeeting {
   double latest = 0;
   double bytes = 0;
   bool reduce_scatter = false;
-  double end = -1; // when reduced; -1 until every member has started it
+  bool gather = false; // a ZeRO-3 StartGather's all-gather, not a bucket
+  double end = -1;     // when reduced; -1 until every member has started it
 };
 
 // One simulation: each device runs its program until it must wait, in turns,
@@ -113,6 +114,14 @@ private:
   Result<bool> meet_collective(size_t d, const PlanInstruction &instr, double start, double &end);
   Status start_bucket(size_t d, const PlanInstruction &instr, double start);
   Result<bool> wait_bucket(size_t d, const PlanInstruction &instr, double start, double &end);
+  // A bucket or a ZeRO-3 gather handed to the members' communication
+  // streams: it runs once every member has started it and each member's
+  // stream is free. The key of its meeting.
+  Result<std::pair<int32_t, size_t>> start_on_stream(size_t d, const PlanInstruction &instr,
+                                                     double start, double bytes,
+                                                     bool reduce_scatter, bool gather);
+  // The meeting (group, number) of the bucket or gather a wait names.
+  std::optional<std::pair<int32_t, size_t>> stream_task(size_t d, const PlanInstruction &instr);
   // The members that reached the collective or bucket device d waits at.
   const std::set<size_t> *arrived_at(size_t d, const PlanInstruction &instr);
   // The device to report: the end of the chain of waits from the first stuck
@@ -137,6 +146,8 @@ private:
   std::map<std::pair<int32_t, size_t>, BucketMeeting> bucket_meetings_;
   std::vector<std::map<int32_t, size_t>> buckets_started_;                // per device, per group
   std::vector<std::map<uint32_t, std::pair<int32_t, size_t>>> bucket_of_; // bucket -> meeting
+  // Per device: ZeRO-3 (parameter, block) started on the stream -> meeting.
+  std::vector<std::map<std::pair<TensorId, int32_t>, std::pair<int32_t, size_t>>> gather_of_;
   std::vector<double> stream_free_;
   // Per device: the tensors it reduce-scatters into shards (ZeRO-2), and the
   // members they are shared by.
@@ -147,7 +158,7 @@ Simulator::Simulator(const Graph &graph, const std::vector<PlanProgram> &program
                      const SimulationCosts &costs, const std::vector<std::vector<int32_t>> &groups)
     : graph_(graph), programs_(programs), costs_(costs), groups_(groups), P_(programs.size()),
       pc_(P_, 0), clock_(P_, 0.0), collectives_done_(P_), buckets_started_(P_), bucket_of_(P_),
-      stream_free_(P_, 0.0), shards_(P_) {
+      gather_of_(P_), stream_free_(P_, 0.0), shards_(P_) {
   for (size_t d = 0; d < P_; ++d)
     for (const PlanInstruction &instr : programs[d].instructions)
       if (instr.kind == InstrKind::kReduceScatterAccumulate)
@@ -217,7 +228,14 @@ Result<bool> Simulator::execute(size_t d) {
   case InstrKind::kStartBucket:
     RETURN_IF_ERROR(start_bucket(d, instr, start));
     break; // the device goes on at once
-  case InstrKind::kWaitBucket: {
+  case InstrKind::kStartGather: {
+    ASSIGN_OR_RETURN(const auto key,
+                     start_on_stream(d, instr, start, bytes_of(instr.index), false, true));
+    gather_of_[d][{instr.index, instr.microbatch}] = key;
+    break;
+  }
+  case InstrKind::kWaitBucket:
+  case InstrKind::kWaitGather: {
     ASSIGN_OR_RETURN(const bool reduced, wait_bucket(d, instr, start, end));
     if (!reduced) return false;
     break;
@@ -276,55 +294,86 @@ Result<bool> Simulator::meet_collective(size_t d, const PlanInstruction &instr, 
 }
 
 Status Simulator::start_bucket(size_t d, const PlanInstruction &instr, double start) {
-  const auto &group = groups_[static_cast<size_t>(instr.peer)];
   const auto &bucket = programs_[d].buckets.at(instr.index);
   double bytes = 0;
   for (TensorId t : bucket.tensors)
     bytes += bytes_of(t);
+  ASSIGN_OR_RETURN(bucket_of_[d][instr.index],
+                   start_on_stream(d, instr, start, bytes, bucket.reduce_scatter, false));
+  return Status::ok();
+}
+
+Result<std::pair<int32_t, size_t>> Simulator::start_on_stream(size_t d,
+                                                              const PlanInstruction &instr,
+                                                              double start, double bytes,
+                                                              bool reduce_scatter, bool gather) {
+  const auto &group = groups_[static_cast<size_t>(instr.peer)];
   const std::pair<int32_t, size_t> key{instr.peer, buckets_started_[d][instr.peer]++};
-  bucket_of_[d][instr.index] = key;
   BucketMeeting &meeting = bucket_meetings_[key];
   if (meeting.arrived.empty()) {
     meeting.bytes = bytes;
-    meeting.reduce_scatter = bucket.reduce_scatter;
+    meeting.reduce_scatter = reduce_scatter;
+    meeting.gather = gather;
   }
-  if (meeting.bytes != bytes || meeting.reduce_scatter != bucket.reduce_scatter)
+  auto kind = [](bool scatters, bool gathers) {
+    return gathers ? "gather" : scatters ? "reduce-scatter" : "all-reduce";
+  };
+  if (meeting.bytes != bytes || meeting.reduce_scatter != reduce_scatter ||
+      meeting.gather != gather)
     return failed_precondition(
-        "mismatched gradient bucket: device ", d, " instruction ", pc_[d], " (",
-        describe_instruction(graph_, instr), ") starts ", bytes, " bytes (",
-        bucket.reduce_scatter ? "reduce-scatter" : "all-reduce", ") as bucket number ", key.second,
+        gather || meeting.gather ? "mismatched parameter gather: device "
+                                 : "mismatched gradient bucket: device ",
+        d, " instruction ", pc_[d], " (", describe_instruction(graph_, instr), ") starts ", bytes,
+        " bytes (", kind(reduce_scatter, gather), ") as stream task number ", key.second,
         " of group ", instr.peer, ", but device ", *meeting.arrived.begin(), " started ",
-        meeting.bytes, " bytes (", meeting.reduce_scatter ? "reduce-scatter" : "all-reduce", ")");
+        meeting.bytes, " bytes (", kind(meeting.reduce_scatter, meeting.gather), ")");
   meeting.arrived.insert(d);
   meeting.latest = std::max(meeting.latest, start);
   if (meeting.arrived.size() == group.size()) {
     double begin = meeting.latest;
     for (int32_t m : group)
       begin = std::max(begin, stream_free_[static_cast<size_t>(m)]);
-    const auto &cost = bucket.reduce_scatter ? costs_.reduce_scatter : costs_.all_reduce;
+    const auto &cost = gather           ? costs_.all_gather
+                       : reduce_scatter ? costs_.reduce_scatter
+                                        : costs_.all_reduce;
     meeting.end = begin + (cost ? cost(group, bytes) : 0.0);
     for (int32_t m : group)
       stream_free_[static_cast<size_t>(m)] = meeting.end;
   }
-  return Status::ok();
+  return key;
+}
+
+std::optional<std::pair<int32_t, size_t>> Simulator::stream_task(size_t d,
+                                                                 const PlanInstruction &instr) {
+  if (instr.kind == InstrKind::kWaitGather) {
+    auto it = gather_of_[d].find({instr.index, instr.microbatch});
+    if (it == gather_of_[d].end()) return std::nullopt;
+    return it->second;
+  }
+  auto it = bucket_of_[d].find(instr.index);
+  if (it == bucket_of_[d].end()) return std::nullopt;
+  return it->second;
 }
 
 Result<bool> Simulator::wait_bucket(size_t d, const PlanInstruction &instr, double start,
                                     double &end) {
-  auto it = bucket_of_[d].find(instr.index);
-  if (it == bucket_of_[d].end())
+  const auto task = stream_task(d, instr);
+  if (!task)
     return failed_precondition("device ", d, " instruction ", pc_[d], " (",
-                               describe_instruction(graph_, instr),
-                               ") waits for a bucket it never started");
-  const BucketMeeting &meeting = bucket_meetings_[it->second];
+                               describe_instruction(graph_, instr), ") waits for ",
+                               instr.kind == InstrKind::kWaitGather ? "a gather" : "a bucket",
+                               " it never started");
+  const BucketMeeting &meeting = bucket_meetings_[*task];
   if (meeting.end < 0) return false;
   end = std::max(start, meeting.end);
   return true;
 }
 
 const std::set<size_t> *Simulator::arrived_at(size_t d, const PlanInstruction &instr) {
-  if (instr.kind == InstrKind::kWaitBucket)
-    return &bucket_meetings_[bucket_of_[d][instr.index]].arrived;
+  if (instr.kind == InstrKind::kWaitBucket || instr.kind == InstrKind::kWaitGather) {
+    const auto task = stream_task(d, instr);
+    return task ? &bucket_meetings_[*task].arrived : nullptr;
+  }
   if (is_collective(instr.kind))
     return &meetings_[{instr.peer, collectives_done_[d][instr.peer]}].arrived;
   return nullptr;
@@ -377,7 +426,8 @@ Status Simulator::deadlock_error(size_t d) {
   std::string head = str_cat("deadlock: device ", d, " instruction ", pc_[d], " (",
                              describe_instruction(graph_, instr), ") waits forever");
   if (const std::set<size_t> *arrived = arrived_at(d, instr)) {
-    const bool bucket = instr.kind == InstrKind::kWaitBucket;
+    const bool bucket =
+        instr.kind == InstrKind::kWaitBucket || instr.kind == InstrKind::kWaitGather;
     for (int32_t member : groups_[static_cast<size_t>(instr.peer)]) {
       const auto m = static_cast<size_t>(member);
       if (arrived->contains(m)) continue;

@@ -80,10 +80,12 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
         continue;
       }
       if (instr.kind == InstrKind::kSend || instr.kind == InstrKind::kRecv ||
-          is_collective(instr.kind) || is_bucket(instr.kind)) {
+          is_collective(instr.kind) || on_stream(instr.kind)) {
         // A receive, collective or bucket wait may wait: it ends the block. A
         // send (a copy) and a bucket start (a hand-over) are inside it.
-        if (instr.kind != InstrKind::kSend && instr.kind != InstrKind::kStartBucket) flush();
+        if (instr.kind != InstrKind::kSend && instr.kind != InstrKind::kStartBucket &&
+            instr.kind != InstrKind::kStartGather)
+          flush();
         const char *kind = instr.kind == InstrKind::kSend   ? "send"
                            : instr.kind == InstrKind::kRecv ? "recv"
                                                             : "collective";

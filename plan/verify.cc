@@ -157,14 +157,16 @@ Status PipelineCheck::check_fields() const {
   const int32_t zero = pipe_.zero;
   if (zero >= 1 && DP_ < 2)
     return invalid_argument("field pipeline.zero = ", zero, " shards optimizer state",
-                            zero == 2 ? " and gradients" : zero == 3 ? ", gradients and parameters" : "",
+                            zero == 2   ? " and gradients"
+                            : zero == 3 ? ", gradients and parameters"
+                                        : "",
                             " over the data-parallel replicas, but pipeline.data_parallel = ", DP_);
   bool sharded = false, scattered = false, gathered = false;
   for (const PlanProgram &program : plan_.programs) {
     sharded = sharded || !program.sharded_holds.empty();
     for (const PlanInstruction &instr : program.instructions) {
       scattered = scattered || instr.kind == InstrKind::kReduceScatterAccumulate;
-      gathered = gathered || instr.kind == InstrKind::kGatherParam;
+      gathered = gathered || serialization::fills_gathered(instr.kind);
     }
   }
   if (zero == 1 && !sharded)
@@ -194,7 +196,7 @@ Status PipelineCheck::check_fields() const {
 Status PipelineCheck::check_instruction(size_t d, size_t i) const {
   const PlanInstruction &instr = plan_.programs[d].instructions[i];
   const auto kind_value = static_cast<uint8_t>(instr.kind);
-  if (kind_value > static_cast<uint8_t>(InstrKind::kGatherParam))
+  if (kind_value > static_cast<uint8_t>(InstrKind::kWaitGather))
     return invalid_argument(where(d), " instruction ", i, ": unknown kind ", int{kind_value});
   const std::string head =
       str_cat(where(d), " instruction ", i, " (", serialization::instr_kind_name(instr.kind), ")");
@@ -218,7 +220,7 @@ Status PipelineCheck::check_instruction(size_t d, size_t i) const {
     if (instr.microbatch < lowest || instr.microbatch >= M_)
       return out_of_range(head, ": micro-batch ", instr.microbatch, " is not in ", lowest, "..",
                           M_ - 1);
-  } else if (instr.kind == InstrKind::kGatherParam) {
+  } else if (serialization::fills_gathered(instr.kind) || instr.kind == InstrKind::kWaitGather) {
     if (instr.microbatch < 0 || instr.microbatch >= 2 * M_)
       return out_of_range(head, ": block ", instr.microbatch, " is not in 0..", 2 * M_ - 1,
                           " (a micro-batch's forward, or M + the micro-batch for its backward)");
@@ -487,6 +489,7 @@ private:
   Status reduce_scatter_accumulate(const PlanInstruction &instr, size_t i);
   Status gather(const PlanInstruction &instr, size_t i);
   Status gather_param(const PlanInstruction &instr, size_t i);
+  Status wait_gather(const PlanInstruction &instr, size_t i);
   Status bucket(const PlanInstruction &instr, size_t i);
   Status update(const PlanInstruction &instr, size_t i);
   Status instruction(size_t i);
@@ -508,11 +511,13 @@ private:
   // shard that went into the step buffer) -> the instruction.
   std::map<Key, size_t> scattered_;
   std::vector<bool> held_, sharded_;
-  std::vector<bool> gathered_; // ZeRO-3: parameters the device gathers per block, by tensor
+  std::vector<bool> gathered_;    // ZeRO-3: parameters the device gathers per block, by tensor
   std::vector<bool> partial_;     // computed on shards, not yet gathered or summed
   std::vector<int64_t> replaced_; // by tensor: the update that replaced it
   std::vector<int64_t> applied_;  // by state update
   std::vector<int64_t> started_;  // by bucket
+  // ZeRO-3 prefetch: buffers a StartGather fills, not yet waited for -> it.
+  std::map<Key, size_t> in_flight_;
 };
 
 DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
@@ -520,7 +525,8 @@ DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
       averaged_(check.microbatches() * check.replicas() > 1), own_sum_(g_.num_tensors(), false),
       shard_sum_(serialization::shard_accumulated(program_, g_.num_tensors())),
       sums_(g_.num_tensors()), held_(g_.num_tensors(), false), sharded_(g_.num_tensors(), false),
-      gathered_(serialization::gathered_params(program_, g_.num_tensors())), partial_(g_.num_tensors(), false), replaced_(g_.num_tensors(), -1),
+      gathered_(serialization::gathered_params(program_, g_.num_tensors())),
+      partial_(g_.num_tensors(), false), replaced_(g_.num_tensors(), -1),
       applied_(g_.updates().size(), -1), started_(program_.buckets.size(), -1) {
   const int64_t stage = check.stage(static_cast<int64_t>(device));
   for (TensorId t : check.phases().accumulated)
@@ -532,6 +538,10 @@ DeviceCheck::DeviceCheck(const PipelineCheck &check, size_t device)
 }
 
 Status DeviceCheck::read(TensorId t, int32_t mb, size_t i) {
+  if (auto f = in_flight_.find(Key{t, mb}); f != in_flight_.end())
+    return invalid_argument(check_.at(d_, i), ": reads ", tensor_text(g_, t, mb),
+                            " while the gather instruction ", f->second,
+                            " started still fills it (no WaitGather of it comes first)");
   if (auto s = scattered_.find(Key{t, mb}); mb >= 0 && s != scattered_.end())
     return invalid_argument(check_.at(d_, i), ": reads ", tensor_text(g_, t, mb),
                             " after instruction ", s->second,
@@ -823,6 +833,26 @@ Status DeviceCheck::gather_param(const PlanInstruction &instr, size_t i) {
     return invalid_argument(check_.at(d_, i), ": gathers '", tensor.name, "' for block ",
                             instr.microbatch, " a second time");
   write(t, instr.microbatch, i);
+  if (instr.kind == InstrKind::kStartGather) in_flight_.emplace(Key{t, instr.microbatch}, i);
+  return Status::ok();
+}
+
+// ZeRO-3 prefetch: the wait for a gather started before, over its group.
+Status DeviceCheck::wait_gather(const PlanInstruction &instr, size_t i) {
+  RETURN_IF_ERROR(check_group(i));
+  const Key k{instr.index, instr.microbatch};
+  auto f = in_flight_.find(k);
+  if (f == in_flight_.end())
+    return invalid_argument(check_.at(d_, i), ": waits for the gather of ",
+                            tensor_text(g_, k.first, k.second),
+                            ", which no StartGather before it started (or one waited for it)");
+  const PlanInstruction &start = program_.instructions[f->second];
+  if (start.peer != instr.peer)
+    return invalid_argument(check_.at(d_, i), ": waits over group ", instr.peer,
+                            " for the gather instruction ", f->second, " started over group ",
+                            start.peer);
+  in_flight_.erase(f);
+  write(k.first, k.second, i);
   return Status::ok();
 }
 
@@ -887,7 +917,9 @@ Status DeviceCheck::instruction(size_t i) {
   case InstrKind::kReduceScatter: return reduce(instr, i);
   case InstrKind::kAllGather: return gather(instr, i);
   case InstrKind::kReduceScatterAccumulate: return reduce_scatter_accumulate(instr, i);
-  case InstrKind::kGatherParam: return gather_param(instr, i);
+  case InstrKind::kGatherParam:
+  case InstrKind::kStartGather: return gather_param(instr, i);
+  case InstrKind::kWaitGather: return wait_gather(instr, i);
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket: return bucket(instr, i);
   case InstrKind::kUpdate: return update(instr, i);
@@ -898,6 +930,12 @@ Status DeviceCheck::instruction(size_t i) {
 Status DeviceCheck::check_end() const {
   const int64_t M = check_.microbatches(), DP = check_.replicas();
   const std::string where = check_.where(d_);
+  if (!in_flight_.empty()) {
+    const auto &[k, start] = *in_flight_.begin();
+    return invalid_argument(where, ": never waits for the gather of ",
+                            tensor_text(g_, k.first, k.second), " that instruction ", start,
+                            " started");
+  }
   for (TensorId t : check_.phases().accumulated) {
     if (!own_sum_[t]) continue;
     const Sum &sum = sums_[t];

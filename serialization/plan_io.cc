@@ -60,7 +60,11 @@ static_assert(static_cast<uint8_t>(InstrKind::kReduceScatterAccumulate) ==
               static_cast<uint8_t>(fb::InstrKind::ReduceScatterAccumulate));
 static_assert(static_cast<uint8_t>(InstrKind::kGatherParam) ==
               static_cast<uint8_t>(fb::InstrKind::GatherParam));
-static_assert(fb::InstrKind::MAX == fb::InstrKind::GatherParam);
+static_assert(static_cast<uint8_t>(InstrKind::kStartGather) ==
+              static_cast<uint8_t>(fb::InstrKind::StartGather));
+static_assert(static_cast<uint8_t>(InstrKind::kWaitGather) ==
+              static_cast<uint8_t>(fb::InstrKind::WaitGather));
+static_assert(fb::InstrKind::MAX == fb::InstrKind::WaitGather);
 static_assert(sizeof(fb::Instruction) == 16 && sizeof(fb::Slot) == 16);
 
 // Copies a vector of FlatBuffers structs through memcpy, like copy_numbers: the
@@ -691,7 +695,9 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
                        kind == InstrKind::kAllGather || kind == InstrKind::kComputeShard ||
                        kind == InstrKind::kStartBucket || kind == InstrKind::kWaitBucket ||
                        kind == InstrKind::kReduceScatterAccumulate ||
-                       kind == InstrKind::kGatherParam;
+                       kind == InstrKind::kGatherParam || kind == InstrKind::kStartGather ||
+                       kind == InstrKind::kWaitGather;
+  const bool gathers = fills_gathered(kind) || kind == InstrKind::kWaitGather;
   if (grouped) {
     if (peer < 0 || static_cast<size_t>(peer) >= pipe.groups.size())
       return out_of_range(at, ": ", name, " over group ", peer, ", but the pipeline has ",
@@ -704,11 +710,11 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
                            kind == InstrKind::kComputeShard;
     if (zero_only && pipe.zero < 1)
       return invalid_argument(at, ": ", name, " needs pipeline.zero = 1, 2 or 3");
-    if (kind == InstrKind::kGatherParam && pipe.zero != 3)
+    if (gathers && pipe.zero != 3)
       return invalid_argument(at, ": ", name, " needs pipeline.zero = 3");
     if (kind == InstrKind::kReduceScatterAccumulate && pipe.zero < 2)
       return invalid_argument(at, ": ", name, " needs pipeline.zero = 2 or 3");
-    if (kind == InstrKind::kReduceScatterAccumulate || kind == InstrKind::kGatherParam) {
+    if (kind == InstrKind::kReduceScatterAccumulate || gathers) {
       const Tensor &tensor = g.tensor(index);
       if (tensor.type.num_elements() % static_cast<int64_t>(group.size()) != 0)
         return invalid_argument(at, ": ", name, " of '", tensor.name, "', whose ",
@@ -728,7 +734,7 @@ Status instruction_from_fb(const fb::Instruction &in, const fb::Program &q, cons
   }
   // ZeRO-3: a gather fills the buffer of a forward (0..M-1) or backward
   // (M..2M-1) block.
-  if (kind == InstrKind::kGatherParam && (microbatch < 0 || microbatch >= 2 * microbatches))
+  if (gathers && (microbatch < 0 || microbatch >= 2 * microbatches))
     return out_of_range(at, ": ", name, " for block ", microbatch, ", not in 0..",
                         2 * microbatches - 1,
                         " (a micro-batch's forward, or M + the micro-batch for its backward)");
@@ -1133,6 +1139,8 @@ Status check_instruction_index(InstrKind kind, uint32_t index, size_t num_bucket
   case InstrKind::kAllGather:
   case InstrKind::kReduceScatterAccumulate:
   case InstrKind::kGatherParam:
+  case InstrKind::kStartGather:
+  case InstrKind::kWaitGather:
     if (index >= num_tensors)
       return out_of_range(at, ": ", name, " of tensor ", index,
                           ", which is not a tensor index (the model has ", num_tensors,
@@ -1169,6 +1177,8 @@ std::string_view instr_kind_name(InstrKind kind) {
   case InstrKind::kWaitBucket: return "wait-bucket";
   case InstrKind::kReduceScatterAccumulate: return "reduce-scatter-accumulate";
   case InstrKind::kGatherParam: return "gather-param";
+  case InstrKind::kStartGather: return "start-gather";
+  case InstrKind::kWaitGather: return "wait-gather";
   }
   return "unknown";
 }
@@ -1184,8 +1194,7 @@ std::vector<bool> shard_accumulated(const PlanProgram &program, size_t num_tenso
 std::vector<bool> gathered_params(const PlanProgram &program, size_t num_tensors) {
   std::vector<bool> gathered(num_tensors, false);
   for (const PlanInstruction &instr : program.instructions)
-    if (instr.kind == InstrKind::kGatherParam && instr.index < num_tensors)
-      gathered[instr.index] = true;
+    if (fills_gathered(instr.kind) && instr.index < num_tensors) gathered[instr.index] = true;
   return gathered;
 }
 

@@ -65,7 +65,18 @@ enum class InstrKind : uint8_t {
   // micro-batch read the parameter from buffer (index, b), which the memory
   // plan frees after their last read.
   kGatherParam = 13,
+  // ZeRO-3 with prefetch: the same gather, handed to the device's
+  // communication stream (kStartGather) while computing goes on, and waited
+  // for (kWaitGather, the same index, microbatch and peer) before the
+  // buffer's first reader. The buffer lives from the start.
+  kStartGather = 14,
+  kWaitGather = 15,
 };
+// GatherParam and StartGather: the instructions that fill a ZeRO-3 block's
+// buffer of a parameter.
+inline bool fills_gathered(InstrKind kind) {
+  return kind == InstrKind::kGatherParam || kind == InstrKind::kStartGather;
+}
 std::string_view instr_kind_name(InstrKind kind);
 // What instruction `kind` names by `index` must exist: a node, a tensor or a
 // state update of `g`, or one of the program's `num_buckets` buckets. The

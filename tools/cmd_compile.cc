@@ -138,9 +138,13 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
                   "are computed, each replica keeping only the shard it updates); 3: the "
                   "parameters too (ZeRO-3 / FSDP: each replica holds only its shard of a "
                   "parameter, gathered whole before the forward and again before the backward "
-                  "that read it, freed after)")
+                  "that read it, freed after; each layer's gathers run on the communication "
+                  "stream while the layer before it computes)")
       ->check(CLI::Range(0, 3))
       ->needs(train);
+  sub->add_flag("--no-prefetch", args.no_prefetch,
+                "--zero 3: gather each parameter right before its reader instead of one layer "
+                "ahead on the communication stream (less memory, no overlap)");
   sub->add_flag("--split-activations", args.split_activations,
                 "tensor parallelism: let partial sums become split activations (reduce-scatter, "
                 "all-gather before the next whole use) where the cost model finds it cheaper, "
@@ -210,8 +214,9 @@ constexpr char kCompileFooter[] =
     "shard it updates (ZeRO-2: less memory, a reduce-scatter per micro-batch);\n"
     "--zero 3 the parameters too: each replica holds 1/DP of every parameter and\n"
     "gathers it whole before the forward and the backward of each micro-batch\n"
-    "(ZeRO-3 / FSDP: least memory, two all-gathers per parameter and micro-batch;\n"
-    "CPU threads and MPI ranks so far, not CUDA).\n"
+    "(ZeRO-3 / FSDP: least memory, two all-gathers per parameter and micro-batch,\n"
+    "each started one layer ahead on the communication stream, --no-prefetch to\n"
+    "wait instead; CPU threads and MPI ranks so far, not CUDA).\n"
     "  strata compile gpt.strata --train --mesh 2x1x2 --microbatches 4 --zero 1 -o dp.splan\n"
     "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 2 -o z2.splan\n"
     "  strata compile gpt.strata --train --mesh 4x1x1 --microbatches 4 --zero 3 -o z3.splan\n\n"

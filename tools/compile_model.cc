@@ -73,6 +73,10 @@ Result<partitioner::PipelineCompileOptions> pipeline_options(const CompileOption
   }
   options.stage_boundaries = args.stage_boundaries;
   options.zero = static_cast<int>(args.zero);
+  if (args.no_prefetch && args.zero != 3)
+    return invalid_argument("--no-prefetch is for --zero 3 (its parameter gathers), not --zero ",
+                            args.zero);
+  options.prefetch = !args.no_prefetch;
   options.recompute = args.recompute;
   options.split_activations = args.split_activations;
   if (!(args.bucket_mb >= 0 && args.bucket_mb <= 1 << 20))

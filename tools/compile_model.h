@@ -41,6 +41,7 @@ struct CompileOptions {
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last
   bool profile = false;                      // time every node here instead of using the roofline
   int64_t zero = 0;                          // 1: shard the optimizer state; 2: gradients too
+  bool no_prefetch = false;                  // ZeRO-3: gather right before the reader
   double bucket_mb = 25;                     // gradient bucket size in MiB; 0: no overlap
   bool recompute = false;                    // recompute activations in backward
   bool split_activations = false;            // TP: reduce-scatter partial sums into split ones

@@ -92,6 +92,70 @@ private:
   PlanProgram program_;
 };
 
+// ZeRO-3 prefetch. The GatherParams in front of one compute are a run;
+// consecutive runs make a batch of at least an eighth of the parameters the
+// program gathers, up to kPrefetchBytes (the last may be smaller). Each batch is started (StartGather) where the batch before it
+// begins to be read, and each run waited for (WaitGather) where it stands:
+// the stream gathers one batch ahead while the device computes. The first
+// batch is started where it stands. (Batches, not single parameters, so the
+// stream moves few, large transfers: a layer's weights, not each bias.)
+constexpr int64_t kPrefetchBytes = int64_t{1} << 20;
+
+void prefetch_gathers(const Graph &graph, PlanProgram &program) {
+  const std::vector<PlanInstruction> &old = program.instructions;
+  // Runs by position, and the batch each run belongs to.
+  std::vector<std::pair<size_t, size_t>> runs; // first instruction, count
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (old[i].kind != InstrKind::kGatherParam) continue;
+    if (i == 0 || old[i - 1].kind != InstrKind::kGatherParam) runs.emplace_back(i, 0);
+    ++runs.back().second;
+  }
+  std::set<TensorId> gathered;
+  int64_t total = 0;
+  for (const auto &[first, count] : runs)
+    for (size_t k = 0; k < count; ++k)
+      if (gathered.insert(old[first + k].index).second)
+        total += graph.tensor(old[first + k].index).type.size_bytes();
+  const int64_t enough = std::min(kPrefetchBytes, total / 8);
+  std::vector<size_t> batch_of(runs.size());
+  std::vector<std::vector<PlanInstruction>> batches;
+  int64_t bytes = enough;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (bytes >= enough) {
+      batches.emplace_back();
+      bytes = 0;
+    }
+    batch_of[r] = batches.size() - 1;
+    for (size_t k = 0; k < runs[r].second; ++k) {
+      PlanInstruction instr = old[runs[r].first + k];
+      bytes += graph.tensor(instr.index).type.size_bytes();
+      instr.kind = InstrKind::kStartGather;
+      batches.back().push_back(instr);
+    }
+  }
+  std::vector<PlanInstruction> out;
+  size_t next_run = 0;
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (old[i].kind != InstrKind::kGatherParam) {
+      out.push_back(old[i]);
+      continue;
+    }
+    if (next_run >= runs.size() || runs[next_run].first != i) continue; // emitted with its run
+    const size_t r = next_run++, b = batch_of[r];
+    if (r == 0 || batch_of[r - 1] != b) { // the batch's first run: start it and the next
+      if (b == 0) out.insert(out.end(), batches[0].begin(), batches[0].end());
+      if (b + 1 < batches.size())
+        out.insert(out.end(), batches[b + 1].begin(), batches[b + 1].end());
+    }
+    for (size_t k = 0; k < runs[r].second; ++k) {
+      PlanInstruction instr = old[runs[r].first + k];
+      instr.kind = InstrKind::kWaitGather;
+      out.push_back(instr);
+    }
+  }
+  program.instructions = std::move(out);
+}
+
 // Buffer lifetimes of one program and their placement. A ZeRO-2 gradient's
 // step buffer holds only the device's shard: 1/replicas of its bytes. A
 // ZeRO-3 parameter's block buffer lives from its gather to the block's last
@@ -142,7 +206,11 @@ Status plan_program_memory(const Graph &graph, const std::vector<bool> &accumula
         define(key(out, instr.microbatch), i);
       break;
     }
-    case InstrKind::kGatherParam: define(key(instr.index, instr.microbatch), i); break;
+    case InstrKind::kGatherParam:
+    case InstrKind::kStartGather: define(key(instr.index, instr.microbatch), i); break;
+    case InstrKind::kWaitGather:
+      RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
+      break;
     case InstrKind::kSend:
       RETURN_IF_ERROR(touch(key(instr.index, instr.microbatch), i, instr));
       break;
@@ -734,6 +802,7 @@ Result<PlanProgram> PipelineLowering::lower_stage(int s) const {
   apply_updates(b, s, applied);
 
   PlanProgram program = std::move(b.program());
+  if (options_.zero == 3 && options_.prefetch) prefetch_gathers(graph_, program);
   const auto &held = holds_[static_cast<size_t>(s)];
   program.device = static_cast<uint32_t>(s);
   program.holds.assign(held.begin(), held.end());
@@ -960,8 +1029,8 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         if (cost) row->seconds = cost(group, row->bytes);
         continue;
       }
-      if (instr.kind != InstrKind::kSend && !is_collective(instr.kind)) continue;
-      const bool reduce = is_collective(instr.kind);
+      const bool reduce = is_collective(instr.kind) || instr.kind == InstrKind::kStartGather;
+      if (instr.kind != InstrKind::kSend && !reduce) continue;
       if (reduce && static_cast<size_t>(instr.peer) < groups.size() &&
           groups[static_cast<size_t>(instr.peer)].front() != static_cast<int32_t>(d))
         continue; // one row per group, from its first member
@@ -994,6 +1063,12 @@ std::vector<TransferReason> explain_transfers(const Graph &graph,
         } else if (instr.kind == InstrKind::kGatherParam) {
           row.why = str_cat("parameter held in shards, gathered whole on every replica (devices ",
                             members, ") before the nodes of a block that read it (ZeRO-3)");
+        } else if (instr.kind == InstrKind::kStartGather) {
+          row.why = str_cat("parameter held in shards, gathered whole on every replica (devices ",
+                            members,
+                            ") for the nodes of a block that read it, on the "
+                            "communication stream while the nodes before them compute "
+                            "(ZeRO-3 prefetch)");
         } else {
           row.why = str_cat("new shards from ", made, " gathered on every replica (devices ",
                             members, ") (ZeRO-1)");

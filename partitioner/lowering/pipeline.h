@@ -89,6 +89,11 @@ struct PipelineOptions {
   // (ReduceScatterAccumulate: no gradient buckets for those), and the
   // update's new values are applied as soon as they are final.
   int zero = 0;
+  // ZeRO-3: each block's parameter gathers are started on the device's
+  // communication stream while the nodes before them compute (StartGather,
+  // one group of gathers ahead), and waited for just before their reader
+  // (WaitGather). Off: each gathers right before its reader (GatherParam).
+  bool prefetch = true;
   // With data_parallel > 1: the gradients (and other accumulated tensors) are
   // reduced in buckets of about this many bytes, each started on the device's
   // communication stream as soon as its last tensor is final (in the last
@@ -149,8 +154,8 @@ struct TransferReason {
   std::string
       why;       // "activation of 'layer1.out' (Add) read by 'layer2.ln1' (LayerNorm) on device 1"
   int count = 0; // messages per step (one per micro-batch, or one)
-  double bytes = 0;   // each
-  double seconds = 0; // predicted time of one, from `costs`
+  double bytes = 0;    // each
+  double seconds = 0;  // predicted time of one, from `costs`
   bool gather = false; // a ZeRO-1 all-gather: the ring, whatever the group's algorithm
 };
 std::vector<TransferReason>

@@ -9,11 +9,11 @@
 
 #include "ops/registry.h"
 #include "partitioner/cost/cost_model.h"
-#include "plan/memory.h"
 #include "partitioner/search/stage_partition.h"
 #include "partitioner/search/tensor_parallel.h"
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
+#include "plan/memory.h"
 
 namespace strata::partitioner {
 
@@ -75,7 +75,8 @@ struct Estimate {
   // parameter, after the update) less the updates' (DP - 1) / DP it saves;
   // ZeRO-2 that and M blocking reduce-scatters of a stage's gradients;
   // ZeRO-3 that and two gathers of the parameters per micro-batch (forward
-  // and backward) in place of the one after the update.
+  // and backward) in place of the one after the update, less what the
+  // stage's compute hides of them (they are prefetched).
   double zero_delta_s[4] = {0, 0, 0, 0};
   int64_t memory[4] = {0, 0, 0, 0}; // ZeRO 0, 1, 2, 3
 };
@@ -256,8 +257,12 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     }
     e.zero_delta_s[1] = *std::max_element(gather.begin(), gather.end()) - update * (dp - 1) / dp;
     e.zero_delta_s[2] = e.zero_delta_s[1] + M * *std::max_element(scatter.begin(), scatter.end());
-    e.zero_delta_s[3] =
-        e.zero_delta_s[2] + (2 * M - 1) * *std::max_element(gather.begin(), gather.end());
+    // The gathers run on the communication stream one layer ahead of their
+    // readers (prefetch): what the stage's compute does not cover is exposed.
+    double exposed = 0;
+    for (size_t k = 0; k < num_stages; ++k)
+      exposed = std::max(exposed, (2 * M - 1) * gather[k] - M * stages.stages[k].compute_time);
+    e.zero_delta_s[3] = e.zero_delta_s[2] + std::max(0.0, exposed);
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;

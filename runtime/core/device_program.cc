@@ -49,7 +49,10 @@ private:
   const DeviceMemory &memory_;
   DeviceProgram &out_;
   std::map<std::pair<TensorId, int32_t>, std::byte *> slots_;
-  std::string context_; // the instruction being resolved
+  // ZeRO-3 prefetch: (parameter, block) started, not yet waited for -> task.
+  std::map<std::pair<TensorId, int32_t>, uint32_t> gathers_;
+  size_t batch_leader_ = 0; // the StartGather that issues the current batch
+  std::string context_;     // the instruction being resolved
 };
 
 Result<std::byte *> Resolver::slot(TensorId t, int32_t microbatch) const {
@@ -145,6 +148,30 @@ Status Resolver::instruction(size_t i) {
   case InstrKind::kReduceScatterAccumulate: return transfer(instr, op);
   case InstrKind::kUpdate: return update(instr, op);
   case InstrKind::kGatherParam: return gather_param(instr, op);
+  case InstrKind::kStartGather: {
+    RETURN_IF_ERROR(gather_param(instr, op));
+    const auto &instrs = plan_.program(device_).instructions;
+    const bool follows =
+        i > 0 && instrs[i - 1].kind == InstrKind::kStartGather && instrs[i - 1].peer == instr.peer;
+    if (follows) {
+      op.bucket = out_.stream_tasks - 1;
+      ++out_.ops[batch_leader_].batch;
+    } else {
+      op.bucket = out_.stream_tasks++;
+      op.batch = 1;
+      batch_leader_ = i;
+    }
+    gathers_[{instr.index, instr.microbatch}] = op.bucket;
+    return Status::ok();
+  }
+  case InstrKind::kWaitGather: {
+    auto it = gathers_.find({instr.index, instr.microbatch});
+    if (it == gathers_.end()) return invalid("waits for a gather no StartGather started");
+    op.bucket = it->second;
+    gathers_.erase(it);
+    ASSIGN_OR_RETURN(op.group, group(instr));
+    return Status::ok();
+  }
   case InstrKind::kStartBucket:
   case InstrKind::kWaitBucket:
     if (instr.index >= out_.buckets.size() || out_.buckets[instr.index].chunks.empty())
@@ -179,8 +206,8 @@ Status Resolver::compute(const PlanInstruction &instr, Op &op) {
   auto view = [&](TensorId t, std::byte *base) -> std::pair<std::byte *, const TensorType *> {
     const TensorType &type = g_.tensor(t).type;
     if (!shard) return {base, &type};
-    auto seen = sharding.view(type, held_shards.tensors.contains(t) ||
-                                        plan_.shard_accumulated(device_, t));
+    auto seen =
+        sharding.view(type, held_shards.tensors.contains(t) || plan_.shard_accumulated(device_, t));
     if (seen.whole) return {base, &type};
     out_.views.push_back(std::move(seen.type));
     return {base == nullptr ? nullptr : base + seen.offset, &out_.views.back()};
@@ -387,6 +414,7 @@ Result<DeviceProgram> resolve_program(const PipelinePlan &plan, int device,
   program.ops.resize(plan.program(device).instructions.size());
   Resolver resolver(plan, device, memory, program);
   RETURN_IF_ERROR(resolver.buckets());
+  program.stream_tasks = static_cast<uint32_t>(program.buckets.size());
   for (size_t i = 0; i < program.ops.size(); ++i)
     RETURN_IF_ERROR(resolver.instruction(i));
   RETURN_IF_ERROR(resolver.outputs());

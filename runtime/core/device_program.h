@@ -60,7 +60,10 @@ struct Op {
   bool first = false;  // accumulate (and ZeRO-2's): micro-batch 0 copies instead of adding
   int group = -1;      // collectives, buckets, tensor-parallel nodes: the plan group
   size_t position = 0; // this device's position in `group`
-  uint32_t bucket = 0; // StartBucket, WaitBucket
+  uint32_t bucket = 0; // StartBucket, WaitBucket; StartGather, WaitGather: the stream task
+  // StartGather: consecutive ones are one stream task, issued by the first
+  // (`batch` = how many; 0 for the others).
+  uint32_t batch = 0;
 };
 
 // A gradient bucket: the accumulated tensors it reduces over its group,
@@ -82,6 +85,9 @@ struct DeviceProgram {
   int device = 0;
   std::vector<Op> ops; // one per plan instruction
   std::vector<Bucket> buckets;
+  // The communication stream's tasks a step: the buckets (tasks 0..), then
+  // the ZeRO-3 gathers StartGather hands it, in program order.
+  uint32_t stream_tasks = 0;
   // Operands that are graph inputs: op `op`'s input `slot` reads graph input
   // `input`'s slice `slice` of the step's batch.
   struct BatchRead {

@@ -38,7 +38,11 @@ Status Issuer::issue(llvm::ArrayRef<Part> parts, bool reduce) {
   case InstrKind::kReduceScatter:
   case InstrKind::kAllGather: status = group_collective(parts); break;
   case InstrKind::kReduceScatterAccumulate: status = reduce_scatter_accumulate(parts); break;
-  case InstrKind::kGatherParam: status = gather_param(parts); break;
+  case InstrKind::kGatherParam:
+  case InstrKind::kStartGather: status = gather_param(parts); break;
+  case InstrKind::kWaitGather:
+    status = transport_.wait_gather(lead.device, first.bucket, lead.instruction);
+    break;
   case InstrKind::kStartBucket:
     status = transport_.start_bucket(lead.device, first.bucket,
                                      program(lead.device).buckets[first.bucket], lead.instruction);
@@ -64,7 +68,9 @@ Status Issuer::group_collective(llvm::ArrayRef<Part> parts) {
     auto *full = reinterpret_cast<float *>(o.data);
     float *mine = full + chunk * o.position;
     switch (o.kind) {
-    case InstrKind::kAllReduce: members.push_back({part.device, part.instruction, full, full}); break;
+    case InstrKind::kAllReduce:
+      members.push_back({part.device, part.instruction, full, full});
+      break;
     case InstrKind::kReduceScatter:
     case InstrKind::kReduceScatterAccumulate:
       members.push_back({part.device, part.instruction, full, mine});
@@ -104,7 +110,26 @@ Status Issuer::reduce_scatter_accumulate(llvm::ArrayRef<Part> parts) {
 // buffer (position r: bytes [r b/p, (r+1) b/p)), then all-gathered in place.
 Status Issuer::gather_param(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
-  const size_t p = plan_.group(first.group).size(), chunk = first.bytes / p;
+  const size_t p = plan_.group(first.group).size();
+  // Prefetch: each member hands the batch its StartGather leads to its
+  // communication stream (the batch's other StartGathers do nothing).
+  if (first.kind == InstrKind::kStartGather) {
+    for (const Part &part : parts) {
+      std::vector<Transport::Gather> batch;
+      for (uint32_t k = 0; k < op(part).batch; ++k) {
+        const Op &o = program(part.device).ops[part.instruction + k];
+        const size_t chunk = o.bytes / p;
+        std::byte *mine = o.data + chunk * o.position;
+        if (chunk > 0) RETURN_IF_ERROR(backend(part.device).copy(mine, o.source, chunk));
+        batch.push_back({{part.device, part.instruction + k, mine, o.data},
+                         chunk,
+                         {o.group, plan_.algorithm(o.group), o.tag, o.what}});
+      }
+      if (!batch.empty()) RETURN_IF_ERROR(transport_.start_gathers(batch, op(part).bucket));
+    }
+    return Status::ok();
+  }
+  const size_t chunk = first.bytes / p;
   std::vector<Member> members;
   for (const Part &part : parts) {
     Op &o = op(part);
@@ -155,23 +180,22 @@ Status Issuer::tensor_parallel(llvm::ArrayRef<Part> parts) {
 Status Issuer::all_gather_pieces(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
   const size_t bytes = static_cast<size_t>(first.inputs[0].type->size_bytes());
-  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows,
-               run = first.piece.run;
+  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows, run = first.piece.run;
   const Collective call{first.group, std::nullopt, first.tag, first.what};
   const bool staged = rows > 1 && !transport_.strided(first.group);
   std::vector<Member> members;
   for (const Part &part : parts)
     members.push_back({part.device, part.instruction, op(part).inputs[0].data,
                        staged ? staging(part.device) : op(part).outputs[0].data});
-  RETURN_IF_ERROR(transport_.all_gather(members, bytes, call,
-                                        rows > 1 && !staged ? &first.piece : nullptr));
+  RETURN_IF_ERROR(
+      transport_.all_gather(members, bytes, call, rows > 1 && !staged ? &first.piece : nullptr));
   if (!staged) return Status::ok();
   for (const Part &part : parts) {
     auto *out = static_cast<std::byte *>(op(part).outputs[0].data);
     for (size_t r = 0; r < p; ++r)
-      RETURN_IF_ERROR(backend(part.device)
-                          .copy_rows(out + r * run, p * run, staging(part.device) + r * bytes,
-                                     run, run, rows));
+      RETURN_IF_ERROR(
+          backend(part.device)
+              .copy_rows(out + r * run, p * run, staging(part.device) + r * bytes, run, run, rows));
   }
   return Status::ok();
 }
@@ -182,8 +206,8 @@ Status Issuer::all_gather_pieces(llvm::ArrayRef<Part> parts) {
 Status Issuer::reduce_scatter_pieces(llvm::ArrayRef<Part> parts) {
   const Op &first = op(parts[0]);
   const size_t count = static_cast<size_t>(first.inputs[0].type->num_elements());
-  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows,
-               run = first.piece.run, piece = rows * run;
+  const size_t p = static_cast<size_t>(first.parts), rows = first.piece.rows, run = first.piece.run,
+               piece = rows * run;
   const Collective call{first.group, std::nullopt, first.tag, first.what};
   const bool staged = rows > 1 && !transport_.strided(first.group);
   std::vector<Member> members;
@@ -194,9 +218,9 @@ Status Issuer::reduce_scatter_pieces(llvm::ArrayRef<Part> parts) {
       continue;
     }
     for (size_t r = 0; r < p; ++r)
-      RETURN_IF_ERROR(backend(part.device)
-                          .copy_rows(staging(part.device) + r * piece, run, in + r * run, p * run,
-                                     run, rows));
+      RETURN_IF_ERROR(
+          backend(part.device)
+              .copy_rows(staging(part.device) + r * piece, run, in + r * run, p * run, run, rows));
     members.push_back(
         {part.device, part.instruction, staging(part.device), op(part).outputs[0].data});
   }

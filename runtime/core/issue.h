@@ -121,6 +121,24 @@ public:
   // The device's later work waits until its bucket `index` is reduced.
   virtual Status wait_bucket(int device, uint32_t index, const Bucket &bucket,
                              size_t instruction) = 0;
+  // ZeRO-3 prefetch: one member's all-gathers of a batch of parameters
+  // (each: its shard at `member.in`, the whole at `member.out`, `bytes` a
+  // shard; one group) as task `index` of the device's communication stream,
+  // after its tasks before; wait_gather waits for it. Without a stream: the
+  // gathers, at once.
+  struct Gather {
+    Member member;
+    size_t bytes = 0;
+    Collective call;
+  };
+  virtual Status start_gathers(llvm::ArrayRef<Gather> gathers, uint32_t index) {
+    for (const Gather &g : gathers)
+      RETURN_IF_ERROR(all_gather(llvm::ArrayRef<Member>(g.member), g.bytes, g.call));
+    return Status::ok();
+  }
+  virtual Status wait_gather(int device, uint32_t index, size_t instruction) {
+    return Status::ok();
+  }
 };
 
 // Issues instructions of the devices one issuer runs.

@@ -45,7 +45,10 @@ double CommStream::done_at(uint32_t index) {
 Status CommStream::wait(uint32_t index, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (!wake_.wait_for(lock, timeout, [&] { return done_[index] != 0 || !error_.is_ok(); }))
-    return deadline_exceeded("the gradient bucket was not reduced within ", timeout.count(), " ms");
+    return deadline_exceeded("the communication stream's task ", index,
+                             " (a gradient bucket or a "
+                             "parameter gather) was not done within ",
+                             timeout.count(), " ms");
   return error_;
 }
 
@@ -132,16 +135,52 @@ Status CommTransport::reduce_scatter(llvm::ArrayRef<core::Member> members, size_
 
 Status CommTransport::all_gather(llvm::ArrayRef<core::Member> members, size_t bytes,
                                  const core::Collective &call, const plan::PieceLayout *) {
-  const core::Member &me = members[0];
+  return gather(comm_, members[0], bytes, call);
+}
+
+Status CommTransport::gather(Communicator &comm, const core::Member &me, size_t bytes,
+                             const core::Collective &call) {
   const Group &group = plan_.group(call.group);
-  if (comm_.shares_memory(group))
-    return shared_all_gather(comm_, me.in, bytes, me.out, group, call.what);
+  if (comm.shares_memory(group))
+    return shared_all_gather(comm, me.in, bytes, me.out, group, call.what);
   if (call.algo) // in place: the whole tensor with this member's shard filled in
     return algo_all_gather(
-        comm_, std::span<float>(static_cast<float *>(me.out), bytes * group.size() / sizeof(float)),
+        comm, std::span<float>(static_cast<float *>(me.out), bytes * group.size() / sizeof(float)),
         group, call.tag, call.what);
-  return comm_.all_gather(me.in, bytes, me.out, group, call.what);
+  return comm.all_gather(me.in, bytes, me.out, group, call.what);
 }
+
+Status CommTransport::gather_batch(Communicator &comm, llvm::ArrayRef<Gather> gathers) {
+  if (gathers.empty()) return Status::ok();
+  const core::Collective &call = gathers.front().call;
+  const Group &group = plan_.group(call.group);
+  std::vector<GatherPiece> pieces;
+  for (const Gather &g : gathers)
+    pieces.push_back({g.member.in, g.bytes, g.member.out});
+  if (comm.shares_memory(group)) return shared_all_gather(comm, pieces, group, call.what);
+  // MPI ranks on one host: through the shared segments (the stream's, as
+  // its buckets: one task at a time).
+  std::vector<std::byte *> segments;
+  for (int member : group)
+    segments.push_back(comm.shared_segment(member));
+  if (comm.shared_segment_bytes() > 0 &&
+      std::find(segments.begin(), segments.end(), nullptr) == segments.end())
+    return segment_all_gather(comm, segments, pieces, group, call.what);
+  for (const Gather &g : gathers)
+    RETURN_IF_ERROR(gather(comm, g.member, g.bytes, g.call));
+  return Status::ok();
+}
+
+Status CommTransport::start_gathers(llvm::ArrayRef<Gather> gathers, uint32_t index) {
+  if (stream_ == nullptr) return gather_batch(comm_, gathers);
+  stream_->start([this, batch = std::vector<Gather>(gathers.begin(), gathers.end())](
+                     Communicator &side) { return gather_batch(side, batch); },
+                 index, static_cast<uint32_t>(gathers.front().member.instruction),
+                 clock_ ? clock_->now() : 0);
+  return Status::ok();
+}
+
+Status CommTransport::wait_gather(int, uint32_t index, size_t) { return wait_stream(index); }
 
 Status CommTransport::all_to_all(llvm::ArrayRef<core::Member> members, size_t block,
                                  const core::Collective &call) {
@@ -265,6 +304,10 @@ Status CommTransport::start_bucket(int, uint32_t index, const core::Bucket &buck
 }
 
 Status CommTransport::wait_bucket(int, uint32_t index, const core::Bucket &, size_t) {
+  return wait_stream(index);
+}
+
+Status CommTransport::wait_stream(uint32_t index) {
   if (clock_ != nullptr) clock_->now(); // the work before the wait
   if (stream_ == nullptr) return Status::ok();
   RETURN_IF_ERROR(stream_->wait(index, backstop_));

@@ -96,10 +96,20 @@ public:
                       size_t instruction) override;
   Status wait_bucket(int device, uint32_t index, const core::Bucket &bucket,
                      size_t instruction) override;
+  Status start_gathers(llvm::ArrayRef<Gather> gathers, uint32_t index) override;
+  Status wait_gather(int device, uint32_t index, size_t instruction) override;
 
 private:
   // Packs the bucket, reduces it over its group with `comm`, unpacks it.
   Status reduce(Communicator &comm, const core::Bucket &bucket);
+  // One member's all-gather over `comm`.
+  Status gather(Communicator &comm, const core::Member &me, size_t bytes,
+                const core::Collective &call);
+  // One member's all-gathers of a batch over `comm` (where the group shares
+  // memory, with one exchange of addresses).
+  Status gather_batch(Communicator &comm, llvm::ArrayRef<Gather> gathers);
+  // Waits for the stream's task `index` and joins its time.
+  Status wait_stream(uint32_t index);
   const core::PipelinePlan &plan_;
   Communicator &comm_;
   CommStream *stream_;

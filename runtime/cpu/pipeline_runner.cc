@@ -59,8 +59,11 @@ Status check_memory(const serialization::Plan &plan, const DeviceWorld &world) {
 } // namespace
 
 size_t shared_segment_bytes(const serialization::Plan &plan) {
-  for (const serialization::PlanProgram &program : plan.programs)
+  for (const serialization::PlanProgram &program : plan.programs) {
     if (!program.buckets.empty()) return kSegmentBytes;
+    for (const serialization::PlanInstruction &instr : program.instructions)
+      if (instr.kind == serialization::InstrKind::kStartGather) return kSegmentBytes;
+  }
   return 0;
 }
 
@@ -237,11 +240,12 @@ Status PipelineRunner::run_device(int rank, Communicator &comm, Communicator *si
     }
   }
   Communicator &main = clocked ? *clocked : comm;
-  // Buckets run on the communication stream where the world gives a second
-  // communicator (threads, MPI); else each is reduced when it is started.
+  // Buckets and ZeRO-3 prefetches run on the communication stream where the
+  // world gives a second communicator (threads, MPI); else each is done when
+  // it is started.
   std::optional<CommStream> stream;
-  if (side != nullptr && !device.program.buckets.empty())
-    stream.emplace(*side, comm, device.program.buckets.size(), epoch_,
+  if (side != nullptr && device.program.stream_tasks > 0)
+    stream.emplace(*side, comm, device.program.stream_tasks, epoch_,
                    stream_clock ? &*stream_clock : nullptr, device_time_);
   // The reduction's own waits are bounded by the timeout; twice it is a
   // backstop for waiting on the stream.

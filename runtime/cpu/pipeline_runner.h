@@ -149,9 +149,10 @@ private:
   std::vector<std::vector<HostTensor>> output_copies_;
 };
 
-// What MPI ranks on one host share per device to sum gradient buckets in
-// their segments (MpiWorldOptions::shared_bytes): kSegmentBytes where `plan`
-// has buckets, else 0.
+// What MPI ranks on one host share per device to sum gradient buckets and
+// gather prefetched parameters in their segments
+// (MpiWorldOptions::shared_bytes): kSegmentBytes where `plan` has buckets or
+// StartGathers, else 0.
 size_t shared_segment_bytes(const serialization::Plan &plan);
 
 } // namespace strata::runtime

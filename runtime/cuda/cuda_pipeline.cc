@@ -118,6 +118,8 @@ Status size_instructions(const serialization::Plan &plan, size_t d, bool bf16,
       device.send[i] = -2; // placed after the fixed regions
       break;
     case InstrKind::kGatherParam:
+    case InstrKind::kStartGather:
+    case InstrKind::kWaitGather:
       return unimplemented(instruction_context(g, d, i, instr),
                            ": ZeRO-3 (--zero 3) does not run on CUDA yet; run the plan on CPU "
                            "threads or MPI ranks, or compile it with --zero 2");

@@ -203,6 +203,11 @@ std::vector<Shape> shapes() {
       });
   add("mlp dp=2 zero3", mlp(), training("adamw:lr=0.01"), mesh(2, 1, 1, 2),
       [](PipelineCompileOptions &o) { o.zero = 3; });
+  add("mlp dp=2 zero3 without prefetch", mlp(), training("adamw:lr=0.01"), mesh(2, 1, 1, 2),
+      [](PipelineCompileOptions &o) {
+        o.zero = 3;
+        o.prefetch = false;
+      });
   add("gpt dp=2 pp=2 zero3", gpt(), training("sgd:lr=0.1,momentum=0.9"), mesh(2, 1, 2, 2),
       [](PipelineCompileOptions &o) { o.zero = 3; });
   add("gpt tp=2 split activations", gpt(), training(), mesh(1, 2, 2, 2),
@@ -239,7 +244,7 @@ TEST(VerifyPlanTest, EveryCompiledPlanVerifies) {
         kinds.insert(instr.kind);
   }
   // The shapes reach every kind of instruction.
-  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kGatherParam) + 1);
+  EXPECT_EQ(kinds.size(), static_cast<size_t>(InstrKind::kWaitGather) + 1);
 }
 
 // A training plan without a pipeline is checked for its loss kind too.
@@ -634,10 +639,12 @@ TEST_F(VerifyCorruptionTest, RemovedReduceScatterAccumulate) {
 }
 
 // ZeRO-3: the MLP, 2 replicas, 2 micro-batches; parameters held as shards
-// and gathered before each block that reads them.
-Plan zero_three_plan() {
+// and gathered before each block that reads them (with `prefetch`, started
+// on the communication stream one group ahead).
+Plan zero_three_plan(bool prefetch = false) {
   PipelineCompileOptions options = mesh(2, 1, 1, 2);
   options.zero = 3;
+  options.prefetch = prefetch;
   auto compiled = partitioner::compile_pipeline(even_mlp(), training(), options);
   EXPECT_TRUE(compiled.is_ok()) << compiled.status().message();
   Plan plan = std::move(compiled).value();
@@ -680,8 +687,8 @@ TEST_F(VerifyCorruptionTest, RemovedGatherParam) {
   erase(bad, 0, i);
   const size_t reader = first_reader(bad, 0, t, i);
   ASSERT_LT(reader, bad.programs[0].instructions.size());
-  expect_refused(bad, {str_cat(at(bad, 0, reader), ": reads '", bad.graph.tensor(t).name, "'"),
-                       "shard"});
+  expect_refused(
+      bad, {str_cat(at(bad, 0, reader), ": reads '", bad.graph.tensor(t).name, "'"), "shard"});
 }
 
 // The gather moved after its first reader: that reader comes before it.
@@ -701,12 +708,62 @@ TEST_F(VerifyCorruptionTest, GatherParamAfterItsReader) {
                                "gather of it for block 0 (GatherParam) comes first")});
 }
 
+TEST(VerifyPlanTest, PrefetchedZeroThreePlansRoundTripThroughJson) {
+  const Plan plan = zero_three_plan(true);
+  EXPECT_TRUE(verify_plan(plan).is_ok()) << verify_plan(plan).message();
+  auto json = serialization::plan_to_json(plan);
+  ASSERT_TRUE(json.is_ok()) << json.status().message();
+  EXPECT_NE(json->find("\"kind\": \"StartGather\""), std::string::npos);
+  EXPECT_NE(json->find("\"kind\": \"WaitGather\""), std::string::npos);
+  EXPECT_EQ(json->find("\"kind\": \"GatherParam\""), std::string::npos);
+  auto loaded = serialization::load_plan_from_json(*json, "z3.splan.json", ".");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().message();
+  EXPECT_EQ(loaded->programs, plan.programs);
+}
+
+// A prefetch's wait removed: the first reader of the buffer reads it while
+// the stream may still be filling it.
+TEST_F(VerifyCorruptionTest, RemovedWaitGather) {
+  Plan bad = zero_three_plan(true);
+  const size_t i = find(bad, 0, kind_is(InstrKind::kWaitGather, 2));
+  ASSERT_LT(i, bad.programs[0].instructions.size());
+  const PlanInstruction wait = bad.programs[0].instructions[i];
+  const size_t start = find(bad, 0, [&](const PlanInstruction &instr) {
+    return instr.kind == InstrKind::kStartGather && instr.index == wait.index &&
+           instr.microbatch == wait.microbatch;
+  });
+  erase(bad, 0, i);
+  const size_t reader = first_reader(bad, 0, wait.index, i);
+  ASSERT_LT(reader, bad.programs[0].instructions.size());
+  expect_refused(bad, {str_cat(at(bad, 0, reader), ": reads '", bad.graph.tensor(wait.index).name,
+                               "' mb 2 while the gather instruction ", start,
+                               " started still fills it (no WaitGather of it comes first)")});
+}
+
+// A prefetch's start removed: its wait waits for nothing.
+TEST_F(VerifyCorruptionTest, WaitGatherWithoutItsStart) {
+  Plan bad = zero_three_plan(true);
+  const size_t i = find(bad, 1, kind_is(InstrKind::kStartGather, 1));
+  ASSERT_LT(i, bad.programs[1].instructions.size());
+  const PlanInstruction start = bad.programs[1].instructions[i];
+  erase(bad, 1, i);
+  const size_t wait = find(bad, 1, [&](const PlanInstruction &instr) {
+    return instr.kind == InstrKind::kWaitGather && instr.index == start.index &&
+           instr.microbatch == start.microbatch;
+  });
+  ASSERT_LT(wait, bad.programs[1].instructions.size());
+  expect_refused(bad, {str_cat(at(bad, 1, wait), ": waits for the gather of '",
+                               bad.graph.tensor(start.index).name,
+                               "' mb 1, which no StartGather before it started")});
+}
+
 // A zero field that says 2 for a plan that gathers parameters.
 TEST_F(VerifyCorruptionTest, GatherParamNeedsZeroThree) {
   Plan bad = zero_three_plan();
   bad.pipeline->zero = 2;
-  expect_refused(bad, {"gathers parameters from shards (GatherParam, ZeRO-3), but field "
-                       "pipeline.zero = 2"},
+  expect_refused(bad,
+                 {"gathers parameters from shards (GatherParam, ZeRO-3), but field "
+                  "pipeline.zero = 2"},
                  false);
 }
 

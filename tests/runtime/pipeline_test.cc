@@ -21,8 +21,8 @@
 #include "graph/builder.h"
 #include "ops/kernels/cpu/gemm.h"
 #include "ops/registry.h"
-#include "partitioner/search/auto_plan.h"
 #include "partitioner/compile_pipeline.h"
+#include "partitioner/search/auto_plan.h"
 #include "passes/recompute.h"
 #include "plan/instructions.h"
 #include "plan/memory.h"
@@ -883,7 +883,7 @@ void expect_zero_three_plan(const serialization::Plan &plan, const std::string &
     std::set<std::pair<TensorId, int32_t>> blocks;
     std::set<TensorId> gathered;
     for (const auto &instr : program.instructions) {
-      if (instr.kind != InstrKind::kGatherParam) continue;
+      if (!serialization::fills_gathered(instr.kind)) continue;
       EXPECT_TRUE(blocks.insert({instr.index, instr.microbatch}).second)
           << what << ": " << plan::describe_instruction(plan.graph, instr);
       gathered.insert(instr.index);
@@ -942,6 +942,73 @@ TEST_F(PipelineTest, ZeroThreeMatchesZeroTwoBitwise) {
   }
 }
 
+// ZeRO-3 prefetch: every gather but the first run's is started on the
+// communication stream before a compute that comes ahead of its wait, and
+// the training is bitwise that of gathering each right before its reader,
+// for one more layer's parameters in the arena at most.
+TEST_F(PipelineTest, ZeroThreePrefetchOverlapsAndKeepsTheBits) {
+  using serialization::InstrKind;
+  for (int stages : {1, 2}) {
+    const std::string what = str_cat("gpt pp=", stages);
+    auto options = training("adamw:lr=0.01");
+    partitioner::PipelineCompileOptions pipeline;
+    pipeline.zero = 3;
+    pipeline.stages = stages;
+    pipeline.data_parallel = 2;
+    pipeline.microbatches = 2;
+    auto prefetched = partitioner::compile_pipeline(gpt(), options, pipeline);
+    pipeline.prefetch = false;
+    auto blocking = partitioner::compile_pipeline(gpt(), options, pipeline);
+    ASSERT_TRUE(prefetched.is_ok() && blocking.is_ok()) << what;
+    for (const auto &program : prefetched->programs) {
+      size_t starts = 0, overlapped = 0, plain = 0;
+      std::map<std::pair<TensorId, int32_t>, size_t> started;
+      bool computed = false;
+      for (size_t i = 0; i < program.instructions.size(); ++i) {
+        const auto &instr = program.instructions[i];
+        const std::pair<TensorId, int32_t> key{instr.index, instr.microbatch};
+        if (instr.kind == InstrKind::kGatherParam) ++plain;
+        if (instr.kind == InstrKind::kStartGather) {
+          ++starts;
+          started[key] = i;
+        }
+        if (instr.kind == InstrKind::kWaitGather) {
+          ASSERT_TRUE(started.contains(key)) << what << " instruction " << i;
+          for (size_t k = started[key]; k < i; ++k)
+            computed = computed || program.instructions[k].kind == InstrKind::kCompute;
+          if (computed) ++overlapped;
+          computed = false;
+        }
+      }
+      EXPECT_EQ(plain, 0u) << what;
+      EXPECT_GT(starts, 0u) << what;
+      EXPECT_GT(overlapped, starts / 2) << what << ": gathers with compute before their wait";
+      const auto d = static_cast<size_t>(program.device);
+      EXPECT_GE(plan::device_memory(*prefetched, d), plan::device_memory(*blocking, d)) << what;
+    }
+    for (const auto &program : blocking->programs)
+      for (const auto &instr : program.instructions)
+        EXPECT_NE(instr.kind, InstrKind::kStartGather) << what;
+    expect_bitwise(run_plan(*prefetched), run_plan(*blocking), what + " prefetch vs none");
+    // The stream gathers while the device computes: the trace shows it.
+    PipelineRunnerOptions traced;
+    traced.trace = true;
+    std::unique_ptr<Trainer> keep;
+    run_plan(*prefetched, traced, &keep);
+    ASSERT_TRUE(keep);
+    const auto *runner = dynamic_cast<const PipelineRunner *>(&keep->runner());
+    ASSERT_NE(runner, nullptr);
+    for (size_t d = 0; d < prefetched->programs.size(); ++d) {
+      size_t gathers_on_stream = 0;
+      for (const plan::TraceSpan &span : runner->spans()[d])
+        if (span.stream &&
+            prefetched->programs[d].instructions[span.instruction].kind == InstrKind::kStartGather)
+          ++gathers_on_stream;
+      EXPECT_GT(gathers_on_stream, 0u) << what << " device " << d;
+    }
+  }
+}
+
 // ZeRO-3's memory: each device holds 1/DP of its sharded parameters and the
 // arena adds only the gathered buffers live at once (one layer's, around its
 // use), so every device needs less than under ZeRO-2, and the runner
@@ -952,8 +1019,8 @@ TEST_F(PipelineTest, ZeroThreeNeedsLessMemoryThanZeroTwo) {
       for (int dp : {2, 4})
         for (int microbatches : {1, 2}) {
           const auto options = training(optimizer);
-          const std::string what = str_cat(forward.name(), " ", optimizer, " M=", microbatches,
-                                           " dp=", dp);
+          const std::string what =
+              str_cat(forward.name(), " ", optimizer, " M=", microbatches, " dp=", dp);
           auto two = compile(forward, options, 1, microbatches, Schedule::k1F1B, dp, 2);
           ASSERT_TRUE(two.is_ok()) << what << ": " << two.status().message();
           auto three = compile(forward, options, 1, microbatches, Schedule::k1F1B, dp, 3);
@@ -1052,8 +1119,7 @@ TEST_F(PipelineTest, FourReplicasTrainAlikeWithEveryAlgorithm) {
   const Graph forward = *zoo::make_mlp(o);
   const auto options = training();
   auto forced = [&](const char *algorithm, int zero, int64_t bucket_bytes) {
-    auto plan =
-        compile(forward, options, 1, 2, Schedule::k1F1B, 4, zero, 1, false, bucket_bytes);
+    auto plan = compile(forward, options, 1, 2, Schedule::k1F1B, 4, zero, 1, false, bucket_bytes);
     EXPECT_TRUE(plan.is_ok()) << plan.status().message();
     if (!plan.is_ok()) return TrainRun{};
     EXPECT_EQ(plan->pipeline->group_algorithms.size(), 1u);
@@ -1600,8 +1666,8 @@ TEST_F(PipelineTest, InterleavedMatchesOneFOneBBitwiseWithASmallerBubble) {
 // same graph, the same sums in the same order), and one device's result to
 // the rounding tensor parallelism itself brings.
 TEST_F(PipelineTest, InterleavedWithTensorParallelismMatchesOneFOneBBitwise) {
-  for (const auto &[dp, tp, M, zero] : std::vector<std::tuple<int, int, int, int>>{
-           {1, 2, 2, 0}, {1, 2, 4, 0}, {2, 2, 2, 1}}) {
+  for (const auto &[dp, tp, M, zero] :
+       std::vector<std::tuple<int, int, int, int>>{{1, 2, 2, 0}, {1, 2, 4, 0}, {2, 2, 2, 1}}) {
     const std::string what = str_cat("mesh ", dp, "x", tp, "x2 chunks=2 M=", M, " zero=", zero);
     auto interleaved = compile_interleaved(gpt(), 2, 2, M, dp, zero, tp);
     ASSERT_TRUE(interleaved.is_ok()) << what << ": " << interleaved.status().message();
@@ -1619,8 +1685,8 @@ TEST_F(PipelineTest, InterleavedWithTensorParallelismMatchesOneFOneBBitwise) {
       EXPECT_EQ(pipeline.groups[static_cast<size_t>(pipeline.tp_groups_begin + k)], members)
           << what;
     }
-    EXPECT_EQ(plan::device_role(pipeline, 1), dp == 1 ? "stages 0, 2 member 1"
-                                                      : "stages 0, 2 replica 0 member 1")
+    EXPECT_EQ(plan::device_role(pipeline, 1),
+              dp == 1 ? "stages 0, 2 member 1" : "stages 0, 2 replica 0 member 1")
         << what;
     const TrainRun got = run_plan(*interleaved);
     expect_bitwise(got, run_plan(*plain), what + ": interleaved vs 1f1b");

@@ -735,6 +735,10 @@ TEST(PipelinePlanTest, DataParallelFieldsRoundTripAndAreChecked) {
       // ZeRO-3's instruction needs ZeRO-3.
       {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kGatherParam; },
        "gather-param needs pipeline.zero = 3"},
+      {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kStartGather; },
+       "start-gather needs pipeline.zero = 3"},
+      {[=](Plan &p) { p.programs[1].instructions[last].kind = InstrKind::kWaitGather; },
+       "wait-gather needs pipeline.zero = 3"},
       // ZeRO-2's instruction needs ZeRO-2.
       {[=](Plan &p) {
          p.programs[1].instructions[last].kind = InstrKind::kReduceScatterAccumulate;
@@ -844,6 +848,8 @@ TEST(PipelinePlanTest, InstructionKindNames) {
   EXPECT_EQ(instr_kind_name(InstrKind::kWaitBucket), "wait-bucket");
   EXPECT_EQ(instr_kind_name(InstrKind::kReduceScatterAccumulate), "reduce-scatter-accumulate");
   EXPECT_EQ(instr_kind_name(InstrKind::kGatherParam), "gather-param");
+  EXPECT_EQ(instr_kind_name(InstrKind::kStartGather), "start-gather");
+  EXPECT_EQ(instr_kind_name(InstrKind::kWaitGather), "wait-gather");
 }
 
 // Writes `dir`/manifest.json by hand, listing `files` under `step` and
