@@ -47,8 +47,9 @@ for model in "$work"/*.strata; do
 done
 
 # Plans: inference, training (two optimizers and losses), pipelines under each
-# schedule, data parallelism with ZeRO-1 and gradient buckets, data-parallel
-# pipelines, tensor parallelism; each in binary and in JSON.
+# schedule, data parallelism with ZeRO-1 and gradient buckets, ZeRO-2 and 3
+# (prefetched and not), data-parallel pipelines, tensor parallelism; each in
+# binary and in JSON.
 plan() {
   local name=$1
   shift
@@ -66,6 +67,12 @@ plan pipeline_interleaved "$work/mlp.strata" --train --mesh 1x1x2 --microbatches
   --schedule interleaved --chunks 2
 plan dp_zero_buckets "$work/mlp.strata" --train --mesh 2x1x1 --zero 1 \
   --optimizer adamw:lr=1e-3 --bucket-mb 0.00001
+plan dp_zero2 "$work/mlp.strata" --train --mesh 2x1x1 --microbatches 2 --zero 2 \
+  --optimizer adamw:lr=1e-3
+plan dp_zero3 "$work/mlp.strata" --train --mesh 2x1x1 --microbatches 2 --zero 3 \
+  --optimizer adamw:lr=1e-3
+plan dp_zero3_blocking "$work/mlp.strata" --train --mesh 2x1x1 --microbatches 2 --zero 3 \
+  --no-prefetch --optimizer adamw:lr=1e-3
 plan dp_pipeline "$work/mlp.strata" --train --mesh 2x1x2 --bucket-mb 0.00001
 plan tensor_parallel "$work/mlp_wide.strata" --train --mesh 1x2x1
 
