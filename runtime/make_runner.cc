@@ -95,8 +95,11 @@ Status check_runner_options(const Plan &plan, const RunnerOptions &options,
     return invalid_argument("--trace records the CPU devices' instructions; with --backend cuda "
                             "profile the GPU with Nsight Systems (nsys profile strata run ...)");
   if (options.node_times && plan.pipeline)
-    return invalid_argument("--op-times times a one-device plan's nodes; this plan has several "
-                            "devices (compile it without --mesh to profile its ops)");
+    return invalid_argument(
+        "--op-times times the nodes of a plan compiled without --mesh; this plan is a pipeline "
+        "plan of ",
+        plan.programs.size(), plan.programs.size() == 1 ? " device" : " devices",
+        " (compile it without --mesh to profile its ops)");
   if (options.trace && !plan.pipeline)
     return invalid_argument("--trace records a pipeline plan's devices; this plan has one device "
                             "(compile with --mesh 1x1xP)");

@@ -397,6 +397,11 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   }
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--trace", "t.json"}),
                         "--trace records the CPU devices");
+  // A pipeline plan of one device is named as such, not as several.
+  ASSERT_EQ(strata({"compile", "mlp.strata", "--train", "--mesh", "1x1x1", "-o", "one.splan"}).code,
+            0);
+  expect_one_line_error(strata({"run", "one.splan", "--op-times"}),
+                        "is a pipeline plan of 1 device (compile it without --mesh");
   // --op-times on the CPU: five more steps, each node's median, summed per op
   // type; the rows add up to the total and their shares to 100%.
   Outcome cpu_times = strata({"run", "mlp.splan", "--steps", "2", "--op-times"});
@@ -434,7 +439,7 @@ TEST_F(CliTest, CudaBackendRunsOrSaysWhyNot) {
   }
   // --op-times: a one-device plan's nodes timed on the GPU.
   expect_one_line_error(strata({"run", "pp.splan", "--backend", "cuda", "--op-times"}),
-                        "has several devices");
+                        "is a pipeline plan of 2 devices");
   Outcome timed = strata({"run", "mlp.splan", "--backend", "cuda", "--steps", "2", "--op-times"});
   if (reason.empty()) {
     ASSERT_EQ(timed.code, 0) << timed.err;
