@@ -237,8 +237,8 @@ double group_collective_time(Collective kind, double bytes, int p, const LinkSpe
     return collective_time(kind, bytes, p, link, algorithm, reduce_Bps);
   const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
   const double in = transfer_time(bytes, link) + bytes / reduce_Bps;
-  const double out = kind == Collective::kAllReduce ? transfer_time(bytes, link)
-                                                    : transfer_time(bytes / p, link);
+  const double out =
+      kind == Collective::kAllReduce ? transfer_time(bytes, link) : transfer_time(bytes / p, link);
   return in + collective_time(kind, bytes, q, link, algorithm, reduce_Bps) + out;
 }
 
@@ -340,11 +340,26 @@ Result<TrainingGraph> build_training_graph(const Graph &forward,
                                            const ClusterSpec &cluster) {
   const int M = options.microbatches, DP = options.data_parallel, TP = options.tensor_parallel;
   auto split = passes::split_batch(forward, int64_t{M} * DP);
-  if (!split.is_ok() && DP > 1)
+  if (!split.is_ok()) {
+    // What the user can change: a node that normalizes over the batch runs
+    // only on the whole batch, which replicas cut too.
+    const bool whole_batch =
+        split.status().message().find("normalizes over the batch") != std::string::npos;
+    Status status = split.status();
+    if (whole_batch)
+      status = Status(status.code(),
+                      str_cat(status.message(),
+                              DP > 1 ? "; data-parallel replicas each take part of the batch: "
+                                       "train it on one replica (--mesh 1xTPxPP) with "
+                                       "--microbatches 1, or without batch normalization"
+                                     : "; use --microbatches 1"));
     // The count the pass saw is not one the user typed: say where it comes from.
-    return split.status().with_context(str_cat("the batch is cut into ", M, " micro-batch",
-                                               M == 1 ? "" : "es", " for each of ", DP,
-                                               " replicas (", int64_t{M} * DP, " slices)"));
+    if (DP > 1)
+      return status.with_context(str_cat("the batch is cut into ", M, " micro-batch",
+                                         M == 1 ? "" : "es", " for each of ", DP, " replicas (",
+                                         int64_t{M} * DP, " slices)"));
+    return status;
+  }
   ASSIGN_OR_RETURN(Graph micro, std::move(split));
   std::vector<serialization::PlanShard> shards;
   if (TP > 1) {
@@ -456,9 +471,8 @@ struct GroupCollective {
 // What group `g` reduces in a step, as its first member's `program` says:
 // all-reduces and reduce-scatters, one tensor or one bucket each. (Its
 // all-gathers are the ring whatever the algorithm.)
-std::vector<GroupCollective> group_collectives(const Graph &graph,
-                                               const serialization::PlanProgram &program,
-                                               size_t g) {
+std::vector<GroupCollective>
+group_collectives(const Graph &graph, const serialization::PlanProgram &program, size_t g) {
   std::vector<GroupCollective> out;
   for (const auto &instr : program.instructions) {
     const std::vector<TensorId> reduced = reduced_tensors(program, instr);
@@ -511,9 +525,9 @@ int choose_same_bits_class(const std::vector<std::vector<GroupCollective>> &redu
         double cheapest = std::numeric_limits<double>::infinity();
         for (CollectiveAlgorithm algorithm : kAllCollectiveAlgorithms)
           if (same_bits_class(algorithm) == c)
-            cheapest = std::min(cheapest, group_collective_time(Collective::kAllReduce,
-                                                                collective.bytes, p, link,
-                                                                algorithm, gamma));
+            cheapest =
+                std::min(cheapest, group_collective_time(Collective::kAllReduce, collective.bytes,
+                                                         p, link, algorithm, gamma));
         total += cheapest;
       }
     }

@@ -90,7 +90,7 @@ private:
     if (def->traits.batch == ops::BatchRule::kCombines)
       return failed_precondition("node '", node.name, "' (", node.op,
                                  ") normalizes over the batch; micro-batches would change its "
-                                 "statistics; use --microbatches 1");
+                                 "statistics");
 
     std::vector<int64_t> in_batch;
     bool batched = false;

@@ -424,7 +424,7 @@ Graph batch_norm_graph() {
 TEST(SplitBatchErrorTest, BatchNormalizationWithMicrobatches) {
   EXPECT_EQ(split_error(batch_norm_graph(), 2),
             "node 'bn1' (BatchNormalization) normalizes over the batch; micro-batches would "
-            "change its statistics; use --microbatches 1");
+            "change its statistics");
   // One micro-batch is the full batch: nothing changes.
   EXPECT_TRUE(passes::split_batch(batch_norm_graph(), 1).is_ok());
 }

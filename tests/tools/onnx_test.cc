@@ -162,6 +162,24 @@ TEST_F(OnnxTest, MlpMatchesTorch) { expect_matches_torch("mlp"); }
 // residual add, Flatten and Gemm; opset 11.
 TEST_F(OnnxTest, ConvNetMatchesTorch) { expect_matches_torch("convnet"); }
 
+// Batch norm needs the whole batch: micro-batches and data-parallel replicas
+// are refused, each with the way out that fits.
+TEST_F(OnnxTest, BatchNormRefusesSplitsWithAFittingHint) {
+  ASSERT_EQ(strata({"import", (fixtures() / "convnet.onnx").string(), "-o", "cn.strata"}).code, 0);
+  Outcome replicas =
+      strata({"compile", "cn.strata", "--train", "--mesh", "2x1x1", "-o", "x.splan"});
+  EXPECT_NE(replicas.code, 0);
+  EXPECT_NE(replicas.err.find("normalizes over the batch"), std::string::npos) << replicas.err;
+  EXPECT_NE(replicas.err.find("train it on one replica (--mesh 1xTPxPP) with --microbatches 1"),
+            std::string::npos)
+      << replicas.err;
+  Outcome micro = strata({"compile", "cn.strata", "--train", "--mesh", "1x1x2", "--microbatches",
+                          "2", "-o", "x.splan"});
+  EXPECT_NE(micro.code, 0);
+  EXPECT_NE(micro.err.find("; use --microbatches 1"), std::string::npos) << micro.err;
+  EXPECT_EQ(micro.err.find("replica"), std::string::npos) << micro.err;
+}
+
 // A GPT block at opset 13 (decomposed LayerNorm, a dynamic batch axis fixed
 // with --input-shape, shape arithmetic folded) and at opset 17
 // (LayerNormalization); embeddings, Split, attention, erf and tanh GELU.
