@@ -27,6 +27,10 @@ claim_checkpoint_folder(const std::string &checkpoint, const std::string &resume
                         std::string_view checkpoint_option, std::string_view resume_option) {
   std::optional<serialization::CheckpointLock> lock;
   if (checkpoint.empty()) return lock;
+  // A resume that cannot succeed is refused before the new folder is made.
+  if (!resume.empty() && !holds_checkpoint(resume))
+    return not_found(resume_option, " ", resume, ": not a checkpoint folder (it has no ",
+                     serialization::kCheckpointManifestFile, ", or its first save did not finish)");
   RETURN_IF_ERROR(serialization::check_folder_writable(checkpoint, checkpoint_option));
   if (rank == 0) {
     auto locked = serialization::CheckpointLock::acquire(checkpoint);

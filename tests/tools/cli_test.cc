@@ -908,6 +908,12 @@ TEST_F(CliTest, CheckpointAndResumeMatchAnUninterruptedRun) {
   write_file(path("part/model-step6.safetensors"), weights.substr(0, weights.size() / 2));
   expect_one_line_error(strata({"run", "t.splan", "--steps", "8", "--resume", "part"}),
                         "model-step6.safetensors");
+  // A resume from a folder without a checkpoint is refused before the new
+  // --checkpoint folder is made.
+  expect_one_line_error(
+      strata({"run", "t.splan", "--steps", "8", "--resume", "nothing", "--checkpoint", "new"}),
+      "--resume nothing: not a checkpoint folder");
+  EXPECT_FALSE(fs::exists(path("new")));
 }
 
 // A --checkpoint folder may hold the user's own weights: saves replace only
