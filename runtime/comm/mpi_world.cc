@@ -295,6 +295,9 @@ public:
                                      &base, &window_) == MPI_SUCCESS;
       if (!made) window_ = MPI_WIN_NULL;
       if (made) MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN);
+      // This rank's part, meeting counters included, starts at zero (MPI
+      // does not promise zeroed memory); the barrier below publishes it.
+      if (made && base != nullptr && per_rank > 0) std::memset(base, 0, per_rank);
     }
     // Made on every rank, and with room on every rank: each rank's plan may
     // differ until they are compared.
@@ -330,9 +333,7 @@ public:
         segments_[static_cast<size_t>(world_ranks[static_cast<size_t>(r)])] =
             static_cast<std::byte *>(segment);
     }
-    // The meeting counters start at zero before anyone reads them.
-    if (segments_[static_cast<size_t>(rank_)] != nullptr)
-      std::memset(segments_[static_cast<size_t>(rank_)], 0, per_rank);
+    // Every rank zeroed its part before anyone reads a counter.
     MPI_Barrier(node_);
   }
 
@@ -480,6 +481,7 @@ public:
   void on_failure_locked(bool spread) override {
     if (spread) abort_to_send_ = str_cat(static_cast<char>(cascade_.code()), cascade_.message());
     cv_.notify_all();
+    progress_cv_.notify_one();
   }
 
   void fail(const Status &reason) {
@@ -541,6 +543,7 @@ public:
         cv_.notify_all();
       } else {
         to_receive_.push_back({*it, src_rank, header.seq, {}, {}});
+        progress_cv_.notify_one(); // a device matched a header: post the receive now
       }
       posted.erase(it);
       return;
@@ -593,10 +596,9 @@ public:
     std::unique_lock lock(mutex_);
     const std::string operation = operation_text("recv from", p->src, p->tag, p->what);
     const auto deadline = Clock::now() + options_.timeout;
-    if (waiters_++ == 0) {
-      wait_began_ = Clock::now();
-      progress_cv_.notify_one();
-    }
+    ++waiters_;
+    wait_began_ = Clock::now(); // the newest wait's start
+    progress_cv_.notify_one();
     struct Leave {
       int &count;
       ~Leave() { --count; }
@@ -1055,7 +1057,7 @@ public:
   static constexpr int kSpins = 20, kWaitNap = 50, kIdleNap = 200;
   static constexpr std::chrono::microseconds kSendSpin{1000}, kFreshWait{300};
   std::condition_variable progress_cv_; // wakes the progress thread from a nap
-  Clock::time_point wait_began_;        // when waiters_ last rose from 0
+  Clock::time_point wait_began_;        // when the newest wait began
   // Progress thread only.
   std::list<std::unique_ptr<OutMessage>> sending_, control_sends_;
   std::list<InRecv> receiving_;
