@@ -94,11 +94,11 @@ private:
 
 // ZeRO-3 prefetch. The GatherParams in front of one compute are a run;
 // consecutive runs make a batch of at least an eighth of the parameters the
-// program gathers, up to kPrefetchBytes (the last may be smaller). Each batch is started (StartGather) where the batch before it
-// begins to be read, and each run waited for (WaitGather) where it stands:
-// the stream gathers one batch ahead while the device computes. The first
-// batch is started where it stands. (Batches, not single parameters, so the
-// stream moves few, large transfers: a layer's weights, not each bias.)
+// program gathers, up to kPrefetchBytes (the last may be smaller). Each batch is started
+// (StartGather) where the batch before it begins to be read, and each run waited for (WaitGather)
+// where it stands: the stream gathers one batch ahead while the device computes. The first batch is
+// started where it stands. (Batches, not single parameters, so the stream moves few, large
+// transfers: a layer's weights, not each bias.)
 constexpr int64_t kPrefetchBytes = int64_t{1} << 20;
 
 void prefetch_gathers(const Graph &graph, PlanProgram &program) {
@@ -142,16 +142,20 @@ void prefetch_gathers(const Graph &graph, PlanProgram &program) {
     }
     if (next_run >= runs.size() || runs[next_run].first != i) continue; // emitted with its run
     const size_t r = next_run++, b = batch_of[r];
-    if (r == 0 || batch_of[r - 1] != b) { // the batch's first run: start it and the next
-      if (b == 0) out.insert(out.end(), batches[0].begin(), batches[0].end());
-      if (b + 1 < batches.size())
-        out.insert(out.end(), batches[b + 1].begin(), batches[b + 1].end());
-    }
+    // The batch's first run starts the next batch (and the first batch
+    // itself, waited for before the next starts: consecutive StartGathers
+    // are one task of the stream).
+    const bool first = r == 0 || batch_of[r - 1] != b;
+    if (first && b == 0) out.insert(out.end(), batches[0].begin(), batches[0].end());
+    if (first && b > 0 && b + 1 < batches.size())
+      out.insert(out.end(), batches[b + 1].begin(), batches[b + 1].end());
     for (size_t k = 0; k < runs[r].second; ++k) {
       PlanInstruction instr = old[runs[r].first + k];
       instr.kind = InstrKind::kWaitGather;
       out.push_back(instr);
     }
+    if (first && b == 0 && batches.size() > 1)
+      out.insert(out.end(), batches[1].begin(), batches[1].end());
   }
   program.instructions = std::move(out);
 }
