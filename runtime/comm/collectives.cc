@@ -540,16 +540,26 @@ Status shared_all_gather(Communicator &comm, std::span<const GatherPiece> pieces
   ASSIGN_OR_RETURN(auto members, members_of(comm, group));
   const auto &ranks = members.first;
   const size_t k = pieces.size();
-  std::vector<const void *> mine(k), inputs(ranks.size() * k);
+  // Each piece's address and size: every member must gather the same sizes.
+  struct Offered {
+    const void *input;
+    size_t bytes;
+  };
+  std::vector<Offered> mine(k), all(ranks.size() * k);
   for (size_t j = 0; j < k; ++j)
-    mine[j] = pieces[j].input;
-  RETURN_IF_ERROR(
-      comm.all_gather(mine.data(), k * sizeof(const void *), inputs.data(), ranks, what));
+    mine[j] = {pieces[j].input, pieces[j].bytes};
+  RETURN_IF_ERROR(comm.all_gather(mine.data(), k * sizeof(Offered), all.data(), ranks, what));
+  for (size_t m = 0; m < ranks.size(); ++m)
+    for (size_t j = 0; j < k; ++j)
+      if (all[m * k + j].bytes != pieces[j].bytes)
+        return invalid_argument(what, ": piece ", j, " of an all-gather is ", all[m * k + j].bytes,
+                                " bytes on device ", ranks[m], " and ", pieces[j].bytes,
+                                " on device ", comm.rank());
   for (size_t j = 0; j < k; ++j)
     for (size_t m = 0; m < ranks.size(); ++m) {
       const size_t bytes = pieces[j].bytes;
       std::byte *to = static_cast<std::byte *>(pieces[j].output) + m * bytes;
-      const void *from = inputs[m * k + j];
+      const void *from = all[m * k + j].input;
       if (bytes > 0 && to != from) std::memcpy(to, from, bytes); // else in place
     }
   return comm.barrier(ranks, what);

@@ -189,6 +189,11 @@ protected:
     return collective(group, -1, [&] { return inner_.barrier(group, what); });
   }
 
+public:
+  Status segment_barrier(const Group &group, std::string_view what) override {
+    return collective(group, -1, [&] { return inner_.segment_barrier(group, what); });
+  }
+
 private:
   template <typename Call> Status collective(const Group &group, int root, Call call) {
     Group members = group;

@@ -479,6 +479,18 @@ TEST(SharedCollectivesTest, AllGatherPutsEveryMemberInPlace) {
   }
 }
 
+TEST(SharedCollectivesTest, AllGatherPiecesOfDifferentSizesAreAnError) {
+  Status status = run_on_threads(2, [&](int rank, Communicator &comm) {
+    std::vector<std::byte> in(rank == 0 ? 8 : 12), out(2 * in.size());
+    const GatherPiece pieces[] = {{in.data(), 4, out.data()}, {in.data(), in.size(), out.data()}};
+    return shared_all_gather(comm, pieces, {0, 1}, "parameter batch 2");
+  });
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_NE(status.message().find("parameter batch 2: piece 1 of an all-gather is"),
+            std::string::npos)
+      << status.message();
+}
+
 TEST(SharedCollectivesTest, PartsOfDifferentSizesAreAnError) {
   Status status = run_on_threads(2, [&](int rank, Communicator &comm) {
     std::vector<float> part(rank == 0 ? 10 : 12, 1.0f);
