@@ -244,6 +244,9 @@ tools::CompileOptions compile_options(const py::kwargs &kwargs) {
   keywords.read("stage_boundaries", o.stage_boundaries);
   keywords.read("profile", o.profile);
   keywords.read("zero", o.zero);
+  bool prefetch = true;
+  keywords.read("prefetch", prefetch);
+  o.no_prefetch = !prefetch;
   keywords.read("bucket_mb", o.bucket_mb);
   keywords.read("recompute", o.recompute);
   keywords.read("split_activations", o.split_activations);
@@ -349,7 +352,8 @@ void register_model(py::module_ &m) {
            "Compiles the model into a Plan, as `strata compile` does with the options of the "
            "same names: train, loss, optimizer, loss_input, mesh ('DPxTPxPP' or a tuple), "
            "microbatches, schedule, chunks, cluster (a spec file), stage_boundaries, zero, "
-           "bucket_mb, recompute, split_activations, profile, auto, devices.")
+           "prefetch (False: --no-prefetch), bucket_mb, recompute, split_activations, profile, "
+           "auto, devices.")
       .def("__repr__", &repr);
 
   m.def("load", &load_any, py::arg("path"),

@@ -304,6 +304,23 @@ class StrataTest(unittest.TestCase):
             rest = second.fit(zip(x[2:], labels[2:]))
         self.assertEqual(rest, expected[2:])
 
+    def test_zero_three_prefetches_by_default_with_the_same_losses(self):
+        model = strata.load(self.mlp)
+        kinds = {}
+        losses = {}
+        x, labels = batches(3, seed=4)
+        for prefetch in (True, False):
+            plan = model.compile(train=True, optimizer="adamw:lr=0.01", mesh="2x1x1",
+                                 microbatches=2, zero=3, prefetch=prefetch)
+            kinds[prefetch] = {instr["kind"] for program in plan.to_json()["programs"]
+                               for instr in program["instructions"]}
+            with plan.trainer() as trainer:
+                losses[prefetch] = [trainer.step((x[k], labels[k])) for k in range(3)]
+        self.assertIn("StartGather", kinds[True])
+        self.assertNotIn("GatherParam", kinds[True])
+        self.assertIn("GatherParam", kinds[False])
+        self.assertEqual(losses[True], losses[False])
+
     def test_fit_with_steps_leaves_the_next_batch_in_the_iterator(self):
         plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
         x, labels = batches(4, seed=6)
