@@ -28,6 +28,14 @@ std::string tensor_list(const Graph &graph, llvm::ArrayRef<TensorId> ids) {
 // How the data-parallel groups reduce: " (ring)" when every group that names
 // an algorithm names the same one, else each algorithm with its groups,
 // " (recursive-doubling: groups 0, 2; rabenseifner: group 1)"; "" for none.
+// Whether a ZeRO-3 plan starts its gathers on the communication stream.
+bool prefetches(const Plan &plan) {
+  for (const auto &program : plan.programs)
+    for (const auto &instr : program.instructions)
+      if (instr.kind == serialization::InstrKind::kStartGather) return true;
+  return false;
+}
+
 std::string algorithms_note(const serialization::PlanPipeline &p) {
   std::vector<std::pair<std::string, std::vector<size_t>>> by_name;
   for (size_t g = 0; g < p.group_algorithms.size(); ++g) {
@@ -67,9 +75,12 @@ void print_pipeline_summary(const Plan &plan, std::ostream &out) {
         << (p.tensor_parallel > 1 ? "(stage x " : "stage x ") << p.data_parallel << " + replica"
         << (p.tensor_parallel > 1 ? str_cat(") x ", p.tensor_parallel, " + member") : "")
         << "); gradients "
-        << (p.zero == 3 ? "reduce-scattered every micro-batch; parameters, gradients and "
-                          "optimizer state sharded (ZeRO-3); each layer's parameters gathered "
-                          "before use"
+        << (p.zero == 3
+                ? str_cat("reduce-scattered every micro-batch; parameters, gradients "
+                          "and optimizer state sharded (ZeRO-3); each layer's parameters ",
+                          prefetches(plan) ? "gathered on the communication stream one batch ahead "
+                                             "of use"
+                                           : "gathered right before use")
             : p.zero == 2 ? "reduce-scattered every micro-batch and kept as shards (ZeRO-2), "
                             "optimizer state sharded too"
             : p.zero == 1 ? "reduce-scattered, optimizer state sharded (ZeRO-1)"

@@ -1399,6 +1399,27 @@ TEST_F(CliTest, DataParallelPipeline) {
                         "--zero 2 shards the gradients and optimizer state over data-parallel "
                         "replicas");
   EXPECT_NE(strata({"compile", "--help"}).out.find("ZeRO-2"), std::string::npos);
+  // ZeRO-3 prefetches its gathers unless told not to: the same losses as
+  // ZeRO-2 either way, and the compile summary says which.
+  for (const bool prefetch : {true, false}) {
+    std::vector<std::string> args = {
+        "compile", "m.strata", "--train",        "--optimizer", "sgd:lr=0.1,momentum=0.9",
+        "--mesh",  "2x1x2",    "--microbatches", "2",           "--zero",
+        "3",       "-o",       "z3.splan"};
+    if (!prefetch) args.insert(args.end() - 2, "--no-prefetch");
+    Outcome zero3 = strata(args);
+    ASSERT_EQ(zero3.code, 0) << zero3.err;
+    EXPECT_NE(zero3.out.find(prefetch ? "gathered on the communication stream one batch ahead"
+                                      : "gathered right before use"),
+              std::string::npos)
+        << zero3.out;
+    Outcome zero3_run = strata({"run", "z3.splan", "--steps", "4"});
+    ASSERT_EQ(zero3_run.code, 0) << zero3_run.err;
+    EXPECT_EQ(printed_losses(zero3_run.out), printed_losses(zero2_run.out)) << zero3_run.out;
+  }
+  expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "2x1x1",
+                                "--no-prefetch", "-o", "x.splan"}),
+                        "--no-prefetch is for --zero 3");
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "sgd:lr=0.1,momentum=0.9",
                     "-o", "one.splan"})
                 .code,
