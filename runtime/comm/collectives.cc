@@ -385,8 +385,8 @@ void sum_rows(const std::vector<const float *> &rows, float *out, size_t n, cons
 // leaves early after a failure leaves nothing behind that another reads but
 // the parts, which outlive the world's run.
 struct Exposed {
-  float *data;
-  size_t size;
+  const void *data;
+  size_t size; // elements of a part, bytes of a gathered piece
 };
 
 // The group as its members' ranks, and this member's position in it.
@@ -399,21 +399,32 @@ Result<std::pair<Group, size_t>> members_of(const Communicator &comm, const Grou
   return std::make_pair(std::move(members), i);
 }
 
-// Every member's parts, member m's part k at [m * parts.size() + k]. A member
-// with another number of parts fails the all-gather (its size differs).
-Result<std::vector<Exposed>> expose(Communicator &comm, std::span<const std::span<float>> parts,
-                                    const Group &group, std::string_view what) {
-  const size_t n = parts.size();
-  std::vector<Exposed> mine, all(group.size() * n);
-  for (const std::span<float> &part : parts)
-    mine.push_back({part.data(), part.size()});
+// Every member's `mine`, member m's k-th at [m * mine.size() + k]. A member
+// showing another number fails the all-gather (its size differs); another
+// size of the k-th is refused with mismatch(m, k, its size).
+template <typename Mismatch>
+Result<std::vector<Exposed>> expose(Communicator &comm, const std::vector<Exposed> &mine,
+                                    const Group &group, std::string_view what,
+                                    Mismatch &&mismatch) {
+  const size_t n = mine.size();
+  std::vector<Exposed> all(group.size() * n);
   RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(Exposed), all.data(), group, what));
   for (size_t m = 0; m < group.size(); ++m)
     for (size_t k = 0; k < n; ++k)
-      if (all[m * n + k].size != parts[k].size())
-        return invalid_argument("device ", comm.rank(), " and device ", group[m],
-                                " reduce parts of different sizes");
+      if (all[m * n + k].size != mine[k].size) return mismatch(m, k, all[m * n + k].size);
   return all;
+}
+
+// Every member's parts, as expose.
+Result<std::vector<Exposed>> expose(Communicator &comm, std::span<const std::span<float>> parts,
+                                    const Group &group, std::string_view what) {
+  std::vector<Exposed> mine;
+  for (const std::span<float> &part : parts)
+    mine.push_back({part.data(), part.size()});
+  return expose(comm, mine, group, what, [&](size_t m, size_t, size_t) {
+    return invalid_argument("device ", comm.rank(), " and device ", group[m],
+                            " reduce parts of different sizes");
+  });
 }
 
 // Member i's sums of chunk i of every part, into `out` (one per part).
@@ -425,7 +436,7 @@ void sum_own_chunks(const std::vector<Exposed> &all, size_t p, size_t i,
     const size_t n = all[i * out.size() + k].size;
     const size_t begin = chunk_begin(n, p, i), end = chunk_begin(n, p, i + 1);
     for (size_t m = 0; m < p; ++m)
-      rows[m] = all[m * out.size() + k].data + begin;
+      rows[m] = static_cast<const float *>(all[m * out.size() + k].data) + begin;
     sum_rows(rows, out[k], end - begin, order);
   }
 }
@@ -463,7 +474,7 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
     for (size_t c = 0; c < p; ++c) {
       if (c == i) continue;
       const size_t begin = chunk_begin(n, p, c), end = chunk_begin(n, p, c + 1);
-      const float *from = all[c * parts.size() + k].data;
+      const auto *from = static_cast<const float *>(all[c * parts.size() + k].data);
       std::copy(from + begin, from + end, parts[k].data() + begin);
     }
   }
@@ -541,25 +552,20 @@ Status shared_all_gather(Communicator &comm, std::span<const GatherPiece> pieces
   const auto &ranks = members.first;
   const size_t k = pieces.size();
   // Each piece's address and size: every member must gather the same sizes.
-  struct Offered {
-    const void *input;
-    size_t bytes;
-  };
-  std::vector<Offered> mine(k), all(ranks.size() * k);
-  for (size_t j = 0; j < k; ++j)
-    mine[j] = {pieces[j].input, pieces[j].bytes};
-  RETURN_IF_ERROR(comm.all_gather(mine.data(), k * sizeof(Offered), all.data(), ranks, what));
-  for (size_t m = 0; m < ranks.size(); ++m)
-    for (size_t j = 0; j < k; ++j)
-      if (all[m * k + j].bytes != pieces[j].bytes)
-        return invalid_argument(what, ": piece ", j, " of an all-gather is ", all[m * k + j].bytes,
-                                " bytes on device ", ranks[m], " and ", pieces[j].bytes,
-                                " on device ", comm.rank());
+  std::vector<Exposed> mine;
+  for (const GatherPiece &piece : pieces)
+    mine.push_back({piece.input, piece.bytes});
+  ASSIGN_OR_RETURN(std::vector<Exposed> all,
+                   expose(comm, mine, ranks, what, [&](size_t m, size_t j, size_t theirs) {
+                     return invalid_argument(what, ": piece ", j, " of an all-gather is ", theirs,
+                                             " bytes on device ", ranks[m], " and ",
+                                             pieces[j].bytes, " on device ", comm.rank());
+                   }));
   for (size_t j = 0; j < k; ++j)
     for (size_t m = 0; m < ranks.size(); ++m) {
       const size_t bytes = pieces[j].bytes;
       std::byte *to = static_cast<std::byte *>(pieces[j].output) + m * bytes;
-      const void *from = all[m * k + j].input;
+      const void *from = all[m * k + j].data;
       if (bytes > 0 && to != from) std::memcpy(to, from, bytes); // else in place
     }
   return comm.barrier(ranks, what);
