@@ -9,6 +9,20 @@ namespace strata::runtime {
 
 namespace {
 
+// Every member's shared segment in group order, or none unless each member
+// has one of `need` bytes or more (MPI ranks on one host).
+std::vector<std::byte *> member_segments(const Communicator &comm, const Group &group,
+                                         size_t need) {
+  std::vector<std::byte *> segments;
+  if (comm.shared_segment_bytes() < need) return segments;
+  for (int member : group) {
+    std::byte *segment = comm.shared_segment(member);
+    if (segment == nullptr) return {};
+    segments.push_back(segment);
+  }
+  return segments;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point epoch) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
 }
@@ -46,8 +60,7 @@ Status CommStream::wait(uint32_t index, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (!wake_.wait_for(lock, timeout, [&] { return done_[index] != 0 || !error_.is_ok(); }))
     return deadline_exceeded("the communication stream's task ", index,
-                             " (a gradient bucket or a "
-                             "parameter gather) was not done within ",
+                             " (a gradient bucket or a parameter gather) was not done within ",
                              timeout.count(), " ms");
   return error_;
 }
@@ -160,11 +173,7 @@ Status CommTransport::gather_batch(Communicator &comm, llvm::ArrayRef<Gather> ga
   if (comm.shares_memory(group)) return shared_all_gather(comm, pieces, group, call.what);
   // MPI ranks on one host: through the shared segments (the stream's, as
   // its buckets: one task at a time).
-  std::vector<std::byte *> segments;
-  for (int member : group)
-    segments.push_back(comm.shared_segment(member));
-  if (comm.shared_segment_bytes() > 0 &&
-      std::find(segments.begin(), segments.end(), nullptr) == segments.end())
+  if (auto segments = member_segments(comm, group, 1); !segments.empty())
     return segment_all_gather(comm, segments, pieces, group, call.what);
   for (const Gather &g : gathers)
     RETURN_IF_ERROR(gather(comm, g.member, g.bytes, g.call));
@@ -240,15 +249,8 @@ Status CommTransport::reduce(Communicator &comm, const core::Bucket &bucket) {
   // MPI ranks on one host: the bucket is summed in rounds staged in the
   // members' shared segments.
   std::vector<float *> segments;
-  if (comm.shared_segment_bytes() >= kSegmentBytes)
-    for (int member : group) {
-      auto *segment = reinterpret_cast<float *>(comm.shared_segment(member));
-      if (segment == nullptr) {
-        segments.clear();
-        break;
-      }
-      segments.push_back(segment);
-    }
+  for (std::byte *segment : member_segments(comm, group, kSegmentBytes))
+    segments.push_back(reinterpret_cast<float *>(segment));
   if (!segments.empty()) {
     auto pack = [&](size_t begin, size_t end, float *to) {
       each_packed(bucket, p, begin, end,
