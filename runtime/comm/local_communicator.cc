@@ -126,14 +126,14 @@ public:
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   bool claim(int rank) {
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (claimed_[rank]) return false;
     claimed_[rank] = true;
     return true;
   }
 
   void abort(int rank, const Status &reason) {
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     std::string message =
         str_cat(rank < 0 ? "run" : name_locked(rank),
                 " aborted: ", reason.is_ok() ? "no reason given" : reason.message());
@@ -146,7 +146,7 @@ public:
               std::string_view what) {
     RETURN_IF_ERROR(check_peer(rank, "send to", peer, tag, what));
     Message message{message_copy(data, bytes), std::string(what)};
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (failed_) return cascaded_locked(rank, p2p_operation("send to", peer, tag, what));
     const ChannelKey key{rank, peer, tag};
     Channel &channel = channels_[key];
@@ -160,13 +160,13 @@ public:
   // Reserves the next message from `peer` on `tag` for a receive of `rank`.
   Result<uint64_t> post_recv(int rank, int peer, uint64_t tag, std::string_view what) {
     RETURN_IF_ERROR(check_peer(rank, "recv from", peer, tag, what));
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (failed_) return cascaded_locked(rank, p2p_operation("recv from", peer, tag, what));
     return channels_[ChannelKey{peer, rank, tag}].posted++;
   }
 
   bool recv_ready(int rank, int peer, uint64_t tag, uint64_t ticket) {
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (failed_) return true;
     auto channel = channels_.find(ChannelKey{peer, rank, tag});
     return channel != channels_.end() && channel->second.arrived.contains(ticket);
@@ -174,7 +174,7 @@ public:
 
   // Drops a posted receive that will never be waited on.
   void abandon_recv(int rank, int peer, uint64_t tag, uint64_t ticket) {
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     const ChannelKey key{peer, rank, tag};
     auto channel = channels_.find(key);
     if (channel == channels_.end()) return;
@@ -188,7 +188,7 @@ public:
     const ChannelKey key{peer, rank, tag};
     Message message;
     {
-      std::unique_lock lock(mutex_);
+      auto lock = lock_spinning(mutex_);
       for (;;) {
         if (failed_) return cascaded_locked(rank, p2p_operation("recv from", peer, tag, what));
         auto channel = channels_.find(key);
@@ -223,7 +223,7 @@ public:
 
   // Checks that a failure has not ended the world (single-member collectives).
   Status check_alive(int rank, const std::string &operation) {
-    std::lock_guard lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (failed_) return cascaded_locked(rank, operation);
     return Status::ok();
   }
@@ -236,7 +236,7 @@ public:
                                                  std::string_view what) {
     const auto deadline = Clock::now() + timeout_;
     const std::size_t group_size = members.size();
-    std::unique_lock lock(mutex_);
+    auto lock = lock_spinning(mutex_);
     if (failed_) return cascaded_locked(rank, collective_operation(signature, members, what));
     SlotKey key{members, sequence};
     std::shared_ptr<Slot> &entry = slots_[key];
@@ -315,7 +315,7 @@ private:
         std::this_thread::yield();
       }
     }
-    lock.lock();
+    lock = lock_spinning(*lock.release());
     // Signals change under the lock, so none is missed between here and the sleep.
     if (signals_[rank].load(std::memory_order_relaxed) == seen)
       wakeups_[rank].wait_until(lock, deadline);
