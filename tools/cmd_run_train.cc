@@ -315,9 +315,13 @@ std::string placement(const RunArgs &args, const runtime::StepRunner &runner,
   if (world && args.backend == "cuda")
     return str_cat(world->size(), " MPI ranks x ", per_rank, " device", per_rank == 1 ? "" : "s",
                    " (streams of each rank's GPU)");
-  if (world)
+  if (world) {
+    // Rank 0 speaks: whether its devices' memory is in the host's window.
+    const bool shared = !world->shared_memory(0).empty();
     return str_cat(world->size(), " MPI ranks x ", per_rank, " CPU thread",
-                   per_rank == 1 ? "" : "s", " (devices)");
+                   per_rank == 1 ? "" : "s", " (devices)",
+                   shared ? ", memory shared by the ranks on a host" : "");
+  }
   if (const auto *gpu = dynamic_cast<const runtime::CudaPipelineRunner *>(&runner);
       gpu != nullptr && gpu->num_gpus() > 1)
     return str_cat("on ", gpu->num_gpus(), " GPUs");
@@ -861,6 +865,7 @@ Status train_command(const RunArgs &args, const Plan &plan, std::ostream &out) {
   options.devices_per_rank = args.devices_per_rank;
   options.timeout = timeout;
   options.shared_bytes = runtime::shared_segment_bytes(plan);
+  if (args.backend == "cpu") options.memory_bytes = runtime::shared_memory_bytes(plan);
   ASSIGN_OR_RETURN(std::shared_ptr<runtime::MpiWorld> world,
                    runtime::MpiWorld::create(static_cast<int>(plan.programs.size()), options));
   Status status = world->agree(plan.fingerprint, fs::path(args.model).filename().string(),

@@ -399,20 +399,36 @@ Result<std::pair<Group, size_t>> members_of(const Communicator &comm, const Grou
   return std::make_pair(std::move(members), i);
 }
 
-// Every member's `mine`, member m's k-th at [m * mine.size() + k]. A member
+// Every member's `mine`, member m's k-th at [m * mine.size() + k], each
+// address as this member reaches it (Communicator::shared_address). A member
 // showing another number fails the all-gather (its size differs); another
 // size of the k-th is refused with mismatch(m, k, its size).
 template <typename Mismatch>
 Result<std::vector<Exposed>> expose(Communicator &comm, const std::vector<Exposed> &mine,
                                     const Group &group, std::string_view what,
                                     Mismatch &&mismatch) {
+  struct Token {
+    uint64_t address, size;
+  };
   const size_t n = mine.size();
-  std::vector<Exposed> all(group.size() * n);
-  RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(Exposed), all.data(), group, what));
+  std::vector<Token> tokens, all(group.size() * n);
+  for (const Exposed &e : mine) {
+    auto token = comm.share_address(e.data);
+    if (!token.is_ok()) return token.status().with_context(str_cat(what, ": device ", comm.rank()));
+    tokens.push_back({*token, e.size});
+  }
+  RETURN_IF_ERROR(comm.exchange(tokens.data(), n * sizeof(Token), all.data(), group, what));
+  std::vector<Exposed> exposed(all.size());
   for (size_t m = 0; m < group.size(); ++m)
-    for (size_t k = 0; k < n; ++k)
-      if (all[m * n + k].size != mine[k].size) return mismatch(m, k, all[m * n + k].size);
-  return all;
+    for (size_t k = 0; k < n; ++k) {
+      const Token &t = all[m * n + k];
+      if (t.size != mine[k].size) return mismatch(m, k, t.size);
+      exposed[m * n + k] = {comm.shared_address(group[m], t.address), t.size};
+      if (exposed[m * n + k].data == nullptr && t.size > 0)
+        return internal_error(what, ": device ", comm.rank(), " cannot reach device ", group[m],
+                              "'s buffer (not in memory the two share)");
+    }
+  return exposed;
 }
 
 // Every member's parts, as expose.
@@ -454,7 +470,7 @@ Status shared_reduce_scatter(Communicator &comm, std::span<const std::span<float
   ASSIGN_OR_RETURN(std::vector<Exposed> all, expose(comm, parts, ranks, what));
   sum_own_chunks(all, ranks.size(), i, out, algo);
   // Nobody leaves while another may still read its parts.
-  return comm.barrier(ranks, what);
+  return comm.segment_barrier(ranks, what);
 }
 
 Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> parts,
@@ -468,7 +484,7 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
     out.push_back(part.data() + chunk_begin(part.size(), p, i));
   ASSIGN_OR_RETURN(std::vector<Exposed> all, expose(comm, parts, ranks, what));
   sum_own_chunks(all, p, i, out, algo);
-  RETURN_IF_ERROR(comm.barrier(ranks, what)); // every chunk is summed
+  RETURN_IF_ERROR(comm.segment_barrier(ranks, what)); // every chunk is summed
   for (size_t k = 0; k < parts.size(); ++k) {
     const size_t n = parts[k].size();
     for (size_t c = 0; c < p; ++c) {
@@ -478,7 +494,7 @@ Status shared_all_reduce(Communicator &comm, std::span<const std::span<float>> p
       std::copy(from + begin, from + end, parts[k].data() + begin);
     }
   }
-  return comm.barrier(ranks, what); // nobody reads another's chunks any more
+  return comm.segment_barrier(ranks, what); // nobody reads another's chunks any more
 }
 
 Status segment_reduce(Communicator &comm, std::span<float *const> segments, const Group &group,
@@ -568,7 +584,7 @@ Status shared_all_gather(Communicator &comm, std::span<const GatherPiece> pieces
       const void *from = all[m * k + j].data;
       if (bytes > 0 && to != from) std::memcpy(to, from, bytes); // else in place
     }
-  return comm.barrier(ranks, what);
+  return comm.segment_barrier(ranks, what);
 }
 
 Status segment_all_gather(Communicator &comm, std::span<std::byte *const> segments,

@@ -90,9 +90,12 @@ inline size_t chunk_begin(size_t n, size_t p, size_t k) { return k * n / p; }
 Status algo_all_gather(Communicator &comm, std::span<float> data, const Group &group, uint64_t tag,
                        std::string_view what);
 
-// The shared-memory collectives, for a group whose members share an address
-// space (comm.shares_memory(group)): the members swap the addresses of their
-// buffers with one all_gather, then each sums its own chunk straight from
+// The shared-memory collectives, for a group whose members can read each
+// other's buffers (comm.shares_memory(group): threads of one process, or MPI
+// ranks on one host whose buffers are in their shared memory): the members
+// swap where their buffers are with one all_gather
+// (Communicator::share_address), meet through segment_barrier, and each
+// sums its own chunk straight from
 // every member's memory, adding in the order `algo`'s messages would (none:
 // increasing rank order, the communicator's own), so the result has the bits
 // of algo_all_reduce / algo_reduce_scatter (or of the communicator's) with no

@@ -128,14 +128,27 @@ public:
     return barrier_impl(group, what);
   }
 
-  // True when every member of `group` (empty: every rank) runs in this
-  // process, so that inside one of the group's collectives each member may
-  // read and write the others' memory: the shared-memory collectives of
-  // runtime/comm/collectives.h then move no message. Devices as threads of one
-  // process do; MPI ranks do not.
+  // True when inside one of `group`'s collectives (empty: every rank) each
+  // member may read and write the others' memory: the shared-memory
+  // collectives of runtime/comm/collectives.h then move no message. Devices
+  // as threads of one process do; MPI ranks on one host do when their
+  // devices' memory is in a shared window (DeviceWorld::shared_memory).
   virtual bool shares_memory(const Group &group) const {
     (void)group;
     return false;
+  }
+  // How the other members of a shared-memory collective find `data`, a
+  // buffer of this device: a token they turn into their own address of it
+  // with shared_address(this rank, token), which is null where they cannot
+  // reach it. Threads pass the address; MPI ranks its offset in the
+  // device's shared memory (DeviceWorld::shared_memory), or for a buffer
+  // outside it, an address only the devices of its process can use.
+  virtual Result<uint64_t> share_address(const void *data) const {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
+  }
+  virtual const void *shared_address(int member, uint64_t token) const {
+    (void)member;
+    return reinterpret_cast<const void *>(static_cast<uintptr_t>(token));
   }
 
   // Where device `device`'s shared segment (shared_segment_bytes() bytes) is
@@ -153,6 +166,15 @@ public:
   // wrote to its segment before, the others see after.
   virtual Status segment_barrier(const Group &group, std::string_view what) {
     return barrier(group, what);
+  }
+
+  // all_gather of a few bytes, for the shared-memory collectives to swap
+  // where their buffers are: where every member's segment is mapped here,
+  // through mailboxes beside the segments and one meeting (segment_barrier),
+  // no message; elsewhere all_gather.
+  virtual Status exchange(const void *mine, size_t bytes, void *all, const Group &group,
+                          std::string_view what) {
+    return all_gather(mine, bytes, all, group, what);
   }
 
   // Ends the world: every pending and later call on every rank fails promptly

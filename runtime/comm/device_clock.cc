@@ -127,6 +127,12 @@ public:
   bool shares_memory(const Group &group) const override { return inner_.shares_memory(group); }
   std::byte *shared_segment(int device) const override { return inner_.shared_segment(device); }
   size_t shared_segment_bytes() const override { return inner_.shared_segment_bytes(); }
+  Result<uint64_t> share_address(const void *data) const override {
+    return inner_.share_address(data);
+  }
+  const void *shared_address(int member, uint64_t token) const override {
+    return inner_.shared_address(member, token);
+  }
 
 protected:
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
@@ -192,6 +198,10 @@ protected:
 public:
   Status segment_barrier(const Group &group, std::string_view what) override {
     return collective(group, -1, [&] { return inner_.segment_barrier(group, what); });
+  }
+  Status exchange(const void *mine, size_t bytes, void *all, const Group &group,
+                  std::string_view what) override {
+    return collective(group, -1, [&] { return inner_.exchange(mine, bytes, all, group, what); });
   }
 
 private:

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,15 @@ public:
   virtual void set_describer(std::function<std::string(int device, int64_t instruction)>) {}
   // The processes of the run; null for a single-process world.
   virtual ProcessGroup *processes() { return nullptr; }
+  // Where local device `device` keeps its memory so that the other
+  // processes on its host can read it in place, or empty: allocate it
+  // anywhere. A device given one must place every buffer its collectives
+  // touch in it: the other processes cannot reach any other
+  // (Communicator::shared_address).
+  virtual std::span<std::byte> shared_memory(int device) const {
+    (void)device;
+    return {};
+  }
 };
 
 // Every device is a thread of this process; each run() uses a fresh LocalWorld.

@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -274,30 +275,56 @@ public:
     return Status::ok();
   }
 
-  // The devices of the ranks on this host share options_.shared_bytes each
-  // in one MPI shared-memory window. Every rank of a job of two or more makes
-  // the same collective calls whatever its own size (its plan is compared
-  // with the others' only later), and the window is used only if every rank
-  // made it with room: otherwise the buckets travel as messages.
+  // The devices of the ranks on this host share a slot each in one MPI
+  // shared-memory window: a segment of options_.shared_bytes, meeting
+  // counters, and where the host has room for them, the devices' memory
+  // (options_.memory_bytes). Every rank of a job of two or more makes the same
+  // collective calls whatever its own sizes (its plan is compared with the
+  // others' only later), and the window is used only if every rank made it
+  // with the size the others expect: otherwise the buckets travel as
+  // messages.
   void share_memory() {
-    const int k = options_.devices_per_rank;
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    if (ranks < 2) return;
-    const size_t per_rank =
-        k < 1 || options_.shared_bytes == 0 ? 0 : slot_bytes() * static_cast<size_t>(k);
+    if (ranks < 2 || options_.devices_per_rank < 1) return;
     int made = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL,
                                    &node_) == MPI_SUCCESS;
+    std::vector<int> world_ranks; // of this host's ranks, in node order
     if (made) {
       MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+      world_ranks = node_world_ranks();
+      // Each device's place among the host's, for the mailboxes.
+      const int k = options_.devices_per_rank;
+      host_index_.assign(static_cast<size_t>(ranks * k), -1);
+      for (size_t r = 0; r < world_ranks.size(); ++r)
+        for (int j = 0; j < k; ++j)
+          host_index_[static_cast<size_t>(world_ranks[r] * k + j)] = static_cast<int>(r) * k + j;
+      host_devices_ = static_cast<int>(world_ranks.size()) * k;
+    }
+    // The devices' memory goes in only if every host has room for it.
+    int fits = made && memory_fits(world_ranks), agreed = 0;
+    if (MPI_Allreduce(&fits, &agreed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+      agreed = 0;
+    with_memory_ = agreed != 0;
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const size_t per_rank = options_.shared_bytes > 0 || with_memory_ ? rank_bytes(me) : 0;
+    if (made) {
       void *base = nullptr;
       made = MPI_Win_allocate_shared(static_cast<MPI_Aint>(per_rank), 1, MPI_INFO_NULL, node_,
                                      &base, &window_) == MPI_SUCCESS;
       if (!made) window_ = MPI_WIN_NULL;
       if (made) MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN);
-      // This rank's part, meeting counters included, starts at zero (MPI
-      // does not promise zeroed memory); the barrier below publishes it.
-      if (made && base != nullptr && per_rank > 0) std::memset(base, 0, per_rank);
+      // The meeting counters and mailboxes of this rank's part start at
+      // zero (MPI does not promise zeroed memory; the devices' memory is
+      // zeroed as it is handed out); the barrier below publishes them.
+      if (made && base != nullptr && per_rank > 0) {
+        auto *slot = static_cast<std::byte *>(base);
+        for (int j = 0; j < options_.devices_per_rank; ++j) {
+          std::memset(slot, 0, memory_at());
+          slot += slot_bytes(me * options_.devices_per_rank + j);
+        }
+      }
     }
     // Made on every rank, and with room on every rank: each rank's plan may
     // differ until they are compared.
@@ -308,9 +335,30 @@ public:
       // Freeing is collective and a rank that could not make the window
       // would not come: MPI_Finalize frees it.
       window_ = MPI_WIN_NULL;
+      with_memory_ = false;
       return;
     }
-    if (!all[1]) return; // freed at the end by every rank; no segments
+    if (!all[1]) { // freed at the end by every rank; no segments
+      with_memory_ = false;
+      return;
+    }
+    segments_.assign(static_cast<size_t>(ranks), nullptr);
+    for (size_t r = 0; r < world_ranks.size(); ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void *segment = nullptr;
+      const int world = world_ranks[r];
+      if (MPI_Win_shared_query(window_, static_cast<int>(r), &size, &unit, &segment) ==
+              MPI_SUCCESS &&
+          static_cast<size_t>(size) == rank_bytes(world))
+        segments_[static_cast<size_t>(world)] = static_cast<std::byte *>(segment);
+    }
+    // Every rank zeroed its part before anyone reads a counter.
+    MPI_Barrier(node_);
+  }
+
+  // The world ranks of this host's ranks, in the order of node_.
+  std::vector<int> node_world_ranks() const {
     int node_size = 0;
     MPI_Comm_size(node_, &node_size);
     MPI_Group world_group, node_group;
@@ -323,32 +371,62 @@ public:
                               world_ranks.data());
     MPI_Group_free(&world_group);
     MPI_Group_free(&node_group);
-    segments_.assign(static_cast<size_t>(ranks), nullptr);
-    for (int r = 0; r < node_size; ++r) {
-      MPI_Aint size = 0;
-      int unit = 0;
-      void *segment = nullptr;
-      if (MPI_Win_shared_query(window_, r, &size, &unit, &segment) == MPI_SUCCESS &&
-          static_cast<size_t>(size) >= per_rank)
-        segments_[static_cast<size_t>(world_ranks[static_cast<size_t>(r)])] =
-            static_cast<std::byte *>(segment);
-    }
-    // Every rank zeroed its part before anyone reads a counter.
-    MPI_Barrier(node_);
+    return world_ranks;
   }
 
-  // Each device's part of the window: its segment (shared_bytes, rounded up
-  // to a cache line), then its meeting counters: per channel and per device
-  // of the job, how many shared-memory meetings it has entered with that
-  // device (see meet_in_segments).
+  // Whether the memory of every device of `world_ranks` (this host's) fits
+  // in the file system behind Open MPI's shared windows with room to spare.
+  // The window's pages are taken as they are touched, and a touch beyond
+  // the file system's size kills the process, so this is checked first.
+  bool memory_fits(const std::vector<int> &world_ranks) {
+    // For the tests and benchmarks of the other path (segments only).
+    if (std::getenv("STRATA_DEBUG_PRIVATE_MEMORY") != nullptr) return false;
+    if (options_.memory_bytes.size() != static_cast<size_t>(devices_) ||
+        std::all_of(options_.memory_bytes.begin(), options_.memory_bytes.end(),
+                    [](size_t n) { return n == 0; }))
+      return false;
+    const char *dir = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+    struct statvfs fs = {};
+    if (::statvfs(dir != nullptr && *dir != '\0' ? dir : "/dev/shm", &fs) != 0) return false;
+    const double room = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+    with_memory_ = true; // rank_bytes() with the memory
+    double need = 0;
+    for (int r : world_ranks)
+      need += static_cast<double>(rank_bytes(r));
+    with_memory_ = false;
+    return need + 256.0 * (1 << 20) <= room;
+  }
+
+  // Each device's slot in the window: its segment (shared_bytes, rounded up
+  // to a cache line), its meeting counters (per channel and per device of
+  // the job, how many shared-memory meetings it has entered with that
+  // device; see meet_in_segments), then its memory (with_memory_).
   static constexpr size_t kLine = 64;
+  // Bytes of one mailbox (see exchange_in_segments): a line for the
+  // writer's size, then what it offers.
+  static constexpr size_t kMailbox = 4096;
   static size_t round_to_line(size_t n) { return (n + kLine - 1) / kLine * kLine; }
-  size_t slot_bytes() const {
-    return round_to_line(options_.shared_bytes) +
-           round_to_line(2 * static_cast<size_t>(devices_) * sizeof(uint64_t));
+  size_t counters_at() const { return round_to_line(options_.shared_bytes); }
+  size_t mailboxes_at() const {
+    return counters_at() + round_to_line(2 * static_cast<size_t>(devices_) * sizeof(uint64_t));
+  }
+  size_t memory_at() const {
+    return mailboxes_at() + 4 * static_cast<size_t>(host_devices_) * kMailbox;
+  }
+  size_t memory_bytes(int device) const {
+    const auto d = static_cast<size_t>(device);
+    return with_memory_ && d < options_.memory_bytes.size() ? options_.memory_bytes[d] : 0;
+  }
+  size_t slot_bytes(int device) const { return memory_at() + round_to_line(memory_bytes(device)); }
+  // World rank `rank`'s part of the window: its devices' slots.
+  size_t rank_bytes(int rank) const {
+    size_t bytes = 0;
+    for (int j = 0; j < options_.devices_per_rank; ++j)
+      bytes += slot_bytes(rank * options_.devices_per_rank + j);
+    return bytes;
   }
   std::atomic_ref<uint64_t> meetings(int owner, int channel, int peer) const {
-    std::byte *counters = segment(owner) + round_to_line(options_.shared_bytes);
+    std::byte *counters = segment(owner) + counters_at();
     const size_t at =
         static_cast<size_t>(channel) * static_cast<size_t>(devices_) + static_cast<size_t>(peer);
     return std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t *>(counters)[at]);
@@ -393,12 +471,70 @@ public:
     return Status::ok();
   }
 
+  // An all-gather of `bytes` through the window: each member writes its size
+  // and, if it fits, `mine` into its mailbox for each other member, they
+  // meet, and each reads the others' mailboxes for it. False (nothing
+  // gathered): every member offers the same size, too large for a mailbox.
+  // Members offering different sizes all fail. A device has two mailboxes
+  // per channel and reader on its host, used by turns: the one of the
+  // parity of the pair's meetings before this one, which both sides know
+  // (their counts agree), so a writer's next use of a mailbox comes two
+  // meetings later, after the reader has read it.
+  Result<bool> exchange_in_segments(int device, int channel, const Group &group, const void *mine,
+                                    size_t bytes, void *all, std::string_view what) {
+    auto mailbox = [&](int owner, int reader, uint64_t count) {
+      const auto box = (static_cast<size_t>(channel) * static_cast<size_t>(host_devices_) +
+                        static_cast<size_t>(host_index_[static_cast<size_t>(reader)])) *
+                           2 +
+                       count % 2;
+      return segment(owner) + mailboxes_at() + box * kMailbox;
+    };
+    const bool fits = bytes <= kMailbox - kLine;
+    std::vector<uint64_t> counts;
+    for (int peer : group) {
+      const uint64_t count = meetings(device, channel, peer).load(std::memory_order_relaxed);
+      counts.push_back(count);
+      if (peer == device) continue;
+      std::byte *box = mailbox(device, peer, count);
+      const uint64_t size = bytes;
+      std::memcpy(box, &size, sizeof size);
+      if (fits) std::memcpy(box + kLine, mine, bytes);
+    }
+    RETURN_IF_ERROR(meet_in_segments(device, channel, group, what));
+    for (size_t m = 0; m < group.size(); ++m) {
+      if (group[m] == device) continue;
+      const std::byte *box = mailbox(group[m], device, counts[m]);
+      uint64_t size = 0;
+      std::memcpy(&size, box, sizeof size);
+      if (size != bytes) {
+        std::lock_guard lock(mutex_);
+        return fail_locked(device, StatusCode::kInvalidArgument,
+                           operation_text("shared-memory exchange with", group[m], 0, what),
+                           str_cat("it offers ", size, " bytes and this device ", bytes));
+      }
+    }
+    if (!fits) return false;
+    for (size_t m = 0; m < group.size(); ++m)
+      std::memcpy(static_cast<std::byte *>(all) + m * bytes,
+                  group[m] == device ? mine : mailbox(group[m], device, counts[m]) + kLine, bytes);
+    return true;
+  }
+
   // Device `device`'s part of its rank's shared segment, or null.
   std::byte *segment(int device) const {
     if (segments_.empty() || device < 0) return nullptr;
     std::byte *base = segments_[static_cast<size_t>(rank_of(device))];
     if (base == nullptr) return nullptr;
-    return base + static_cast<size_t>(device % options_.devices_per_rank) * slot_bytes();
+    for (int d = device - device % options_.devices_per_rank; d < device; ++d)
+      base += slot_bytes(d);
+    return base;
+  }
+
+  // Device `device`'s memory in the window (with_memory_), or empty.
+  std::span<std::byte> memory(int device) const {
+    std::byte *slot = with_memory_ ? segment(device) : nullptr;
+    if (slot == nullptr) return {};
+    return {slot + memory_at(), memory_bytes(device)};
   }
 
   // Frees the window (collective: every rank, before MPI_Finalize).
@@ -1036,6 +1172,9 @@ public:
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win window_ = MPI_WIN_NULL;
   std::vector<std::byte *> segments_;
+  bool with_memory_ = false;    // the devices' memory is in the window
+  int host_devices_ = 0;        // devices on this host
+  std::vector<int> host_index_; // per device of the job: its place on this host, or -1
   std::thread progress_;
 
   std::condition_variable cv_; // mutex_ guards what follows
@@ -1103,21 +1242,64 @@ public:
   std::byte *shared_segment(int device) const override { return world_->segment(device); }
   size_t shared_segment_bytes() const override { return world_->options_.shared_bytes; }
   Status segment_barrier(const Group &group, std::string_view what) override {
-    for (int member : group)
-      if (world_->segment(member) == nullptr) return barrier(group, what);
-    return world_->meet_in_segments(device_, channel_, group, what);
+    if (!in_segments(group)) return barrier(group, what);
+    return world_->meet_in_segments(device_, channel_, all_of(group), what);
   }
-  // Devices of this rank (--devices-per-rank) are threads of one process.
+  Status exchange(const void *mine, size_t bytes, void *all, const Group &group,
+                  std::string_view what) override {
+    if (!in_segments(group)) return all_gather(mine, bytes, all, group, what);
+    ASSIGN_OR_RETURN(bool done, world_->exchange_in_segments(device_, channel_, all_of(group), mine,
+                                                             bytes, all, what));
+    return done ? Status::ok() : all_gather(mine, bytes, all, group, what);
+  }
+  // Devices of this rank (--devices-per-rank) are threads of one process;
+  // the devices of this host's ranks share their memory in the window.
   bool shares_memory(const Group &group) const override {
+    auto reachable = [&](int d) { return world_->local(d) || !world_->memory(d).empty(); };
     if (group.empty()) {
       for (int d = 0; d < devices_; ++d)
-        if (!world_->local(d)) return false;
+        if (!reachable(d)) return false;
       return true;
     }
-    return std::all_of(group.begin(), group.end(), [&](int d) { return world_->local(d); });
+    return std::all_of(group.begin(), group.end(), reachable);
+  }
+  // A buffer in this device's memory in the window travels as its offset
+  // there; any other as its address, with the top bit set, which only the
+  // devices of this process may use.
+  Result<uint64_t> share_address(const void *data) const override {
+    const std::span<std::byte> mine = world_->memory(device_);
+    const auto *p = static_cast<const std::byte *>(data);
+    if (!mine.empty() && p >= mine.data() && p <= mine.data() + mine.size())
+      return static_cast<uint64_t>(p - mine.data());
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data)) | kProcessAddress;
+  }
+  const void *shared_address(int member, uint64_t token) const override {
+    if (token & kProcessAddress)
+      return world_->local(member)
+                 ? reinterpret_cast<const void *>(static_cast<uintptr_t>(token & ~kProcessAddress))
+                 : nullptr;
+    const std::span<std::byte> theirs = world_->memory(member);
+    return token <= theirs.size() && !theirs.empty() ? theirs.data() + token : nullptr;
   }
 
 protected:
+  static constexpr uint64_t kProcessAddress = uint64_t{1} << 63;
+
+  // `group`, or every device for an empty one.
+  Group all_of(const Group &group) const {
+    if (!group.empty()) return group;
+    Group every(static_cast<size_t>(devices_));
+    for (int d = 0; d < devices_; ++d)
+      every[static_cast<size_t>(d)] = d;
+    return every;
+  }
+  // Whether every member of `group` has a segment mapped here.
+  bool in_segments(const Group &group) const {
+    const Group members = all_of(group);
+    return std::all_of(members.begin(), members.end(),
+                       [&](int d) { return world_->segment(d) != nullptr; });
+  }
+
   Status send_impl(const void *data, std::size_t bytes, int peer, uint64_t tag,
                    std::string_view what) override {
     RETURN_IF_ERROR(world_->check_peer(device_, "send to", peer, tag, what));
@@ -1289,6 +1471,9 @@ int MpiWorld::num_devices() const { return impl_->devices_; }
 bool MpiWorld::is_local(int device) const { return impl_->local(device); }
 std::chrono::milliseconds MpiWorld::timeout() const { return impl_->options_.timeout; }
 int MpiWorld::rank() const { return impl_->rank_; }
+std::span<std::byte> MpiWorld::shared_memory(int device) const {
+  return is_local(device) ? impl_->memory(device) : std::span<std::byte>();
+}
 int MpiWorld::size() const { return impl_->ranks_; }
 
 void MpiWorld::report(int device, int64_t step, int64_t instruction) {

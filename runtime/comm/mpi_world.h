@@ -93,6 +93,14 @@ struct MpiWorldOptions {
   // are packed there, and the members of a group on one host sum straight
   // from each other's (Communicator::shared_segment). 0: none.
   size_t shared_bytes = 0;
+  // Per device of the plan (empty: none), the bytes of its memory (arena,
+  // held tensors, staging) to place in the same window, so that the members
+  // of a group on one host read each other's buffers in place, as threads
+  // do (Communicator::shares_memory). Made only when every host's memory
+  // file system (Open MPI's osc_sm_backing_directory: /dev/shm unless the
+  // environment names another) has room for the devices on that host;
+  // DeviceWorld::shared_memory says whether.
+  std::vector<size_t> memory_bytes;
 };
 
 class MpiWorld : public DeviceWorld, public ProcessGroup {
@@ -114,6 +122,8 @@ public:
       const std::function<Status(int device, Communicator &, Communicator *)> &body) override;
   void report(int device, int64_t step, int64_t instruction) override;
   ProcessGroup *processes() override { return this; }
+  // Valid until finish().
+  std::span<std::byte> shared_memory(int device) const override;
 
   // ProcessGroup.
   int rank() const override;

@@ -26,6 +26,7 @@ Status MpiWorld::run_with_side(const std::function<Status(int, Communicator &, C
 }
 void MpiWorld::report(int, int64_t, int64_t) {}
 int MpiWorld::rank() const { return 0; }
+std::span<std::byte> MpiWorld::shared_memory(int) const { return {}; }
 int MpiWorld::size() const { return 1; }
 Status MpiWorld::gather(const std::string &, std::vector<std::string> *, std::string_view) {
   return unimplemented("built without MPI");

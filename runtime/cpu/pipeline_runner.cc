@@ -22,7 +22,7 @@ struct PipelineRunner::Device {
   int index = 0;
   std::shared_ptr<Blob> arena;
   std::map<TensorId, HostTensor> weights; // each held tensor's part
-  std::vector<std::byte> staging;         // tensor-parallel collectives
+  std::shared_ptr<Blob> staging;          // tensor-parallel collectives
   std::vector<float> bucket_staging;      // the largest gradient bucket, packed
   core::DeviceProgram program;
   std::unique_ptr<CpuDevice> backend;
@@ -56,7 +56,72 @@ Status check_memory(const serialization::Plan &plan, const DeviceWorld &world) {
                                    human_bytes(static_cast<double>(largest))));
 }
 
+// Hands out a device's memory (DeviceWorld::shared_memory) in 64-byte
+// aligned blocks; with none, each block is a fresh allocation.
+class Placer {
+public:
+  Placer(std::span<std::byte> memory, std::shared_ptr<const void> owner, int device)
+      : memory_(memory), owner_(std::move(owner)), device_(device) {}
+  // `bytes` zeroed bytes for `what`.
+  Result<std::shared_ptr<Blob>> zeroed(size_t bytes, std::string_view what) {
+    if (memory_.empty()) return Blob::zeroed(bytes);
+    const size_t at = (used_ + 63) / 64 * 64;
+    if (at > memory_.size() || memory_.size() - at < bytes)
+      return internal_error("device ", device_, "'s shared memory (",
+                            human_bytes(static_cast<double>(memory_.size())), ") has no room for ",
+                            what, " (", human_bytes(static_cast<double>(bytes)), ")");
+    used_ = at + bytes;
+    std::memset(memory_.data() + at, 0, bytes);
+    return Blob::borrowed(memory_.data() + at, bytes, owner_);
+  }
+  // `value` itself, or moved into the memory.
+  Result<HostTensor> place(HostTensor value, std::string_view what) {
+    if (memory_.empty() || !value.blob) return value;
+    ASSIGN_OR_RETURN(std::shared_ptr<Blob> blob, zeroed(value.size_bytes(), what));
+    if (value.size_bytes() > 0) std::memcpy(blob->mutable_data(), value.data(), value.size_bytes());
+    value.blob = std::move(blob);
+    return value;
+  }
+
+private:
+  std::span<std::byte> memory_;
+  std::shared_ptr<const void> owner_;
+  int device_;
+  size_t used_ = 0;
+};
+
 } // namespace
+
+std::vector<size_t> shared_memory_bytes(const serialization::Plan &plan) {
+  // Only a plan with collectives gains from it.
+  if (!plan.pipeline || plan.pipeline->groups.empty()) return {};
+  std::vector<size_t> bytes;
+  auto block = [](int64_t n) {
+    return (static_cast<size_t>(std::max<int64_t>(n, 0)) + 63) / 64 * 64;
+  };
+  for (size_t d = 0; d < plan.programs.size(); ++d) {
+    const serialization::PlanProgram &program = plan.programs[d];
+    size_t total = block(program.arena_bytes) +
+                   block(core::collective_staging_bytes(plan.graph, program, false));
+    int64_t shards = 1;
+    if (program.shard_group >= 0 &&
+        static_cast<size_t>(program.shard_group) < plan.pipeline->groups.size())
+      shards = std::max<int64_t>(
+          1, static_cast<int64_t>(plan.pipeline->groups[program.shard_group].size()));
+    for (TensorId id : program.holds) {
+      if (id >= plan.graph.num_tensors()) continue; // refused when the plan is read
+      const TensorType &type = plan.graph.tensor(id).type;
+      const bool sharded =
+          std::binary_search(program.sharded_holds.begin(), program.sharded_holds.end(), id);
+      // A part is at most the tensor; a shard at most its rounded-up share.
+      const int64_t elements = type.num_elements();
+      const int64_t share = sharded ? (elements + shards - 1) / shards : elements;
+      total += block(share * static_cast<int64_t>(dtype_size(type.dtype)));
+    }
+    bytes.push_back(total);
+  }
+  return bytes;
+}
 
 size_t shared_segment_bytes(const serialization::Plan &plan) {
   for (const serialization::PlanProgram &program : plan.programs) {
@@ -115,21 +180,30 @@ PipelineRunner::create(const serialization::Plan &plan, const PipelineRunnerOpti
     if (!world.is_local(d)) continue;
     auto device = std::make_unique<Device>();
     device->index = d;
-    device->arena = Blob::zeroed(static_cast<size_t>(p.program(d).arena_bytes));
+    // Where the other ranks on this host can read it, if the world shares
+    // memory: every buffer a collective touches.
+    Placer placer(world.shared_memory(d), runner->world_, d);
+    ASSIGN_OR_RETURN(device->arena,
+                     placer.zeroed(static_cast<size_t>(p.program(d).arena_bytes), "its arena"));
     for (TensorId id : p.program(d).holds) {
       auto value = p.materialize(p.held(d, id), options.model_dir);
       if (!value.is_ok()) return value.status().with_context(str_cat("device ", d));
-      device->weights.emplace(id, std::move(value).value());
+      ASSIGN_OR_RETURN(HostTensor placed,
+                       placer.place(std::move(value).value(),
+                                    str_cat("tensor '", p.graph().tensor(id).name, "'")));
+      device->weights.emplace(id, std::move(placed));
     }
-    device->staging.resize(
-        static_cast<size_t>(core::collective_staging_bytes(p.graph(), p.program(d), false)));
+    ASSIGN_OR_RETURN(device->staging,
+                     placer.zeroed(static_cast<size_t>(core::collective_staging_bytes(
+                                       p.graph(), p.program(d), false)),
+                                   "its collectives' staging"));
     core::DeviceMemory memory;
     memory.arena = device->arena->mutable_data();
     memory.held = [&weights = device->weights](TensorId id) -> std::byte * {
       auto it = weights.find(id);
       return it == weights.end() || !it->second.blob ? nullptr : it->second.data();
     };
-    memory.staging = device->staging.data();
+    memory.staging = device->staging->mutable_data();
     ASSIGN_OR_RETURN(device->program, core::resolve_program(p, d, memory));
     RETURN_IF_ERROR(CpuDevice::check_kernels(p, device->program));
     size_t largest = 0;

@@ -154,5 +154,9 @@ private:
 // (MpiWorldOptions::shared_bytes): kSegmentBytes where `plan` has buckets or
 // StartGathers, else 0.
 size_t shared_segment_bytes(const serialization::Plan &plan);
+// Per device of `plan`, at least the bytes of its memory the runner places
+// in DeviceWorld::shared_memory (MpiWorldOptions::memory_bytes): its arena,
+// held tensors and staging. Empty for a plan without collectives.
+std::vector<size_t> shared_memory_bytes(const serialization::Plan &plan);
 
 } // namespace strata::runtime

@@ -5,6 +5,7 @@
 // check that every surviving rank ends with an error naming the lost rank,
 // within the timeout plus 10 s. Skipped, saying why, without mpirun or
 // without an MPI build.
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -142,13 +143,21 @@ protected:
 
   // Threaded run vs `ranks` MPI ranks: the same losses, bitwise the same
   // checkpoint after 3 steps.
-  void expect_equivalent(const std::string &plan, int ranks, std::vector<std::string> extra = {}) {
+  // `env` goes before mpirun; `placed`, if given, must be how the run's
+  // `pipeline` line ends.
+  void expect_equivalent(const std::string &plan, int ranks, std::vector<std::string> extra = {},
+                         const std::string &env = "", const std::string &placed = "") {
+    fs::remove_all(dir_ / "ck_mpi");
+    fs::remove_all(dir_ / "ck_threads");
     Outcome threads = strata({"run", plan, "--steps", "3", "--checkpoint", "ck_threads"});
     ASSERT_EQ(threads.code, 0) << threads.err;
     std::vector<std::string> args = {"run", plan, "--steps", "3", "--checkpoint", "ck_mpi"};
     args.insert(args.end(), extra.begin(), extra.end());
-    Outcome mpi = mpirun(ranks, args);
+    Outcome mpi = mpirun(ranks, args, 120, env);
     ASSERT_EQ(mpi.code, 0) << mpi.out << mpi.err;
+    if (!placed.empty()) {
+      EXPECT_NE(mpi.out.find(placed + "\n"), std::string::npos) << mpi.out;
+    }
     EXPECT_EQ(losses(mpi.out), losses(threads.out)) << mpi.out << "\nvs\n" << threads.out;
     EXPECT_EQ(losses(mpi.out).size(), 3u) << mpi.out;
     // Rank 0 prints every rank's devices as measured there, and each rank's
@@ -262,26 +271,35 @@ TEST_F(MpiTest, MlpZeroThreeShardsMatchThreads) {
   EXPECT_GT(pieces, 0);
 }
 
-// Buckets of 4 MiB and more are summed in the ranks' shared memory (an MPI
-// window on this host) instead of sent: the same bits as threads, for an
-// all-reduce over 2 ranks and a ZeRO-1 reduce-scatter over 4.
+// Ranks on one host sum buckets straight from each other's memory in the
+// MPI window, or (their memory kept private) in rounds staged in their
+// segments: either way the bits of threads, for an all-reduce over 2 ranks
+// and a ZeRO-1 reduce-scatter over 4.
 TEST_F(MpiTest, LargeBucketsInSharedMemoryMatchThreads) {
   zoo({"zoo", "mlp", "--hidden", "1024,1024", "-o", "wide.strata"}); // 7.4 MB of gradients
   compile("wide.strata", "dp2.splan", {"--mesh", "2x1x1"});
-  expect_equivalent("dp2.splan", 2);
-  fs::remove_all(dir_ / "ck_mpi");
-  fs::remove_all(dir_ / "ck_threads");
+  // The runs need well under 1 GiB of /dev/shm; a host with less keeps the
+  // memory private, and the line must say so.
+  struct statvfs shm = {};
+  const bool room = ::statvfs("/dev/shm", &shm) == 0 &&
+                    static_cast<double>(shm.f_bavail) * static_cast<double>(shm.f_frsize) > 1e9;
+  const std::string shared =
+      room ? "(devices), memory shared by the ranks on a host" : "x 1 CPU thread (devices)";
+  expect_equivalent("dp2.splan", 2, {}, "", shared);
+  expect_equivalent("dp2.splan", 2, {}, "STRATA_DEBUG_PRIVATE_MEMORY=1",
+                    "x 1 CPU thread (devices)");
   compile("wide.strata", "zero1.splan",
           {"--mesh", "4x1x1", "--zero", "1", "--optimizer", "adamw:lr=1e-3"});
-  expect_equivalent("zero1.splan", 4);
+  expect_equivalent("zero1.splan", 4, {}, "", shared);
+  expect_equivalent("zero1.splan", 4, {}, "STRATA_DEBUG_PRIVATE_MEMORY=1");
 }
 
 // Four members' tensor-parallel sums are each element added in rank order,
 // ((x0 + x1) + x2) + x3, on ranks as on threads: the same bits.
 TEST_F(MpiTest, FourWayTensorParallelSumsMatchThreads) {
   // Hidden 128: every layer's weights in pieces, 8 all-reduces per step.
-  zoo({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "16",
-       "--vocab", "64", "--batch", "4", "-o", "gpt.strata"});
+  zoo({"zoo", "gpt", "--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "16", "--vocab",
+       "64", "--batch", "4", "-o", "gpt.strata"});
   compile("gpt.strata", "tp4.splan", {"--mesh", "1x4x1"});
   Outcome threads = strata({"run", "tp4.splan", "--steps", "3", "--checkpoint", "ck_threads"});
   ASSERT_EQ(threads.code, 0) << threads.err;
@@ -562,13 +580,13 @@ TEST_F(MpiFailureTest, KilledRankIsNamedByARankWhoseMpiIsStuck) {
 }
 
 // The survivors wait for a stalled rank 1 in a meeting through shared memory
-// (a bucket of 7.4 MB is summed in the window), not in a message: they still
-// declare it lost.
+// (a bucket of 7.4 MB is summed in rounds in the segments), not in a
+// message: they still declare it lost.
 TEST_F(MpiFailureTest, StalledRankIsDeclaredLostFromASharedMemoryMeeting) {
   zoo({"zoo", "mlp", "--hidden", "1024,1024", "-o", "wide.strata"});
   compile("wide.strata", "wide.splan", {"--mesh", "4x1x1"});
   Outcome o = mpirun(4, {"run", "wide.splan", "--steps", "5", "--timeout", str_cat(kTimeout)},
-                     kTimeout + 30, "STRATA_FAULT=stop:1:2:3");
+                     kTimeout + 30, "STRATA_FAULT=stop:1:2:3 STRATA_DEBUG_PRIVATE_MEMORY=1");
   expect_survivors_report(o, 1, "rank 1 is lost: nothing heard from it for ");
   EXPECT_NE(o.err.find("shared-memory barrier"), std::string::npos) << o.err;
 }
