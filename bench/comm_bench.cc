@@ -13,13 +13,17 @@
 //              Thakur, Rabenseifner and Gropp, IJHPCA 2005), e.g. the ring's
 //              2 (P - 1) (alpha + n / (P beta)).
 //   shared     the path the runtime takes when the members share memory
-//              (threads: shared_all_reduce; MPI ranks on one host: copy into
-//              this rank's MPI-3 shared segment, segment_reduce, copy out),
-//              in the ring's order of addition; bound: the lowest of the
-//              four algorithms' bounds; memory bound: the ring's, with beta
-//              the memcpy bandwidth of one device while all P copy at once
-//              (members on one host share its memory, which the
-//              alpha-beta model's independent links do not).
+//              (shared_all_reduce, each member reading the others' buffers:
+//              threads, or MPI ranks on one host whose buffers are in the
+//              MPI-3 shared window), in the ring's order of addition; bound:
+//              the lowest of the four algorithms' bounds; memory bound: the
+//              ring's, with beta the memcpy bandwidth of one device while
+//              all P copy at once (members on one host share its memory,
+//              which the alpha-beta model's independent links do not).
+//   segments   MPI ranks only: the path the runtime takes when the host has
+//              no room for the devices' memory in the window (copy into
+//              this rank's shared segment, segment_reduce, copy out); the
+//              same bounds.
 // alpha and beta come from --alpha / --beta (measured by mpi_alpha_beta with
 // MPI alone, which also times MPI_Allreduce: bench/run_comm.sh prints it
 // beside these); without them they are the limits for threads sharing memory:
@@ -103,13 +107,17 @@ struct Row {
   double sendrecv = 0;
   std::array<double, kAlgos> allreduce{}; // per kAllCollectiveAlgos entry
   double shared = 0;                      // 0: not measured
+  double segments = 0;                    // 0: not measured
 };
 
-// One all-reduce of `data` over `all` the way the runtime sums a bucket whose
-// members share memory (runtime/cpu/comm_transport.cc).
+// One all-reduce of `data` over `all` the way the runtime sums a bucket
+// whose members read each other's memory (runtime/cpu/comm_transport.cc).
 Status shared_path(Communicator &comm, std::span<float> data, const Group &all) {
-  if (comm.shares_memory(all))
-    return shared_all_reduce(comm, std::span(&data, 1), all, CollectiveAlgo::kRing, "bench");
+  return shared_all_reduce(comm, std::span(&data, 1), all, CollectiveAlgo::kRing, "bench");
+}
+
+// The same through the members' shared segments, `data` in private memory.
+Status segment_path(Communicator &comm, std::span<float> data, const Group &all) {
   std::vector<float *> segments;
   for (int member : all)
     segments.push_back(reinterpret_cast<float *>(comm.shared_segment(member)));
@@ -127,8 +135,7 @@ Status shared_path(Communicator &comm, std::span<float> data, const Group &all) 
                         "bench", g_block);
 }
 
-bool can_share(const Communicator &comm, const Group &all) {
-  if (comm.shares_memory(all)) return true;
+bool has_segments(const Communicator &comm, const Group &all) {
   for (int member : all)
     if (comm.shared_segment(member) == nullptr) return false;
   return true;
@@ -139,10 +146,12 @@ double median(std::vector<double> &times) {
   return times[times.size() / 2];
 }
 
-// The median time of a barrier of `all` and of a segment barrier (the
-// meetings of the shared path), each timed over 100 in a row.
-Status time_meetings(Communicator &comm, const Group &all, double *barrier, double *segment) {
-  std::vector<double> plain, shared;
+// The median time of a barrier of `all`, of a segment barrier and of an
+// exchange of 16 bytes (the meetings of the shared path), each timed over
+// 100 in a row.
+Status time_meetings(Communicator &comm, const Group &all, double *barrier, double *segment,
+                     double *exchange) {
+  std::vector<double> plain, shared, swapped;
   for (int r = 0; r < 5; ++r) {
     auto start = Clock::now();
     for (int i = 0; i < 100; ++i)
@@ -152,15 +161,23 @@ Status time_meetings(Communicator &comm, const Group &all, double *barrier, doub
     for (int i = 0; i < 100; ++i)
       RETURN_IF_ERROR(comm.segment_barrier(all, "bench"));
     shared.push_back(seconds_since(start) / 100);
+    start = Clock::now();
+    uint64_t mine[2] = {1, 2};
+    std::vector<uint64_t> theirs(2 * all.size());
+    for (int i = 0; i < 100; ++i)
+      RETURN_IF_ERROR(comm.exchange(mine, sizeof mine, theirs.data(), all, "bench"));
+    swapped.push_back(seconds_since(start) / 100);
   }
   *barrier = median(plain);
   *segment = median(shared);
+  *exchange = median(swapped);
   return Status::ok();
 }
 
 // What every device measures before the sizes; device 0's is printed.
 struct Host {
   double barrier = 0, segment = 0; // a meeting, each way
+  double exchange = 0;             // Communicator::exchange of 16 bytes
   double shared_beta = 0;          // one memcpy's bandwidth while every device copies
 };
 
@@ -180,25 +197,46 @@ Result<double> concurrent_memcpy(Communicator &comm, const Group &all) {
   return static_cast<double>(n) / best;
 }
 
-// Runs on every device; device 0 fills `rows` and `host`.
-Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows, Host *host) {
+// Runs on every device; device 0 fills `rows` and `host`. `memory` is the
+// device's shared memory (DeviceWorld::shared_memory), or empty.
+Status measure(Communicator &comm, size_t max_bytes, std::span<std::byte> memory,
+               std::vector<Row> *rows, Host *host) {
   const int p = comm.size(), me = comm.rank();
   Group all;
   for (int d = 0; d < p; ++d)
     all.push_back(d);
   Host mine;
-  RETURN_IF_ERROR(time_meetings(comm, all, &mine.barrier, &mine.segment));
+  RETURN_IF_ERROR(time_meetings(comm, all, &mine.barrier, &mine.segment, &mine.exchange));
   ASSIGN_OR_RETURN(mine.shared_beta, concurrent_memcpy(comm, all));
   if (me == 0) *host = mine;
-  std::vector<float> data(max_bytes / sizeof(float), 1.0f);
+  // The data lives where the runtime's buffers would: in the device's
+  // shared memory if it has some.
+  std::vector<float> own(memory.empty() ? max_bytes / sizeof(float) : 0);
+  const std::span<float> data =
+      memory.empty()
+          ? std::span<float>(own)
+          : std::span<float>(reinterpret_cast<float *>(memory.data()), max_bytes / sizeof(float));
+  std::fill(data.begin(), data.end(), 1.0f);
+  std::vector<float> private_data(has_segments(comm, all) ? data.size() : 0, 1.0f);
   uint64_t tag = 1;
+  // Warm up every path once on small data (the first few hundred calls of a
+  // communicator are slower: its tables grow, its threads settle).
+  for (int i = 0; i < 300; ++i) {
+    std::span<float> span(data.data(), 256);
+    for (CollectiveAlgo algo : kAllCollectiveAlgos) {
+      RETURN_IF_ERROR(algo_all_reduce(comm, span, all, algo, tag, "bench"));
+      tag += 2;
+    }
+    if (comm.shares_memory(all)) RETURN_IF_ERROR(shared_path(comm, span, all));
+  }
+  std::fill(data.begin(), data.end(), 1.0f);
   for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     // Enough repetitions for ~0.2 s of traffic, at least 3.
     const int reps = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 3, 200));
     std::vector<double> pp;
     std::array<std::vector<double>, kAlgos> ar;
-    std::vector<double> shared;
-    const bool share = can_share(comm, all);
+    std::vector<double> shared, staged;
+    const bool share = comm.shares_memory(all), segmented = !private_data.empty();
     for (int r = 0; r < reps + 1; ++r) {
       RETURN_IF_ERROR(comm.barrier());
       auto start = Clock::now();
@@ -222,18 +260,28 @@ Status measure(Communicator &comm, size_t max_bytes, std::vector<Row> *rows, Hos
         // Keep the values finite: the sum grows by p every time.
         std::fill(span.begin(), span.end(), 1.0f);
       }
-      if (!share) continue;
-      RETURN_IF_ERROR(comm.barrier());
-      start = Clock::now();
-      RETURN_IF_ERROR(shared_path(comm, span, all));
-      if (r > 0) shared.push_back(seconds_since(start));
-      std::fill(span.begin(), span.end(), 1.0f);
+      if (share) {
+        RETURN_IF_ERROR(comm.barrier());
+        start = Clock::now();
+        RETURN_IF_ERROR(shared_path(comm, span, all));
+        if (r > 0) shared.push_back(seconds_since(start));
+        std::fill(span.begin(), span.end(), 1.0f);
+      }
+      if (segmented) {
+        std::span<float> mine(private_data.data(), span.size());
+        RETURN_IF_ERROR(comm.barrier());
+        start = Clock::now();
+        RETURN_IF_ERROR(segment_path(comm, mine, all));
+        if (r > 0) staged.push_back(seconds_since(start));
+        std::fill(mine.begin(), mine.end(), 1.0f);
+      }
     }
     // The slowest device decides an all-reduce; take device 0's median.
     Row row{bytes, median(pp), {}};
     for (size_t a = 0; a < kAlgos; ++a)
       row.allreduce[a] = median(ar[a]);
     if (share) row.shared = median(shared);
+    if (segmented) row.segments = median(staged);
     if (me == 0) rows->push_back(row);
   }
   return Status::ok();
@@ -253,10 +301,15 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
   std::printf("\nall-reduce: measured, alpha-beta bound, ratio\n\n| size |");
   for (CollectiveAlgo algo : kAllCollectiveAlgos)
     std::printf(" %s | bound | ratio |", std::string(collective_algo_name(algo)).c_str());
-  std::printf(" shared | bound | ratio | memory bound | ratio | fastest |\n|---:|");
+  const bool segments =
+      std::any_of(rows.begin(), rows.end(), [](const Row &row) { return row.segments > 0; });
+  std::printf(" shared | bound | ratio | memory bound | ratio |");
+  if (segments) std::printf(" segments | ratio | memory ratio |");
+  std::printf(" fastest |\n|---:|");
   for (size_t a = 0; a < kAlgos + 1; ++a)
     std::printf("---:|---:|---:|");
   std::printf("---:|---:|");
+  if (segments) std::printf("---:|---:|---:|");
   std::printf("---|\n");
   const partitioner::LinkSpec link{alpha, beta};
   const double no_reduction = std::numeric_limits<double>::infinity();
@@ -277,17 +330,26 @@ void print_tables(const std::vector<Row> &rows, int ranks, double alpha, double 
       if (row.allreduce[a] < row.allreduce[fastest]) fastest = a;
     }
     std::string best(collective_algo_name(kAllCollectiveAlgos[fastest]));
+    double best_time = row.allreduce[fastest];
+    // The ring's bound again, each member's link as fast as its memcpy
+    // while every member copies.
+    const double memory = partitioner::all_reduce_time(
+        static_cast<double>(row.bytes), ranks, partitioner::LinkSpec{alpha, shared_beta},
+        partitioner::CollectiveAlgorithm::kRing, no_reduction);
     if (row.shared > 0) {
-      // The ring's bound again, each member's link as fast as its memcpy
-      // while every member copies.
-      const double memory = partitioner::all_reduce_time(
-          static_cast<double>(row.bytes), ranks, partitioner::LinkSpec{alpha, shared_beta},
-          partitioner::CollectiveAlgorithm::kRing, no_reduction);
       std::printf(" %.1f us | %.1f us | %.2f | %.1f us | %.2f |", row.shared * 1e6, lowest * 1e6,
                   row.shared / lowest, memory * 1e6, row.shared / memory);
-      if (row.shared < row.allreduce[fastest]) best = "shared";
+      if (row.shared < best_time) best = "shared", best_time = row.shared;
     } else {
       std::printf(" - | - | - | - | - |");
+    }
+    if (segments) {
+      if (row.segments > 0)
+        std::printf(" %.1f us | %.2f | %.2f |", row.segments * 1e6, row.segments / lowest,
+                    row.segments / memory);
+      else
+        std::printf(" - | - | - |");
+      if (row.segments > 0 && row.segments < best_time) best = "segments";
     }
     std::printf(" %s |\n", best.c_str());
   }
@@ -337,8 +399,8 @@ int main(int argc, char **argv) {
   if (mpi) {
     MpiWorldOptions options;
     options.timeout = timeout;
-    options.shared_bytes =
-        kSegmentRounds * g_block * sizeof(float); // the "shared" column's segments
+    options.shared_bytes = kSegmentRounds * g_block * sizeof(float);    // the "segments" column's
+    options.memory_bytes.assign(static_cast<size_t>(ranks), max_bytes); // the "shared" column's
     auto created = MpiWorld::create(ranks, options);
     if (!created.is_ok()) {
       std::fprintf(stderr, "comm_bench: %s\n", created.status().message().c_str());
@@ -346,11 +408,12 @@ int main(int argc, char **argv) {
     }
     world = *created;
     speaker = world->rank() == 0;
-    status =
-        world->run([&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &host); });
+    status = world->run([&](int device, Communicator &comm) {
+      return measure(comm, max_bytes, world->shared_memory(device), &rows, &host);
+    });
   } else {
     status = run_on_threads(
-        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, &rows, &host); },
+        ranks, [&](int, Communicator &comm) { return measure(comm, max_bytes, {}, &rows, &host); },
         timeout);
   }
   if (!status.is_ok()) {
@@ -362,9 +425,10 @@ int main(int argc, char **argv) {
     std::printf("%s communicator, %d devices; bound: alpha %.2e s, beta %.2f GB/s (%s)\n\n",
                 mpi ? "MPI" : "local", ranks, alpha, beta / 1e9,
                 mpi ? "MPI ping-pong, mpi_alpha_beta" : "spinning threads, memcpy");
-    std::printf("meetings of all %d: barrier %.1f us, segment barrier %.1f us; memcpy while all "
-                "%d copy: %.2f GB/s\n\n",
-                ranks, host.barrier * 1e6, host.segment * 1e6, ranks, host.shared_beta / 1e9);
+    std::printf("meetings of all %d: barrier %.1f us, segment barrier %.1f us, exchange of 16 "
+                "bytes %.1f us; memcpy while all %d copy: %.2f GB/s\n\n",
+                ranks, host.barrier * 1e6, host.segment * 1e6, host.exchange * 1e6, ranks,
+                host.shared_beta / 1e9);
     print_tables(rows, ranks, alpha, beta, host.shared_beta);
   }
   if (world) world->finish(false);
