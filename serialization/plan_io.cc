@@ -509,9 +509,10 @@ Status schedule_from_fb(const fb::Pipeline &q, PlanPipeline &pipe) {
     return invalid_argument("field pipeline.microbatches = ", pipe.microbatches,
                             "; a step has at least one micro-batch");
   pipe.schedule = text_of(q.schedule());
-  if (pipe.schedule != "gpipe" && pipe.schedule != "1f1b" && pipe.schedule != "interleaved")
+  if (pipe.schedule != "gpipe" && pipe.schedule != "1f1b" && pipe.schedule != "interleaved" &&
+      pipe.schedule != "zb-h1")
     return invalid_argument("field pipeline.schedule is '", pipe.schedule,
-                            "'; expected gpipe, 1f1b or interleaved");
+                            "'; expected gpipe, 1f1b, interleaved or zb-h1");
   pipe.chunks = q.chunks();
   if (pipe.schedule == "interleaved" ? pipe.chunks < 2 || pipe.chunks > 1024 : pipe.chunks != 1)
     return invalid_argument("field pipeline.chunks = ", pipe.chunks, " with schedule ",

@@ -166,7 +166,7 @@ struct PlanShard {
 struct PlanPipeline {
   int32_t stages = 1;       // devices (per replica and member)
   int32_t microbatches = 1; // the graph is built at batch / microbatches
-  std::string schedule;     // "gpipe", "1f1b" or "interleaved"
+  std::string schedule;     // "gpipe", "1f1b", "interleaved" or "zb-h1"
   // Interleaved (plan revision 4): model chunks per device. The graph is cut
   // into stages * chunks virtual stages; virtual stage k runs on device
   // k mod stages. 1 for the other schedules.

@@ -92,11 +92,13 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
       ->type_name("M");
   sub->add_option("--schedule", args.schedule,
                   "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b "
-                  "(PipeDream-Flush: less activation memory, same result) or interleaved "
+                  "(PipeDream-Flush: less activation memory, same result), interleaved "
                   "(1F1B over --chunks model chunks per device, Megatron-LM's: a bubble about "
                   "--chunks times smaller for more transfers; micro-batches a multiple of the "
-                  "stages)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))
+                  "stages) or zb-h1 (zero-bubble H1: 1F1B with each backward split into its "
+                  "input-gradient and weight-gradient halves, the weight halves put off to fill "
+                  "the cool-down's waits; same result, some more activation memory)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}))
       ->needs(train)
       ->capture_default_str();
   sub->add_option("--chunks", args.chunks,

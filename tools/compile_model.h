@@ -35,7 +35,7 @@ struct CompileOptions {
   // Pipeline parallelism (training only).
   std::string mesh;                          // "DPxTPxPP"
   int64_t microbatches = 0;                  // 0: not given (1)
-  std::string schedule = "1f1b";             // gpipe, 1f1b or interleaved
+  std::string schedule = "1f1b";             // gpipe, 1f1b, interleaved or zb-h1
   int64_t chunks = 0;                        // interleaved: chunks per device; 0: not given (2)
   std::string cluster;                       // cluster spec JSON the costs are predicted for
   std::vector<std::string> stage_boundaries; // last forward node of each stage but the last

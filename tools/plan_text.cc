@@ -223,6 +223,10 @@ size_t recomputed_nodes(const Graph &graph) {
 }
 
 std::string bubble_formula(const serialization::PlanPipeline &p) {
+  if (p.schedule == "zb-h1") { // Qi et al. 2024: (p-1)(F+B-W) idle per m(F+B+W) of work
+    const double formula = (p.stages - 1.0) / (3.0 * p.microbatches + p.stages - 1.0);
+    return str_cat("(p-1)/(3m+p-1) = ", format_percent(formula), " with F = B = W");
+  }
   const double formula =
       (p.stages - 1.0) / (static_cast<double>(p.chunks) * p.microbatches + p.stages - 1.0);
   return str_cat(p.chunks > 1 ? "(p-1)/(vm+p-1) = " : "(p-1)/(m+p-1) = ", format_percent(formula));

@@ -9,14 +9,19 @@ Result<Schedule> parse_schedule(std::string_view text) {
   if (text == "gpipe") return Schedule::kGPipe;
   if (text == "1f1b") return Schedule::k1F1B;
   if (text == "interleaved") return Schedule::kInterleaved;
-  return invalid_argument("unknown schedule '", text, "' (expected gpipe, 1f1b or interleaved)");
+  if (text == "zb-h1") return Schedule::kZeroBubbleH1;
+  return invalid_argument("unknown schedule '", text,
+                          "' (expected gpipe, 1f1b, interleaved or zb-h1)");
 }
+
+bool splits_backward(Schedule schedule) { return schedule == Schedule::kZeroBubbleH1; }
 
 std::string_view schedule_name(Schedule schedule) {
   switch (schedule) {
   case Schedule::kGPipe: return "gpipe";
   case Schedule::k1F1B: return "1f1b";
   case Schedule::kInterleaved: return "interleaved";
+  case Schedule::kZeroBubbleH1: return "zb-h1";
   }
   return "1f1b";
 }
@@ -46,6 +51,30 @@ std::vector<Block> one_f_one_b_blocks(int P, int M, int s) {
   }
   for (int k = M - warmup; k < M; ++k)
     blocks.push_back(backward_block(k));
+  return blocks;
+}
+
+// ZB-H1: 1F1B's forwards and B halves, each W put off while no more than s
+// are pending, then one after each cool-down B, the rest at the end.
+std::vector<Block> zero_bubble_h1_blocks(int P, int M, int s) {
+  std::vector<Block> blocks;
+  const int delay = s, warmup = std::min(P - 1 - s, M);
+  int next_weight = 0; // the oldest W not run yet
+  auto weight = [&] { blocks.push_back({true, next_weight++, 0, true}); };
+  for (int k = 0; k < warmup; ++k)
+    blocks.push_back(forward_block(k));
+  for (int k = 0; k + warmup < M; ++k) {
+    blocks.push_back(forward_block(k + warmup));
+    blocks.push_back(backward_block(k));
+    while (k + 1 - next_weight > delay)
+      weight();
+  }
+  for (int k = M - warmup; k < M; ++k) {
+    blocks.push_back(backward_block(k));
+    weight();
+  }
+  while (next_weight < M)
+    weight();
   return blocks;
 }
 
@@ -83,6 +112,7 @@ std::vector<Block> schedule_blocks(Schedule schedule, int stages, int microbatch
   case Schedule::kGPipe: return gpipe_blocks(microbatches);
   case Schedule::k1F1B: return one_f_one_b_blocks(stages, microbatches, stage);
   case Schedule::kInterleaved: return interleaved_blocks(stages, microbatches, stage, chunks);
+  case Schedule::kZeroBubbleH1: return zero_bubble_h1_blocks(stages, microbatches, stage);
   }
   return one_f_one_b_blocks(stages, microbatches, stage);
 }

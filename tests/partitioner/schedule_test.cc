@@ -17,7 +17,10 @@ namespace strata::partitioner {
 
 // How gtest shows a Block in a failed expectation.
 void PrintTo(const Block &block, std::ostream *out) {
-  *out << (block.backward ? "B" : "F") << block.microbatch << ":" << block.chunk;
+  *out << (block.weight     ? "W"
+           : block.backward ? "B"
+                            : "F")
+       << block.microbatch << ":" << block.chunk;
 }
 
 namespace {
@@ -28,7 +31,7 @@ std::string text(const std::vector<Block> &blocks, bool with_chunks = false) {
   std::string out;
   for (const Block &block : blocks) {
     if (!out.empty()) out += ' ';
-    out += block.backward ? 'B' : 'F';
+    out += block.weight ? 'W' : block.backward ? 'B' : 'F';
     out += std::to_string(block.microbatch);
     if (with_chunks) out += ":" + std::to_string(block.chunk);
   }
@@ -73,7 +76,8 @@ void expect_valid(const std::vector<Block> &blocks, int microbatches, int chunks
 }
 
 TEST(ParseSchedule, NamesRoundTrip) {
-  for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
+  for (Schedule schedule :
+       {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZeroBubbleH1}) {
     Result<Schedule> parsed = parse_schedule(schedule_name(schedule));
     ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
     EXPECT_EQ(*parsed, schedule);
@@ -186,6 +190,55 @@ TEST(ScheduleBlocks, GPipeStructureOnEveryStage) {
         const std::vector<Block> blocks = schedule_blocks(Schedule::kGPipe, P, M, s, 1);
         expect_valid(blocks, M, 1);
         EXPECT_EQ(leading_forwards(blocks), M);
+      }
+}
+
+} // namespace
+} // namespace strata::partitioner
+
+namespace strata::partitioner {
+namespace {
+
+TEST(ScheduleBlocks, ZeroBubbleH1PutsOffTheWeightHalves) {
+  EXPECT_TRUE(splits_backward(Schedule::kZeroBubbleH1));
+  EXPECT_FALSE(splits_backward(Schedule::k1F1B));
+  // P = 4, M = 6. Stage 0 runs each W right after its B; stage s puts Ws
+  // off by up to s micro-batches, runs one after each cool-down B and the
+  // rest at the end.
+  EXPECT_EQ(text(schedule_blocks(Schedule::kZeroBubbleH1, 4, 6, 0, 1)),
+            "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5");
+  EXPECT_EQ(text(schedule_blocks(Schedule::kZeroBubbleH1, 4, 6, 2, 1)),
+            "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 B5 W3 W4 W5");
+  EXPECT_EQ(text(schedule_blocks(Schedule::kZeroBubbleH1, 4, 6, 3, 1)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5");
+}
+
+TEST(ScheduleBlocks, ZeroBubbleH1StructureOnEveryStage) {
+  for (int P = 1; P <= 6; ++P)
+    for (int M = 1; M <= 9; ++M)
+      for (int s = 0; s < P; ++s) {
+        SCOPED_TRACE(::testing::Message() << "P=" << P << " M=" << M << " s=" << s);
+        const std::vector<Block> blocks = schedule_blocks(Schedule::kZeroBubbleH1, P, M, s, 1);
+        ASSERT_EQ(blocks.size(), static_cast<size_t>(3 * M)) << text(blocks);
+        // Without the Ws it is 1F1B, B for backward.
+        std::vector<Block> without;
+        for (const Block &block : blocks)
+          if (!block.weight) without.push_back(block);
+        EXPECT_EQ(without, schedule_blocks(Schedule::k1F1B, P, M, s, 1)) << text(blocks);
+        // Each W once, in micro-batch order, after its B; no more than P
+        // micro-batches between their F and their W, 1F1B's most.
+        int next = 0, backwards = 0, forwards = 0, most = 0;
+        for (const Block &block : blocks) {
+          if (!block.backward) ++forwards;
+          if (block.backward && !block.weight) ++backwards;
+          most = std::max(most, forwards - next);
+          if (!block.weight) continue;
+          EXPECT_EQ(block.microbatch, next++) << text(blocks);
+          EXPECT_LT(block.microbatch, backwards) << "W before its B: " << text(blocks);
+          EXPECT_TRUE(block.backward);
+        }
+        EXPECT_EQ(next, M);
+        EXPECT_LE(most, std::min(P, M)) << text(blocks);
       }
 }
 

@@ -270,7 +270,7 @@ protected:
       expect_close(one_device, want, 1e-5, str_cat("P=1 M=", M));
       if (M == 1) expect_bitwise(one_device, want, "P=1 M=1 vs the full-batch trainer");
       for (int P : {2, 4})
-        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZeroBubbleH1}) {
           const std::string what =
               str_cat("P=", P, " M=", M, " ", partitioner::schedule_name(schedule));
           const TrainRun got = pipelined(forward, options, P, M, schedule);
@@ -282,6 +282,43 @@ protected:
 };
 
 TEST_F(PipelineTest, MlpMatchesOneDevice) { check_model(mlp(), training()); }
+
+// ZB-H1 runs the same nodes as 1F1B, the weight halves later, and
+// accumulates in the same order: the same bits with replicas, ZeRO's three
+// stages, tensor parallelism and recomputation, and a smaller predicted
+// bubble (the cool-down waits for B halves only).
+TEST_F(PipelineTest, ZeroBubbleH1HasTheBitsOf1F1B) {
+  const auto options = training("adamw:lr=0.01,clip=1");
+  struct Mesh {
+    int pp, dp, zero, tp;
+    bool recompute;
+  };
+  for (const Mesh m : {Mesh{4, 1, 0, 1, false}, Mesh{2, 2, 1, 1, false}, Mesh{2, 2, 2, 1, false},
+                       Mesh{2, 2, 3, 1, false}, Mesh{2, 1, 0, 2, false}, Mesh{3, 1, 0, 1, true}}) {
+    const std::string what = str_cat("pp=", m.pp, " dp=", m.dp, " zero=", m.zero, " tp=", m.tp,
+                                     m.recompute ? " recompute" : "");
+    const TrainRun one =
+        pipelined(gpt(), options, m.pp, 4, Schedule::k1F1B, m.dp, m.zero, m.tp, m.recompute);
+    const TrainRun zb = pipelined(gpt(), options, m.pp, 4, Schedule::kZeroBubbleH1, m.dp, m.zero,
+                                  m.tp, m.recompute);
+    expect_bitwise(zb, one, what);
+  }
+  auto one = compile(gpt(), options, 4, 8, Schedule::k1F1B);
+  auto zb = compile(gpt(), options, 4, 8, Schedule::kZeroBubbleH1);
+  ASSERT_TRUE(one.is_ok() && zb.is_ok());
+  EXPECT_EQ(zb->pipeline->schedule, "zb-h1");
+  EXPECT_LT(zb->pipeline->predicted_bubble, one->pipeline->predicted_bubble);
+  // Every stage but the first splits its backward: its programs differ.
+  for (size_t d = 1; d < 3; ++d) {
+    std::vector<uint32_t> a, b;
+    for (const auto &instr : one->programs[d].instructions)
+      if (instr.kind == serialization::InstrKind::kCompute) a.push_back(instr.index);
+    for (const auto &instr : zb->programs[d].instructions)
+      if (instr.kind == serialization::InstrKind::kCompute) b.push_back(instr.index);
+    EXPECT_EQ(a.size(), b.size()) << "device " << d;
+    EXPECT_NE(a, b) << "device " << d;
+  }
+}
 
 TEST_F(PipelineTest, GptMatchesOneDevice) { check_model(gpt(), training()); }
 
@@ -587,7 +624,7 @@ TEST_F(PipelineTest, RecomputeIsBitwiseAndNeedsLessMemory) {
     const auto options = training("adamw:lr=0.01");
     for (int tp : {1, 2})
       for (int pp : {1, 2})
-        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
+        for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kZeroBubbleH1}) {
           const std::string what = str_cat(forward.name(), " tp=", tp, " pp=", pp, " ",
                                            partitioner::schedule_name(schedule));
           expect_bitwise(pipelined(forward, options, pp, 4, schedule, 1, 0, tp, true),

@@ -1317,6 +1317,16 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   EXPECT_NE(simulate_interleaved.out.find("interleaved, 2 chunks per device"), std::string::npos)
       << simulate_interleaved.out;
 
+  // Zero-bubble H1: the same losses, a smaller predicted bubble.
+  Outcome zb = strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3", "--mesh",
+                       "1x1x4", "--microbatches", "8", "--schedule", "zb-h1", "-o", "zb.splan"});
+  ASSERT_EQ(zb.code, 0) << zb.err;
+  EXPECT_NE(zb.out.find("schedule zb-h1"), std::string::npos) << zb.out;
+  EXPECT_NE(zb.out.find("(p-1)/(3m+p-1) = 11.1% with F = B = W"), std::string::npos) << zb.out;
+  Outcome run_zb = strata({"run", "zb.splan", "--steps", "3"});
+  ASSERT_EQ(run_zb.code, 0) << run_zb.err;
+  EXPECT_EQ(printed_losses(run_zb.out), printed_losses(run.out)) << run_zb.out;
+
   // The same micro-batches on one device: the same losses, bitwise (printed).
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
                     "--microbatches", "8", "-o", "one.splan"})
@@ -1578,6 +1588,7 @@ TEST_F(CliTest, VerifyPassesOnEveryPlanKind) {
        {"--mesh", "1x1x2", "--microbatches", "2", "--schedule", "interleaved"},
        true},
       {"re.splan", {"--mesh", "1x1x2", "--microbatches", "2", "--recompute"}, true},
+      {"zb.splan", {"--mesh", "1x1x2", "--microbatches", "4", "--schedule", "zb-h1"}, true},
       {"dp.splan", {"--mesh", "2x1x1"}, false}, // gradient buckets, the default
       {"flat.splan", {"--mesh", "2x1x1", "--bucket-mb", "0"}, false},
       {"zero.splan", {"--mesh", "2x1x1", "--zero", "1"}, false},

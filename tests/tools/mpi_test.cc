@@ -320,6 +320,9 @@ TEST_F(MpiTest, GptPipelinesMatchThreads) {
        "128", "--batch", "8", "-o", "gpt.strata"});
   compile("gpt.strata", "pp4.splan", {"--mesh", "1x1x4", "--microbatches", "4"});
   expect_equivalent("pp4.splan", 4);
+  compile("gpt.strata", "zb4.splan",
+          {"--mesh", "1x1x4", "--microbatches", "4", "--schedule", "zb-h1"});
+  expect_equivalent("zb4.splan", 4);
   fs::remove_all(dir_ / "ck_mpi");
   fs::remove_all(dir_ / "ck_threads");
   compile("gpt.strata", "dp2pp2.splan",
