@@ -121,10 +121,10 @@ void add_parallel_options(CLI::App *sub, CompileArgs &args, CLI::Option *train) 
       ->type_name("NODE,...");
   CLI::Option *auto_flag = sub->add_flag(
       "--auto", args.auto_plan,
-      "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe, 1f1b, interleaved with 2 "
-      "chunks), ZeRO-1, ZeRO-2 and recomputation for --devices devices; keep the fastest "
-      "predicted plan that fits in memory (above 64 "
-      "devices candidates are estimated from the stage search, and only the winner compiled)");
+      "search the mesh (DPxTPxPP), micro-batches, schedule (gpipe, 1f1b, zb-h1, interleaved "
+      "with 2 chunks), ZeRO-1, 2 and 3 and recomputation for --devices devices; keep the fastest "
+      "predicted plan that fits in memory (above 64 devices candidates are estimated from the "
+      "stage search, as 1F1B, and only the winner compiled)");
   sub->add_option("--devices", args.devices,
                   "--auto: devices to use, at most 4096 as in a --mesh (default: every device of "
                   "--cluster)")
