@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "plan/instructions.h"
 #include "plan/phases.h"
@@ -11,6 +12,39 @@ namespace strata::plan {
 using serialization::InstrKind;
 using serialization::PlanInstruction;
 using serialization::PlanProgram;
+
+namespace {
+
+// Under ZB-H1 the instructions of program `program` that belong to a W
+// half: a micro-batch's second run of backward computes (its first is B).
+std::vector<char> weight_halves(const Graph &graph, const PlanProgram &program,
+                                const StepPhases &phases) {
+  std::vector<char> weight(program.instructions.size(), 0);
+  std::set<int32_t> seen; // micro-batches whose B ran
+  int32_t run = -1;       // the micro-batch of the backward run going on, or -1
+  bool in_weight = false;
+  for (size_t i = 0; i < program.instructions.size(); ++i) {
+    const PlanInstruction &instr = program.instructions[i];
+    if (instr.microbatch < 0) continue;
+    NodeId node = instr.index;
+    if (instr.kind == InstrKind::kAccumulate || instr.kind == InstrKind::kReduceScatterAccumulate)
+      node = instr.index < graph.num_tensors() ? graph.tensor(instr.index).producer : kNoNode;
+    else if (instr.kind != InstrKind::kCompute)
+      continue;
+    if (node >= phases.node_phase.size() || phases.node_phase[node] != Phase::kBackward) {
+      run = -1;
+      continue;
+    }
+    if (run != instr.microbatch) {
+      run = instr.microbatch;
+      in_weight = !seen.insert(run).second;
+    }
+    weight[i] = in_weight;
+  }
+  return weight;
+}
+
+} // namespace
 
 std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &programs,
                          const std::vector<std::vector<TraceSpan>> &spans, int microbatches,
@@ -48,8 +82,12 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
                    ", \"args\": {\"name\": \"device ", d, " (", device_label(d), ")\"}}");
     first = false;
   }
+  const bool zero_bubble = pipeline != nullptr && pipeline->schedule == "zb-h1";
   for (size_t d = 0; d < programs.size() && d < spans.size(); ++d) {
     const auto &instrs = programs[d].instructions;
+    const std::vector<char> weight = zero_bubble && phases.is_ok()
+                                         ? weight_halves(graph, programs[d], *phases)
+                                         : std::vector<char>(instrs.size(), 0);
     // The open block: its label, start, end, step and count.
     std::string label;
     const char *category = "";
@@ -103,7 +141,10 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
         bool backward = false;
         if (phases.is_ok() && node < phases->node_phase.size())
           backward = phases->node_phase[node] == Phase::kBackward;
-        this_label = str_cat(backward ? "B" : "F", instr.microbatch);
+        this_label = str_cat(weight[span.instruction] ? "W"
+                             : backward               ? "B"
+                                                      : "F",
+                             instr.microbatch);
         if (node < node_chunk.size()) this_label += str_cat(" c", node_chunk[node]);
         this_category = backward ? "backward" : "forward";
       }

@@ -1323,9 +1323,12 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   ASSERT_EQ(zb.code, 0) << zb.err;
   EXPECT_NE(zb.out.find("schedule zb-h1"), std::string::npos) << zb.out;
   EXPECT_NE(zb.out.find("(p-1)/(3m+p-1) = 11.1% with F = B = W"), std::string::npos) << zb.out;
-  Outcome run_zb = strata({"run", "zb.splan", "--steps", "3"});
+  Outcome run_zb = strata({"run", "zb.splan", "--steps", "3", "--trace", "tz.json"});
   ASSERT_EQ(run_zb.code, 0) << run_zb.err;
   EXPECT_EQ(printed_losses(run_zb.out), printed_losses(run.out)) << run_zb.out;
+  // The trace names the weight halves W.
+  EXPECT_NE(read_file(path("tz.json")).find("\"name\": \"W7\""), std::string::npos);
+  EXPECT_EQ(read_file(path("t.json")).find("\"name\": \"W7\""), std::string::npos);
 
   // The same micro-batches on one device: the same losses, bitwise (printed).
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
