@@ -14,6 +14,7 @@
 #include "passes/recompute.h"
 #include "passes/split_batch.h"
 #include "plan/memory.h"
+#include "plan/phases.h"
 
 namespace strata::partitioner {
 
@@ -71,6 +72,9 @@ double comm_bytes(const serialization::Plan &plan) {
 // The estimate of a candidate (see auto_plan.h), for every ZeRO setting at once.
 struct Estimate {
   double step_s = 0, bubble = 0, comm_bytes = 0;
+  // What ZB-H1 saves of step_s: the pipeline's fill and drain shrink from
+  // (P-1)(F+B+W) to (P-1)(F+B-W) (Qi et al. 2024).
+  double zero_bubble_saving_s = 0;
   // What ZeRO-1 changes in the step: the parameters' all-gathers (one per
   // parameter, after the update) less the updates' (DP - 1) / DP it saves;
   // ZeRO-2 that and M blocking reduce-scatters of a stage's gradients;
@@ -89,6 +93,10 @@ struct Structure {
   std::set<std::string> saved;
   std::set<std::string> forward; // every forward tensor of that graph
   double backward_factor = 2.0;
+  // The share of a micro-batch's forward and backward time that ZB-H1's W
+  // halves take: the backward nodes only the optimizer step reads (the
+  // weight-gradient products).
+  double weight_share = 0;
 };
 
 Result<Structure> training_structure(const Graph &local, const passes::TrainingOptions &training,
@@ -99,7 +107,26 @@ Result<Structure> training_structure(const Graph &local, const passes::TrainingO
     ASSIGN_OR_RETURN(graph, passes::recompute_activations(graph));
   }
   Structure s;
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, weight = 0;
+  ASSIGN_OR_RETURN(plan::StepPhases phases, plan::analyze_phases(graph, 1));
+  const auto consumers = graph.consumers();
+  // A node whose every output only the step reads (a weight gradient's
+  // producer), or only such nodes read (what feeds it alone: the bias's sum,
+  // a reshape of the output gradient). One level only: below, the input
+  // gradients of the whole graph lead only to weight gradients too, but a
+  // stage's are what the stage before waits for.
+  auto reads_only = [&](NodeId id, auto &&reader_ok) {
+    for (TensorId out : graph.node(id).outputs)
+      for (NodeId c : consumers[out])
+        if (!reader_ok(c)) return false;
+    return true;
+  };
+  auto step = [&](NodeId c) { return phases.node_phase[c] == plan::Phase::kStep; };
+  auto weight_half = [&](NodeId id) {
+    return reads_only(id, step) || reads_only(id, [&](NodeId c) {
+             return phases.node_phase[c] == plan::Phase::kBackward && reads_only(c, step);
+           });
+  };
   for (NodeId id = 0; id < graph.num_nodes(); ++id) {
     const Node &node = graph.node(id);
     if (local.find_node(node.name)) {
@@ -112,14 +139,18 @@ Result<Structure> training_structure(const Graph &local, const passes::TrainingO
     const ops::OpDef *def = ops::OpRegistry::global().find(node.op);
     if ((node.name.find(".grad") != std::string::npos ||
          node.name.ends_with(passes::kRecomputeSuffix)) &&
-        def && !def->once_per_step)
-      backward += time(graph, id);
+        def && !def->once_per_step) {
+      const double t = time(graph, id);
+      backward += t;
+      if (phases.node_phase[id] == plan::Phase::kBackward && weight_half(id)) weight += t;
+    }
     for (TensorId in : node.inputs) {
       const Tensor &t = graph.tensor(in);
       if (t.kind == TensorKind::kIntermediate && local.find_tensor(t.name)) s.saved.insert(t.name);
     }
   }
   if (forward > 0 && backward > 0) s.backward_factor = backward / forward;
+  if (forward + backward > 0) s.weight_share = weight / (forward + backward);
   return s;
 }
 
@@ -266,6 +297,7 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;
+  e.zero_bubble_saving_s = pp > 1 && M > 1 ? (sum - slowest) * 2 * structure.weight_share : 0;
   e.bubble = e.step_s > 0 ? std::max(0.0, 1 - busy / (pp * e.step_s)) : 0;
   return e;
 }
@@ -358,26 +390,32 @@ void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<i
   if (training_.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
   // Recomputation only ever costs time: tried when a plan without it
   // does not fit.
+  // ZB-H1 where there is a pipeline to fill: the same memory (no more than
+  // P micro-batches between F and W on any stage), a shorter fill and drain.
+  std::vector<Schedule> schedules = {Schedule::k1F1B};
+  if (pp > 1 && M > 1) schedules.push_back(Schedule::kZeroBubbleH1);
   for (bool recompute : {false, true}) {
     auto e = estimate(forward_, training_, options_.cluster, dp, tp, pp, M,
                       options_.mixed_precision, recompute, options_.bucket_bytes, cache_);
     bool all_fit = true;
-    for (int zero : zeros) {
-      AutoCandidate c{dp, tp, pp, M, Schedule::k1F1B, zero, recompute};
-      c.estimated = true;
-      if (!e.is_ok()) {
-        c.error = e.status().message();
-      } else {
-        c.step_s = e->step_s + e->zero_delta_s[zero];
-        c.bubble = e->bubble;
-        c.memory = e->memory[zero];
-        c.comm_bytes = e->comm_bytes;
-        c.fits = capacity_ <= 0 || c.memory <= capacity_;
+    for (int zero : zeros)
+      for (Schedule schedule : schedules) {
+        AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
+        c.estimated = true;
+        if (!e.is_ok()) {
+          c.error = e.status().message();
+        } else {
+          const double saving = schedule == Schedule::kZeroBubbleH1 ? e->zero_bubble_saving_s : 0;
+          c.step_s = e->step_s + e->zero_delta_s[zero] - saving;
+          c.bubble = std::max(0.0, 1 - (1 - e->bubble) * e->step_s / (e->step_s - saving));
+          c.memory = e->memory[zero];
+          c.comm_bytes = e->comm_bytes;
+          c.fits = capacity_ <= 0 || c.memory <= capacity_;
+        }
+        all_fit = all_fit && (c.fits || !c.error.empty());
+        candidates_.push_back(std::move(c));
+        plans_.emplace_back();
       }
-      all_fit = all_fit && (c.fits || !c.error.empty());
-      candidates_.push_back(std::move(c));
-      plans_.emplace_back();
-    }
     if (all_fit) break;
   }
 }

@@ -153,9 +153,10 @@ TEST(AutoPlanTest, LargeSearchesEstimateAndCompileTheWinner) {
   EXPECT_EQ(result->plan.pipeline->stages, best.stages);
   EXPECT_EQ(result->plan.pipeline->tensor_parallel, best.tensor_parallel);
   // Against the exact search (every candidate compiled and simulated): the
-  // same winner among the candidates both try (the estimates price 1F1B
-  // only; the exact search also compiles GPipe, ZB-H1 and interleaved), and
-  // every estimate within 1.5x of the simulated step.
+  // estimates' winner is, simulated, within 1% of the best the exact search
+  // finds among the candidates both try (the estimates price 1F1B and
+  // ZB-H1; the exact search also compiles GPipe and interleaved), and every
+  // estimate within 1.5x of the simulated step.
   options.exact_devices = 64;
   auto exact = auto_plan(gpt(), training(), options);
   ASSERT_TRUE(exact.is_ok()) << exact.status().message();
@@ -167,7 +168,12 @@ TEST(AutoPlanTest, LargeSearchesEstimateAndCompileTheWinner) {
     if (exact_best == nullptr && c.error.empty() && c.fits && estimated.contains(c.label()))
       exact_best = &c;
   ASSERT_NE(exact_best, nullptr);
-  EXPECT_EQ(exact_best->label(), best.label());
+  double best_simulated = 0;
+  for (const AutoCandidate &c : exact->candidates)
+    if (c.label() == best.label()) best_simulated = c.step_s;
+  EXPECT_GT(best_simulated, 0) << best.label();
+  EXPECT_LE(best_simulated, exact_best->step_s * 1.01)
+      << best.label() << " against " << exact_best->label();
   // ZB-H1 is among the exact search's candidates, and no slower than 1F1B
   // on the same mesh.
   std::map<std::string, double> exact_steps;
