@@ -94,4 +94,28 @@ Result<StepPhases> analyze_phases(const Graph &graph, int microbatches) {
   return phases;
 }
 
+std::vector<NodeId> split_weight_half(const Graph &graph, std::vector<NodeId> &backward,
+                                      const std::function<bool(TensorId)> &sent) {
+  std::vector<char> in_block(graph.num_nodes(), 0), needed(graph.num_nodes(), 0);
+  for (NodeId id : backward)
+    in_block[id] = 1;
+  // In reverse order: a node is needed if it sends, or a needed node reads it.
+  for (auto it = backward.rbegin(); it != backward.rend(); ++it) {
+    const Node &node = graph.node(*it);
+    for (TensorId out : node.outputs)
+      if (sent(out)) needed[*it] = 1;
+    if (!needed[*it]) continue;
+    for (TensorId in : node.inputs) {
+      const NodeId producer = graph.tensor(in).producer;
+      if (producer != kNoNode && in_block[producer]) needed[producer] = 1;
+    }
+  }
+  std::vector<NodeId> input_half, weight_half;
+  for (NodeId id : backward)
+    (needed[id] ? input_half : weight_half).push_back(id);
+  if (input_half.empty()) return {};
+  backward = std::move(input_half);
+  return weight_half;
+}
+
 } // namespace strata::plan

@@ -7,6 +7,7 @@
 // micro-batch has the same size and the loss is a mean).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "graph/graph.h"
@@ -33,5 +34,14 @@ struct StepPhases {
 // whose value is computed per micro-batch when microbatches > 1 (batch
 // statistics), an accumulated tensor that is not floating point.
 Result<StepPhases> analyze_phases(const Graph &graph, int microbatches);
+
+// The halves of one stage's backward for the zero-bubble schedules: B, kept
+// in `backward` (the stage's backward nodes, in order), is the nodes that
+// produce what leaves the stage each micro-batch (`sent`: the input
+// gradient the stage before waits for) and the block's nodes those read; W,
+// returned, is the rest (the weight gradients and what only they read), in
+// order. A block that sends nothing stays whole: its W would only wait.
+std::vector<NodeId> split_weight_half(const Graph &graph, std::vector<NodeId> &backward,
+                                      const std::function<bool(TensorId)> &sent);
 
 } // namespace strata::plan

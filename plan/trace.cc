@@ -15,32 +15,23 @@ using serialization::PlanProgram;
 
 namespace {
 
-// Under ZB-H1 the instructions of program `program` that belong to a W
-// half: a micro-batch's second run of backward computes (its first is B).
+// Under ZB-H1, by node, whether it is in a W half of program `program`
+// (split as the lowering splits: by what the program sends each
+// micro-batch).
 std::vector<char> weight_halves(const Graph &graph, const PlanProgram &program,
                                 const StepPhases &phases) {
-  std::vector<char> weight(program.instructions.size(), 0);
-  std::set<int32_t> seen; // micro-batches whose B ran
-  int32_t run = -1;       // the micro-batch of the backward run going on, or -1
-  bool in_weight = false;
-  for (size_t i = 0; i < program.instructions.size(); ++i) {
-    const PlanInstruction &instr = program.instructions[i];
-    if (instr.microbatch < 0) continue;
-    NodeId node = instr.index;
-    if (instr.kind == InstrKind::kAccumulate || instr.kind == InstrKind::kReduceScatterAccumulate)
-      node = instr.index < graph.num_tensors() ? graph.tensor(instr.index).producer : kNoNode;
-    else if (instr.kind != InstrKind::kCompute)
-      continue;
-    if (node >= phases.node_phase.size() || phases.node_phase[node] != Phase::kBackward) {
-      run = -1;
-      continue;
-    }
-    if (run != instr.microbatch) {
-      run = instr.microbatch;
-      in_weight = !seen.insert(run).second;
-    }
-    weight[i] = in_weight;
+  std::vector<NodeId> backward;
+  std::set<TensorId> sent;
+  for (const PlanInstruction &instr : program.instructions) {
+    if (instr.kind == InstrKind::kSend && instr.microbatch >= 0) sent.insert(instr.index);
+    if (instr.kind == InstrKind::kCompute && instr.microbatch == 0 &&
+        instr.index < phases.node_phase.size() &&
+        phases.node_phase[instr.index] == Phase::kBackward)
+      backward.push_back(instr.index);
   }
+  std::vector<char> weight(graph.num_nodes(), 0);
+  for (NodeId id : split_weight_half(graph, backward, [&](TensorId t) { return sent.contains(t); }))
+    weight[id] = 1;
   return weight;
 }
 
@@ -87,7 +78,7 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
     const auto &instrs = programs[d].instructions;
     const std::vector<char> weight = zero_bubble && phases.is_ok()
                                          ? weight_halves(graph, programs[d], *phases)
-                                         : std::vector<char>(instrs.size(), 0);
+                                         : std::vector<char>(graph.num_nodes(), 0);
     // The open block: its label, start, end, step and count.
     std::string label;
     const char *category = "";
@@ -141,10 +132,8 @@ std::string chrome_trace(const Graph &graph, const std::vector<PlanProgram> &pro
         bool backward = false;
         if (phases.is_ok() && node < phases->node_phase.size())
           backward = phases->node_phase[node] == Phase::kBackward;
-        this_label = str_cat(weight[span.instruction] ? "W"
-                             : backward               ? "B"
-                                                      : "F",
-                             instr.microbatch);
+        const bool in_weight = backward && node < weight.size() && weight[node];
+        this_label = str_cat(in_weight ? "W" : backward ? "B" : "F", instr.microbatch);
         if (node < node_chunk.size()) this_label += str_cat(" c", node_chunk[node]);
         this_category = backward ? "backward" : "forward";
       }

@@ -469,7 +469,6 @@ private:
   std::optional<ShardedUpdate>
   sharded_update(NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers) const;
   StageNodes stage_nodes(int s) const;
-  std::vector<NodeId> split_weight_half(std::vector<NodeId> &backward) const;
   void plan_early_updates(NodeId id, const std::vector<llvm::SmallVector<NodeId, 2>> &consumers);
   void run_block(ProgramBuilder &b, const std::vector<NodeId> &nodes, int32_t mb) const;
   void run_step(ProgramBuilder &b, int s, const std::vector<NodeId> &step,
@@ -697,34 +696,9 @@ StageNodes PipelineLowering::stage_nodes(int s) const {
   nodes.weight.resize(nodes.backward.size());
   if (splits_backward(options_.schedule))
     for (size_t c = 0; c < nodes.backward.size(); ++c)
-      nodes.weight[c] = split_weight_half(nodes.backward[c]);
+      nodes.weight[c] = plan::split_weight_half(
+          graph_, nodes.backward[c], [&](TensorId t) { return !mb_readers_[t].empty(); });
   return nodes;
-}
-
-// Splits a backward block into B, kept in `backward`: what other stages read
-// each micro-batch (the input gradient the stage before waits for) and the
-// block's nodes those read; and W, returned: the rest (weight gradients and
-// what only they read). Both keep the block's order. A block that sends
-// nothing stays whole: its W would only wait.
-std::vector<NodeId> PipelineLowering::split_weight_half(std::vector<NodeId> &backward) const {
-  std::vector<char> in_block(graph_.num_nodes(), 0), needed(graph_.num_nodes(), 0);
-  for (NodeId id : backward)
-    in_block[id] = 1;
-  // In reverse order: a node is needed if it sends, or a needed node reads it.
-  for (auto it = backward.rbegin(); it != backward.rend(); ++it) {
-    const Node &node = graph_.node(*it);
-    for (TensorId out : node.outputs)
-      if (!mb_readers_[out].empty()) needed[*it] = 1;
-    if (!needed[*it]) continue;
-    for (TensorId in : node.inputs)
-      if (producer_[in] != kNoNode && in_block[producer_[in]]) needed[producer_[in]] = 1;
-  }
-  std::vector<NodeId> input_half, weight_half;
-  for (NodeId id : backward)
-    (needed[id] ? input_half : weight_half).push_back(id);
-  if (input_half.empty()) return {};
-  backward = std::move(input_half);
-  return weight_half;
 }
 
 // One micro-batch of a block's nodes: each sends what other stages read and

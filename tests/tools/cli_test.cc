@@ -1329,6 +1329,17 @@ TEST_F(CliTest, PipelineCompileInspectRunTraceSimulate) {
   // The trace names the weight halves W.
   EXPECT_NE(read_file(path("tz.json")).find("\"name\": \"W7\""), std::string::npos);
   EXPECT_EQ(read_file(path("t.json")).find("\"name\": \"W7\""), std::string::npos);
+  // With fewer micro-batches than stages device 1 runs each W right after
+  // its B: still named W.
+  ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3", "--mesh",
+                    "1x1x4", "--microbatches", "2", "--schedule", "zb-h1", "-o", "zb2.splan"})
+                .code,
+            0);
+  ASSERT_EQ(strata({"run", "zb2.splan", "--steps", "1", "--trace", "tz2.json"}).code, 0);
+  EXPECT_NE(read_file(path("tz2.json"))
+                .find("\"name\": \"W0\", \"cat\": \"backward\", \"ph\": \"X\", \"pid\": 0, "
+                      "\"tid\": 1,"),
+            std::string::npos);
 
   // The same micro-batches on one device: the same losses, bitwise (printed).
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "--optimizer", "adamw:lr=1e-3",
