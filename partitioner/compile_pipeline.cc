@@ -445,6 +445,9 @@ Result<StageAssignment> find_stages(const Graph &graph, const passes::TrainingOp
   partition.whole_step_times = true;
   partition.once_per_step = [&phases](NodeId id) { return phases.node_phase[id] == Phase::kStep; };
   if (options.schedule == Schedule::kGPipe) partition.in_flight.assign(static_cast<size_t>(P), M);
+  // ZB-H1 keeps what a W half reads up to P micro-batches on every stage.
+  if (options.schedule == Schedule::kZeroBubbleH1)
+    partition.in_flight.assign(static_cast<size_t>(P), std::min(P, M));
   partition.manual_boundaries = options.stage_boundaries;
   return partition_stages(graph, P * chunks, partition);
 }
@@ -623,7 +626,8 @@ Status check_device_memory(const serialization::Plan &plan, const ClusterSpec &c
   for (size_t d = 0; d < plan.programs.size(); ++d)
     if (const int64_t bytes = plan::device_memory(plan, d); bytes > cluster.device.memory_bytes)
       return invalid_argument(
-          "device ", d, " (", chunks, " chunks) needs ", human_bytes(static_cast<double>(bytes)),
+          "device ", d, chunks > 1 ? str_cat(" (", chunks, " chunks)") : std::string(), " needs ",
+          human_bytes(static_cast<double>(bytes)),
           " (activations, weights and optimizer state); cluster '", cluster.name,
           "' gives each device ", human_bytes(static_cast<double>(cluster.device.memory_bytes)),
           chunks > 2 ? " (fewer --chunks or more stages)" : " (more stages, or --schedule 1f1b)");
@@ -759,7 +763,9 @@ Result<serialization::Plan> compile_pipeline(const Graph &forward,
   plan.programs = std::move(programs);
   plan.pipeline = std::move(pipeline);
   plan.graph = std::move(graph);
-  if (interleaved && options.check_memory && cluster.device.memory_bytes > 0)
+  // The schedules whose memory the stage search only approximates.
+  if ((interleaved || options.schedule == Schedule::kZeroBubbleH1) && options.check_memory &&
+      cluster.device.memory_bytes > 0)
     RETURN_IF_ERROR(check_device_memory(plan, cluster, chunks));
   // What every runner checks on load: a plan the compiler writes passes.
   RETURN_IF_ERROR(plan::verify_plan(plan).with_context("verify-plan"));

@@ -223,9 +223,12 @@ size_t recomputed_nodes(const Graph &graph) {
 }
 
 std::string bubble_formula(const serialization::PlanPipeline &p) {
-  if (p.schedule == "zb-h1") { // Qi et al. 2024: (p-1)(F+B-W) idle per m(F+B+W) of work
-    const double formula = (p.stages - 1.0) / (3.0 * p.microbatches + p.stages - 1.0);
-    return str_cat("(p-1)/(3m+p-1) = ", format_percent(formula), " with F = B = W");
+  if (p.schedule == "zb-h1") {
+    // Qi et al. 2024: (p-1)(F+B-W) idle per m(F+B+W) of work, with p-1 or
+    // more micro-batches whose W can be put off; with fewer, m of them.
+    const double m = p.microbatches, idle = 3.0 * (p.stages - 1) - 2 * std::min(m, p.stages - 1.0);
+    return str_cat(m >= p.stages - 1 ? "(p-1)/(3m+p-1) = " : "ideal ",
+                   format_percent(idle / (3 * m + idle)), " with F = B = W");
   }
   const double formula =
       (p.stages - 1.0) / (static_cast<double>(p.chunks) * p.microbatches + p.stages - 1.0);

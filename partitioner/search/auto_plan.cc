@@ -83,6 +83,9 @@ struct Estimate {
   // stage's compute hides of them (they are prefetched).
   double zero_delta_s[4] = {0, 0, 0, 0};
   int64_t memory[4] = {0, 0, 0, 0}; // ZeRO 0, 1, 2, 3
+  // The same under ZB-H1, which keeps what a W half reads for up to P
+  // micro-batches on every stage (counted as whole activations).
+  int64_t zero_bubble_memory[4] = {0, 0, 0, 0};
 };
 
 // What the estimates take from one training graph per tensor-parallel degree
@@ -269,10 +272,14 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
     e.comm_bytes += 2.0 * stage.activation_bytes * M * dp * tp; // rough: activations both ways
     e.comm_bytes += dp > 1 ? stage.parameter_bytes * dp * tp : 0;
     for (int zero : {0, 1, 2, 3}) {
-      const double bytes =
-          stage.parameter_bytes * parameter_state_factor(training.optimizer, zero, dp) +
-          stage.in_flight * stage.activation_bytes * activation_scale;
-      e.memory[zero] = std::max(e.memory[zero], static_cast<int64_t>(bytes));
+      const double state =
+          stage.parameter_bytes * parameter_state_factor(training.optimizer, zero, dp);
+      const double activations = stage.activation_bytes * activation_scale;
+      e.memory[zero] =
+          std::max(e.memory[zero], static_cast<int64_t>(state + stage.in_flight * activations));
+      e.zero_bubble_memory[zero] = std::max(
+          e.zero_bubble_memory[zero],
+          static_cast<int64_t>(state + std::max(stage.in_flight, std::min(pp, M)) * activations));
     }
   }
   if (dp > 1) {
@@ -297,7 +304,12 @@ Result<Estimate> estimate(const Graph &forward, const passes::TrainingOptions &t
   }
   const double pipe = sum + (M - 1) * slowest;
   e.step_s = pipe + reduce + update;
-  e.zero_bubble_saving_s = pp > 1 && M > 1 ? (sum - slowest) * 2 * structure.weight_share : 0;
+  // ZB-H1's saving, (P-1) 2W with P-1 or more micro-batches to put off (only
+  // M with fewer), and never more than the idle time.
+  if (pp > 1 && M > 1)
+    e.zero_bubble_saving_s =
+        std::min((sum - slowest) * 2 * structure.weight_share * std::min(1.0, M / (pp - 1.0)),
+                 std::max(0.0, pipe - busy / pp));
   e.bubble = e.step_s > 0 ? std::max(0.0, 1 - busy / (pp * e.step_s)) : 0;
   return e;
 }
@@ -390,8 +402,8 @@ void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<i
   if (training_.optimizer.clip_norm > 0 && tp > 1) zeros = {0};
   // Recomputation only ever costs time: tried when a plan without it
   // does not fit.
-  // ZB-H1 where there is a pipeline to fill: the same memory (no more than
-  // P micro-batches between F and W on any stage), a shorter fill and drain.
+  // ZB-H1 where there is a pipeline to fill: a shorter fill and drain, up to
+  // P micro-batches of activations on every stage.
   std::vector<Schedule> schedules = {Schedule::k1F1B};
   if (pp > 1 && M > 1) schedules.push_back(Schedule::kZeroBubbleH1);
   for (bool recompute : {false, true}) {
@@ -408,7 +420,8 @@ void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<i
           const double saving = schedule == Schedule::kZeroBubbleH1 ? e->zero_bubble_saving_s : 0;
           c.step_s = e->step_s + e->zero_delta_s[zero] - saving;
           c.bubble = std::max(0.0, 1 - (1 - e->bubble) * e->step_s / (e->step_s - saving));
-          c.memory = e->memory[zero];
+          c.memory =
+              schedule == Schedule::kZeroBubbleH1 ? e->zero_bubble_memory[zero] : e->memory[zero];
           c.comm_bytes = e->comm_bytes;
           c.fits = capacity_ <= 0 || c.memory <= capacity_;
         }

@@ -308,6 +308,23 @@ TEST_F(PipelineTest, ZeroBubbleH1HasTheBitsOf1F1B) {
   ASSERT_TRUE(one.is_ok() && zb.is_ok());
   EXPECT_EQ(zb->pipeline->schedule, "zb-h1");
   EXPECT_LT(zb->pipeline->predicted_bubble, one->pipeline->predicted_bubble);
+  // The lowered plan's memory is checked against the device's: ZB-H1 keeps
+  // more than the stage search assumed for 1F1B.
+  int64_t most = 0;
+  for (size_t d = 0; d < zb->programs.size(); ++d)
+    most = std::max(most, plan::device_memory(*zb, d));
+  partitioner::PipelineCompileOptions tight;
+  tight.stages = 4;
+  tight.microbatches = 8;
+  tight.schedule = Schedule::kZeroBubbleH1;
+  tight.cluster = partitioner::default_cpu_cluster(4);
+  tight.cluster->device.memory_bytes = most;
+  EXPECT_TRUE(partitioner::compile_pipeline(gpt(), options, tight).is_ok());
+  tight.cluster->device.memory_bytes = most - 1;
+  auto refused = partitioner::compile_pipeline(gpt(), options, tight);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find(" needs "), std::string::npos)
+      << refused.status().message();
   // Every stage but the first splits its backward: its programs differ.
   for (size_t d = 1; d < 3; ++d) {
     std::vector<uint32_t> a, b;
