@@ -321,6 +321,18 @@ class StrataTest(unittest.TestCase):
         self.assertIn("GatherParam", kinds[False])
         self.assertEqual(losses[True], losses[False])
 
+    def test_zero_bubble_schedule_has_the_losses_of_1f1b(self):
+        model = strata.load(self.mlp)
+        x, labels = batches(3, seed=5)
+        losses = {}
+        for schedule in ("1f1b", "zb-h1"):
+            plan = model.compile(train=True, optimizer="adamw:lr=0.01", mesh="1x1x2",
+                                 microbatches=2, schedule=schedule)
+            self.assertEqual(plan.to_json()["pipeline"]["schedule"], schedule)
+            with plan.trainer() as trainer:
+                losses[schedule] = [trainer.step((x[k], labels[k])) for k in range(3)]
+        self.assertEqual(losses["1f1b"], losses["zb-h1"])
+
     def test_fit_with_steps_leaves_the_next_batch_in_the_iterator(self):
         plan = strata.load(self.mlp).compile(train=True, optimizer="sgd:lr=0.1")
         x, labels = batches(4, seed=6)
