@@ -436,16 +436,14 @@ void CandidateSearch::add_estimated(int dp, int tp, int pp, int M, std::vector<i
 void CandidateSearch::add_compiled(int dp, int tp, int pp, int M, const std::vector<int> &zeros) {
   // With one stage or one micro-batch GPipe and ZB-H1 are 1F1B's program.
   // Interleaved (two chunks per device) with micro-batches a multiple of the
-  // stages; the search does not yet combine it with tensor parallelism or
-  // recomputation (which compile_pipeline builds): each would add compiles.
+  // stages, with tensor parallelism and recomputation too.
   std::vector<Schedule> schedules = {Schedule::k1F1B};
   if (pp > 1 && M > 1)
     schedules.insert(schedules.end(), {Schedule::kGPipe, Schedule::kZeroBubbleH1});
-  if (pp > 1 && tp == 1 && M % pp == 0) schedules.push_back(Schedule::kInterleaved);
+  if (pp > 1 && M % pp == 0) schedules.push_back(Schedule::kInterleaved);
   for (int zero : zeros)
     for (Schedule schedule : schedules)
       for (bool recompute : {false, true}) {
-        if (recompute && schedule == Schedule::kInterleaved) break;
         AutoCandidate c{dp, tp, pp, M, schedule, zero, recompute};
         if (schedule == Schedule::kInterleaved) c.chunks = 2;
         auto plan = compile_pipeline(forward_, training_, compile_options(c, options_));

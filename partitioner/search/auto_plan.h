@@ -10,11 +10,11 @@
 //   M                               micro-batches per replica: every power of two
 //                                   (and the whole local batch) dividing the
 //                                   replica's batch, up to 64
-//   schedule                        1F1B; GPipe when PP > 1 and M > 1;
-//                                   interleaved with two chunks per device
-//                                   when PP > 1, TP = 1 and PP divides M
-//                                   (not with recomputation)
-//   ZeRO                            off, ZeRO-1 and ZeRO-2 when DP > 1
+//   schedule                        1F1B; GPipe and ZB-H1 when PP > 1 and
+//                                   M > 1; interleaved with two chunks per
+//                                   device when PP > 1 and PP divides M
+//                                   (estimated candidates: 1F1B and ZB-H1)
+//   ZeRO                            off, ZeRO-1, 2 and 3 when DP > 1
 //   recomputation                   when the candidate without it does not fit
 //                                   (passes/recompute.h: it only costs time)
 // Each candidate is compiled for real (compile_pipeline: stage search, lowering,
