@@ -107,6 +107,11 @@ Status check_parallel_options(const CompileOptions &args, bool pipelined) {
     return invalid_argument(
         "--mesh, --microbatches, --cluster, --stage-boundaries and --profile make a "
         "pipeline training plan; add --train");
+  // A schedule orders a pipeline's micro-batches: alone it would be ignored.
+  if (!pipelined && args.schedule != CompileOptions{}.schedule)
+    return invalid_argument("--schedule ", args.schedule,
+                            " orders the micro-batches of a pipeline; add --mesh DPxTPxPP with "
+                            "PP >= 2 and --microbatches M");
   return Status::ok();
 }
 

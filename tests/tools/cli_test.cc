@@ -1734,6 +1734,11 @@ TEST_F(CliTest, PipelineOptionErrors) {
   expect_one_line_error(strata({"compile", "m.strata", "--train", "--mesh", "1x1x2",
                                 "--stage-boundaries", "no_such_node", "-o", "p.splan"}),
                         "no_such_node");
+  // A schedule without a pipeline would be ignored.
+  for (const char *schedule : {"gpipe", "zb-h1"})
+    expect_one_line_error(
+        strata({"compile", "m.strata", "--train", "--schedule", schedule, "-o", "p.splan"}),
+        str_cat("--schedule ", schedule, " orders the micro-batches of a pipeline"));
   EXPECT_FALSE(fs::exists(path("p.splan")));
   ASSERT_EQ(strata({"compile", "m.strata", "--train", "-o", "t.splan"}).code, 0);
   expect_one_line_error(strata({"run", "t.splan", "--trace", "t.json"}), "--trace");
