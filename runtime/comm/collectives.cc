@@ -412,11 +412,8 @@ Result<std::vector<Exposed>> expose(Communicator &comm, const std::vector<Expose
   };
   const size_t n = mine.size();
   std::vector<Token> tokens, all(group.size() * n);
-  for (const Exposed &e : mine) {
-    auto token = comm.share_address(e.data);
-    if (!token.is_ok()) return token.status().with_context(str_cat(what, ": device ", comm.rank()));
-    tokens.push_back({*token, e.size});
-  }
+  for (const Exposed &e : mine)
+    tokens.push_back({comm.share_address(e.data), e.size});
   RETURN_IF_ERROR(comm.exchange(tokens.data(), n * sizeof(Token), all.data(), group, what));
   std::vector<Exposed> exposed(all.size());
   for (size_t m = 0; m < group.size(); ++m)

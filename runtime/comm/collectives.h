@@ -93,8 +93,8 @@ Status algo_all_gather(Communicator &comm, std::span<float> data, const Group &g
 // The shared-memory collectives, for a group whose members can read each
 // other's buffers (comm.shares_memory(group): threads of one process, or MPI
 // ranks on one host whose buffers are in their shared memory): the members
-// swap where their buffers are with one all_gather
-// (Communicator::share_address), meet through segment_barrier, and each
+// swap where their buffers are (Communicator::share_address) in one
+// Communicator::exchange, meet through segment_barrier, and each
 // sums its own chunk straight from
 // every member's memory, adding in the order `algo`'s messages would (none:
 // increasing rank order, the communicator's own), so the result has the bits

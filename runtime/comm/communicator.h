@@ -143,7 +143,7 @@ public:
   // reach it. Threads pass the address; MPI ranks its offset in the
   // device's shared memory (DeviceWorld::shared_memory), or for a buffer
   // outside it, an address only the devices of its process can use.
-  virtual Result<uint64_t> share_address(const void *data) const {
+  virtual uint64_t share_address(const void *data) const {
     return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
   }
   virtual const void *shared_address(int member, uint64_t token) const {

@@ -127,9 +127,7 @@ public:
   bool shares_memory(const Group &group) const override { return inner_.shares_memory(group); }
   std::byte *shared_segment(int device) const override { return inner_.shared_segment(device); }
   size_t shared_segment_bytes() const override { return inner_.shared_segment_bytes(); }
-  Result<uint64_t> share_address(const void *data) const override {
-    return inner_.share_address(data);
-  }
+  uint64_t share_address(const void *data) const override { return inner_.share_address(data); }
   const void *shared_address(int member, uint64_t token) const override {
     return inner_.shared_address(member, token);
   }

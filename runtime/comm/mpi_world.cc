@@ -389,11 +389,9 @@ public:
     struct statvfs fs = {};
     if (::statvfs(dir != nullptr && *dir != '\0' ? dir : "/dev/shm", &fs) != 0) return false;
     const double room = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
-    with_memory_ = true; // rank_bytes() with the memory
     double need = 0;
     for (int r : world_ranks)
-      need += static_cast<double>(rank_bytes(r));
-    with_memory_ = false;
+      need += static_cast<double>(rank_bytes(r, /*memory=*/true));
     return need + 256.0 * (1 << 20) <= room;
   }
 
@@ -413,18 +411,24 @@ public:
   size_t memory_at() const {
     return mailboxes_at() + 4 * static_cast<size_t>(host_devices_) * kMailbox;
   }
-  size_t memory_bytes(int device) const {
+  // Device `device`'s memory bytes in the window, if it holds the memory.
+  size_t memory_bytes(int device, bool memory) const {
     const auto d = static_cast<size_t>(device);
-    return with_memory_ && d < options_.memory_bytes.size() ? options_.memory_bytes[d] : 0;
+    return memory && d < options_.memory_bytes.size() ? options_.memory_bytes[d] : 0;
   }
-  size_t slot_bytes(int device) const { return memory_at() + round_to_line(memory_bytes(device)); }
+  size_t memory_bytes(int device) const { return memory_bytes(device, with_memory_); }
+  size_t slot_bytes(int device, bool memory) const {
+    return memory_at() + round_to_line(memory_bytes(device, memory));
+  }
+  size_t slot_bytes(int device) const { return slot_bytes(device, with_memory_); }
   // World rank `rank`'s part of the window: its devices' slots.
-  size_t rank_bytes(int rank) const {
+  size_t rank_bytes(int rank, bool memory) const {
     size_t bytes = 0;
     for (int j = 0; j < options_.devices_per_rank; ++j)
-      bytes += slot_bytes(rank * options_.devices_per_rank + j);
+      bytes += slot_bytes(rank * options_.devices_per_rank + j, memory);
     return bytes;
   }
+  size_t rank_bytes(int rank) const { return rank_bytes(rank, with_memory_); }
   std::atomic_ref<uint64_t> meetings(int owner, int channel, int peer) const {
     std::byte *counters = segment(owner) + counters_at();
     const size_t at =
@@ -1266,7 +1270,7 @@ public:
   // A buffer in this device's memory in the window travels as its offset
   // there; any other as its address, with the top bit set, which only the
   // devices of this process may use.
-  Result<uint64_t> share_address(const void *data) const override {
+  uint64_t share_address(const void *data) const override {
     const std::span<std::byte> mine = world_->memory(device_);
     const auto *p = static_cast<const std::byte *>(data);
     if (!mine.empty() && p >= mine.data() && p <= mine.data() + mine.size())

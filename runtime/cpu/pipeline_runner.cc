@@ -65,25 +65,31 @@ public:
   // `bytes` zeroed bytes for `what`.
   Result<std::shared_ptr<Blob>> zeroed(size_t bytes, std::string_view what) {
     if (memory_.empty()) return Blob::zeroed(bytes);
-    const size_t at = (used_ + 63) / 64 * 64;
-    if (at > memory_.size() || memory_.size() - at < bytes)
-      return internal_error("device ", device_, "'s shared memory (",
-                            human_bytes(static_cast<double>(memory_.size())), ") has no room for ",
-                            what, " (", human_bytes(static_cast<double>(bytes)), ")");
-    used_ = at + bytes;
-    std::memset(memory_.data() + at, 0, bytes);
-    return Blob::borrowed(memory_.data() + at, bytes, owner_);
+    ASSIGN_OR_RETURN(std::shared_ptr<Blob> blob, carve(bytes, what));
+    std::memset(blob->mutable_data(), 0, bytes);
+    return blob;
   }
   // `value` itself, or moved into the memory.
   Result<HostTensor> place(HostTensor value, std::string_view what) {
     if (memory_.empty() || !value.blob) return value;
-    ASSIGN_OR_RETURN(std::shared_ptr<Blob> blob, zeroed(value.size_bytes(), what));
+    ASSIGN_OR_RETURN(std::shared_ptr<Blob> blob, carve(value.size_bytes(), what));
     if (value.size_bytes() > 0) std::memcpy(blob->mutable_data(), value.data(), value.size_bytes());
     value.blob = std::move(blob);
     return value;
   }
 
 private:
+  // The next `bytes` of the memory, as they are.
+  Result<std::shared_ptr<Blob>> carve(size_t bytes, std::string_view what) {
+    const size_t at = (used_ + 63) / 64 * 64;
+    if (at > memory_.size() || memory_.size() - at < bytes)
+      return internal_error("device ", device_, "'s shared memory (",
+                            human_bytes(static_cast<double>(memory_.size())), ") has no room for ",
+                            what, " (", human_bytes(static_cast<double>(bytes)), ")");
+    used_ = at + bytes;
+    return Blob::borrowed(memory_.data() + at, bytes, owner_);
+  }
+
   std::span<std::byte> memory_;
   std::shared_ptr<const void> owner_;
   int device_;
